@@ -1,0 +1,130 @@
+//! Admin mutations: create a group, add shards, change config, delete. Every mutation but create
+//! names the revision it was computed from; a mismatch is `REVISION_CONFLICT`, never an overwrite.
+
+use super::engine::{Context, Decision};
+use super::model::{GroupMetadata, LeaseTransition, LossEvidence, ReshardRecord, SHARD_COUNT_MAX};
+use super::protocol::{AdminRequest, AdminResponse, ApiError, ErrorCode};
+use super::transition::{Transition, Written};
+
+/// Decides an admin mutation against the loaded state (`None`: the key is absent). `recreate` is
+/// true when the group was known (index) but its metadata key is gone: the new record starts with a
+/// correction round, because consumers of the lost record may still hold leases.
+/// A `DeleteGroup` decision writes nothing: the caller deletes with the checked revision.
+pub fn decide_admin(
+    g: Option<&GroupMetadata>,
+    req: &AdminRequest,
+    recreate: bool,
+    ctx: Context<'_>,
+) -> Decision<AdminResponse> {
+    let group = req.group().clone();
+    if let Err(message) = group.validate() {
+        return reject(ErrorCode::BadRequest, message);
+    }
+    let Some(g) = g else {
+        return match req {
+            AdminRequest::CreateGroup { shard_count, config, .. } => create(group, *shard_count, config, recreate),
+            _ => reject(ErrorCode::GroupNotFound, format!("group {group} does not exist")),
+        };
+    };
+    let expected = match req {
+        AdminRequest::CreateGroup { .. } => {
+            return reject(ErrorCode::GroupExists, format!("group {group} already exists"));
+        }
+        AdminRequest::AddShards { expected_revision, .. }
+        | AdminRequest::ChangeConfig { expected_revision, .. }
+        | AdminRequest::DeleteGroup { expected_revision, .. } => *expected_revision,
+    };
+    if expected != ctx.stored_revision {
+        return reject(
+            ErrorCode::RevisionConflict,
+            format!("expected revision {expected}, stored revision is {}", ctx.stored_revision),
+        );
+    }
+    let mut tx = Transition::new(g, ctx.observations);
+    let checked = match req {
+        AdminRequest::AddShards { new_shard_count, .. } => add_shards(&mut tx, *new_shard_count),
+        AdminRequest::ChangeConfig { config, .. } => change_config(&mut tx, config),
+        AdminRequest::DeleteGroup { .. } => {
+            let response = AdminResponse { group, store_revision: 0, metadata_version: g.metadata_version };
+            return Decision { write: Written::default(), outcome: Ok(response) };
+        }
+        AdminRequest::CreateGroup { .. } => unreachable!("handled above"),
+    };
+    if let Err(message) = checked {
+        return reject(ErrorCode::BadRequest, message);
+    }
+    let write = tx.finish();
+    let state = write.next.as_ref().unwrap_or(g);
+    let response = AdminResponse {
+        group,
+        store_revision: ctx.stored_revision + u64::from(write.next.is_some()),
+        metadata_version: state.metadata_version,
+    };
+    Decision { write, outcome: Ok(response) }
+}
+
+fn reject<R>(code: ErrorCode, message: impl Into<String>) -> Decision<R> {
+    Decision { write: Written::default(), outcome: Err(ApiError::new(code, message)) }
+}
+
+fn create(
+    group: super::model::GroupId,
+    shard_count: u32,
+    config: &super::model::GroupConfig,
+    recreate: bool,
+) -> Decision<AdminResponse> {
+    if shard_count == 0 || shard_count > SHARD_COUNT_MAX {
+        return reject(ErrorCode::BadRequest, format!("shardCount must be in 1..={SHARD_COUNT_MAX}"));
+    }
+    if let Err(message) = config.validate() {
+        return reject(ErrorCode::BadRequest, message);
+    }
+    let mut next = GroupMetadata::new(group.clone(), shard_count, config.clone());
+    if recreate {
+        let wait = next.allocate_wait();
+        next.correction = Some(super::model::CorrectionRound {
+            reason: LossEvidence::MetadataLost,
+            wait,
+            synced_members: Default::default(),
+        });
+    }
+    let response = AdminResponse { group, store_revision: 1, metadata_version: next.metadata_version };
+    Decision { write: Written { next: Some(next), ..Written::default() }, outcome: Ok(response) }
+}
+
+fn add_shards(tx: &mut Transition<'_>, new_shard_count: u32) -> Result<(), String> {
+    let from = tx.next.shard_count;
+    if new_shard_count <= from || new_shard_count > SHARD_COUNT_MAX {
+        return Err(format!("newShardCount must be in {}..={SHARD_COUNT_MAX} (shards are only added)", from + 1));
+    }
+    tx.next.shard_count = new_shard_count;
+    // The record's version is the one `finish` bumps to.
+    let version = tx.next.metadata_version.max(tx.next.max_client_version_seen) + 1;
+    tx.next.resharding.push(ReshardRecord {
+        from_shard_count: from,
+        to_shard_count: new_shard_count,
+        metadata_version: version,
+    });
+    tx.mark_retarget();
+    Ok(())
+}
+
+fn change_config(tx: &mut Transition<'_>, config: &super::model::GroupConfig) -> Result<(), String> {
+    config.validate()?;
+    let old = tx.next.config.clone();
+    if config.assignment_lease_ms < old.assignment_lease_ms || config.member_lease_ttl_ms < old.member_lease_ttl_ms {
+        // Grants made under the old values keep running: keep them in force for one old lease.
+        let wait = tx.next.allocate_wait();
+        tx.next.lease_transition = Some(LeaseTransition {
+            assignment_lease_ms: tx.next.effective_assignment_lease_ms(),
+            member_lease_ttl_ms: tx.next.effective_member_lease_ttl_ms(),
+            wait,
+        });
+    }
+    if config.assignor != old.assignor {
+        tx.mark_retarget();
+    }
+    tx.next.config = config.clone();
+    tx.mark_visible();
+    Ok(())
+}

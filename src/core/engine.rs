@@ -1,0 +1,259 @@
+//! The pure decision core: `(recorded state, input, observations) -> Decision`.
+//!
+//! No I/O, no clock, no randomness: time enters only as [`Observations`] measured by the caller on
+//! its own monotonic clock. A [`Decision`] names the next state to record (if any), the store
+//! conditions of that write, and the response — which the caller may send only after the write
+//! succeeded, because it is derived from the state being written (seed: "Redis-recorded state
+//! machine"). Every rule is in [`Transition`]; this module validates inputs, applies the rules in
+//! order and derives responses.
+
+use super::model::{
+    GroupMetadata, LossEvidence, MemberState, ShardId, MEMBERS_MAX, MEMBER_ID_LEN_MAX, SHARD_COUNT_MAX,
+};
+use super::observe::Observations;
+use super::protocol::{ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
+use super::transition::{Transition, Written};
+
+/// What one input decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision<R> {
+    /// The state to record, its liveness guards and removals. `next == None`: nothing to write.
+    pub write: Written,
+    /// The response, valid only once `write` (if any) is recorded.
+    pub outcome: Result<R, ApiError>,
+}
+
+impl<R> Decision<R> {
+    fn reject(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { write: Written::default(), outcome: Err(ApiError::new(code, message)) }
+    }
+}
+
+/// The inputs every decision needs besides the state.
+#[derive(Clone, Copy, Debug)]
+pub struct Context<'a> {
+    /// Revision of the loaded state; a write records `stored_revision + 1`.
+    pub stored_revision: u64,
+    pub observations: &'a Observations,
+}
+
+impl Context<'_> {
+    fn revision_after(&self, write: &Written) -> u64 {
+        self.stored_revision + u64::from(write.next.is_some())
+    }
+}
+
+/// Decides a consumer heartbeat (join, steady, revoke reports, leave).
+pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<'_>) -> Decision<HeartbeatResponse> {
+    if let Err(message) = check_heartbeat(g, req) {
+        return Decision::reject(ErrorCode::BadRequest, message);
+    }
+    let mut tx = Transition::new(g, ctx.observations);
+    tx.record_client_version(req.metadata_version);
+    let ahead = req.metadata_version > g.metadata_version;
+    let step = if req.member_epoch == 0 {
+        tx.join(&req.member_id);
+        Ok(Step::Member)
+    } else if ahead {
+        sync_ahead(&mut tx, g, req)
+    } else {
+        steady(&mut tx, g, req)
+    };
+    let write = tx.finish();
+    let state = write.next.as_ref().unwrap_or(g);
+    let revision = ctx.revision_after(&write);
+    let outcome = step.map(|step| match step {
+        Step::Left => left_response(state, &req.member_id, revision),
+        Step::Member => {
+            let status = if ahead { HeartbeatStatus::SyncMetadata } else { status_for(state, &req.member_id) };
+            member_view(state, &req.member_id, status, revision)
+        }
+    });
+    Decision { write, outcome }
+}
+
+enum Step {
+    Member,
+    Left,
+}
+
+/// A known member reported a version above the stored one: apply only REVOKED acks that match
+/// recorded ownership (they are true whatever history the client saw) and answer SYNC_METADATA.
+fn sync_ahead(tx: &mut Transition<'_>, g: &GroupMetadata, req: &HeartbeatRequest) -> Result<Step, ApiError> {
+    let member = known_member(g, &req.member_id)?;
+    if req.member_epoch >= member.incarnation_epoch {
+        accept_acks(tx, req);
+    }
+    Ok(Step::Member)
+}
+
+/// The normal path: epoch and ownership checks, REVOKED acks, sync mark, leave.
+fn steady(tx: &mut Transition<'_>, g: &GroupMetadata, req: &HeartbeatRequest) -> Result<Step, ApiError> {
+    let member = known_member(g, &req.member_id)?;
+    if req.member_epoch < member.incarnation_epoch || req.member_epoch > member.member_epoch {
+        return Err(ApiError::new(
+            ErrorCode::FencedMemberEpoch,
+            format!(
+                "member epoch {} is not in {}..={}",
+                req.member_epoch, member.incarnation_epoch, member.member_epoch
+            ),
+        ));
+    }
+    let held: Vec<ShardId> =
+        g.shards_where(|o| o.member() == &req.member_id && !matches!(o, super::model::ShardOwner::Fenced { .. }));
+    if let Some(shard) = req.owned.iter().find(|s| held.binary_search(s).is_err()) {
+        return Err(ApiError::new(
+            ErrorCode::FencedMemberEpoch,
+            format!("member reports shard {shard} that is not recorded as its own"),
+        ));
+    }
+    accept_acks(tx, req);
+    if req.metadata_version == g.metadata_version {
+        // Bookkeeping only: the write happens because the state differs; no version bump.
+        if let Some(round) = tx.next.correction.as_mut() {
+            round.synced_members.insert(req.member_id.clone());
+        }
+    }
+    if req.leave {
+        tx.leave(&req.member_id);
+        return Ok(Step::Left);
+    }
+    Ok(Step::Member)
+}
+
+fn accept_acks(tx: &mut Transition<'_>, req: &HeartbeatRequest) {
+    for report in req.revoking.iter().filter(|r| r.revoked && r.in_flight == 0) {
+        tx.accept_revoked(&req.member_id, report.shard);
+    }
+}
+
+fn known_member<'g>(g: &'g GroupMetadata, id: &str) -> Result<&'g super::model::Member, ApiError> {
+    let member = g
+        .members
+        .get(id)
+        .ok_or_else(|| ApiError::new(ErrorCode::UnknownMember, format!("member {id} is not recorded; rejoin")))?;
+    if member.state == MemberState::Fenced {
+        return Err(ApiError::new(ErrorCode::FencedMemberEpoch, "member was fenced; rejoin with epoch 0"));
+    }
+    Ok(member)
+}
+
+/// Structural checks on a heartbeat; ownership is checked against recorded state later.
+fn check_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest) -> Result<(), String> {
+    if req.group != g.group {
+        return Err("heartbeat group does not match".into());
+    }
+    let id = &req.member_id;
+    if id.is_empty() || id.len() > MEMBER_ID_LEN_MAX || id.chars().any(char::is_control) {
+        return Err(format!("memberId must be 1..={MEMBER_ID_LEN_MAX} bytes without control characters"));
+    }
+    if req.leave && req.member_epoch == 0 {
+        return Err("leave needs the member's current epoch".into());
+    }
+    if req.member_epoch == 0 && !g.members.contains_key(id) && g.members.len() >= MEMBERS_MAX {
+        return Err(format!("group already has {MEMBERS_MAX} members"));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let shards = req.owned.iter().copied().chain(req.revoking.iter().map(|r| r.shard));
+    for shard in shards {
+        if shard >= SHARD_COUNT_MAX {
+            return Err(format!("shard {shard} is out of range"));
+        }
+        if !seen.insert(shard) {
+            return Err(format!("shard {shard} is listed twice in owned/revoking"));
+        }
+    }
+    Ok(())
+}
+
+/// The status a recorded state gives a member (seed: OK only when nothing blocks it).
+pub fn status_for(g: &GroupMetadata, member: &str) -> HeartbeatStatus {
+    match &g.correction {
+        Some(round) if !round.synced_members.contains(member) => HeartbeatStatus::SyncMetadata,
+        Some(_) => HeartbeatStatus::RevokePending,
+        None if !g.revoking_shards(member).is_empty() || !g.pending_shards(member).is_empty() => {
+            HeartbeatStatus::RevokePending
+        }
+        None => HeartbeatStatus::Ok,
+    }
+}
+
+/// The member's view of a recorded state. Repeatable: the same state gives the same view.
+pub fn member_view(g: &GroupMetadata, member: &str, status: HeartbeatStatus, revision: u64) -> HeartbeatResponse {
+    let epoch = g.members.get(member).map_or(0, |m| m.member_epoch);
+    HeartbeatResponse {
+        status,
+        member_id: member.to_string(),
+        member_epoch: epoch,
+        metadata_version: g.metadata_version,
+        assignment_epoch: g.assignment_epoch,
+        shard_count: g.shard_count,
+        assigned: g.owned_shards(member),
+        pending: g.pending_shards(member),
+        revoke: g.revoking_shards(member),
+        assignment_lease_ms: g.config.assignment_lease_ms,
+        heartbeat_interval_ms: g.config.heartbeat_interval_ms,
+        store_revision: revision,
+    }
+}
+
+fn left_response(g: &GroupMetadata, member: &str, revision: u64) -> HeartbeatResponse {
+    HeartbeatResponse {
+        assigned: Vec::new(),
+        pending: Vec::new(),
+        revoke: Vec::new(),
+        member_epoch: 0,
+        ..member_view(g, member, HeartbeatStatus::Ok, revision)
+    }
+}
+
+/// Decides a periodic tick: member expiry, rebalance-timeout fencing, and every time-driven rule.
+pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
+    let mut tx = Transition::new(g, ctx.observations);
+    let ttl = g.effective_member_lease_ttl_ms();
+    for (member, seen) in &ctx.observations.liveness {
+        if g.members.contains_key(member) && seen.unchanged_ms >= ttl {
+            tx.expire(member, seen.value);
+        }
+    }
+    let timed_out: std::collections::BTreeSet<String> = tx
+        .next
+        .current
+        .values()
+        .filter_map(|o| match o {
+            super::model::ShardOwner::Revoking { member, wait, .. }
+                if ctx.observations.waited_ms(*wait) >= g.config.rebalance_timeout_ms =>
+            {
+                Some(member.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    for member in timed_out {
+        tx.fence(&member);
+    }
+    Decision { write: tx.finish(), outcome: Ok(()) }
+}
+
+/// Records evidence of lost writes seen by the coordinator itself (identity change, revision
+/// regression): starts a correction round if none is active.
+pub fn decide_evidence(g: &GroupMetadata, evidence: LossEvidence, ctx: Context<'_>) -> Decision<()> {
+    let mut tx = Transition::new(g, ctx.observations);
+    tx.start_round(evidence);
+    Decision { write: tx.finish(), outcome: Ok(()) }
+}
+
+/// The producer routing view of a recorded state (read-only).
+pub fn routing_view(g: &GroupMetadata, revision: u64) -> RoutingResponse {
+    RoutingResponse {
+        group: g.group.clone(),
+        metadata_version: g.metadata_version,
+        shard_count: g.shard_count,
+        stream_keys: (0..g.shard_count).map(|s| g.group.stream_key(s)).collect(),
+        routing_cache_ttl_ms: g.config.routing_cache_ttl_ms,
+        routing_refresh_interval_ms: g.config.routing_refresh_interval_ms,
+        store_revision: revision,
+    }
+}
+
+pub use super::admin::decide_admin;

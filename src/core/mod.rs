@@ -1,0 +1,16 @@
+//! The coordinator's decision core: the recorded model, the protocol types, and the pure decision
+//! functions. Nothing in this module performs I/O, reads a clock, or draws randomness; the
+//! simulation and the property tests rely on that.
+
+pub mod admin;
+pub mod assignor;
+pub mod engine;
+pub mod model;
+pub mod observe;
+pub mod protocol;
+pub mod transition;
+pub mod validate;
+
+pub use engine::{decide_admin, decide_evidence, decide_heartbeat, decide_tick, Context, Decision};
+pub use model::{GroupConfig, GroupId, GroupMetadata, MemberId, ShardId};
+pub use observe::{LocalView, Observations};

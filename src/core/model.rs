@@ -1,0 +1,376 @@
+//! The group metadata aggregate: everything the coordinator records in Redis for one consumer
+//! group (`redis-stream:coord:{streamPrefix:consumerGroup}:metadata`, field `aggregate`).
+//!
+//! This module owns the *shape* of the recorded state and its structural invariants
+//! ([`GroupMetadata::validate`]). It never performs I/O and never reads a clock.
+//!
+//! Decisions recorded here (filling the seed's gaps, see `DESIGN.md`):
+//! - *Pending shards are derived, not stored*: a shard is pending for member `m` when the target
+//!   assignment names `m` and the current assignment does not record `m` as owner. Storing it would
+//!   be derivable state that can disagree with its source.
+//! - *Shard stream keys are derived* from `streamPrefix` and the shard index (`<prefix>:<shard>`);
+//!   the shard count and the resharding history are recorded.
+//! - Waits that need time to pass (a fenced owner's lease running out, the correction round's
+//!   lease wait, rebalance timeouts) are recorded as [`WaitId`]s. Each coordinator process measures
+//!   them on its *own* monotonic clock from the moment it first observes them, so no safety
+//!   decision ever compares the clocks of two processes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+/// Index of a shard stream, `0..shard_count`.
+pub type ShardId = u32;
+/// A consumer's id, chosen by the client at join (e.g. a UUID).
+pub type MemberId = String;
+/// Identifier of a recorded wait; unique within a group's history (allocated from
+/// [`GroupMetadata::next_wait_id`], which never goes back while the record survives).
+pub type WaitId = u64;
+
+/// JSON schema version of [`GroupMetadata`] this build reads and writes.
+pub const SCHEMA_VERSION: u32 = 1;
+/// Redis key/field layout version this build reads and writes.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Largest shard count a group may have. Bounds memory and response sizes.
+pub const SHARD_COUNT_MAX: u32 = 65_536;
+/// Largest number of members a group may have.
+pub const MEMBERS_MAX: usize = 10_000;
+/// Longest member id accepted.
+pub const MEMBER_ID_LEN_MAX: usize = 256;
+
+/// The identity of a consumer group: `{streamPrefix:consumerGroup}`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupId {
+    pub stream_prefix: String,
+    pub consumer_group: String,
+}
+
+impl GroupId {
+    pub fn new(stream_prefix: impl Into<String>, consumer_group: impl Into<String>) -> Self {
+        Self { stream_prefix: stream_prefix.into(), consumer_group: consumer_group.into() }
+    }
+
+    /// The Redis Cluster hash tag shared by every key of this group.
+    pub fn hash_tag(&self) -> String {
+        format!("{{{}:{}}}", self.stream_prefix, self.consumer_group)
+    }
+
+    /// Stream key of one shard: `<streamPrefix>:<shard>`.
+    pub fn stream_key(&self, shard: ShardId) -> String {
+        format!("{}:{}", self.stream_prefix, shard)
+    }
+
+    /// Checks the id is usable in Redis keys: non-empty, bounded, no braces (they would break the
+    /// hash tag) and no whitespace or control characters.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, value) in [("streamPrefix", &self.stream_prefix), ("consumerGroup", &self.consumer_group)] {
+            if value.is_empty() || value.len() > 200 {
+                return Err(format!("{name} must be 1..=200 bytes"));
+            }
+            if value.chars().any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control()) {
+                return Err(format!("{name} must not contain braces, whitespace or control characters"));
+            }
+        }
+        // The group name ends the hash tag `{prefix:group}`; forbidding ':' in it keeps the key
+        // parseable when the index is rebuilt from a SCAN (prefixes may contain ':').
+        if self.consumer_group.contains(':') {
+            return Err("consumerGroup must not contain ':'".into());
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for GroupId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.stream_prefix, self.consumer_group)
+    }
+}
+
+/// Which assignor computes the target assignment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AssignorKind {
+    /// Fewest moves, uniform counts, deterministic tie-breaks.
+    #[default]
+    StickyUniform,
+    /// Contiguous ranges in member-id order (Kafka's range assignor).
+    Range,
+}
+
+/// Per-group timing configuration. All durations in milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupConfig {
+    /// A member whose liveness record stays unchanged this long (on the deciding coordinator's
+    /// clock) is expired.
+    pub member_lease_ttl_ms: u64,
+    /// How long a consumer may keep reading after *sending* the heartbeat whose response granted
+    /// its assignment. Must be `<= member_lease_ttl_ms`.
+    pub assignment_lease_ms: u64,
+    /// How often consumers heartbeat. Must be `< assignment_lease_ms` so a healthy consumer renews
+    /// its lease before it ends.
+    pub heartbeat_interval_ms: u64,
+    /// A member that keeps a shard in revoking state longer than this is fenced.
+    pub rebalance_timeout_ms: u64,
+    /// How long a producer may use a routing view after fetching it.
+    pub routing_cache_ttl_ms: u64,
+    /// How often producers refresh routing; must be `< routing_cache_ttl_ms`.
+    pub routing_refresh_interval_ms: u64,
+    #[serde(default)]
+    pub assignor: AssignorKind,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        Self {
+            member_lease_ttl_ms: 10_000,
+            assignment_lease_ms: 8_000,
+            heartbeat_interval_ms: 1_000,
+            rebalance_timeout_ms: 30_000,
+            routing_cache_ttl_ms: 10_000,
+            routing_refresh_interval_ms: 3_000,
+            assignor: AssignorKind::StickyUniform,
+        }
+    }
+}
+
+impl GroupConfig {
+    /// Checks the lease rules of the seed ("the consumer assignment lease must be shorter than or
+    /// equal to the coordinator member lease TTL") and the refresh rules.
+    pub fn validate(&self) -> Result<(), String> {
+        const MS_MAX: u64 = 24 * 3_600_000;
+        let fields = [
+            ("memberLeaseTtlMs", self.member_lease_ttl_ms),
+            ("assignmentLeaseMs", self.assignment_lease_ms),
+            ("heartbeatIntervalMs", self.heartbeat_interval_ms),
+            ("rebalanceTimeoutMs", self.rebalance_timeout_ms),
+            ("routingCacheTtlMs", self.routing_cache_ttl_ms),
+            ("routingRefreshIntervalMs", self.routing_refresh_interval_ms),
+        ];
+        for (name, value) in fields {
+            if value == 0 || value > MS_MAX {
+                return Err(format!("{name} must be in 1..={MS_MAX}"));
+            }
+        }
+        if self.assignment_lease_ms > self.member_lease_ttl_ms {
+            return Err("assignmentLeaseMs must be <= memberLeaseTtlMs".into());
+        }
+        if self.heartbeat_interval_ms >= self.assignment_lease_ms {
+            return Err("heartbeatIntervalMs must be < assignmentLeaseMs".into());
+        }
+        if self.routing_refresh_interval_ms >= self.routing_cache_ttl_ms {
+            return Err("routingRefreshIntervalMs must be < routingCacheTtlMs".into());
+        }
+        Ok(())
+    }
+}
+
+/// Lifecycle of a member as recorded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum MemberState {
+    /// Heartbeating normally; eligible for target assignment.
+    Active,
+    /// Fenced by the rebalance timeout: every request gets `FENCED_MEMBER_EPOCH` until the member
+    /// rejoins with epoch 0 (or expires); it is not a target and holds only `Fenced` shards.
+    Fenced,
+}
+
+/// One member of the group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Member {
+    /// Set to the (never reused) metadataVersion whenever the member joins or is granted a shard.
+    pub member_epoch: u64,
+    /// The epoch this incarnation joined with. A request carrying any epoch in
+    /// `incarnation_epoch..=member_epoch` is accepted when its owned shards are a subset of the
+    /// recorded ones (responses carrying later bumps may have been lost — KIP-848's "previous
+    /// epoch" rule, widened because two grants can land between two heartbeats). Anything older
+    /// is a previous incarnation and is fenced.
+    pub incarnation_epoch: u64,
+    pub state: MemberState,
+    /// metadataVersion at which the member joined (diagnostics).
+    pub joined_at_version: u64,
+}
+
+/// The recorded current owner of a shard.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum ShardOwner {
+    /// `member` may read the shard (once it receives `OK` listing it).
+    Owned { member: MemberId, since_assignment_epoch: u64 },
+    /// `member` was told to drain; it may still be reading until it reports REVOKED, expires, or
+    /// is fenced by the rebalance timeout (`wait` measures that timeout).
+    Revoking { member: MemberId, since_assignment_epoch: u64, wait: WaitId },
+    /// `member` was fenced while it may still hold a lease; the shard is free once the deciding
+    /// coordinator has observed `wait` for a full assignment lease.
+    Fenced { member: MemberId, wait: WaitId },
+}
+
+impl ShardOwner {
+    pub fn member(&self) -> &MemberId {
+        match self {
+            ShardOwner::Owned { member, .. }
+            | ShardOwner::Revoking { member, .. }
+            | ShardOwner::Fenced { member, .. } => member,
+        }
+    }
+}
+
+/// One resharding step (shards are only ever added).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReshardRecord {
+    pub from_shard_count: u32,
+    pub to_shard_count: u32,
+    pub metadata_version: u64,
+}
+
+/// A metadata correction round (seed: "Metadata Version Correction"). Recorded without bumping
+/// `metadataVersion`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CorrectionRound {
+    /// Why the round started (diagnostics).
+    pub reason: LossEvidence,
+    /// The lease wait: no `OK` until the deciding coordinator observed this wait for a full
+    /// assignment lease.
+    pub wait: WaitId,
+    /// Members that have heartbeated with the current `metadataVersion` since the round started.
+    pub synced_members: BTreeSet<MemberId>,
+}
+
+/// Evidence that the store lost recent writes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum LossEvidence {
+    /// A client reported a metadataVersion above the stored one.
+    ClientVersionAhead { reported: u64, stored: u64 },
+    /// The store's server identity (run id / replication id) changed.
+    StoreIdentityChanged,
+    /// The store returned a revision lower than one this coordinator read before.
+    RevisionRegressed { seen: u64, stored: u64 },
+    /// The metadata key of a known group vanished and an operator recreated the group.
+    MetadataLost,
+}
+
+/// The recorded state of one consumer group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupMetadata {
+    pub group: GroupId,
+    /// Client-visible version; bumped on every change a client can observe, never reused.
+    pub metadata_version: u64,
+    /// Bumped every time the target assignment is recomputed.
+    pub assignment_epoch: u64,
+    pub shard_count: u32,
+    pub resharding: Vec<ReshardRecord>,
+    pub config: GroupConfig,
+    pub members: BTreeMap<MemberId, Member>,
+    /// Target assignment: who each shard should belong to.
+    pub target: BTreeMap<ShardId, MemberId>,
+    /// Current assignment: who holds each shard now (absent = free).
+    pub current: BTreeMap<ShardId, ShardOwner>,
+    pub correction: Option<CorrectionRound>,
+    /// Highest metadataVersion any client ever reported; a later bump goes past it (no ABA).
+    pub max_client_version_seen: u64,
+    /// Next [`WaitId`] to allocate.
+    pub next_wait_id: WaitId,
+    /// Set when a config change lowered a lease: until the old assignment lease has been observed
+    /// to pass, the old (longer) values stay in force, because grants made under them still run.
+    #[serde(default)]
+    pub lease_transition: Option<LeaseTransition>,
+}
+
+/// The leases in force before a config change lowered them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseTransition {
+    pub assignment_lease_ms: u64,
+    pub member_lease_ttl_ms: u64,
+    pub wait: WaitId,
+}
+
+impl GroupMetadata {
+    /// A fresh group with no members.
+    pub fn new(group: GroupId, shard_count: u32, config: GroupConfig) -> Self {
+        Self {
+            group,
+            metadata_version: 1,
+            assignment_epoch: 0,
+            shard_count,
+            resharding: Vec::new(),
+            config,
+            members: BTreeMap::new(),
+            target: BTreeMap::new(),
+            current: BTreeMap::new(),
+            correction: None,
+            max_client_version_seen: 0,
+            next_wait_id: 1,
+            lease_transition: None,
+        }
+    }
+
+    /// Members eligible for target assignment, in id order.
+    pub fn active_members(&self) -> impl Iterator<Item = &MemberId> {
+        self.members.iter().filter(|(_, m)| m.state == MemberState::Active).map(|(id, _)| id)
+    }
+
+    /// Shards the current assignment records as `Owned` by `member`.
+    pub fn owned_shards(&self, member: &str) -> Vec<ShardId> {
+        self.shards_where(|o| matches!(o, ShardOwner::Owned { member: m, .. } if m == member))
+    }
+
+    /// Shards `member` must drain (recorded `Revoking` by it).
+    pub fn revoking_shards(&self, member: &str) -> Vec<ShardId> {
+        self.shards_where(|o| matches!(o, ShardOwner::Revoking { member: m, .. } if m == member))
+    }
+
+    /// Shards held by `member` in any state (owned, revoking or fenced).
+    pub fn held_shards(&self, member: &str) -> Vec<ShardId> {
+        self.shards_where(|o| o.member() == member)
+    }
+
+    /// Target shards of `member` that it does not own yet.
+    pub fn pending_shards(&self, member: &str) -> Vec<ShardId> {
+        self.target
+            .iter()
+            .filter(|(shard, t)| {
+                t.as_str() == member
+                    && !matches!(self.current.get(shard), Some(ShardOwner::Owned { member: m, .. }) if m == member)
+            })
+            .map(|(shard, _)| *shard)
+            .collect()
+    }
+
+    /// Shards whose recorded owner satisfies `pred`, in shard order.
+    pub fn shards_where(&self, pred: impl Fn(&ShardOwner) -> bool) -> Vec<ShardId> {
+        self.current.iter().filter(|(_, o)| pred(o)).map(|(s, _)| *s).collect()
+    }
+
+    /// The assignment lease any live grant may still be running under.
+    pub fn effective_assignment_lease_ms(&self) -> u64 {
+        let old = self.lease_transition.as_ref().map_or(0, |t| t.assignment_lease_ms);
+        self.config.assignment_lease_ms.max(old)
+    }
+
+    /// The member lease TTL expiry must wait for.
+    pub fn effective_member_lease_ttl_ms(&self) -> u64 {
+        let old = self.lease_transition.as_ref().map_or(0, |t| t.member_lease_ttl_ms);
+        self.config.member_lease_ttl_ms.max(old)
+    }
+
+    /// Allocates a fresh wait id.
+    pub fn allocate_wait(&mut self) -> WaitId {
+        let id = self.next_wait_id;
+        self.next_wait_id += 1;
+        id
+    }
+
+    /// Bumps the client-visible version past everything recorded and every version a client ever
+    /// reported, so a version number lost in a rollback is never reused.
+    pub fn bump_metadata_version(&mut self) {
+        self.metadata_version = self.metadata_version.max(self.max_client_version_seen) + 1;
+    }
+}

@@ -1,0 +1,153 @@
+//! Observation windows: how a coordinator process measures elapsed time without trusting anyone
+//! else's clock (DESIGN.md, "Time").
+//!
+//! A [`LocalView`] belongs to one coordinator process and is never stored. For each group it
+//! remembers, on that process's monotonic clock, when it first saw each liveness counter value and
+//! each recorded [`WaitId`]. A member is expired only when its counter stayed unchanged for
+//! `memberLeaseTtl` of *this* clock; a wait is over only when *this* process observed it for the
+//! required time. Any evidence of lost writes resets the group's windows, so waits restart.
+//!
+//! Pure: the caller passes `now_ms`; nothing here reads a clock.
+
+use std::collections::BTreeMap;
+
+use super::model::{GroupId, GroupMetadata, MemberId, ShardOwner, WaitId};
+
+/// What the deciding process has observed, handed to the pure decision core.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observations {
+    /// Per member: the liveness counter as last read, and for how long (ms, this process's clock)
+    /// it has been unchanged.
+    pub liveness: BTreeMap<MemberId, LivenessObservation>,
+    /// Per recorded wait: how long (ms) this process has observed it.
+    pub waits: BTreeMap<WaitId, u64>,
+}
+
+/// One member's liveness observation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LivenessObservation {
+    pub value: u64,
+    pub unchanged_ms: u64,
+}
+
+impl Observations {
+    /// How long this process has observed `wait`; 0 if never.
+    pub fn waited_ms(&self, wait: WaitId) -> u64 {
+        self.waits.get(&wait).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct GroupWindows {
+    liveness: BTreeMap<MemberId, (u64, u64)>,
+    waits: BTreeMap<WaitId, u64>,
+}
+
+/// Per-process observation state for every group it serves.
+#[derive(Clone, Debug, Default)]
+pub struct LocalView {
+    groups: BTreeMap<GroupId, GroupWindows>,
+}
+
+impl LocalView {
+    /// Records what was just read (`now_ms` on this process's monotonic clock) and returns the
+    /// observations for the decision. `liveness` is `None` when the caller did not read it (a
+    /// heartbeat); liveness windows are then reported as last seen.
+    pub fn observe(
+        &mut self,
+        now_ms: u64,
+        metadata: &GroupMetadata,
+        liveness: Option<&BTreeMap<MemberId, u64>>,
+    ) -> Observations {
+        let windows = self.groups.entry(metadata.group.clone()).or_default();
+        if let Some(liveness) = liveness {
+            let mut next = BTreeMap::new();
+            for member in metadata.members.keys() {
+                let value = liveness.get(member).copied().unwrap_or(0);
+                let since = match windows.liveness.get(member) {
+                    Some(&(seen, since)) if seen == value => since,
+                    _ => now_ms,
+                };
+                next.insert(member.clone(), (value, since));
+            }
+            windows.liveness = next;
+        }
+        let mut waits = BTreeMap::new();
+        for wait in recorded_waits(metadata) {
+            let since = windows.waits.get(&wait).copied().unwrap_or(now_ms);
+            waits.insert(wait, since);
+        }
+        windows.waits = waits;
+        Observations {
+            liveness: windows
+                .liveness
+                .iter()
+                .map(|(m, &(value, since))| {
+                    (m.clone(), LivenessObservation { value, unchanged_ms: now_ms.saturating_sub(since) })
+                })
+                .collect(),
+            waits: windows.waits.iter().map(|(&w, &since)| (w, now_ms.saturating_sub(since))).collect(),
+        }
+    }
+
+    /// Forgets every window of `group`: evidence of lost writes restarts all waits.
+    pub fn reset(&mut self, group: &GroupId) {
+        self.groups.remove(group);
+    }
+
+    /// Forgets every window of every group (server identity changed, process restarted).
+    pub fn reset_all(&mut self) {
+        self.groups.clear();
+    }
+}
+
+/// Every wait id the metadata records.
+fn recorded_waits(metadata: &GroupMetadata) -> impl Iterator<Item = WaitId> + '_ {
+    let shard_waits = metadata.current.values().filter_map(|o| match o {
+        ShardOwner::Revoking { wait, .. } | ShardOwner::Fenced { wait, .. } => Some(*wait),
+        ShardOwner::Owned { .. } => None,
+    });
+    let round = metadata.correction.as_ref().map(|r| r.wait);
+    let lease = metadata.lease_transition.as_ref().map(|t| t.wait);
+    shard_waits.chain(round).chain(lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::{GroupConfig, Member, MemberState};
+
+    fn group_with_member() -> GroupMetadata {
+        let mut g = GroupMetadata::new(GroupId::new("s", "g"), 4, GroupConfig::default());
+        g.members.insert(
+            "a".into(),
+            Member { member_epoch: 1, incarnation_epoch: 1, state: MemberState::Active, joined_at_version: 1 },
+        );
+        g
+    }
+
+    #[test]
+    fn liveness_window_restarts_on_change_and_on_reset() {
+        let g = group_with_member();
+        let mut view = LocalView::default();
+        let live = |v: u64| BTreeMap::from([("a".to_string(), v)]);
+        assert_eq!(view.observe(100, &g, Some(&live(5))).liveness["a"].unchanged_ms, 0);
+        assert_eq!(view.observe(400, &g, Some(&live(5))).liveness["a"].unchanged_ms, 300);
+        assert_eq!(view.observe(500, &g, None).liveness["a"].unchanged_ms, 400);
+        assert_eq!(view.observe(600, &g, Some(&live(6))).liveness["a"].unchanged_ms, 0);
+        view.reset(&g.group);
+        assert_eq!(view.observe(900, &g, Some(&live(6))).liveness["a"].unchanged_ms, 0);
+    }
+
+    #[test]
+    fn waits_are_measured_from_first_observation() {
+        let mut g = group_with_member();
+        let wait = g.allocate_wait();
+        g.current.insert(0, ShardOwner::Fenced { member: "a".into(), wait });
+        let mut view = LocalView::default();
+        assert_eq!(view.observe(1_000, &g, None).waited_ms(wait), 0);
+        assert_eq!(view.observe(3_500, &g, None).waited_ms(wait), 2_500);
+        g.current.clear();
+        assert_eq!(view.observe(4_000, &g, None).waited_ms(wait), 0, "forgotten once no longer recorded");
+    }
+}

@@ -1,0 +1,191 @@
+//! Wire types of the coordinator protocol: what consumers, producers and operators send, and the
+//! responses derived from recorded metadata. Shared by the HTTP edge, the client libraries and the
+//! simulation, so production and simulation speak exactly the same protocol.
+//!
+//! Every successful response names the `storeRevision` it was derived from; the simulation's
+//! recorded-response checker uses it to prove no decision was ever sent that was not in the store.
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{GroupConfig, GroupId, MemberId, ShardId};
+
+/// A consumer's report on one shard it is draining.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RevokeReport {
+    pub shard: ShardId,
+    /// Entries read but not yet acknowledged on this shard.
+    pub in_flight: u32,
+    /// True once the consumer stopped reading and has no in-flight work (`REVOKED`).
+    pub revoked: bool,
+}
+
+/// A consumer heartbeat: join (`memberEpoch == 0`), steady, revoke reports, or leave.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    pub group: GroupId,
+    pub member_id: MemberId,
+    /// 0 to join (or rejoin as a new incarnation).
+    pub member_epoch: u64,
+    /// The highest metadataVersion this client has observed.
+    pub metadata_version: u64,
+    pub assignment_epoch: u64,
+    /// Shards the consumer is currently allowed to read.
+    #[serde(default)]
+    pub owned: Vec<ShardId>,
+    /// Shards the consumer is draining, with REVOKED acks.
+    #[serde(default)]
+    pub revoking: Vec<RevokeReport>,
+    /// True on the final heartbeat of a clean leave (after every shard was reported REVOKED).
+    #[serde(default)]
+    pub leave: bool,
+}
+
+/// Status of a successful heartbeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum HeartbeatStatus {
+    /// The consumer may read every shard in `assigned` (the only status that lets it start new ones).
+    Ok,
+    /// The client saw a newer version than the store holds: apply this view as the truth, keep only
+    /// shards already being read that are still in `assigned`, drain the rest, heartbeat again.
+    SyncMetadata,
+    /// Keep reading the assigned shards already being read; drain `revoke`; start nothing new.
+    RevokePending,
+}
+
+/// A heartbeat's successful response, derived from recorded metadata only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatResponse {
+    pub status: HeartbeatStatus,
+    pub member_id: MemberId,
+    pub member_epoch: u64,
+    pub metadata_version: u64,
+    pub assignment_epoch: u64,
+    pub shard_count: u32,
+    /// Shards the member owns (readable under `OK`; keepable under the other statuses).
+    pub assigned: Vec<ShardId>,
+    /// Target shards it will get once their previous owners release them.
+    pub pending: Vec<ShardId>,
+    /// Shards to stop reading, drain, and report REVOKED.
+    pub revoke: Vec<ShardId>,
+    pub assignment_lease_ms: u64,
+    pub heartbeat_interval_ms: u64,
+    /// The store revision this response was derived from.
+    pub store_revision: u64,
+}
+
+/// Producer routing view (seed: "Producer Routing During Failures").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutingResponse {
+    pub group: GroupId,
+    pub metadata_version: u64,
+    pub shard_count: u32,
+    /// `<streamPrefix>:<shard>` for every shard, in shard order.
+    pub stream_keys: Vec<String>,
+    pub routing_cache_ttl_ms: u64,
+    pub routing_refresh_interval_ms: u64,
+    pub store_revision: u64,
+}
+
+/// Admin mutations; every one but `CreateGroup` carries the store revision it was computed from and
+/// fails with `REVISION_CONFLICT` if the metadata moved on (never a silent overwrite).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase", deny_unknown_fields)]
+pub enum AdminRequest {
+    #[serde(rename_all = "camelCase")]
+    CreateGroup { group: GroupId, shard_count: u32, config: GroupConfig },
+    #[serde(rename_all = "camelCase")]
+    AddShards { group: GroupId, expected_revision: u64, new_shard_count: u32 },
+    #[serde(rename_all = "camelCase")]
+    ChangeConfig { group: GroupId, expected_revision: u64, config: GroupConfig },
+    #[serde(rename_all = "camelCase")]
+    DeleteGroup { group: GroupId, expected_revision: u64 },
+}
+
+impl AdminRequest {
+    pub fn group(&self) -> &GroupId {
+        match self {
+            AdminRequest::CreateGroup { group, .. }
+            | AdminRequest::AddShards { group, .. }
+            | AdminRequest::ChangeConfig { group, .. }
+            | AdminRequest::DeleteGroup { group, .. } => group,
+        }
+    }
+}
+
+/// Result of a successful admin mutation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdminResponse {
+    pub group: GroupId,
+    /// Revision written (0 after a delete).
+    pub store_revision: u64,
+    pub metadata_version: u64,
+}
+
+/// Typed error codes of `DESIGN.md`, shared by every edge. The HTTP status of each is fixed by
+/// [`ErrorCode::http_status`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    /// The member id is not recorded: stop reading every shard and rejoin with epoch 0.
+    UnknownMember,
+    /// The request's member epoch is stale or the member was fenced: stop every shard, rejoin.
+    FencedMemberEpoch,
+    /// No such group is recorded (and none is known to have existed).
+    GroupNotFound,
+    /// The metadata key of a group that is known to exist is gone: fail closed, nothing rebuilt.
+    MetadataMissing,
+    /// The stored metadata has an unknown schema/layout version or cannot be parsed.
+    MetadataIncompatible,
+    /// The store is unreachable, timed out, or rejected a command.
+    StoreUnavailable,
+    /// This coordinator is shutting down; retry against another instance (HTTP 503).
+    CoordinatorTerminating,
+    /// The request is malformed or violates a limit.
+    BadRequest,
+    /// An admin mutation's expected revision does not match the stored one.
+    RevisionConflict,
+    /// The group already exists (create).
+    GroupExists,
+    /// Missing or wrong admin token.
+    Unauthorized,
+}
+
+impl ErrorCode {
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::UnknownMember | ErrorCode::FencedMemberEpoch => 409,
+            ErrorCode::GroupNotFound => 404,
+            ErrorCode::RevisionConflict | ErrorCode::GroupExists => 409,
+            ErrorCode::BadRequest => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::MetadataMissing | ErrorCode::MetadataIncompatible => 500,
+            ErrorCode::StoreUnavailable | ErrorCode::CoordinatorTerminating => 503,
+        }
+    }
+
+    /// True when the client should retry the same request later (possibly elsewhere).
+    pub fn retryable(self) -> bool {
+        matches!(self, ErrorCode::StoreUnavailable | ErrorCode::CoordinatorTerminating | ErrorCode::RevisionConflict)
+    }
+}
+
+/// An error response body: a code and a human-readable message that never leaks internals.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(rename_all = "camelCase")]
+#[error("{code:?}: {message}")]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+}

@@ -1,0 +1,268 @@
+//! [`Transition`]: the mutable working copy of one decision. Every rule that changes recorded
+//! state goes through it, so the bookkeeping (version bump, member epochs, target recomputation,
+//! liveness guards) is done once, in [`Transition::finish`], the same way for every input.
+
+use std::collections::BTreeSet;
+
+use super::assignor::assignor_for;
+use super::model::{CorrectionRound, GroupMetadata, LossEvidence, Member, MemberId, MemberState, ShardId, ShardOwner};
+use super::observe::Observations;
+
+/// The result of [`Transition::finish`]: what to write (if anything) and the store conditions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    pub next: Option<GroupMetadata>,
+    pub liveness_guards: Vec<(MemberId, u64)>,
+    pub liveness_remove: Vec<MemberId>,
+}
+
+pub(crate) struct Transition<'a> {
+    before: &'a GroupMetadata,
+    pub(crate) next: GroupMetadata,
+    obs: &'a Observations,
+    /// A client-visible change happened: bump metadataVersion in `finish`.
+    visible_change: bool,
+    /// Membership, shard count or assignor changed: recompute the target in `finish`.
+    retarget: bool,
+    joined: BTreeSet<MemberId>,
+    granted: BTreeSet<MemberId>,
+    guards: Vec<(MemberId, u64)>,
+    remove: Vec<MemberId>,
+}
+
+impl<'a> Transition<'a> {
+    pub(crate) fn new(before: &'a GroupMetadata, obs: &'a Observations) -> Self {
+        Self {
+            before,
+            next: before.clone(),
+            obs,
+            visible_change: false,
+            retarget: false,
+            joined: BTreeSet::new(),
+            granted: BTreeSet::new(),
+            guards: Vec::new(),
+            remove: Vec::new(),
+        }
+    }
+
+    pub(crate) fn mark_visible(&mut self) {
+        self.visible_change = true;
+    }
+
+    pub(crate) fn mark_retarget(&mut self) {
+        self.retarget = true;
+        self.visible_change = true;
+    }
+
+    /// Records a client-reported version (evidence when it is above the stored one).
+    pub(crate) fn record_client_version(&mut self, reported: u64) {
+        self.next.max_client_version_seen = self.next.max_client_version_seen.max(reported);
+        if reported > self.before.metadata_version {
+            self.start_round(LossEvidence::ClientVersionAhead { reported, stored: self.before.metadata_version });
+        }
+    }
+
+    /// Starts a correction round unless one is active. Does not bump metadataVersion (seed).
+    pub(crate) fn start_round(&mut self, reason: LossEvidence) {
+        if self.next.correction.is_none() {
+            let wait = self.next.allocate_wait();
+            self.next.correction = Some(CorrectionRound { reason, wait, synced_members: BTreeSet::new() });
+        }
+    }
+
+    /// Adds (or re-adds, as a new incarnation) a member. A previous incarnation's shards are fenced:
+    /// it may still be reading them until its lease surely ran out.
+    pub(crate) fn join(&mut self, member: &str) {
+        if self.next.members.contains_key(member) {
+            self.fence_shards_of(member);
+            if let Some(round) = self.next.correction.as_mut() {
+                round.synced_members.remove(member);
+            }
+        }
+        self.next.members.insert(
+            member.to_string(),
+            Member { member_epoch: 0, incarnation_epoch: 0, state: MemberState::Active, joined_at_version: 0 },
+        );
+        self.joined.insert(member.to_string());
+        self.mark_retarget();
+    }
+
+    /// Releases `shard` if `member` is draining it (a REVOKED ack). Stale or duplicate acks are
+    /// ignored; returns whether the ack was accepted.
+    pub(crate) fn accept_revoked(&mut self, member: &str, shard: ShardId) -> bool {
+        let matches =
+            matches!(self.next.current.get(&shard), Some(ShardOwner::Revoking { member: m, .. }) if m == member);
+        if matches {
+            self.next.current.remove(&shard);
+            self.mark_visible();
+        }
+        matches
+    }
+
+    /// Removes a member that left: whatever it still holds is fenced for a lease.
+    pub(crate) fn leave(&mut self, member: &str) {
+        self.fence_shards_of(member);
+        self.drop_member(member);
+    }
+
+    /// Removes a member whose liveness stayed unchanged for the member lease TTL: its leases have
+    /// surely ended, so its shards are free at once. Guarded on the observed counter value.
+    pub(crate) fn expire(&mut self, member: &str, observed_liveness: u64) {
+        let held: Vec<ShardId> = self.next.held_shards(member);
+        for shard in held {
+            self.next.current.remove(&shard);
+        }
+        self.guards.push((member.to_string(), observed_liveness));
+        self.drop_member(member);
+    }
+
+    /// Fences a member that exceeded the rebalance timeout.
+    pub(crate) fn fence(&mut self, member: &str) {
+        self.fence_shards_of(member);
+        if let Some(m) = self.next.members.get_mut(member) {
+            m.state = MemberState::Fenced;
+        }
+        if let Some(round) = self.next.correction.as_mut() {
+            round.synced_members.remove(member);
+        }
+        self.mark_retarget();
+    }
+
+    fn drop_member(&mut self, member: &str) {
+        self.next.members.remove(member);
+        if let Some(round) = self.next.correction.as_mut() {
+            round.synced_members.remove(member);
+        }
+        self.remove.push(member.to_string());
+        self.mark_retarget();
+    }
+
+    fn fence_shards_of(&mut self, member: &str) {
+        let live: Vec<ShardId> = self.next.shards_where(
+            |o| matches!(o, ShardOwner::Owned { member: m, .. } | ShardOwner::Revoking { member: m, .. } if m == member),
+        );
+        if live.is_empty() {
+            return;
+        }
+        let wait = self.next.allocate_wait();
+        for shard in live {
+            self.next.current.insert(shard, ShardOwner::Fenced { member: member.to_string(), wait });
+        }
+        self.mark_visible();
+    }
+
+    /// Applies the time-driven rules that need no input: fence waits, correction-round end,
+    /// lease-transition end, then target recomputation and reconciliation. Returns what to write.
+    pub(crate) fn finish(mut self) -> Written {
+        self.end_waits();
+        if self.retarget || self.target_is_stale() {
+            self.recompute_target();
+        }
+        self.reconcile();
+        if self.visible_change || !self.granted.is_empty() || !self.joined.is_empty() {
+            self.next.bump_metadata_version();
+            let version = self.next.metadata_version;
+            for id in &self.joined {
+                if let Some(m) = self.next.members.get_mut(id) {
+                    *m = Member {
+                        member_epoch: version,
+                        incarnation_epoch: version,
+                        state: MemberState::Active,
+                        joined_at_version: version,
+                    };
+                }
+            }
+            for id in &self.granted {
+                if let Some(m) = self.next.members.get_mut(id) {
+                    m.member_epoch = version;
+                }
+            }
+        }
+        let changed = self.next != *self.before;
+        Written { next: changed.then_some(self.next), liveness_guards: self.guards, liveness_remove: self.remove }
+    }
+
+    fn end_waits(&mut self) {
+        let lease = self.next.effective_assignment_lease_ms();
+        let active: BTreeSet<&MemberId> = self.next.active_members().collect();
+        let round_over = self.next.correction.as_ref().is_some_and(|round| {
+            active.iter().all(|m| round.synced_members.contains(*m)) && self.obs.waited_ms(round.wait) >= lease
+        });
+        if round_over {
+            self.next.correction = None;
+            self.mark_visible();
+        }
+        let transition_over =
+            self.next.lease_transition.as_ref().is_some_and(|t| self.obs.waited_ms(t.wait) >= t.assignment_lease_ms);
+        if transition_over {
+            self.next.lease_transition = None;
+        }
+    }
+
+    fn target_is_stale(&self) -> bool {
+        let g = &self.next;
+        let has_active = g.active_members().next().is_some();
+        let covers_all = g.target.len() == g.shard_count as usize;
+        let valid = g
+            .target
+            .iter()
+            .all(|(s, m)| *s < g.shard_count && g.members.get(m).is_some_and(|m| m.state == MemberState::Active));
+        !valid || (has_active != covers_all)
+    }
+
+    fn recompute_target(&mut self) {
+        let members: Vec<MemberId> = self.next.active_members().cloned().collect();
+        let target = if members.is_empty() {
+            Default::default()
+        } else {
+            assignor_for(self.next.config.assignor).assign(
+                self.next.shard_count,
+                &members,
+                &self.next.target,
+                &self.next.current,
+            )
+        };
+        if target != self.next.target {
+            self.next.target = target;
+            self.next.assignment_epoch += 1;
+            self.mark_visible();
+        }
+    }
+
+    /// Moves every shard one step towards its target: revoke from a non-target owner, cancel a
+    /// revoke when the target returns, free a fenced shard once its wait is over, grant a free
+    /// shard to its target. Never grants a shard someone else may still be reading.
+    fn reconcile(&mut self) {
+        let lease = self.next.effective_assignment_lease_ms();
+        let epoch = self.next.assignment_epoch;
+        for shard in 0..self.next.shard_count {
+            let target = self.next.target.get(&shard).cloned();
+            match self.next.current.get(&shard).cloned() {
+                Some(ShardOwner::Owned { member, .. }) if target.as_ref() != Some(&member) => {
+                    let wait = self.next.allocate_wait();
+                    self.next
+                        .current
+                        .insert(shard, ShardOwner::Revoking { member, since_assignment_epoch: epoch, wait });
+                    self.mark_visible();
+                }
+                Some(ShardOwner::Revoking { member, since_assignment_epoch, .. })
+                    if target.as_ref() == Some(&member) =>
+                {
+                    self.next.current.insert(shard, ShardOwner::Owned { member, since_assignment_epoch });
+                    self.mark_visible();
+                }
+                Some(ShardOwner::Fenced { wait, .. }) if self.obs.waited_ms(wait) >= lease => {
+                    self.next.current.remove(&shard);
+                    self.mark_visible();
+                }
+                _ => {}
+            }
+            if let (None, Some(member)) = (self.next.current.get(&shard), target) {
+                self.next
+                    .current
+                    .insert(shard, ShardOwner::Owned { member: member.clone(), since_assignment_epoch: epoch });
+                self.granted.insert(member);
+            }
+        }
+    }
+}

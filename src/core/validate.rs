@@ -1,0 +1,118 @@
+//! Structural invariants of [`GroupMetadata`]. Called after every transition in tests and before
+//! every write by the coordinator: a state that fails here is never recorded.
+
+use std::collections::BTreeSet;
+
+use super::model::{GroupMetadata, MemberState, ShardOwner, MEMBERS_MAX, SHARD_COUNT_MAX};
+
+/// A broken structural invariant; the message names the field and the offending value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid group metadata: {0}")]
+pub struct InvariantViolation(pub String);
+
+fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<(), InvariantViolation> {
+    if cond {
+        Ok(())
+    } else {
+        Err(InvariantViolation(msg()))
+    }
+}
+
+impl GroupMetadata {
+    /// Checks every structural invariant of the recorded state.
+    pub fn validate(&self) -> Result<(), InvariantViolation> {
+        self.group.validate().map_err(InvariantViolation)?;
+        self.config.validate().map_err(InvariantViolation)?;
+        check(self.metadata_version >= 1, || "metadataVersion must be >= 1".into())?;
+        check((1..=SHARD_COUNT_MAX).contains(&self.shard_count), || {
+            format!("shardCount {} outside 1..={SHARD_COUNT_MAX}", self.shard_count)
+        })?;
+        check(self.members.len() <= MEMBERS_MAX, || format!("more than {MEMBERS_MAX} members"))?;
+        self.validate_resharding()?;
+        self.validate_members()?;
+        self.validate_assignments()?;
+        self.validate_correction()
+    }
+
+    fn validate_resharding(&self) -> Result<(), InvariantViolation> {
+        let mut previous = None;
+        for step in &self.resharding {
+            check(step.to_shard_count > step.from_shard_count, || {
+                format!("reshard {}->{} does not add shards", step.from_shard_count, step.to_shard_count)
+            })?;
+            if let Some(prev) = previous {
+                check(step.from_shard_count == prev, || "resharding history is not contiguous".into())?;
+            }
+            check(step.metadata_version <= self.metadata_version, || "reshard version is in the future".into())?;
+            previous = Some(step.to_shard_count);
+        }
+        check(previous.is_none_or(|to| to == self.shard_count), || "last reshard does not end at shardCount".into())
+    }
+
+    fn validate_members(&self) -> Result<(), InvariantViolation> {
+        for (id, member) in &self.members {
+            check(!id.is_empty(), || "empty member id".into())?;
+            check(member.incarnation_epoch >= 1 && member.incarnation_epoch <= member.member_epoch, || {
+                format!("member {id}: epoch {} / incarnation {}", member.member_epoch, member.incarnation_epoch)
+            })?;
+            check(member.member_epoch <= self.metadata_version, || format!("member {id}: epoch in the future"))?;
+            check(member.joined_at_version <= self.metadata_version, || format!("member {id} joined in the future"))?;
+        }
+        Ok(())
+    }
+
+    fn validate_assignments(&self) -> Result<(), InvariantViolation> {
+        for (shard, target) in &self.target {
+            check(*shard < self.shard_count, || format!("target shard {shard} >= shardCount"))?;
+            let active = self.members.get(target).is_some_and(|m| m.state == MemberState::Active);
+            check(active, || format!("target of shard {shard} names non-active member {target}"))?;
+        }
+        let mut waits = BTreeSet::new();
+        for (shard, owner) in &self.current {
+            check(*shard < self.shard_count, || format!("current shard {shard} >= shardCount"))?;
+            match owner {
+                ShardOwner::Owned { member, since_assignment_epoch }
+                | ShardOwner::Revoking { member, since_assignment_epoch, .. } => {
+                    let active = self.members.get(member).is_some_and(|m| m.state == MemberState::Active);
+                    check(active, || format!("shard {shard} held by non-active member {member}"))?;
+                    check(*since_assignment_epoch <= self.assignment_epoch, || {
+                        format!("shard {shard} owned since a future assignment epoch")
+                    })?;
+                }
+                ShardOwner::Fenced { .. } => {}
+            }
+            if let ShardOwner::Revoking { wait, .. } | ShardOwner::Fenced { wait, .. } = owner {
+                check(*wait < self.next_wait_id, || format!("shard {shard}: wait {wait} not allocated"))?;
+                check(waits.insert(*wait) || matches!(owner, ShardOwner::Fenced { .. }), || {
+                    format!("shard {shard}: revoking wait {wait} shared")
+                })?;
+            }
+            // A revoking shard must be targeted elsewhere (or nowhere): revoking towards oneself is
+            // a lost reconciliation step.
+            if let ShardOwner::Revoking { member, .. } = owner {
+                check(self.target.get(shard) != Some(member), || {
+                    format!("shard {shard} revoking from its own target {member}")
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_correction(&self) -> Result<(), InvariantViolation> {
+        match &self.correction {
+            Some(round) => {
+                check(round.wait < self.next_wait_id, || "correction wait not allocated".into())?;
+                for member in &round.synced_members {
+                    check(self.members.contains_key(member), || format!("synced member {member} unknown"))?;
+                }
+                Ok(())
+            }
+            None => check(self.max_client_version_seen <= self.metadata_version, || {
+                format!(
+                    "maxClientVersionSeen {} above metadataVersion {} with no correction round",
+                    self.max_client_version_seen, self.metadata_version
+                )
+            }),
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! Redis key names (seed: "Redis Metadata Volatility and Corruption"). Every per-group key shares
+//! the hash tag `{streamPrefix:consumerGroup}` so multi-key scripts are Redis Cluster safe.
+
+use crate::core::model::GroupId;
+
+/// The rebuildable group index (a set of hash-tag bodies `streamPrefix:consumerGroup`).
+pub const INDEX_KEY: &str = "redis-stream:coord:groups";
+/// SCAN pattern matching every metadata key.
+pub const METADATA_SCAN_PATTERN: &str = "redis-stream:coord:{*}:metadata";
+
+pub const FIELD_AGGREGATE: &str = "aggregate";
+pub const FIELD_REVISION: &str = "revision";
+pub const FIELD_SCHEMA_VERSION: &str = "schemaVersion";
+pub const FIELD_LAYOUT_VERSION: &str = "layoutVersion";
+pub const FIELD_UPDATED_AT: &str = "updatedAt";
+
+/// `redis-stream:coord:{p:g}:metadata` — the group's metadata hash. Never has a TTL.
+pub fn metadata_key(group: &GroupId) -> String {
+    format!("redis-stream:coord:{}:metadata", group.hash_tag())
+}
+
+/// `redis-stream:coord:{p:g}:mutex` — the critical-section mutex (`SET NX PX`).
+pub fn mutex_key(group: &GroupId) -> String {
+    format!("redis-stream:coord:{}:mutex", group.hash_tag())
+}
+
+/// `redis-stream:coord:{p:g}:liveness` — hash member id -> heartbeat counter.
+pub fn liveness_key(group: &GroupId) -> String {
+    format!("redis-stream:coord:{}:liveness", group.hash_tag())
+}
+
+/// The index entry of a group: the hash-tag body `streamPrefix:consumerGroup`.
+pub fn index_entry(group: &GroupId) -> String {
+    format!("{}:{}", group.stream_prefix, group.consumer_group)
+}
+
+/// Parses an index entry or the tag body of a metadata key. The group is everything after the
+/// last ':' (groups may not contain ':'; prefixes may).
+pub fn parse_index_entry(entry: &str) -> Option<GroupId> {
+    let (prefix, group) = entry.rsplit_once(':')?;
+    let id = GroupId::new(prefix, group);
+    id.validate().ok().map(|_| id)
+}
+
+/// Parses a metadata key back to its group.
+pub fn parse_metadata_key(key: &str) -> Option<GroupId> {
+    let body = key.strip_prefix("redis-stream:coord:{")?.strip_suffix("}:metadata")?;
+    parse_index_entry(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_the_hash_tag_and_round_trip() {
+        let group = GroupId::new("orders:v1", "billing");
+        assert_eq!(metadata_key(&group), "redis-stream:coord:{orders:v1:billing}:metadata");
+        assert_eq!(mutex_key(&group), "redis-stream:coord:{orders:v1:billing}:mutex");
+        assert_eq!(parse_metadata_key(&metadata_key(&group)), Some(group.clone()));
+        assert_eq!(parse_index_entry(&index_entry(&group)), Some(group));
+        assert_eq!(parse_metadata_key("redis-stream:coord:{nogroup}:metadata"), None);
+        assert_eq!(parse_metadata_key("other:{a:b}:metadata"), None);
+    }
+}

@@ -1,0 +1,238 @@
+//! The metadata and stream stores: the only place the coordinator and the clients touch Redis.
+//!
+//! [`MetadataStore`] is the narrow contract the coordinator needs (consistent load, revision CAS,
+//! mutex, liveness, index, server identity, compatibility probe). [`StreamStore`] is what the
+//! consumer and producer libraries need (XADD, XREADGROUP, XACK, XAUTOCLAIM). Two implementations
+//! keep the same contract, proven by `tests/store_contract.rs`:
+//! - `RedisStore` (real Redis via the `redis` crate; not built under `--cfg madsim`),
+//! - `MemoryStore` (in-memory fake with fault knobs, for the simulation and unit tests).
+//!
+//! Stores never parse the aggregate: they move bytes. Parsing and schema checks belong to the
+//! coordinator, which turns them into `METADATA_INCOMPATIBLE`.
+
+pub mod keys;
+pub mod memory;
+#[cfg(not(madsim))]
+pub mod redis;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::model::{GroupId, MemberId};
+
+/// A store failure. Never carries secrets (URLs with passwords are not included).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// Unreachable, timed out, connection broken, or the server is loading / read-only.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The server rejected a command this layout needs (unknown, disabled, or ACL-denied).
+    #[error("store command unsupported: {command}: {detail}")]
+    Unsupported { command: String, detail: String },
+    /// The server answered something the contract does not allow (a bug or a foreign key).
+    #[error("unexpected store reply: {0}")]
+    Protocol(String),
+}
+
+/// The five hash fields of the metadata key, as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredRecord {
+    /// `aggregate`: GroupMetadata JSON (unparsed).
+    pub aggregate: String,
+    /// `revision`: the storeRevision, +1 on every write.
+    pub revision: u64,
+    /// `schemaVersion`, as stored (may be unknown to this build).
+    pub schema_version: u32,
+    /// `layoutVersion`, as stored.
+    pub layout_version: u32,
+    /// `updatedAt`: display only (milliseconds since the Unix epoch of the writer's wall clock).
+    pub updated_at_ms: u64,
+}
+
+/// A conditional write of the metadata key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteRequest {
+    /// `None`: create, only if the key does not exist. `Some(r)`: only if the stored revision is r.
+    pub expected_revision: Option<u64>,
+    pub aggregate: String,
+    pub schema_version: u32,
+    pub layout_version: u32,
+    pub updated_at_ms: u64,
+    /// Each (member, value): the member's liveness counter must still equal value (absent = 0).
+    /// This makes an expiry decision atomic with the heartbeats it did not see.
+    pub liveness_guards: Vec<(MemberId, u64)>,
+    /// Liveness counters to delete with the write (members removed by it).
+    pub liveness_remove: Vec<MemberId>,
+}
+
+/// Result of a conditional write or delete.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Written; the new revision (`expected + 1`, or 1 on create). 0 after a delete.
+    Written { revision: u64 },
+    /// The revision did not match; `current` is the stored revision (`None`: key absent).
+    RevisionConflict { current: Option<u64> },
+    /// A liveness guard failed: a heartbeat arrived after the decision was computed.
+    LivenessChanged { member: MemberId },
+}
+
+/// Who the store server is. A change of either field between two reads is evidence that the
+/// server failed over or restarted and may have lost recent writes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ServerIdentity {
+    pub run_id: String,
+    pub replication_id: String,
+}
+
+/// What the startup compatibility probe found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeReport {
+    pub server_version: String,
+    pub identity: ServerIdentity,
+}
+
+/// Result of a heartbeat's atomic liveness touch + load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TouchResult {
+    /// The member's liveness counter after the increment.
+    pub liveness: u64,
+    pub record: Option<StoredRecord>,
+}
+
+/// The coordinator's view of Redis. Every method is one atomic server-side step.
+pub trait MetadataStore: Send + Sync + 'static {
+    /// Consistent read of all five fields of the metadata key (`None`: key absent).
+    fn load(&self, group: &GroupId) -> impl Future<Output = Result<Option<StoredRecord>, StoreError>> + Send;
+
+    /// Atomically increments `member`'s liveness counter and reads the metadata key: the steady
+    /// heartbeat's single round trip.
+    fn touch_and_load(
+        &self,
+        group: &GroupId,
+        member: &str,
+    ) -> impl Future<Output = Result<TouchResult, StoreError>> + Send;
+
+    /// Every member's liveness counter.
+    fn liveness(&self, group: &GroupId) -> impl Future<Output = Result<BTreeMap<MemberId, u64>, StoreError>> + Send;
+
+    /// Conditional write (revision CAS + liveness guards), atomically.
+    fn write(
+        &self,
+        group: &GroupId,
+        request: WriteRequest,
+    ) -> impl Future<Output = Result<WriteOutcome, StoreError>> + Send;
+
+    /// Deletes the metadata key, the liveness key and the index entry if the revision matches.
+    fn delete(
+        &self,
+        group: &GroupId,
+        expected_revision: u64,
+    ) -> impl Future<Output = Result<WriteOutcome, StoreError>> + Send;
+
+    /// `SET mutex token NX PX ttl`; true when acquired.
+    fn acquire_mutex(
+        &self,
+        group: &GroupId,
+        token: &str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Compare-and-delete of the mutex; true when this token held it.
+    fn release_mutex(&self, group: &GroupId, token: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Adds the group to the rebuildable index `redis-stream:coord:groups`.
+    fn index_add(&self, group: &GroupId) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Groups listed in the index (never trusted as truth).
+    fn index_members(&self) -> impl Future<Output = Result<Vec<GroupId>, StoreError>> + Send;
+
+    /// Rebuilds the index from a SCAN of metadata keys; returns the groups found, sorted.
+    fn rebuild_index(&self) -> impl Future<Output = Result<Vec<GroupId>, StoreError>> + Send;
+
+    /// The server's current identity.
+    fn identity(&self) -> impl Future<Output = Result<ServerIdentity, StoreError>> + Send;
+
+    /// Startup compatibility probe: server version and every command the layout needs. Fails with
+    /// `Unsupported` naming the first missing command.
+    fn probe(&self) -> impl Future<Output = Result<ProbeReport, StoreError>> + Send;
+}
+
+/// A stream entry id `<ms>-<seq>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct EntryId {
+    pub ms: u64,
+    pub seq: u64,
+}
+
+impl std::fmt::Display for EntryId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+impl std::str::FromStr for EntryId {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || StoreError::Protocol(format!("bad entry id {s:?}"));
+        let (ms, seq) = s.split_once('-').ok_or_else(bad)?;
+        Ok(EntryId { ms: ms.parse().map_err(|_| bad())?, seq: seq.parse().map_err(|_| bad())? })
+    }
+}
+
+/// One stream entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamEntry {
+    pub id: EntryId,
+    pub fields: Vec<(String, Vec<u8>)>,
+}
+
+/// Where an XREADGROUP starts on one stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// `>`: entries never delivered to the group.
+    New,
+    /// `0`: this consumer's own pending entries (redelivery after a restart).
+    OwnPending,
+}
+
+/// The consumer and producer libraries' view of the shard streams.
+pub trait StreamStore: Send + Sync + 'static {
+    /// XADD with an optional approximate MAXLEN; returns the new entry's id.
+    fn xadd(
+        &self,
+        stream: &str,
+        fields: Vec<(String, Vec<u8>)>,
+        maxlen: Option<u64>,
+    ) -> impl Future<Output = Result<EntryId, StoreError>> + Send;
+
+    /// XGROUP CREATE ... $ MKSTREAM unless the group exists (then a no-op). New groups start at the
+    /// stream's beginning (`0`) so nothing published before the first consumer is skipped.
+    fn ensure_group(&self, stream: &str, group: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// XREADGROUP GROUP group consumer COUNT count [BLOCK block_ms] STREAMS ... Returns entries per
+    /// stream (streams with none are omitted). The in-memory fake never blocks.
+    fn xreadgroup(
+        &self,
+        group: &str,
+        consumer: &str,
+        streams: &[(String, ReadFrom)],
+        count: usize,
+        block_ms: Option<u64>,
+    ) -> impl Future<Output = Result<Vec<(String, Vec<StreamEntry>)>, StoreError>> + Send;
+
+    /// XACK; returns how many entries were acknowledged.
+    fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// XAUTOCLAIM stream group consumer min_idle_ms 0-0 COUNT count, repeated until the whole
+    /// pending list was scanned: moves every other consumer's pending entries to `consumer` and
+    /// returns them (the new owner of a shard redelivers what the previous owner never acked).
+    fn claim_all_pending(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> impl Future<Output = Result<Vec<StreamEntry>, StoreError>> + Send;
+}
