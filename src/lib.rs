@@ -9,4 +9,6 @@
 //! - [`client`]: consumer and producer libraries.
 
 pub mod core;
+pub mod metrics;
+pub mod service;
 pub mod store;

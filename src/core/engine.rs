@@ -11,6 +11,7 @@ use super::model::{
     GroupMetadata, LossEvidence, MemberState, ShardId, MEMBERS_MAX, MEMBER_ID_LEN_MAX, SHARD_COUNT_MAX,
 };
 use super::observe::Observations;
+use super::planted::PlantedBugs;
 use super::protocol::{ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
 use super::transition::{Transition, Written};
 
@@ -35,6 +36,8 @@ pub struct Context<'a> {
     /// Revision of the loaded state; a write records `stored_revision + 1`.
     pub stored_revision: u64,
     pub observations: &'a Observations,
+    /// Deliberate mistakes (simulation only); `PlantedBugs::NONE` everywhere else.
+    pub planted: PlantedBugs,
 }
 
 impl Context<'_> {
@@ -48,7 +51,7 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
     if let Err(message) = check_heartbeat(g, req) {
         return Decision::reject(ErrorCode::BadRequest, message);
     }
-    let mut tx = Transition::new(g, ctx.observations);
+    let mut tx = Transition::new(g, ctx.observations, ctx.planted);
     tx.record_client_version(req.metadata_version);
     let ahead = req.metadata_version > g.metadata_version;
     let step = if req.member_epoch == 0 {
@@ -209,7 +212,7 @@ fn left_response(g: &GroupMetadata, member: &str, revision: u64) -> HeartbeatRes
 
 /// Decides a periodic tick: member expiry, rebalance-timeout fencing, and every time-driven rule.
 pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
-    let mut tx = Transition::new(g, ctx.observations);
+    let mut tx = Transition::new(g, ctx.observations, ctx.planted);
     let ttl = g.effective_member_lease_ttl_ms();
     for (member, seen) in &ctx.observations.liveness {
         if g.members.contains_key(member) && seen.unchanged_ms >= ttl {
@@ -238,7 +241,7 @@ pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
 /// Records evidence of lost writes seen by the coordinator itself (identity change, revision
 /// regression): starts a correction round if none is active.
 pub fn decide_evidence(g: &GroupMetadata, evidence: LossEvidence, ctx: Context<'_>) -> Decision<()> {
-    let mut tx = Transition::new(g, ctx.observations);
+    let mut tx = Transition::new(g, ctx.observations, ctx.planted);
     tx.start_round(evidence);
     Decision { write: tx.finish(), outcome: Ok(()) }
 }

@@ -154,6 +154,9 @@ pub enum ErrorCode {
     GroupExists,
     /// Missing or wrong admin token.
     Unauthorized,
+    /// A bug in the coordinator (e.g. it refused to record a state that failed validation).
+    /// Nothing was written; the body never carries internals.
+    Internal,
 }
 
 impl ErrorCode {
@@ -164,7 +167,7 @@ impl ErrorCode {
             ErrorCode::RevisionConflict | ErrorCode::GroupExists => 409,
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
-            ErrorCode::MetadataMissing | ErrorCode::MetadataIncompatible => 500,
+            ErrorCode::MetadataMissing | ErrorCode::MetadataIncompatible | ErrorCode::Internal => 500,
             ErrorCode::StoreUnavailable | ErrorCode::CoordinatorTerminating => 503,
         }
     }

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use super::assignor::assignor_for;
 use super::model::{CorrectionRound, GroupMetadata, LossEvidence, Member, MemberId, MemberState, ShardId, ShardOwner};
 use super::observe::Observations;
+use super::planted::{PlantedBug, PlantedBugs};
 
 /// The result of [`Transition::finish`]: what to write (if anything) and the store conditions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -20,6 +21,7 @@ pub(crate) struct Transition<'a> {
     before: &'a GroupMetadata,
     pub(crate) next: GroupMetadata,
     obs: &'a Observations,
+    planted: PlantedBugs,
     /// A client-visible change happened: bump metadataVersion in `finish`.
     visible_change: bool,
     /// Membership, shard count or assignor changed: recompute the target in `finish`.
@@ -31,11 +33,12 @@ pub(crate) struct Transition<'a> {
 }
 
 impl<'a> Transition<'a> {
-    pub(crate) fn new(before: &'a GroupMetadata, obs: &'a Observations) -> Self {
+    pub(crate) fn new(before: &'a GroupMetadata, obs: &'a Observations, planted: PlantedBugs) -> Self {
         Self {
             before,
             next: before.clone(),
             obs,
+            planted,
             visible_change: false,
             retarget: false,
             joined: BTreeSet::new(),
@@ -160,7 +163,11 @@ impl<'a> Transition<'a> {
         }
         self.reconcile();
         if self.visible_change || !self.granted.is_empty() || !self.joined.is_empty() {
-            self.next.bump_metadata_version();
+            if self.planted.has(PlantedBug::ReuseLostVersion) {
+                self.next.metadata_version += 1;
+            } else {
+                self.next.bump_metadata_version();
+            }
             let version = self.next.metadata_version;
             for id in &self.joined {
                 if let Some(m) = self.next.members.get_mut(id) {
@@ -186,7 +193,9 @@ impl<'a> Transition<'a> {
         let lease = self.next.effective_assignment_lease_ms();
         let active: BTreeSet<&MemberId> = self.next.active_members().collect();
         let round_over = self.next.correction.as_ref().is_some_and(|round| {
-            active.iter().all(|m| round.synced_members.contains(*m)) && self.obs.waited_ms(round.wait) >= lease
+            let waited =
+                self.obs.waited_ms(round.wait) >= lease || self.planted.has(PlantedBug::SkipCorrectionLeaseWait);
+            active.iter().all(|m| round.synced_members.contains(*m)) && waited
         });
         if round_over {
             self.next.correction = None;
@@ -254,6 +263,9 @@ impl<'a> Transition<'a> {
                 Some(ShardOwner::Fenced { wait, .. }) if self.obs.waited_ms(wait) >= lease => {
                     self.next.current.remove(&shard);
                     self.mark_visible();
+                }
+                Some(ShardOwner::Revoking { .. }) if self.planted.has(PlantedBug::AssignBeforeRelease) => {
+                    self.next.current.remove(&shard);
                 }
                 _ => {}
             }

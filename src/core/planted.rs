@@ -1,0 +1,56 @@
+//! Planted bugs: deliberate mistakes the simulation switches on to prove its checkers can fail
+//! (FoundationDB-style negative tests). Every field defaults to off; nothing outside the
+//! simulation and tests ever sets one (no flag, environment variable or HTTP route reaches it).
+
+use serde::{Deserialize, Serialize};
+
+/// One deliberate mistake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlantedBug {
+    /// Core: grant a shard to its new target while the previous owner is still revoking.
+    AssignBeforeRelease,
+    /// Service: answer from the decided state before (and regardless of) the store write.
+    RespondBeforeWrite,
+    /// Consumer: resume reading a revoking shard when heartbeats fail.
+    ResumeRevokingOnHeartbeatFailure,
+    /// Consumer: count the lease from the response's receive time instead of the send time.
+    LeaseFromReceiveTime,
+    /// Producer: publish with an expired routing cache.
+    PublishOnExpiredCache,
+    /// Service: rebuild missing metadata from a heartbeat instead of failing closed.
+    RebuildMissingMetadata,
+    /// Core: bump metadataVersion without going past versions clients reported (ABA).
+    ReuseLostVersion,
+    /// Core: end a correction round without waiting one assignment lease.
+    SkipCorrectionLeaseWait,
+}
+
+impl PlantedBug {
+    pub const ALL: [PlantedBug; 8] = [
+        PlantedBug::AssignBeforeRelease,
+        PlantedBug::RespondBeforeWrite,
+        PlantedBug::ResumeRevokingOnHeartbeatFailure,
+        PlantedBug::LeaseFromReceiveTime,
+        PlantedBug::PublishOnExpiredCache,
+        PlantedBug::RebuildMissingMetadata,
+        PlantedBug::ReuseLostVersion,
+        PlantedBug::SkipCorrectionLeaseWait,
+    ];
+}
+
+/// The set of planted bugs in force (a bit set; `Default` is none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PlantedBugs(u16);
+
+impl PlantedBugs {
+    pub const NONE: PlantedBugs = PlantedBugs(0);
+
+    pub fn only(bug: PlantedBug) -> Self {
+        PlantedBugs(1 << bug as u16)
+    }
+
+    pub fn has(self, bug: PlantedBug) -> bool {
+        self.0 & (1 << bug as u16) != 0
+    }
+}

@@ -1,0 +1,163 @@
+//! A small, dependency-free metrics registry rendered in the Prometheus text exposition format.
+//!
+//! Counters, gauges and histograms keyed by name and sorted labels, stored in `BTreeMap`s so the
+//! rendering is deterministic (the simulation hashes traces). Shared by the coordinator service and
+//! the client libraries; names follow Prometheus conventions (`_total`, `_seconds`, base units).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// Label pairs, sorted by name.
+pub type Labels = Vec<(&'static str, String)>;
+
+/// Bucket bounds (seconds) of every histogram: 100 µs to 10 s.
+const BUCKETS_S: [f64; 12] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0, 10.0];
+
+#[derive(Clone, Debug, Default)]
+struct Histogram {
+    counts: [u64; BUCKETS_S.len()],
+    sum: f64,
+    count: u64,
+}
+
+#[derive(Debug, Default)]
+struct Families {
+    help: BTreeMap<&'static str, (&'static str, &'static str)>,
+    values: BTreeMap<(&'static str, Labels), f64>,
+    histograms: BTreeMap<(&'static str, Labels), Histogram>,
+}
+
+/// A registry of metric values.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    inner: Mutex<Families>,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Families) -> R) -> R {
+        // A poisoned lock only means another thread panicked mid-update; the map is still usable.
+        let mut guard = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&mut guard)
+    }
+
+    /// Adds `by` to a counter.
+    pub fn inc_by(&self, name: &'static str, help: &'static str, labels: Labels, by: f64) {
+        self.with(|f| {
+            f.help.insert(name, ("counter", help));
+            *f.values.entry((name, labels)).or_default() += by;
+        });
+    }
+
+    /// Adds one to a counter.
+    pub fn inc(&self, name: &'static str, help: &'static str, labels: Labels) {
+        self.inc_by(name, help, labels, 1.0);
+    }
+
+    /// Sets a gauge.
+    pub fn set(&self, name: &'static str, help: &'static str, labels: Labels, value: f64) {
+        self.with(|f| {
+            f.help.insert(name, ("gauge", help));
+            f.values.insert((name, labels), value);
+        });
+    }
+
+    /// Removes every series of a gauge whose labels contain `(key, value)` (e.g. a removed member).
+    pub fn forget(&self, name: &'static str, key: &'static str, value: &str) {
+        self.with(|f| {
+            f.values.retain(|(n, labels), _| *n != name || !labels.iter().any(|(k, v)| *k == key && v == value))
+        });
+    }
+
+    /// Records one observation (seconds) in a histogram.
+    pub fn observe(&self, name: &'static str, help: &'static str, labels: Labels, seconds: f64) {
+        self.with(|f| {
+            f.help.insert(name, ("histogram", help));
+            let h = f.histograms.entry((name, labels)).or_default();
+            for (i, bound) in BUCKETS_S.iter().enumerate() {
+                if seconds <= *bound {
+                    h.counts[i] += 1;
+                }
+            }
+            h.sum += seconds;
+            h.count += 1;
+        });
+    }
+
+    /// The current value of a counter or gauge series (tests and checkers).
+    pub fn value(&self, name: &'static str, labels: &Labels) -> f64 {
+        self.with(|f| f.values.get(&(name, labels.clone())).copied().unwrap_or(0.0))
+    }
+
+    /// The sum of every series of a counter or gauge, across labels.
+    pub fn total(&self, name: &str) -> f64 {
+        self.with(|f| f.values.iter().filter(|((n, _), _)| *n == name).map(|(_, v)| v).sum())
+    }
+
+    /// Renders every metric in the Prometheus text format, sorted by name and labels.
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        self.with(|f| {
+            let mut out = String::new();
+            for (name, (kind, help)) in &f.help {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+                for ((_, labels), value) in f.values.range((*name, Vec::new())..).take_while(|((n, _), _)| n == name) {
+                    let _ = writeln!(out, "{name}{} {value}", render_labels(labels, None));
+                }
+                for ((_, labels), h) in f.histograms.range((*name, Vec::new())..).take_while(|((n, _), _)| n == name) {
+                    for (i, bound) in BUCKETS_S.iter().enumerate() {
+                        let _ = writeln!(out, "{name}_bucket{} {}", render_labels(labels, Some(*bound)), h.counts[i]);
+                    }
+                    let inf = render_labels(labels, Some(f64::INFINITY));
+                    let _ = writeln!(out, "{name}_bucket{inf} {}", h.count);
+                    let _ = writeln!(out, "{name}_sum{} {}", render_labels(labels, None), h.sum);
+                    let _ = writeln!(out, "{name}_count{} {}", render_labels(labels, None), h.count);
+                }
+            }
+            out
+        })
+    }
+}
+
+fn render_labels(labels: &Labels, le: Option<f64>) -> String {
+    let mut parts: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
+    if let Some(le) = le {
+        parts.push(if le.is_infinite() { "le=\"+Inf\"".into() } else { format!("le=\"{le}\"") });
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("{{{}}}", parts.join(","))
+    }
+}
+
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_gauges_and_histograms_in_order() {
+        let m = Metrics::new();
+        m.inc("b_total", "b help", vec![("status", "OK".into())]);
+        m.inc("b_total", "b help", vec![("status", "OK".into())]);
+        m.set("a_gauge", "a help", vec![], 3.0);
+        m.observe("c_seconds", "c help", vec![], 0.002);
+        let text = m.render();
+        let a = text.find("a_gauge 3").expect("gauge rendered");
+        let b = text.find("b_total{status=\"OK\"} 2").expect("counter rendered");
+        assert!(a < b, "sorted by name:\n{text}");
+        assert!(text.contains("c_seconds_bucket{le=\"0.001\"} 0"));
+        assert!(text.contains("c_seconds_bucket{le=\"0.0025\"} 1"));
+        assert!(text.contains("c_seconds_count 1"));
+        assert_eq!(m.total("b_total"), 2.0);
+        m.forget("b_total", "status", "OK");
+        assert_eq!(m.total("b_total"), 0.0);
+    }
+}

@@ -1,0 +1,429 @@
+//! [`Coordinator`]: the workflow around the pure core (seed: "Redis-recorded state machine").
+//!
+//! Every mutation runs: local monitor -> shutdown gate -> Redis mutex -> load -> validate ->
+//! decide (pure) -> revision-CAS write -> respond from what was written. A heartbeat that changes
+//! nothing answers from one consistent read (the liveness touch + load script) without the mutex.
+//! The coordinator never answers with a decision that is not in the store, never rebuilds missing
+//! metadata, and never overwrites metadata it cannot parse.
+//!
+//! Loss evidence it detects itself (server identity change, revision regression) starts a
+//! correction round and resets this process's observation windows, so every wait restarts.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+use tokio::time::{Duration, Instant};
+
+use super::shutdown::ShutdownGate;
+use crate::core::engine::routing_view;
+use crate::core::model::{GroupId, GroupMetadata, LossEvidence, MemberId};
+use crate::core::protocol::{
+    AdminRequest, AdminResponse, ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingResponse,
+};
+use crate::core::{
+    decide_admin, decide_evidence, decide_heartbeat, decide_tick, Decision, LocalView, Observations, PlantedBug,
+    PlantedBugs,
+};
+use crate::metrics::Metrics;
+use crate::store::{MetadataStore, ProbeReport, ServerIdentity, WriteOutcome};
+
+/// Tunables of one coordinator process.
+#[derive(Clone, Debug)]
+pub struct CoordinatorOptions {
+    /// Names this instance in mutex tokens and logs.
+    pub instance_id: String,
+    /// TTL of the Redis mutex; a crashed holder blocks others at most this long.
+    pub mutex_ttl_ms: u64,
+    /// Attempts to take a busy mutex before answering `STORE_UNAVAILABLE`.
+    pub mutex_attempts_max: u32,
+    pub mutex_retry_ms: u64,
+    /// CAS attempts per critical section before answering `STORE_UNAVAILABLE`.
+    pub cas_attempts_max: u32,
+    /// Period of the event-loop tick (expiry, fencing, releases, correction progress).
+    pub tick_interval_ms: u64,
+    /// Seeds mutex tokens and retry jitter.
+    pub rng_seed: u64,
+    /// Deliberate mistakes for the simulation's negative tests; `NONE` in production.
+    pub planted: PlantedBugs,
+}
+
+impl Default for CoordinatorOptions {
+    fn default() -> Self {
+        Self {
+            instance_id: "coordinator".into(),
+            mutex_ttl_ms: 2_000,
+            mutex_attempts_max: 20,
+            mutex_retry_ms: 10,
+            cas_attempts_max: 8,
+            tick_interval_ms: 250,
+            rng_seed: 0,
+            planted: PlantedBugs::NONE,
+        }
+    }
+}
+
+/// What `describe` returns: the recorded metadata and its store bookkeeping.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupDescription {
+    pub metadata: GroupMetadata,
+    pub store_revision: u64,
+    pub updated_at_ms: u64,
+    pub liveness: BTreeMap<MemberId, u64>,
+}
+
+/// Process-local state: observation windows and loss-evidence bookkeeping. Never stored.
+pub(super) struct LocalState {
+    pub(super) view: LocalView,
+    /// The store identity last seen; `None` until the first probe or identity check.
+    identity: Option<ServerIdentity>,
+    /// Bumped on every identity change: groups must record evidence once per generation.
+    identity_generation: u64,
+    evidence_recorded: BTreeMap<GroupId, u64>,
+    /// Highest revision read per group; a lower one later is evidence of lost writes.
+    pub(super) revision_seen: BTreeMap<GroupId, u64>,
+    regressed: BTreeMap<GroupId, LossEvidence>,
+    pub(super) rng: SmallRng,
+}
+
+pub(super) struct Inner<S> {
+    pub(super) store: S,
+    pub(super) options: CoordinatorOptions,
+    pub(super) gate: Arc<ShutdownGate>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) started: Instant,
+    pub(super) local: Mutex<LocalState>,
+    pub(super) monitors: Mutex<BTreeMap<GroupId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A coordinator process's handle; cheap to clone.
+pub struct Coordinator<S> {
+    pub(super) inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for Coordinator<S> {
+    fn clone(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner) }
+    }
+}
+
+const HEARTBEATS: &str = "rsc_heartbeats_total";
+const HEARTBEATS_HELP: &str = "Heartbeats answered, by status or error code.";
+
+impl<S: MetadataStore> Coordinator<S> {
+    pub fn new(store: S, options: CoordinatorOptions) -> Self {
+        let local = LocalState {
+            view: LocalView::default(),
+            identity: None,
+            identity_generation: 0,
+            evidence_recorded: BTreeMap::new(),
+            revision_seen: BTreeMap::new(),
+            regressed: BTreeMap::new(),
+            rng: SmallRng::seed_from_u64(options.rng_seed),
+        };
+        let inner = Inner {
+            store,
+            options,
+            gate: Arc::new(ShutdownGate::default()),
+            metrics: Arc::new(Metrics::new()),
+            started: Instant::now(),
+            local: Mutex::new(local),
+            monitors: Mutex::new(BTreeMap::new()),
+        };
+        Self { inner: Arc::new(inner) }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.inner.metrics)
+    }
+
+    pub fn options(&self) -> &CoordinatorOptions {
+        &self.inner.options
+    }
+
+    /// Startup compatibility probe: fails fast, naming the unsupported version or command.
+    pub async fn start(&self) -> Result<ProbeReport, ApiError> {
+        match self.inner.store.probe().await {
+            Ok(report) => {
+                self.local().identity = Some(report.identity.clone());
+                Ok(report)
+            }
+            Err(e) => Err(self.store_error(e)),
+        }
+    }
+
+    /// Enters terminating mode: new mutations get 503, entered sections finish, ticks stop.
+    pub fn begin_shutdown(&self) {
+        self.inner.gate.begin();
+        self.inner.metrics.set("rsc_coordinator_terminating", "1 while the coordinator is terminating.", vec![], 1.0);
+    }
+
+    pub fn is_terminating(&self) -> bool {
+        self.inner.gate.is_terminating()
+    }
+
+    /// Waits until every critical section entered before shutdown has finished.
+    pub async fn drained(&self) {
+        self.inner.gate.drained().await;
+    }
+
+    /// Answers a consumer heartbeat.
+    pub async fn heartbeat(&self, req: HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
+        let result = self.heartbeat_inner(&req).await;
+        let label = match &result {
+            Ok(r) => serde_json::to_value(r.status).ok().and_then(|v| v.as_str().map(str::to_owned)),
+            Err(e) => serde_json::to_value(e.code).ok().and_then(|v| v.as_str().map(str::to_owned)),
+        };
+        self.inner.metrics.inc(HEARTBEATS, HEARTBEATS_HELP, vec![("status", label.unwrap_or_default())]);
+        result
+    }
+
+    async fn heartbeat_inner(&self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
+        self.inner.gate.check()?;
+        req.group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
+        let touched = self.inner.store.touch_and_load(&req.group, &req.member_id).await;
+        let touched = touched.map_err(|e| self.store_error(e))?;
+        let Some(record) = touched.record else {
+            let client_knows = req.member_epoch > 0 || req.metadata_version > 0;
+            return Err(self.missing(&req.group, client_knows).await);
+        };
+        let g = self.decode_counted(&req.group, &record)?;
+        self.record_pending_evidence(&g, record.revision).await?;
+        if req.metadata_version > g.metadata_version {
+            self.inner.metrics.inc(
+                "rsc_client_metadata_version_ahead_total",
+                "Heartbeats reporting a metadataVersion above the stored one (evidence of lost writes).",
+                vec![("group", g.group.to_string())],
+            );
+        }
+        let obs = self.observe(&g, None);
+        let fast = decide_heartbeat(&g, req, self.context(record.revision, &obs));
+        if fast.write.next.is_none() {
+            return fast.outcome;
+        }
+        if self.inner.options.planted.has(PlantedBug::RespondBeforeWrite) {
+            let this = self.clone();
+            let req = req.clone();
+            tokio::spawn(async move {
+                let _ = this
+                    .critical(&req.group.clone(), false, |g, rev, obs| this.heartbeat_decision(g, &req, rev, obs))
+                    .await;
+            });
+            return fast.outcome;
+        }
+        self.critical(&req.group, false, |g, rev, obs| self.heartbeat_decision(g, req, rev, obs)).await
+    }
+
+    fn heartbeat_decision(
+        &self,
+        g: Option<&GroupMetadata>,
+        req: &HeartbeatRequest,
+        revision: u64,
+        obs: &Observations,
+    ) -> Decision<HeartbeatResponse> {
+        match g {
+            Some(g) => decide_heartbeat(g, req, self.context(revision, obs)),
+            None => Decision {
+                write: Default::default(),
+                outcome: Err(ApiError::new(ErrorCode::MetadataMissing, "group metadata vanished; failing closed")),
+            },
+        }
+    }
+
+    /// Producer routing view (read-only; served while terminating too).
+    pub async fn routing(&self, group: &GroupId) -> Result<RoutingResponse, ApiError> {
+        group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
+        let record = self.inner.store.load(group).await.map_err(|e| self.store_error(e))?;
+        let Some(record) = record else {
+            return Err(self.missing(group, false).await);
+        };
+        let g = self.decode_counted(group, &record)?;
+        Ok(routing_view(&g, record.revision))
+    }
+
+    /// The recorded metadata of a group, for operators.
+    pub async fn describe(&self, group: &GroupId) -> Result<GroupDescription, ApiError> {
+        group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
+        let record = self.inner.store.load(group).await.map_err(|e| self.store_error(e))?;
+        let Some(record) = record else {
+            return Err(self.missing(group, false).await);
+        };
+        let metadata = self.decode_counted(group, &record)?;
+        let liveness = self.inner.store.liveness(group).await.map_err(|e| self.store_error(e))?;
+        Ok(GroupDescription {
+            metadata,
+            store_revision: record.revision,
+            updated_at_ms: record.updated_at_ms,
+            liveness,
+        })
+    }
+
+    /// Applies an admin mutation (create, add shards, change config, delete) with revision checks.
+    pub async fn admin(&self, req: AdminRequest) -> Result<AdminResponse, ApiError> {
+        let group = req.group().clone();
+        group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
+        let recreate = matches!(req, AdminRequest::CreateGroup { .. }) && self.index_knows(&group).await?;
+        let response =
+            self.critical(&group, false, |g, rev, obs| decide_admin(g, &req, recreate, self.context(rev, obs))).await?;
+        match &req {
+            AdminRequest::CreateGroup { .. } => {
+                // The index is rebuildable, never truth: a failure here is repaired by rebuild.
+                if let Err(e) = self.inner.store.index_add(&group).await {
+                    tracing::warn!(%group, error = %e, "index add failed; run rebuild-index");
+                }
+            }
+            AdminRequest::DeleteGroup { expected_revision, .. } => {
+                let _entered = self.inner.gate.enter()?;
+                match self.inner.store.delete(&group, *expected_revision).await.map_err(|e| self.store_error(e))? {
+                    WriteOutcome::Written { .. } => {
+                        let mut local = self.local();
+                        local.view.reset(&group);
+                        local.revision_seen.remove(&group);
+                    }
+                    WriteOutcome::RevisionConflict { current } => {
+                        return Err(ApiError::new(
+                            ErrorCode::RevisionConflict,
+                            format!("expected revision {expected_revision}, stored {current:?}"),
+                        ));
+                    }
+                    WriteOutcome::LivenessChanged { .. } => {
+                        return Err(ApiError::new(ErrorCode::Internal, "delete does not use liveness guards"));
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(response)
+    }
+
+    /// Rebuilds the group index from a SCAN of metadata keys.
+    pub async fn rebuild_index(&self) -> Result<Vec<GroupId>, ApiError> {
+        self.inner.gate.check()?;
+        self.inner.store.rebuild_index().await.map_err(|e| self.store_error(e))
+    }
+
+    /// One event-loop pass over every indexed group. Does nothing once terminating.
+    pub async fn tick_all(&self) {
+        if self.is_terminating() {
+            return;
+        }
+        self.check_identity().await;
+        let groups = match self.inner.store.index_members().await {
+            Ok(groups) => groups,
+            Err(e) => {
+                self.store_error(e);
+                return;
+            }
+        };
+        for group in groups {
+            if self.is_terminating() {
+                return;
+            }
+            if let Err(error) = self.tick_group(&group).await {
+                tracing::debug!(%group, ?error, "tick failed");
+            }
+        }
+    }
+
+    /// Runs `tick_all` every `tick_interval_ms` until terminating.
+    pub async fn run_ticker(&self) {
+        let period = Duration::from_millis(self.inner.options.tick_interval_ms);
+        while !self.is_terminating() {
+            self.tick_all().await;
+            tokio::time::sleep(period).await;
+        }
+    }
+
+    async fn tick_group(&self, group: &GroupId) -> Result<(), ApiError> {
+        let record = self.inner.store.load(group).await.map_err(|e| self.store_error(e))?;
+        let Some(record) = record else {
+            return Err(self.missing(group, true).await);
+        };
+        let g = self.decode_counted(group, &record)?;
+        self.record_pending_evidence(&g, record.revision).await?;
+        let liveness = self.inner.store.liveness(group).await.map_err(|e| self.store_error(e))?;
+        let obs = self.observe(&g, Some(&liveness));
+        self.export_group_gauges(&g, &obs);
+        let probe = decide_tick(&g, self.context(record.revision, &obs));
+        if probe.write.next.is_none() {
+            return Ok(());
+        }
+        self.critical(group, true, |g, rev, obs| match g {
+            Some(g) => decide_tick(g, self.context(rev, obs)),
+            None => Decision { write: Default::default(), outcome: Ok(()) },
+        })
+        .await
+    }
+
+    /// Records a correction round for evidence this process found (identity change, regression).
+    async fn record_pending_evidence(&self, g: &GroupMetadata, revision: u64) -> Result<(), ApiError> {
+        let evidence = self.pending_evidence(&g.group, revision);
+        let Some(evidence) = evidence else { return Ok(()) };
+        let generation = self.local().identity_generation;
+        self.critical(&g.group, false, |g, rev, obs| match g {
+            Some(g) => decide_evidence(g, evidence.clone(), self.context(rev, obs)),
+            None => Decision { write: Default::default(), outcome: Ok(()) },
+        })
+        .await?;
+        let mut local = self.local();
+        local.evidence_recorded.insert(g.group.clone(), generation);
+        local.regressed.remove(&g.group);
+        Ok(())
+    }
+
+    /// Notes the revision read and returns evidence this group still has to record.
+    fn pending_evidence(&self, group: &GroupId, revision: u64) -> Option<LossEvidence> {
+        let mut local = self.local();
+        let seen = local.revision_seen.get(group).copied().unwrap_or(0);
+        if revision < seen {
+            self.inner.metrics.inc(
+                "rsc_metadata_version_regressions_total",
+                "Times the stored revision went below one this coordinator read before.",
+                vec![("group", group.to_string())],
+            );
+            local.view.reset(group);
+            local.regressed.insert(group.clone(), LossEvidence::RevisionRegressed { seen, stored: revision });
+        }
+        local.revision_seen.insert(group.clone(), revision);
+        if let Some(evidence) = local.regressed.get(group) {
+            return Some(evidence.clone());
+        }
+        let generation = local.identity_generation;
+        let recorded = local.evidence_recorded.get(group).copied().unwrap_or(0);
+        (generation > recorded).then_some(LossEvidence::StoreIdentityChanged)
+    }
+
+    /// Compares the store's identity with the last one seen; a change resets every window.
+    async fn check_identity(&self) {
+        let identity = match self.inner.store.identity().await {
+            Ok(identity) => identity,
+            Err(e) => {
+                self.store_error(e);
+                return;
+            }
+        };
+        let mut local = self.local();
+        match &local.identity {
+            Some(seen) if *seen != identity => {
+                tracing::warn!(?seen, now = ?identity, "store identity changed: treating recent writes as lost");
+                self.inner.metrics.inc(
+                    "rsc_store_identity_changes_total",
+                    "Store server identity changes (failover or restart): evidence of lost writes.",
+                    vec![],
+                );
+                local.identity = Some(identity);
+                local.identity_generation += 1;
+                local.view.reset_all();
+            }
+            Some(_) => {}
+            None => local.identity = Some(identity),
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The critical section and the coordinator's small helpers: local monitor -> shutdown gate ->
+//! Redis mutex -> load -> decide -> revision-CAS write. The mutex is an optimisation that keeps
+//! coordinators from wasting CAS attempts; the revision CAS is what keeps a stalled holder's write
+//! out (it fails and is retried against fresh state).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, MutexGuard};
+
+use rand::Rng;
+use tokio::time::{Duration, Instant};
+
+use super::codec::{decode, encode};
+use super::coordinator::{Coordinator, LocalState};
+use crate::core::model::{GroupId, GroupMetadata, MemberId, LAYOUT_VERSION, SCHEMA_VERSION};
+use crate::core::protocol::{ApiError, ErrorCode};
+use crate::core::{Context, Decision, Observations, PlantedBug};
+use crate::store::{MetadataStore, StoreError, StoredRecord, WriteOutcome, WriteRequest};
+
+impl<S: MetadataStore> Coordinator<S> {
+    /// Runs one critical section: `decide(state, revision, observations)` against fresh state,
+    /// writes its next state with a revision CAS, and returns its outcome only once written.
+    pub(super) async fn critical<R>(
+        &self,
+        group: &GroupId,
+        with_liveness: bool,
+        mut decide: impl FnMut(Option<&GroupMetadata>, u64, &Observations) -> Decision<R>,
+    ) -> Result<R, ApiError> {
+        let monitor = self.monitor(group);
+        let _monitor = monitor.lock().await;
+        let _entered = self.inner.gate.enter()?;
+        let token = self.token();
+        self.acquire_mutex(group, &token).await?;
+        let result = self.attempts(group, with_liveness, &mut decide).await;
+        if let Err(e) = self.inner.store.release_mutex(group, &token).await {
+            // The mutex expires by its TTL; the CAS keeps correctness meanwhile.
+            tracing::debug!(%group, error = %e, "mutex release failed");
+        }
+        result
+    }
+
+    async fn attempts<R>(
+        &self,
+        group: &GroupId,
+        with_liveness: bool,
+        decide: &mut impl FnMut(Option<&GroupMetadata>, u64, &Observations) -> Decision<R>,
+    ) -> Result<R, ApiError> {
+        for _ in 0..self.inner.options.cas_attempts_max {
+            let record = self.inner.store.load(group).await.map_err(|e| self.store_error(e))?;
+            let state = match &record {
+                Some(r) => Some(self.decode_counted(group, r)?),
+                None => None,
+            };
+            let revision = record.as_ref().map_or(0, |r| r.revision);
+            let obs = match &state {
+                Some(g) => {
+                    let liveness = if with_liveness {
+                        Some(self.inner.store.liveness(group).await.map_err(|e| self.store_error(e))?)
+                    } else {
+                        None
+                    };
+                    self.observe(g, liveness.as_ref())
+                }
+                None => Observations::default(),
+            };
+            let decision = decide(state.as_ref(), revision, &obs);
+            let Some(next) = decision.write.next.as_ref() else {
+                return decision.outcome;
+            };
+            if let Err(violation) = next.validate() {
+                tracing::error!(%group, %violation, "refusing to record an invalid state");
+                return Err(ApiError::new(ErrorCode::Internal, "refused to record an invalid state"));
+            }
+            let request = WriteRequest {
+                expected_revision: record.as_ref().map(|r| r.revision),
+                aggregate: encode(next)?,
+                schema_version: SCHEMA_VERSION,
+                layout_version: LAYOUT_VERSION,
+                updated_at_ms: wall_clock_ms(),
+                liveness_guards: decision.write.liveness_guards.clone(),
+                liveness_remove: decision.write.liveness_remove.clone(),
+            };
+            match self.inner.store.write(group, request).await.map_err(|e| self.store_error(e))? {
+                WriteOutcome::Written { revision: written } => {
+                    self.local().revision_seen.insert(group.clone(), written);
+                    for member in &decision.write.liveness_remove {
+                        self.inner.metrics.forget("rsc_member_heartbeat_age_seconds", "member", member);
+                        self.inner.metrics.forget("rsc_member_revoking_shards", "member", member);
+                    }
+                    return decision.outcome;
+                }
+                WriteOutcome::RevisionConflict { .. } => self.inner.metrics.inc(
+                    "rsc_metadata_revision_conflicts_total",
+                    "Metadata writes that lost the revision CAS and were retried.",
+                    vec![("group", group.to_string())],
+                ),
+                WriteOutcome::LivenessChanged { .. } => self.inner.metrics.inc(
+                    "rsc_liveness_guard_conflicts_total",
+                    "Expiry decisions dropped because the member heartbeated meanwhile.",
+                    vec![("group", group.to_string())],
+                ),
+            }
+        }
+        Err(ApiError::new(ErrorCode::StoreUnavailable, "group metadata kept changing; retry"))
+    }
+
+    async fn acquire_mutex(&self, group: &GroupId, token: &str) -> Result<(), ApiError> {
+        let started = Instant::now();
+        let options = &self.inner.options;
+        for _ in 0..options.mutex_attempts_max {
+            let acquired = self.inner.store.acquire_mutex(group, token, options.mutex_ttl_ms).await;
+            if acquired.map_err(|e| self.store_error(e))? {
+                self.inner.metrics.observe(
+                    "rsc_redis_mutex_wait_seconds",
+                    "Time to acquire the per-group Redis mutex.",
+                    vec![],
+                    started.elapsed().as_secs_f64(),
+                );
+                return Ok(());
+            }
+            let jitter = self.local().rng.gen_range(0..=options.mutex_retry_ms);
+            tokio::time::sleep(Duration::from_millis(options.mutex_retry_ms + jitter)).await;
+        }
+        Err(ApiError::new(ErrorCode::StoreUnavailable, "group mutex is busy; retry"))
+    }
+
+    pub(super) fn context<'a>(&self, stored_revision: u64, observations: &'a Observations) -> Context<'a> {
+        Context { stored_revision, observations, planted: self.inner.options.planted }
+    }
+
+    pub(super) fn local(&self) -> MutexGuard<'_, LocalState> {
+        // A poisoned lock only means a panic elsewhere; the windows are still consistent maps.
+        self.inner.local.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn monitor(&self, group: &GroupId) -> Arc<tokio::sync::Mutex<()>> {
+        let mut monitors = self.inner.monitors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(monitors.entry(group.clone()).or_default())
+    }
+
+    fn token(&self) -> String {
+        let nonce: u64 = self.local().rng.gen();
+        format!("{}-{nonce:016x}", self.inner.options.instance_id)
+    }
+
+    /// This process's monotonic clock, in ms since it started.
+    pub(super) fn now_ms(&self) -> u64 {
+        self.inner.started.elapsed().as_millis() as u64
+    }
+
+    pub(super) fn observe(&self, g: &GroupMetadata, liveness: Option<&BTreeMap<MemberId, u64>>) -> Observations {
+        let now = self.now_ms();
+        self.local().view.observe(now, g, liveness)
+    }
+
+    pub(super) fn decode_counted(&self, group: &GroupId, record: &StoredRecord) -> Result<GroupMetadata, ApiError> {
+        decode(group, record).inspect_err(|e| {
+            tracing::error!(%group, message = %e.message, "stored metadata is incompatible; failing closed");
+            self.inner.metrics.inc(
+                "rsc_metadata_schema_errors_total",
+                "Stored metadata with an unknown schema/layout version or unparsable aggregate.",
+                vec![("group", group.to_string())],
+            );
+        })
+    }
+
+    /// Maps a store failure to the API error, counting compatibility failures.
+    pub(super) fn store_error(&self, error: StoreError) -> ApiError {
+        if let StoreError::Unsupported { command, .. } = &error {
+            self.inner.metrics.inc(
+                "rsc_redis_command_compat_failures_total",
+                "Redis commands rejected as unknown, disabled or denied.",
+                vec![("command", command.clone())],
+            );
+        }
+        tracing::debug!(%error, "store error");
+        ApiError::new(ErrorCode::StoreUnavailable, error.to_string())
+    }
+
+    /// The error for an absent metadata key: `METADATA_MISSING` when the group is known to have
+    /// existed (a client or the index knows it), else `GROUP_NOT_FOUND`. Never rebuilt.
+    pub(super) async fn missing(&self, group: &GroupId, client_knows: bool) -> ApiError {
+        if self.inner.options.planted.has(PlantedBug::RebuildMissingMetadata) && client_knows {
+            self.plant_rebuild(group).await;
+        }
+        let known = client_knows || self.index_knows(group).await.unwrap_or(true);
+        if known {
+            self.inner.metrics.inc(
+                "rsc_metadata_missing_total",
+                "Requests for a known group whose metadata key is gone (fail closed).",
+                vec![("group", group.to_string())],
+            );
+            ApiError::new(ErrorCode::MetadataMissing, format!("metadata of group {group} is missing; failing closed"))
+        } else {
+            ApiError::new(ErrorCode::GroupNotFound, format!("group {group} does not exist"))
+        }
+    }
+
+    /// Planted bug: recreates a vanished group from nothing, as a careless coordinator would.
+    async fn plant_rebuild(&self, group: &GroupId) {
+        let create = crate::core::protocol::AdminRequest::CreateGroup {
+            group: group.clone(),
+            shard_count: 8,
+            config: Default::default(),
+        };
+        let _ = self
+            .critical(group, false, |g, rev, obs| crate::core::decide_admin(g, &create, false, self.context(rev, obs)))
+            .await;
+    }
+
+    pub(super) async fn index_knows(&self, group: &GroupId) -> Result<bool, ApiError> {
+        let groups = self.inner.store.index_members().await.map_err(|e| self.store_error(e))?;
+        Ok(groups.contains(group))
+    }
+
+    /// Per-member gauges from one tick's observations.
+    pub(super) fn export_group_gauges(&self, g: &GroupMetadata, obs: &Observations) {
+        let metrics = &self.inner.metrics;
+        for (member, seen) in &obs.liveness {
+            let labels = vec![("group", g.group.to_string()), ("member", member.clone())];
+            metrics.set(
+                "rsc_member_heartbeat_age_seconds",
+                "How long this coordinator has seen the member's liveness record unchanged.",
+                labels.clone(),
+                seen.unchanged_ms as f64 / 1000.0,
+            );
+            metrics.set(
+                "rsc_member_revoking_shards",
+                "Shards the member was told to drain and has not released yet.",
+                labels,
+                g.revoking_shards(member).len() as f64,
+            );
+        }
+        let ahead = g.max_client_version_seen.saturating_sub(g.metadata_version);
+        metrics.set(
+            "rsc_client_reported_metadata_version_ahead",
+            "Highest client-reported metadataVersion minus the stored one (>0: the store lost writes).",
+            vec![("group", g.group.to_string())],
+            ahead as f64,
+        );
+    }
+}
+
+/// Wall-clock milliseconds for the display-only `updatedAt` field. Never used for a decision.
+/// Under the simulation madsim intercepts the system clock, so this stays deterministic.
+fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,10 @@
+//! The coordinator service: the Redis-recorded workflow around the pure core, the shutdown gate,
+//! and the stored-record codec. Generic over the [`crate::store::MetadataStore`], so production
+//! (Redis) and the simulation (the in-memory fake on a simulated node) run the same code.
+
+pub mod codec;
+mod coordinator;
+mod critical;
+pub mod shutdown;
+
+pub use coordinator::{Coordinator, CoordinatorOptions, GroupDescription};
