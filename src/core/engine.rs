@@ -126,7 +126,7 @@ fn steady(tx: &mut Transition<'_>, g: &GroupMetadata, req: &HeartbeatRequest) ->
 
 fn accept_acks(tx: &mut Transition<'_>, req: &HeartbeatRequest) {
     for report in req.revoking.iter().filter(|r| r.revoked && r.in_flight == 0) {
-        tx.accept_revoked(&req.member_id, report.shard);
+        tx.accept_revoked(&req.member_id, report.shard, req.leave);
     }
 }
 

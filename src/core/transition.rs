@@ -58,9 +58,10 @@ impl<'a> Transition<'a> {
     }
 
     /// Records a client-reported version (evidence when it is above the stored one).
+    /// Versions at or below the stored one are normal (a client catching up) and record nothing.
     pub(crate) fn record_client_version(&mut self, reported: u64) {
-        self.next.max_client_version_seen = self.next.max_client_version_seen.max(reported);
         if reported > self.before.metadata_version {
+            self.next.max_client_version_seen = self.next.max_client_version_seen.max(reported);
             self.start_round(LossEvidence::ClientVersionAhead { reported, stored: self.before.metadata_version });
         }
     }
@@ -90,11 +91,14 @@ impl<'a> Transition<'a> {
         self.mark_retarget();
     }
 
-    /// Releases `shard` if `member` is draining it (a REVOKED ack). Stale or duplicate acks are
-    /// ignored; returns whether the ack was accepted.
-    pub(crate) fn accept_revoked(&mut self, member: &str, shard: ShardId) -> bool {
-        let matches =
-            matches!(self.next.current.get(&shard), Some(ShardOwner::Revoking { member: m, .. }) if m == member);
+    /// Releases `shard` if `member` is draining it (a REVOKED ack), or — when it is leaving — if
+    /// it owns it. Stale or duplicate acks are ignored; returns whether the ack was accepted.
+    pub(crate) fn accept_revoked(&mut self, member: &str, shard: ShardId, leaving: bool) -> bool {
+        let matches = match self.next.current.get(&shard) {
+            Some(ShardOwner::Revoking { member: m, .. }) => m == member,
+            Some(ShardOwner::Owned { member: m, .. }) => leaving && m == member,
+            _ => false,
+        };
         if matches {
             self.next.current.remove(&shard);
             self.mark_visible();

@@ -82,6 +82,9 @@ impl<S: MetadataStore> Coordinator<S> {
             match self.inner.store.write(group, request).await.map_err(|e| self.store_error(e))? {
                 WriteOutcome::Written { revision: written } => {
                     self.local().revision_seen.insert(group.clone(), written);
+                    // Waits this write recorded start now on this process's clock (the write
+                    // happened after every response derived from the state it replaces).
+                    self.observe(next, None);
                     for member in &decision.write.liveness_remove {
                         self.inner.metrics.forget("rsc_member_heartbeat_age_seconds", "member", member);
                         self.inner.metrics.forget("rsc_member_revoking_shards", "member", member);

@@ -1,0 +1,200 @@
+//! The seed's priority scenarios that need no network, against the pure core. Each test is a
+//! story: arrange members, act (with lost responses, expiry, rollbacks), assert exact responses.
+
+mod core_support;
+
+use core_support::{beat, Client, World};
+use rsc::core::model::ShardOwner;
+use rsc::core::protocol::{HeartbeatStatus, RevokeReport};
+
+/// A owns all 4 shards; B joins and 2, 3 move to B (A must drain them first).
+fn rebalancing_world() -> (World, Client, Client) {
+    let mut w = World::new(4);
+    let (mut a, mut b) = (Client::new("a"), Client::new("b"));
+    let joined = beat(&mut w, &mut a).expect("a joins");
+    assert_eq!((joined.status, joined.assigned.clone()), (HeartbeatStatus::Ok, vec![0, 1, 2, 3]));
+    let b_join = beat(&mut w, &mut b).expect("b joins");
+    assert_eq!(b_join.status, HeartbeatStatus::RevokePending);
+    assert_eq!((b_join.assigned.clone(), b_join.pending.clone()), (vec![], vec![2, 3]));
+    (w, a, b)
+}
+
+#[test]
+fn drain_written_then_response_lost_next_heartbeat_returns_the_same_drain() {
+    let (mut w, a, _b) = rebalancing_world();
+    let request = a.request();
+    let lost = w.heartbeat(&request).expect("drain");
+    assert_eq!(lost.status, HeartbeatStatus::RevokePending);
+    assert_eq!((lost.assigned.clone(), lost.revoke.clone()), (vec![0, 1], vec![2, 3]));
+    w.advance(1_000);
+    let again = w.heartbeat(&request).expect("drain again");
+    assert_eq!(again, lost, "the drain is a recorded state, repeated verbatim");
+}
+
+#[test]
+fn revoked_written_then_response_lost_new_owner_gets_the_shard_on_next_heartbeat() {
+    let (mut w, mut a, mut b) = rebalancing_world();
+    beat(&mut w, &mut a).expect("a learns the drain");
+    assert_eq!(a.revoking.iter().copied().collect::<Vec<_>>(), vec![2, 3]);
+    let revoked_request = a.request();
+    let before = w.revision;
+    let _lost = w.heartbeat(&revoked_request).expect("REVOKED recorded");
+    assert_eq!(w.revision, before + 1, "the release was written");
+    let b_view = beat(&mut w, &mut b).expect("b");
+    assert_eq!(
+        (b_view.status, b_view.assigned.clone(), b_view.pending.clone()),
+        (HeartbeatStatus::Ok, vec![2, 3], vec![])
+    );
+    // A retries the same REVOKED report: a duplicate ack is ignored, nothing is written.
+    let revision = w.revision;
+    let retry = w.heartbeat(&revoked_request).expect("duplicate ack");
+    assert_eq!(w.revision, revision, "duplicate REVOKED writes nothing");
+    assert_eq!((retry.status, retry.assigned, retry.revoke), (HeartbeatStatus::Ok, vec![0, 1], vec![]));
+}
+
+#[test]
+fn previous_owner_expires_while_draining_new_owner_gets_the_shard_after_expiry() {
+    let (mut w, mut a, mut b) = rebalancing_world();
+    let a_last_send_ms = w.now_ms;
+    beat(&mut w, &mut a).expect("a learns the drain, then goes silent");
+    let mut granted_at = None;
+    for _ in 0..20 {
+        w.advance(1_000);
+        w.tick();
+        let view = beat(&mut w, &mut b).expect("b keeps heartbeating");
+        if view.assigned.contains(&2) {
+            granted_at = Some(w.now_ms);
+            assert_eq!(view.status, HeartbeatStatus::Ok);
+            assert_eq!(view.assigned, vec![0, 1, 2, 3], "a expired: b takes everything");
+            break;
+        }
+        assert_eq!(view.status, HeartbeatStatus::RevokePending, "still blocked by a at {} ms", w.now_ms);
+    }
+    let granted_at = granted_at.expect("b got the shards once a expired");
+    assert!(!w.g.members.contains_key("a"), "a was expired");
+    assert!(
+        granted_at >= a_last_send_ms + w.g.config.assignment_lease_ms,
+        "granted at {granted_at} ms while a's lease (from {a_last_send_ms} ms) could still run"
+    );
+    assert!(granted_at >= w.g.config.member_lease_ttl_ms, "not before the member lease TTL");
+}
+
+#[test]
+fn client_at_version_n_store_back_at_n_minus_1_gets_sync_metadata_for_n_minus_1() {
+    let (mut w, mut a, mut b) = rebalancing_world();
+    beat(&mut w, &mut a).expect("drain");
+    beat(&mut w, &mut a).expect("REVOKED");
+    let n = a.version;
+    assert_eq!(n, w.g.metadata_version);
+    w.rollback(1, false); // silent: only the client's report reveals the loss
+    let n_minus_1 = w.g.metadata_version;
+    assert!(n_minus_1 < n);
+    let sync = w.heartbeat(&a.request()).expect("sync");
+    assert_eq!(sync.status, HeartbeatStatus::SyncMetadata);
+    assert_eq!(sync.metadata_version, n_minus_1, "SYNC carries the store's version, not the client's");
+    assert_eq!(w.g.metadata_version, n_minus_1, "starting the round does not bump the version");
+    assert!(w.g.correction.is_some(), "the correction round is recorded");
+    assert_eq!(w.g.max_client_version_seen, n);
+    let _ = &mut b;
+}
+
+#[test]
+fn sync_metadata_lost_next_high_version_heartbeat_gets_the_same_sync() {
+    let (mut w, mut a, _b) = rebalancing_world();
+    beat(&mut w, &mut a).expect("drain");
+    beat(&mut w, &mut a).expect("REVOKED");
+    w.rollback(1, false);
+    let request = a.request();
+    let first = w.heartbeat(&request).expect("sync");
+    let revision = w.revision;
+    w.advance(500);
+    let second = w.heartbeat(&request).expect("sync again");
+    assert_eq!(second, first, "the same recorded SYNC_METADATA");
+    assert_eq!(w.revision, revision, "repeating it writes nothing");
+}
+
+#[test]
+fn sync_then_drain_then_revoke_pending_until_revoked_and_lease_wait_then_ok() {
+    let (mut w, mut a, mut b) = rebalancing_world();
+    beat(&mut w, &mut a).expect("drain");
+    beat(&mut w, &mut a).expect("REVOKED");
+    assert_eq!(beat(&mut w, &mut b).expect("b").assigned, vec![2, 3]);
+    // The release and grant (one write) are lost: the store again says a is draining 2 and 3.
+    w.rollback(1, false);
+    assert!(matches!(w.g.current.get(&2), Some(ShardOwner::Revoking { member, .. }) if member == "a"));
+    let evidence_at = w.now_ms;
+
+    let sync = beat(&mut w, &mut a).expect("a: sync");
+    assert_eq!(
+        (sync.status, sync.assigned.clone(), sync.revoke.clone()),
+        (HeartbeatStatus::SyncMetadata, vec![0, 1], vec![2, 3])
+    );
+    let sync_b = beat(&mut w, &mut b).expect("b: sync");
+    assert_eq!(sync_b.status, HeartbeatStatus::SyncMetadata);
+    assert!(b.reads_at(w.now_ms).is_empty(), "b keeps only shards the store says it owns");
+
+    let mut statuses = Vec::new();
+    loop {
+        w.advance(1_000);
+        w.tick();
+        let ra = beat(&mut w, &mut a).expect("a");
+        let rb = beat(&mut w, &mut b).expect("b");
+        statuses.push((ra.status, rb.status));
+        if ra.status == HeartbeatStatus::Ok && rb.status == HeartbeatStatus::Ok {
+            assert_eq!((ra.assigned, rb.assigned), (vec![0, 1], vec![2, 3]));
+            break;
+        }
+        assert_ne!(rb.status, HeartbeatStatus::Ok, "no OK before the round ends");
+        assert!(w.now_ms < evidence_at + 20_000, "the round must end: {statuses:?}");
+    }
+    assert!(
+        w.now_ms >= evidence_at + w.g.config.assignment_lease_ms,
+        "OK only after one full assignment lease since the evidence"
+    );
+    assert!(statuses.iter().all(|(a, _)| *a != HeartbeatStatus::SyncMetadata), "a synced at once: {statuses:?}");
+    assert_eq!(statuses[0].0, HeartbeatStatus::RevokePending);
+    assert!(w.g.metadata_version > w.g.max_client_version_seen, "the next bump went past the lost versions");
+}
+
+#[test]
+fn concurrent_stale_revokes_in_a_correction_round_are_accepted_only_when_they_match_recorded_ownership() {
+    let mut w = World::new(6);
+    let (mut a, mut b, mut c) = (Client::new("a"), Client::new("b"), Client::new("c"));
+    beat(&mut w, &mut a).expect("a joins with everything");
+    beat(&mut w, &mut b).expect("b joins");
+    beat(&mut w, &mut c).expect("c joins");
+    // Record the loss evidence: a report from a client ahead of the store.
+    let mut ahead = a.request();
+    ahead.metadata_version = w.g.metadata_version + 5;
+    w.heartbeat(&ahead).expect("sync");
+    assert!(w.g.correction.is_some());
+    let revoking_a: Vec<u32> = w.g.revoking_shards("a");
+    let owned_a: Vec<u32> = w.g.owned_shards("a");
+    assert!(!revoking_a.is_empty() && !owned_a.is_empty());
+
+    // a acks one shard it really drains and one it still owns; c acks a's shard and its own nothing.
+    let mut stale_a = a.request();
+    stale_a.revoking = vec![
+        RevokeReport { shard: revoking_a[0], in_flight: 0, revoked: true },
+        RevokeReport { shard: owned_a[0], in_flight: 0, revoked: true },
+    ];
+    stale_a.owned.retain(|s| *s != owned_a[0] && *s != revoking_a[0]);
+    let mut stale_c = c.request();
+    stale_c.revoking = vec![RevokeReport { shard: revoking_a[1], in_flight: 0, revoked: true }];
+    w.heartbeat(&stale_a).expect("a acks");
+    w.heartbeat(&stale_c).expect("c acks");
+
+    assert!(
+        !matches!(w.g.current.get(&revoking_a[0]), Some(ShardOwner::Revoking { member, .. }) if member == "a"),
+        "a's matching ack released the shard"
+    );
+    assert!(
+        matches!(w.g.current.get(&owned_a[0]), Some(ShardOwner::Owned { member, .. }) if member == "a"),
+        "an ack for a shard a owns and keeps is ignored"
+    );
+    assert!(
+        matches!(w.g.current.get(&revoking_a[1]), Some(ShardOwner::Revoking { member, .. }) if member == "a"),
+        "c cannot release a's shard"
+    );
+    let _ = (&mut b, &mut c);
+}

@@ -1,0 +1,224 @@
+//! A pure test world for the decision core: one recorded state (with its write history, so tests
+//! can roll the store back), liveness counters, and one coordinator's observation view with a
+//! manual clock. No I/O and no async: every step is a call into the pure core.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, LossEvidence, MemberId, ShardId};
+use rsc::core::protocol::{AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, RevokeReport};
+use rsc::core::{decide_admin, decide_evidence, decide_heartbeat, decide_tick, Context, Decision, LocalView};
+
+pub fn group_id() -> GroupId {
+    GroupId::new("orders", "billing")
+}
+
+/// Short leases so tests read easily: lease 8 s, member TTL 10 s, heartbeat 1 s, rebalance 30 s.
+pub fn config() -> GroupConfig {
+    GroupConfig::default()
+}
+
+pub struct World {
+    pub g: GroupMetadata,
+    pub revision: u64,
+    pub now_ms: u64,
+    pub view: LocalView,
+    pub liveness: BTreeMap<MemberId, u64>,
+    /// Every recorded (state, revision), oldest first.
+    pub history: Vec<(GroupMetadata, u64)>,
+    /// Count of writes refused because a liveness guard failed.
+    pub guard_failures: u64,
+}
+
+impl World {
+    pub fn new(shard_count: u32) -> Self {
+        Self::with_config(shard_count, config())
+    }
+
+    pub fn with_config(shard_count: u32, config: GroupConfig) -> Self {
+        let create = AdminRequest::CreateGroup { group: group_id(), shard_count, config };
+        let obs = Default::default();
+        let ctx = Context { stored_revision: 0, observations: &obs, planted: Default::default() };
+        let decision = decide_admin(None, &create, false, ctx);
+        let g = decision.write.next.expect("create writes");
+        g.validate().expect("valid");
+        Self {
+            history: vec![(g.clone(), 1)],
+            g,
+            revision: 1,
+            now_ms: 0,
+            view: LocalView::default(),
+            liveness: BTreeMap::new(),
+            guard_failures: 0,
+        }
+    }
+
+    pub fn advance(&mut self, ms: u64) {
+        self.now_ms += ms;
+    }
+
+    /// Applies a decision's write (if its guards hold) and returns whether it was recorded.
+    fn apply<R>(&mut self, decision: &Decision<R>) -> bool {
+        let Some(next) = &decision.write.next else { return false };
+        for (member, value) in &decision.write.liveness_guards {
+            if self.liveness.get(member).copied().unwrap_or(0) != *value {
+                self.guard_failures += 1;
+                return false;
+            }
+        }
+        next.validate().unwrap_or_else(|e| panic!("invalid state recorded: {e}\n{next:#?}"));
+        for member in &decision.write.liveness_remove {
+            self.liveness.remove(member);
+        }
+        self.g = next.clone();
+        self.revision += 1;
+        self.history.push((self.g.clone(), self.revision));
+        // The writer starts its observation windows the moment its write is recorded.
+        self.view.observe(self.now_ms, &self.g, None);
+        true
+    }
+
+    /// Processes a heartbeat as the service would: touch liveness, observe, decide, record.
+    pub fn heartbeat(&mut self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
+        *self.liveness.entry(req.member_id.clone()).or_default() += 1;
+        let obs = self.view.observe(self.now_ms, &self.g, None);
+        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: Default::default() };
+        let decision = decide_heartbeat(&self.g, req, ctx);
+        let recorded = self.apply(&decision);
+        if let Ok(response) = &decision.outcome {
+            let expected = if recorded { self.revision } else { self.revision };
+            assert_eq!(response.store_revision, expected, "response names the recorded revision");
+        }
+        decision.outcome
+    }
+
+    /// Runs one tick with a fresh liveness read.
+    pub fn tick(&mut self) {
+        let obs = self.view.observe(self.now_ms, &self.g, Some(&self.liveness));
+        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: Default::default() };
+        let decision = decide_tick(&self.g, ctx);
+        self.apply(&decision);
+    }
+
+    pub fn admin(&mut self, req: &AdminRequest) -> Result<rsc::core::protocol::AdminResponse, ApiError> {
+        let obs = self.view.observe(self.now_ms, &self.g, None);
+        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: Default::default() };
+        let decision = decide_admin(Some(&self.g), req, false, ctx);
+        self.apply(&decision);
+        decision.outcome
+    }
+
+    /// The store loses its last `k` writes. `failover`: the coordinator sees the identity change,
+    /// resets its windows and records a correction round.
+    pub fn rollback(&mut self, k: usize, failover: bool) {
+        let keep = self.history.len().saturating_sub(k).max(1);
+        self.history.truncate(keep);
+        let (g, revision) = self.history.last().cloned().expect("history keeps the create");
+        self.g = g;
+        self.revision = revision;
+        if failover {
+            self.view.reset_all();
+            let obs = self.view.observe(self.now_ms, &self.g, None);
+            let ctx = Context { stored_revision: self.revision, observations: &obs, planted: Default::default() };
+            let decision = decide_evidence(&self.g, LossEvidence::StoreIdentityChanged, ctx);
+            self.apply(&decision);
+        }
+    }
+}
+
+/// A minimal protocol-faithful consumer used by the core tests (the real one is `rsc::client`).
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub id: MemberId,
+    pub epoch: u64,
+    pub version: u64,
+    pub assignment_epoch: u64,
+    /// Shards it reads while `now < lease_end_ms`.
+    pub reading: std::collections::BTreeSet<ShardId>,
+    /// Shards it is draining; drained ones are reported REVOKED.
+    pub revoking: std::collections::BTreeSet<ShardId>,
+    pub lease_end_ms: u64,
+}
+
+impl Client {
+    pub fn new(id: &str) -> Self {
+        Self {
+            id: id.into(),
+            epoch: 0,
+            version: 0,
+            assignment_epoch: 0,
+            reading: Default::default(),
+            revoking: Default::default(),
+            lease_end_ms: 0,
+        }
+    }
+
+    /// The heartbeat it would send now (drains finish instantly: revoking shards report REVOKED).
+    pub fn request(&self) -> HeartbeatRequest {
+        HeartbeatRequest {
+            group: group_id(),
+            member_id: self.id.clone(),
+            member_epoch: self.epoch,
+            metadata_version: self.version,
+            assignment_epoch: self.assignment_epoch,
+            owned: self.reading.iter().copied().collect(),
+            revoking: self.revoking.iter().map(|&shard| RevokeReport { shard, in_flight: 0, revoked: true }).collect(),
+            leave: false,
+        }
+    }
+
+    pub fn leave_request(&self) -> HeartbeatRequest {
+        HeartbeatRequest { leave: true, ..self.request() }
+    }
+
+    /// Applies a response to the request sent at `sent_at_ms` (the lease counts from the send).
+    pub fn apply(&mut self, sent_at_ms: u64, result: &Result<HeartbeatResponse, ApiError>) {
+        use rsc::core::protocol::HeartbeatStatus;
+        match result {
+            Ok(r) => {
+                let assigned: std::collections::BTreeSet<ShardId> = r.assigned.iter().copied().collect();
+                self.reading = match r.status {
+                    HeartbeatStatus::Ok => assigned,
+                    HeartbeatStatus::RevokePending | HeartbeatStatus::SyncMetadata => {
+                        self.reading.intersection(&assigned).copied().collect()
+                    }
+                };
+                // Drains finish at once in this model; keep reporting REVOKED while still listed.
+                self.revoking = r.revoke.iter().copied().filter(|s| !self.reading.contains(s)).collect();
+                self.epoch = r.member_epoch;
+                self.version = r.metadata_version;
+                self.assignment_epoch = r.assignment_epoch;
+                self.lease_end_ms = sent_at_ms + r.assignment_lease_ms;
+            }
+            Err(e)
+                if matches!(
+                    e.code,
+                    rsc::core::protocol::ErrorCode::UnknownMember | rsc::core::protocol::ErrorCode::FencedMemberEpoch
+                ) =>
+            {
+                self.reading.clear();
+                self.revoking.clear();
+                self.epoch = 0;
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Shards it may read at `now_ms` (fail closed at lease end).
+    pub fn reads_at(&self, now_ms: u64) -> std::collections::BTreeSet<ShardId> {
+        if now_ms < self.lease_end_ms {
+            self.reading.clone()
+        } else {
+            Default::default()
+        }
+    }
+}
+
+/// Sends a heartbeat from `client` at the world's current time and applies the response.
+pub fn beat(world: &mut World, client: &mut Client) -> Result<HeartbeatResponse, ApiError> {
+    let sent = world.now_ms;
+    let result = world.heartbeat(&client.request());
+    client.apply(sent, &result);
+    result
+}
