@@ -1,1 +1,519 @@
-//! placeholder
+//! `MemoryStore`: an in-memory Redis with fault knobs, implementing [`MetadataStore`] and
+//! [`StreamStore`] with the semantics a real Redis gives under the layout of [`crate::store::keys`].
+//! It serves the simulation (madsim) and unit tests; `tests/store_contract.rs` holds it and
+//! `RedisStore` to the same contract.
+//!
+//! Owns: the fake server's state (keys, streams, identity), its faults (`faults.rs`) and the ground
+//! truth for checkers (`history.rs`). Never: blocks (`block_ms` is ignored), reads std clocks, holds
+//! its lock across an `await`, draws randomness from anything but the seeded RNG. Invariant: every
+//! client call is one atomic step under one lock, taken at the simulated instant the request
+//! reaches the server; so the history is a linearisation of what clients saw.
+//!
+//! # Handles and connections
+//! A [`MemoryStore`] is a cheap handle on shared state. Each handle models one connection that
+//! remembers the server generation it was opened in; a failover, restart or flush starts a new
+//! generation, and a handle from an older one fails its next call (that call only) with
+//! `Unavailable("connection reset by peer …")`, then is reconnected. `Clone` copies the handle's
+//! generation (a clone of a stale handle fails once too); [`MemoryStore::connect`] opens a fresh
+//! connection at the current generation.
+//!
+//! # One call
+//! 1. Admission: during an outage, [`OutageMode::Errors`] fails at once with
+//!    `Unavailable("connection refused (store outage)")`; [`OutageMode::Timeouts`] sleeps `after_ms`,
+//!    then fails with `Unavailable("timeout")`. Otherwise the call's latency is drawn.
+//! 2. Half the latency passes (request on the wire).
+//! 3. At the server, atomically: an outage that began meanwhile fails the call
+//!    (`Unavailable("connection lost (store outage)")`); a stale connection fails it once; a
+//!    rejected command fails it with `Unsupported`; else the operation runs.
+//! 4. The other half of the latency passes (response on the wire).
+//!
+//! # Commands each method needs (for [`MemoryStore::set_unsupported`])
+//! | method | commands |
+//! |---|---|
+//! | `load`, `liveness` | `HGETALL` |
+//! | `touch_and_load` | `EVALSHA`, `HINCRBY` |
+//! | `write`, `delete`, `release_mutex` | `EVALSHA` |
+//! | `acquire_mutex` | `SET` |
+//! | `index_add` / `index_members` | `SADD` / `SMEMBERS` |
+//! | `rebuild_index` | `SCAN`, `SADD` |
+//! | `identity` | `INFO` |
+//! | `probe` | every name in [`REQUIRED_COMMANDS`], in that order |
+//! | `xadd` / `ensure_group` / `xack` | `XADD` / `XGROUP` / `XACK` |
+//! | `xreadgroup` / `claim_all_pending` | `XREADGROUP` / `XAUTOCLAIM` |
+//!
+//! # Error mapping (`RedisStore` must map the same way)
+//! - Missing key or group in XREADGROUP / XAUTOCLAIM (`-NOGROUP`): `StoreError::Protocol` whose
+//!   message starts with `NOGROUP` (checked for every stream before anything is delivered).
+//! - XACK on a missing key or group: `Ok(0)` (Redis replies 0). `ensure_group` on an existing group
+//!   (`-BUSYGROUP`): `Ok(())`.
+//! - Unknown / disabled / ACL-denied command: `StoreError::Unsupported { command, detail }` with the
+//!   upper-case command name.
+//! - XADD with no fields: `Protocol("ERR wrong number of arguments for 'xadd' command")`;
+//!   `acquire_mutex` with `ttl_ms == 0`: `Protocol("ERR invalid expire time in 'set' command")`.
+//! - Connection refused / reset / timeout / LOADING / READONLY: `StoreError::Unavailable`.
+//!
+//! # Semantics worth knowing
+//! - `write`: the revision CAS is checked first (`RevisionConflict { current }`), then each
+//!   liveness guard in request order (`LivenessChanged` for the first that differs, absent = 0);
+//!   only then are the five fields written and `liveness_remove` fields deleted.
+//! - `delete` removes the metadata key, the liveness key and the index entry, not the mutex.
+//! - `touch_and_load` increments even when the metadata key is absent (HINCRBY creates the hash).
+//! - Mutex TTLs run on the store clock (`tokio::time::Instant`, simulated under madsim); a mutex is
+//!   alive while `now_ms <= set_at_ms + ttl_ms`, as Redis keeps a key until `now > expire_at`.
+//! - `index_members` and `rebuild_index` return groups sorted by [`GroupId`].
+//! - Streams: ids are `<store ms>-<seq>`, strictly increasing; XREADGROUP `COUNT 0` means no limit;
+//!   reading own pending entries bumps their delivery time; a pending entry trimmed by MAXLEN is
+//!   returned by `ReadFrom::OwnPending` with empty `fields` and dropped by `claim_all_pending`.
+//! - Shard streams are never rolled back (see [`MemoryStore::rollback`]).
+
+mod faults;
+mod history;
+mod keyspace;
+mod streams;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use tokio::time::Instant;
+
+use crate::core::model::{GroupId, MemberId};
+use crate::store::{
+    EntryId, MetadataStore, ProbeReport, ReadFrom, ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore,
+    TouchResult, WriteOutcome, WriteRequest,
+};
+
+pub use faults::{OutageMode, RollbackMode, CORRUPT_AGGREGATE};
+pub use history::{AckRecord, AddRecord, HistoryEvent, HistoryKind, IdentityCause, ReadRecord, ReadSource};
+pub use keyspace::JOURNAL_LEN_MAX;
+
+use faults::Faults;
+use history::History;
+use keyspace::{Journal, Keyspace};
+use streams::Streams;
+
+/// What `probe` reports as the server version.
+pub const SERVER_VERSION: &str = "7.2.0-memory";
+
+/// Every command the layout needs, in the order `probe` checks them.
+pub const REQUIRED_COMMANDS: &[&str] = &[
+    "INFO",
+    "HGETALL",
+    "HINCRBY",
+    "EVALSHA",
+    "SET",
+    "SADD",
+    "SMEMBERS",
+    "SCAN",
+    "XADD",
+    "XGROUP",
+    "XREADGROUP",
+    "XACK",
+    "XAUTOCLAIM",
+];
+
+/// A handle (one connection) on an in-memory Redis. See the module docs.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shared: Arc<Mutex<Inner>>,
+    /// The server generation this handle's connection was opened in.
+    connected_generation: AtomicU64,
+}
+
+impl Clone for MemoryStore {
+    fn clone(&self) -> Self {
+        let generation = self.connected_generation.load(Ordering::SeqCst);
+        Self { shared: Arc::clone(&self.shared), connected_generation: AtomicU64::new(generation) }
+    }
+}
+
+/// The fake server.
+#[derive(Debug)]
+struct Inner {
+    created_at: Instant,
+    rng: SmallRng,
+    identity: ServerIdentity,
+    /// Bumped by every failover, restart and flush; connections from older ones are broken.
+    generation: u64,
+    faults: Faults,
+    keys: Keyspace,
+    journal: Journal,
+    streams: Streams,
+    history: History,
+}
+
+impl Inner {
+    /// Store-clock milliseconds since the store was created.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.created_at.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn record(&mut self, kind: HistoryKind, metadata_after: Vec<(GroupId, Option<StoredRecord>)>) {
+        let at_ms = self.now_ms();
+        self.history.push_event(at_ms, kind, metadata_after);
+    }
+
+    /// Every required command the server accepts, or `Unsupported` for the first it rejects.
+    fn probe(&self) -> Result<ProbeReport, StoreError> {
+        self.faults.check_supported(REQUIRED_COMMANDS)?;
+        Ok(ProbeReport { server_version: SERVER_VERSION.to_string(), identity: self.identity.clone() })
+    }
+
+    /// Logs one delivery call: one record per stream, with what it delivered or why it failed.
+    fn log_reads(&mut self, call: &ReadCall<'_>, outcome: &Result<Vec<(String, Vec<EntryId>)>, StoreError>) {
+        let at_ms = self.now_ms();
+        for (stream, from) in call.streams {
+            let (ids, error) = match outcome {
+                Ok(delivered) => {
+                    let ids = delivered.iter().find(|(s, _)| s == stream).map(|(_, ids)| ids.clone());
+                    (ids.unwrap_or_default(), None)
+                }
+                Err(e) => (Vec::new(), Some(e.clone())),
+            };
+            self.history.reads.push(ReadRecord {
+                issued_at_ms: call.issued_at_ms,
+                at_ms,
+                group: call.group.to_string(),
+                consumer: call.consumer.to_string(),
+                stream: stream.clone(),
+                from: *from,
+                ids,
+                error,
+            });
+        }
+    }
+}
+
+/// How a call gets past step 1 (see the module docs).
+enum Admission {
+    Refused,
+    TimesOut { after_ms: u64 },
+    Proceeds { latency_ms: u64 },
+}
+
+async fn sleep_ms(ms: u64) {
+    if ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+}
+
+impl MemoryStore {
+    /// A new, empty, fault-free server; `seed` drives its identities, latency jitter and write
+    /// drops. Must be called inside the runtime (the store clock starts now).
+    pub fn new(seed: u64) -> Self {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let identity = faults::random_identity(&mut rng);
+        let inner = Inner {
+            created_at: Instant::now(),
+            rng,
+            identity,
+            generation: 0,
+            faults: Faults::default(),
+            keys: Keyspace::default(),
+            journal: Journal::default(),
+            streams: Streams::default(),
+            history: History::default(),
+        };
+        Self { shared: Arc::new(Mutex::new(inner)), connected_generation: AtomicU64::new(0) }
+    }
+
+    /// A new connection to the same server, opened now (not broken by earlier failovers).
+    pub fn connect(&self) -> Self {
+        let generation = self.lock().generation;
+        Self { shared: Arc::clone(&self.shared), connected_generation: AtomicU64::new(generation) }
+    }
+
+    /// The lock is never held across an `await`; a panic while holding it (a bug) does not make
+    /// the store unusable for the checkers that run afterwards.
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs one call; the outer error is a failure before the server ran `op` (outage, broken
+    /// connection, rejected command), the inner one is `op`'s own.
+    async fn call_raw<T>(
+        &self,
+        commands: &[&str],
+        op: impl FnOnce(&mut Inner) -> Result<T, StoreError>,
+    ) -> Result<Result<T, StoreError>, StoreError> {
+        let admission = self.admit();
+        let latency_ms = match admission {
+            Admission::Refused => return Err(StoreError::Unavailable("connection refused (store outage)".into())),
+            Admission::TimesOut { after_ms } => {
+                sleep_ms(after_ms).await;
+                return Err(StoreError::Unavailable("timeout".into()));
+            }
+            Admission::Proceeds { latency_ms } => latency_ms,
+        };
+        let request_ms = latency_ms / 2;
+        sleep_ms(request_ms).await;
+        let result = self.execute(commands, op);
+        sleep_ms(latency_ms - request_ms).await;
+        result
+    }
+
+    async fn call<T>(
+        &self,
+        commands: &[&str],
+        op: impl FnOnce(&mut Inner) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.call_raw(commands, op).await?
+    }
+
+    /// Runs a delivery call and logs it in the read log, whether it delivered, found nothing or
+    /// failed. `op` returns its result and the ids it delivered per stream.
+    async fn logged_read<T>(
+        &self,
+        call: &ReadCall<'_>,
+        command: &str,
+        op: impl FnOnce(&mut Inner, u64) -> Result<(T, Vec<(String, Vec<EntryId>)>), StoreError>,
+    ) -> Result<T, StoreError> {
+        let result = self
+            .call_raw(&[command], |inner| {
+                let now_ms = inner.now_ms();
+                let outcome = op(inner, now_ms);
+                let logged = outcome.as_ref().map(|(_, delivered)| delivered.clone()).map_err(Clone::clone);
+                inner.log_reads(call, &logged);
+                outcome.map(|(value, _)| value)
+            })
+            .await;
+        if let Err(e) = &result {
+            self.lock().log_reads(call, &Err(e.clone()));
+        }
+        result?
+    }
+
+    fn admit(&self) -> Admission {
+        let mut inner = self.lock();
+        match inner.faults.outage() {
+            Some(OutageMode::Errors) => Admission::Refused,
+            Some(OutageMode::Timeouts { after_ms }) => Admission::TimesOut { after_ms },
+            None => {
+                let inner = &mut *inner;
+                Admission::Proceeds { latency_ms: inner.faults.draw_latency_ms(&mut inner.rng) }
+            }
+        }
+    }
+
+    fn execute<T>(
+        &self,
+        commands: &[&str],
+        op: impl FnOnce(&mut Inner) -> Result<T, StoreError>,
+    ) -> Result<Result<T, StoreError>, StoreError> {
+        let mut inner = self.lock();
+        if inner.faults.outage().is_some() {
+            return Err(StoreError::Unavailable("connection lost (store outage)".into()));
+        }
+        let connected = self.connected_generation.swap(inner.generation, Ordering::SeqCst);
+        if connected != inner.generation {
+            return Err(StoreError::Unavailable("connection reset by peer (server failover or restart)".into()));
+        }
+        inner.faults.check_supported(commands)?;
+        Ok(op(&mut inner))
+    }
+
+    /// Store-clock milliseconds since the store was created (the time base of every record).
+    pub fn now_ms(&self) -> u64 {
+        self.lock().now_ms()
+    }
+
+    /// The aggregate JSON of the latest state of `group`'s metadata key that had `revision` and was
+    /// stored at or before `at_ms` (`None`: no such state). A checker uses it to prove that a
+    /// response derived from revision r was recorded before it was sent.
+    pub fn record_at(&self, group: &GroupId, revision: u64, at_ms: u64) -> Option<String> {
+        self.lock().history.record_at(group, revision, at_ms)
+    }
+
+    /// Every metadata change, raw edit, dropped write, rollback and identity change so far.
+    pub fn history(&self) -> Vec<HistoryEvent> {
+        self.lock().history.events.clone()
+    }
+
+    /// Every XREADGROUP and XAUTOCLAIM call so far, one record per stream of a call.
+    pub fn read_log(&self) -> Vec<ReadRecord> {
+        self.lock().history.reads.clone()
+    }
+
+    /// Every acknowledged XADD so far.
+    pub fn add_log(&self) -> Vec<AddRecord> {
+        self.lock().history.adds.clone()
+    }
+
+    /// Every executed XACK so far.
+    pub fn ack_log(&self) -> Vec<AckRecord> {
+        self.lock().history.acks.clone()
+    }
+
+    /// Empties the read, add and ack logs (the metadata history is kept: `record_at` needs it).
+    pub fn clear_logs(&self) {
+        self.lock().history.clear_logs();
+    }
+
+    /// Peek without faults: the stored metadata record.
+    pub fn peek_record(&self, group: &GroupId) -> Option<StoredRecord> {
+        self.lock().load(group)
+    }
+
+    /// Peek without faults: the server's current identity.
+    pub fn peek_identity(&self) -> ServerIdentity {
+        self.lock().identity.clone()
+    }
+
+    /// Peek without faults: the ids in a stream, in order.
+    pub fn peek_stream_ids(&self, stream: &str) -> Vec<EntryId> {
+        self.lock().streams.entry_ids(stream)
+    }
+
+    /// Peek without faults: a consumer group's pending entries (id, consumer, delivery count).
+    pub fn peek_pending(&self, stream: &str, group: &str) -> Vec<(EntryId, String, u64)> {
+        self.lock().streams.pending(stream, group)
+    }
+}
+
+/// What a delivery call asked for, for the read log.
+struct ReadCall<'a> {
+    issued_at_ms: u64,
+    group: &'a str,
+    consumer: &'a str,
+    streams: &'a [(String, ReadSource)],
+}
+
+impl MetadataStore for MemoryStore {
+    async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
+        self.call(&["HGETALL"], |inner| Ok(inner.load(group))).await
+    }
+
+    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
+        self.call(&["EVALSHA", "HINCRBY"], |inner| Ok(inner.touch_and_load(group, member))).await
+    }
+
+    async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
+        self.call(&["HGETALL"], |inner| Ok(inner.liveness(group))).await
+    }
+
+    async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
+        self.call(&["EVALSHA"], |inner| Ok(inner.write(group, request))).await
+    }
+
+    async fn delete(&self, group: &GroupId, expected_revision: u64) -> Result<WriteOutcome, StoreError> {
+        self.call(&["EVALSHA"], |inner| Ok(inner.delete(group, expected_revision))).await
+    }
+
+    async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+        self.call(&["SET"], |inner| inner.acquire_mutex(group, token, ttl_ms)).await
+    }
+
+    async fn release_mutex(&self, group: &GroupId, token: &str) -> Result<bool, StoreError> {
+        self.call(&["EVALSHA"], |inner| Ok(inner.release_mutex(group, token))).await
+    }
+
+    async fn index_add(&self, group: &GroupId) -> Result<(), StoreError> {
+        self.call(&["SADD"], |inner| {
+            inner.index_add(group);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn index_members(&self) -> Result<Vec<GroupId>, StoreError> {
+        self.call(&["SMEMBERS"], |inner| Ok(inner.index_members())).await
+    }
+
+    async fn rebuild_index(&self) -> Result<Vec<GroupId>, StoreError> {
+        self.call(&["SCAN", "SADD"], |inner| Ok(inner.rebuild_index())).await
+    }
+
+    async fn identity(&self) -> Result<ServerIdentity, StoreError> {
+        self.call(&["INFO"], |inner| Ok(inner.identity.clone())).await
+    }
+
+    async fn probe(&self) -> Result<ProbeReport, StoreError> {
+        self.call(&[], |inner| inner.probe()).await
+    }
+}
+
+impl StreamStore for MemoryStore {
+    async fn xadd(
+        &self,
+        stream: &str,
+        fields: Vec<(String, Vec<u8>)>,
+        maxlen: Option<u64>,
+    ) -> Result<EntryId, StoreError> {
+        self.call(&["XADD"], |inner| {
+            let at_ms = inner.now_ms();
+            let id = inner.streams.xadd(at_ms, stream, fields, maxlen)?;
+            inner.history.adds.push(AddRecord { at_ms, stream: stream.to_string(), id });
+            Ok(id)
+        })
+        .await
+    }
+
+    async fn ensure_group(&self, stream: &str, group: &str) -> Result<(), StoreError> {
+        self.call(&["XGROUP"], |inner| {
+            inner.streams.ensure_group(stream, group);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn xreadgroup(
+        &self,
+        group: &str,
+        consumer: &str,
+        streams: &[(String, ReadFrom)],
+        count: usize,
+        _block_ms: Option<u64>,
+    ) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
+        let sources: Vec<(String, ReadSource)> = streams.iter().map(|(s, from)| (s.clone(), (*from).into())).collect();
+        let call = ReadCall { issued_at_ms: self.now_ms(), group, consumer, streams: &sources };
+        let read = self
+            .logged_read(&call, "XREADGROUP", |inner, now_ms| {
+                let read = inner.streams.xreadgroup(now_ms, group, consumer, streams, count)?;
+                let delivered = read.iter().map(|(s, _, entries)| (s.clone(), ids(entries))).collect();
+                Ok((read, delivered))
+            })
+            .await?;
+        Ok(read.into_iter().filter(|(_, _, entries)| !entries.is_empty()).map(|(s, _, entries)| (s, entries)).collect())
+    }
+
+    async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {
+        self.call(&["XACK"], |inner| {
+            let acked = inner.streams.xack(stream, group, ids);
+            let count = acked.len() as u64;
+            let at_ms = inner.now_ms();
+            inner.history.acks.push(AckRecord {
+                at_ms,
+                stream: stream.to_string(),
+                group: group.to_string(),
+                ids: acked,
+            });
+            Ok(count)
+        })
+        .await
+    }
+
+    async fn claim_all_pending(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let sources = [(stream.to_string(), ReadSource::Claim { min_idle_ms })];
+        let call = ReadCall { issued_at_ms: self.now_ms(), group, consumer, streams: &sources };
+        self.logged_read(&call, "XAUTOCLAIM", |inner, now_ms| {
+            let claimed = inner.streams.claim_all_pending(now_ms, stream, group, consumer, min_idle_ms)?;
+            let delivered = vec![(stream.to_string(), ids(&claimed))];
+            Ok((claimed, delivered))
+        })
+        .await
+    }
+}
+
+fn ids(entries: &[StreamEntry]) -> Vec<EntryId> {
+    entries.iter().map(|e| e.id).collect()
+}

@@ -1,0 +1,155 @@
+//! Ground truth kept by the fake for the simulation's checkers: the metadata history ("was this
+//! state in the store at time t?") and the stream call logs (who read, added and acked what, when).
+//!
+//! This module owns the record types and the lookups over them. It never changes store state and
+//! never reads a clock: every time stamp is passed in by the caller (the store clock, in
+//! milliseconds since the store was created). Invariant: events are appended in time order, so
+//! `at_ms` never decreases along [`History::events`].
+
+use crate::core::model::GroupId;
+use crate::store::{EntryId, ReadFrom, ServerIdentity, StoreError, StoredRecord};
+
+use super::faults::RollbackMode;
+
+/// One change of the metadata keyspace (or of the server's identity), in store-clock order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistoryEvent {
+    /// Store-clock time of the change, ms since the store was created.
+    pub at_ms: u64,
+    pub kind: HistoryKind,
+    /// Every metadata key the event changed and its value right after it (`None`: key absent).
+    /// Empty when no metadata key changed (a dropped write, an identity change).
+    pub metadata_after: Vec<(GroupId, Option<StoredRecord>)>,
+}
+
+/// What happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HistoryKind {
+    /// A `write` passed its checks and was applied with this revision.
+    Written { group: GroupId, revision: u64 },
+    /// A `write` passed its checks and was acknowledged with this revision, but the write-drop
+    /// fault discarded it.
+    WriteDropped { group: GroupId, revision: u64 },
+    /// A `delete` matched this revision and removed the group's keys.
+    Deleted { group: GroupId, revision: u64 },
+    /// Fault: the metadata key was deleted behind the coordinator's back (operator, eviction).
+    KeyDeleted { group: GroupId },
+    /// Fault: the last `undone` journaled writes (of `requested`) were reverted.
+    RolledBack { mode: RollbackMode, requested: usize, undone: usize },
+    /// Fault: the aggregate was replaced with bytes that are not JSON.
+    AggregateCorrupted { group: GroupId },
+    /// Fault: the stored `schemaVersion` was set to a value this build may not know.
+    SchemaVersionSet { group: GroupId, schema_version: u32 },
+    /// The server's identity changed (failover, restart, flush); open connections were broken.
+    IdentityChanged { cause: IdentityCause, identity: ServerIdentity },
+}
+
+/// Why the server's identity changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdentityCause {
+    /// A replica was promoted (see [`RollbackMode::Failover`]).
+    Failover,
+    /// The server restarted and reloaded its data.
+    Restart,
+    /// The server restarted empty (`flush_all`).
+    FlushAll,
+}
+
+/// What a delivery call read from: the two XREADGROUP modes, or an XAUTOCLAIM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadSource {
+    /// XREADGROUP `>`.
+    New,
+    /// XREADGROUP `0`: the consumer's own pending entries.
+    OwnPending,
+    /// XAUTOCLAIM (`claim_all_pending`): pending entries taken over from any consumer.
+    Claim { min_idle_ms: u64 },
+}
+
+impl From<ReadFrom> for ReadSource {
+    fn from(from: ReadFrom) -> Self {
+        match from {
+            ReadFrom::New => ReadSource::New,
+            ReadFrom::OwnPending => ReadSource::OwnPending,
+        }
+    }
+}
+
+/// One stream of one delivery call (XREADGROUP or XAUTOCLAIM). Every call is logged, including
+/// calls that returned nothing and calls that failed (then `error` is set and `ids` is empty).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadRecord {
+    /// Store-clock time the client issued the call (before any injected latency).
+    pub issued_at_ms: u64,
+    /// Store-clock time the server executed it (or the call failed).
+    pub at_ms: u64,
+    /// The stream consumer group.
+    pub group: String,
+    pub consumer: String,
+    pub stream: String,
+    pub from: ReadSource,
+    /// Entry ids delivered to `consumer`, in order (including deleted-but-pending ones).
+    pub ids: Vec<EntryId>,
+    /// Why the call failed, if it did.
+    pub error: Option<StoreError>,
+}
+
+/// An acknowledged XADD.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddRecord {
+    pub at_ms: u64,
+    pub stream: String,
+    pub id: EntryId,
+}
+
+/// An executed XACK.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AckRecord {
+    pub at_ms: u64,
+    pub stream: String,
+    pub group: String,
+    /// The ids that were pending and are now acknowledged (ids not pending are left out).
+    pub ids: Vec<EntryId>,
+}
+
+/// Everything recorded. Grows without bound on purpose: checkers need all of it; a long run can
+/// drop the stream logs with `clear_logs`.
+#[derive(Debug, Default)]
+pub(super) struct History {
+    pub(super) events: Vec<HistoryEvent>,
+    pub(super) reads: Vec<ReadRecord>,
+    pub(super) adds: Vec<AddRecord>,
+    pub(super) acks: Vec<AckRecord>,
+}
+
+impl History {
+    pub(super) fn push_event(
+        &mut self,
+        at_ms: u64,
+        kind: HistoryKind,
+        metadata_after: Vec<(GroupId, Option<StoredRecord>)>,
+    ) {
+        debug_assert!(self.events.last().is_none_or(|last| last.at_ms <= at_ms), "history goes back in time");
+        self.events.push(HistoryEvent { at_ms, kind, metadata_after });
+    }
+
+    /// The aggregate of the latest state of `group`'s metadata key that had `revision` and was set
+    /// at or before `at_ms`. A state set at `t <= at_ms` was in the store at the moment `t`.
+    pub(super) fn record_at(&self, group: &GroupId, revision: u64, at_ms: u64) -> Option<String> {
+        self.events
+            .iter()
+            .rev()
+            .skip_while(|event| event.at_ms > at_ms)
+            .flat_map(|event| event.metadata_after.iter().rev())
+            .find_map(|(g, record)| match record {
+                Some(record) if g == group && record.revision == revision => Some(record.aggregate.clone()),
+                _ => None,
+            })
+    }
+
+    pub(super) fn clear_logs(&mut self) {
+        self.reads.clear();
+        self.adds.clear();
+        self.acks.clear();
+    }
+}

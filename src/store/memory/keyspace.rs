@@ -1,0 +1,312 @@
+//! The coordinator's keys in the fake: metadata hashes, liveness hashes, mutexes and the group
+//! index, with the rollback journal, and the `MetadataStore` operations on them.
+//!
+//! This module owns the semantics each operation must share with the Lua scripts and commands of
+//! `RedisStore` (revision CAS, liveness guards, `SET NX PX`, compare-and-delete, `SADD`/`SCAN`).
+//! It never sleeps, never fails for fault reasons (that is the call plumbing's job) and never
+//! touches the shard streams. Invariant: every state change made by a client call goes through a
+//! `put_*` method, which records the prior value in the call's [`Change`]; so the journal can undo
+//! exactly the last k calls (a rollback), newest first.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::core::model::{GroupId, MemberId};
+use crate::store::keys;
+use crate::store::{StoreError, StoredRecord, TouchResult, WriteOutcome, WriteRequest};
+
+use super::history::HistoryKind;
+use super::Inner;
+
+/// How many applied writes the rollback journal remembers.
+pub const JOURNAL_LEN_MAX: usize = 4096;
+
+/// A held mutex: its token and the store-clock time after which it has expired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct MutexEntry {
+    token: String,
+    /// Like Redis, the key is alive while `now_ms <= expires_at_ms`.
+    expires_at_ms: u64,
+}
+
+/// The value a key, hash field or set member had before a journaled write changed it.
+#[derive(Clone, Debug)]
+enum Prior {
+    Metadata(GroupId, Option<StoredRecord>),
+    Liveness(GroupId, MemberId, Option<u64>),
+    Mutex(GroupId, Option<MutexEntry>),
+    Index(String, bool),
+}
+
+/// One journaled write: the prior values of everything one call changed, in change order.
+#[derive(Debug, Default)]
+pub(super) struct Change {
+    priors: Vec<Prior>,
+}
+
+/// The bounded journal of applied writes, oldest first.
+#[derive(Debug, Default)]
+pub(super) struct Journal {
+    changes: VecDeque<Change>,
+}
+
+impl Journal {
+    fn push(&mut self, change: Change) {
+        if change.priors.is_empty() {
+            return;
+        }
+        self.changes.push_back(change);
+        if self.changes.len() > JOURNAL_LEN_MAX {
+            self.changes.pop_front();
+        }
+    }
+}
+
+/// The coordinator's keys.
+#[derive(Debug, Default)]
+pub(super) struct Keyspace {
+    /// `…:metadata` hashes.
+    pub(super) metadata: BTreeMap<GroupId, StoredRecord>,
+    /// `…:liveness` hashes (an empty hash does not exist, as in Redis).
+    liveness: BTreeMap<GroupId, BTreeMap<MemberId, u64>>,
+    /// `…:mutex` strings with their PX deadline.
+    mutexes: BTreeMap<GroupId, MutexEntry>,
+    /// The `redis-stream:coord:groups` set of index entries.
+    index: BTreeSet<String>,
+}
+
+impl Keyspace {
+    fn liveness_of(&self, group: &GroupId, member: &str) -> u64 {
+        self.liveness.get(group).and_then(|fields| fields.get(member)).copied().unwrap_or(0)
+    }
+
+    fn put_metadata(&mut self, change: &mut Change, group: &GroupId, value: Option<StoredRecord>) {
+        let prior = match value {
+            Some(record) => self.metadata.insert(group.clone(), record),
+            None => self.metadata.remove(group),
+        };
+        change.priors.push(Prior::Metadata(group.clone(), prior));
+    }
+
+    fn put_liveness(&mut self, change: &mut Change, group: &GroupId, member: &str, value: Option<u64>) {
+        let prior = self.set_liveness(group, member, value);
+        change.priors.push(Prior::Liveness(group.clone(), member.to_string(), prior));
+    }
+
+    fn set_liveness(&mut self, group: &GroupId, member: &str, value: Option<u64>) -> Option<u64> {
+        let fields = self.liveness.entry(group.clone()).or_default();
+        let prior = match value {
+            Some(counter) => fields.insert(member.to_string(), counter),
+            None => fields.remove(member),
+        };
+        if fields.is_empty() {
+            self.liveness.remove(group);
+        }
+        prior
+    }
+
+    fn put_mutex(&mut self, change: &mut Change, group: &GroupId, value: Option<MutexEntry>) {
+        let prior = match value {
+            Some(entry) => self.mutexes.insert(group.clone(), entry),
+            None => self.mutexes.remove(group),
+        };
+        change.priors.push(Prior::Mutex(group.clone(), prior));
+    }
+
+    /// Adds or removes an index entry; journals only an actual change (SADD/SREM of a member
+    /// already in that state is a no-op, not replicated).
+    fn put_index(&mut self, change: &mut Change, entry: &str, present: bool) {
+        let was_present = self.index.contains(entry);
+        if was_present == present {
+            return;
+        }
+        if present {
+            self.index.insert(entry.to_string());
+        } else {
+            self.index.remove(entry);
+        }
+        change.priors.push(Prior::Index(entry.to_string(), was_present));
+    }
+
+    /// Lazy expiry, as Redis does on access. Not a journaled write.
+    fn expire_mutex(&mut self, group: &GroupId, now_ms: u64) {
+        if self.mutexes.get(group).is_some_and(|m| now_ms > m.expires_at_ms) {
+            self.mutexes.remove(group);
+        }
+    }
+
+    /// Reverts one journaled write; returns the groups whose metadata key it touched.
+    fn undo(&mut self, change: Change) -> Vec<GroupId> {
+        let mut groups = Vec::new();
+        for prior in change.priors.into_iter().rev() {
+            match prior {
+                Prior::Metadata(group, value) => {
+                    match value {
+                        Some(record) => self.metadata.insert(group.clone(), record),
+                        None => self.metadata.remove(&group),
+                    };
+                    groups.push(group);
+                }
+                Prior::Liveness(group, member, value) => {
+                    self.set_liveness(&group, &member, value);
+                }
+                Prior::Mutex(group, value) => {
+                    match value {
+                        Some(entry) => self.mutexes.insert(group, entry),
+                        None => self.mutexes.remove(&group),
+                    };
+                }
+                Prior::Index(entry, present) => {
+                    if present {
+                        self.index.insert(entry);
+                    } else {
+                        self.index.remove(&entry);
+                    }
+                }
+            }
+        }
+        groups
+    }
+}
+
+/// The `MetadataStore` operations, each one atomic step of the server.
+impl Inner {
+    pub(super) fn load(&self, group: &GroupId) -> Option<StoredRecord> {
+        self.keys.metadata.get(group).cloned()
+    }
+
+    /// HINCRBY liveness member 1, then HGETALL metadata.
+    pub(super) fn touch_and_load(&mut self, group: &GroupId, member: &str) -> TouchResult {
+        let liveness = self.keys.liveness_of(group, member).saturating_add(1);
+        let mut change = Change::default();
+        self.keys.put_liveness(&mut change, group, member, Some(liveness));
+        self.journal.push(change);
+        TouchResult { liveness, record: self.load(group) }
+    }
+
+    pub(super) fn liveness(&self, group: &GroupId) -> BTreeMap<MemberId, u64> {
+        self.keys.liveness.get(group).cloned().unwrap_or_default()
+    }
+
+    /// Checks, in this order: the revision CAS, then each liveness guard in request order. Only
+    /// when all pass is anything written (all five fields, then the liveness removals).
+    pub(super) fn write(&mut self, group: &GroupId, request: WriteRequest) -> WriteOutcome {
+        let current = self.keys.metadata.get(group).map(|record| record.revision);
+        if current != request.expected_revision {
+            return WriteOutcome::RevisionConflict { current };
+        }
+        for (member, expected) in &request.liveness_guards {
+            if self.keys.liveness_of(group, member) != *expected {
+                return WriteOutcome::LivenessChanged { member: member.clone() };
+            }
+        }
+        let revision = current.map_or(1, |r| r + 1);
+        if self.faults.draw_write_drop(&mut self.rng) {
+            self.record(HistoryKind::WriteDropped { group: group.clone(), revision }, Vec::new());
+            return WriteOutcome::Written { revision };
+        }
+        let record = StoredRecord {
+            aggregate: request.aggregate,
+            revision,
+            schema_version: request.schema_version,
+            layout_version: request.layout_version,
+            updated_at_ms: request.updated_at_ms,
+        };
+        let mut change = Change::default();
+        self.keys.put_metadata(&mut change, group, Some(record.clone()));
+        for member in &request.liveness_remove {
+            if self.keys.liveness.get(group).is_some_and(|fields| fields.contains_key(member)) {
+                self.keys.put_liveness(&mut change, group, member, None);
+            }
+        }
+        self.journal.push(change);
+        self.record(HistoryKind::Written { group: group.clone(), revision }, vec![(group.clone(), Some(record))]);
+        WriteOutcome::Written { revision }
+    }
+
+    /// Deletes metadata, liveness and the index entry when the stored revision is `expected`.
+    pub(super) fn delete(&mut self, group: &GroupId, expected_revision: u64) -> WriteOutcome {
+        let current = self.keys.metadata.get(group).map(|record| record.revision);
+        if current != Some(expected_revision) {
+            return WriteOutcome::RevisionConflict { current };
+        }
+        let mut change = Change::default();
+        self.keys.put_metadata(&mut change, group, None);
+        let members: Vec<MemberId> = self.liveness(group).into_keys().collect();
+        for member in members {
+            self.keys.put_liveness(&mut change, group, &member, None);
+        }
+        self.keys.put_index(&mut change, &keys::index_entry(group), false);
+        self.journal.push(change);
+        let kind = HistoryKind::Deleted { group: group.clone(), revision: expected_revision };
+        self.record(kind, vec![(group.clone(), None)]);
+        WriteOutcome::Written { revision: 0 }
+    }
+
+    /// `SET mutex token NX PX ttl_ms`.
+    pub(super) fn acquire_mutex(&mut self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+        if ttl_ms == 0 {
+            return Err(StoreError::Protocol("ERR invalid expire time in 'set' command".into()));
+        }
+        let now_ms = self.now_ms();
+        self.keys.expire_mutex(group, now_ms);
+        if self.keys.mutexes.contains_key(group) {
+            return Ok(false);
+        }
+        let entry = MutexEntry { token: token.to_string(), expires_at_ms: now_ms.saturating_add(ttl_ms) };
+        let mut change = Change::default();
+        self.keys.put_mutex(&mut change, group, Some(entry));
+        self.journal.push(change);
+        Ok(true)
+    }
+
+    /// `if GET mutex == token then DEL mutex`.
+    pub(super) fn release_mutex(&mut self, group: &GroupId, token: &str) -> bool {
+        let now_ms = self.now_ms();
+        self.keys.expire_mutex(group, now_ms);
+        if self.keys.mutexes.get(group).is_none_or(|entry| entry.token != token) {
+            return false;
+        }
+        let mut change = Change::default();
+        self.keys.put_mutex(&mut change, group, None);
+        self.journal.push(change);
+        true
+    }
+
+    /// `SADD redis-stream:coord:groups <index entry>`.
+    pub(super) fn index_add(&mut self, group: &GroupId) {
+        let mut change = Change::default();
+        self.keys.put_index(&mut change, &keys::index_entry(group), true);
+        self.journal.push(change);
+    }
+
+    /// `SMEMBERS`, parsed, sorted by `GroupId`. Entries that do not parse are skipped.
+    pub(super) fn index_members(&self) -> Vec<GroupId> {
+        let groups: BTreeSet<GroupId> = self.keys.index.iter().filter_map(|e| keys::parse_index_entry(e)).collect();
+        groups.into_iter().collect()
+    }
+
+    /// `SCAN 0 MATCH <metadata pattern>` to the end, then `SADD` of every group found.
+    pub(super) fn rebuild_index(&mut self) -> Vec<GroupId> {
+        let groups: Vec<GroupId> = self.keys.metadata.keys().cloned().collect();
+        let mut change = Change::default();
+        for group in &groups {
+            self.keys.put_index(&mut change, &keys::index_entry(group), true);
+        }
+        self.journal.push(change);
+        groups
+    }
+
+    /// Undoes up to `writes` journaled writes, newest first. Returns how many were undone and the
+    /// final value of every metadata key they touched.
+    pub(super) fn undo_writes(&mut self, writes: usize) -> (usize, Vec<(GroupId, Option<StoredRecord>)>) {
+        let mut groups = BTreeSet::new();
+        let mut undone = 0;
+        while undone < writes {
+            let Some(change) = self.journal.changes.pop_back() else { break };
+            groups.extend(self.keys.undo(change));
+            undone += 1;
+        }
+        let metadata_after = groups.into_iter().map(|group| (group.clone(), self.load(&group))).collect();
+        (undone, metadata_after)
+    }
+}
