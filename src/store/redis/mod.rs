@@ -1,1 +1,188 @@
-//! placeholder
+//! `RedisStore`: the [`MetadataStore`](crate::store::MetadataStore) and
+//! [`StreamStore`](crate::store::StreamStore) on a real Redis server (the `redis` crate, tokio).
+//!
+//! Owns: the wire form of the layout in `keys.rs` — the metadata hash, the liveness hash and the
+//! mutex of each group (all under the group's hash tag), the rebuildable index set, and the shard
+//! streams — plus connection handling, deadlines and error mapping.
+//! Never: parses the aggregate, sets a TTL on metadata, reconstructs a missing metadata key,
+//! waits without a deadline, or puts a password into an error. Never built under `--cfg madsim`
+//! (the simulation uses `MemoryStore`).
+//! Invariant: each metadata method is one atomic server-side step (one command or one Lua
+//! script), so the revision CAS is the safety even when two coordinators race.
+//!
+//! Decisions (the same as `MemoryStore`'s; the contract suite in `tests/store_contract.rs` pins
+//! them for both stores):
+//! - `write` checks the revision, then each liveness guard in request order (absent = 0); a failed
+//!   check writes nothing. A create (`expected_revision: None`) fails with
+//!   `RevisionConflict { current }` when the key exists. A key without a `revision` field, or a
+//!   partially written hash, is `Protocol` (never overwritten).
+//! - `touch_and_load` increments the counter even when the metadata key is absent (as HINCRBY
+//!   would) and returns `record: None`; the coordinator answers from the absent record.
+//! - `delete` removes the metadata and liveness keys (one script) and then the index entry; the
+//!   mutex is left to its holder.
+//! - The index is updated with separate commands after a successful create (SADD) or delete
+//!   (SREM): the index key has no hash tag, so it cannot join a Cluster-safe script, and it is
+//!   never truth. `rebuild_index` SCANs the metadata keys and SADDs every group found (it does not
+//!   remove entries). `index_members` and `rebuild_index` return sorted groups and skip entries
+//!   that do not parse as a group.
+//! - `acquire_mutex` with `ttl_ms == 0` is `Protocol` (Redis: invalid expire time).
+//! - Streams: `ensure_group` creates at `0` with MKSTREAM and ignores BUSYGROUP; reading or
+//!   claiming on a missing key or group is `Protocol` whose text starts with `NOGROUP`; XACK on a
+//!   missing group acknowledges 0; XADD without fields is `Protocol` (`ERR wrong number of
+//!   arguments ...`). XREADGROUP `count == 0` means no limit (Redis's `COUNT 0`);
+//!   `block_ms: Some(0)` is treated as no BLOCK (Redis would block forever). A pending entry
+//!   trimmed away by MAXLEN comes back from `ReadFrom::OwnPending` with no fields (so it can be
+//!   acknowledged) and is not returned by `claim_all_pending`.
+//! - Server errors keep their wire form in the text (`NOGROUP ...`, `ERR ...`), followed by the
+//!   command in parentheses.
+//!
+//! Connection: `redis://[user:password@]host:port[/db]`, RESP2, one shared multiplexed
+//! connection plus dedicated connections for blocking reads. `rediss://` (TLS) is not compiled
+//! in (it would add rustls and a crypto provider); such URLs fail with `Unsupported`. Redis
+//! Cluster is not supported by this client, though every multi-key script is Cluster-safe.
+//!
+//! Every round trip (connect included) has a deadline, [`RedisStoreOptions::timeout_ms`]; a
+//! blocking read adds its BLOCK time. A failed or timed-out connection is dropped and the next
+//! call reconnects, so after a server restart or failover the first call may fail with
+//! `Unavailable` and the following ones reach the new server. `identity()` then reports the new
+//! `run_id` / replication id, which the coordinator treats as evidence of lost writes.
+
+mod conn;
+mod errors;
+mod metadata;
+mod probe;
+mod scripts;
+mod streams;
+
+use std::sync::Arc;
+
+use ::redis::aio::MultiplexedConnection;
+use ::redis::{Client, Cmd, FromRedisValue, IntoConnectionInfo, ScriptInvocation, Value};
+
+use self::conn::{Connector, Lane};
+use self::errors::Redactor;
+use self::scripts::Scripts;
+use crate::store::StoreError;
+
+/// Tuning of a [`RedisStore`]. `Default` gives production values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisStoreOptions {
+    /// Deadline of one round trip, connecting included. A blocking read adds its BLOCK time.
+    pub timeout_ms: u64,
+    /// SCAN COUNT hint used by `rebuild_index`.
+    pub scan_count: u64,
+    /// XAUTOCLAIM COUNT of one page of `claim_all_pending`.
+    pub claim_page_count: u64,
+}
+
+impl Default for RedisStoreOptions {
+    fn default() -> Self {
+        Self { timeout_ms: 2_000, scan_count: 1_000, claim_page_count: 100 }
+    }
+}
+
+/// The metadata and stream stores on one Redis server. Cheap to clone (shared connections).
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Connector,
+    scripts: Scripts,
+    options: RedisStoreOptions,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL is left out on purpose: it may carry a password.
+        f.debug_struct("RedisStore").field("options", &self.inner.options).finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Parses `url` and prepares the store without any I/O; the first call connects. Fails with
+    /// `Unsupported` for a URL this build cannot serve (TLS, unix sockets are fine) and with
+    /// `Protocol` for a malformed one. Error texts never contain the URL.
+    pub fn open(url: &str, options: RedisStoreOptions) -> Result<Self, StoreError> {
+        if url.starts_with("rediss://") {
+            return Err(StoreError::Unsupported {
+                command: "rediss://".into(),
+                detail: "TLS support is not compiled into this build (redis crate without tls features)".into(),
+            });
+        }
+        let info = url.into_connection_info().map_err(|e| {
+            StoreError::Protocol(format!(
+                "invalid Redis URL ({}); expected redis://[user:password@]host:port[/db]",
+                e.kind_name()
+            ))
+        })?;
+        let redactor = Redactor::new(info.redis_settings().password());
+        let client = Client::open(info).map_err(|e| redactor_error(&redactor, &e))?;
+        let conn = Connector::new(client, options.timeout_ms, redactor);
+        Ok(Self { inner: Arc::new(Inner { conn, scripts: Scripts::new(), options }) })
+    }
+
+    /// [`open`](Self::open), then one PING so an unreachable or misconfigured server is reported
+    /// at once (as `Unavailable`, within the timeout).
+    pub async fn connect(url: &str, options: RedisStoreOptions) -> Result<Self, StoreError> {
+        let store = Self::open(url, options)?;
+        let _: Value = store.query("PING", ::redis::cmd("PING")).await?;
+        Ok(store)
+    }
+
+    /// The options this store was opened with.
+    pub fn options(&self) -> &RedisStoreOptions {
+        &self.inner.options
+    }
+
+    /// One command on the shared connection.
+    async fn query<T: FromRedisValue + Send>(&self, command: &str, cmd: Cmd) -> Result<T, StoreError> {
+        self.inner
+            .conn
+            .run(Lane::Shared, command, 0, |mut c: MultiplexedConnection| async move {
+                let value: T = cmd.query_async(&mut c).await?;
+                Ok((value, c))
+            })
+            .await
+    }
+
+    /// One script call (EVALSHA, with SCRIPT LOAD + retry on NOSCRIPT) on the shared connection.
+    async fn invoke(&self, name: &str, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
+        self.inner
+            .conn
+            .run(Lane::Shared, name, 0, |mut c: MultiplexedConnection| async move {
+                let value: Value = invocation.invoke_async(&mut c).await?;
+                Ok((value, c))
+            })
+            .await
+    }
+}
+
+impl RedisStore {
+    /// SCRIPT LOAD of one script (the probe's check that scripting is permitted).
+    async fn load_script(&self, name: &str, script: &::redis::Script) -> Result<(), StoreError> {
+        self.inner
+            .conn
+            .run(Lane::Shared, name, 0, |mut c: MultiplexedConnection| async move {
+                script.load_async(&mut c).await?;
+                Ok(((), c))
+            })
+            .await
+    }
+}
+
+trait KindName {
+    fn kind_name(&self) -> String;
+}
+
+impl KindName for ::redis::RedisError {
+    /// The error's category only: URL parse errors may echo the URL, which may hold a password.
+    fn kind_name(&self) -> String {
+        format!("{:?}", self.kind())
+    }
+}
+
+fn redactor_error(redactor: &Redactor, err: &::redis::RedisError) -> StoreError {
+    StoreError::Protocol(redactor.clean(format!("cannot create Redis client: {}", err.kind_name())))
+}

@@ -1,0 +1,201 @@
+//! [`MetadataStore`] on Redis: metadata hash, liveness hash, mutex and index.
+//!
+//! Owns the command sequence of each metadata operation; the atomic parts are the scripts in
+//! `scripts.rs`. Never writes the index from inside a script (it has no hash tag) and never sets
+//! a TTL on metadata.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ::redis::Value;
+
+use super::scripts::{number, parse_delete, parse_record, parse_touch, parse_write, text};
+use super::RedisStore;
+use crate::core::model::{GroupId, MemberId};
+use crate::store::keys;
+use crate::store::{
+    MetadataStore, ProbeReport, ServerIdentity, StoreError, StoredRecord, TouchResult, WriteOutcome, WriteRequest,
+};
+
+/// Upper bound on SCAN round trips of one `rebuild_index` (a limit on everything; at COUNT 1000
+/// this covers a keyspace far larger than any coordinator deployment).
+const SCAN_ROUNDS_MAX: u64 = 1_000_000;
+
+impl MetadataStore for RedisStore {
+    async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
+        let mut cmd = ::redis::cmd("HMGET");
+        cmd.arg(keys::metadata_key(group)).arg(&[
+            keys::FIELD_AGGREGATE,
+            keys::FIELD_REVISION,
+            keys::FIELD_SCHEMA_VERSION,
+            keys::FIELD_LAYOUT_VERSION,
+            keys::FIELD_UPDATED_AT,
+        ]);
+        let fields: Vec<Value> = self.query("HMGET", cmd).await?;
+        parse_record(&fields)
+    }
+
+    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
+        let mut invocation = self.inner.scripts.touch.prepare_invoke();
+        invocation.key(keys::metadata_key(group)).key(keys::liveness_key(group)).arg(member);
+        let reply = self.invoke("touch script", invocation).await?;
+        let (liveness, record) = parse_touch(&reply)?;
+        Ok(TouchResult { liveness, record })
+    }
+
+    async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
+        let mut cmd = ::redis::cmd("HGETALL");
+        cmd.arg(keys::liveness_key(group));
+        let pairs: BTreeMap<String, String> = self.query("HGETALL", cmd).await?;
+        pairs
+            .into_iter()
+            .map(|(member, counter)| match counter.parse::<u64>() {
+                Ok(counter) => Ok((member, counter)),
+                Err(_) => Err(StoreError::Protocol(format!("liveness counter of {member:?} is not a number"))),
+            })
+            .collect()
+    }
+
+    async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
+        let (expected, next) = match request.expected_revision {
+            None => (String::new(), 1),
+            Some(expected) => {
+                let next = expected
+                    .checked_add(1)
+                    .ok_or_else(|| StoreError::Protocol(format!("revision {expected} cannot be incremented")))?;
+                (expected.to_string(), next)
+            }
+        };
+        let mut invocation = self.inner.scripts.write.prepare_invoke();
+        invocation
+            .key(keys::metadata_key(group))
+            .key(keys::liveness_key(group))
+            .arg(expected)
+            .arg(next)
+            .arg(&request.aggregate)
+            .arg(request.schema_version)
+            .arg(request.layout_version)
+            .arg(request.updated_at_ms)
+            .arg(request.liveness_guards.len());
+        for (member, counter) in &request.liveness_guards {
+            invocation.arg(member).arg(*counter);
+        }
+        for member in &request.liveness_remove {
+            invocation.arg(member);
+        }
+        let reply = self.invoke("write script", invocation).await?;
+        let outcome = parse_write(&reply)?;
+        if request.expected_revision.is_none() && matches!(outcome, WriteOutcome::Written { .. }) {
+            // After the create, not inside the script: the index key has no hash tag. If this
+            // SADD fails the group exists but is not indexed until `rebuild_index` runs — the
+            // index is never truth, so the write still succeeded and is reported as written.
+            if let Err(err) = self.index_add(group).await {
+                tracing::warn!(group = %group, error = %err, "group created but not added to the index");
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn delete(&self, group: &GroupId, expected_revision: u64) -> Result<WriteOutcome, StoreError> {
+        let mut invocation = self.inner.scripts.delete.prepare_invoke();
+        invocation.key(keys::metadata_key(group)).key(keys::liveness_key(group)).arg(expected_revision);
+        let reply = self.invoke("delete script", invocation).await?;
+        let outcome = parse_delete(&reply)?;
+        if matches!(outcome, WriteOutcome::Written { .. }) {
+            // Separate command for the same reason as the SADD on create. A stale entry left by a
+            // failure here points at a missing metadata key, which readers treat as absent.
+            let mut cmd = ::redis::cmd("SREM");
+            cmd.arg(keys::INDEX_KEY).arg(keys::index_entry(group));
+            if let Err(err) = self.query::<Value>("SREM", cmd).await {
+                tracing::warn!(group = %group, error = %err, "group deleted but its index entry remains");
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+        let mut cmd = ::redis::cmd("SET");
+        cmd.arg(keys::mutex_key(group)).arg(token).arg("NX").arg("PX").arg(ttl_ms);
+        let reply: Value = self.query("SET", cmd).await?;
+        match reply {
+            Value::Okay => Ok(true),
+            Value::Nil => Ok(false),
+            other => Err(StoreError::Protocol(format!("SET NX PX: unexpected reply {other:?}"))),
+        }
+    }
+
+    async fn release_mutex(&self, group: &GroupId, token: &str) -> Result<bool, StoreError> {
+        let mut invocation = self.inner.scripts.release.prepare_invoke();
+        invocation.key(keys::mutex_key(group)).arg(token);
+        let reply = self.invoke("mutex release script", invocation).await?;
+        match number(&reply) {
+            Some(0) => Ok(false),
+            Some(1) => Ok(true),
+            _ => Err(StoreError::Protocol(format!("mutex release script: unexpected reply {reply:?}"))),
+        }
+    }
+
+    async fn index_add(&self, group: &GroupId) -> Result<(), StoreError> {
+        let mut cmd = ::redis::cmd("SADD");
+        cmd.arg(keys::INDEX_KEY).arg(keys::index_entry(group));
+        let _: Value = self.query("SADD", cmd).await?;
+        Ok(())
+    }
+
+    async fn index_members(&self) -> Result<Vec<GroupId>, StoreError> {
+        let mut cmd = ::redis::cmd("SMEMBERS");
+        cmd.arg(keys::INDEX_KEY);
+        let entries: Vec<String> = self.query("SMEMBERS", cmd).await?;
+        let groups: BTreeSet<GroupId> = entries.iter().filter_map(|e| keys::parse_index_entry(e)).collect();
+        Ok(groups.into_iter().collect())
+    }
+
+    async fn rebuild_index(&self) -> Result<Vec<GroupId>, StoreError> {
+        let found = self.scan_metadata_groups().await?;
+        if !found.is_empty() {
+            let mut cmd = ::redis::cmd("SADD");
+            cmd.arg(keys::INDEX_KEY);
+            for group in &found {
+                cmd.arg(keys::index_entry(group));
+            }
+            let _: Value = self.query("SADD", cmd).await?;
+        }
+        Ok(found.into_iter().collect())
+    }
+
+    async fn identity(&self) -> Result<ServerIdentity, StoreError> {
+        self.server_identity().await
+    }
+
+    async fn probe(&self) -> Result<ProbeReport, StoreError> {
+        self.run_probe().await
+    }
+}
+
+impl RedisStore {
+    /// Every group with a metadata key, from a full SCAN (each round trip has its own deadline).
+    async fn scan_metadata_groups(&self) -> Result<BTreeSet<GroupId>, StoreError> {
+        let mut found = BTreeSet::new();
+        let mut cursor = 0u64;
+        for _ in 0..SCAN_ROUNDS_MAX {
+            let mut cmd = ::redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(keys::METADATA_SCAN_PATTERN)
+                .arg("COUNT")
+                .arg(self.inner.options.scan_count.max(1));
+            let reply: Value = self.query("SCAN", cmd).await?;
+            let Value::Array(parts) = &reply else {
+                return Err(StoreError::Protocol(format!("SCAN: unexpected reply {reply:?}")));
+            };
+            let (Some(next), Some(Value::Array(batch))) = (parts.first().and_then(number), parts.get(1)) else {
+                return Err(StoreError::Protocol(format!("SCAN: unexpected reply {reply:?}")));
+            };
+            found.extend(batch.iter().filter_map(text).filter_map(|k| keys::parse_metadata_key(&k)));
+            if next == 0 {
+                return Ok(found);
+            }
+            cursor = next;
+        }
+        Err(StoreError::Protocol(format!("SCAN did not finish within {SCAN_ROUNDS_MAX} rounds")))
+    }
+}

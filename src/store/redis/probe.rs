@@ -1,0 +1,240 @@
+//! Server identity and the startup compatibility probe.
+//!
+//! Owns the list of commands the layout needs and the order they are checked in. The probe
+//! fails fast naming the first command the server lacks (renamed, disabled, or too old) or
+//! denies (ACL), so a misconfigured deployment stops at startup instead of at its first
+//! failover. It writes only throwaway keys under its own hash tag
+//! (`redis-stream:coord:{__probe__:<nonce>}:probe-*`, which the metadata SCAN never matches) and
+//! deletes them before returning, whatever the outcome.
+
+use std::hash::{BuildHasher, Hasher};
+
+use ::redis::{Cmd, Value};
+
+use super::scripts::{number, text};
+use super::RedisStore;
+use crate::store::{ProbeReport, ServerIdentity, StoreError};
+
+/// Oldest server this layout runs on: XAUTOCLAIM arrived in Redis 6.2.
+const VERSION_MIN: (u32, u32) = (6, 2);
+
+/// Every command the store sends, directly or from a script, in probe order.
+const COMMANDS: &[&str] = &[
+    "PING",
+    "INFO",
+    "HGET",
+    "HMGET",
+    "HSET",
+    "HDEL",
+    "HINCRBY",
+    "HGETALL",
+    "EXISTS",
+    "DEL",
+    "GET",
+    "SET",
+    "SADD",
+    "SREM",
+    "SMEMBERS",
+    "SCAN",
+    "EVALSHA",
+    "SCRIPT",
+    "XADD",
+    "XGROUP",
+    "XREADGROUP",
+    "XACK",
+    "XAUTOCLAIM",
+];
+
+/// The value of `field:` in an INFO section.
+fn info_field(info: &str, field: &str) -> Option<String> {
+    info.lines().find_map(|line| line.strip_prefix(field)?.strip_prefix(':').map(|v| v.trim().to_string()))
+}
+
+/// `major.minor` of a version string like `7.0.15`.
+fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let mut parts = version.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// A per-probe nonce so concurrent probes of several coordinators never share keys. Not a
+/// security token; std's per-process random hasher keys are enough.
+fn nonce() -> u64 {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
+fn cmd(name: &str, args: &[&str]) -> Cmd {
+    let mut cmd = ::redis::cmd(name);
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+impl RedisStore {
+    async fn info(&self, section: &str) -> Result<String, StoreError> {
+        let reply: Value = self.query("INFO", cmd("INFO", &[section])).await?;
+        match &reply {
+            Value::VerbatimString { text, .. } => Ok(text.clone()),
+            other => text(other).ok_or_else(|| StoreError::Protocol(format!("INFO {section}: unexpected reply"))),
+        }
+    }
+
+    pub(super) async fn server_identity(&self) -> Result<ServerIdentity, StoreError> {
+        let server = self.info("server").await?;
+        let replication = self.info("replication").await?;
+        let run_id =
+            info_field(&server, "run_id").ok_or_else(|| StoreError::Protocol("INFO server has no run_id".into()))?;
+        let replication_id = info_field(&replication, "master_replid")
+            .ok_or_else(|| StoreError::Protocol("INFO replication has no master_replid".into()))?;
+        Ok(ServerIdentity { run_id, replication_id })
+    }
+
+    pub(super) async fn run_probe(&self) -> Result<ProbeReport, StoreError> {
+        let server = self.info("server").await?;
+        let version = info_field(&server, "redis_version")
+            .ok_or_else(|| StoreError::Protocol("INFO server has no redis_version".into()))?;
+        let parsed = major_minor(&version)
+            .ok_or_else(|| StoreError::Protocol(format!("unparsable redis_version {version:?}")))?;
+        if parsed < VERSION_MIN {
+            return Err(StoreError::Unsupported {
+                command: "XAUTOCLAIM".into(),
+                detail: format!("server version {version} is older than 6.2, which added XAUTOCLAIM"),
+            });
+        }
+        self.check_commands_exist().await?;
+        let base = format!("redis-stream:coord:{{__probe__:{:016x}}}", nonce());
+        let exercised = self.exercise(&base).await;
+        let cleanup = self.query::<Value>("DEL", probe_keys(&base)).await;
+        exercised?;
+        cleanup?;
+        let identity = self.server_identity().await?;
+        Ok(ProbeReport { server_version: version, identity })
+    }
+
+    /// COMMAND INFO lists nil for a command the server does not know (too old, or renamed away
+    /// with `rename-command`).
+    async fn check_commands_exist(&self) -> Result<(), StoreError> {
+        let mut info = cmd("COMMAND", &["INFO"]);
+        for name in COMMANDS {
+            info.arg(*name);
+        }
+        let reply: Value = self.query("COMMAND", info).await?;
+        let Value::Array(entries) = &reply else {
+            return Err(StoreError::Protocol("COMMAND INFO: unexpected reply".into()));
+        };
+        if entries.len() != COMMANDS.len() {
+            return Err(StoreError::Protocol("COMMAND INFO: wrong number of entries".into()));
+        }
+        for (name, entry) in COMMANDS.iter().zip(entries) {
+            if matches!(entry, Value::Nil) {
+                return Err(StoreError::Unsupported {
+                    command: (*name).to_string(),
+                    detail: "the server does not know this command (renamed, disabled, or too old)".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs every command once on throwaway keys, so an ACL denial surfaces now and names the
+    /// command, then runs each script through its success path.
+    async fn exercise(&self, base: &str) -> Result<(), StoreError> {
+        let hash = format!("{base}:probe-hash");
+        let set = format!("{base}:probe-set");
+        let mutex = format!("{base}:probe-mutex");
+        let stream = format!("{base}:probe-stream");
+        let pattern = format!("{base}:*");
+        let steps: Vec<(&str, Cmd)> = vec![
+            ("PING", cmd("PING", &[])),
+            ("HSET", cmd("HSET", &[&hash, "f", "v"])),
+            ("HGET", cmd("HGET", &[&hash, "f"])),
+            ("HMGET", cmd("HMGET", &[&hash, "f", "g"])),
+            ("HINCRBY", cmd("HINCRBY", &[&hash, "n", "1"])),
+            ("HGETALL", cmd("HGETALL", &[&hash])),
+            ("HDEL", cmd("HDEL", &[&hash, "n"])),
+            ("EXISTS", cmd("EXISTS", &[&hash])),
+            ("SET", cmd("SET", &[&mutex, "token", "NX", "PX", "60000"])),
+            ("GET", cmd("GET", &[&mutex])),
+            ("SADD", cmd("SADD", &[&set, "a"])),
+            ("SMEMBERS", cmd("SMEMBERS", &[&set])),
+            ("SREM", cmd("SREM", &[&set, "a"])),
+            ("SCAN", cmd("SCAN", &["0", "MATCH", &pattern, "COUNT", "10"])),
+            ("XADD", cmd("XADD", &[&stream, "MAXLEN", "~", "10", "*", "f", "v"])),
+            ("XGROUP", cmd("XGROUP", &["CREATE", &stream, "g", "0", "MKSTREAM"])),
+            ("XREADGROUP", cmd("XREADGROUP", &["GROUP", "g", "c", "COUNT", "1", "STREAMS", &stream, ">"])),
+            ("XAUTOCLAIM", cmd("XAUTOCLAIM", &[&stream, "g", "c2", "0", "0-0", "COUNT", "1"])),
+            ("XACK", cmd("XACK", &[&stream, "g", "0-1"])),
+            ("DEL", cmd("DEL", &[&set])),
+        ];
+        for (name, step) in steps {
+            let _: Value = self.query(name, step).await?;
+        }
+        self.exercise_scripts(base).await
+    }
+
+    /// Loads each script (SCRIPT LOAD) and runs it on probe keys, checking the reply shape.
+    async fn exercise_scripts(&self, base: &str) -> Result<(), StoreError> {
+        for (name, script) in self.inner.scripts.all() {
+            self.load_script(name, script).await?;
+        }
+        let meta = format!("{base}:probe-metadata");
+        let live = format!("{base}:probe-liveness");
+        let mutex = format!("{base}:probe-mutex");
+        let scripts = &self.inner.scripts;
+        let expect = |name: &str, reply: &Value, ok: bool| {
+            if ok {
+                Ok(())
+            } else {
+                Err(StoreError::Protocol(format!("probe: {name} replied {reply:?}")))
+            }
+        };
+
+        let mut write = scripts.write.prepare_invoke();
+        write.key(&meta).key(&live).arg("").arg(1).arg("{}").arg(1).arg(1).arg(0).arg(0);
+        let reply = self.invoke("write script", write).await?;
+        expect("write script", &reply, super::scripts::parse_write(&reply).is_ok())?;
+
+        let mut touch = scripts.touch.prepare_invoke();
+        touch.key(&meta).key(&live).arg("m");
+        let reply = self.invoke("touch script", touch).await?;
+        let touched = matches!(&reply, Value::Array(items) if items.first().and_then(number) == Some(1));
+        expect("touch script", &reply, touched)?;
+
+        let mut delete = scripts.delete.prepare_invoke();
+        delete.key(&meta).key(&live).arg(1);
+        let reply = self.invoke("delete script", delete).await?;
+        expect("delete script", &reply, super::scripts::parse_delete(&reply).is_ok())?;
+
+        let mut release = scripts.release.prepare_invoke();
+        release.key(&mutex).arg("token");
+        let reply = self.invoke("mutex release script", release).await?;
+        expect("mutex release script", &reply, number(&reply) == Some(1))
+    }
+}
+
+/// DEL of every key the probe may have created.
+fn probe_keys(base: &str) -> Cmd {
+    let mut del = ::redis::cmd("DEL");
+    for suffix in ["probe-hash", "probe-set", "probe-mutex", "probe-stream", "probe-metadata", "probe-liveness"] {
+        del.arg(format!("{base}:{suffix}"));
+    }
+    del
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_fields_and_versions_parse() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\n";
+        assert_eq!(info_field(info, "redis_version").as_deref(), Some("7.0.15"));
+        assert_eq!(info_field(info, "run_id").as_deref(), Some("abc"));
+        assert_eq!(info_field(info, "run"), None);
+        assert_eq!(major_minor("7.0.15"), Some((7, 0)));
+        assert!(major_minor("6.0.16") < Some(VERSION_MIN));
+        assert!(major_minor("6.2.0") >= Some(VERSION_MIN));
+    }
+}

@@ -1,0 +1,258 @@
+//! The Lua scripts that make each metadata operation one atomic server-side step, and the parsing
+//! of their replies.
+//!
+//! Owns: the script texts and their reply shapes. Every script touches only keys of one group,
+//! which share the hash tag `{streamPrefix:consumerGroup}`, so each is Redis Cluster safe; the
+//! index key has no hash tag and is never touched from a script.
+//! Never: sets a TTL on metadata, writes anything when a check fails, or compares revisions as
+//! floating-point numbers (Lua numbers are doubles; revisions travel as decimal strings and the
+//! next revision is computed in Rust with checked arithmetic).
+//!
+//! Scripts are sent with EVALSHA; `redis::Script` loads them with SCRIPT LOAD on NOSCRIPT (a
+//! restarted or failed-over server has an empty script cache) and retries once.
+
+use ::redis::{Script, Value};
+
+use crate::core::model::MemberId;
+use crate::store::{keys, StoreError, StoredRecord, WriteOutcome};
+
+/// Revision CAS write with liveness guards and removals.
+///
+/// KEYS: metadata hash, liveness hash. ARGV: expected revision (`""` = create only if absent),
+/// new revision, aggregate, schemaVersion, layoutVersion, updatedAt, guard count G, G pairs
+/// (member, counter), then the members to remove from the liveness hash.
+/// Reply: `{"ok", rev}` | `{"conflict", current-or-nil}` | `{"liveness", member}` | `{"corrupt"}`.
+/// The revision check comes first: a stale decision is reported as a conflict even when a guard
+/// would also fail.
+const WRITE: &str = r#"
+local exists = redis.call('EXISTS', KEYS[1]) == 1
+local current = redis.call('HGET', KEYS[1], 'revision')
+if exists and not current then
+  return {'corrupt'}
+end
+if ARGV[1] == '' then
+  if exists then
+    return {'conflict', current}
+  end
+elseif current ~= ARGV[1] then
+  return {'conflict', current}
+end
+local guards = tonumber(ARGV[7])
+for i = 0, guards - 1 do
+  local member = ARGV[8 + 2 * i]
+  local seen = redis.call('HGET', KEYS[2], member) or '0'
+  if seen ~= ARGV[9 + 2 * i] then
+    return {'liveness', member}
+  end
+end
+redis.call('HSET', KEYS[1], 'aggregate', ARGV[3], 'revision', ARGV[2], 'schemaVersion', ARGV[4],
+  'layoutVersion', ARGV[5], 'updatedAt', ARGV[6])
+local batch = {}
+for i = 8 + 2 * guards, #ARGV do
+  batch[#batch + 1] = ARGV[i]
+  if #batch == 200 then
+    redis.call('HDEL', KEYS[2], unpack(batch))
+    batch = {}
+  end
+end
+if #batch > 0 then
+  redis.call('HDEL', KEYS[2], unpack(batch))
+end
+return {'ok', ARGV[2]}
+"#;
+
+/// Heartbeat: increments the member's liveness counter and reads the five metadata fields.
+///
+/// KEYS: metadata hash, liveness hash. ARGV: member. Reply: `{counter, f1..f5}`. The counter is
+/// incremented even when the metadata key is absent (as HINCRBY would): the liveness hash is not
+/// metadata, and the coordinator answers such a heartbeat from the absent record alone.
+const TOUCH: &str = r#"
+local counter = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+local f = redis.call('HMGET', KEYS[1], 'aggregate', 'revision', 'schemaVersion', 'layoutVersion', 'updatedAt')
+return {counter, f[1], f[2], f[3], f[4], f[5]}
+"#;
+
+/// Delete-if-revision. KEYS: metadata hash, liveness hash. ARGV: expected revision.
+/// Reply: `{"ok"}` | `{"conflict", current-or-nil}`.
+const DELETE: &str = r#"
+local current = redis.call('HGET', KEYS[1], 'revision')
+if current ~= ARGV[1] then
+  return {'conflict', current}
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+return {'ok'}
+"#;
+
+/// Mutex compare-and-delete. KEYS: mutex. ARGV: token. Reply: 1 released, 0 not the holder.
+const RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+/// The four scripts, hashed once per store.
+pub(crate) struct Scripts {
+    pub(crate) write: Script,
+    pub(crate) touch: Script,
+    pub(crate) delete: Script,
+    pub(crate) release: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        Self {
+            write: Script::new(WRITE),
+            touch: Script::new(TOUCH),
+            delete: Script::new(DELETE),
+            release: Script::new(RELEASE),
+        }
+    }
+
+    /// (name used in errors, script) for the probe.
+    pub(crate) fn all(&self) -> [(&'static str, &Script); 4] {
+        [
+            ("write script", &self.write),
+            ("touch script", &self.touch),
+            ("delete script", &self.delete),
+            ("mutex release script", &self.release),
+        ]
+    }
+}
+
+fn protocol(what: &str, value: &Value) -> StoreError {
+    StoreError::Protocol(format!("{what}: unexpected reply {value:?}"))
+}
+
+/// A bulk/simple string reply as UTF-8 text.
+pub(crate) fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Okay => Some("OK".into()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// A decimal counter reply (integer or string form).
+pub(crate) fn number(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+/// Parses the five HMGET'd fields. All absent: `None` (no record). Some absent, or a number that
+/// does not parse: `Protocol` (the hash was not written by this layout).
+pub(crate) fn parse_record(fields: &[Value]) -> Result<Option<StoredRecord>, StoreError> {
+    if fields.len() != 5 {
+        return Err(StoreError::Protocol(format!("metadata read returned {} fields, expected 5", fields.len())));
+    }
+    if fields.iter().all(|v| matches!(v, Value::Nil)) {
+        return Ok(None);
+    }
+    let names = [
+        keys::FIELD_AGGREGATE,
+        keys::FIELD_REVISION,
+        keys::FIELD_SCHEMA_VERSION,
+        keys::FIELD_LAYOUT_VERSION,
+        keys::FIELD_UPDATED_AT,
+    ];
+    let bad = |i: usize| StoreError::Protocol(format!("metadata field {:?} is missing or malformed", names[i]));
+    let aggregate = text(&fields[0]).ok_or_else(|| bad(0))?;
+    let revision = number(&fields[1]).ok_or_else(|| bad(1))?;
+    let schema_version = number(&fields[2]).and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad(2))?;
+    let layout_version = number(&fields[3]).and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad(3))?;
+    let updated_at_ms = number(&fields[4]).ok_or_else(|| bad(4))?;
+    Ok(Some(StoredRecord { aggregate, revision, schema_version, layout_version, updated_at_ms }))
+}
+
+/// A stored revision reported by a failed check (nil: key absent).
+fn current_revision(value: Option<&Value>) -> Result<Option<u64>, StoreError> {
+    match value {
+        None | Some(Value::Nil) => Ok(None),
+        Some(v) => number(v).map(Some).ok_or_else(|| protocol("stored revision", v)),
+    }
+}
+
+/// Parses the WRITE script's reply.
+pub(crate) fn parse_write(reply: &Value) -> Result<WriteOutcome, StoreError> {
+    let Value::Array(items) = reply else { return Err(protocol("write script", reply)) };
+    match items.first().and_then(text).as_deref() {
+        Some("ok") => {
+            let revision = items.get(1).and_then(number).ok_or_else(|| protocol("write script", reply))?;
+            Ok(WriteOutcome::Written { revision })
+        }
+        Some("conflict") => Ok(WriteOutcome::RevisionConflict { current: current_revision(items.get(1))? }),
+        Some("liveness") => {
+            let member: MemberId = items.get(1).and_then(text).ok_or_else(|| protocol("write script", reply))?;
+            Ok(WriteOutcome::LivenessChanged { member })
+        }
+        Some("corrupt") => Err(StoreError::Protocol(
+            "metadata key exists without a revision field (not written by this layout)".into(),
+        )),
+        _ => Err(protocol("write script", reply)),
+    }
+}
+
+/// Parses the DELETE script's reply.
+pub(crate) fn parse_delete(reply: &Value) -> Result<WriteOutcome, StoreError> {
+    let Value::Array(items) = reply else { return Err(protocol("delete script", reply)) };
+    match items.first().and_then(text).as_deref() {
+        Some("ok") => Ok(WriteOutcome::Written { revision: 0 }),
+        Some("conflict") => Ok(WriteOutcome::RevisionConflict { current: current_revision(items.get(1))? }),
+        _ => Err(protocol("delete script", reply)),
+    }
+}
+
+/// Parses the TOUCH script's reply into (liveness counter, record).
+pub(crate) fn parse_touch(reply: &Value) -> Result<(u64, Option<StoredRecord>), StoreError> {
+    let Value::Array(items) = reply else { return Err(protocol("touch script", reply)) };
+    let counter = items.first().and_then(number).ok_or_else(|| protocol("touch script", reply))?;
+    Ok((counter, parse_record(items.get(1..).unwrap_or(&[]))?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn write_replies_parse_to_outcomes() {
+        let ok = Value::Array(vec![bulk("ok"), bulk("8")]);
+        assert_eq!(parse_write(&ok), Ok(WriteOutcome::Written { revision: 8 }));
+        let conflict = Value::Array(vec![bulk("conflict"), bulk("9")]);
+        assert_eq!(parse_write(&conflict), Ok(WriteOutcome::RevisionConflict { current: Some(9) }));
+        let absent = Value::Array(vec![bulk("conflict")]);
+        assert_eq!(parse_write(&absent), Ok(WriteOutcome::RevisionConflict { current: None }));
+        let guard = Value::Array(vec![bulk("liveness"), bulk("m1")]);
+        assert_eq!(parse_write(&guard), Ok(WriteOutcome::LivenessChanged { member: "m1".into() }));
+        assert!(matches!(parse_write(&Value::Array(vec![bulk("corrupt")])), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_write(&Value::Int(1)), Err(StoreError::Protocol(_))));
+    }
+
+    #[test]
+    fn partial_or_malformed_records_are_protocol_errors() {
+        let nil = Value::Nil;
+        assert_eq!(parse_record(&[nil.clone(), nil.clone(), nil.clone(), nil.clone(), nil.clone()]), Ok(None));
+        let partial = [bulk("{}"), bulk("3"), nil.clone(), bulk("1"), bulk("5")];
+        assert!(matches!(parse_record(&partial), Err(StoreError::Protocol(_))));
+        let bad_number = [bulk("{}"), bulk("x"), bulk("1"), bulk("1"), bulk("5")];
+        assert!(matches!(parse_record(&bad_number), Err(StoreError::Protocol(_))));
+        let good = [bulk("{}"), bulk("3"), bulk("1"), bulk("2"), bulk("5")];
+        assert_eq!(
+            parse_record(&good),
+            Ok(Some(StoredRecord {
+                aggregate: "{}".into(),
+                revision: 3,
+                schema_version: 1,
+                layout_version: 2,
+                updated_at_ms: 5
+            }))
+        );
+    }
+}

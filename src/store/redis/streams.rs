@@ -1,0 +1,239 @@
+//! [`StreamStore`] on Redis: XADD, XGROUP CREATE, XREADGROUP, XACK, XAUTOCLAIM.
+//!
+//! Owns the stream commands and the parsing of their replies (RESP2 arrays; RESP3 maps are
+//! accepted too). Never sends `BLOCK 0` (block forever) and never blocks the shared connection:
+//! blocking reads use the dedicated blocking lane.
+
+use ::redis::aio::MultiplexedConnection;
+use ::redis::Value;
+
+use super::conn::Lane;
+use super::scripts::text;
+use super::RedisStore;
+use crate::store::{EntryId, ReadFrom, StoreError, StreamEntry, StreamStore};
+
+/// Upper bound on XAUTOCLAIM pages of one `claim_all_pending`.
+const CLAIM_PAGES_MAX: u64 = 100_000;
+
+fn protocol(what: &str, value: &Value) -> StoreError {
+    StoreError::Protocol(format!("{what}: unexpected reply {value:?}"))
+}
+
+fn entry_id(value: &Value) -> Option<EntryId> {
+    text(value)?.parse().ok()
+}
+
+/// One `[id, [field, value, ...]]` entry. A nil body (the entry was trimmed while pending) gives
+/// an entry without fields.
+fn parse_entry(value: &Value) -> Result<StreamEntry, StoreError> {
+    let Value::Array(parts) = value else { return Err(protocol("stream entry", value)) };
+    let id = parts.first().and_then(entry_id).ok_or_else(|| protocol("stream entry id", value))?;
+    let flat: &[Value] = match parts.get(1) {
+        None | Some(Value::Nil) => &[],
+        Some(Value::Array(flat)) => flat,
+        Some(other) => return Err(protocol("stream entry fields", other)),
+    };
+    if flat.len() % 2 != 0 {
+        return Err(protocol("stream entry fields", value));
+    }
+    let mut fields = Vec::with_capacity(flat.len() / 2);
+    for pair in flat.chunks(2) {
+        let name = text(&pair[0]).ok_or_else(|| protocol("stream field name", &pair[0]))?;
+        let bytes = match &pair[1] {
+            Value::BulkString(bytes) => bytes.clone(),
+            other => text(other).ok_or_else(|| protocol("stream field value", other))?.into_bytes(),
+        };
+        fields.push((name, bytes));
+    }
+    Ok(StreamEntry { id, fields })
+}
+
+fn parse_entries(value: &Value) -> Result<Vec<StreamEntry>, StoreError> {
+    match value {
+        Value::Nil => Ok(Vec::new()),
+        Value::Array(items) => items.iter().map(parse_entry).collect(),
+        other => Err(protocol("stream entries", other)),
+    }
+}
+
+/// XREADGROUP's reply: nil, `[[stream, entries], ...]`, or a RESP3 map stream -> entries.
+fn parse_read_reply(reply: &Value) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
+    let pairs: Vec<(&Value, &Value)> = match reply {
+        Value::Nil => return Ok(Vec::new()),
+        Value::Array(items) => items
+            .iter()
+            .map(|item| match item {
+                Value::Array(kv) if kv.len() == 2 => Ok((&kv[0], &kv[1])),
+                other => Err(protocol("XREADGROUP", other)),
+            })
+            .collect::<Result<_, _>>()?,
+        Value::Map(kv) => kv.iter().map(|(k, v)| (k, v)).collect(),
+        other => return Err(protocol("XREADGROUP", other)),
+    };
+    let mut out = Vec::with_capacity(pairs.len());
+    for (name, entries) in pairs {
+        let stream = text(name).ok_or_else(|| protocol("XREADGROUP stream name", name))?;
+        let entries = parse_entries(entries)?;
+        if !entries.is_empty() {
+            out.push((stream, entries));
+        }
+    }
+    Ok(out)
+}
+
+impl StreamStore for RedisStore {
+    async fn xadd(
+        &self,
+        stream: &str,
+        fields: Vec<(String, Vec<u8>)>,
+        maxlen: Option<u64>,
+    ) -> Result<EntryId, StoreError> {
+        let mut cmd = ::redis::cmd("XADD");
+        cmd.arg(stream);
+        if let Some(maxlen) = maxlen {
+            cmd.arg("MAXLEN").arg("~").arg(maxlen);
+        }
+        cmd.arg("*");
+        for (name, value) in &fields {
+            cmd.arg(name).arg(value.as_slice());
+        }
+        let reply: Value = self.query("XADD", cmd).await?;
+        entry_id(&reply).ok_or_else(|| protocol("XADD", &reply))
+    }
+
+    async fn ensure_group(&self, stream: &str, group: &str) -> Result<(), StoreError> {
+        let mut cmd = ::redis::cmd("XGROUP");
+        cmd.arg("CREATE").arg(stream).arg(group).arg("0").arg("MKSTREAM");
+        self.inner
+            .conn
+            .run(Lane::Shared, "XGROUP CREATE", 0, |mut c: MultiplexedConnection| async move {
+                match cmd.query_async::<Value>(&mut c).await {
+                    Ok(_) => Ok(((), c)),
+                    // The group exists already: ensuring it is a no-op.
+                    Err(err) if err.code() == Some("BUSYGROUP") => Ok(((), c)),
+                    Err(err) => Err(err),
+                }
+            })
+            .await
+    }
+
+    async fn xreadgroup(
+        &self,
+        group: &str,
+        consumer: &str,
+        streams: &[(String, ReadFrom)],
+        count: usize,
+        block_ms: Option<u64>,
+    ) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
+        if streams.is_empty() {
+            return Ok(Vec::new());
+        }
+        let block_ms = block_ms.filter(|ms| *ms > 0);
+        let mut cmd = ::redis::cmd("XREADGROUP");
+        cmd.arg("GROUP").arg(group).arg(consumer).arg("COUNT").arg(count);
+        if let Some(ms) = block_ms {
+            cmd.arg("BLOCK").arg(ms);
+        }
+        cmd.arg("STREAMS");
+        for (stream, _) in streams {
+            cmd.arg(stream);
+        }
+        for (_, from) in streams {
+            cmd.arg(match from {
+                ReadFrom::New => ">",
+                ReadFrom::OwnPending => "0",
+            });
+        }
+        let (lane, extra_ms) = match block_ms {
+            Some(ms) => (Lane::Blocking, ms),
+            None => (Lane::Shared, 0),
+        };
+        let reply: Value = self
+            .inner
+            .conn
+            .run(lane, "XREADGROUP", extra_ms, |mut c: MultiplexedConnection| async move {
+                let value: Value = cmd.query_async(&mut c).await?;
+                Ok((value, c))
+            })
+            .await?;
+        parse_read_reply(&reply)
+    }
+
+    async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut cmd = ::redis::cmd("XACK");
+        cmd.arg(stream).arg(group);
+        for id in ids {
+            cmd.arg(id.to_string());
+        }
+        self.query("XACK", cmd).await
+    }
+
+    async fn claim_all_pending(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let mut claimed = Vec::new();
+        let mut cursor = "0-0".to_string();
+        for _ in 0..CLAIM_PAGES_MAX {
+            let mut cmd = ::redis::cmd("XAUTOCLAIM");
+            cmd.arg(stream)
+                .arg(group)
+                .arg(consumer)
+                .arg(min_idle_ms)
+                .arg(&cursor)
+                .arg("COUNT")
+                .arg(self.inner.options.claim_page_count.max(1));
+            let reply: Value = self.query("XAUTOCLAIM", cmd).await?;
+            // 6.2 replies [cursor, entries]; 7.0+ adds a third element, the ids it dropped from
+            // the pending list because their entries were deleted.
+            let Value::Array(parts) = &reply else { return Err(protocol("XAUTOCLAIM", &reply)) };
+            let next = parts.first().and_then(text).ok_or_else(|| protocol("XAUTOCLAIM cursor", &reply))?;
+            // A nil body (6.2: the entry was deleted while pending) is not claimable work; 7.0+
+            // drops such ids from the pending list itself. Real entries always have fields.
+            let page = parse_entries(parts.get(1).unwrap_or(&Value::Nil))?;
+            claimed.extend(page.into_iter().filter(|entry| !entry.fields.is_empty()));
+            if next == "0-0" {
+                return Ok(claimed);
+            }
+            cursor = next;
+        }
+        Err(StoreError::Protocol(format!("XAUTOCLAIM did not finish within {CLAIM_PAGES_MAX} pages")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn read_replies_keep_stream_order_and_drop_empty_streams() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![bulk("s:1"), Value::Array(vec![])]),
+            Value::Array(vec![
+                bulk("s:0"),
+                Value::Array(vec![
+                    Value::Array(vec![bulk("5-1"), Value::Array(vec![bulk("k"), bulk("v")])]),
+                    Value::Array(vec![bulk("6-0"), Value::Nil]),
+                ]),
+            ]),
+        ]);
+        let parsed = parse_read_reply(&reply).unwrap_or_default();
+        assert_eq!(parsed.len(), 1);
+        assert_eq!(parsed[0].0, "s:0");
+        assert_eq!(parsed[0].1[0].id, EntryId { ms: 5, seq: 1 });
+        assert_eq!(parsed[0].1[0].fields, vec![("k".to_string(), b"v".to_vec())]);
+        assert!(parsed[0].1[1].fields.is_empty());
+        assert_eq!(parse_read_reply(&Value::Nil), Ok(Vec::new()));
+        assert!(matches!(parse_read_reply(&Value::Int(3)), Err(StoreError::Protocol(_))));
+    }
+}
