@@ -8,7 +8,9 @@
 //! - [`http`]: the axum edge, served the same way on tokio and on madsim.
 //! - [`client`]: consumer and producer libraries.
 
+pub mod client;
 pub mod core;
+pub mod http;
 pub mod metrics;
 pub mod service;
 pub mod store;

@@ -1,0 +1,211 @@
+//! How [`ConsumerCore`] applies heartbeat results: one function per outcome, each a direct
+//! transcription of the rules in the module docs of [`super`].
+
+use std::collections::BTreeSet;
+
+use crate::core::model::ShardId;
+use crate::core::planted::PlantedBug;
+use crate::core::protocol::{ErrorCode, HeartbeatResponse, HeartbeatStatus};
+
+use super::{ClientEvent, ConsumerCore, Outstanding, Phase, Shard, ShardState, StopReason, TransportError};
+
+impl ConsumerCore {
+    /// A successful response: adopt epochs and versions, extend the lease from the *send* time,
+    /// release answered REVOKED shards, stop what is no longer ours, and (only under `OK`) start
+    /// what is newly assigned.
+    pub(super) fn apply_response(&mut self, now_ms: u64, sent: &Outstanding, r: HeartbeatResponse) {
+        self.emit(ClientEvent::HeartbeatAnswered {
+            at_ms: now_ms,
+            member: self.config.member_id.clone(),
+            sent_at_ms: sent.sent_ms,
+            status: r.status,
+            member_epoch: r.member_epoch,
+            metadata_version: r.metadata_version,
+            assignment_epoch: r.assignment_epoch,
+            store_revision: r.store_revision,
+        });
+        if sent.leave {
+            self.finish_leave(now_ms);
+            return;
+        }
+        // Every successful status is a recorded view and is adopted as the truth (under
+        // SYNC_METADATA that means going *back* to the store's version).
+        self.member_epoch = r.member_epoch;
+        self.metadata_version = r.metadata_version;
+        self.assignment_epoch = r.assignment_epoch;
+        if r.heartbeat_interval_ms > 0 {
+            self.heartbeat_interval_ms = r.heartbeat_interval_ms;
+        }
+        let lease_from_ms =
+            if self.config.planted.has(PlantedBug::LeaseFromReceiveTime) { now_ms } else { sent.sent_ms };
+        let lease_end_ms = lease_from_ms.saturating_add(r.assignment_lease_ms);
+        self.lease_end_ms = Some(lease_end_ms);
+        let member = self.config.member_id.clone();
+        self.emit(ClientEvent::LeaseExtended { at_ms: now_ms, member, lease_end_ms });
+
+        let assigned: BTreeSet<ShardId> = r.assigned.iter().copied().collect();
+        let revoke: BTreeSet<ShardId> = r.revoke.iter().copied().collect();
+        self.release_answered(now_ms, sent, &revoke);
+        for shard in &revoke {
+            self.revoke_one(now_ms, *shard, StopReason::Revoked);
+        }
+        let dropped =
+            if r.status == HeartbeatStatus::SyncMetadata { StopReason::SyncDropped } else { StopReason::Revoked };
+        let unassigned: Vec<ShardId> = self
+            .shards_in(|s| matches!(s.state, ShardState::Reading { .. }))
+            .into_iter()
+            .filter(|shard| !assigned.contains(shard))
+            .collect();
+        for shard in unassigned {
+            self.revoke_one(now_ms, shard, dropped);
+        }
+        // OK is the only status that starts shards, and never on an already-ended lease.
+        if r.status == HeartbeatStatus::Ok && self.phase == Phase::Active && now_ms < lease_end_ms {
+            for shard in &assigned {
+                if !matches!(self.shards.get(shard), Some(Shard { state: ShardState::Reading { .. }, .. })) {
+                    self.start(now_ms, *shard);
+                }
+            }
+        }
+        let delay_ms =
+            if r.status == HeartbeatStatus::SyncMetadata { self.config.prompt_ms } else { self.heartbeat_interval_ms };
+        self.next_heartbeat_ms = now_ms.saturating_add(delay_ms);
+        self.emit(ClientEvent::StatusApplied {
+            at_ms: now_ms,
+            member: self.config.member_id.clone(),
+            status: r.status,
+            assigned: r.assigned,
+            pending: r.pending,
+            revoke: r.revoke,
+            reading: self.shards_in(|s| matches!(s.state, ShardState::Reading { .. })),
+            revoking: self.revoking_shards(),
+        });
+    }
+
+    /// A failed heartbeat. Fenced/unknown: stop everything, rejoin. Group unavailable: stop
+    /// everything, retry slowly. Anything else: keep the lease as it is (never extend it, never
+    /// resume a revoking shard) and retry.
+    pub(super) fn apply_failure(&mut self, now_ms: u64, sent: &Outstanding, error: TransportError) {
+        let code = error.code();
+        let member = self.config.member_id.clone();
+        self.emit(ClientEvent::HeartbeatFailed { at_ms: now_ms, member, sent_at_ms: sent.sent_ms, error });
+        match code {
+            Some(ErrorCode::UnknownMember | ErrorCode::FencedMemberEpoch) => {
+                self.stop_all(now_ms, StopReason::Fenced, true);
+                self.shards.clear();
+                self.lease_end_ms = None;
+                self.member_epoch = 0;
+                if self.phase == Phase::Closing {
+                    // The coordinator no longer knows this incarnation: nothing is left to leave.
+                    self.finish_leave(now_ms);
+                    return;
+                }
+                self.next_heartbeat_ms = now_ms.saturating_add(self.config.prompt_ms);
+            }
+            Some(ErrorCode::GroupNotFound | ErrorCode::MetadataMissing | ErrorCode::MetadataIncompatible) => {
+                self.stop_all(now_ms, StopReason::GroupUnavailable, true);
+                self.lease_end_ms = None;
+                self.next_heartbeat_ms = now_ms.saturating_add(self.config.slow_retry_ms);
+            }
+            Some(ErrorCode::BadRequest) => {
+                // A bug on one side; retrying fast would not help.
+                self.next_heartbeat_ms = now_ms.saturating_add(self.config.slow_retry_ms);
+            }
+            _ => {
+                if self.config.planted.has(PlantedBug::ResumeRevokingOnHeartbeatFailure) && self.phase == Phase::Active
+                {
+                    for shard in self.revoking_shards() {
+                        self.start(now_ms, shard);
+                    }
+                }
+                self.next_heartbeat_ms = now_ms.saturating_add(self.config.retry_ms);
+            }
+        }
+    }
+
+    /// Forgets drained shards whose REVOKED report the answered heartbeat carried, unless the
+    /// coordinator still lists them in `revoke` (then they are reported again).
+    fn release_answered(&mut self, now_ms: u64, sent: &Outstanding, revoke: &BTreeSet<ShardId>) {
+        for shard in &sent.reported_revoked {
+            let drained =
+                matches!(self.shards.get(shard), Some(s) if s.state == ShardState::Revoking && s.in_flight.is_empty());
+            if drained && !revoke.contains(shard) {
+                self.shards.remove(shard);
+                let member = self.config.member_id.clone();
+                self.emit(ClientEvent::ShardReleased { at_ms: now_ms, member, shard: *shard });
+            }
+        }
+    }
+
+    /// Moves `shard` to revoking. A shard the consumer does not hold is recorded as drained, so it
+    /// is reported REVOKED at once (the coordinator's view of it is released sooner).
+    fn revoke_one(&mut self, now_ms: u64, shard: ShardId, reason: StopReason) {
+        match self.shards.get_mut(&shard) {
+            Some(s) if matches!(s.state, ShardState::Reading { .. }) => {
+                s.state = ShardState::Revoking;
+                let member = self.config.member_id.clone();
+                self.emit(ClientEvent::ShardStopped { at_ms: now_ms, member, shard, reason });
+            }
+            Some(_) => {}
+            None => {
+                let generation = self.allocate_generation();
+                self.shards
+                    .insert(shard, Shard { generation, state: ShardState::Revoking, in_flight: BTreeSet::new() });
+            }
+        }
+    }
+
+    /// Lets `shard` be read (again): setup and the own-pending re-read run first. In-flight
+    /// entries of a shard that was revoking and is assigned back stay in flight.
+    pub(super) fn start(&mut self, now_ms: u64, shard: ShardId) {
+        let generation = self.allocate_generation();
+        let state = ShardState::Reading { setup_done: false, pending_done: false };
+        let entry =
+            self.shards.entry(shard).or_insert(Shard { generation, state: state.clone(), in_flight: BTreeSet::new() });
+        entry.generation = generation;
+        entry.state = state;
+        let member = self.config.member_id.clone();
+        self.emit(ClientEvent::ShardStarted { at_ms: now_ms, member, shard });
+    }
+
+    /// Stops reading every shard; with `abandon`, also gives up every in-flight entry.
+    pub(super) fn stop_all(&mut self, now_ms: u64, reason: StopReason, abandon: bool) {
+        let member = self.config.member_id.clone();
+        let mut events = Vec::new();
+        for (shard, s) in self.shards.iter_mut() {
+            if matches!(s.state, ShardState::Reading { .. }) {
+                s.state = ShardState::Revoking;
+                events.push(ClientEvent::ShardStopped { at_ms: now_ms, member: member.clone(), shard: *shard, reason });
+            }
+            if abandon {
+                for entry in std::mem::take(&mut s.in_flight) {
+                    events.push(ClientEvent::EntryAbandoned {
+                        at_ms: now_ms,
+                        member: member.clone(),
+                        shard: *shard,
+                        entry,
+                        reason,
+                    });
+                }
+            }
+        }
+        self.events.extend(events);
+    }
+
+    /// The member is gone (leave answered, or fenced while closing).
+    pub(super) fn finish_leave(&mut self, now_ms: u64) {
+        self.stop_all(now_ms, StopReason::Closing, true);
+        self.shards.clear();
+        self.lease_end_ms = None;
+        self.member_epoch = 0;
+        self.phase = Phase::Left;
+        let member = self.config.member_id.clone();
+        self.emit(ClientEvent::Left { at_ms: now_ms, member });
+    }
+
+    fn allocate_generation(&mut self) -> u64 {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        generation
+    }
+}

@@ -1,0 +1,468 @@
+//! [`ConsumerCore`]: the consumer's protocol state machine, with no I/O and no clock.
+//!
+//! Inputs are method calls carrying `now_ms` (milliseconds on the client [`super::super::clock::Clock`]):
+//! heartbeat results, read results, acks, timers. Outputs are the heartbeat to send
+//! ([`ConsumerCore::poll_heartbeat`]), the reads it may issue ([`ConsumerCore::read_plans`]), and
+//! [`ClientEvent`]s ([`ConsumerCore::drain_events`]). The async driver ([`super::Consumer`]) only
+//! moves data between this core, the transport and the stream store.
+//!
+//! Invariants it keeps (`DESIGN.md`, seed "Client Leases", "Rebalance Drain"):
+//! - A shard is readable only in state `Reading` and only while `now_ms < lease_end_ms`, where the
+//!   lease is counted from the *send* time of the heartbeat whose successful response listed the
+//!   shard in `assigned`. At lease end every shard stops and in-flight entries are abandoned.
+//! - Only `OK` starts shards. `REVOKE_PENDING` and `SYNC_METADATA` keep (a subset of) shards already
+//!   being read and never start one; a heartbeat failure never resumes a revoking shard.
+//! - A revoking shard issues no reads; it is reported REVOKED only once it has no in-flight entry.
+//! - `UNKNOWN_MEMBER` / `FENCED_MEMBER_EPOCH` stop every shard at once and rejoin with epoch 0.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::core::model::{GroupId, MemberId, ShardId};
+use crate::core::planted::PlantedBugs;
+use crate::core::protocol::{HeartbeatRequest, HeartbeatResponse, RevokeReport};
+use crate::store::{EntryId, ReadFrom, StreamEntry};
+
+use super::super::events::{ClientEvent, StopReason};
+use super::super::transport::TransportError;
+
+/// Consumer settings. Durations in milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerConfig {
+    pub group: GroupId,
+    /// This consumer's id; also its Redis consumer name in `XREADGROUP GROUP <group> <member>`.
+    pub member_id: MemberId,
+    /// Heartbeat interval until the first response names the group's own.
+    pub heartbeat_interval_ms: u64,
+    /// Driver: a heartbeat without an answer this long counts as failed (`Timeout`).
+    pub heartbeat_timeout_ms: u64,
+    /// Retry delay after a transient failure (transport, `STORE_UNAVAILABLE`, terminating).
+    pub retry_ms: u64,
+    /// Delay of a "prompt" heartbeat (after `SYNC_METADATA`, a rejoin, or a drained shard).
+    pub prompt_ms: u64,
+    /// Retry delay while the group is unavailable (`GROUP_NOT_FOUND`, `METADATA_*`).
+    pub slow_retry_ms: u64,
+    /// Driver: how long `close()` waits for drain and leave before giving up.
+    pub close_timeout_ms: u64,
+    /// Driver: pause between empty reads in `poll_wait`.
+    pub poll_idle_ms: u64,
+    /// Deliberate mistakes for the simulation's negative tests; `NONE` everywhere else.
+    pub planted: PlantedBugs,
+}
+
+impl ConsumerConfig {
+    pub fn new(group: GroupId, member_id: impl Into<MemberId>) -> Self {
+        Self {
+            group,
+            member_id: member_id.into(),
+            heartbeat_interval_ms: 1_000,
+            heartbeat_timeout_ms: 2_000,
+            retry_ms: 500,
+            prompt_ms: 10,
+            slow_retry_ms: 5_000,
+            close_timeout_ms: 30_000,
+            poll_idle_ms: 50,
+            planted: PlantedBugs::NONE,
+        }
+    }
+}
+
+/// Lifecycle of the consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Joined or joining; reads whatever the coordinator grants.
+    Active,
+    /// `close()` was called: nothing is read, shards drain, then a leave heartbeat.
+    Closing,
+    /// Left (or gave up): no heartbeats, no reads.
+    Left,
+}
+
+/// Local state of one shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum ShardState {
+    /// May be read under the lease. `setup_done`: consumer group ensured and pending entries
+    /// claimed; `pending_done`: this consumer's own pending entries were re-read once.
+    Reading { setup_done: bool, pending_done: bool },
+    /// Stopped; draining in-flight entries before REVOKED.
+    Revoking,
+}
+
+#[derive(Clone, Debug)]
+struct Shard {
+    /// Bumped every time the shard starts, so results of reads issued under an earlier start are
+    /// recognised and dropped.
+    generation: u64,
+    state: ShardState,
+    in_flight: BTreeSet<EntryId>,
+}
+
+/// The heartbeat in flight (at most one).
+#[derive(Clone, Debug)]
+struct Outstanding {
+    sent_ms: u64,
+    /// Shards reported `revoked: true` in it.
+    reported_revoked: BTreeSet<ShardId>,
+    leave: bool,
+}
+
+/// The next store call a reading shard needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadStep {
+    /// `ensure_group`, then `claim_all_pending(min_idle 0)` (take over the previous owner's entries).
+    Setup,
+    /// `XREADGROUP ... 0`: re-read this consumer's own pending entries.
+    Read(ReadFrom),
+}
+
+/// Permission to issue one store call on a shard, valid only at the `now_ms` it was made for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadPlan {
+    pub shard: ShardId,
+    pub generation: u64,
+    pub step: ReadStep,
+    /// Entries in flight on the shard (an own-pending read asks for this many more, to skip them).
+    pub in_flight: usize,
+}
+
+/// An entry handed to the application. Ack it with [`super::Consumer::ack`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    pub shard: ShardId,
+    /// The shard's stream key `<streamPrefix>:<shard>`.
+    pub stream: String,
+    pub entry: StreamEntry,
+}
+
+/// Why an ack (or abandon) is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AckError {
+    /// The entry is not in flight here: abandoned at lease end, fenced, already acked, or unknown.
+    #[error("entry {entry} of shard {shard} is not in flight (abandoned, acked, or never delivered)")]
+    NotInFlight { shard: ShardId, entry: EntryId },
+    /// The assignment lease ended; acking now could race the shard's next owner.
+    #[error("assignment lease ended; entry {entry} of shard {shard} was abandoned")]
+    LeaseExpired { shard: ShardId, entry: EntryId },
+    /// The XACK itself failed; the entry stays in flight and may be acked again.
+    #[error("XACK failed: {0}")]
+    Store(String),
+}
+
+/// The consumer's protocol state machine. See the module docs.
+#[derive(Debug)]
+pub struct ConsumerCore {
+    config: ConsumerConfig,
+    phase: Phase,
+    member_epoch: u64,
+    /// Highest version seen (or the version a `SYNC_METADATA` corrected it to).
+    metadata_version: u64,
+    assignment_epoch: u64,
+    heartbeat_interval_ms: u64,
+    /// End of the assignment lease; `None`: no lease (nothing may be read).
+    lease_end_ms: Option<u64>,
+    shards: BTreeMap<ShardId, Shard>,
+    next_heartbeat_ms: u64,
+    outstanding: Option<Outstanding>,
+    next_generation: u64,
+    events: Vec<ClientEvent>,
+}
+
+impl ConsumerCore {
+    /// A consumer that has not joined yet; its first heartbeat (due at once) joins with epoch 0.
+    pub fn new(config: ConsumerConfig) -> Self {
+        Self {
+            heartbeat_interval_ms: config.heartbeat_interval_ms,
+            config,
+            phase: Phase::Active,
+            member_epoch: 0,
+            metadata_version: 0,
+            assignment_epoch: 0,
+            lease_end_ms: None,
+            shards: BTreeMap::new(),
+            next_heartbeat_ms: 0,
+            outstanding: None,
+            next_generation: 1,
+            events: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &ConsumerConfig {
+        &self.config
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    pub fn member_epoch(&self) -> u64 {
+        self.member_epoch
+    }
+
+    pub fn metadata_version(&self) -> u64 {
+        self.metadata_version
+    }
+
+    pub fn lease_end_ms(&self) -> Option<u64> {
+        self.lease_end_ms
+    }
+
+    /// Shards that may be read at `now_ms` (state `Reading` and the lease holds).
+    pub fn readable_shards(&self, now_ms: u64) -> Vec<ShardId> {
+        if !self.lease_holds(now_ms) || self.phase != Phase::Active {
+            return Vec::new();
+        }
+        self.shards_in(|s| matches!(s.state, ShardState::Reading { .. }))
+    }
+
+    /// Shards being drained.
+    pub fn revoking_shards(&self) -> Vec<ShardId> {
+        self.shards_in(|s| s.state == ShardState::Revoking)
+    }
+
+    /// Entries in flight on `shard`.
+    pub fn in_flight(&self, shard: ShardId) -> usize {
+        self.shards.get(&shard).map_or(0, |s| s.in_flight.len())
+    }
+
+    /// Takes the events emitted so far.
+    pub fn drain_events(&mut self) -> Vec<ClientEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// The next time something is due: a heartbeat (when none is in flight) or the lease end.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        let heartbeat = (self.outstanding.is_none() && self.phase != Phase::Left).then_some(self.next_heartbeat_ms);
+        [heartbeat, self.lease_end_ms].into_iter().flatten().min()
+    }
+
+    /// Applies timers: at lease end every shard stops and every in-flight entry is abandoned.
+    pub fn handle_timeout(&mut self, now_ms: u64) {
+        match self.lease_end_ms {
+            Some(end) if now_ms >= end => {
+                self.lease_end_ms = None;
+                self.stop_all(now_ms, StopReason::LeaseExpired, true);
+            }
+            _ => {}
+        }
+    }
+
+    /// The heartbeat to send now, if one is due and none is in flight. The caller must send it at
+    /// `now_ms` (its lease is counted from this instant) and report the result with
+    /// [`ConsumerCore::handle_heartbeat`].
+    pub fn poll_heartbeat(&mut self, now_ms: u64) -> Option<HeartbeatRequest> {
+        self.handle_timeout(now_ms);
+        if self.outstanding.is_some() || self.phase == Phase::Left || now_ms < self.next_heartbeat_ms {
+            return None;
+        }
+        if self.phase == Phase::Closing && self.shards.is_empty() && self.member_epoch == 0 {
+            // Never joined (or fenced while closing): there is nothing to leave.
+            self.finish_leave(now_ms);
+            return None;
+        }
+        let leave = self.phase == Phase::Closing && self.shards.is_empty();
+        let owned = self.shards_in(|s| matches!(s.state, ShardState::Reading { .. }));
+        let mut revoking = Vec::new();
+        let mut reported_revoked = BTreeSet::new();
+        for (shard, s) in self.shards.iter().filter(|(_, s)| s.state == ShardState::Revoking) {
+            let in_flight = u32::try_from(s.in_flight.len()).unwrap_or(u32::MAX);
+            if in_flight == 0 {
+                reported_revoked.insert(*shard);
+            }
+            revoking.push(RevokeReport { shard: *shard, in_flight, revoked: in_flight == 0 });
+        }
+        let req = HeartbeatRequest {
+            group: self.config.group.clone(),
+            member_id: self.config.member_id.clone(),
+            member_epoch: self.member_epoch,
+            metadata_version: self.metadata_version,
+            assignment_epoch: self.assignment_epoch,
+            owned: owned.clone(),
+            revoking: revoking.clone(),
+            leave,
+        };
+        self.outstanding = Some(Outstanding { sent_ms: now_ms, reported_revoked, leave });
+        self.emit(ClientEvent::HeartbeatSent {
+            at_ms: now_ms,
+            member: self.config.member_id.clone(),
+            member_epoch: self.member_epoch,
+            metadata_version: self.metadata_version,
+            owned,
+            revoking,
+            leave,
+        });
+        Some(req)
+    }
+
+    /// Applies the result of the heartbeat in flight. Ignored when none is in flight.
+    pub fn handle_heartbeat(&mut self, now_ms: u64, result: Result<HeartbeatResponse, TransportError>) {
+        let Some(sent) = self.outstanding.take() else { return };
+        match result {
+            Ok(response) => self.apply_response(now_ms, &sent, response),
+            Err(error) => self.apply_failure(now_ms, &sent, error),
+        }
+        self.handle_timeout(now_ms);
+    }
+
+    /// Starts a clean close: every shard stops and drains; once all are released a leave
+    /// heartbeat follows.
+    pub fn close(&mut self, now_ms: u64) {
+        if self.phase != Phase::Active {
+            return;
+        }
+        self.phase = Phase::Closing;
+        self.stop_all(now_ms, StopReason::Closing, false);
+        self.next_heartbeat_ms = self.next_heartbeat_ms.min(now_ms);
+    }
+
+    /// Gives up: abandons everything and stops heartbeating (a close that timed out).
+    pub fn abort(&mut self, now_ms: u64) {
+        if self.phase == Phase::Left {
+            return;
+        }
+        self.stop_all(now_ms, StopReason::Closing, true);
+        self.shards.clear();
+        self.lease_end_ms = None;
+        self.phase = Phase::Left;
+        self.outstanding = None;
+    }
+
+    /// What may be read at `now_ms`: one plan per readable shard. Every plan must be issued at
+    /// the same `now_ms` (no wait in between); the lease is checked here, at read time.
+    pub fn read_plans(&mut self, now_ms: u64) -> Vec<ReadPlan> {
+        self.handle_timeout(now_ms);
+        if !self.lease_holds(now_ms) || self.phase != Phase::Active {
+            return Vec::new();
+        }
+        self.shards
+            .iter()
+            .filter_map(|(shard, s)| {
+                let step = match s.state {
+                    ShardState::Reading { setup_done: false, .. } => ReadStep::Setup,
+                    ShardState::Reading { setup_done: true, pending_done: false } => {
+                        ReadStep::Read(ReadFrom::OwnPending)
+                    }
+                    ShardState::Reading { setup_done: true, pending_done: true } => ReadStep::Read(ReadFrom::New),
+                    ShardState::Revoking => return None,
+                };
+                Some(ReadPlan { shard: *shard, generation: s.generation, step, in_flight: s.in_flight.len() })
+            })
+            .collect()
+    }
+
+    /// The plan for one shard at `now_ms`, if it is still readable (re-check before each call).
+    pub fn plan_for(&mut self, now_ms: u64, shard: ShardId, generation: u64) -> Option<ReadPlan> {
+        self.read_plans(now_ms).into_iter().find(|p| p.shard == shard && p.generation == generation)
+    }
+
+    /// Records a finished setup (group ensured, previous owner's entries claimed).
+    pub fn setup_done(&mut self, shard: ShardId, generation: u64) {
+        if let Some(Shard { generation: g, state: ShardState::Reading { setup_done, .. }, .. }) =
+            self.shards.get_mut(&shard)
+        {
+            if *g == generation {
+                *setup_done = true;
+            }
+        }
+    }
+
+    /// Takes the entries a read returned. Entries are delivered only if the shard is still
+    /// reading under the same start and the lease holds; otherwise they stay pending in Redis (the
+    /// next owner claims them, or an own-pending read redelivers them).
+    pub fn handle_read(
+        &mut self,
+        now_ms: u64,
+        plan: ReadPlan,
+        requested: usize,
+        entries: Vec<StreamEntry>,
+    ) -> Vec<Delivery> {
+        self.handle_timeout(now_ms);
+        let lease_holds = self.lease_holds(now_ms) && self.phase == Phase::Active;
+        let stream = self.config.group.stream_key(plan.shard);
+        let Some(shard) = self.shards.get_mut(&plan.shard) else { return Vec::new() };
+        let ShardState::Reading { pending_done, .. } = &mut shard.state else { return Vec::new() };
+        if shard.generation != plan.generation || !lease_holds {
+            return Vec::new();
+        }
+        let returned = entries.len();
+        let fresh: Vec<StreamEntry> = entries.into_iter().filter(|e| !shard.in_flight.contains(&e.id)).collect();
+        if plan.step == ReadStep::Read(ReadFrom::OwnPending) && (fresh.is_empty() || returned < requested) {
+            *pending_done = true;
+        }
+        let mut out = Vec::with_capacity(fresh.len());
+        for entry in fresh {
+            shard.in_flight.insert(entry.id);
+            out.push(Delivery { shard: plan.shard, stream: stream.clone(), entry });
+        }
+        for d in &out {
+            let event = ClientEvent::EntryDelivered {
+                at_ms: now_ms,
+                member: self.config.member_id.clone(),
+                shard: d.shard,
+                entry: d.entry.id,
+            };
+            self.events.push(event);
+        }
+        out
+    }
+
+    /// Checks that `delivery` may be acked at `now_ms` (in flight, lease holds).
+    pub fn check_ack(&mut self, now_ms: u64, delivery: &Delivery) -> Result<(), AckError> {
+        self.handle_timeout(now_ms);
+        let (shard, entry) = (delivery.shard, delivery.entry.id);
+        let in_flight = self.shards.get(&shard).is_some_and(|s| s.in_flight.contains(&entry));
+        if !in_flight {
+            return Err(AckError::NotInFlight { shard, entry });
+        }
+        if !self.lease_holds(now_ms) {
+            return Err(AckError::LeaseExpired { shard, entry });
+        }
+        Ok(())
+    }
+
+    /// Records a successful XACK. Returns true when it drained a revoking shard (a prompt
+    /// heartbeat was scheduled to report REVOKED).
+    pub fn acked(&mut self, now_ms: u64, delivery: &Delivery) -> bool {
+        let member = self.config.member_id.clone();
+        self.emit(ClientEvent::EntryAcked { at_ms: now_ms, member, shard: delivery.shard, entry: delivery.entry.id });
+        self.remove_in_flight(now_ms, delivery)
+    }
+
+    /// The application gives up an entry: it stays pending in Redis (redelivered after a restart
+    /// of the shard, or claimed by the next owner). Returns true when it drained a revoking shard.
+    pub fn abandon(&mut self, now_ms: u64, delivery: &Delivery) -> Result<bool, AckError> {
+        let (shard, entry) = (delivery.shard, delivery.entry.id);
+        if !self.shards.get(&shard).is_some_and(|s| s.in_flight.contains(&entry)) {
+            return Err(AckError::NotInFlight { shard, entry });
+        }
+        let member = self.config.member_id.clone();
+        self.emit(ClientEvent::EntryAbandoned { at_ms: now_ms, member, shard, entry, reason: StopReason::Application });
+        Ok(self.remove_in_flight(now_ms, delivery))
+    }
+
+    fn remove_in_flight(&mut self, now_ms: u64, delivery: &Delivery) -> bool {
+        let Some(shard) = self.shards.get_mut(&delivery.shard) else { return false };
+        let drained = shard.in_flight.remove(&delivery.entry.id)
+            && shard.in_flight.is_empty()
+            && shard.state == ShardState::Revoking;
+        if drained {
+            self.next_heartbeat_ms = self.next_heartbeat_ms.min(now_ms.saturating_add(self.config.prompt_ms));
+        }
+        drained
+    }
+
+    fn lease_holds(&self, now_ms: u64) -> bool {
+        self.lease_end_ms.is_some_and(|end| now_ms < end)
+    }
+
+    fn shards_in(&self, pred: impl Fn(&Shard) -> bool) -> Vec<ShardId> {
+        self.shards.iter().filter(|(_, s)| pred(s)).map(|(id, _)| *id).collect()
+    }
+
+    fn emit(&mut self, event: ClientEvent) {
+        self.events.push(event);
+    }
+}
+
+mod apply;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,352 @@
+//! Stories for the pure consumer core: each test arranges a response sequence, then asserts the
+//! exact heartbeat sent and what may be read.
+
+use super::*;
+use crate::core::planted::PlantedBug;
+use crate::core::protocol::{ApiError, ErrorCode, HeartbeatStatus};
+
+const LEASE_MS: u64 = 1_000;
+const INTERVAL_MS: u64 = 200;
+
+fn core() -> ConsumerCore {
+    ConsumerCore::new(ConsumerConfig::new(GroupId::new("orders", "billing"), "m1"))
+}
+
+fn planted(bug: PlantedBug) -> ConsumerCore {
+    let mut config = ConsumerConfig::new(GroupId::new("orders", "billing"), "m1");
+    config.planted = PlantedBugs::only(bug);
+    ConsumerCore::new(config)
+}
+
+fn response(status: HeartbeatStatus, assigned: &[ShardId], revoke: &[ShardId]) -> HeartbeatResponse {
+    HeartbeatResponse {
+        status,
+        member_id: "m1".into(),
+        member_epoch: 5,
+        metadata_version: 7,
+        assignment_epoch: 3,
+        shard_count: 8,
+        assigned: assigned.to_vec(),
+        pending: Vec::new(),
+        revoke: revoke.to_vec(),
+        assignment_lease_ms: LEASE_MS,
+        heartbeat_interval_ms: INTERVAL_MS,
+        store_revision: 11,
+    }
+}
+
+fn ok(assigned: &[ShardId]) -> HeartbeatResponse {
+    response(HeartbeatStatus::Ok, assigned, &[])
+}
+
+fn api(code: ErrorCode) -> TransportError {
+    TransportError::Api(ApiError::new(code, "test"))
+}
+
+/// Sends the due heartbeat at `sent_ms` and answers it at `answered_ms`.
+fn exchange(
+    c: &mut ConsumerCore,
+    sent_ms: u64,
+    answered_ms: u64,
+    result: Result<HeartbeatResponse, TransportError>,
+) -> HeartbeatRequest {
+    let req = c.poll_heartbeat(sent_ms).expect("a heartbeat is due");
+    c.handle_heartbeat(answered_ms, result);
+    req
+}
+
+fn entry(ms: u64) -> StreamEntry {
+    StreamEntry { id: EntryId { ms, seq: 0 }, fields: vec![("v".into(), b"x".to_vec())] }
+}
+
+/// Runs setup and an empty own-pending read, then delivers `ids` from a `New` read of `shard`.
+fn deliver(c: &mut ConsumerCore, now_ms: u64, shard: ShardId, ids: &[u64]) -> Vec<Delivery> {
+    loop {
+        let plan = c.read_plans(now_ms).into_iter().find(|p| p.shard == shard).expect("shard readable");
+        match plan.step {
+            ReadStep::Setup => c.setup_done(shard, plan.generation),
+            ReadStep::Read(ReadFrom::OwnPending) => {
+                assert!(c.handle_read(now_ms, plan, 10, Vec::new()).is_empty());
+            }
+            ReadStep::Read(ReadFrom::New) => {
+                return c.handle_read(now_ms, plan, 10, ids.iter().map(|id| entry(*id)).collect());
+            }
+        }
+    }
+}
+
+#[test]
+fn first_heartbeat_joins_with_epoch_zero_and_nothing_owned() {
+    let mut c = core();
+    assert_eq!(c.next_deadline_ms(), Some(0));
+    let req = c.poll_heartbeat(0).expect("join is due at once");
+    assert_eq!((req.member_epoch, req.metadata_version, req.leave), (0, 0, false));
+    assert!(req.owned.is_empty() && req.revoking.is_empty());
+    assert_eq!(c.poll_heartbeat(0), None, "one heartbeat in flight at a time");
+}
+
+#[test]
+fn ok_starts_assigned_shards_with_setup_then_own_pending_then_new() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[2, 5])));
+    assert_eq!(c.member_epoch(), 5);
+    assert_eq!(c.readable_shards(10), vec![2, 5]);
+    let plans = c.read_plans(10);
+    assert_eq!(
+        plans.iter().map(|p| (p.shard, p.step)).collect::<Vec<_>>(),
+        vec![(2, ReadStep::Setup), (5, ReadStep::Setup)]
+    );
+    c.setup_done(2, plans[0].generation);
+    let plan = c.plan_for(10, 2, plans[0].generation).expect("still readable");
+    assert_eq!(plan.step, ReadStep::Read(ReadFrom::OwnPending));
+    // A full own-pending batch: delivered, and the next own-pending read skips them.
+    let got = c.handle_read(10, plan, 2, vec![entry(1), entry(2)]);
+    assert_eq!(got.len(), 2);
+    let plan = c.plan_for(10, 2, plans[0].generation).expect("still readable");
+    assert_eq!((plan.step, plan.in_flight), (ReadStep::Read(ReadFrom::OwnPending), 2));
+    assert!(c.handle_read(10, plan, 4, vec![entry(1), entry(2)]).is_empty(), "in-flight entries are not redelivered");
+    assert_eq!(c.plan_for(10, 2, plan.generation).map(|p| p.step), Some(ReadStep::Read(ReadFrom::New)));
+    // The next heartbeat reports both shards as owned, one interval after the response.
+    assert_eq!(c.poll_heartbeat(10 + INTERVAL_MS - 1), None);
+    let req = c.poll_heartbeat(10 + INTERVAL_MS).expect("due");
+    assert_eq!((req.member_epoch, req.metadata_version, req.assignment_epoch), (5, 7, 3));
+    assert_eq!(req.owned, vec![2, 5]);
+}
+
+#[test]
+fn lease_counts_from_the_send_time_not_the_receive_time() {
+    let mut c = core();
+    exchange(&mut c, 100, 900, Ok(ok(&[1])));
+    assert_eq!(c.lease_end_ms(), Some(100 + LEASE_MS));
+    assert_eq!(c.readable_shards(100 + LEASE_MS - 1), vec![1]);
+    assert!(c.readable_shards(100 + LEASE_MS).is_empty());
+    assert!(c.read_plans(100 + LEASE_MS).is_empty());
+
+    let mut bad = planted(PlantedBug::LeaseFromReceiveTime);
+    exchange(&mut bad, 100, 900, Ok(ok(&[1])));
+    assert_eq!(bad.lease_end_ms(), Some(900 + LEASE_MS), "the planted bug is observable");
+}
+
+#[test]
+fn a_response_arriving_after_its_lease_ended_starts_nothing() {
+    let mut c = core();
+    exchange(&mut c, 0, LEASE_MS + 5, Ok(ok(&[1, 2])));
+    assert!(c.readable_shards(LEASE_MS + 5).is_empty());
+    assert!(c.drain_events().iter().all(|e| !matches!(e, ClientEvent::ShardStarted { .. })));
+}
+
+#[test]
+fn without_successful_heartbeats_reads_stop_at_lease_end_and_heartbeats_continue() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[3])));
+    let delivered = deliver(&mut c, 20, 3, &[1, 2]);
+    // Heartbeats fail: the lease is kept, never extended.
+    exchange(&mut c, 210, 260, Err(TransportError::Timeout));
+    exchange(&mut c, 760, 800, Err(TransportError::Unreachable("down".into())));
+    assert_eq!(c.lease_end_ms(), Some(LEASE_MS));
+    assert!(c.check_ack(LEASE_MS - 1, &delivered[0]).is_ok());
+    // At lease end: nothing readable, in-flight abandoned, acks refused.
+    c.handle_timeout(LEASE_MS);
+    assert!(c.readable_shards(LEASE_MS).is_empty());
+    assert_eq!(c.in_flight(3), 0);
+    assert!(matches!(c.check_ack(LEASE_MS, &delivered[1]), Err(AckError::NotInFlight { .. })));
+    let events = c.drain_events();
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, ClientEvent::ShardStopped { shard: 3, reason: StopReason::LeaseExpired, .. })));
+    assert_eq!(events.iter().filter(|e| matches!(e, ClientEvent::EntryAbandoned { .. })).count(), 2);
+    // The consumer keeps heartbeating and reports the stopped shard as REVOKED.
+    let req = c.poll_heartbeat(1_300).expect("keeps heartbeating");
+    assert!(req.owned.is_empty());
+    assert_eq!(req.revoking, vec![RevokeReport { shard: 3, in_flight: 0, revoked: true }]);
+    // A later OK that still lists the shard grants it afresh (setup again).
+    c.handle_heartbeat(1_310, Ok(ok(&[3])));
+    assert_eq!(c.read_plans(1_310).iter().map(|p| p.step).collect::<Vec<_>>(), vec![ReadStep::Setup]);
+}
+
+#[test]
+fn ack_is_refused_after_the_lease_even_before_the_timer_ran() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[0])));
+    let d = deliver(&mut c, 20, 0, &[9]).remove(0);
+    assert!(c.check_ack(LEASE_MS - 1, &d).is_ok());
+    assert!(c.check_ack(LEASE_MS, &d).is_err());
+}
+
+#[test]
+fn heartbeat_failure_never_resumes_a_revoking_shard() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
+    assert_eq!(c.readable_shards(230), vec![1]);
+    for at in [420, 925, 1_430] {
+        exchange(&mut c, at, at + 5, Err(api(ErrorCode::CoordinatorTerminating)));
+        assert!(!c.readable_shards(at + 5).contains(&2));
+    }
+
+    let mut bad = planted(PlantedBug::ResumeRevokingOnHeartbeatFailure);
+    exchange(&mut bad, 0, 10, Ok(ok(&[1, 2])));
+    exchange(&mut bad, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
+    exchange(&mut bad, 420, 425, Err(TransportError::Timeout));
+    assert_eq!(bad.readable_shards(430), vec![1, 2], "the planted bug is observable");
+}
+
+#[test]
+fn revoke_pending_keeps_shards_already_read_starts_nothing_and_drains_revoke() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+    let d = deliver(&mut c, 20, 2, &[4]);
+    // Shard 3 is newly assigned but the status is REVOKE_PENDING: not started.
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[1, 3], &[2])));
+    assert_eq!(c.readable_shards(220), vec![1]);
+    assert_eq!(c.revoking_shards(), vec![2]);
+    // Draining: in-flight reported, not REVOKED yet.
+    let req = c.poll_heartbeat(420).expect("due");
+    assert_eq!(req.owned, vec![1]);
+    assert_eq!(req.revoking, vec![RevokeReport { shard: 2, in_flight: 1, revoked: false }]);
+    c.handle_heartbeat(430, Ok(response(HeartbeatStatus::RevokePending, &[1, 3], &[2])));
+    // The ack drains it and schedules a prompt heartbeat that reports REVOKED.
+    assert!(c.check_ack(440, &d[0]).is_ok());
+    assert!(c.acked(440, &d[0]));
+    let req = c.poll_heartbeat(440 + c.config().prompt_ms).expect("prompt heartbeat after drain");
+    assert_eq!(req.revoking, vec![RevokeReport { shard: 2, in_flight: 0, revoked: true }]);
+    // Answered without shard 2 in `revoke`: released. OK now starts shard 3.
+    c.handle_heartbeat(460, Ok(ok(&[1, 3])));
+    assert_eq!(c.revoking_shards(), Vec::<ShardId>::new());
+    assert_eq!(c.readable_shards(460), vec![1, 3]);
+    assert!(c.drain_events().iter().any(|e| matches!(e, ClientEvent::ShardReleased { shard: 2, .. })));
+}
+
+#[test]
+fn a_revoked_report_still_listed_in_revoke_is_reported_again() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1])));
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[], &[1])));
+    let req = exchange(&mut c, 420, 430, Ok(response(HeartbeatStatus::RevokePending, &[], &[1])));
+    assert_eq!(req.revoking, vec![RevokeReport { shard: 1, in_flight: 0, revoked: true }]);
+    let req = c.poll_heartbeat(630).expect("due");
+    assert_eq!(req.revoking, vec![RevokeReport { shard: 1, in_flight: 0, revoked: true }]);
+}
+
+#[test]
+fn a_shard_to_revoke_that_is_not_held_is_reported_revoked_at_once() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(response(HeartbeatStatus::RevokePending, &[], &[6])));
+    let req = c.poll_heartbeat(210).expect("due");
+    assert_eq!(req.revoking, vec![RevokeReport { shard: 6, in_flight: 0, revoked: true }]);
+}
+
+#[test]
+fn sync_metadata_adopts_the_store_view_and_keeps_only_shards_already_read() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+    let mut sync = response(HeartbeatStatus::SyncMetadata, &[2, 4], &[]);
+    sync.metadata_version = 6;
+    sync.member_epoch = 4;
+    exchange(&mut c, 210, 220, Ok(sync));
+    // Shard 1 is dropped (not in assigned), 4 is not started (never read), 2 is kept.
+    assert_eq!(c.readable_shards(220), vec![2]);
+    assert_eq!(c.revoking_shards(), vec![1]);
+    let events = c.drain_events();
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, ClientEvent::ShardStopped { shard: 1, reason: StopReason::SyncDropped, .. })));
+    // The corrected version goes out promptly.
+    let req = c.poll_heartbeat(220 + c.config().prompt_ms).expect("prompt heartbeat after SYNC_METADATA");
+    assert_eq!((req.metadata_version, req.member_epoch), (6, 4));
+    assert_eq!(req.owned, vec![2]);
+}
+
+#[test]
+fn fenced_or_unknown_stops_everything_at_once_and_rejoins_with_epoch_zero() {
+    for code in [ErrorCode::FencedMemberEpoch, ErrorCode::UnknownMember] {
+        let mut c = core();
+        exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+        let d = deliver(&mut c, 20, 1, &[5]);
+        exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
+        exchange(&mut c, 420, 430, Err(api(code)));
+        assert!(c.readable_shards(430).is_empty(), "lease still runs, but nothing is readable");
+        assert_eq!(c.lease_end_ms(), None);
+        assert!(matches!(c.check_ack(430, &d[0]), Err(AckError::NotInFlight { .. })));
+        let req = c.poll_heartbeat(430 + c.config().prompt_ms).expect("prompt rejoin");
+        assert_eq!((req.member_epoch, req.metadata_version), (0, 7), "rejoin keeps the highest version seen");
+        assert!(req.owned.is_empty() && req.revoking.is_empty());
+    }
+}
+
+#[test]
+fn group_unavailable_stops_everything_and_retries_slowly() {
+    for code in [ErrorCode::GroupNotFound, ErrorCode::MetadataMissing, ErrorCode::MetadataIncompatible] {
+        let mut c = core();
+        exchange(&mut c, 0, 10, Ok(ok(&[1])));
+        deliver(&mut c, 20, 1, &[5]);
+        exchange(&mut c, 210, 220, Err(api(code)));
+        assert!(c.readable_shards(220).is_empty());
+        assert_eq!(c.in_flight(1), 0);
+        let slow = c.config().slow_retry_ms;
+        assert_eq!(c.poll_heartbeat(220 + slow - 1), None);
+        let req = c.poll_heartbeat(220 + slow).expect("slow retry");
+        assert_eq!(req.member_epoch, 5, "not a rejoin");
+        assert_eq!(req.revoking, vec![RevokeReport { shard: 1, in_flight: 0, revoked: true }]);
+    }
+}
+
+#[test]
+fn transient_failures_keep_the_lease_and_retry() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1])));
+    exchange(&mut c, 210, 215, Err(api(ErrorCode::StoreUnavailable)));
+    assert_eq!(c.lease_end_ms(), Some(LEASE_MS));
+    assert_eq!(c.readable_shards(215), vec![1]);
+    assert_eq!(c.next_deadline_ms(), Some(215 + c.config().retry_ms));
+}
+
+#[test]
+fn reads_returning_after_a_revoke_or_restart_are_not_delivered() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1])));
+    deliver(&mut c, 20, 1, &[]);
+    let generation = c.read_plans(30)[0].generation;
+    let plan = c.plan_for(30, 1, generation).expect("readable");
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[], &[1])));
+    assert!(c.handle_read(225, plan, 10, vec![entry(3)]).is_empty());
+    // Assigned back under OK: a new start; the old plan's results are still dropped.
+    exchange(&mut c, 420, 430, Ok(ok(&[1])));
+    assert!(c.handle_read(435, plan, 10, vec![entry(3)]).is_empty());
+}
+
+#[test]
+fn close_drains_reports_revoked_then_leaves() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+    let d = deliver(&mut c, 20, 1, &[8]);
+    c.close(30);
+    assert_eq!(c.phase(), Phase::Closing);
+    assert!(c.readable_shards(30).is_empty());
+    let req = exchange(&mut c, 30, 40, Ok(ok(&[1, 2])));
+    assert!(!req.leave && req.owned.is_empty());
+    assert_eq!(
+        req.revoking,
+        vec![
+            RevokeReport { shard: 1, in_flight: 1, revoked: false },
+            RevokeReport { shard: 2, in_flight: 0, revoked: true }
+        ]
+    );
+    assert!(c.readable_shards(40).is_empty(), "OK does not restart shards while closing");
+    c.check_ack(50, &d[0]).expect("may ack while draining under the lease");
+    c.acked(50, &d[0]);
+    exchange(&mut c, 60, 70, Ok(ok(&[1])));
+    let req = exchange(&mut c, 270, 280, Ok(ok(&[])));
+    assert!(req.leave, "leave only after every shard was reported REVOKED");
+    assert_eq!(req.member_epoch, 5);
+    assert_eq!(c.phase(), Phase::Left);
+    assert_eq!(c.poll_heartbeat(10_000), None);
+}
+
+#[test]
+fn close_before_joining_leaves_without_a_heartbeat() {
+    let mut c = core();
+    c.close(0);
+    assert_eq!(c.poll_heartbeat(0), None);
+    assert_eq!(c.phase(), Phase::Left);
+}

@@ -1,0 +1,395 @@
+//! The consumer library: a Kafka-like API ([`Consumer::join`], [`Consumer::poll`],
+//! [`Consumer::ack`], [`Consumer::close`], a [`RebalanceListener`]) over the pure
+//! [`core::ConsumerCore`].
+//!
+//! How it runs (the same in production and in the simulation): `join` spawns one background
+//! heartbeat task with `tokio::spawn` (madsim's on the simulated node). The task sends a heartbeat
+//! whenever the core says one is due, applies the result, and applies the lease-end timer even
+//! while a heartbeat is in flight. The application calls `poll` / `ack` from its own task(s); they
+//! share the core behind a mutex that is never held across an `.await`. Nothing here reads a clock
+//! except through [`Clock`], and nothing draws randomness.
+//!
+//! Safety rules enforced here rather than in the core: the lease is checked immediately before
+//! every store call (no `.await` between the check and the call), and results of a call are
+//! handed back to the core, which drops them if the shard stopped meanwhile.
+
+pub mod core;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::core::model::ShardId;
+use crate::store::{ReadFrom, StoreError, StreamStore};
+
+pub use self::core::{AckError, ConsumerConfig, ConsumerCore, Delivery, Phase, ReadPlan, ReadStep};
+use super::clock::Clock;
+use super::events::{ClientEvent, EventSink, StopReason};
+use super::transport::{CoordinatorTransport, TransportError};
+use super::ClientEnv;
+
+/// Told when shards start or stop being readable. Called from the consumer's tasks, outside its
+/// lock: it may call back into the consumer, but should return quickly.
+pub trait RebalanceListener: Send + Sync {
+    /// The consumer may now read `shards`.
+    fn on_assigned(&self, shards: &[ShardId]);
+    /// The consumer stopped reading `shards` (revoked, dropped by a sync, or closing): finish and
+    /// ack in-flight work quickly; the shards are released once nothing is in flight.
+    fn on_revoked(&self, shards: &[ShardId]);
+    /// The consumer lost `shards` at once (lease ended, fenced, group unavailable): in-flight
+    /// entries were abandoned and can no longer be acked.
+    fn on_lost(&self, shards: &[ShardId]) {
+        self.on_revoked(shards);
+    }
+}
+
+/// A listener that does nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoopListener;
+
+impl RebalanceListener for NoopListener {
+    fn on_assigned(&self, _shards: &[ShardId]) {}
+    fn on_revoked(&self, _shards: &[ShardId]) {}
+}
+
+/// Why a poll delivered nothing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PollError {
+    /// Every store call of this poll failed (entries read before a failure are still delivered).
+    #[error("stream store: {0}")]
+    Store(StoreError),
+}
+
+/// Why `close` did not finish cleanly.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CloseError {
+    /// Drain, REVOKED reports and the leave heartbeat did not finish within `close_timeout_ms`;
+    /// everything was abandoned (the coordinator expires the member after its lease TTL).
+    #[error("close timed out after {0} ms; in-flight entries were abandoned")]
+    TimedOut(u64),
+}
+
+/// A snapshot of the consumer's state (diagnostics, tests, the simulation's trace).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerStatus {
+    pub phase: Phase,
+    pub member_epoch: u64,
+    pub metadata_version: u64,
+    pub lease_end_ms: Option<u64>,
+    pub readable: Vec<ShardId>,
+    pub revoking: Vec<ShardId>,
+}
+
+struct Shared<T, S> {
+    core: Mutex<ConsumerCore>,
+    transport: T,
+    store: S,
+    clock: Clock,
+    sink: Arc<dyn EventSink>,
+    listener: Arc<dyn RebalanceListener>,
+    /// Wakes the heartbeat task early (a drained shard, `close`).
+    wake: Notify,
+    /// Round-robin start of `poll`, so no shard starves the others.
+    cursor: AtomicUsize,
+}
+
+/// A consumer group member. Dropping it without `close` stops its heartbeats at once (the
+/// coordinator expires it after the member lease TTL).
+pub struct Consumer<T: CoordinatorTransport, S: StreamStore> {
+    shared: Arc<Shared<T, S>>,
+    heartbeats: Option<JoinHandle<()>>,
+}
+
+impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
+    /// Joins with default options (fresh clock, no events, no listener). Must be called inside
+    /// the runtime: it spawns the heartbeat task, whose first heartbeat (epoch 0) goes out at once.
+    pub fn join(config: ConsumerConfig, transport: T, store: S) -> Self {
+        Self::join_with(config, transport, store, ClientEnv::default(), Arc::new(NoopListener))
+    }
+
+    /// Joins with an explicit clock, event sink and rebalance listener.
+    pub fn join_with(
+        config: ConsumerConfig,
+        transport: T,
+        store: S,
+        env: ClientEnv,
+        listener: Arc<dyn RebalanceListener>,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            core: Mutex::new(ConsumerCore::new(config)),
+            transport,
+            store,
+            clock: env.clock,
+            sink: env.events,
+            listener,
+            wake: Notify::new(),
+            cursor: AtomicUsize::new(0),
+        });
+        let heartbeats = tokio::spawn(heartbeat_loop(Arc::clone(&shared)));
+        Self { shared, heartbeats: Some(heartbeats) }
+    }
+
+    pub fn member_id(&self) -> String {
+        self.shared.lock().config().member_id.clone()
+    }
+
+    /// The consumer's current state.
+    pub fn status(&self) -> ConsumerStatus {
+        let now_ms = self.shared.clock.now_ms();
+        let core = self.shared.lock();
+        ConsumerStatus {
+            phase: core.phase(),
+            member_epoch: core.member_epoch(),
+            metadata_version: core.metadata_version(),
+            lease_end_ms: core.lease_end_ms(),
+            readable: core.readable_shards(now_ms),
+            revoking: core.revoking_shards(),
+        }
+    }
+
+    /// Reads up to `max` entries from the shards this consumer may read right now, without
+    /// waiting. A newly started shard is first set up (consumer group ensured, the previous
+    /// owner's pending entries claimed), then this consumer's own pending entries are redelivered,
+    /// then new entries are read.
+    pub async fn poll(&self, max: usize) -> Result<Vec<Delivery>, PollError> {
+        let now_ms = self.shared.clock.now_ms();
+        let plans = self.shared.with_core(|core| core.read_plans(now_ms));
+        if plans.is_empty() || max == 0 {
+            return Ok(Vec::new());
+        }
+        let start = self.shared.cursor.fetch_add(1, Ordering::Relaxed) % plans.len();
+        let mut out = Vec::new();
+        let mut failure = None;
+        for plan in plans.iter().cycle().skip(start).take(plans.len()) {
+            if out.len() >= max {
+                break;
+            }
+            match self.read_shard(*plan, max - out.len()).await {
+                Ok(mut delivered) => out.append(&mut delivered),
+                Err(error) => failure = Some(error),
+            }
+        }
+        match failure {
+            Some(error) if out.is_empty() => Err(PollError::Store(error)),
+            _ => Ok(out),
+        }
+    }
+
+    /// Like [`Consumer::poll`], but waits (pausing `poll_idle_ms` between empty reads) up to
+    /// `wait` for at least one entry.
+    pub async fn poll_wait(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, PollError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let idle = Duration::from_millis(self.shared.lock().config().poll_idle_ms.max(1));
+        loop {
+            let delivered = self.poll(max).await?;
+            let now = tokio::time::Instant::now();
+            if !delivered.is_empty() || now >= deadline {
+                return Ok(delivered);
+            }
+            tokio::time::sleep(idle.min(deadline - now)).await;
+        }
+    }
+
+    /// Up to three store calls on one shard: setup, own-pending, new; stops at the first read that
+    /// delivers something. The lease is re-checked right before every call.
+    async fn read_shard(&self, first: ReadPlan, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        let (group, member) = {
+            let core = self.shared.lock();
+            (core.config().group.clone(), core.config().member_id.clone())
+        };
+        let stream = group.stream_key(first.shard);
+        for _ in 0..3 {
+            let now_ms = self.shared.clock.now_ms();
+            let Some(plan) = self.shared.with_core(|core| core.plan_for(now_ms, first.shard, first.generation)) else {
+                return Ok(Vec::new());
+            };
+            match plan.step {
+                ReadStep::Setup => {
+                    self.shared.store.ensure_group(&stream, &group.consumer_group).await?;
+                    // Re-checked: the claim moves entries, so it is as sensitive as a read.
+                    let now_ms = self.shared.clock.now_ms();
+                    if self.shared.with_core(|core| core.plan_for(now_ms, plan.shard, plan.generation)).is_none() {
+                        return Ok(Vec::new());
+                    }
+                    self.shared.store.claim_all_pending(&stream, &group.consumer_group, &member, 0).await?;
+                    self.shared.with_core(|core| core.setup_done(plan.shard, plan.generation));
+                }
+                ReadStep::Read(from) => {
+                    let count = if from == ReadFrom::OwnPending { plan.in_flight + max } else { max };
+                    let streams = [(stream.clone(), from)];
+                    let replies =
+                        self.shared.store.xreadgroup(&group.consumer_group, &member, &streams, count, None).await?;
+                    let entries = replies.into_iter().filter(|(s, _)| *s == stream).flat_map(|(_, e)| e).collect();
+                    let now_ms = self.shared.clock.now_ms();
+                    let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
+                    if !delivered.is_empty() || from == ReadFrom::New {
+                        return Ok(delivered);
+                    }
+                }
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// Acknowledges an entry (XACK). Refused once the lease ended or the entry was abandoned.
+    pub async fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
+        let now_ms = self.shared.clock.now_ms();
+        self.shared.with_core(|core| core.check_ack(now_ms, delivery))?;
+        let group = self.shared.lock().config().group.consumer_group.clone();
+        self.shared
+            .store
+            .xack(&delivery.stream, &group, &[delivery.entry.id])
+            .await
+            .map_err(|e| AckError::Store(e.to_string()))?;
+        let now_ms = self.shared.clock.now_ms();
+        if self.shared.with_core(|core| core.acked(now_ms, delivery)) {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Gives up an in-flight entry without acking it (it stays pending in Redis).
+    pub fn abandon(&self, delivery: &Delivery) -> Result<(), AckError> {
+        let now_ms = self.shared.clock.now_ms();
+        if self.shared.with_core(|core| core.abandon(now_ms, delivery))? {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Clean leave: stop reading, let the application ack or abandon in-flight entries, report
+    /// every shard REVOKED, then send the leave heartbeat. Gives up after `close_timeout_ms`.
+    pub async fn close(mut self) -> Result<(), CloseError> {
+        let now_ms = self.shared.clock.now_ms();
+        let timeout_ms = self.shared.with_core(|core| {
+            core.close(now_ms);
+            core.config().close_timeout_ms
+        });
+        self.shared.wake.notify_one();
+        let Some(mut task) = self.heartbeats.take() else { return Ok(()) };
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
+        tokio::select! {
+            biased;
+            _ = &mut task => Ok(()),
+            _ = tokio::time::sleep_until(deadline) => {
+                task.abort();
+                let now_ms = self.shared.clock.now_ms();
+                self.shared.with_core(|core| core.abort(now_ms));
+                Err(CloseError::TimedOut(timeout_ms))
+            }
+        }
+    }
+}
+
+impl<T: CoordinatorTransport, S: StreamStore> Drop for Consumer<T, S> {
+    fn drop(&mut self) {
+        if let Some(task) = self.heartbeats.take() {
+            task.abort();
+        }
+    }
+}
+
+impl<T, S> Shared<T, S> {
+    fn lock(&self) -> MutexGuard<'_, ConsumerCore> {
+        // A poisoned lock means a panic elsewhere mid-update; the core's state is still coherent
+        // (every method leaves it valid), and failing closed is the lease's job.
+        self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` on the core, then publishes the events it emitted: to the sink under the lock (so
+    /// the sink sees them in order), to the listener after the lock is released.
+    fn with_core<R>(&self, f: impl FnOnce(&mut ConsumerCore) -> R) -> R {
+        let (result, events) = {
+            let mut core = self.lock();
+            let result = f(&mut core);
+            let events = core.drain_events();
+            for event in &events {
+                self.sink.emit(event.clone());
+            }
+            (result, events)
+        };
+        self.notify_listener(&events);
+        result
+    }
+
+    fn notify_listener(&self, events: &[ClientEvent]) {
+        let mut assigned = Vec::new();
+        let mut revoked = Vec::new();
+        let mut lost = Vec::new();
+        for event in events {
+            match event {
+                ClientEvent::ShardStarted { shard, .. } => assigned.push(*shard),
+                ClientEvent::ShardStopped { shard, reason, .. } => match reason {
+                    StopReason::Revoked | StopReason::SyncDropped | StopReason::Closing => revoked.push(*shard),
+                    _ => lost.push(*shard),
+                },
+                _ => {}
+            }
+        }
+        // Stops first: a shard stopped and restarted by one response ends up assigned.
+        if !lost.is_empty() {
+            self.listener.on_lost(&lost);
+        }
+        if !revoked.is_empty() {
+            self.listener.on_revoked(&revoked);
+        }
+        if !assigned.is_empty() {
+            self.listener.on_assigned(&assigned);
+        }
+    }
+}
+
+/// The background heartbeat task; ends when the member has left.
+async fn heartbeat_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Shared<T, S>>) {
+    loop {
+        let now_ms = shared.clock.now_ms();
+        let (request, deadline_ms, phase, timeout_ms) = shared.with_core(|core| {
+            let request = core.poll_heartbeat(now_ms);
+            (request, core.next_deadline_ms(), core.phase(), core.config().heartbeat_timeout_ms)
+        });
+        if phase == Phase::Left {
+            return;
+        }
+        if let Some(request) = request {
+            let result = exchange(&shared, request, timeout_ms).await;
+            let now_ms = shared.clock.now_ms();
+            shared.with_core(|core| core.handle_heartbeat(now_ms, result));
+            continue;
+        }
+        let deadline = shared.clock.instant_at(deadline_ms.unwrap_or(now_ms.saturating_add(60_000)));
+        tokio::select! {
+            biased;
+            _ = shared.wake.notified() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+/// Sends one heartbeat and waits for its result, applying the lease-end timer meanwhile (a
+/// heartbeat stuck in the network must not keep shards readable past the lease).
+async fn exchange<T: CoordinatorTransport, S: StreamStore>(
+    shared: &Shared<T, S>,
+    request: crate::core::protocol::HeartbeatRequest,
+    timeout_ms: u64,
+) -> Result<crate::core::protocol::HeartbeatResponse, TransportError> {
+    let give_up = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
+    let call = shared.transport.heartbeat(request);
+    tokio::pin!(call);
+    loop {
+        let lease_end_ms = shared.lock().lease_end_ms();
+        // Any valid instant when there is no lease (the branch is disabled then).
+        let lease_end = shared.clock.instant_at(lease_end_ms.unwrap_or(0));
+        tokio::select! {
+            biased;
+            result = &mut call => return result,
+            _ = tokio::time::sleep_until(give_up) => return Err(TransportError::Timeout),
+            _ = tokio::time::sleep_until(lease_end), if lease_end_ms.is_some() => {
+                let now_ms = shared.clock.now_ms();
+                shared.with_core(|core| core.handle_timeout(now_ms));
+            }
+        }
+    }
+}

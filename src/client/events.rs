@@ -1,0 +1,250 @@
+//! Client events: what the consumer and producer libraries did, with the time they did it
+//! (`at_ms` on the [`super::clock::Clock`]). They make traces readable and feed metrics.
+//!
+//! Events are *reports*, never inputs: nothing in the libraries reads them back, and the
+//! simulation's safety checkers are built from ground truth (the stream store's read log, the
+//! transport's send/receive times), not from these. An [`EventSink`] must not block or call back
+//! into the client that emitted the event.
+
+use std::sync::Mutex;
+
+use crate::core::model::{MemberId, ShardId};
+use crate::core::protocol::{HeartbeatStatus, RevokeReport};
+use crate::metrics::Metrics;
+use crate::store::EntryId;
+
+use super::transport::TransportError;
+
+/// Why a consumer stopped reading a shard (or abandoned an entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StopReason {
+    /// The coordinator revoked it (in `revoke`, or no longer in `assigned`): drain, then REVOKED.
+    Revoked,
+    /// `SYNC_METADATA` did not keep it (not in the corrected `assigned`).
+    SyncDropped,
+    /// The assignment lease ended without a successful heartbeat (fail closed).
+    LeaseExpired,
+    /// `UNKNOWN_MEMBER` / `FENCED_MEMBER_EPOCH`: everything stops at once, rejoin.
+    Fenced,
+    /// `GROUP_NOT_FOUND` / `METADATA_MISSING` / `METADATA_INCOMPATIBLE`: fail closed.
+    GroupUnavailable,
+    /// The application closed the consumer.
+    Closing,
+    /// Entries only: the application abandoned the entry explicitly.
+    Application,
+}
+
+/// One thing a client did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientEvent {
+    /// A heartbeat left the consumer (its send time starts any lease its response grants).
+    HeartbeatSent {
+        at_ms: u64,
+        member: MemberId,
+        member_epoch: u64,
+        metadata_version: u64,
+        owned: Vec<ShardId>,
+        revoking: Vec<RevokeReport>,
+        leave: bool,
+    },
+    /// A heartbeat got a successful response.
+    HeartbeatAnswered {
+        at_ms: u64,
+        member: MemberId,
+        sent_at_ms: u64,
+        status: HeartbeatStatus,
+        member_epoch: u64,
+        metadata_version: u64,
+        assignment_epoch: u64,
+        store_revision: u64,
+    },
+    /// A heartbeat failed (protocol error, unreachable, timeout).
+    HeartbeatFailed { at_ms: u64, member: MemberId, sent_at_ms: u64, error: TransportError },
+    /// A successful response was applied; the consumer's local view afterwards.
+    StatusApplied {
+        at_ms: u64,
+        member: MemberId,
+        status: HeartbeatStatus,
+        assigned: Vec<ShardId>,
+        pending: Vec<ShardId>,
+        revoke: Vec<ShardId>,
+        reading: Vec<ShardId>,
+        revoking: Vec<ShardId>,
+    },
+    /// The assignment lease now ends at `lease_end_ms` (send time + assignment lease).
+    LeaseExtended { at_ms: u64, member: MemberId, lease_end_ms: u64 },
+    /// The consumer may now read `shard` (after group setup and takeover of pending entries).
+    ShardStarted { at_ms: u64, member: MemberId, shard: ShardId },
+    /// The consumer stopped reading `shard`; it issues no further reads on it.
+    ShardStopped { at_ms: u64, member: MemberId, shard: ShardId, reason: StopReason },
+    /// The shard's REVOKED report was answered; the consumer forgot the shard.
+    ShardReleased { at_ms: u64, member: MemberId, shard: ShardId },
+    /// An entry was handed to the application.
+    EntryDelivered { at_ms: u64, member: MemberId, shard: ShardId, entry: EntryId },
+    /// The application acknowledged an entry (XACK succeeded).
+    EntryAcked { at_ms: u64, member: MemberId, shard: ShardId, entry: EntryId },
+    /// An in-flight entry was given up; it stays pending in Redis for the next owner to claim.
+    EntryAbandoned { at_ms: u64, member: MemberId, shard: ShardId, entry: EntryId, reason: StopReason },
+    /// The clean-leave heartbeat was answered: the member is gone.
+    Left { at_ms: u64, member: MemberId },
+    /// A publish was written (XADD succeeded).
+    PublishOk {
+        at_ms: u64,
+        producer: String,
+        shard: ShardId,
+        entry: EntryId,
+        routing_version: u64,
+        cache_expires_ms: u64,
+    },
+    /// A publish failed; nothing was written (or the XADD outcome is unknown on a store error).
+    PublishFailed {
+        at_ms: u64,
+        producer: String,
+        error: String,
+        routing_version: Option<u64>,
+        cache_expires_ms: Option<u64>,
+    },
+    /// A routing refresh succeeded; `replaced` when the view changed to a newer version.
+    RoutingRefreshed {
+        at_ms: u64,
+        producer: String,
+        metadata_version: u64,
+        shard_count: u32,
+        cache_expires_ms: u64,
+        replaced: bool,
+    },
+    /// A routing refresh failed; the cache (if any) is kept until `cache_expires_ms`.
+    RoutingRefreshFailed { at_ms: u64, producer: String, error: TransportError, cache_expires_ms: Option<u64> },
+}
+
+impl ClientEvent {
+    /// When the event happened, in [`super::clock::Clock`] milliseconds.
+    pub fn at_ms(&self) -> u64 {
+        match self {
+            ClientEvent::HeartbeatSent { at_ms, .. }
+            | ClientEvent::HeartbeatAnswered { at_ms, .. }
+            | ClientEvent::HeartbeatFailed { at_ms, .. }
+            | ClientEvent::StatusApplied { at_ms, .. }
+            | ClientEvent::LeaseExtended { at_ms, .. }
+            | ClientEvent::ShardStarted { at_ms, .. }
+            | ClientEvent::ShardStopped { at_ms, .. }
+            | ClientEvent::ShardReleased { at_ms, .. }
+            | ClientEvent::EntryDelivered { at_ms, .. }
+            | ClientEvent::EntryAcked { at_ms, .. }
+            | ClientEvent::EntryAbandoned { at_ms, .. }
+            | ClientEvent::Left { at_ms, .. }
+            | ClientEvent::PublishOk { at_ms, .. }
+            | ClientEvent::PublishFailed { at_ms, .. }
+            | ClientEvent::RoutingRefreshed { at_ms, .. }
+            | ClientEvent::RoutingRefreshFailed { at_ms, .. } => *at_ms,
+        }
+    }
+}
+
+/// Where client events go. Must be cheap and must not block.
+pub trait EventSink: Send + Sync {
+    fn emit(&self, event: ClientEvent);
+}
+
+impl<T: EventSink + ?Sized> EventSink for std::sync::Arc<T> {
+    fn emit(&self, event: ClientEvent) {
+        (**self).emit(event);
+    }
+}
+
+/// Drops every event.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoopSink;
+
+impl EventSink for NoopSink {
+    fn emit(&self, _event: ClientEvent) {}
+}
+
+/// Keeps every event in memory (tests and small simulations).
+#[derive(Debug, Default)]
+pub struct VecSink {
+    events: Mutex<Vec<ClientEvent>>,
+}
+
+impl VecSink {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A copy of every event so far, in emission order.
+    pub fn events(&self) -> Vec<ClientEvent> {
+        self.lock().clone()
+    }
+
+    /// Removes and returns every event so far.
+    pub fn take(&self) -> Vec<ClientEvent> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<ClientEvent>> {
+        // A poisoned lock only means a panicking emitter; the vector is still usable.
+        self.events.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl EventSink for VecSink {
+    fn emit(&self, event: ClientEvent) {
+        self.lock().push(event);
+    }
+}
+
+/// Turns client events into the seed's client-side signals (heartbeat outcomes by status, lease
+/// end, routing refresh failures, publish outcomes).
+#[derive(Debug)]
+pub struct MetricsSink {
+    metrics: std::sync::Arc<Metrics>,
+}
+
+impl MetricsSink {
+    pub fn new(metrics: std::sync::Arc<Metrics>) -> Self {
+        Self { metrics }
+    }
+}
+
+impl EventSink for MetricsSink {
+    fn emit(&self, event: ClientEvent) {
+        let m = &self.metrics;
+        match event {
+            ClientEvent::HeartbeatAnswered { status, .. } => m.inc(
+                "rsc_client_heartbeats_total",
+                "Consumer heartbeats by outcome.",
+                vec![("outcome", format!("{status:?}"))],
+            ),
+            ClientEvent::HeartbeatFailed { error, .. } => {
+                let outcome = error.code().map_or_else(|| "transport".to_string(), |code| format!("{code:?}"));
+                m.inc("rsc_client_heartbeats_total", "Consumer heartbeats by outcome.", vec![("outcome", outcome)]);
+            }
+            ClientEvent::LeaseExtended { member, lease_end_ms, .. } => m.set(
+                "rsc_client_assignment_lease_end_ms",
+                "Clock milliseconds at which the consumer's assignment lease ends.",
+                vec![("member", member)],
+                lease_end_ms as f64,
+            ),
+            ClientEvent::ShardStopped { reason, .. } => m.inc(
+                "rsc_client_shard_stops_total",
+                "Shards a consumer stopped reading, by reason.",
+                vec![("reason", format!("{reason:?}"))],
+            ),
+            ClientEvent::EntryAbandoned { reason, .. } => m.inc(
+                "rsc_client_entries_abandoned_total",
+                "In-flight entries given up, by reason.",
+                vec![("reason", format!("{reason:?}"))],
+            ),
+            ClientEvent::PublishOk { .. } => {
+                m.inc("rsc_client_publishes_total", "Publishes by outcome.", vec![("outcome", "ok".into())])
+            }
+            ClientEvent::PublishFailed { .. } => {
+                m.inc("rsc_client_publishes_total", "Publishes by outcome.", vec![("outcome", "failed".into())])
+            }
+            ClientEvent::RoutingRefreshFailed { .. } => {
+                m.inc("rsc_client_routing_refresh_failures_total", "Failed producer routing refreshes.", vec![])
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The producer library: [`Producer::publish`] routes a key to a shard with the jump hash over the
+//! cached shard count and XADDs to `<streamPrefix>:<shard>`, under the routing cache's lease
+//! ([`RoutingCache`], the pure rules).
+//!
+//! How it runs: `Producer::new` spawns one background task (`tokio::spawn`, madsim's under the
+//! simulation) that refreshes routing every `routingRefreshIntervalMs` (counted from the last
+//! refresh's send time) and retries failures every `refresh_retry_ms`. A publish that finds no
+//! valid cache refreshes inline once, then fails closed. The lease is checked immediately before
+//! the XADD, with no `.await` in between. Time comes only from [`Clock`].
+
+pub mod routing;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use crate::core::model::GroupId;
+use crate::core::planted::PlantedBugs;
+use crate::core::protocol::RoutingResponse;
+use crate::store::{EntryId, StoreError, StreamStore};
+
+pub use self::routing::{RefreshOutcome, Route, RouteError, RoutingCache};
+use super::clock::Clock;
+use super::events::{ClientEvent, EventSink};
+use super::transport::{CoordinatorTransport, TransportError};
+use super::ClientEnv;
+
+/// Producer settings. Durations in milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProducerConfig {
+    pub group: GroupId,
+    /// Names this producer in events.
+    pub producer_id: String,
+    /// `XADD ... MAXLEN ~ n` when set.
+    pub maxlen: Option<u64>,
+    /// A routing request without an answer this long counts as failed.
+    pub refresh_timeout_ms: u64,
+    /// Pause between refresh attempts that did not produce a fresh view.
+    pub refresh_retry_ms: u64,
+    /// Deliberate mistakes for the simulation's negative tests; `NONE` everywhere else.
+    pub planted: PlantedBugs,
+}
+
+impl ProducerConfig {
+    pub fn new(group: GroupId, producer_id: impl Into<String>) -> Self {
+        Self {
+            group,
+            producer_id: producer_id.into(),
+            maxlen: None,
+            refresh_timeout_ms: 2_000,
+            refresh_retry_ms: 500,
+            planted: PlantedBugs::NONE,
+        }
+    }
+}
+
+/// Why a publish wrote nothing (or, for `Store`, may not have).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// No routing view was ever fetched (the last refresh error is attached).
+    #[error("no routing view: {0}")]
+    NoRouting(String),
+    /// The routing cache's lease ended and no refresh succeeded (fail closed).
+    #[error("routing cache expired at {expired_at_ms} ms (version {metadata_version}); refresh failed")]
+    CacheExpired { expired_at_ms: u64, metadata_version: u64 },
+    /// The XADD failed; whether it was applied is unknown for timeouts.
+    #[error("XADD failed: {0}")]
+    Store(StoreError),
+}
+
+struct Shared<T, S> {
+    config: ProducerConfig,
+    cache: Mutex<RoutingCache>,
+    transport: T,
+    store: S,
+    clock: Clock,
+    sink: Arc<dyn EventSink>,
+    /// Send time of the last refresh attempt (gates retries).
+    last_attempt_ms: Mutex<Option<u64>>,
+}
+
+/// A producer for one group's shard streams. Dropping it stops its refresh task.
+pub struct Producer<T: CoordinatorTransport, S: StreamStore> {
+    shared: Arc<Shared<T, S>>,
+    refresher: Option<JoinHandle<()>>,
+}
+
+impl<T: CoordinatorTransport, S: StreamStore> Producer<T, S> {
+    /// A producer with default options (fresh clock, no events). Spawns the refresh task, whose
+    /// first refresh goes out at once.
+    pub fn new(config: ProducerConfig, transport: T, store: S) -> Self {
+        Self::new_with(config, transport, store, ClientEnv::default())
+    }
+
+    pub fn new_with(config: ProducerConfig, transport: T, store: S, env: ClientEnv) -> Self {
+        let shared = Arc::new(Shared {
+            cache: Mutex::new(RoutingCache::new(config.planted)),
+            config,
+            transport,
+            store,
+            clock: env.clock,
+            sink: env.events,
+            last_attempt_ms: Mutex::new(None),
+        });
+        let refresher = tokio::spawn(refresh_loop(Arc::clone(&shared)));
+        Self { shared, refresher: Some(refresher) }
+    }
+
+    /// The cached routing view, valid or not.
+    pub fn routing(&self) -> Option<RoutingResponse> {
+        self.shared.cache().routing().cloned()
+    }
+
+    /// Refreshes routing now (also done in the background).
+    pub async fn refresh(&self) -> Result<RefreshOutcome, TransportError> {
+        self.shared.refresh().await
+    }
+
+    /// Publishes `payload` under `key` (fields `key` and `payload`).
+    pub async fn publish(&self, key: &[u8], payload: Vec<u8>) -> Result<EntryId, PublishError> {
+        self.publish_fields(key, vec![("key".into(), key.to_vec()), ("payload".into(), payload)]).await
+    }
+
+    /// Publishes arbitrary fields; `key` only chooses the shard.
+    pub async fn publish_fields(&self, key: &[u8], fields: Vec<(String, Vec<u8>)>) -> Result<EntryId, PublishError> {
+        let shared = &self.shared;
+        let route = match shared.route(key) {
+            Ok(route) => route,
+            Err(_) => {
+                // No valid cache: refresh immediately, once, then fail closed.
+                shared.cache().mark_stale();
+                let refreshed = shared.refresh().await;
+                match shared.route(key) {
+                    Ok(route) => route,
+                    Err(error) => return Err(shared.fail(route_error(error, refreshed.err()))),
+                }
+            }
+        };
+        // No `.await` between the lease check in `route` and this call.
+        match shared.store.xadd(&route.stream, fields, shared.config.maxlen).await {
+            Ok(entry) => {
+                shared.sink.emit(ClientEvent::PublishOk {
+                    at_ms: shared.clock.now_ms(),
+                    producer: shared.config.producer_id.clone(),
+                    shard: route.shard,
+                    entry,
+                    routing_version: route.metadata_version,
+                    cache_expires_ms: route.cache_expires_ms,
+                });
+                Ok(entry)
+            }
+            Err(error) => Err(shared.fail(PublishError::Store(error))),
+        }
+    }
+}
+
+impl<T: CoordinatorTransport, S: StreamStore> Drop for Producer<T, S> {
+    fn drop(&mut self) {
+        if let Some(task) = self.refresher.take() {
+            task.abort();
+        }
+    }
+}
+
+fn route_error(error: RouteError, refresh: Option<TransportError>) -> PublishError {
+    match error {
+        RouteError::NoRouting => {
+            PublishError::NoRouting(refresh.map_or_else(|| "no refresh answered".to_string(), |e| e.to_string()))
+        }
+        RouteError::Expired { expired_at_ms, metadata_version } => {
+            PublishError::CacheExpired { expired_at_ms, metadata_version }
+        }
+    }
+}
+
+impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
+    fn cache(&self) -> MutexGuard<'_, RoutingCache> {
+        // A poisoned lock means a panic mid-update; every cache method leaves it coherent.
+        self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn route(&self, key: &[u8]) -> Result<Route, RouteError> {
+        let now_ms = self.clock.now_ms();
+        self.cache().route(now_ms, key)
+    }
+
+    fn fail(&self, error: PublishError) -> PublishError {
+        let (routing_version, cache_expires_ms) = {
+            let cache = self.cache();
+            (cache.routing().map(|r| r.metadata_version), cache.expires_ms())
+        };
+        self.sink.emit(ClientEvent::PublishFailed {
+            at_ms: self.clock.now_ms(),
+            producer: self.config.producer_id.clone(),
+            error: error.to_string(),
+            routing_version,
+            cache_expires_ms,
+        });
+        error
+    }
+
+    /// One routing request; the lease of its answer counts from `sent_ms`.
+    async fn refresh(&self) -> Result<RefreshOutcome, TransportError> {
+        let sent_ms = self.clock.now_ms();
+        *self.last_attempt_ms.lock().unwrap_or_else(|p| p.into_inner()) = Some(sent_ms);
+        let give_up = tokio::time::Instant::now() + Duration::from_millis(self.config.refresh_timeout_ms);
+        let result = tokio::select! {
+            biased;
+            result = self.transport.routing(&self.config.group) => result,
+            _ = tokio::time::sleep_until(give_up) => Err(TransportError::Timeout),
+        };
+        let now_ms = self.clock.now_ms();
+        let producer = self.config.producer_id.clone();
+        match result {
+            Ok(routing) => {
+                let (metadata_version, shard_count) = (routing.metadata_version, routing.shard_count);
+                let (outcome, cache_expires_ms) = {
+                    let mut cache = self.cache();
+                    let outcome = cache.apply_refresh(sent_ms, now_ms, routing);
+                    (outcome, cache.expires_ms().unwrap_or(0))
+                };
+                self.sink.emit(ClientEvent::RoutingRefreshed {
+                    at_ms: now_ms,
+                    producer,
+                    metadata_version,
+                    shard_count,
+                    cache_expires_ms,
+                    replaced: outcome == RefreshOutcome::Replaced,
+                });
+                Ok(outcome)
+            }
+            Err(error) => {
+                let cache_expires_ms = self.cache().expires_ms();
+                self.sink.emit(ClientEvent::RoutingRefreshFailed {
+                    at_ms: now_ms,
+                    producer,
+                    error: error.clone(),
+                    cache_expires_ms,
+                });
+                Err(error)
+            }
+        }
+    }
+
+    /// When the background task should refresh next: when the cache says so, but never sooner
+    /// than `refresh_retry_ms` after the previous attempt.
+    fn next_refresh_ms(&self) -> u64 {
+        let due_ms = self.cache().refresh_due_ms().unwrap_or(0);
+        let last = *self.last_attempt_ms.lock().unwrap_or_else(|p| p.into_inner());
+        let retry_ms = last.map_or(0, |at| at.saturating_add(self.config.refresh_retry_ms));
+        due_ms.max(retry_ms)
+    }
+}
+
+async fn refresh_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Shared<T, S>>) {
+    loop {
+        let next_ms = shared.next_refresh_ms();
+        if shared.clock.now_ms() >= next_ms {
+            // Failures are recorded as events; the next attempt follows the retry pause.
+            let _ = shared.refresh().await;
+            continue;
+        }
+        tokio::time::sleep_until(shared.clock.instant_at(next_ms)).await;
+    }
+}

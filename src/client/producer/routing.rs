@@ -1,0 +1,249 @@
+//! [`RoutingCache`]: the producer's routing view under a lease, as a pure state machine (`now_ms`
+//! is a parameter; no I/O, no clock).
+//!
+//! Rules (seed: "Producer Routing During Failures"):
+//! - The cache lease is `routingCacheTtlMs` counted from the *send* time of the refresh that
+//!   fetched it; a publish after the lease ended fails (fail closed). This is the invariant.
+//! - A refresh is due `routingRefreshIntervalMs` after the last successful refresh's send time
+//!   (before expiry), and at once when a publish finds no valid cache or detects stale routing.
+//! - A refresh replaces the view only when its metadataVersion is newer; an equal version only
+//!   extends the lease. A failed refresh keeps the cache while its lease holds.
+//! - Decision filling a gap: an *older* version (the store lost writes) never replaces a valid
+//!   cache and never extends it; once the cache expired it is adopted, because Redis is the source
+//!   of truth and refusing it would stop every producer for good after a rollback.
+
+use crate::core::model::ShardId;
+use crate::core::planted::{PlantedBug, PlantedBugs};
+use crate::core::protocol::RoutingResponse;
+
+use super::super::hash::shard_for_key;
+
+/// Where one publish goes, decided at `now_ms`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub shard: ShardId,
+    pub stream: String,
+    pub metadata_version: u64,
+    pub cache_expires_ms: u64,
+}
+
+/// Why no route could be given.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// No routing view was ever fetched.
+    #[error("no routing view yet")]
+    NoRouting,
+    /// The routing view's lease ended at `expired_at_ms` (fail closed).
+    #[error("routing cache expired at {expired_at_ms} ms (version {metadata_version})")]
+    Expired { expired_at_ms: u64, metadata_version: u64 },
+}
+
+/// What applying a refresh did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefreshOutcome {
+    /// The view was replaced (newer version, or an older one after the cache expired).
+    Replaced,
+    /// Same version: the lease was extended.
+    Extended,
+    /// An older version while the cache is valid: kept as is.
+    KeptNewer,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Cached {
+    routing: RoutingResponse,
+    expires_ms: u64,
+    refresh_due_ms: u64,
+}
+
+/// The producer's routing cache. See the module docs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoutingCache {
+    cached: Option<Cached>,
+    /// A publish asked for a refresh before the periodic one.
+    refresh_now: bool,
+    planted: PlantedBugs,
+}
+
+impl RoutingCache {
+    pub fn new(planted: PlantedBugs) -> Self {
+        Self { cached: None, refresh_now: true, planted }
+    }
+
+    /// The cached view, valid or not.
+    pub fn routing(&self) -> Option<&RoutingResponse> {
+        self.cached.as_ref().map(|c| &c.routing)
+    }
+
+    pub fn expires_ms(&self) -> Option<u64> {
+        self.cached.as_ref().map(|c| c.expires_ms)
+    }
+
+    /// True when the lease holds at `now_ms`.
+    pub fn is_valid(&self, now_ms: u64) -> bool {
+        self.cached.as_ref().is_some_and(|c| now_ms < c.expires_ms)
+    }
+
+    /// When the next refresh is due (`None`: now).
+    pub fn refresh_due_ms(&self) -> Option<u64> {
+        match &self.cached {
+            Some(c) if !self.refresh_now => Some(c.refresh_due_ms.min(c.expires_ms)),
+            _ => None,
+        }
+    }
+
+    /// True when a refresh should be sent at `now_ms`.
+    pub fn needs_refresh(&self, now_ms: u64) -> bool {
+        self.refresh_due_ms().is_none_or(|due| now_ms >= due)
+    }
+
+    /// A publish detected stale routing (or found no valid cache): refresh at once.
+    pub fn mark_stale(&mut self) {
+        self.refresh_now = true;
+    }
+
+    /// Applies a successful refresh sent at `sent_ms`.
+    pub fn apply_refresh(&mut self, sent_ms: u64, now_ms: u64, routing: RoutingResponse) -> RefreshOutcome {
+        let expires_ms = sent_ms.saturating_add(routing.routing_cache_ttl_ms);
+        let refresh_due_ms = sent_ms.saturating_add(routing.routing_refresh_interval_ms);
+        let valid = self.is_valid(now_ms);
+        let outcome = match &mut self.cached {
+            Some(c) if routing.metadata_version == c.routing.metadata_version => {
+                // Refreshes may be answered out of order: never shorten the lease.
+                c.expires_ms = c.expires_ms.max(expires_ms);
+                c.refresh_due_ms = c.refresh_due_ms.max(refresh_due_ms);
+                RefreshOutcome::Extended
+            }
+            Some(c) if routing.metadata_version < c.routing.metadata_version && valid => RefreshOutcome::KeptNewer,
+            _ => {
+                self.cached = Some(Cached { routing, expires_ms, refresh_due_ms });
+                RefreshOutcome::Replaced
+            }
+        };
+        self.refresh_now = false;
+        outcome
+    }
+
+    /// The route of `key` at `now_ms`, or why there is none. The caller must write at `now_ms`.
+    pub fn route(&self, now_ms: u64, key: &[u8]) -> Result<Route, RouteError> {
+        let cached = self.cached.as_ref().ok_or(RouteError::NoRouting)?;
+        let routing = &cached.routing;
+        if now_ms >= cached.expires_ms && !self.planted.has(PlantedBug::PublishOnExpiredCache) {
+            return Err(RouteError::Expired {
+                expired_at_ms: cached.expires_ms,
+                metadata_version: routing.metadata_version,
+            });
+        }
+        let shard = shard_for_key(key, routing.shard_count);
+        let stream = match routing.stream_keys.get(shard as usize) {
+            Some(stream) => stream.clone(),
+            None => routing.group.stream_key(shard),
+        };
+        Ok(Route { shard, stream, metadata_version: routing.metadata_version, cache_expires_ms: cached.expires_ms })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::GroupId;
+
+    const TTL_MS: u64 = 1_000;
+    const INTERVAL_MS: u64 = 300;
+
+    fn routing(version: u64, shard_count: u32) -> RoutingResponse {
+        let group = GroupId::new("orders", "billing");
+        RoutingResponse {
+            stream_keys: (0..shard_count).map(|s| group.stream_key(s)).collect(),
+            group,
+            metadata_version: version,
+            shard_count,
+            routing_cache_ttl_ms: TTL_MS,
+            routing_refresh_interval_ms: INTERVAL_MS,
+            store_revision: 1,
+        }
+    }
+
+    #[test]
+    fn empty_cache_refreshes_at_once_and_refuses_to_route() {
+        let cache = RoutingCache::new(PlantedBugs::NONE);
+        assert!(cache.needs_refresh(0));
+        assert_eq!(cache.route(0, b"k"), Err(RouteError::NoRouting));
+    }
+
+    #[test]
+    fn lease_counts_from_the_refresh_send_time_and_fails_closed_at_expiry() {
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
+        assert_eq!(cache.apply_refresh(100, 600, routing(3, 4)), RefreshOutcome::Replaced);
+        let route = cache.route(100 + TTL_MS - 1, b"order-1").expect("valid");
+        assert_eq!((route.shard, route.stream.as_str(), route.metadata_version), (1, "orders:1", 3));
+        assert_eq!(route.cache_expires_ms, 100 + TTL_MS);
+        assert_eq!(
+            cache.route(100 + TTL_MS, b"order-1"),
+            Err(RouteError::Expired { expired_at_ms: 100 + TTL_MS, metadata_version: 3 })
+        );
+    }
+
+    #[test]
+    fn refresh_is_due_every_interval_before_expiry_and_at_once_when_stale() {
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
+        cache.apply_refresh(0, 10, routing(1, 2));
+        assert!(!cache.needs_refresh(INTERVAL_MS - 1));
+        assert!(cache.needs_refresh(INTERVAL_MS));
+        const { assert!(INTERVAL_MS < TTL_MS) };
+        cache.mark_stale();
+        assert!(cache.needs_refresh(20));
+        cache.apply_refresh(20, 30, routing(1, 2));
+        assert!(!cache.needs_refresh(30));
+    }
+
+    #[test]
+    fn replaced_only_by_a_newer_version_and_extended_by_an_equal_one() {
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
+        cache.apply_refresh(0, 5, routing(5, 2));
+        assert_eq!(cache.apply_refresh(200, 205, routing(5, 2)), RefreshOutcome::Extended);
+        assert_eq!(cache.expires_ms(), Some(200 + TTL_MS));
+        // A late answer to an earlier refresh never shortens the lease.
+        assert_eq!(cache.apply_refresh(100, 210, routing(5, 2)), RefreshOutcome::Extended);
+        assert_eq!(cache.expires_ms(), Some(200 + TTL_MS));
+        // An older version does not replace or extend a valid cache.
+        assert_eq!(cache.apply_refresh(400, 405, routing(4, 1)), RefreshOutcome::KeptNewer);
+        assert_eq!((cache.routing().map(|r| r.metadata_version), cache.expires_ms()), (Some(5), Some(200 + TTL_MS)));
+        // A newer version (more shards) replaces it.
+        assert_eq!(cache.apply_refresh(500, 505, routing(6, 8)), RefreshOutcome::Replaced);
+        assert_eq!(cache.routing().map(|r| r.shard_count), Some(8));
+        assert_eq!(cache.expires_ms(), Some(500 + TTL_MS));
+    }
+
+    #[test]
+    fn an_older_version_is_adopted_only_after_the_cache_expired() {
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
+        cache.apply_refresh(0, 5, routing(5, 4));
+        assert_eq!(cache.apply_refresh(TTL_MS, TTL_MS + 5, routing(4, 2)), RefreshOutcome::Replaced);
+        assert_eq!(cache.routing().map(|r| r.metadata_version), Some(4));
+    }
+
+    #[test]
+    fn a_failed_refresh_keeps_the_cache_until_its_lease_ends() {
+        // A failure is "no apply": the cache is untouched and still routes until expiry.
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
+        cache.apply_refresh(0, 5, routing(2, 4));
+        assert!(cache.needs_refresh(INTERVAL_MS));
+        assert!(cache.route(TTL_MS - 1, b"k").is_ok());
+        assert!(cache.route(TTL_MS, b"k").is_err());
+    }
+
+    #[test]
+    fn planted_publish_on_expired_cache_is_observable() {
+        let mut cache = RoutingCache::new(PlantedBugs::only(PlantedBug::PublishOnExpiredCache));
+        cache.apply_refresh(0, 5, routing(2, 4));
+        assert!(cache.route(TTL_MS + 1, b"k").is_ok());
+    }
+
+    #[test]
+    fn routes_follow_the_jump_hash_over_the_cached_shard_count() {
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
+        cache.apply_refresh(0, 5, routing(1, 10));
+        assert_eq!(cache.route(6, "中国".as_bytes()).map(|r| r.shard), Ok(5));
+    }
+}
