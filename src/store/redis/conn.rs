@@ -49,9 +49,12 @@ pub(crate) struct Connector {
 
 impl Connector {
     pub(crate) fn new(client: Client, timeout_ms: u64, redactor: Redactor) -> Self {
-        // The connect deadline is also enforced by the outer timeout; setting it here makes the
-        // crate give up on a dead address instead of leaving a half-open attempt behind.
-        let config = AsyncConnectionConfig::new().set_connection_timeout(Some(Duration::from_millis(timeout_ms)));
+        // The crate's own response timeout (500 ms by default) is turned off: the deadline of
+        // `run` governs, and it must be longer for a blocking read. The connect timeout is kept
+        // so the crate gives up on a dead address instead of leaving a half-open attempt behind.
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(timeout_ms)))
+            .set_response_timeout(None);
         Self {
             client,
             config,

@@ -1,0 +1,232 @@
+//! Contract cases for `MetadataStore`: each runs unchanged against every store implementation.
+
+use std::collections::BTreeMap;
+
+use rsc::core::model::GroupId;
+use rsc::store::{MetadataStore, StoreError, StoredRecord, StreamStore, WriteOutcome, WriteRequest};
+
+/// A group whose prefix contains ':' (allowed; the group name may not).
+pub fn group() -> GroupId {
+    GroupId::new("orders:v1", "billing")
+}
+
+pub fn create(aggregate: &str) -> WriteRequest {
+    WriteRequest {
+        expected_revision: None,
+        aggregate: aggregate.to_string(),
+        schema_version: 1,
+        layout_version: 1,
+        updated_at_ms: 1_700_000_000_000,
+        liveness_guards: Vec::new(),
+        liveness_remove: Vec::new(),
+    }
+}
+
+pub fn cas(expected: u64, aggregate: &str) -> WriteRequest {
+    WriteRequest { expected_revision: Some(expected), ..create(aggregate) }
+}
+
+fn written(revision: u64) -> WriteOutcome {
+    WriteOutcome::Written { revision }
+}
+
+pub async fn contract_create_only_if_absent<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let g = group();
+    assert_eq!(store.load(&g).await, Ok(None));
+    let aggregate = r#"{"shards":4,"note":"ünïcode ✓"}"#;
+    let request = WriteRequest { schema_version: 3, layout_version: 2, updated_at_ms: 42, ..create(aggregate) };
+    assert_eq!(store.write(&g, request).await, Ok(written(1)));
+    let expected = StoredRecord {
+        aggregate: aggregate.to_string(),
+        revision: 1,
+        schema_version: 3,
+        layout_version: 2,
+        updated_at_ms: 42,
+    };
+    assert_eq!(store.load(&g).await, Ok(Some(expected.clone())));
+    // A second create loses and reports the stored revision; nothing changes.
+    assert_eq!(store.write(&g, create("other")).await, Ok(WriteOutcome::RevisionConflict { current: Some(1) }));
+    assert_eq!(store.load(&g).await, Ok(Some(expected)));
+}
+
+pub async fn contract_cas_success_and_conflict<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let g = group();
+    assert_eq!(store.write(&g, cas(1, "x")).await, Ok(WriteOutcome::RevisionConflict { current: None }));
+    assert_eq!(store.write(&g, create("v1")).await, Ok(written(1)));
+    assert_eq!(store.write(&g, cas(1, "v2")).await, Ok(written(2)));
+    assert_eq!(store.write(&g, cas(2, "v3")).await, Ok(written(3)));
+    // A stale writer (it read revision 2) loses and learns the current revision.
+    assert_eq!(store.write(&g, cas(2, "stale")).await, Ok(WriteOutcome::RevisionConflict { current: Some(3) }));
+    assert_eq!(store.write(&g, cas(4, "ahead")).await, Ok(WriteOutcome::RevisionConflict { current: Some(3) }));
+    let record = store.load(&g).await.expect("load").expect("record");
+    assert_eq!((record.revision, record.aggregate.as_str()), (3, "v3"));
+}
+
+pub async fn contract_liveness_guard_failure_writes_nothing<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let g = group();
+    assert_eq!(store.write(&g, create("v1")).await, Ok(written(1)));
+    assert_eq!(store.touch_and_load(&g, "m1").await.map(|t| t.liveness), Ok(1));
+    let before = store.load(&g).await.expect("load");
+
+    // m1 heartbeated after the decision saw 0: the write must not happen.
+    let stale = WriteRequest {
+        liveness_guards: vec![("m2".into(), 0), ("m1".into(), 0)],
+        liveness_remove: vec!["m1".into()],
+        ..cas(1, "expire m1")
+    };
+    assert_eq!(store.write(&g, stale).await, Ok(WriteOutcome::LivenessChanged { member: "m1".into() }));
+    assert_eq!(store.load(&g).await.expect("load"), before);
+    assert_eq!(store.liveness(&g).await, Ok(BTreeMap::from([("m1".to_string(), 1)])));
+
+    // An absent member's counter is 0, so a guard expecting 3 fails.
+    let absent = WriteRequest { liveness_guards: vec![("ghost".into(), 3)], ..cas(1, "x") };
+    assert_eq!(store.write(&g, absent).await, Ok(WriteOutcome::LivenessChanged { member: "ghost".into() }));
+
+    // The revision is checked before the guards.
+    let both_stale = WriteRequest { liveness_guards: vec![("m1".into(), 0)], ..cas(7, "x") };
+    assert_eq!(store.write(&g, both_stale).await, Ok(WriteOutcome::RevisionConflict { current: Some(1) }));
+
+    // Guards that match (absent = 0) let the write through.
+    let fresh = WriteRequest { liveness_guards: vec![("m1".into(), 1), ("ghost".into(), 0)], ..cas(1, "v2") };
+    assert_eq!(store.write(&g, fresh).await, Ok(written(2)));
+    assert_eq!(store.load(&g).await.expect("load").map(|r| r.aggregate), Some("v2".to_string()));
+}
+
+pub async fn contract_liveness_removal<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let g = group();
+    assert_eq!(store.write(&g, create("v1")).await, Ok(written(1)));
+    // More members than one server-side batch of removals (200) to cover batching.
+    let members: Vec<String> = (0..250).map(|i| format!("member-{i:03}")).collect();
+    for member in &members {
+        assert_eq!(store.touch_and_load(&g, member).await.map(|t| t.liveness), Ok(1));
+    }
+    assert_eq!(store.touch_and_load(&g, "member-007").await.map(|t| t.liveness), Ok(2));
+    let remove: Vec<String> = members.iter().filter(|m| m.as_str() != "member-007").cloned().collect();
+    let request = WriteRequest { liveness_remove: remove, ..cas(1, "v2") };
+    assert_eq!(store.write(&g, request).await, Ok(written(2)));
+    assert_eq!(store.liveness(&g).await, Ok(BTreeMap::from([("member-007".to_string(), 2)])));
+    // Removing a member that has no counter is not an error.
+    let request = WriteRequest { liveness_remove: vec!["nobody".into()], ..cas(2, "v3") };
+    assert_eq!(store.write(&g, request).await, Ok(written(3)));
+    assert_eq!(store.liveness(&g).await.map(|l| l.len()), Ok(1));
+}
+
+pub async fn contract_touch_and_load<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let g = group();
+    // No metadata: the counter still moves (HINCRBY semantics) and the record is absent.
+    let touched = store.touch_and_load(&g, "early").await.expect("touch");
+    assert_eq!((touched.liveness, touched.record), (1, None));
+
+    assert_eq!(store.write(&g, create("v1")).await, Ok(written(1)));
+    let touched = store.touch_and_load(&g, "m1").await.expect("touch");
+    assert_eq!(touched.liveness, 1);
+    assert_eq!(touched.record, store.load(&g).await.expect("load"));
+    assert_eq!(touched.record.map(|r| r.revision), Some(1));
+
+    // Concurrent heartbeats: every increment is atomic, so each caller sees a distinct value.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let (store, g) = (store.clone(), g.clone());
+        tasks.spawn(async move { store.touch_and_load(&g, "m2").await.map(|t| t.liveness) });
+    }
+    let mut seen = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        seen.push(joined.expect("task").expect("touch"));
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (1..=20).collect::<Vec<u64>>());
+    let expected = BTreeMap::from([("early".to_string(), 1), ("m1".to_string(), 1), ("m2".to_string(), 20)]);
+    assert_eq!(store.liveness(&g).await, Ok(expected));
+}
+
+pub async fn contract_delete_if_revision<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let g = group();
+    let other = GroupId::new("other", "g");
+    assert_eq!(store.delete(&g, 1).await, Ok(WriteOutcome::RevisionConflict { current: None }));
+    for group in [&g, &other] {
+        assert_eq!(store.write(group, create("v1")).await, Ok(written(1)));
+        store.index_add(group).await.expect("index add");
+        store.touch_and_load(group, "m1").await.expect("touch");
+    }
+    assert_eq!(store.write(&g, cas(1, "v2")).await, Ok(written(2)));
+    assert!(store.acquire_mutex(&g, "holder", 60_000).await.expect("mutex"));
+
+    assert_eq!(store.delete(&g, 1).await, Ok(WriteOutcome::RevisionConflict { current: Some(2) }));
+    assert_eq!(store.load(&g).await.expect("load").map(|r| r.revision), Some(2));
+
+    assert_eq!(store.delete(&g, 2).await, Ok(WriteOutcome::Written { revision: 0 }));
+    assert_eq!(store.load(&g).await, Ok(None));
+    assert_eq!(store.liveness(&g).await, Ok(BTreeMap::new()));
+    assert_eq!(store.index_members().await, Ok(vec![other.clone()]));
+    // The mutex belongs to its holder, not to the metadata.
+    assert!(!store.acquire_mutex(&g, "someone-else", 60_000).await.expect("mutex"));
+    assert!(store.release_mutex(&g, "holder").await.expect("release"));
+    // The other group is untouched.
+    assert_eq!(store.load(&other).await.expect("load").map(|r| r.revision), Some(1));
+    assert_eq!(store.liveness(&other).await.map(|l| l.len()), Ok(1));
+    // After a delete the group can be created again from revision 1.
+    assert_eq!(store.write(&g, create("again")).await, Ok(written(1)));
+}
+
+pub async fn contract_mutex<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let g = group();
+    assert!(store.acquire_mutex(&g, "t1", 60_000).await.expect("acquire"));
+    assert!(!store.acquire_mutex(&g, "t2", 60_000).await.expect("acquire"));
+    // Compare-and-delete: a non-holder's release does nothing.
+    assert!(!store.release_mutex(&g, "t2").await.expect("release"));
+    assert!(!store.acquire_mutex(&g, "t3", 60_000).await.expect("acquire"));
+    assert!(store.release_mutex(&g, "t1").await.expect("release"));
+    assert!(!store.release_mutex(&g, "t1").await.expect("release"));
+
+    // TTL expiry frees the mutex; the stalled holder's late release must not free the new one.
+    assert!(store.acquire_mutex(&g, "stalled", 150).await.expect("acquire"));
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert!(store.acquire_mutex(&g, "next", 60_000).await.expect("acquire"));
+    assert!(!store.release_mutex(&g, "stalled").await.expect("release"));
+    assert!(!store.acquire_mutex(&g, "third", 60_000).await.expect("acquire"));
+
+    // Mutexes of different groups are independent.
+    assert!(store.acquire_mutex(&GroupId::new("other", "g"), "t1", 60_000).await.expect("acquire"));
+
+    // Redis rejects a zero expiry.
+    assert!(matches!(store.acquire_mutex(&g, "t", 0).await, Err(StoreError::Protocol(_))));
+}
+
+pub async fn contract_index_and_rebuild<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let a = group(); // prefix with ':'
+    let b = GroupId::new("p", "g2");
+    let c = GroupId::new("zeta:x:y", "c");
+    assert_eq!(store.index_members().await, Ok(vec![]));
+    assert_eq!(store.rebuild_index().await, Ok(vec![]));
+
+    store.index_add(&c).await.expect("index add");
+    store.index_add(&c).await.expect("index add is idempotent");
+    assert_eq!(store.index_members().await, Ok(vec![c.clone()]));
+
+    for g in [&b, &a] {
+        assert_eq!(store.write(g, create("v1")).await, Ok(written(1)));
+    }
+    // Rebuild finds exactly the groups with a metadata key, sorted, and indexes them; it does
+    // not remove an entry without metadata (c).
+    assert_eq!(store.rebuild_index().await, Ok(vec![a.clone(), b.clone()]));
+    assert_eq!(store.index_members().await, Ok(vec![a.clone(), b.clone(), c.clone()]));
+
+    assert_eq!(store.delete(&b, 1).await, Ok(WriteOutcome::Written { revision: 0 }));
+    assert_eq!(store.rebuild_index().await, Ok(vec![a.clone()]));
+    assert_eq!(store.index_members().await, Ok(vec![a, c]));
+}
+
+pub async fn contract_identity_and_probe<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let first = store.identity().await.expect("identity");
+    assert!(!first.run_id.is_empty() && !first.replication_id.is_empty(), "{first:?}");
+    assert_eq!(store.write(&group(), create("v1")).await, Ok(written(1)));
+    assert_eq!(store.identity().await, Ok(first.clone()));
+
+    let report = store.probe().await.expect("probe");
+    assert!(!report.server_version.is_empty());
+    assert_eq!(report.identity, first);
+    // The probe leaves nothing that looks like a group or an index entry behind.
+    assert_eq!(store.rebuild_index().await, Ok(vec![group()]));
+    assert_eq!(store.index_members().await, Ok(vec![group()]));
+    assert_eq!(store.probe().await.map(|r| r.identity), Ok(first));
+}

@@ -1,0 +1,251 @@
+//! Behaviour only a real server can show: the exact key layout, restarts, failover, deadlines
+//! against dead or hung servers, renamed commands and ACL users.
+
+use std::time::{Duration, Instant};
+
+use rsc::store::keys;
+use rsc::store::redis::{RedisStore, RedisStoreOptions};
+use rsc::store::{MetadataStore, ReadFrom, StoreError, StreamStore, WriteOutcome};
+
+use crate::metadata::{cas, create, group};
+use crate::support::{RedisServer, ServerConfig, TcpProxy};
+
+fn options(timeout_ms: u64) -> RedisStoreOptions {
+    RedisStoreOptions { timeout_ms, ..RedisStoreOptions::default() }
+}
+
+async fn store_for(url: &str) -> RedisStore {
+    RedisStore::connect(url, options(2_000)).await.expect("connect")
+}
+
+/// Calls `load` until it succeeds: the first call after a restart may fail on the dead connection.
+async fn load_after_reconnect(store: &RedisStore) -> Option<rsc::store::StoredRecord> {
+    let mut last = None;
+    for _ in 0..3 {
+        match store.load(&group()).await {
+            Ok(record) => return record,
+            Err(err) => {
+                assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+                last = Some(err);
+            }
+        }
+    }
+    panic!("the store did not reconnect: {last:?}");
+}
+
+fn text(value: redis::Value) -> String {
+    redis::from_redis_value(value).expect("text reply")
+}
+
+#[tokio::test]
+async fn layout_matches_keys_rs_and_metadata_has_no_ttl() {
+    let server = RedisServer::start();
+    let store = store_for(&server.url()).await;
+    let g = group();
+    assert_eq!(store.write(&g, create("{}")).await, Ok(WriteOutcome::Written { revision: 1 }));
+    store.touch_and_load(&g, "m1").await.expect("touch");
+    assert!(store.acquire_mutex(&g, "token", 30_000).await.expect("mutex"));
+
+    let metadata = keys::metadata_key(&g);
+    assert_eq!(metadata, "redis-stream:coord:{orders:v1:billing}:metadata");
+    let mut fields: Vec<String> = redis::from_redis_value(server.cmd(&["HKEYS", &metadata])).expect("HKEYS");
+    fields.sort();
+    assert_eq!(fields, ["aggregate", "layoutVersion", "revision", "schemaVersion", "updatedAt"]);
+    assert_eq!(text(server.cmd(&["HGET", &metadata, "revision"])), "1");
+    assert_eq!(server.cmd(&["PTTL", &metadata]), redis::Value::Int(-1), "metadata must never expire");
+    assert_eq!(text(server.cmd(&["HGET", &keys::liveness_key(&g), "m1"])), "1");
+    assert_eq!(text(server.cmd(&["GET", &keys::mutex_key(&g)])), "token");
+    assert!(matches!(server.cmd(&["PTTL", &keys::mutex_key(&g)]), redis::Value::Int(ms) if ms > 0));
+    // A successful create also indexes the group (a separate SADD: the index has no hash tag).
+    let members: Vec<String> = redis::from_redis_value(server.cmd(&["SMEMBERS", keys::INDEX_KEY])).expect("set");
+    assert_eq!(members, ["orders:v1:billing"]);
+    // A later CAS write keeps the metadata free of a TTL too.
+    assert_eq!(store.write(&g, cas(1, "{}")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    assert_eq!(server.cmd(&["PTTL", &metadata]), redis::Value::Int(-1));
+}
+
+#[tokio::test]
+async fn rebuild_restores_a_lost_index() {
+    let server = RedisServer::start();
+    let store = store_for(&server.url()).await;
+    store.write(&group(), create("{}")).await.expect("create");
+    server.cmd(&["DEL", keys::INDEX_KEY]);
+    assert_eq!(store.index_members().await, Ok(vec![]));
+    assert_eq!(store.rebuild_index().await, Ok(vec![group()]));
+    assert_eq!(store.index_members().await, Ok(vec![group()]));
+}
+
+#[tokio::test]
+async fn restart_changes_identity_keeps_persisted_data_and_the_store_reconnects() {
+    let mut server = RedisServer::start_with(ServerConfig { persistence: true, ..ServerConfig::default() });
+    let store = store_for(&server.url()).await;
+    store.write(&group(), create("kept")).await.expect("create");
+    let before = store.identity().await.expect("identity");
+    assert_eq!(before.run_id, server.run_id());
+
+    server.kill(); // SIGKILL: AOF with appendfsync always keeps the acknowledged write.
+    server.start_again();
+
+    let record = load_after_reconnect(&store).await.expect("the record survived the restart");
+    assert_eq!((record.revision, record.aggregate.as_str()), (1, "kept"));
+    let after = store.identity().await.expect("identity");
+    assert_ne!(after.run_id, before.run_id, "a restart is visible as a new run_id");
+    assert_eq!(after.run_id, server.run_id());
+    // Scripts are reloaded transparently (the new process has an empty script cache).
+    assert_eq!(store.write(&group(), cas(1, "after")).await, Ok(WriteOutcome::Written { revision: 2 }));
+}
+
+#[tokio::test]
+async fn failover_to_a_lagging_replica_loses_the_suffix_and_changes_identity() {
+    let primary = RedisServer::start();
+    let (replica, link) = primary.start_replica_via_proxy();
+    let front = TcpProxy::start(primary.port()); // the address clients use across the failover
+    let store = store_for(&front.url()).await;
+    store.write(&group(), create("v1")).await.expect("create");
+    primary.wait_replicated(1);
+    let before = store.identity().await.expect("identity");
+
+    link.pause();
+    assert_eq!(store.write(&group(), cas(1, "v2")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    replica.promote();
+    front.set_target(replica.port());
+    front.cut();
+
+    let record = load_after_reconnect(&store).await.expect("record");
+    assert_eq!(record.revision, 1, "the acknowledged but unreplicated write is lost");
+    let after = store.identity().await.expect("identity");
+    assert_ne!(after.replication_id, before.replication_id);
+    assert_ne!(after.run_id, before.run_id);
+    assert_eq!(store.write(&group(), cas(1, "v2'")).await, Ok(WriteOutcome::Written { revision: 2 }));
+}
+
+/// Runs `call` and checks it failed as `Unavailable` within the deadline plus some slack.
+async fn assert_unavailable_within<T: std::fmt::Debug>(
+    deadline_ms: u64,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) {
+    let started = Instant::now();
+    let result = call.await;
+    let elapsed = started.elapsed();
+    assert!(matches!(result, Err(StoreError::Unavailable(_))), "{result:?}");
+    assert!(elapsed < Duration::from_millis(deadline_ms + 700), "took {elapsed:?}");
+}
+
+#[tokio::test]
+async fn a_killed_server_is_unavailable_within_the_timeout() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), options(500)).await.expect("connect");
+    store.load(&group()).await.expect("load");
+    server.kill();
+    assert_unavailable_within(500, store.load(&group())).await;
+    assert_unavailable_within(500, store.write(&group(), create("x"))).await;
+    assert_unavailable_within(500, store.identity()).await;
+    // Connecting to a dead address fails the same way.
+    assert_unavailable_within(500, RedisStore::connect(&server.url(), options(500))).await;
+}
+
+#[tokio::test]
+async fn a_hung_server_is_unavailable_within_the_timeout_and_recovers() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), options(500)).await.expect("connect");
+    store.ensure_group("s:0", "g").await.expect("ensure");
+    server.freeze();
+    assert_unavailable_within(500, store.load(&group())).await;
+    let streams = [("s:0".to_string(), ReadFrom::New)];
+    assert_unavailable_within(800, store.xreadgroup("g", "c", &streams, 10, Some(300))).await;
+    assert_unavailable_within(500, RedisStore::connect(&server.url(), options(500))).await;
+    server.thaw();
+    assert_eq!(load_after_reconnect(&store).await, None);
+}
+
+#[tokio::test]
+async fn a_blocking_read_waits_its_block_time_without_stalling_other_calls() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), options(300)).await.expect("connect");
+    store.ensure_group("s:0", "g").await.expect("ensure");
+    let reader = store.clone();
+    let started = Instant::now();
+    let blocked = tokio::spawn(async move {
+        let streams = [("s:0".to_string(), ReadFrom::New)];
+        reader.xreadgroup("g", "c", &streams, 10, Some(1_000)).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The shared connection is not behind the blocked read.
+    store.load(&group()).await.expect("load during a blocking read");
+    assert!(started.elapsed() < Duration::from_millis(600));
+    let id = store.xadd("s:0", vec![("k".into(), b"v".to_vec())], None).await.expect("xadd");
+    let delivered = blocked.await.expect("task").expect("blocking read");
+    assert_eq!(delivered[0].1[0].id, id, "the blocked read wakes up with the new entry");
+    // With nothing to read it returns empty after its block time, not a timeout.
+    let streams = [("s:0".to_string(), ReadFrom::New)];
+    let started = Instant::now();
+    assert_eq!(store.xreadgroup("g", "c", &streams, 10, Some(500)).await, Ok(vec![]));
+    assert!(started.elapsed() >= Duration::from_millis(450));
+}
+
+#[tokio::test]
+async fn a_renamed_command_fails_the_probe_naming_it() {
+    let args = ["--rename-command", "XAUTOCLAIM", ""].map(String::from).to_vec();
+    let server = RedisServer::start_with(ServerConfig { extra_args: args, ..ServerConfig::default() });
+    let store = store_for(&server.url()).await;
+    match store.probe().await {
+        Err(StoreError::Unsupported { command, .. }) => assert_eq!(command, "XAUTOCLAIM"),
+        other => panic!("probe must fail naming XAUTOCLAIM, got {other:?}"),
+    }
+    store.ensure_group("s:0", "g").await.expect("ensure");
+    match store.claim_all_pending("s:0", "g", "c", 0).await {
+        Err(StoreError::Unsupported { command, .. }) => assert_eq!(command, "XAUTOCLAIM"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_acl_denied_command_fails_the_probe_naming_it() {
+    let server = RedisServer::start();
+    server.cmd(&["ACL", "SETUSER", "coord", "on", ">pw", "~*", "&*", "+@all", "-hincrby"]);
+    let store = store_for(&format!("redis://coord:pw@127.0.0.1:{}", server.port())).await;
+    match store.probe().await {
+        Err(StoreError::Unsupported { command, .. }) => assert_eq!(command, "HINCRBY"),
+        other => panic!("probe must fail naming HINCRBY, got {other:?}"),
+    }
+    // The same denial inside a script is still Unsupported.
+    assert!(matches!(store.touch_and_load(&group(), "m").await, Err(StoreError::Unsupported { .. })));
+    // The probe cleaned up after itself even though it failed.
+    let left: Vec<String> = redis::from_redis_value(server.cmd(&["KEYS", "*"])).expect("keys");
+    assert_eq!(left, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_least_privilege_user_runs_everything_and_cannot_flush() {
+    let server = RedisServer::start();
+    let url = server.create_acl_user("coordinator", "s3cret");
+    let store = store_for(&url).await;
+    store.probe().await.expect("probe as the least-privilege user");
+    assert!(store.write(&group(), create("{}")).await.is_ok());
+    let user = redis::Client::open(url.as_str()).expect("client");
+    let mut conn = user.get_connection().expect("connect as the user");
+    let denied: redis::RedisResult<()> = redis::cmd("FLUSHALL").query(&mut conn);
+    assert_eq!(denied.map_err(|e| e.code().map(str::to_string)), Err(Some("NOPERM".to_string())));
+    let denied: redis::RedisResult<()> = redis::cmd("FLUSHDB").query(&mut conn);
+    assert!(denied.is_err());
+}
+
+#[tokio::test]
+async fn wrong_credentials_are_unavailable_and_never_echo_the_password() {
+    let server = RedisServer::start();
+    server.create_acl_user("coordinator", "right");
+    let url = format!("redis://coordinator:Wr0ngPassw0rd@127.0.0.1:{}", server.port());
+    let err = RedisStore::connect(&url, options(1_000)).await.expect_err("bad password");
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(!format!("{err} {err:?}").contains("Wr0ngPassw0rd"), "{err:?}");
+    let store = RedisStore::open(&url, options(1_000)).expect("open");
+    assert!(!format!("{store:?}").contains("Wr0ngPassw0rd"));
+}
+
+#[tokio::test]
+async fn tls_urls_are_rejected_as_unsupported() {
+    match RedisStore::open("rediss://127.0.0.1:6380", RedisStoreOptions::default()) {
+        Err(StoreError::Unsupported { command, .. }) => assert_eq!(command, "rediss://"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}

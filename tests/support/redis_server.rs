@@ -1,0 +1,354 @@
+//! One `redis-server` child process per handle, for integration tests.
+//!
+//! Owns the process, its port and its temporary directory; kills the process (SIGKILL) and removes
+//! the directory on drop. Never binds anything but 127.0.0.1 and never touches a server it did
+//! not start. Admin commands go through the `redis` crate's synchronous client, a fresh
+//! connection per call, so they work across restarts.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::proxy::TcpProxy;
+
+/// How long a server may take to answer PING after it was spawned.
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// Attempts to find a free port when the one picked was taken in the meantime.
+const PORT_ATTEMPTS_MAX: usize = 8;
+
+static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// How a server is started. `Default`: no persistence, no extra arguments, a primary.
+#[derive(Clone, Debug, Default)]
+pub struct ServerConfig {
+    /// AOF on with `appendfsync always` (every acknowledged write survives SIGKILL + restart).
+    pub persistence: bool,
+    /// Extra `--option value` arguments, e.g. `["--rename-command", "XAUTOCLAIM", ""]`.
+    pub extra_args: Vec<String>,
+    /// Start as a replica of 127.0.0.1:<port>.
+    pub replica_of: Option<u16>,
+}
+
+/// A running (or deliberately stopped) `redis-server`.
+pub struct RedisServer {
+    binary: PathBuf,
+    port: u16,
+    dir: PathBuf,
+    config: ServerConfig,
+    child: Option<Child>,
+}
+
+fn binary() -> PathBuf {
+    std::env::var_os("REDIS_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"))
+}
+
+/// `(major, minor)` of the redis-server binary, read once per test process.
+pub fn server_version() -> (u32, u32) {
+    static VERSION: OnceLock<(u32, u32)> = OnceLock::new();
+    *VERSION.get_or_init(|| {
+        let bin = binary();
+        let output = Command::new(&bin).arg("--version").output().unwrap_or_else(|e| {
+            panic!(
+                "cannot run {}: {e}. These tests need a real redis-server >= 6.2 \
+                 (apt-get install redis-server; CI installs it) or REDIS_SERVER_BIN=/path/to/redis-server",
+                bin.display()
+            )
+        });
+        let text = String::from_utf8_lossy(&output.stdout).to_string();
+        let version = text.split_whitespace().find_map(|w| w.strip_prefix("v=")).unwrap_or("");
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        let parsed = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        assert!(parsed >= (6, 2), "redis-server {version:?} is too old: these tests need >= 6.2 (XAUTOCLAIM)");
+        parsed
+    })
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port on 127.0.0.1");
+    listener.local_addr().expect("local addr").port()
+}
+
+fn fresh_dir() -> PathBuf {
+    let n = DIR_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("rsc-redis-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the server's temporary directory");
+    dir
+}
+
+/// One raw RESP PING; true on `+PONG` (false while loading, refusing, or not yet listening).
+fn answers_ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 16];
+    matches!(stream.read(&mut reply), Ok(n) if reply[..n].starts_with(b"+PONG"))
+}
+
+impl RedisServer {
+    /// A primary without persistence on a free port.
+    pub fn start() -> Self {
+        Self::start_with(ServerConfig::default())
+    }
+
+    /// A server with `config` on a free port (retrying if the port is taken before it binds).
+    pub fn start_with(config: ServerConfig) -> Self {
+        server_version();
+        let dir = fresh_dir();
+        let mut server = RedisServer { binary: binary(), port: 0, dir, config, child: None };
+        for attempt in 1..=PORT_ATTEMPTS_MAX {
+            server.port = free_port();
+            match server.spawn_and_wait() {
+                Ok(()) => return server,
+                Err(log) if log.contains("Address already in use") && attempt < PORT_ATTEMPTS_MAX => continue,
+                Err(log) => panic!("redis-server did not start on port {}:\n{log}", server.port),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join("redis.log")
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            self.port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--dir".into(),
+            self.dir.display().to_string(),
+            "--logfile".into(),
+            self.log_path().display().to_string(),
+            "--daemonize".into(),
+            "no".into(),
+            "--save".into(),
+            String::new(),
+        ];
+        if self.config.persistence {
+            args.extend(["--appendonly", "yes", "--appendfsync", "always"].map(String::from));
+        } else {
+            args.extend(["--appendonly", "no"].map(String::from));
+        }
+        if server_version() >= (7, 0) {
+            // DEBUG (e.g. DEBUG SLEEP) is refused by default since 7.0.
+            args.extend(["--enable-debug-command", "local"].map(String::from));
+        }
+        if let Some(primary) = self.config.replica_of {
+            args.extend(["--replicaof".to_string(), "127.0.0.1".to_string(), primary.to_string()]);
+        }
+        args.extend(self.config.extra_args.iter().cloned());
+        args
+    }
+
+    /// Spawns the process on `self.port` and waits for PING. Err: the log, if it exited or hung.
+    fn spawn_and_wait(&mut self) -> Result<(), String> {
+        let _ = std::fs::remove_file(self.log_path());
+        let child = Command::new(&self.binary)
+            .args(self.args())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {}: {e}. These tests need a real redis-server >= 6.2 \
+                     (apt-get install redis-server; CI installs it) or REDIS_SERVER_BIN",
+                    self.binary.display()
+                )
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if answers_ping(self.port) {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    return Err(format!("exited with {status}\n{}", self.log_tail()));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        Err(format!("no PONG within {READY_TIMEOUT:?}\n{}", self.log_tail()))
+    }
+
+    /// The last lines of the server log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `redis://127.0.0.1:<port>` (default user).
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// True while the process runs (also while frozen).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the server is not running").id()
+    }
+
+    /// Runs one command as the default user; Err carries the server's or the transport's error.
+    pub fn try_cmd(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
+        let client = redis::Client::open(self.url())?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut conn)
+    }
+
+    /// Runs one command as the default user; panics on any error.
+    pub fn cmd(&self, args: &[&str]) -> redis::Value {
+        self.try_cmd(args).unwrap_or_else(|e| panic!("{args:?} on port {} failed: {e}", self.port))
+    }
+
+    /// A field of `INFO <section>`.
+    pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
+        let info: String = redis::from_redis_value(self.cmd(&["INFO", section])).expect("INFO is text");
+        info.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':').map(|v| v.trim().to_string()))
+    }
+
+    pub fn run_id(&self) -> String {
+        self.info_field("server", "run_id").expect("INFO server has run_id")
+    }
+
+    pub fn replication_id(&self) -> String {
+        self.info_field("replication", "master_replid").expect("INFO replication has master_replid")
+    }
+
+    /// SIGKILL and reap: a crash. Data not yet persisted is lost (with `persistence`, none is).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Graceful stop: SHUTDOWN (which writes the AOF out), then reap.
+    pub fn shutdown(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        let _ = self.try_cmd(&["SHUTDOWN"]); // The connection drops as the server exits.
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Starts the process again on the same port, directory and configuration (a new `run_id`).
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "start_again: the server is still running; kill() or shutdown() it first");
+        if let Err(log) = self.spawn_and_wait() {
+            panic!("redis-server did not restart on port {}:\n{log}", self.port);
+        }
+    }
+
+    /// `shutdown()` + `start_again()`.
+    pub fn restart(&mut self) {
+        self.shutdown();
+        self.start_again();
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill").args([signal, &self.pid().to_string()]).status().expect("run kill(1)");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// SIGSTOP: the server keeps its sockets (connects are accepted by the kernel) but never
+    /// answers — the "hung server" case that only a client-side deadline can handle.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after `freeze()`.
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    /// A replica of this server, started and fully synced.
+    pub fn start_replica(&self) -> RedisServer {
+        let replica = RedisServer::start_with(ServerConfig { replica_of: Some(self.port), ..ServerConfig::default() });
+        replica.wait_link_up();
+        replica
+    }
+
+    /// A replica whose replication link runs through a [`TcpProxy`], so the test can pause the
+    /// stream of writes (`link.pause()`) and then promote the replica without them.
+    pub fn start_replica_via_proxy(&self) -> (RedisServer, TcpProxy) {
+        let link = TcpProxy::start(self.port);
+        let replica =
+            RedisServer::start_with(ServerConfig { replica_of: Some(link.port()), ..ServerConfig::default() });
+        replica.wait_link_up();
+        (replica, link)
+    }
+
+    /// Waits until this replica reports `master_link_status:up` (initial sync done).
+    pub fn wait_link_up(&self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if self.info_field("replication", "master_link_status").as_deref() == Some("up") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("replica on port {} never synced:\n{}", self.port, self.log_tail());
+    }
+
+    /// On a primary: blocks until `replicas` replicas acknowledged every write so far (WAIT).
+    pub fn wait_replicated(&self, replicas: u64) {
+        let acked: u64 = redis::from_redis_value(self.cmd(&["WAIT", &replicas.to_string(), "5000"])).expect("WAIT");
+        assert!(acked >= replicas, "only {acked} of {replicas} replicas acknowledged within 5 s");
+    }
+
+    /// On a replica: `REPLICAOF NO ONE` — it becomes a primary with a new replication id.
+    pub fn promote(&self) {
+        self.cmd(&["REPLICAOF", "NO", "ONE"]);
+    }
+
+    /// Creates a user with every command except FLUSHDB and FLUSHALL (the seed's least-privilege
+    /// advice) and returns its URL.
+    pub fn create_acl_user(&self, name: &str, password: &str) -> String {
+        let secret = format!(">{password}");
+        self.cmd(&["ACL", "SETUSER", name, "reset", "on", &secret, "~*", "&*", "+@all", "-flushdb", "-flushall"]);
+        format!("redis://{name}:{password}@127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
