@@ -28,14 +28,17 @@
 //! 4. The other half of the latency passes (response on the wire).
 //!
 //! # Commands each method needs (for [`MemoryStore::set_unsupported`])
+//! The same commands `RedisStore` sends, directly or from its Lua scripts; a method fails with
+//! `Unsupported` naming the first of its list the server rejects.
 //! | method | commands |
 //! |---|---|
-//! | `load`, `liveness` | `HGETALL` |
-//! | `touch_and_load` | `EVALSHA`, `HINCRBY` |
-//! | `write`, `delete`, `release_mutex` | `EVALSHA` |
-//! | `acquire_mutex` | `SET` |
-//! | `index_add` / `index_members` | `SADD` / `SMEMBERS` |
-//! | `rebuild_index` | `SCAN`, `SADD` |
+//! | `load` | `HMGET` |
+//! | `touch_and_load` | `EVALSHA`, `HINCRBY`, `HMGET` |
+//! | `liveness` | `HGETALL` |
+//! | `write` | `EVALSHA`, `EXISTS`, `HGET`, `HSET`, `HDEL` |
+//! | `delete` | `EVALSHA`, `HGET`, `DEL`, `SREM` |
+//! | `acquire_mutex` / `release_mutex` | `SET` / `EVALSHA`, `GET`, `DEL` |
+//! | `index_add` / `index_members` / `rebuild_index` | `SADD` / `SMEMBERS` / `SCAN`, `SADD` |
 //! | `identity` | `INFO` |
 //! | `probe` | every name in [`REQUIRED_COMMANDS`], in that order |
 //! | `xadd` / `ensure_group` / `xack` | `XADD` / `XGROUP` / `XACK` |
@@ -99,16 +102,26 @@ use streams::Streams;
 /// What `probe` reports as the server version.
 pub const SERVER_VERSION: &str = "7.2.0-memory";
 
-/// Every command the layout needs, in the order `probe` checks them.
+/// Every command the layout needs, in the order `probe` checks them (`RedisStore`'s probe list).
 pub const REQUIRED_COMMANDS: &[&str] = &[
+    "PING",
     "INFO",
-    "HGETALL",
+    "HGET",
+    "HMGET",
+    "HSET",
+    "HDEL",
     "HINCRBY",
-    "EVALSHA",
+    "HGETALL",
+    "EXISTS",
+    "DEL",
+    "GET",
     "SET",
     "SADD",
+    "SREM",
     "SMEMBERS",
     "SCAN",
+    "EVALSHA",
+    "SCRIPT",
     "XADD",
     "XGROUP",
     "XREADGROUP",
@@ -384,11 +397,11 @@ struct ReadCall<'a> {
 
 impl MetadataStore for MemoryStore {
     async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
-        self.call(&["HGETALL"], |inner| Ok(inner.load(group))).await
+        self.call(&["HMGET"], |inner| Ok(inner.load(group))).await
     }
 
     async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
-        self.call(&["EVALSHA", "HINCRBY"], |inner| Ok(inner.touch_and_load(group, member))).await
+        self.call(&["EVALSHA", "HINCRBY", "HMGET"], |inner| Ok(inner.touch_and_load(group, member))).await
     }
 
     async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
@@ -396,11 +409,11 @@ impl MetadataStore for MemoryStore {
     }
 
     async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
-        self.call(&["EVALSHA"], |inner| Ok(inner.write(group, request))).await
+        self.call(&["EVALSHA", "EXISTS", "HGET", "HSET", "HDEL"], |inner| Ok(inner.write(group, request))).await
     }
 
     async fn delete(&self, group: &GroupId, expected_revision: u64) -> Result<WriteOutcome, StoreError> {
-        self.call(&["EVALSHA"], |inner| Ok(inner.delete(group, expected_revision))).await
+        self.call(&["EVALSHA", "HGET", "DEL", "SREM"], |inner| Ok(inner.delete(group, expected_revision))).await
     }
 
     async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
@@ -408,7 +421,7 @@ impl MetadataStore for MemoryStore {
     }
 
     async fn release_mutex(&self, group: &GroupId, token: &str) -> Result<bool, StoreError> {
-        self.call(&["EVALSHA"], |inner| Ok(inner.release_mutex(group, token))).await
+        self.call(&["EVALSHA", "GET", "DEL"], |inner| Ok(inner.release_mutex(group, token))).await
     }
 
     async fn index_add(&self, group: &GroupId) -> Result<(), StoreError> {

@@ -185,6 +185,15 @@ async fn unsupported_commands_fail_the_methods_that_need_them_and_the_probe() {
     assert_eq!(store.probe().await, Err(unsupported("INFO")), "the first missing command is named");
     store.clear_unsupported();
     assert!(store.probe().await.is_ok());
+
+    // Commands used inside scripts count too (an ACL can deny them there).
+    store.set_unsupported("HMGET");
+    store.set_unsupported("HSET");
+    assert_eq!(store.load(&g).await, Err(unsupported("HMGET")));
+    assert_eq!(store.touch_and_load(&g, "m1").await, Err(unsupported("HMGET")));
+    assert_eq!(store.write(&g, request(Some(1), "b")).await, Err(unsupported("HSET")));
+    assert_eq!(store.liveness(&g).await, Ok(Default::default()), "HGETALL still works");
+    assert_eq!(store.probe().await, Err(unsupported("HMGET")));
 }
 
 #[tokio::test]
