@@ -37,9 +37,18 @@ impl Observations {
     }
 }
 
+/// One member's liveness window: which incarnation it belongs to, the counter value, and since
+/// when (this process's clock) that value has been seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LivenessWindow {
+    incarnation_epoch: u64,
+    value: u64,
+    since_ms: u64,
+}
+
 #[derive(Clone, Debug, Default)]
 struct GroupWindows {
-    liveness: BTreeMap<MemberId, (u64, u64)>,
+    liveness: BTreeMap<MemberId, LivenessWindow>,
     waits: BTreeMap<WaitId, u64>,
 }
 
@@ -60,18 +69,23 @@ impl LocalView {
         liveness: Option<&BTreeMap<MemberId, u64>>,
     ) -> Observations {
         let windows = self.groups.entry(metadata.group.clone()).or_default();
-        if let Some(liveness) = liveness {
-            let mut next = BTreeMap::new();
-            for member in metadata.members.keys() {
-                let value = liveness.get(member).copied().unwrap_or(0);
-                let since = match windows.liveness.get(member) {
-                    Some(&(seen, since)) if seen == value => since,
-                    _ => now_ms,
-                };
-                next.insert(member.clone(), (value, since));
-            }
-            windows.liveness = next;
+        // Windows are per incarnation: a member removed and rejoined gets a fresh liveness counter,
+        // which may repeat a value seen for its previous incarnation (ABA). Keying by the
+        // incarnation epoch (a never-reused version) makes the new incarnation start a new window.
+        let mut next = BTreeMap::new();
+        for (member, record) in &metadata.members {
+            let previous = windows.liveness.get(member).filter(|w| w.incarnation_epoch == record.incarnation_epoch);
+            let window = match (liveness.map(|l| l.get(member).copied().unwrap_or(0)), previous) {
+                (Some(value), Some(w)) if w.value == value => *w,
+                (Some(value), _) => {
+                    LivenessWindow { incarnation_epoch: record.incarnation_epoch, value, since_ms: now_ms }
+                }
+                (None, Some(w)) => *w,
+                (None, None) => continue,
+            };
+            next.insert(member.clone(), window);
         }
+        windows.liveness = next;
         let mut waits = BTreeMap::new();
         for wait in recorded_waits(metadata) {
             let since = windows.waits.get(&wait).copied().unwrap_or(now_ms);
@@ -82,8 +96,9 @@ impl LocalView {
             liveness: windows
                 .liveness
                 .iter()
-                .map(|(m, &(value, since))| {
-                    (m.clone(), LivenessObservation { value, unchanged_ms: now_ms.saturating_sub(since) })
+                .map(|(m, w)| {
+                    let unchanged_ms = now_ms.saturating_sub(w.since_ms);
+                    (m.clone(), LivenessObservation { value: w.value, unchanged_ms })
                 })
                 .collect(),
             waits: windows.waits.iter().map(|(&w, &since)| (w, now_ms.saturating_sub(since))).collect(),
@@ -137,6 +152,19 @@ mod tests {
         assert_eq!(view.observe(600, &g, Some(&live(6))).liveness["a"].unchanged_ms, 0);
         view.reset(&g.group);
         assert_eq!(view.observe(900, &g, Some(&live(6))).liveness["a"].unchanged_ms, 0);
+    }
+
+    #[test]
+    fn a_new_incarnation_starts_a_new_window_even_when_its_counter_repeats_a_value() {
+        let mut g = group_with_member();
+        let mut view = LocalView::default();
+        let live = BTreeMap::from([("a".to_string(), 1)]);
+        view.observe(0, &g, Some(&live));
+        // "a" expired (its counter deleted) and rejoined: the counter is 1 again.
+        g.members.get_mut("a").expect("member").incarnation_epoch = 9;
+        g.members.get_mut("a").expect("member").member_epoch = 9;
+        let obs = view.observe(10_000, &g, Some(&live));
+        assert_eq!(obs.liveness["a"].unchanged_ms, 0, "not judged silent for the old incarnation's time");
     }
 
     #[test]

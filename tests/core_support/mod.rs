@@ -29,6 +29,8 @@ pub struct World {
     pub history: Vec<(GroupMetadata, u64)>,
     /// Count of writes refused because a liveness guard failed.
     pub guard_failures: u64,
+    /// Deliberate mistakes (negative tests of the checkers).
+    pub planted: rsc::core::PlantedBugs,
 }
 
 impl World {
@@ -51,6 +53,7 @@ impl World {
             view: LocalView::default(),
             liveness: BTreeMap::new(),
             guard_failures: 0,
+            planted: Default::default(),
         }
     }
 
@@ -83,7 +86,7 @@ impl World {
     pub fn heartbeat(&mut self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         *self.liveness.entry(req.member_id.clone()).or_default() += 1;
         let obs = self.view.observe(self.now_ms, &self.g, None);
-        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: Default::default() };
+        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: self.planted };
         let decision = decide_heartbeat(&self.g, req, ctx);
         let recorded = self.apply(&decision);
         if let Ok(response) = &decision.outcome {
@@ -96,14 +99,14 @@ impl World {
     /// Runs one tick with a fresh liveness read.
     pub fn tick(&mut self) {
         let obs = self.view.observe(self.now_ms, &self.g, Some(&self.liveness));
-        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: Default::default() };
+        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: self.planted };
         let decision = decide_tick(&self.g, ctx);
         self.apply(&decision);
     }
 
     pub fn admin(&mut self, req: &AdminRequest) -> Result<rsc::core::protocol::AdminResponse, ApiError> {
         let obs = self.view.observe(self.now_ms, &self.g, None);
-        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: Default::default() };
+        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: self.planted };
         let decision = decide_admin(Some(&self.g), req, false, ctx);
         self.apply(&decision);
         decision.outcome
@@ -120,7 +123,7 @@ impl World {
         if failover {
             self.view.reset_all();
             let obs = self.view.observe(self.now_ms, &self.g, None);
-            let ctx = Context { stored_revision: self.revision, observations: &obs, planted: Default::default() };
+            let ctx = Context { stored_revision: self.revision, observations: &obs, planted: self.planted };
             let decision = decide_evidence(&self.g, LossEvidence::StoreIdentityChanged, ctx);
             self.apply(&decision);
         }
