@@ -122,8 +122,9 @@ impl MemoryStore {
     }
 
     /// Fault 2: undoes the last `writes` applied writes to the metadata, liveness, mutex and index
-    /// keys (one journal entry per state-changing call: `write`, `delete`, `touch_and_load`,
-    /// `acquire_mutex`, `release_mutex`, `index_add`, `rebuild_index`), newest first. Returns how
+    /// keys (one journal entry per state-changing server command: `write`, `delete`,
+    /// `touch_and_load`, `acquire_mutex`, `release_mutex`, `index_add`, `rebuild_index`, and the
+    /// index SADD / SREM that follows a create / delete), newest first. Returns how
     /// many were undone (the journal keeps the last `JOURNAL_LEN_MAX`). With
     /// [`RollbackMode::Failover`] the identity changes and open handles fail their next call once,
     /// even when nothing was undone (`rollback(0, Failover)` is a lossless failover).

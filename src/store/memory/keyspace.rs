@@ -188,7 +188,8 @@ impl Inner {
     }
 
     /// Checks, in this order: the revision CAS, then each liveness guard in request order. Only
-    /// when all pass is anything written (all five fields, then the liveness removals).
+    /// when all pass is anything written (all five fields, then the liveness removals); a create
+    /// then adds the group to the index.
     pub(super) fn write(&mut self, group: &GroupId, request: WriteRequest) -> WriteOutcome {
         let current = self.keys.metadata.get(group).map(|record| record.revision);
         if current != request.expected_revision {
@@ -220,10 +221,15 @@ impl Inner {
         }
         self.journal.push(change);
         self.record(HistoryKind::Written { group: group.clone(), revision }, vec![(group.clone(), Some(record))]);
+        if current.is_none() {
+            // RedisStore indexes a created group with a separate SADD after the script (the index
+            // key has no hash tag); a rejected SADD leaves the group unindexed, not the write failed.
+            self.separate_index_command("SADD", group, true);
+        }
         WriteOutcome::Written { revision }
     }
 
-    /// Deletes metadata, liveness and the index entry when the stored revision is `expected`.
+    /// Deletes metadata and liveness when the stored revision is `expected`, then the index entry.
     pub(super) fn delete(&mut self, group: &GroupId, expected_revision: u64) -> WriteOutcome {
         let current = self.keys.metadata.get(group).map(|record| record.revision);
         if current != Some(expected_revision) {
@@ -235,11 +241,22 @@ impl Inner {
         for member in members {
             self.keys.put_liveness(&mut change, group, &member, None);
         }
-        self.keys.put_index(&mut change, &keys::index_entry(group), false);
         self.journal.push(change);
         let kind = HistoryKind::Deleted { group: group.clone(), revision: expected_revision };
         self.record(kind, vec![(group.clone(), None)]);
+        self.separate_index_command("SREM", group, false);
         WriteOutcome::Written { revision: 0 }
+    }
+
+    /// The SADD / SREM `RedisStore` sends after a create / delete: its own journaled write, skipped
+    /// (as RedisStore only logs the failure) when the server rejects the command.
+    fn separate_index_command(&mut self, command: &str, group: &GroupId, present: bool) {
+        if self.faults.check_supported(&[command]).is_err() {
+            return;
+        }
+        let mut change = Change::default();
+        self.keys.put_index(&mut change, &keys::index_entry(group), present);
+        self.journal.push(change);
     }
 
     /// `SET mutex token NX PX ttl_ms`.

@@ -35,8 +35,8 @@
 //! | `load` | `HMGET` |
 //! | `touch_and_load` | `EVALSHA`, `HINCRBY`, `HMGET` |
 //! | `liveness` | `HGETALL` |
-//! | `write` | `EVALSHA`, `EXISTS`, `HGET`, `HSET`, `HDEL` |
-//! | `delete` | `EVALSHA`, `HGET`, `DEL`, `SREM` |
+//! | `write` | `EVALSHA`, `EXISTS`, `HGET`, `HSET`, `HDEL` (a create then `SADD`s, best effort) |
+//! | `delete` | `EVALSHA`, `HGET`, `DEL` (then `SREM`, best effort) |
 //! | `acquire_mutex` / `release_mutex` | `SET` / `EVALSHA`, `GET`, `DEL` |
 //! | `index_add` / `index_members` / `rebuild_index` | `SADD` / `SMEMBERS` / `SCAN`, `SADD` |
 //! | `identity` | `INFO` |
@@ -59,7 +59,9 @@
 //! - `write`: the revision CAS is checked first (`RevisionConflict { current }`), then each
 //!   liveness guard in request order (`LivenessChanged` for the first that differs, absent = 0);
 //!   only then are the five fields written and `liveness_remove` fields deleted.
-//! - `delete` removes the metadata key, the liveness key and the index entry, not the mutex.
+//! - A create (`write` with `expected_revision: None`) also adds the group to the index; `delete`
+//!   removes the metadata key, the liveness key and then the index entry, not the mutex. The
+//!   index update is a separate journaled write (RedisStore sends it as its own command).
 //! - `touch_and_load` increments even when the metadata key is absent (HINCRBY creates the hash).
 //! - Mutex TTLs run on the store clock (`tokio::time::Instant`, simulated under madsim); a mutex is
 //!   alive while `now_ms <= set_at_ms + ttl_ms`, as Redis keeps a key until `now > expire_at`.
@@ -413,7 +415,7 @@ impl MetadataStore for MemoryStore {
     }
 
     async fn delete(&self, group: &GroupId, expected_revision: u64) -> Result<WriteOutcome, StoreError> {
-        self.call(&["EVALSHA", "HGET", "DEL", "SREM"], |inner| Ok(inner.delete(group, expected_revision))).await
+        self.call(&["EVALSHA", "HGET", "DEL"], |inner| Ok(inner.delete(group, expected_revision))).await
     }
 
     async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {

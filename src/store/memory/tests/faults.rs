@@ -70,22 +70,26 @@ async fn failover_rollback_loses_writes_changes_identity_and_breaks_old_handles_
 #[tokio::test]
 async fn rollback_undoes_liveness_mutex_and_index_writes_too() {
     let store = MemoryStore::new(1);
-    let g = group();
-    put(&store, &g, "a").await;
+    let (g, other) = (group(), other_group());
+    put(&store, &g, "a").await; // two writes: the script and the index SADD
     store.touch_and_load(&g, "m1").await.expect("touch");
     store.touch_and_load(&g, "m1").await.expect("touch");
-    store.index_add(&g).await.expect("index");
+    store.index_add(&other).await.expect("index");
+    store.index_add(&other).await.expect("a no-op SADD: not a write");
     store.acquire_mutex(&g, "t1", 60_000).await.expect("mutex");
     store.acquire_mutex(&g, "t2", 60_000).await.expect("failed acquire: not a write");
 
     assert_eq!(store.rollback(3, RollbackMode::Silent), 3);
     assert_eq!(store.acquire_mutex(&g, "t3", 60_000).await, Ok(true), "t1's acquire was undone");
-    assert!(store.index_members().await.expect("index").is_empty(), "the SADD was undone");
+    assert_eq!(store.index_members().await, Ok(vec![g.clone()]), "the SADD of other was undone");
     assert_eq!(store.liveness(&g).await.expect("liveness").get("m1"), Some(&1), "one increment undone");
 
-    assert_eq!(store.rollback(100, RollbackMode::Silent), 3, "only three writes were left");
+    // Left: the create, its SADD, the first increment, and t3's acquire.
+    assert_eq!(store.rollback(100, RollbackMode::Silent), 4);
     assert_eq!(store.load(&g).await, Ok(None));
     assert!(store.liveness(&g).await.expect("liveness").is_empty());
+    assert_eq!(store.index_members().await, Ok(vec![]));
+    assert_eq!(store.acquire_mutex(&g, "t4", 60_000).await, Ok(true));
 }
 
 #[tokio::test]
@@ -113,7 +117,8 @@ async fn deleting_the_metadata_key_is_not_a_journaled_write() {
     assert_eq!(store.load(&g).await, Ok(None));
     assert_eq!(store.index_members().await, Ok(vec![g.clone()]), "the index still names it");
 
-    // The journal still holds the SADD and both writes: undoing two restores the first record.
+    // The journal holds the first write, its index SADD and the second write (the explicit SADD
+    // was a no-op): undoing two restores the first record.
     assert_eq!(store.rollback(2, RollbackMode::Silent), 2);
     assert_eq!(store.load(&g).await.expect("load").map(|r| r.aggregate), Some("a".into()));
 }

@@ -1,7 +1,8 @@
 //! Metadata, liveness, mutex, index, identity and history semantics without faults.
 
 use super::{group, other_group, put, request, sleep_ms};
-use crate::store::memory::{HistoryKind, MemoryStore, SERVER_VERSION};
+use crate::core::model::GroupId;
+use crate::store::memory::{HistoryKind, MemoryStore, RollbackMode, SERVER_VERSION};
 use crate::store::{MetadataStore, StoreError, StoredRecord, WriteOutcome, WriteRequest};
 
 #[tokio::test]
@@ -130,16 +131,27 @@ async fn index_is_a_set_rebuildable_from_the_metadata_keys() {
     store.index_add(&g).await.expect("index");
     assert_eq!(store.index_members().await, Ok(vec![g.clone()]));
 
-    put(&store, &g, "a").await;
     put(&store, &other, "b").await;
-    // The index lost `other` (never trusted as truth): a rebuild finds it again from the SCAN.
+    assert_eq!(store.index_members().await, Ok(vec![other.clone(), g.clone()]), "a create indexes the group");
+    // The index lost `other` (its SADD was rolled back; the index is never trusted as truth): a
+    // rebuild finds it again from the SCAN.
+    assert_eq!(store.rollback(1, RollbackMode::Silent), 1);
+    assert_eq!(store.index_members().await, Ok(vec![g.clone()]));
+    put(&store, &g, "a").await;
     assert_eq!(store.rebuild_index().await, Ok(vec![other.clone(), g.clone()]));
     assert_eq!(store.index_members().await, Ok(vec![other.clone(), g.clone()]));
 
     // A rebuild only adds: a deleted key's index entry is not removed by it.
     store.delete_metadata_key(&other);
     assert_eq!(store.rebuild_index().await, Ok(vec![g.clone()]));
-    assert_eq!(store.index_members().await, Ok(vec![other, g]));
+    assert_eq!(store.index_members().await, Ok(vec![other, g.clone()]));
+
+    // The SADD after a create is best effort: a rejected SADD leaves the group unindexed.
+    let third = GroupId::new("third", "g");
+    store.set_unsupported("SADD");
+    assert_eq!(store.write(&third, request(None, "c")).await, Ok(WriteOutcome::Written { revision: 1 }));
+    store.clear_unsupported();
+    assert!(!store.index_members().await.expect("index").contains(&third));
 }
 
 #[tokio::test]
@@ -169,7 +181,7 @@ async fn record_at_answers_which_aggregate_had_a_revision_at_a_time() {
     sleep_ms(5).await;
     let b_seen_ms = store.now_ms();
     sleep_ms(5).await;
-    assert_eq!(store.rollback(1, crate::store::memory::RollbackMode::Silent), 1);
+    assert_eq!(store.rollback(1, RollbackMode::Silent), 1);
     put(&store, &g, "c").await; // revision 2 again, another aggregate
     let now_ms = store.now_ms();
 
