@@ -11,6 +11,9 @@
 //!
 //! Run: `cargo test --test store_contract` (needs `redis-server` >= 6.2 on PATH or
 //! `REDIS_SERVER_BIN`; without it the Redis tests fail with instructions, they never skip).
+//! Not built under `--cfg madsim`: `RedisStore` does not exist there.
+
+#![cfg(not(madsim))]
 
 mod support;
 
