@@ -85,3 +85,19 @@ contract_suite!(
     contract_maxlen,
     contract_missing_group_errors,
 );
+
+#[tokio::test]
+async fn redis_store_probe_names_a_renamed_command() {
+    let args = ["--rename-command", "XAUTOCLAIM", ""].map(String::from).to_vec();
+    let server = support::RedisServer::start_with(support::ServerConfig { extra_args: args, ..Default::default() });
+    let options = rsc::store::redis::RedisStoreOptions::default();
+    let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
+    contract_probe_names_a_missing_command(&store).await;
+}
+
+#[tokio::test]
+async fn memory_store_probe_names_an_unsupported_command() {
+    let store = rsc::store::memory::MemoryStore::new(0x5eed);
+    store.set_unsupported("XAUTOCLAIM");
+    contract_probe_names_a_missing_command(&store).await;
+}

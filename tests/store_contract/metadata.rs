@@ -44,9 +44,12 @@ pub async fn contract_create_only_if_absent<S: MetadataStore + StreamStore + Clo
         updated_at_ms: 42,
     };
     assert_eq!(store.load(&g).await, Ok(Some(expected.clone())));
+    // A create also indexes the group (RedisStore: a separate SADD, the index has no hash tag).
+    assert_eq!(store.index_members().await, Ok(vec![g.clone()]));
     // A second create loses and reports the stored revision; nothing changes.
     assert_eq!(store.write(&g, create("other")).await, Ok(WriteOutcome::RevisionConflict { current: Some(1) }));
     assert_eq!(store.load(&g).await, Ok(Some(expected)));
+    assert_eq!(store.index_members().await, Ok(vec![g]));
 }
 
 pub async fn contract_cas_success_and_conflict<S: MetadataStore + StreamStore + Clone>(store: &S) {
@@ -206,6 +209,7 @@ pub async fn contract_index_and_rebuild<S: MetadataStore + StreamStore + Clone>(
     for g in [&b, &a] {
         assert_eq!(store.write(g, create("v1")).await, Ok(written(1)));
     }
+    assert_eq!(store.index_members().await, Ok(vec![a.clone(), b.clone(), c.clone()]));
     // Rebuild finds exactly the groups with a metadata key, sorted, and indexes them; it does
     // not remove an entry without metadata (c).
     assert_eq!(store.rebuild_index().await, Ok(vec![a.clone(), b.clone()]));
@@ -229,4 +233,19 @@ pub async fn contract_identity_and_probe<S: MetadataStore + StreamStore + Clone>
     assert_eq!(store.rebuild_index().await, Ok(vec![group()]));
     assert_eq!(store.index_members().await, Ok(vec![group()]));
     assert_eq!(store.probe().await.map(|r| r.identity), Ok(first));
+}
+
+/// The store must lack XAUTOCLAIM (renamed away on Redis, `set_unsupported` on the fake).
+pub async fn contract_probe_names_a_missing_command<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    match store.probe().await {
+        Err(StoreError::Unsupported { command, .. }) => assert_eq!(command, "XAUTOCLAIM"),
+        other => panic!("probe must fail naming XAUTOCLAIM, got {other:?}"),
+    }
+    // Methods that do not need the command keep working; the one that does fails the same way.
+    assert_eq!(store.write(&group(), create("v1")).await, Ok(written(1)));
+    store.ensure_group("s:0", "g").await.expect("ensure");
+    match store.claim_all_pending("s:0", "g", "c", 0).await {
+        Err(StoreError::Unsupported { command, .. }) => assert_eq!(command, "XAUTOCLAIM"),
+        other => panic!("claim_all_pending must be Unsupported, got {other:?}"),
+    }
 }

@@ -184,22 +184,6 @@ async fn a_blocking_read_waits_its_block_time_without_stalling_other_calls() {
 }
 
 #[tokio::test]
-async fn a_renamed_command_fails_the_probe_naming_it() {
-    let args = ["--rename-command", "XAUTOCLAIM", ""].map(String::from).to_vec();
-    let server = RedisServer::start_with(ServerConfig { extra_args: args, ..ServerConfig::default() });
-    let store = store_for(&server.url()).await;
-    match store.probe().await {
-        Err(StoreError::Unsupported { command, .. }) => assert_eq!(command, "XAUTOCLAIM"),
-        other => panic!("probe must fail naming XAUTOCLAIM, got {other:?}"),
-    }
-    store.ensure_group("s:0", "g").await.expect("ensure");
-    match store.claim_all_pending("s:0", "g", "c", 0).await {
-        Err(StoreError::Unsupported { command, .. }) => assert_eq!(command, "XAUTOCLAIM"),
-        other => panic!("expected Unsupported, got {other:?}"),
-    }
-}
-
-#[tokio::test]
 async fn an_acl_denied_command_fails_the_probe_naming_it() {
     let server = RedisServer::start();
     server.cmd(&["ACL", "SETUSER", "coord", "on", ">pw", "~*", "&*", "+@all", "-hincrby"]);
