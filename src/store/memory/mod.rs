@@ -132,11 +132,22 @@ pub const REQUIRED_COMMANDS: &[&str] = &[
 ];
 
 /// A handle (one connection) on an in-memory Redis. See the module docs.
-#[derive(Debug)]
 pub struct MemoryStore {
     shared: Arc<Mutex<Inner>>,
     /// The server generation this handle's connection was opened in.
     connected_generation: AtomicU64,
+}
+
+/// Compact on purpose: the state and history can be large.
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("MemoryStore")
+            .field("identity", &inner.identity)
+            .field("generation", &inner.generation)
+            .field("connected_generation", &self.connected_generation.load(Ordering::SeqCst))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Clone for MemoryStore {
