@@ -63,6 +63,20 @@ pub async fn contract_cas_success_and_conflict<S: MetadataStore + StreamStore + 
     assert_eq!(store.write(&g, cas(4, "ahead")).await, Ok(WriteOutcome::RevisionConflict { current: Some(3) }));
     let record = store.load(&g).await.expect("load").expect("record");
     assert_eq!((record.revision, record.aggregate.as_str()), (3, "v3"));
+
+    // Racing writers that all read revision 3: exactly one wins, the others see 4.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..10 {
+        let (store, g) = (store.clone(), g.clone());
+        tasks.spawn(async move { store.write(&g, cas(3, &format!("racer {i}"))).await });
+    }
+    let mut outcomes = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        outcomes.push(joined.expect("task").expect("write"));
+    }
+    let winners = outcomes.iter().filter(|o| **o == written(4)).count();
+    let losers = outcomes.iter().filter(|o| **o == WriteOutcome::RevisionConflict { current: Some(4) }).count();
+    assert_eq!((winners, losers), (1, 9), "{outcomes:?}");
 }
 
 pub async fn contract_liveness_guard_failure_writes_nothing<S: MetadataStore + StreamStore + Clone>(store: &S) {
@@ -187,6 +201,19 @@ pub async fn contract_mutex<S: MetadataStore + StreamStore + Clone>(store: &S) {
     assert!(store.acquire_mutex(&g, "next", 60_000).await.expect("acquire"));
     assert!(!store.release_mutex(&g, "stalled").await.expect("release"));
     assert!(!store.acquire_mutex(&g, "third", 60_000).await.expect("acquire"));
+
+    // Racing acquirers: exactly one gets it.
+    assert!(store.release_mutex(&g, "next").await.expect("release"));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..10 {
+        let (store, g) = (store.clone(), g.clone());
+        tasks.spawn(async move { store.acquire_mutex(&g, &format!("racer {i}"), 60_000).await });
+    }
+    let mut acquired = 0;
+    while let Some(joined) = tasks.join_next().await {
+        acquired += usize::from(joined.expect("task").expect("acquire"));
+    }
+    assert_eq!(acquired, 1);
 
     // Mutexes of different groups are independent.
     assert!(store.acquire_mutex(&GroupId::new("other", "g"), "t1", 60_000).await.expect("acquire"));

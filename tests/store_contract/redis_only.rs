@@ -233,3 +233,21 @@ async fn tls_urls_are_rejected_as_unsupported() {
         other => panic!("expected Unsupported, got {other:?}"),
     }
 }
+
+/// The harness's replication-link proxy: a paused link holds writes back, a resumed one delivers
+/// them (what failover tests in other suites rely on).
+#[tokio::test]
+async fn harness_replication_link_pauses_and_resumes() {
+    let primary = RedisServer::start();
+    let (replica, link) = primary.start_replica_via_proxy();
+    primary.cmd(&["SET", "k", "1"]);
+    primary.wait_replicated(1);
+    assert_eq!(text(replica.cmd(&["GET", "k"])), "1");
+    link.pause();
+    primary.cmd(&["SET", "k", "2"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(text(replica.cmd(&["GET", "k"])), "1", "nothing passes a paused link");
+    link.resume();
+    primary.wait_replicated(1);
+    assert_eq!(text(replica.cmd(&["GET", "k"])), "2");
+}
