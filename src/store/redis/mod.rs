@@ -101,9 +101,10 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Parses `url` and prepares the store without any I/O; the first call connects. Fails with
-    /// `Unsupported` for a URL this build cannot serve (TLS, unix sockets are fine) and with
-    /// `Protocol` for a malformed one. Error texts never contain the URL.
+    /// Parses `url` (`redis://[user:password@]host:port[/db]`, or a unix socket URL) and prepares
+    /// the store without any I/O; the first call connects. Fails with `Unsupported` for
+    /// `rediss://` (TLS is not compiled in) and with `Protocol` for a malformed URL. Error texts
+    /// never contain the URL.
     pub fn open(url: &str, options: RedisStoreOptions) -> Result<Self, StoreError> {
         if url.starts_with("rediss://") {
             return Err(StoreError::Unsupported {

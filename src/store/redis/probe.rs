@@ -18,7 +18,8 @@ use crate::store::{ProbeReport, ServerIdentity, StoreError};
 /// Oldest server this layout runs on: XAUTOCLAIM arrived in Redis 6.2.
 const VERSION_MIN: (u32, u32) = (6, 2);
 
-/// Every command the store sends, directly or from a script, in probe order.
+/// Every command the store sends, directly or from a script, in probe order. The probe itself
+/// also needs `COMMAND` (COMMAND INFO); an ACL user must be allowed it.
 const COMMANDS: &[&str] = &[
     "PING",
     "INFO",
