@@ -12,6 +12,8 @@ pub mod consumer;
 pub mod events;
 pub mod hash;
 pub mod producer;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod transport;
 
 use std::sync::Arc;

@@ -14,6 +14,8 @@
 //! handed back to the core, which drops them if the shard stopped meanwhile.
 
 pub mod core;
+#[cfg(test)]
+mod tests;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -100,7 +102,7 @@ struct Shared<T, S> {
 /// coordinator expires it after the member lease TTL).
 pub struct Consumer<T: CoordinatorTransport, S: StreamStore> {
     shared: Arc<Shared<T, S>>,
-    heartbeats: Option<JoinHandle<()>>,
+    heartbeats: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
@@ -129,7 +131,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             cursor: AtomicUsize::new(0),
         });
         let heartbeats = tokio::spawn(heartbeat_loop(Arc::clone(&shared)));
-        Self { shared, heartbeats: Some(heartbeats) }
+        Self { shared, heartbeats: Mutex::new(Some(heartbeats)) }
     }
 
     pub fn member_id(&self) -> String {
@@ -260,16 +262,17 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         Ok(())
     }
 
-    /// Clean leave: stop reading, let the application ack or abandon in-flight entries, report
-    /// every shard REVOKED, then send the leave heartbeat. Gives up after `close_timeout_ms`.
-    pub async fn close(mut self) -> Result<(), CloseError> {
+    /// Clean leave: stop reading, let the application ack or abandon in-flight entries (from
+    /// another task, while this waits), report every shard REVOKED, then send the leave
+    /// heartbeat. Gives up after `close_timeout_ms`. A second call returns at once.
+    pub async fn close(&self) -> Result<(), CloseError> {
         let now_ms = self.shared.clock.now_ms();
         let timeout_ms = self.shared.with_core(|core| {
             core.close(now_ms);
             core.config().close_timeout_ms
         });
         self.shared.wake.notify_one();
-        let Some(mut task) = self.heartbeats.take() else { return Ok(()) };
+        let Some(mut task) = self.take_heartbeats() else { return Ok(()) };
         let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
         tokio::select! {
             biased;
@@ -284,9 +287,15 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     }
 }
 
+impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
+    fn take_heartbeats(&self) -> Option<JoinHandle<()>> {
+        self.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
 impl<T: CoordinatorTransport, S: StreamStore> Drop for Consumer<T, S> {
     fn drop(&mut self) {
-        if let Some(task) = self.heartbeats.take() {
+        if let Some(task) = self.take_heartbeats() {
             task.abort();
         }
     }

@@ -1,0 +1,225 @@
+//! The consumer driver against the in-memory store and a scripted coordinator. Under plain tokio
+//! these run in real time with short leases; under `--cfg madsim` in simulated time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::client::events::VecSink;
+use crate::client::testing::FakeCoordinator;
+use crate::core::model::GroupId;
+use crate::store::memory::MemoryStore;
+use crate::store::ReadFrom;
+
+const LEASE_MS: u64 = 400;
+const INTERVAL_MS: u64 = 20;
+
+type TestConsumer = Consumer<Arc<FakeCoordinator>, MemoryStore>;
+
+fn group() -> GroupId {
+    GroupId::new("orders", "billing")
+}
+
+fn config(member: &str) -> ConsumerConfig {
+    let mut config = ConsumerConfig::new(group(), member);
+    config.heartbeat_interval_ms = INTERVAL_MS;
+    config.retry_ms = INTERVAL_MS;
+    config.close_timeout_ms = 3_000;
+    config
+}
+
+async fn publish(store: &MemoryStore, shard: ShardId, count: usize) {
+    for i in 0..count {
+        store
+            .xadd(&group().stream_key(shard), vec![("n".into(), i.to_string().into_bytes())], None)
+            .await
+            .expect("xadd");
+    }
+}
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Polls until `want` entries arrived (or panics after 5 s).
+async fn poll_n(consumer: &TestConsumer, want: usize) -> Vec<Delivery> {
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while got.len() < want {
+        assert!(tokio::time::Instant::now() < deadline, "got only {} of {want} entries", got.len());
+        got.extend(consumer.poll(want - got.len()).await.expect("poll"));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    got
+}
+
+fn setup(assigned: &[(&str, Vec<ShardId>)]) -> (MemoryStore, Arc<FakeCoordinator>, Arc<VecSink>) {
+    let store = MemoryStore::new(7);
+    let coordinator = Arc::new(FakeCoordinator::new(&group(), 2, LEASE_MS, INTERVAL_MS));
+    coordinator.with(|s| {
+        for (member, shards) in assigned {
+            s.assigned.insert((*member).to_string(), shards.clone());
+        }
+    });
+    (store, coordinator, Arc::new(VecSink::new()))
+}
+
+fn join(
+    member: &str,
+    coordinator: &Arc<FakeCoordinator>,
+    store: &MemoryStore,
+    sink: &Arc<VecSink>,
+    listener: Arc<dyn RebalanceListener>,
+) -> TestConsumer {
+    let env = ClientEnv::new(Clock::new(), Arc::clone(sink) as Arc<dyn EventSink>);
+    Consumer::join_with(config(member), Arc::clone(coordinator), store.connect(), env, listener)
+}
+
+#[tokio::test]
+async fn reads_only_assigned_shards_after_setup_and_acks() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    publish(&store, 0, 3).await;
+    publish(&store, 1, 2).await;
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    let got = poll_n(&consumer, 3).await;
+    assert!(got.iter().all(|d| d.shard == 0 && d.stream == "orders:0"));
+    for delivery in &got {
+        consumer.ack(delivery).await.expect("ack under the lease");
+    }
+    assert_eq!(store.ack_log().iter().map(|a| a.ids.len()).sum::<usize>(), 3);
+    let reads = store.read_log();
+    assert!(reads.iter().all(|r| r.stream == "orders:0" && r.consumer == "m1" && r.group == "billing"));
+    // Setup first: the claim, then own pending, then new entries.
+    let kinds: Vec<_> = reads.iter().map(|r| r.from).collect();
+    assert_eq!(kinds[0], crate::store::memory::ReadSource::Claim { min_idle_ms: 0 });
+    assert_eq!(kinds[1], ReadFrom::OwnPending.into());
+    assert_eq!(kinds[2], ReadFrom::New.into());
+    // Every lease is counted from a heartbeat's send time.
+    let events = sink.events();
+    let sends: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            ClientEvent::HeartbeatSent { at_ms, .. } => Some(*at_ms),
+            _ => None,
+        })
+        .collect();
+    for event in &events {
+        if let ClientEvent::LeaseExtended { lease_end_ms, .. } = event {
+            assert!(sends.contains(&(lease_end_ms - LEASE_MS)), "lease end {lease_end_ms} not from a send time");
+        }
+    }
+}
+
+#[tokio::test]
+async fn fails_closed_at_lease_end_while_the_coordinator_is_unreachable_then_recovers() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    publish(&store, 0, 1).await;
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    let delivery = poll_n(&consumer, 1).await.remove(0);
+    coordinator.with(|s| s.up = false);
+    let lease_end_ms = consumer.status().lease_end_ms.expect("a lease");
+    wait_until("reads stop", || consumer.status().readable.is_empty()).await;
+    assert!(consumer.shared.clock.now_ms() >= lease_end_ms, "not before the lease end");
+    assert!(consumer.ack(&delivery).await.is_err(), "no ack after the lease");
+    let reads_before = store.read_log().len();
+    publish(&store, 0, 2).await;
+    assert!(consumer.poll(10).await.expect("poll").is_empty());
+    assert_eq!(store.read_log().len(), reads_before, "no store call after the lease ended");
+    wait_until("heartbeats continue after the lease ended", || {
+        sink.events().iter().any(|e| matches!(e, ClientEvent::HeartbeatFailed { at_ms, .. } if *at_ms >= lease_end_ms))
+    })
+    .await;
+    // The coordinator comes back: a fresh grant, and the abandoned entry is redelivered.
+    coordinator.with(|s| s.up = true);
+    let got = poll_n(&consumer, 3).await;
+    assert_eq!(got[0].entry.id, delivery.entry.id, "own pending entries come first");
+}
+
+#[tokio::test]
+async fn a_new_owner_claims_what_the_previous_owner_never_acked() {
+    let (store, coordinator, sink) = setup(&[("a", vec![0])]);
+    publish(&store, 0, 2).await;
+    let a = join("a", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("a reads", || a.status().readable == vec![0]).await;
+    let unacked = poll_n(&a, 2).await;
+    drop(a);
+    coordinator.with(|s| {
+        s.assigned.remove("a");
+        s.assigned.insert("b".into(), vec![0]);
+    });
+    publish(&store, 0, 1).await;
+    let b = join("b", &coordinator, &store, &sink, Arc::new(NoopListener));
+    let got = poll_n(&b, 3).await;
+    let ids: Vec<_> = got.iter().map(|d| d.entry.id).collect();
+    assert_eq!(&ids[..2], &[unacked[0].entry.id, unacked[1].entry.id]);
+    for delivery in &got {
+        b.ack(delivery).await.expect("ack");
+    }
+    assert!(store.peek_pending("orders:0", "billing").is_empty());
+}
+
+#[tokio::test]
+async fn close_waits_for_the_drain_reports_revoked_and_leaves() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    publish(&store, 0, 1).await;
+    let consumer = Arc::new(join("m1", &coordinator, &store, &sink, Arc::new(NoopListener)));
+    wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
+    let delivery = poll_n(&consumer, 1).await.remove(0);
+    let closing = tokio::spawn({
+        let consumer = Arc::clone(&consumer);
+        async move { consumer.close().await }
+    });
+    tokio::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
+    assert!(coordinator.with(|s| s.heartbeats.iter().all(|h| !h.leave)), "no leave while an entry is in flight");
+    consumer.ack(&delivery).await.expect("ack while draining");
+    closing.await.expect("close task").expect("clean close");
+    let heartbeats = coordinator.with(|s| s.heartbeats.clone());
+    let last = heartbeats.last().expect("heartbeats");
+    assert!(last.leave && last.owned.is_empty() && last.revoking.is_empty());
+    let reported = heartbeats.iter().find(|h| h.revoking.iter().any(|r| r.shard == 0 && r.revoked));
+    assert!(reported.is_some(), "shard 0 was reported REVOKED before the leave");
+    assert_eq!(consumer.status().phase, Phase::Left);
+}
+
+#[derive(Default)]
+struct Recorder {
+    calls: std::sync::Mutex<Vec<(&'static str, Vec<ShardId>)>>,
+}
+
+impl Recorder {
+    fn calls(&self) -> Vec<(&'static str, Vec<ShardId>)> {
+        self.calls.lock().expect("lock").clone()
+    }
+}
+
+impl RebalanceListener for Recorder {
+    fn on_assigned(&self, shards: &[ShardId]) {
+        self.calls.lock().expect("lock").push(("assigned", shards.to_vec()));
+    }
+    fn on_revoked(&self, shards: &[ShardId]) {
+        self.calls.lock().expect("lock").push(("revoked", shards.to_vec()));
+    }
+    fn on_lost(&self, shards: &[ShardId]) {
+        self.calls.lock().expect("lock").push(("lost", shards.to_vec()));
+    }
+}
+
+#[tokio::test]
+async fn the_rebalance_listener_hears_assigned_revoked_and_lost() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let recorder = Arc::new(Recorder::default());
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::clone(&recorder) as Arc<dyn RebalanceListener>);
+    wait_until("assigned", || !recorder.calls().is_empty()).await;
+    coordinator.with(|s| s.assigned.insert("m1".into(), vec![1]));
+    wait_until("revoked", || recorder.calls().len() >= 2).await;
+    coordinator.with(|s| s.up = false);
+    wait_until("lost", || recorder.calls().len() >= 3).await;
+    assert_eq!(recorder.calls(), vec![("assigned", vec![0, 1]), ("revoked", vec![0]), ("lost", vec![1])]);
+    drop(consumer);
+}

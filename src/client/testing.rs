@@ -1,0 +1,100 @@
+//! A scripted in-process coordinator for the drivers' tests: `OK` with a configurable assignment
+//! per member, a routing view, and an on/off switch that makes every call `Unreachable`.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::core::model::{GroupId, ShardId};
+use crate::core::protocol::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
+
+use super::transport::{CoordinatorTransport, TransportError};
+
+pub(crate) struct FakeState {
+    pub up: bool,
+    pub assigned: BTreeMap<String, Vec<ShardId>>,
+    pub assignment_lease_ms: u64,
+    pub heartbeat_interval_ms: u64,
+    pub routing: RoutingResponse,
+    pub heartbeats: Vec<HeartbeatRequest>,
+    pub routing_calls: usize,
+}
+
+pub(crate) struct FakeCoordinator {
+    pub state: Mutex<FakeState>,
+}
+
+impl FakeCoordinator {
+    pub fn new(group: &GroupId, shard_count: u32, lease_ms: u64, interval_ms: u64) -> Self {
+        Self {
+            state: Mutex::new(FakeState {
+                up: true,
+                assigned: BTreeMap::new(),
+                assignment_lease_ms: lease_ms,
+                heartbeat_interval_ms: interval_ms,
+                routing: routing(group, 1, shard_count, lease_ms, interval_ms),
+                heartbeats: Vec::new(),
+                routing_calls: 0,
+            }),
+        }
+    }
+
+    pub fn with<R>(&self, f: impl FnOnce(&mut FakeState) -> R) -> R {
+        f(&mut self.state.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+pub(crate) fn routing(
+    group: &GroupId,
+    version: u64,
+    shard_count: u32,
+    ttl_ms: u64,
+    interval_ms: u64,
+) -> RoutingResponse {
+    RoutingResponse {
+        group: group.clone(),
+        metadata_version: version,
+        shard_count,
+        stream_keys: (0..shard_count).map(|s| group.stream_key(s)).collect(),
+        routing_cache_ttl_ms: ttl_ms,
+        routing_refresh_interval_ms: interval_ms,
+        store_revision: version,
+    }
+}
+
+impl CoordinatorTransport for FakeCoordinator {
+    async fn heartbeat(&self, req: HeartbeatRequest) -> Result<HeartbeatResponse, TransportError> {
+        self.with(|s| {
+            if !s.up {
+                return Err(TransportError::Unreachable("fake coordinator is down".into()));
+            }
+            s.heartbeats.push(req.clone());
+            let assigned =
+                if req.leave { Vec::new() } else { s.assigned.get(&req.member_id).cloned().unwrap_or_default() };
+            let revoke = req.owned.iter().copied().filter(|shard| !assigned.contains(shard)).collect();
+            Ok(HeartbeatResponse {
+                status: HeartbeatStatus::Ok,
+                member_id: req.member_id.clone(),
+                member_epoch: if req.leave { 0 } else { req.member_epoch.max(1) },
+                metadata_version: s.routing.metadata_version,
+                assignment_epoch: 1,
+                shard_count: s.routing.shard_count,
+                assigned,
+                pending: Vec::new(),
+                revoke,
+                assignment_lease_ms: s.assignment_lease_ms,
+                heartbeat_interval_ms: s.heartbeat_interval_ms,
+                store_revision: 1,
+            })
+        })
+    }
+
+    async fn routing(&self, _group: &GroupId) -> Result<RoutingResponse, TransportError> {
+        self.with(|s| {
+            if !s.up {
+                return Err(TransportError::Unreachable("fake coordinator is down".into()));
+            }
+            s.routing_calls += 1;
+            Ok(s.routing.clone())
+        })
+    }
+}
