@@ -133,6 +133,10 @@ impl RedisServer {
             "no".into(),
             "--save".into(),
             String::new(),
+            // A replica's full sync starts at once instead of after the default 5 s wait for
+            // more replicas to join the same diskless transfer.
+            "--repl-diskless-sync-delay".into(),
+            "0".into(),
         ];
         if self.config.persistence {
             args.extend(["--appendonly", "yes", "--appendfsync", "always"].map(String::from));
