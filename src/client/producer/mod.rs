@@ -9,6 +9,8 @@
 //! the XADD, with no `.await` in between. Time comes only from [`Clock`].
 
 pub mod routing;
+#[cfg(test)]
+mod tests;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

@@ -1,0 +1,106 @@
+//! The producer driver against the in-memory store and a scripted coordinator (real time under
+//! tokio, simulated time under madsim).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::client::events::VecSink;
+use crate::client::hash::shard_for_key;
+use crate::client::testing::{routing, FakeCoordinator};
+use crate::store::memory::MemoryStore;
+
+const TTL_MS: u64 = 300;
+const INTERVAL_MS: u64 = 50;
+
+type TestProducer = Producer<Arc<FakeCoordinator>, MemoryStore>;
+
+fn group() -> GroupId {
+    GroupId::new("orders", "billing")
+}
+
+fn producer(coordinator: &Arc<FakeCoordinator>, store: &MemoryStore, sink: &Arc<VecSink>) -> TestProducer {
+    let mut config = ProducerConfig::new(group(), "p1");
+    config.refresh_retry_ms = 20;
+    config.maxlen = Some(1_000);
+    let env = ClientEnv::new(Clock::new(), Arc::clone(sink) as Arc<dyn EventSink>);
+    Producer::new_with(config, Arc::clone(coordinator), store.connect(), env)
+}
+
+fn setup() -> (MemoryStore, Arc<FakeCoordinator>, Arc<VecSink>) {
+    (MemoryStore::new(3), Arc::new(FakeCoordinator::new(&group(), 4, TTL_MS, INTERVAL_MS)), Arc::new(VecSink::new()))
+}
+
+#[tokio::test]
+async fn publishes_to_the_jump_hash_shard_of_the_key() {
+    let (store, coordinator, sink) = setup();
+    let p = producer(&coordinator, &store, &sink);
+    for key in ["a", "b", "order-1", "user:42"] {
+        let id = p.publish(key.as_bytes(), b"x".to_vec()).await.expect("publish");
+        let stream = group().stream_key(shard_for_key(key.as_bytes(), 4));
+        assert!(store.peek_stream_ids(&stream).contains(&id), "{key} went to {stream}");
+    }
+    assert_eq!(store.add_log().len(), 4);
+    let ok =
+        sink.events().into_iter().filter(|e| matches!(e, ClientEvent::PublishOk { routing_version: 1, .. })).count();
+    assert_eq!(ok, 4);
+}
+
+#[tokio::test]
+async fn keeps_publishing_within_the_cache_lease_then_fails_closed() {
+    let (store, coordinator, sink) = setup();
+    let p = producer(&coordinator, &store, &sink);
+    p.publish(b"k", b"1".to_vec()).await.expect("publish");
+    coordinator.with(|s| s.up = false);
+    let expires_ms = loop {
+        // The newest lease once the last in-flight refresh has been answered.
+        let expires = p.shared.cache().expires_ms().expect("cached");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if p.shared.cache().expires_ms() == Some(expires) {
+            break expires;
+        }
+    };
+    assert!(p.shared.clock.now_ms() < expires_ms);
+    p.publish(b"k", b"2".to_vec()).await.expect("within the lease");
+    let now = p.shared.clock.now_ms();
+    tokio::time::sleep(Duration::from_millis(expires_ms.saturating_sub(now) + 5)).await;
+    let adds = store.add_log().len();
+    let error = p.publish(b"k", b"3".to_vec()).await.expect_err("expired");
+    assert!(matches!(error, PublishError::CacheExpired { metadata_version: 1, .. }), "{error:?}");
+    assert_eq!(store.add_log().len(), adds, "nothing written after the lease");
+    assert!(sink.events().iter().any(|e| matches!(e, ClientEvent::RoutingRefreshFailed { .. })));
+    // Back up: the publish path refreshes immediately and succeeds.
+    coordinator.with(|s| s.up = true);
+    p.publish(b"k", b"4".to_vec()).await.expect("publish after recovery");
+}
+
+#[tokio::test]
+async fn periodic_refresh_picks_up_added_shards() {
+    let (store, coordinator, sink) = setup();
+    let p = producer(&coordinator, &store, &sink);
+    p.publish(b"k", b"1".to_vec()).await.expect("publish");
+    coordinator.with(|s| s.routing = routing(&group(), 2, 16, TTL_MS, INTERVAL_MS));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while p.routing().map(|r| r.shard_count) != Some(16) {
+        assert!(tokio::time::Instant::now() < deadline, "refresh never replaced the view");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Find a key whose shard moved to one of the new shards, and check where it is written.
+    let key = (0..1_000).map(|i| format!("k{i}")).find(|k| shard_for_key(k.as_bytes(), 16) >= 4).expect("a moved key");
+    let id = p.publish(key.as_bytes(), b"x".to_vec()).await.expect("publish");
+    let stream = group().stream_key(shard_for_key(key.as_bytes(), 16));
+    assert!(store.peek_stream_ids(&stream).contains(&id));
+    assert!(sink
+        .events()
+        .iter()
+        .any(|e| matches!(e, ClientEvent::RoutingRefreshed { metadata_version: 2, replaced: true, .. })));
+}
+
+#[tokio::test]
+async fn never_fetched_routing_fails_with_no_routing() {
+    let (store, coordinator, sink) = setup();
+    coordinator.with(|s| s.up = false);
+    let p = producer(&coordinator, &store, &sink);
+    assert!(matches!(p.publish(b"k", b"x".to_vec()).await, Err(PublishError::NoRouting(_))));
+    assert!(store.add_log().is_empty());
+}
