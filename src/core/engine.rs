@@ -7,13 +7,14 @@
 //! machine"). Every rule is in [`Transition`]; this module validates inputs, applies the rules in
 //! order and derives responses.
 
+use super::model::ShardOwner;
 use super::model::{
     GroupMetadata, LossEvidence, MemberState, ShardId, MEMBERS_MAX, MEMBER_ID_LEN_MAX, SHARD_COUNT_MAX,
 };
 use super::observe::Observations;
 use super::planted::PlantedBugs;
 use super::protocol::{ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
-use super::transition::{Transition, Written};
+use super::transition::{is_quiescent, Transition, Written};
 
 /// What one input decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +52,9 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
     if let Err(message) = check_heartbeat(g, req) {
         return Decision::reject(ErrorCode::BadRequest, message);
     }
+    if let Some(outcome) = quiescent_view(g, req, ctx) {
+        return Decision { write: Written::default(), outcome };
+    }
     let mut tx = Transition::new(g, ctx.observations, ctx.planted);
     tx.record_client_version(req.metadata_version);
     let ahead = req.metadata_version > g.metadata_version;
@@ -80,6 +84,46 @@ enum Step {
     Left,
 }
 
+/// The read-only answer to a steady heartbeat that reports nothing new on a group where no rule
+/// is due; `None` when the full decision is needed. Allocation-free until the response.
+fn quiescent_view(
+    g: &GroupMetadata,
+    req: &HeartbeatRequest,
+    ctx: Context<'_>,
+) -> Option<Result<HeartbeatResponse, ApiError>> {
+    if req.member_epoch == 0 || req.leave || req.metadata_version > g.metadata_version {
+        return None;
+    }
+    let member = g.members.get(&req.member_id).filter(|m| m.state == MemberState::Active)?;
+    let epoch_ok = (member.incarnation_epoch..=member.member_epoch).contains(&req.member_epoch);
+    if !epoch_ok || !owns_all(g, &req.member_id, &req.owned) {
+        return None;
+    }
+    let acks_due = req.revoking.iter().any(|r| {
+        let draining =
+            matches!(g.current.get(&r.shard), Some(ShardOwner::Revoking { member, .. }) if *member == req.member_id);
+        r.revoked && r.in_flight == 0 && draining
+    });
+    let sync_mark_due = g.correction.as_ref().is_some_and(|round| {
+        req.metadata_version == g.metadata_version && !round.synced_members.contains(&req.member_id)
+    });
+    if acks_due || sync_mark_due || !is_quiescent(g, ctx.observations, ctx.planted) {
+        return None;
+    }
+    let status = status_for(g, &req.member_id);
+    Some(Ok(member_view(g, &req.member_id, status, ctx.stored_revision)))
+}
+
+/// True when every shard in `owned` is recorded as owned or draining by `member`.
+fn owns_all(g: &GroupMetadata, member: &str, owned: &[ShardId]) -> bool {
+    owned.iter().all(|shard| {
+        matches!(
+            g.current.get(shard),
+            Some(ShardOwner::Owned { member: m, .. } | ShardOwner::Revoking { member: m, .. }) if m == member
+        )
+    })
+}
+
 /// A known member reported a version above the stored one: apply only REVOKED acks that match
 /// recorded ownership (they are true whatever history the client saw) and answer SYNC_METADATA.
 fn sync_ahead(tx: &mut Transition<'_>, g: &GroupMetadata, req: &HeartbeatRequest) -> Result<Step, ApiError> {
@@ -102,9 +146,7 @@ fn steady(tx: &mut Transition<'_>, g: &GroupMetadata, req: &HeartbeatRequest) ->
             ),
         ));
     }
-    let held: Vec<ShardId> =
-        g.shards_where(|o| o.member() == &req.member_id && !matches!(o, super::model::ShardOwner::Fenced { .. }));
-    if let Some(shard) = req.owned.iter().find(|s| held.binary_search(s).is_err()) {
+    if let Some(shard) = req.owned.iter().find(|s| !owns_all(g, &req.member_id, &[**s])) {
         return Err(ApiError::new(
             ErrorCode::FencedMemberEpoch,
             format!("member reports shard {shard} that is not recorded as its own"),
@@ -112,9 +154,10 @@ fn steady(tx: &mut Transition<'_>, g: &GroupMetadata, req: &HeartbeatRequest) ->
     }
     accept_acks(tx, req);
     if req.metadata_version == g.metadata_version {
-        // Bookkeeping only: the write happens because the state differs; no version bump.
-        if let Some(round) = tx.next.correction.as_mut() {
-            round.synced_members.insert(req.member_id.clone());
+        // Bookkeeping only: written, but no version bump.
+        let newly_synced = tx.next.correction.as_mut().is_some_and(|r| r.synced_members.insert(req.member_id.clone()));
+        if newly_synced {
+            tx.mark_dirty();
         }
     }
     if req.leave {
@@ -184,6 +227,14 @@ pub fn status_for(g: &GroupMetadata, member: &str) -> HeartbeatStatus {
 /// The member's view of a recorded state. Repeatable: the same state gives the same view.
 pub fn member_view(g: &GroupMetadata, member: &str, status: HeartbeatStatus, revision: u64) -> HeartbeatResponse {
     let epoch = g.members.get(member).map_or(0, |m| m.member_epoch);
+    let (mut assigned, mut revoke) = (Vec::new(), Vec::new());
+    for (shard, owner) in &g.current {
+        match owner {
+            ShardOwner::Owned { member: m, .. } if m == member => assigned.push(*shard),
+            ShardOwner::Revoking { member: m, .. } if m == member => revoke.push(*shard),
+            _ => {}
+        }
+    }
     HeartbeatResponse {
         status,
         member_id: member.to_string(),
@@ -191,9 +242,9 @@ pub fn member_view(g: &GroupMetadata, member: &str, status: HeartbeatStatus, rev
         metadata_version: g.metadata_version,
         assignment_epoch: g.assignment_epoch,
         shard_count: g.shard_count,
-        assigned: g.owned_shards(member),
+        assigned,
         pending: g.pending_shards(member),
-        revoke: g.revoking_shards(member),
+        revoke,
         assignment_lease_ms: g.config.assignment_lease_ms,
         heartbeat_interval_ms: g.config.heartbeat_interval_ms,
         store_revision: revision,
@@ -224,7 +275,7 @@ pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
         .current
         .values()
         .filter_map(|o| match o {
-            super::model::ShardOwner::Revoking { member, wait, .. }
+            ShardOwner::Revoking { member, wait, .. }
                 if ctx.observations.waited_ms(*wait) >= g.config.rebalance_timeout_ms =>
             {
                 Some(member.clone())

@@ -22,6 +22,8 @@ pub(crate) struct Transition<'a> {
     pub(crate) next: GroupMetadata,
     obs: &'a Observations,
     planted: PlantedBugs,
+    /// `next` differs from `before`: there is something to write.
+    dirty: bool,
     /// A client-visible change happened: bump metadataVersion in `finish`.
     visible_change: bool,
     /// Membership, shard count or assignor changed: recompute the target in `finish`.
@@ -39,6 +41,7 @@ impl<'a> Transition<'a> {
             next: before.clone(),
             obs,
             planted,
+            dirty: false,
             visible_change: false,
             retarget: false,
             joined: BTreeSet::new(),
@@ -49,19 +52,28 @@ impl<'a> Transition<'a> {
     }
 
     pub(crate) fn mark_visible(&mut self) {
+        self.dirty = true;
         self.visible_change = true;
+    }
+
+    /// Records a change that clients do not see (bookkeeping): written, no version bump.
+    pub(crate) fn mark_dirty(&mut self) {
+        self.dirty = true;
     }
 
     pub(crate) fn mark_retarget(&mut self) {
         self.retarget = true;
-        self.visible_change = true;
+        self.mark_visible();
     }
 
     /// Records a client-reported version (evidence when it is above the stored one).
     /// Versions at or below the stored one are normal (a client catching up) and record nothing.
     pub(crate) fn record_client_version(&mut self, reported: u64) {
+        if reported > self.next.max_client_version_seen.max(self.before.metadata_version) {
+            self.next.max_client_version_seen = reported;
+            self.dirty = true;
+        }
         if reported > self.before.metadata_version {
-            self.next.max_client_version_seen = self.next.max_client_version_seen.max(reported);
             self.start_round(LossEvidence::ClientVersionAhead { reported, stored: self.before.metadata_version });
         }
     }
@@ -71,6 +83,7 @@ impl<'a> Transition<'a> {
         if self.next.correction.is_none() {
             let wait = self.next.allocate_wait();
             self.next.correction = Some(CorrectionRound { reason, wait, synced_members: BTreeSet::new() });
+            self.dirty = true;
         }
     }
 
@@ -189,38 +202,27 @@ impl<'a> Transition<'a> {
                 }
             }
         }
-        let changed = self.next != *self.before;
+        debug_assert!(self.dirty || self.next == *self.before, "a change was not marked dirty");
+        let changed = self.dirty;
         Written { next: changed.then_some(self.next), liveness_guards: self.guards, liveness_remove: self.remove }
     }
 
     fn end_waits(&mut self) {
-        let lease = self.next.effective_assignment_lease_ms();
-        let active: BTreeSet<&MemberId> = self.next.active_members().collect();
-        let round_over = self.next.correction.as_ref().is_some_and(|round| {
-            let waited =
-                self.obs.waited_ms(round.wait) >= lease || self.planted.has(PlantedBug::SkipCorrectionLeaseWait);
-            active.iter().all(|m| round.synced_members.contains(*m)) && waited
-        });
-        if round_over {
+        if round_over(&self.next, self.obs, self.planted) {
             self.next.correction = None;
             self.mark_visible();
         }
-        let transition_over =
-            self.next.lease_transition.as_ref().is_some_and(|t| self.obs.waited_ms(t.wait) >= t.assignment_lease_ms);
-        if transition_over {
+        if transition_over(&self.next, self.obs) {
             self.next.lease_transition = None;
+            self.dirty = true;
         }
     }
 
+    /// Membership changes always set `retarget`; this catches the remaining case cheaply: a target
+    /// that does not cover every shard while members exist (or names shards when none do).
     fn target_is_stale(&self) -> bool {
-        let g = &self.next;
-        let has_active = g.active_members().next().is_some();
-        let covers_all = g.target.len() == g.shard_count as usize;
-        let valid = g
-            .target
-            .iter()
-            .all(|(s, m)| *s < g.shard_count && g.members.get(m).is_some_and(|m| m.state == MemberState::Active));
-        !valid || (has_active != covers_all)
+        let has_active = self.next.active_members().next().is_some();
+        has_active != (self.next.target.len() == self.next.shard_count as usize)
     }
 
     fn recompute_target(&mut self) {
@@ -249,36 +251,92 @@ impl<'a> Transition<'a> {
         let lease = self.next.effective_assignment_lease_ms();
         let epoch = self.next.assignment_epoch;
         for shard in 0..self.next.shard_count {
-            let target = self.next.target.get(&shard).cloned();
-            match self.next.current.get(&shard).cloned() {
-                Some(ShardOwner::Owned { member, .. }) if target.as_ref() != Some(&member) => {
+            let step = shard_step(&self.next, shard, self.obs, lease, self.planted);
+            if step == ShardStep::Keep {
+                continue;
+            }
+            self.dirty = true;
+            let current = self.next.current.remove(&shard);
+            match (step, current) {
+                (ShardStep::Revoke, Some(ShardOwner::Owned { member, .. })) => {
                     let wait = self.next.allocate_wait();
                     self.next
                         .current
                         .insert(shard, ShardOwner::Revoking { member, since_assignment_epoch: epoch, wait });
                     self.mark_visible();
                 }
-                Some(ShardOwner::Revoking { member, since_assignment_epoch, .. })
-                    if target.as_ref() == Some(&member) =>
-                {
+                (ShardStep::CancelRevoke, Some(ShardOwner::Revoking { member, since_assignment_epoch, .. })) => {
                     self.next.current.insert(shard, ShardOwner::Owned { member, since_assignment_epoch });
                     self.mark_visible();
                 }
-                Some(ShardOwner::Fenced { wait, .. }) if self.obs.waited_ms(wait) >= lease => {
-                    self.next.current.remove(&shard);
-                    self.mark_visible();
+                (ShardStep::Release, _) => self.mark_visible(),
+                (_, Some(owner)) => {
+                    self.next.current.insert(shard, owner);
                 }
-                Some(ShardOwner::Revoking { .. }) if self.planted.has(PlantedBug::AssignBeforeRelease) => {
-                    self.next.current.remove(&shard);
-                }
-                _ => {}
+                (_, None) => {}
             }
-            if let (None, Some(member)) = (self.next.current.get(&shard), target) {
-                self.next
-                    .current
-                    .insert(shard, ShardOwner::Owned { member: member.clone(), since_assignment_epoch: epoch });
-                self.granted.insert(member);
+            if !self.next.current.contains_key(&shard) {
+                if let Some(member) = self.next.target.get(&shard) {
+                    let member = member.clone();
+                    self.next
+                        .current
+                        .insert(shard, ShardOwner::Owned { member: member.clone(), since_assignment_epoch: epoch });
+                    self.granted.insert(member);
+                }
             }
         }
     }
+}
+
+/// What reconciliation does to one shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ShardStep {
+    Keep,
+    /// Owned by a member that is no longer its target: start draining.
+    Revoke,
+    /// Draining member became the target again: keep it.
+    CancelRevoke,
+    /// Free the shard (a fenced owner's lease surely ran out); grant it if it has a target.
+    Release,
+    /// Free shard with a target: grant it.
+    Grant,
+}
+
+fn shard_step(g: &GroupMetadata, shard: ShardId, obs: &Observations, lease_ms: u64, planted: PlantedBugs) -> ShardStep {
+    let target = g.target.get(&shard);
+    match g.current.get(&shard) {
+        None if target.is_some() => ShardStep::Grant,
+        None => ShardStep::Keep,
+        Some(ShardOwner::Owned { member, .. }) if target != Some(member) => ShardStep::Revoke,
+        Some(ShardOwner::Revoking { member, .. }) if target == Some(member) => ShardStep::CancelRevoke,
+        Some(ShardOwner::Fenced { wait, .. }) if obs.waited_ms(*wait) >= lease_ms => ShardStep::Release,
+        Some(ShardOwner::Revoking { .. }) if planted.has(PlantedBug::AssignBeforeRelease) => ShardStep::Release,
+        Some(_) => ShardStep::Keep,
+    }
+}
+
+/// True when no time-driven rule or reconciliation step is due: a decision that reports nothing
+/// new would write nothing. Allocation-free, so steady heartbeats stay cheap.
+pub(crate) fn is_quiescent(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {
+    let lease = g.effective_assignment_lease_ms();
+    let has_active = g.active_members().next().is_some();
+    if has_active != (g.target.len() == g.shard_count as usize) {
+        return false;
+    }
+    if round_over(g, obs, planted) || transition_over(g, obs) {
+        return false;
+    }
+    (0..g.shard_count).all(|shard| shard_step(g, shard, obs, lease, planted) == ShardStep::Keep)
+}
+
+fn round_over(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {
+    g.correction.as_ref().is_some_and(|round| {
+        let waited = obs.waited_ms(round.wait) >= g.effective_assignment_lease_ms()
+            || planted.has(PlantedBug::SkipCorrectionLeaseWait);
+        waited && g.active_members().all(|m| round.synced_members.contains(m))
+    })
+}
+
+fn transition_over(g: &GroupMetadata, obs: &Observations) -> bool {
+    g.lease_transition.as_ref().is_some_and(|t| obs.waited_ms(t.wait) >= t.assignment_lease_ms)
 }
