@@ -11,7 +11,12 @@
 //! built and unit-tested in both modes (`cargo test --bin sim`).
 #![cfg_attr(not(madsim), allow(dead_code))]
 
+mod checkers;
 mod plan;
+mod records;
+#[cfg(madsim)]
+mod redis_node;
+mod transport;
 
 #[cfg(not(madsim))]
 fn main() {

@@ -1,0 +1,172 @@
+//! Invariant 6, **liveness**: after the plan's faults heal (`heal_ms`), within the plan's bound
+//! (`liveness_bound_ms`) every shard is read by a live member and nobody stays in
+//! `REVOKE_PENDING` / `SYNC_METADATA`.
+//!
+//! Judged over the window from `heal_ms + liveness_bound_ms` to the end of the run (the plan
+//! guarantees it holds at least two heartbeat intervals): a *live member* is a consumer process
+//! still running at the end. Every shard of the final recorded state must be read (an executed
+//! XREADGROUP or XAUTOCLAIM issued in the window) by a live member, and each live member must have
+//! received a successful heartbeat answer in the window, the last of which is `OK`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use rsc::core::model::{GroupMetadata, ShardId};
+use rsc::core::protocol::HeartbeatStatus;
+
+use super::Facts;
+use crate::plan::Role;
+use crate::records::{ProcessId, Us};
+
+/// A violation of invariant 6 (liveness).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Violation {
+    /// Invariant 6: at the end the group has no readable recorded state (deleted, corrupt).
+    GroupUnavailable { at_us: Us },
+    /// Invariant 6: no consumer process is alive at the end.
+    NoLiveConsumer { at_us: Us },
+    /// Invariant 6: a shard was not read by any live member after the liveness deadline.
+    ShardNotRead { shard: ShardId, at_us: Us },
+    /// Invariant 6: a live member got no successful heartbeat answer after the deadline.
+    NoHeartbeat { process: ProcessId, at_us: Us },
+    /// Invariant 6: a live member's last answer is still `REVOKE_PENDING` / `SYNC_METADATA`.
+    Stuck { process: ProcessId, status: HeartbeatStatus, at_us: Us },
+}
+
+impl super::Violation for Violation {
+    fn kind(&self) -> &'static str {
+        match self {
+            Violation::GroupUnavailable { .. } => "group-unavailable-after-heal",
+            Violation::NoLiveConsumer { .. } => "no-live-consumer",
+            Violation::ShardNotRead { .. } => "shard-not-read-after-heal",
+            Violation::NoHeartbeat { .. } => "no-heartbeat-after-heal",
+            Violation::Stuck { .. } => "stuck-after-heal",
+        }
+    }
+
+    fn at_us(&self) -> Us {
+        match self {
+            Violation::GroupUnavailable { at_us }
+            | Violation::NoLiveConsumer { at_us }
+            | Violation::ShardNotRead { at_us, .. }
+            | Violation::NoHeartbeat { at_us, .. }
+            | Violation::Stuck { at_us, .. } => *at_us,
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::GroupUnavailable { .. } => f.write_str("the group has no readable recorded state at the end"),
+            Violation::NoLiveConsumer { .. } => f.write_str("no consumer process is alive at the end"),
+            Violation::ShardNotRead { shard, .. } => {
+                write!(f, "shard {shard} was not read by a live member between the liveness deadline and the end")
+            }
+            Violation::NoHeartbeat { process, .. } => {
+                write!(f, "{process} got no successful heartbeat answer between the liveness deadline and the end")
+            }
+            Violation::Stuck { process, status, .. } => write!(f, "{process} is still answered {status:?} at the end"),
+        }
+    }
+}
+
+/// The last recorded state of the group (`None`: absent or unparsable).
+fn final_state(facts: &Facts<'_>) -> Option<GroupMetadata> {
+    let record = facts
+        .history
+        .iter()
+        .rev()
+        .find_map(|e| e.metadata_after.iter().rev().find(|(g, _)| g == facts.group).map(|(_, r)| r.clone()))??;
+    serde_json::from_str(&record.aggregate).ok()
+}
+
+/// Checks invariant 6.
+pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
+    let deadline_us = facts.plan.durations.live_by_ms() * 1_000;
+    let at_us = deadline_us;
+    let Some(state) = final_state(facts) else { return vec![Violation::GroupUnavailable { at_us }] };
+    let live: BTreeSet<ProcessId> = facts
+        .records
+        .lifecycles
+        .iter()
+        .filter(|l| l.process.node.role == Role::Consumer && l.stopped_at_us.is_none())
+        .map(|l| l.process)
+        .collect();
+    if live.is_empty() {
+        return vec![Violation::NoLiveConsumer { at_us }];
+    }
+    let mut violations = Vec::new();
+    let read: BTreeSet<ShardId> = facts
+        .records
+        .reads
+        .iter()
+        .filter(|r| r.issued_at_us >= deadline_us && live.contains(&r.process))
+        .filter_map(|r| facts.shard_of(&r.stream))
+        .collect();
+    for shard in (0..state.shard_count).filter(|s| !read.contains(s)) {
+        violations.push(Violation::ShardNotRead { shard, at_us });
+    }
+    let mut last: BTreeMap<ProcessId, HeartbeatStatus> = BTreeMap::new();
+    let mut answers: Vec<(Us, ProcessId, HeartbeatStatus)> = facts
+        .records
+        .heartbeats
+        .iter()
+        .filter_map(|c| c.seen_ok().map(|(resp, at)| (at, c.process, resp.status)))
+        .filter(|(at, process, _)| *at >= deadline_us && live.contains(process))
+        .collect();
+    answers.sort_unstable();
+    for (_, process, status) in answers {
+        last.insert(process, status);
+    }
+    for process in &live {
+        match last.get(process) {
+            None => violations.push(Violation::NoHeartbeat { process: *process, at_us }),
+            Some(HeartbeatStatus::Ok) => {}
+            Some(status) => violations.push(Violation::Stuck { process: *process, status: *status, at_us }),
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::*;
+
+    #[test]
+    fn every_shard_read_and_every_member_ok_after_the_deadline_is_live() {
+        let mut w = World::new();
+        let (a, b) = (w.consumer(1), w.consumer(2));
+        let mut g = w.group_with_member("consumer-1", &[0, 1]);
+        g.shard_count = 2;
+        w.store(1_000, &g, 1);
+        let late = w.deadline_us() + 100_000;
+        w.answer(a, late, HeartbeatStatus::Ok, &[0], 8_000);
+        w.answer(b, late, HeartbeatStatus::Ok, &[1], 8_000);
+        w.reads(a, 0, late + 1..=late + 1, 1);
+        w.reads(b, 1, late + 1..=late + 1, 1);
+        assert_eq!(check(&w.facts()), vec![]);
+    }
+
+    #[test]
+    fn an_unread_shard_a_stuck_member_and_a_dead_reader_are_reported() {
+        let mut w = World::new();
+        let (a, b) = (w.consumer(1), w.consumer(2));
+        let mut g = w.group_with_member("consumer-1", &[0, 1]);
+        g.shard_count = 2;
+        w.store(1_000, &g, 1);
+        let late = w.deadline_us() + 100_000;
+        w.answer(a, late, HeartbeatStatus::Ok, &[0], 8_000);
+        w.answer(b, late, HeartbeatStatus::RevokePending, &[1], 8_000);
+        w.reads(a, 0, late + 1..=late + 1, 1);
+        w.reads(b, 1, late + 1..=late + 1, 1);
+        w.kill(b, late + 2);
+        let kinds: Vec<&str> = check(&w.facts()).iter().map(super::super::Violation::kind).collect();
+        // b is dead: its read does not count and its status no longer matters.
+        assert_eq!(kinds, vec!["shard-not-read-after-heal"]);
+        w.revive_and_keep(b);
+        let kinds: Vec<&str> = check(&w.facts()).iter().map(super::super::Violation::kind).collect();
+        assert_eq!(kinds, vec!["stuck-after-heal"]);
+    }
+}

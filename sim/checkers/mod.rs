@@ -1,0 +1,149 @@
+//! The invariant checkers of `DESIGN.md`, one file per property, each with a typed `Violation`
+//! enum whose docs name the property. They run after a seed finished, over [`Facts`]: the run's
+//! ground truth (the Redis node's execution log, the client transports' send/receive records, the
+//! application's processing records, the process table, and the store's metadata history). None
+//! of them reads a protocol participant's own view (a consumer's lease, a coordinator's ownership
+//! table): leases and permissions are recomputed from what was actually sent and received.
+//!
+//! | file | invariant |
+//! |---|---|
+//! | [`split`] | 1. no split ownership (overlapping read tenures) |
+//! | [`consumer_lease`] | 2. consumer fail-closed (no read outside the lease it holds) |
+//! | [`producer_lease`] | 3. producer fail-closed (no XADD on an expired routing view) |
+//! | [`recorded`] | 4. recorded responses (every response was in the store before it arrived) |
+//! | [`resurrection`] | 5. no resurrection of a deleted metadata key |
+//! | [`liveness`] | 6. liveness after the faults heal |
+//! | [`messages`] | 7. every acknowledged XADD delivered; no entry processed twice at once |
+
+pub mod consumer_lease;
+mod grants;
+pub mod liveness;
+pub mod messages;
+pub mod producer_lease;
+pub mod recorded;
+pub mod resurrection;
+pub mod split;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use rsc::core::model::{GroupId, ShardId};
+use rsc::store::memory::HistoryEvent;
+
+use crate::plan::Plan;
+use crate::records::{fmt_us, ProcessId, Records, Us};
+
+/// Everything the checkers read.
+pub struct Facts<'a> {
+    pub plan: &'a Plan,
+    pub group: &'a GroupId,
+    pub records: &'a Records,
+    /// The store's metadata history (`MemoryStore::history`), on the store clock (ms since the
+    /// store was created, which is the instant the run started).
+    pub history: &'a [HistoryEvent],
+    /// Simulated time the run ended.
+    pub end_us: Us,
+}
+
+impl Facts<'_> {
+    /// The shard of a stream key `<streamPrefix>:<shard>` of this group.
+    pub fn shard_of(&self, stream: &str) -> Option<ShardId> {
+        stream.strip_prefix(&self.group.stream_prefix)?.strip_prefix(':')?.parse().ok()
+    }
+
+    /// When `process` stopped (killed or ended), if it did.
+    pub fn stopped_at(&self, process: ProcessId) -> Option<Us> {
+        self.records.lifecycles.iter().find(|l| l.process == process).and_then(|l| l.stopped_at_us)
+    }
+
+    /// Whether `process` was paused at any moment in `[from, to]`.
+    pub fn paused_within(&self, process: ProcessId, from: Us, to: Us) -> bool {
+        self.records.lifecycles.iter().filter(|l| l.process == process).flat_map(|l| &l.paused).any(|(start, end)| {
+            let end = end.unwrap_or(Us::MAX);
+            *start <= to && end >= from
+        })
+    }
+
+    /// The plan's assignment lease in µs (the longest any grant may run).
+    pub fn assignment_lease_us(&self) -> Us {
+        self.plan.group.assignment_lease_ms * 1_000
+    }
+}
+
+/// One violated invariant, as the runner reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// The invariant's checker (`split`, `consumer-lease`, ...).
+    pub checker: &'static str,
+    /// The violation kind (`split-ownership`, `read-after-lease`, ...): what `expect` lists.
+    pub kind: &'static str,
+    /// When it happened (simulated µs).
+    pub at_us: Us,
+    pub detail: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] {} @{}s: {}", self.checker, self.kind, fmt_us(self.at_us).trim(), self.detail)
+    }
+}
+
+/// What every checker's `Violation` provides.
+pub trait Violation: fmt::Display {
+    /// The violation kind name (kebab-case).
+    fn kind(&self) -> &'static str;
+    /// When it happened.
+    fn at_us(&self) -> Us;
+}
+
+fn findings<V: Violation>(checker: &'static str, violations: Vec<V>) -> impl Iterator<Item = Finding> {
+    violations.into_iter().map(move |v| Finding { checker, kind: v.kind(), at_us: v.at_us(), detail: v.to_string() })
+}
+
+/// Damage that no protocol can prevent, measured instead of failed (reported separately).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Measurements {
+    /// Longest split-ownership overlap attributed to a silent rollback (µs).
+    pub silent_rollback_split_us: Option<Us>,
+    /// Overlapping processing of one entry where one side was paused past its lease (a paused
+    /// process cannot act on its lease end until it runs again).
+    pub paused_processing_overlaps: usize,
+}
+
+/// The result of checking one run.
+#[derive(Clone, Debug, Default)]
+pub struct Verdict {
+    pub findings: Vec<Finding>,
+    pub measurements: Measurements,
+}
+
+/// Runs every checker.
+pub fn check_all(facts: &Facts<'_>) -> Verdict {
+    let mut measurements = Measurements::default();
+    let (split, silent) = split::check(facts);
+    measurements.silent_rollback_split_us = silent;
+    let (messages, paused) = messages::check(facts);
+    measurements.paused_processing_overlaps = paused;
+    let mut all: Vec<Finding> = findings("split", split)
+        .chain(findings("consumer-lease", consumer_lease::check(facts)))
+        .chain(findings("producer-lease", producer_lease::check(facts)))
+        .chain(findings("recorded", recorded::check(facts)))
+        .chain(findings("resurrection", resurrection::check(facts)))
+        .chain(findings("liveness", liveness::check(facts)))
+        .chain(findings("messages", messages))
+        .collect();
+    all.sort_by(|a, b| (a.at_us, a.checker, &a.detail).cmp(&(b.at_us, b.checker, &b.detail)));
+    Verdict { findings: all, measurements }
+}
+
+/// Counts findings by kind (for the summary table).
+pub fn count_by_kind(findings: &[Finding]) -> BTreeMap<&'static str, usize> {
+    let mut counts = BTreeMap::new();
+    for f in findings {
+        *counts.entry(f.kind).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures;

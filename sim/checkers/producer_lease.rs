@@ -1,0 +1,141 @@
+//! Invariant 3, **producer fail-closed**: no XADD on a routing view older than its cache TTL.
+//!
+//! From the producer's transport records and the Redis node's add log: an XADD the server executed
+//! is judged at the instant the producer issued it (the instant of its cache check). It needs a
+//! routing response the producer *received* before that instant whose request was *sent* no more
+//! than that response's `routing_cache_ttl_ms` earlier (the view's lease counts from the send
+//! time, like the consumer's), and the XADD's shard must exist in such a fresh view.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use rsc::core::model::ShardId;
+
+use super::Facts;
+use crate::records::{fmt_us, ProcessId, Us};
+
+/// A violation of invariant 3 (producer fail-closed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Violation {
+    /// Invariant 3: an XADD with no routing view fetched within its cache TTL (`last_fetch_us`:
+    /// send time of the last view received before it, if any).
+    PublishOnExpiredRouting { process: ProcessId, stream: String, at_us: Us, last_fetch_us: Option<Us> },
+    /// Invariant 3: an XADD to a shard no fresh routing view has.
+    PublishOutsideRouting { process: ProcessId, stream: String, at_us: Us, shard_count: u32 },
+}
+
+impl super::Violation for Violation {
+    fn kind(&self) -> &'static str {
+        match self {
+            Violation::PublishOnExpiredRouting { .. } => "publish-on-expired-routing",
+            Violation::PublishOutsideRouting { .. } => "publish-outside-routing",
+        }
+    }
+
+    fn at_us(&self) -> Us {
+        match self {
+            Violation::PublishOnExpiredRouting { at_us, .. } | Violation::PublishOutsideRouting { at_us, .. } => *at_us,
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::PublishOnExpiredRouting { process, stream, last_fetch_us, .. } => match last_fetch_us {
+                Some(at) => {
+                    write!(f, "{process} XADD {stream} on a view fetched at {}s, past its TTL", fmt_us(*at).trim())
+                }
+                None => write!(f, "{process} XADD {stream} without ever receiving a routing view"),
+            },
+            Violation::PublishOutsideRouting { process, stream, shard_count, .. } => {
+                write!(f, "{process} XADD {stream}: no fresh view has that shard (shard count {shard_count})")
+            }
+        }
+    }
+}
+
+/// A routing view a producer received: (received, sent, ttl, shard count), by receive time.
+type View = (Us, Us, Us, u32);
+
+/// Checks invariant 3 for every producer process.
+pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
+    let mut views: BTreeMap<ProcessId, Vec<View>> = BTreeMap::new();
+    for call in &facts.records.routings {
+        if let Some((resp, received)) = call.seen_ok() {
+            let view = (received, call.sent_at_us, resp.routing_cache_ttl_ms * 1_000, resp.shard_count);
+            views.entry(call.process).or_default().push(view);
+        }
+    }
+    for list in views.values_mut() {
+        list.sort_unstable();
+    }
+    let mut violations = Vec::new();
+    let mut reported_expired = std::collections::BTreeSet::new();
+    for add in &facts.records.adds {
+        let at_us = add.issued_at_us;
+        let received: &[View] = views.get(&add.process).map_or(&[], |v| {
+            let end = v.partition_point(|(received, ..)| *received <= at_us);
+            &v[..end]
+        });
+        let fresh: Vec<&View> = received.iter().filter(|(_, sent, ttl, _)| at_us <= sent + ttl).collect();
+        let process = add.process;
+        let stream = add.stream.clone();
+        if fresh.is_empty() {
+            let last_fetch_us = received.iter().map(|(_, sent, ..)| *sent).max();
+            // One report per producer per expired view, not per publish.
+            if reported_expired.insert((process, last_fetch_us)) {
+                violations.push(Violation::PublishOnExpiredRouting { process, stream, at_us, last_fetch_us });
+            }
+            continue;
+        }
+        let shard: Option<ShardId> = facts.shard_of(&add.stream);
+        let shard_count = fresh.iter().map(|(.., count)| *count).max().unwrap_or(0);
+        if shard.is_none_or(|s| s >= shard_count) {
+            violations.push(Violation::PublishOutsideRouting { process, stream, at_us, shard_count });
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::*;
+
+    #[test]
+    fn publishing_within_the_ttl_of_the_send_time_is_clean_and_after_it_is_not() {
+        let mut w = World::new();
+        let p = w.producer(1);
+        // Sent at 1 s, received at 1.5 s, TTL 10 s: fresh until 11 s.
+        w.routing(p, 1_000_000, 1_500_000, 10_000, 4);
+        w.add(p, 0, 1_600_000);
+        w.add(p, 3, 11_000_000);
+        assert_eq!(check(&w.facts()), vec![]);
+        w.add(p, 1, 11_000_001);
+        w.add(p, 1, 12_000_000);
+        let violations = check(&w.facts());
+        assert_eq!(violations.len(), 1, "one report per expired view: {violations:?}");
+        assert!(matches!(&violations[0], Violation::PublishOnExpiredRouting { last_fetch_us: Some(1_000_000), .. }));
+    }
+
+    #[test]
+    fn a_view_counts_only_once_received_and_shards_must_exist_in_it() {
+        let mut w = World::new();
+        let p = w.producer(1);
+        w.routing(p, 1_000_000, 1_500_000, 10_000, 4);
+        w.add(p, 0, 1_200_000); // before the view arrived
+        w.add(p, 4, 2_000_000); // shard 4 of 4 shards
+        let violations = check(&w.facts());
+        assert!(
+            matches!(
+                &violations[..],
+                [
+                    Violation::PublishOnExpiredRouting { last_fetch_us: None, .. },
+                    Violation::PublishOutsideRouting { shard_count: 4, .. },
+                ]
+            ),
+            "{violations:?}"
+        );
+    }
+}

@@ -1,0 +1,230 @@
+//! Invariant 4, **recorded responses**: every decision a client receives was in the store when it
+//! was sent — a response is never derived from unwritten state.
+//!
+//! Every successful coordinator response names the `store_revision` it was derived from. For each
+//! response that reached a client's transport (including ones a response-loss fault then hid: the
+//! coordinator did send them), the checker looks in the store's metadata history for the states of
+//! the group's key that had that revision and were stored at or before the instant the response
+//! arrived (the question `MemoryStore::record_at` answers; a revision can be stored more than once
+//! after a rollback, so every such state is a candidate). The response must equal the view the
+//! pure core derives from one of them: `member_view` (same fields; an `OK` or `REVOKE_PENDING`
+//! status must be the state's own `status_for`; `SYNC_METADATA` also when the request reported a
+//! version above the state's), `routing_view`, or an admin result naming the state's version.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use rsc::core::engine::{member_view, routing_view, status_for};
+use rsc::core::model::GroupMetadata;
+use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus};
+
+use super::Facts;
+use crate::records::{fmt_us, Us};
+
+/// A violation of invariant 4 (recorded responses).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Violation {
+    /// Invariant 4: no state with the response's revision was stored before the response arrived.
+    NotRecorded { what: &'static str, who: String, revision: u64, at_us: Us },
+    /// Invariant 4: states with that revision were stored, but the response matches none of them.
+    Inconsistent { what: &'static str, who: String, revision: u64, at_us: Us, detail: String },
+}
+
+impl super::Violation for Violation {
+    fn kind(&self) -> &'static str {
+        match self {
+            Violation::NotRecorded { .. } => "response-not-recorded",
+            Violation::Inconsistent { .. } => "response-inconsistent",
+        }
+    }
+
+    fn at_us(&self) -> Us {
+        match self {
+            Violation::NotRecorded { at_us, .. } | Violation::Inconsistent { at_us, .. } => *at_us,
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::NotRecorded { what, who, revision, at_us } => write!(
+                f,
+                "{what} response to {who} names revision {revision}, which was not stored by {}s",
+                fmt_us(*at_us).trim()
+            ),
+            Violation::Inconsistent { what, who, revision, detail, .. } => {
+                write!(f, "{what} response to {who} does not match any stored state of revision {revision}: {detail}")
+            }
+        }
+    }
+}
+
+/// Every stored state of the group by revision: (store ms it was stored, parsed aggregate).
+struct States(BTreeMap<u64, Vec<(u64, Option<GroupMetadata>)>>);
+
+impl States {
+    fn from_facts(facts: &Facts<'_>) -> Self {
+        let mut by_revision: BTreeMap<u64, Vec<(u64, Option<GroupMetadata>)>> = BTreeMap::new();
+        for event in facts.history {
+            for (group, record) in &event.metadata_after {
+                if let (true, Some(record)) = (group == facts.group, record) {
+                    let parsed = serde_json::from_str(&record.aggregate).ok();
+                    by_revision.entry(record.revision).or_default().push((event.at_ms, parsed));
+                }
+            }
+        }
+        Self(by_revision)
+    }
+
+    /// The states with `revision` stored at or before `at_us` (compared on the store's ms clock).
+    fn candidates(&self, revision: u64, at_us: Us) -> Vec<&GroupMetadata> {
+        let at_ms = at_us / 1_000;
+        self.0.get(&revision).map_or_else(Vec::new, |list| {
+            list.iter().filter(|(stored_ms, _)| *stored_ms <= at_ms).filter_map(|(_, g)| g.as_ref()).collect()
+        })
+    }
+
+    /// Judges one response: `matches` says whether it is the view of a state.
+    fn judge(
+        &self,
+        what: &'static str,
+        who: String,
+        revision: u64,
+        at_us: Us,
+        matches: impl Fn(&GroupMetadata) -> Result<(), String>,
+    ) -> Option<Violation> {
+        let candidates = self.candidates(revision, at_us);
+        let Some(latest) = candidates.last() else {
+            return Some(Violation::NotRecorded { what, who, revision, at_us });
+        };
+        if candidates.iter().any(|g| matches(g).is_ok()) {
+            return None;
+        }
+        let detail = matches(latest).err().unwrap_or_default();
+        Some(Violation::Inconsistent { what, who, revision, at_us, detail })
+    }
+}
+
+/// Whether `resp` is the view of `g` for the heartbeat `req`.
+fn heartbeat_view(g: &GroupMetadata, req: &HeartbeatRequest, resp: &HeartbeatResponse) -> Result<(), String> {
+    let member = &req.member_id;
+    let view = member_view(g, member, resp.status, resp.store_revision);
+    // A leave is answered with the member's empty view (epoch 0) once it is gone.
+    let expected = if req.leave && !g.members.contains_key(member) {
+        HeartbeatResponse { assigned: vec![], pending: vec![], revoke: vec![], member_epoch: 0, ..view }
+    } else {
+        view
+    };
+    if &expected != resp {
+        return Err(format!("expected {expected:?}, got {resp:?}"));
+    }
+    let recorded = status_for(g, member);
+    let status_ok = match resp.status {
+        HeartbeatStatus::SyncMetadata => {
+            recorded == HeartbeatStatus::SyncMetadata || req.metadata_version > g.metadata_version
+        }
+        _ if req.leave => true,
+        status => status == recorded,
+    };
+    if status_ok {
+        Ok(())
+    } else {
+        Err(format!("status {:?} but the recorded state gives {recorded:?}", resp.status))
+    }
+}
+
+/// Checks invariant 4 for every heartbeat, routing and admin response.
+pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
+    let states = States::from_facts(facts);
+    let mut violations = Vec::new();
+    for call in &facts.records.heartbeats {
+        if let (Some(Ok(resp)), Some(at_us)) = (&call.answer, call.received_at_us) {
+            let who = call.process.to_string();
+            let judged =
+                states.judge("heartbeat", who, resp.store_revision, at_us, |g| heartbeat_view(g, &call.request, resp));
+            violations.extend(judged);
+        }
+    }
+    for call in &facts.records.routings {
+        if let (Some(Ok(resp)), Some(at_us)) = (&call.answer, call.received_at_us) {
+            let who = call.process.to_string();
+            let judged = states.judge("routing", who, resp.store_revision, at_us, |g| {
+                let expected = routing_view(g, resp.store_revision);
+                if &expected == resp {
+                    Ok(())
+                } else {
+                    Err(format!("expected {expected:?}, got {resp:?}"))
+                }
+            });
+            violations.extend(judged);
+        }
+    }
+    for call in &facts.records.admins {
+        // A delete answers revision 0: nothing stored to compare with.
+        if let (Some(Ok(resp)), Some(at_us)) = (&call.answer, call.received_at_us) {
+            if resp.store_revision > 0 {
+                let judged = states.judge("admin", "operator".into(), resp.store_revision, at_us, |g| {
+                    if g.metadata_version == resp.metadata_version {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "metadata version {} but the state has {}",
+                            resp.metadata_version, g.metadata_version
+                        ))
+                    }
+                });
+                violations.extend(judged);
+            }
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::*;
+
+    #[test]
+    fn a_response_from_a_stored_state_is_clean() {
+        let mut w = World::new();
+        let a = w.consumer(1);
+        let g = w.store_group_with_member(1_000, "consumer-1", &[0, 1]);
+        w.heartbeat_answer(a, 1_500_000, member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
+        assert_eq!(check(&w.facts()), vec![]);
+    }
+
+    #[test]
+    fn a_response_received_before_its_state_was_stored_is_not_recorded() {
+        let mut w = World::new();
+        let a = w.consumer(1);
+        let g = w.store_group_with_member(2_000, "consumer-1", &[0]);
+        w.heartbeat_answer(a, 1_500_000, member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
+        assert!(matches!(check(&w.facts())[..], [Violation::NotRecorded { revision: 1, at_us: 1_500_000, .. }]));
+    }
+
+    #[test]
+    fn a_response_that_differs_from_the_stored_state_is_inconsistent() {
+        let mut w = World::new();
+        let a = w.consumer(1);
+        let g = w.store_group_with_member(1_000, "consumer-1", &[0]);
+        let mut resp = member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1);
+        resp.assigned.push(3);
+        w.heartbeat_answer(a, 1_500_000, resp);
+        assert!(matches!(check(&w.facts())[..], [Violation::Inconsistent { revision: 1, .. }]));
+    }
+
+    #[test]
+    fn ok_is_only_recorded_when_the_state_itself_gives_ok() {
+        let mut w = World::new();
+        let a = w.consumer(1);
+        let mut g = w.group_with_member("consumer-1", &[0]);
+        g.target.insert(1, "consumer-1".into()); // pending shard: the state gives REVOKE_PENDING
+        w.store(1_000, &g, 1);
+        w.heartbeat_answer(a, 1_500_000, member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
+        assert!(
+            matches!(&check(&w.facts())[..], [Violation::Inconsistent { detail, .. }] if detail.contains("RevokePending"))
+        );
+    }
+}

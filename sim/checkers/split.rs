@@ -1,0 +1,262 @@
+//! Invariant 1, **no split ownership**: at every simulated instant at most one consumer reads
+//! (issues XREADGROUP / XAUTOCLAIM on) a given shard.
+//!
+//! Reads are instants; "reading a shard" is an interval, so the checker defines a **tenure**:
+//! the reads of one consumer *process* on one shard, ordered by the instant the consumer issued
+//! them (the Redis node records it; it is the instant of the consumer's lease check), grouped
+//! into maximal runs such that
+//! - two consecutive reads are at most the *cadence bound* apart — the longest a consumer that
+//!   keeps a shard can go between two reads of it: `2 * (poll_interval + processing_max) +
+//!   4 * latency_max + store_timeout` of the drawn plan; and
+//! - between two consecutive reads the process was not told to stop the shard (a heartbeat answer
+//!   it received that does not list the shard in `assigned`, or a fence / unknown-member error).
+//!
+//! A tenure spans from its first to its last read (closed interval; a single read is a tenure of
+//! length zero). Two tenures of *different* processes on one shard that intersect are a split.
+//! The second rule means a legitimate hand-over A -> B -> A never merges A's two tenures (A must
+//! have been told to stop in between); the first keeps a process that stopped reading on its own
+//! (lease end) from being treated as still reading.
+//!
+//! Silent rollbacks: an overlap that starts within one assignment lease of a silent rollback
+//! (writes lost with no identity change) is damage no protocol can fully prevent; it is measured
+//! (longest overlap) and is a violation only when it is longer than one assignment lease.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use rsc::core::model::ShardId;
+
+use super::grants::Grants;
+use super::Facts;
+use crate::records::{fmt_us, Mark, ProcessId, Us};
+
+/// A run of reads of one process on one shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tenure {
+    pub process: ProcessId,
+    pub from_us: Us,
+    pub to_us: Us,
+    pub reads: usize,
+}
+
+impl fmt::Display for Tenure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} [{}s..{}s, {} reads]",
+            self.process,
+            fmt_us(self.from_us).trim(),
+            fmt_us(self.to_us).trim(),
+            self.reads
+        )
+    }
+}
+
+/// A violation of invariant 1 (no split ownership).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Violation {
+    /// Invariant 1: two processes' read tenures on one shard intersect.
+    SplitOwnership { shard: ShardId, earlier: Tenure, later: Tenure, overlap_us: Us },
+    /// Invariant 1 under a silent rollback: the overlap is attributed to lost writes, but it lasted
+    /// longer than one assignment lease (the bound the design promises for this damage).
+    SilentRollbackSplitTooLong { shard: ShardId, earlier: Tenure, later: Tenure, overlap_us: Us, lease_us: Us },
+}
+
+impl super::Violation for Violation {
+    fn kind(&self) -> &'static str {
+        match self {
+            Violation::SplitOwnership { .. } => "split-ownership",
+            Violation::SilentRollbackSplitTooLong { .. } => "silent-rollback-split-too-long",
+        }
+    }
+
+    fn at_us(&self) -> Us {
+        match self {
+            Violation::SplitOwnership { later, .. } | Violation::SilentRollbackSplitTooLong { later, .. } => {
+                later.from_us
+            }
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::SplitOwnership { shard, earlier, later, overlap_us } => {
+                write!(f, "shard {shard}: {earlier} and {later} overlap for {overlap_us} us")
+            }
+            Violation::SilentRollbackSplitTooLong { shard, earlier, later, overlap_us, lease_us } => write!(
+                f,
+                "shard {shard}: {earlier} and {later} overlap for {overlap_us} us after a silent rollback \
+                 (bound: one assignment lease = {lease_us} us)"
+            ),
+        }
+    }
+}
+
+/// The cadence bound of the tenure definition (µs).
+pub fn cadence_bound_us(facts: &Facts<'_>) -> Us {
+    let w = &facts.plan.workload;
+    let t = &facts.plan.tuning;
+    (2 * (w.poll_interval_ms + w.processing_max_ms) + 4 * t.latency_max_ms + t.store_timeout_ms) * 1_000
+}
+
+/// Every tenure on every shard, per shard in order of start.
+pub fn tenures(facts: &Facts<'_>, grants: &Grants) -> BTreeMap<ShardId, Vec<Tenure>> {
+    let gap_us = cadence_bound_us(facts);
+    let mut by_key: BTreeMap<(ShardId, ProcessId), Vec<Us>> = BTreeMap::new();
+    for read in &facts.records.reads {
+        if let Some(shard) = facts.shard_of(&read.stream) {
+            by_key.entry((shard, read.process)).or_default().push(read.issued_at_us);
+        }
+    }
+    let mut out: BTreeMap<ShardId, Vec<Tenure>> = BTreeMap::new();
+    for ((shard, process), mut times) in by_key {
+        times.sort_unstable();
+        let mut current: Option<Tenure> = None;
+        for at in times {
+            current = match current.take() {
+                Some(mut t) if at - t.to_us <= gap_us && !grants.withdrawn_between(process, shard, t.to_us, at) => {
+                    t.to_us = at;
+                    t.reads += 1;
+                    Some(t)
+                }
+                previous => {
+                    out.entry(shard).or_default().extend(previous);
+                    Some(Tenure { process, from_us: at, to_us: at, reads: 1 })
+                }
+            };
+        }
+        out.entry(shard).or_default().extend(current);
+    }
+    for list in out.values_mut() {
+        list.sort_by_key(|t| (t.from_us, t.process));
+    }
+    out
+}
+
+/// Checks invariant 1; also returns the longest overlap attributed to a silent rollback.
+pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, Option<Us>) {
+    let grants = Grants::from_records(facts.records);
+    let lease_us = facts.assignment_lease_us();
+    let rollbacks: Vec<Us> = facts
+        .records
+        .marks
+        .iter()
+        .filter_map(|m| match m {
+            Mark::SilentRollback { at_us } => Some(*at_us),
+            Mark::KeyDeleted { .. } => None,
+        })
+        .collect();
+    let mut violations = Vec::new();
+    let mut silent_max: Option<Us> = None;
+    for (shard, list) in tenures(facts, &grants) {
+        for (i, earlier) in list.iter().enumerate() {
+            // Report each pair of processes once per shard: the first overlap found.
+            for later in list[i + 1..].iter().take_while(|l| l.from_us <= earlier.to_us) {
+                if later.process == earlier.process {
+                    continue;
+                }
+                let overlap_us = later.to_us.min(earlier.to_us) - later.from_us;
+                let start = later.from_us;
+                let silent = rollbacks.iter().any(|m| start + lease_us >= *m && start <= m + lease_us);
+                let (earlier, later) = (earlier.clone(), later.clone());
+                if !silent {
+                    violations.push(Violation::SplitOwnership { shard, earlier, later, overlap_us });
+                } else {
+                    silent_max = Some(silent_max.map_or(overlap_us, |m| m.max(overlap_us)));
+                    if overlap_us > lease_us {
+                        violations.push(Violation::SilentRollbackSplitTooLong {
+                            shard,
+                            earlier,
+                            later,
+                            overlap_us,
+                            lease_us,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    dedup_pairs(&mut violations);
+    (violations, silent_max)
+}
+
+/// Keeps the first violation per (shard, pair of processes).
+fn dedup_pairs(violations: &mut Vec<Violation>) {
+    let mut seen = std::collections::BTreeSet::new();
+    violations.retain(|v| {
+        let (Violation::SplitOwnership { shard, earlier, later, .. }
+        | Violation::SilentRollbackSplitTooLong { shard, earlier, later, .. }) = v;
+        let pair = (earlier.process.min(later.process), earlier.process.max(later.process));
+        seen.insert((*shard, pair))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::*;
+
+    #[test]
+    fn a_clean_hand_over_is_not_a_split() {
+        let mut w = World::new();
+        let (a, b) = (w.consumer(1), w.consumer(2));
+        w.grant(a, 0, &[0], 8_000);
+        w.reads(a, 0, 100_000..=2_000_000, 50_000);
+        w.grant(b, 2_100_000, &[0], 8_000);
+        w.withdraw(a, 2_050_000);
+        w.reads(b, 0, 2_200_000..=4_000_000, 50_000);
+        let (violations, _) = check(&w.facts());
+        assert_eq!(violations, vec![]);
+    }
+
+    #[test]
+    fn two_readers_at_once_are_a_split() {
+        let mut w = World::new();
+        let (a, b) = (w.consumer(1), w.consumer(2));
+        w.grant(a, 0, &[0], 8_000);
+        w.grant(b, 0, &[0], 8_000);
+        w.reads(a, 0, 100_000..=2_000_000, 50_000);
+        w.reads(b, 0, 1_000_000..=3_000_000, 50_000);
+        let (violations, _) = check(&w.facts());
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        let Violation::SplitOwnership { shard, earlier, later, overlap_us } = &violations[0] else { panic!() };
+        assert_eq!((*shard, earlier.process, later.process, *overlap_us), (0, a, b, 1_000_000));
+    }
+
+    #[test]
+    fn a_to_b_to_a_with_a_revoke_in_between_is_clean_but_without_one_it_is_a_split() {
+        for told_to_stop in [true, false] {
+            let mut w = World::new();
+            let (a, b) = (w.consumer(1), w.consumer(2));
+            w.grant(a, 0, &[0], 8_000);
+            w.reads(a, 0, 100_000..=1_000_000, 50_000);
+            if told_to_stop {
+                w.withdraw(a, 1_010_000);
+            }
+            // B reads once, briefly, inside the cadence bound of A's reads.
+            w.grant(b, 1_020_000, &[0], 8_000);
+            w.reads(b, 0, 1_030_000..=1_030_000, 1);
+            w.reads(a, 0, 1_040_000..=1_500_000, 50_000);
+            let (violations, _) = check(&w.facts());
+            assert_eq!(violations.is_empty(), told_to_stop, "told_to_stop={told_to_stop}: {violations:?}");
+        }
+    }
+
+    #[test]
+    fn a_split_right_after_a_silent_rollback_is_measured_not_failed_unless_too_long() {
+        for (b_reads_until, expect_violation) in [(3_000_000, false), (12_000_000, true)] {
+            let mut w = World::new();
+            let (a, b) = (w.consumer(1), w.consumer(2));
+            w.grant(a, 0, &[0], 8_000);
+            w.reads(a, 0, 100_000..=b_reads_until + 500_000, 50_000);
+            w.silent_rollback(900_000);
+            w.grant(b, 950_000, &[0], 8_000);
+            w.reads(b, 0, 1_000_000..=b_reads_until, 50_000);
+            let (violations, silent) = check(&w.facts());
+            assert_eq!(!violations.is_empty(), expect_violation, "{violations:?}");
+            assert_eq!(silent, Some(b_reads_until - 1_000_000));
+        }
+    }
+}

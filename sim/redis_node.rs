@@ -1,0 +1,365 @@
+//! The Redis node: a [`MemoryStore`] served as its own simulated node, and [`RemoteStore`], the
+//! client handle coordinators, consumers and producers use to reach it over the simulated network
+//! (so partitions, clogs, packet loss and kills between any process and Redis are real).
+//!
+//! Protocol: one datagram per request and per reply on a madsim [`Endpoint`] (the pattern madsim's
+//! own simulated services use). A request carries a run-unique call id, the caller's process and
+//! the instant the caller issued it; the reply goes back tagged with the call id. A lost request
+//! or reply, a dead server, or a slow one shows up as `StoreError::Unavailable("timeout")` after the
+//! client's timeout — the server may have executed the command (the "applied, response lost" case).
+//!
+//! Each calling process gets its own server-side connection (a [`MemoryStore::connect`] handle),
+//! so a failover breaks each connection once, as in Redis. The node records what it executed
+//! (reads, adds, acks) into the run's [`Recorder`]: the ground truth the checkers read.
+//!
+//! Never: calls the `redis` crate, serializes anything (payloads move in memory under madsim).
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use madsim::net::Endpoint;
+use rsc::core::model::{GroupId, MemberId};
+use rsc::store::memory::MemoryStore;
+use rsc::store::{
+    EntryId, MetadataStore, ProbeReport, ReadFrom, ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore,
+    TouchResult, WriteOutcome, WriteRequest,
+};
+
+use crate::records::{AckEvent, AddEvent, ProcessId, ReadEvent, ReadKind, Recorder, Us};
+
+/// The port the Redis node listens on.
+pub const REDIS_PORT: u16 = 6379;
+/// The datagram tag of requests (replies are tagged with their call id, which is smaller).
+const REQUEST_TAG: u64 = u64::MAX - 0x5245_4449_53;
+
+/// One Redis command with its arguments.
+#[derive(Clone, Debug)]
+pub enum Command {
+    Load(GroupId),
+    TouchAndLoad(GroupId, MemberId),
+    Liveness(GroupId),
+    Write(GroupId, WriteRequest),
+    Delete(GroupId, u64),
+    AcquireMutex(GroupId, String, u64),
+    ReleaseMutex(GroupId, String),
+    IndexAdd(GroupId),
+    IndexMembers,
+    RebuildIndex,
+    Identity,
+    Probe,
+    XAdd { stream: String, fields: Vec<(String, Vec<u8>)>, maxlen: Option<u64> },
+    EnsureGroup { stream: String, group: String },
+    XReadGroup { group: String, consumer: String, streams: Vec<(String, ReadFrom)>, count: usize },
+    XAck { stream: String, group: String, ids: Vec<EntryId> },
+    Claim { stream: String, group: String, consumer: String, min_idle_ms: u64 },
+}
+
+impl Command {
+    /// A short description for the trace.
+    fn describe(&self) -> String {
+        match self {
+            Command::Load(_) => "LOAD".into(),
+            Command::TouchAndLoad(_, m) => format!("TOUCH+LOAD {m}"),
+            Command::Liveness(_) => "LIVENESS".into(),
+            Command::Write(_, w) => format!("WRITE expect={:?}", w.expected_revision),
+            Command::Delete(_, r) => format!("DELETE expect={r}"),
+            Command::AcquireMutex(_, t, _) => format!("MUTEX+ {t}"),
+            Command::ReleaseMutex(_, t) => format!("MUTEX- {t}"),
+            Command::IndexAdd(_) => "SADD index".into(),
+            Command::IndexMembers => "SMEMBERS index".into(),
+            Command::RebuildIndex => "SCAN index".into(),
+            Command::Identity => "INFO".into(),
+            Command::Probe => "PROBE".into(),
+            Command::XAdd { stream, .. } => format!("XADD {stream}"),
+            Command::EnsureGroup { stream, .. } => format!("XGROUP CREATE {stream}"),
+            Command::XReadGroup { consumer, streams, .. } => {
+                let s: Vec<String> = streams.iter().map(|(s, f)| format!("{s}{}", from_mark(*f))).collect();
+                format!("XREADGROUP {consumer} {}", s.join(","))
+            }
+            Command::XAck { stream, ids, .. } => format!("XACK {stream} {}", ids.len()),
+            Command::Claim { stream, consumer, .. } => format!("XAUTOCLAIM {stream} -> {consumer}"),
+        }
+    }
+}
+
+fn from_mark(from: ReadFrom) -> &'static str {
+    match from {
+        ReadFrom::New => ">",
+        ReadFrom::OwnPending => "@0",
+    }
+}
+
+/// A request datagram.
+struct Envelope {
+    call_id: u64,
+    client: ProcessId,
+    issued_at_us: Us,
+    command: Command,
+}
+
+/// A reply datagram: `Result<T, StoreError>` for the command's `T`.
+type Reply = Box<dyn Any + Send + Sync>;
+
+/// Serves `store` on this node until the node dies. Run it as the Redis node's init task.
+pub async fn serve(store: MemoryStore, recorder: Recorder) {
+    let endpoint = match Endpoint::bind(("0.0.0.0", REDIS_PORT)).await {
+        Ok(endpoint) => Arc::new(endpoint),
+        Err(e) => panic!("redis node cannot bind port {REDIS_PORT}: {e}"),
+    };
+    // One server-side connection per calling process, opened at its first command.
+    let connections: Arc<Mutex<BTreeMap<ProcessId, Arc<MemoryStore>>>> = Arc::default();
+    loop {
+        let Ok((payload, from)) = endpoint.recv_from_raw(REQUEST_TAG).await else { return };
+        let Ok(envelope) = payload.downcast::<Envelope>() else { continue };
+        let connection = {
+            let mut connections = connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            Arc::clone(connections.entry(envelope.client).or_insert_with(|| Arc::new(store.connect())))
+        };
+        let endpoint = Arc::clone(&endpoint);
+        let recorder = recorder.clone();
+        tokio::spawn(async move {
+            let call_id = envelope.call_id;
+            let reply = execute(&connection, *envelope, &recorder).await;
+            // A reply to a client that died or is cut off is simply lost.
+            let _ = endpoint.send_to_raw(from, call_id, reply).await;
+        });
+    }
+}
+
+/// Runs one command on the connection and records what the server did.
+async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -> Reply {
+    let Envelope { call_id, client, issued_at_us, command } = envelope;
+    recorder.trace_verbose("redis", || format!("#{call_id} {client} {}", command.describe()));
+    match command {
+        Command::Load(g) => Box::new(store.load(&g).await),
+        Command::TouchAndLoad(g, m) => Box::new(store.touch_and_load(&g, &m).await),
+        Command::Liveness(g) => Box::new(store.liveness(&g).await),
+        Command::Write(g, w) => Box::new(store.write(&g, w).await),
+        Command::Delete(g, r) => Box::new(store.delete(&g, r).await),
+        Command::AcquireMutex(g, t, ttl) => Box::new(store.acquire_mutex(&g, &t, ttl).await),
+        Command::ReleaseMutex(g, t) => Box::new(store.release_mutex(&g, &t).await),
+        Command::IndexAdd(g) => Box::new(store.index_add(&g).await),
+        Command::IndexMembers => Box::new(store.index_members().await),
+        Command::RebuildIndex => Box::new(store.rebuild_index().await),
+        Command::Identity => Box::new(store.identity().await),
+        Command::Probe => Box::new(store.probe().await),
+        Command::XAdd { stream, fields, maxlen } => {
+            let result = store.xadd(&stream, fields, maxlen).await;
+            if let Ok(id) = &result {
+                let served_at_us = recorder.now_us();
+                let add =
+                    AddEvent { process: client, stream, issued_at_us, served_at_us, id: *id, acknowledged_at_us: None };
+                recorder.lock().adds.push(add);
+            }
+            Box::new(result)
+        }
+        Command::EnsureGroup { stream, group } => Box::new(store.ensure_group(&stream, &group).await),
+        Command::XReadGroup { group, consumer, streams, count } => {
+            let result = store.xreadgroup(&group, &consumer, &streams, count, None).await;
+            if let Ok(read) = &result {
+                let served_at_us = recorder.now_us();
+                let mut records = recorder.lock();
+                for (stream, from) in &streams {
+                    let ids = read.iter().find(|(s, _)| s == stream).map(|(_, e)| e.iter().map(|e| e.id).collect());
+                    let kind = if *from == ReadFrom::New { ReadKind::New } else { ReadKind::OwnPending };
+                    records.reads.push(ReadEvent {
+                        process: client,
+                        consumer: consumer.clone(),
+                        stream: stream.clone(),
+                        kind,
+                        issued_at_us,
+                        served_at_us,
+                        ids: ids.unwrap_or_default(),
+                    });
+                }
+            }
+            Box::new(result)
+        }
+        Command::XAck { stream, group, ids } => {
+            let result = store.xack(&stream, &group, &ids).await;
+            if result.is_ok() {
+                let ack = AckEvent { process: client, stream, served_at_us: recorder.now_us(), ids };
+                recorder.lock().acks.push(ack);
+            }
+            Box::new(result)
+        }
+        Command::Claim { stream, group, consumer, min_idle_ms } => {
+            let result = store.claim_all_pending(&stream, &group, &consumer, min_idle_ms).await;
+            if let Ok(entries) = &result {
+                let read = ReadEvent {
+                    process: client,
+                    consumer,
+                    stream,
+                    kind: ReadKind::Claim,
+                    issued_at_us,
+                    served_at_us: recorder.now_us(),
+                    ids: entries.iter().map(|e| e.id).collect(),
+                };
+                recorder.lock().reads.push(read);
+            }
+            Box::new(result)
+        }
+    }
+}
+
+/// A process's connection to the Redis node, implementing both store traits over the simulated
+/// network. Clones share the endpoint.
+#[derive(Clone)]
+pub struct RemoteStore {
+    endpoint: Arc<Endpoint>,
+    server: SocketAddr,
+    process: ProcessId,
+    timeout: Duration,
+    recorder: Recorder,
+}
+
+impl RemoteStore {
+    /// Binds this process's endpoint (call on the process's node).
+    pub async fn connect(server: SocketAddr, process: ProcessId, timeout_ms: u64, recorder: Recorder) -> Self {
+        let endpoint = match Endpoint::bind("0.0.0.0:0").await {
+            Ok(endpoint) => Arc::new(endpoint),
+            Err(e) => panic!("{process}: cannot bind a client endpoint: {e}"),
+        };
+        Self { endpoint, server, process, timeout: Duration::from_millis(timeout_ms), recorder }
+    }
+
+    /// Sends one command and waits for its reply or the timeout.
+    async fn call<T: Send + Sync + 'static>(&self, command: Command) -> Result<T, StoreError> {
+        let call_id = self.recorder.next_id();
+        let envelope = Envelope { call_id, client: self.process, issued_at_us: self.recorder.now_us(), command };
+        let exchange = async {
+            self.endpoint
+                .send_to_raw(self.server, REQUEST_TAG, Box::new(envelope))
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("send: {e}")))?;
+            let (reply, _) = self
+                .endpoint
+                .recv_from_raw(call_id)
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("receive: {e}")))?;
+            match reply.downcast::<Result<T, StoreError>>() {
+                Ok(result) => *result,
+                Err(_) => Err(StoreError::Protocol(format!("reply to call {call_id} has the wrong type"))),
+            }
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable("timeout".into())),
+        }
+    }
+}
+
+impl MetadataStore for RemoteStore {
+    async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
+        self.call(Command::Load(group.clone())).await
+    }
+
+    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
+        self.call(Command::TouchAndLoad(group.clone(), member.to_string())).await
+    }
+
+    async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
+        self.call(Command::Liveness(group.clone())).await
+    }
+
+    async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
+        self.call(Command::Write(group.clone(), request)).await
+    }
+
+    async fn delete(&self, group: &GroupId, expected_revision: u64) -> Result<WriteOutcome, StoreError> {
+        self.call(Command::Delete(group.clone(), expected_revision)).await
+    }
+
+    async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+        self.call(Command::AcquireMutex(group.clone(), token.to_string(), ttl_ms)).await
+    }
+
+    async fn release_mutex(&self, group: &GroupId, token: &str) -> Result<bool, StoreError> {
+        self.call(Command::ReleaseMutex(group.clone(), token.to_string())).await
+    }
+
+    async fn index_add(&self, group: &GroupId) -> Result<(), StoreError> {
+        self.call(Command::IndexAdd(group.clone())).await
+    }
+
+    async fn index_members(&self) -> Result<Vec<GroupId>, StoreError> {
+        self.call(Command::IndexMembers).await
+    }
+
+    async fn rebuild_index(&self) -> Result<Vec<GroupId>, StoreError> {
+        self.call(Command::RebuildIndex).await
+    }
+
+    async fn identity(&self) -> Result<ServerIdentity, StoreError> {
+        self.call(Command::Identity).await
+    }
+
+    async fn probe(&self) -> Result<ProbeReport, StoreError> {
+        self.call(Command::Probe).await
+    }
+}
+
+impl StreamStore for RemoteStore {
+    async fn xadd(
+        &self,
+        stream: &str,
+        fields: Vec<(String, Vec<u8>)>,
+        maxlen: Option<u64>,
+    ) -> Result<EntryId, StoreError> {
+        let result: Result<EntryId, StoreError> =
+            self.call(Command::XAdd { stream: stream.to_string(), fields, maxlen }).await;
+        if let Ok(id) = &result {
+            // The producer now knows the entry was added: it is "acknowledged" from here on.
+            let now = self.recorder.now_us();
+            let mut records = self.recorder.lock();
+            if let Some(add) = records.adds.iter_mut().rev().find(|a| a.id == *id && a.stream == stream) {
+                add.acknowledged_at_us = Some(now);
+            }
+        }
+        result
+    }
+
+    async fn ensure_group(&self, stream: &str, group: &str) -> Result<(), StoreError> {
+        self.call(Command::EnsureGroup { stream: stream.to_string(), group: group.to_string() }).await
+    }
+
+    async fn xreadgroup(
+        &self,
+        group: &str,
+        consumer: &str,
+        streams: &[(String, ReadFrom)],
+        count: usize,
+        _block_ms: Option<u64>,
+    ) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
+        let command = Command::XReadGroup {
+            group: group.to_string(),
+            consumer: consumer.to_string(),
+            streams: streams.to_vec(),
+            count,
+        };
+        self.call(command).await
+    }
+
+    async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {
+        self.call(Command::XAck { stream: stream.to_string(), group: group.to_string(), ids: ids.to_vec() }).await
+    }
+
+    async fn claim_all_pending(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let command = Command::Claim {
+            stream: stream.to_string(),
+            group: group.to_string(),
+            consumer: consumer.to_string(),
+            min_idle_ms,
+        };
+        self.call(command).await
+    }
+}
