@@ -86,6 +86,9 @@ pub(super) struct LocalState {
     /// Highest revision read per group; a lower one later is evidence of lost writes.
     pub(super) revision_seen: BTreeMap<GroupId, u64>,
     regressed: BTreeMap<GroupId, LossEvidence>,
+    /// Set by any `Unavailable` store error (a failover or restart breaks connections): the next
+    /// request re-checks the server identity before answering from what it reads.
+    pub(super) identity_suspect: bool,
     pub(super) rng: SmallRng,
 }
 
@@ -122,6 +125,7 @@ impl<S: MetadataStore> Coordinator<S> {
             evidence_recorded: BTreeMap::new(),
             revision_seen: BTreeMap::new(),
             regressed: BTreeMap::new(),
+            identity_suspect: false,
             rng: SmallRng::seed_from_u64(options.rng_seed),
         };
         let inner = Inner {
@@ -188,6 +192,7 @@ impl<S: MetadataStore> Coordinator<S> {
     async fn heartbeat_inner(&self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         self.inner.gate.check()?;
         req.group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
+        self.recheck_identity_if_suspect().await?;
         let touched = self.inner.store.touch_and_load(&req.group, &req.member_id).await;
         let touched = touched.map_err(|e| self.store_error(e))?;
         let Some(record) = touched.record else {
@@ -195,7 +200,7 @@ impl<S: MetadataStore> Coordinator<S> {
             return Err(self.missing(&req.group, client_knows).await);
         };
         let g = self.decode_counted(&req.group, &record)?;
-        self.record_pending_evidence(&g, record.revision).await?;
+        let evidence_recorded = self.record_pending_evidence(&g, record.revision).await?;
         if req.metadata_version > g.metadata_version {
             self.inner.metrics.inc(
                 "rsc_client_metadata_version_ahead_total",
@@ -205,7 +210,8 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         let obs = self.observe(&g, None);
         let fast = decide_heartbeat(&g, req, self.context(record.revision, &obs));
-        if fast.write.next.is_none() {
+        // After recording evidence, `g` is stale: only the critical path (which reloads) may answer.
+        if fast.write.next.is_none() && !evidence_recorded {
             return fast.outcome;
         }
         if self.inner.options.planted.has(PlantedBug::RespondBeforeWrite) {
@@ -240,6 +246,7 @@ impl<S: MetadataStore> Coordinator<S> {
     /// Producer routing view (read-only; served while terminating too).
     pub async fn routing(&self, group: &GroupId) -> Result<RoutingResponse, ApiError> {
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
+        self.recheck_identity_if_suspect().await?;
         let record = self.inner.store.load(group).await.map_err(|e| self.store_error(e))?;
         let Some(record) = record else {
             return Err(self.missing(group, false).await);
@@ -347,7 +354,10 @@ impl<S: MetadataStore> Coordinator<S> {
             return Err(self.missing(group, true).await);
         };
         let g = self.decode_counted(group, &record)?;
-        self.record_pending_evidence(&g, record.revision).await?;
+        if self.record_pending_evidence(&g, record.revision).await? {
+            // The state moved on; the next tick starts from a fresh read.
+            return Ok(());
+        }
         let liveness = self.inner.store.liveness(group).await.map_err(|e| self.store_error(e))?;
         let obs = self.observe(&g, Some(&liveness));
         self.export_group_gauges(&g, &obs);
@@ -363,9 +373,10 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     /// Records a correction round for evidence this process found (identity change, regression).
-    async fn record_pending_evidence(&self, g: &GroupMetadata, revision: u64) -> Result<(), ApiError> {
+    /// Returns true when it went through a critical section (the caller's state is then stale).
+    async fn record_pending_evidence(&self, g: &GroupMetadata, revision: u64) -> Result<bool, ApiError> {
         let evidence = self.pending_evidence(&g.group, revision);
-        let Some(evidence) = evidence else { return Ok(()) };
+        let Some(evidence) = evidence else { return Ok(false) };
         let generation = self.local().identity_generation;
         self.critical(&g.group, false, |g, rev, obs| match g {
             Some(g) => decide_evidence(g, evidence.clone(), self.context(rev, obs)),
@@ -375,7 +386,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let mut local = self.local();
         local.evidence_recorded.insert(g.group.clone(), generation);
         local.regressed.remove(&g.group);
-        Ok(())
+        Ok(true)
     }
 
     /// Notes the revision read and returns evidence this group still has to record.
@@ -400,16 +411,26 @@ impl<S: MetadataStore> Coordinator<S> {
         (generation > recorded).then_some(LossEvidence::StoreIdentityChanged)
     }
 
+    /// After a connection-level failure, confirms the server identity before answering.
+    pub(super) async fn recheck_identity_if_suspect(&self) -> Result<(), ApiError> {
+        if self.local().identity_suspect && !self.check_identity().await {
+            return Err(ApiError::new(ErrorCode::StoreUnavailable, "store identity could not be confirmed"));
+        }
+        Ok(())
+    }
+
     /// Compares the store's identity with the last one seen; a change resets every window.
-    async fn check_identity(&self) {
+    /// Returns false when the identity could not be read.
+    pub(super) async fn check_identity(&self) -> bool {
         let identity = match self.inner.store.identity().await {
             Ok(identity) => identity,
             Err(e) => {
                 self.store_error(e);
-                return;
+                return false;
             }
         };
         let mut local = self.local();
+        local.identity_suspect = false;
         match &local.identity {
             Some(seen) if *seen != identity => {
                 tracing::warn!(?seen, now = ?identity, "store identity changed: treating recent writes as lost");
@@ -425,5 +446,6 @@ impl<S: MetadataStore> Coordinator<S> {
             Some(_) => {}
             None => local.identity = Some(identity),
         }
+        true
     }
 }

@@ -28,6 +28,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let monitor = self.monitor(group);
         let _monitor = monitor.lock().await;
         let _entered = self.inner.gate.enter()?;
+        self.recheck_identity_if_suspect().await?;
         let token = self.token();
         self.acquire_mutex(group, &token).await?;
         let result = self.attempts(group, with_liveness, &mut decide).await;
@@ -168,6 +169,9 @@ impl<S: MetadataStore> Coordinator<S> {
 
     /// Maps a store failure to the API error, counting compatibility failures.
     pub(super) fn store_error(&self, error: StoreError) -> ApiError {
+        if matches!(error, StoreError::Unavailable(_)) {
+            self.local().identity_suspect = true;
+        }
         if let StoreError::Unsupported { command, .. } = &error {
             self.inner.metrics.inc(
                 "rsc_redis_command_compat_failures_total",

@@ -1,0 +1,294 @@
+//! The coordinator workflow (`rsc::service::Coordinator`) over the in-memory store: fail-closed
+//! paths, loss evidence, the shutdown gate, and two coordinators sharing one store. Real tokio,
+//! short leases; no network.
+
+#![cfg(not(madsim))]
+
+use std::time::Duration;
+
+use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, ShardOwner};
+use rsc::core::protocol::{
+    AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeReport,
+};
+use rsc::core::{PlantedBug, PlantedBugs};
+use rsc::service::{Coordinator, CoordinatorOptions};
+use rsc::store::memory::{MemoryStore, RollbackMode};
+use rsc::store::MetadataStore;
+
+fn group() -> GroupId {
+    GroupId::new("orders", "billing")
+}
+
+/// Leases short enough for real-time tests: lease 300 ms, member TTL 400 ms.
+fn fast_config() -> GroupConfig {
+    GroupConfig {
+        member_lease_ttl_ms: 400,
+        assignment_lease_ms: 300,
+        heartbeat_interval_ms: 50,
+        rebalance_timeout_ms: 2_000,
+        routing_cache_ttl_ms: 1_000,
+        routing_refresh_interval_ms: 200,
+        ..GroupConfig::default()
+    }
+}
+
+fn coordinator(store: &MemoryStore, id: &str, planted: PlantedBugs) -> Coordinator<MemoryStore> {
+    let options = CoordinatorOptions { instance_id: id.into(), planted, ..CoordinatorOptions::default() };
+    Coordinator::new(store.connect(), options)
+}
+
+async fn create(c: &Coordinator<MemoryStore>, shards: u32) {
+    let req = AdminRequest::CreateGroup { group: group(), shard_count: shards, config: fast_config() };
+    c.admin(req).await.expect("create");
+}
+
+fn join(member: &str) -> HeartbeatRequest {
+    HeartbeatRequest {
+        group: group(),
+        member_id: member.into(),
+        member_epoch: 0,
+        metadata_version: 0,
+        assignment_epoch: 0,
+        owned: vec![],
+        revoking: vec![],
+        leave: false,
+    }
+}
+
+/// The next heartbeat of a client that applied `r` (drains finish at once).
+fn next(r: &HeartbeatResponse) -> HeartbeatRequest {
+    HeartbeatRequest {
+        group: group(),
+        member_id: r.member_id.clone(),
+        member_epoch: r.member_epoch,
+        metadata_version: r.metadata_version,
+        assignment_epoch: r.assignment_epoch,
+        owned: r.assigned.clone(),
+        revoking: r.revoke.iter().map(|&shard| RevokeReport { shard, in_flight: 0, revoked: true }).collect(),
+        leave: false,
+    }
+}
+
+fn recorded(store: &MemoryStore) -> Option<GroupMetadata> {
+    store.peek_record(&group()).map(|r| serde_json::from_str(&r.aggregate).expect("recorded metadata parses"))
+}
+
+#[tokio::test]
+async fn join_and_steady_heartbeats_write_once_then_answer_from_reads() {
+    let store = MemoryStore::new(1);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    c.start().await.expect("probe");
+    create(&c, 4).await;
+    let joined = c.heartbeat(join("a")).await.expect("join");
+    assert_eq!((joined.status, joined.assigned.clone()), (HeartbeatStatus::Ok, vec![0, 1, 2, 3]));
+    let revision = store.peek_record(&group()).expect("record").revision;
+    assert_eq!(joined.store_revision, revision, "the response names the revision it was derived from");
+    let mut r = joined;
+    for _ in 0..5 {
+        r = c.heartbeat(next(&r)).await.expect("steady");
+    }
+    assert_eq!(store.peek_record(&group()).expect("record").revision, revision, "steady heartbeats write nothing");
+    assert!(c.metrics().render().contains("rsc_heartbeats_total{status=\"OK\"} 6"));
+}
+
+#[tokio::test]
+async fn a_deleted_metadata_key_fails_closed_and_is_never_rebuilt() {
+    let store = MemoryStore::new(2);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    create(&c, 2).await;
+    let r = c.heartbeat(join("a")).await.expect("join");
+    assert!(store.delete_metadata_key(&group()));
+
+    assert_eq!(c.heartbeat(next(&r)).await.unwrap_err().code, ErrorCode::MetadataMissing);
+    assert_eq!(c.heartbeat(join("b")).await.unwrap_err().code, ErrorCode::MetadataMissing, "the index knows it");
+    assert_eq!(c.routing(&group()).await.unwrap_err().code, ErrorCode::MetadataMissing);
+    c.tick_all().await;
+    assert!(store.peek_record(&group()).is_none(), "nothing rebuilt from heartbeats or ticks");
+    assert!(c.metrics().total("rsc_metadata_missing_total") >= 3.0);
+
+    // An unknown group nobody knew is just not found.
+    let mut stranger = join("x");
+    stranger.group = GroupId::new("nobody", "here");
+    assert_eq!(c.heartbeat(stranger).await.unwrap_err().code, ErrorCode::GroupNotFound);
+}
+
+#[tokio::test]
+async fn recreating_a_lost_group_starts_with_a_correction_round() {
+    let store = MemoryStore::new(3);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    create(&c, 2).await;
+    c.heartbeat(join("a")).await.expect("join");
+    store.delete_metadata_key(&group());
+    create(&c, 2).await;
+    let g = recorded(&store).expect("recreated by the operator");
+    assert!(g.correction.is_some(), "old consumers may still hold leases: no OK for one lease");
+    let r = c.heartbeat(join("a")).await.expect("rejoin");
+    assert_ne!(r.status, HeartbeatStatus::Ok);
+}
+
+#[tokio::test]
+async fn corrupt_or_future_schema_metadata_fails_closed_and_is_never_overwritten() {
+    let store = MemoryStore::new(4);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    create(&c, 2).await;
+    let r = c.heartbeat(join("a")).await.expect("join");
+    assert!(store.corrupt_aggregate(&group()));
+    let corrupt = store.peek_record(&group()).expect("record");
+    assert_eq!(c.heartbeat(next(&r)).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
+    assert_eq!(c.heartbeat(join("b")).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
+    c.tick_all().await;
+    let add = AdminRequest::AddShards { group: group(), expected_revision: corrupt.revision, new_shard_count: 4 };
+    assert_eq!(c.admin(add).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
+    assert_eq!(store.peek_record(&group()), Some(corrupt), "never overwritten");
+    assert!(c.metrics().total("rsc_metadata_schema_errors_total") >= 3.0);
+
+    let store = MemoryStore::new(5);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    create(&c, 2).await;
+    assert!(store.set_future_schema(&group(), 2));
+    assert_eq!(c.heartbeat(join("a")).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
+}
+
+#[tokio::test]
+async fn a_failover_that_loses_writes_is_detected_and_no_ok_is_given_for_one_lease() {
+    let store = MemoryStore::new(6);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    c.start().await.expect("probe");
+    create(&c, 2).await;
+    let a = c.heartbeat(join("a")).await.expect("a");
+    let b = c.heartbeat(join("b")).await.expect("b");
+    let a = c.heartbeat(next(&a)).await.expect("a drains");
+    let _a = c.heartbeat(next(&a)).await.expect("a REVOKED");
+    let b = c.heartbeat(next(&b)).await.expect("b gets its shard");
+    assert_eq!((b.status, b.assigned.clone()), (HeartbeatStatus::Ok, vec![1]));
+
+    // The store fails over and loses its recent writes, back to before the release + grant (the
+    // journal also holds liveness touches and mutex writes). The store again says a drains shard 1.
+    let granted_revision = store.peek_record(&group()).expect("record").revision;
+    while store.peek_record(&group()).expect("record").revision == granted_revision {
+        store.rollback(1, RollbackMode::Silent);
+    }
+    store.failover();
+    let lost = recorded(&store).expect("record");
+    assert!(matches!(lost.current.get(&1), Some(ShardOwner::Revoking { member, .. }) if member == "a"));
+    let err = c.heartbeat(next(&b)).await.expect_err("the failover broke the connection");
+    assert_eq!(err.code, ErrorCode::StoreUnavailable);
+    let started = tokio::time::Instant::now();
+    let mut statuses = Vec::new();
+    let mut b_req = next(&b);
+    loop {
+        // The rollback may restore an acquired mutex whose release was lost: the group is locked
+        // until the mutex TTL and the coordinator answers a retryable STORE_UNAVAILABLE.
+        let r = match c.heartbeat(b_req.clone()).await {
+            Ok(r) => r,
+            Err(e) if e.code == ErrorCode::StoreUnavailable => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                assert!(started.elapsed() < Duration::from_secs(4), "store stayed unavailable");
+                continue;
+            }
+            Err(e) => panic!("b: {e:?}"),
+        };
+        statuses.push(r.status);
+        if r.status == HeartbeatStatus::Ok {
+            break;
+        }
+        b_req = next(&r);
+        // keep a alive and draining
+        let g = recorded(&store).expect("record");
+        let a_req = HeartbeatRequest {
+            member_epoch: g.members["a"].member_epoch,
+            metadata_version: g.metadata_version,
+            owned: g.owned_shards("a"),
+            revoking: g
+                .revoking_shards("a")
+                .into_iter()
+                .map(|shard| RevokeReport { shard, in_flight: 0, revoked: true })
+                .collect(),
+            ..join("a")
+        };
+        let _ = c.heartbeat(a_req).await;
+        c.tick_all().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(started.elapsed() < Duration::from_secs(5), "the round must end: {statuses:?}");
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "no OK before one assignment lease: {statuses:?} after {:?}\n{:#?}",
+        started.elapsed(),
+        recorded(&store)
+    );
+    assert_eq!(statuses[0], HeartbeatStatus::SyncMetadata, "b's view is ahead of the store");
+    assert!(c.metrics().total("rsc_store_identity_changes_total") >= 1.0);
+}
+
+#[tokio::test]
+async fn terminating_refuses_new_mutations_but_finishes_entered_sections() {
+    let store = MemoryStore::new(7);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    create(&c, 2).await;
+    store.set_latency_ms(100);
+    let inside = {
+        let c = c.clone();
+        tokio::spawn(async move { c.heartbeat(join("a")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(120)).await; // the join is past the gate, inside its write
+    c.begin_shutdown();
+    assert_eq!(c.heartbeat(join("b")).await.unwrap_err().code, ErrorCode::CoordinatorTerminating);
+    let joined = inside.await.expect("task").expect("the entered section finished its write");
+    assert_eq!(joined.assigned, vec![0, 1]);
+    c.drained().await;
+    store.set_latency_ms(0);
+    assert!(store.acquire_mutex(&group(), "other", 1_000).await.expect("store"), "the mutex was released");
+    assert!(c.metrics().render().contains("rsc_coordinator_terminating 1"));
+}
+
+#[tokio::test]
+async fn two_coordinators_on_one_store_never_record_two_owners() {
+    let store = MemoryStore::new(8);
+    let (c1, c2) = (coordinator(&store, "c1", PlantedBugs::NONE), coordinator(&store, "c2", PlantedBugs::NONE));
+    create(&c1, 16).await;
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let c = if i % 2 == 0 { c1.clone() } else { c2.clone() };
+        tasks.push(tokio::spawn(async move {
+            let mut r = c.heartbeat(join(&format!("m{i}"))).await?;
+            for _ in 0..30 {
+                r = c.heartbeat(next(&r)).await?;
+                if r.status == HeartbeatStatus::Ok && !r.assigned.is_empty() {
+                    break;
+                }
+            }
+            Ok::<_, rsc::core::protocol::ApiError>(r)
+        }));
+    }
+    let mut last = Vec::new();
+    for t in tasks {
+        last.push(t.await.expect("task").expect("heartbeats succeed despite CAS races"));
+    }
+    // Keep every member heartbeating (alternating coordinators) until the rebalance settles.
+    for round in 0..40 {
+        for (i, r) in last.iter_mut().enumerate() {
+            let c = if (i + round) % 2 == 0 { &c1 } else { &c2 };
+            *r = c.heartbeat(next(r)).await.expect("heartbeat");
+        }
+        if last.iter().all(|r| r.status == HeartbeatStatus::Ok) {
+            break;
+        }
+    }
+    let g = recorded(&store).expect("record");
+    g.validate().expect("valid");
+    assert_eq!(g.members.len(), 10);
+    let owned = g.current.values().filter(|o| matches!(o, ShardOwner::Owned { .. })).count();
+    assert_eq!(owned, 16, "every shard owned exactly once after the rebalance settles");
+}
+
+#[tokio::test]
+async fn the_planted_rebuild_bug_really_rebuilds_so_the_checkers_have_something_to_catch() {
+    let store = MemoryStore::new(9);
+    let c = coordinator(&store, "c1", PlantedBugs::only(PlantedBug::RebuildMissingMetadata));
+    create(&c, 2).await;
+    let r = c.heartbeat(join("a")).await.expect("join");
+    store.delete_metadata_key(&group());
+    let _ = c.heartbeat(next(&r)).await;
+    assert!(store.peek_record(&group()).is_some(), "the planted bug resurrects the group");
+}
