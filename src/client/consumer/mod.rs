@@ -228,12 +228,26 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                     let now_ms = self.shared.clock.now_ms();
                     let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
                     if !delivered.is_empty() || from == ReadFrom::New {
-                        return Ok(delivered);
+                        return Ok(self.ack_trimmed(delivered).await);
                     }
                 }
             }
         }
         Ok(Vec::new())
+    }
+
+    /// Pending entries trimmed from the stream (MAXLEN) come back from an own-pending read with no
+    /// fields (XADD never writes an entry without one): there is nothing to process, so they are
+    /// acked here instead of being handed to the application. A failed ack leaves them in flight
+    /// and delivered, so the application sees and settles them.
+    async fn ack_trimmed(&self, delivered: Vec<Delivery>) -> Vec<Delivery> {
+        let mut out = Vec::with_capacity(delivered.len());
+        for delivery in delivered {
+            if !delivery.entry.fields.is_empty() || self.ack(&delivery).await.is_err() {
+                out.push(delivery);
+            }
+        }
+        out
     }
 
     /// Acknowledges an entry (XACK). Refused once the lease ended or the entry was abandoned.

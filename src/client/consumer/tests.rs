@@ -223,3 +223,23 @@ async fn the_rebalance_listener_hears_assigned_revoked_and_lost() {
     assert_eq!(recorder.calls(), vec![("assigned", vec![0, 1]), ("revoked", vec![0]), ("lost", vec![1])]);
     drop(consumer);
 }
+
+#[tokio::test]
+async fn pending_entries_trimmed_from_the_stream_are_not_delivered_again() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    publish(&store, 0, 2).await;
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    let abandoned = poll_n(&consumer, 2).await;
+    // Lose the lease (abandoning both), trim them away, then get the shard back.
+    coordinator.with(|s| s.up = false);
+    wait_until("reads stop", || consumer.status().readable.is_empty()).await;
+    store.xadd("orders:0", vec![("n".into(), b"new".to_vec())], Some(1)).await.expect("xadd with MAXLEN 1");
+    coordinator.with(|s| s.up = true);
+    let got = poll_n(&consumer, 1).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].entry.fields, vec![("n".to_string(), b"new".to_vec())]);
+    assert!(abandoned.iter().all(|d| d.entry.id != got[0].entry.id));
+    consumer.ack(&got[0]).await.expect("ack");
+    assert!(store.peek_pending("orders:0", "billing").is_empty(), "trimmed entries left the pending list");
+    assert!(consumer.poll(10).await.expect("poll").is_empty());
+}

@@ -295,6 +295,9 @@ impl ConsumerCore {
     /// Applies the result of the heartbeat in flight. Ignored when none is in flight.
     pub fn handle_heartbeat(&mut self, now_ms: u64, result: Result<HeartbeatResponse, TransportError>) {
         let Some(sent) = self.outstanding.take() else { return };
+        // A lease that ended while the heartbeat was in flight ended: the response cannot revive
+        // what already stopped (only `OK` starts shards again).
+        self.handle_timeout(now_ms);
         match result {
             Ok(response) => self.apply_response(now_ms, &sent, response),
             Err(error) => self.apply_failure(now_ms, &sent, error),
@@ -464,5 +467,7 @@ impl ConsumerCore {
 
 mod apply;
 
+#[cfg(test)]
+mod proptests;
 #[cfg(test)]
 mod tests;
