@@ -3,6 +3,7 @@
 //! For 10 / 100 / 1,000 members x 64 / 1,024 / 16,384 shards it measures, on a settled group:
 //! - a full rebalance: the decision for a new member's join (target recomputation with the sticky
 //!   assignor, reconciliation of every shard, version/epoch bookkeeping, the cloned next state);
+//! - the sticky assignor alone on the same join (the part Kafka's assignor benchmarks measure);
 //! - a steady heartbeat decision that changes nothing (the read-only path);
 //! - the aggregate's JSON size, and the time to encode it.
 //! Median of several runs, in microseconds. Run: `cargo bench --bench core`.
@@ -62,8 +63,8 @@ fn median_us(runs: usize, mut f: impl FnMut()) -> f64 {
 fn main() {
     let obs = Observations::default();
     println!(
-        "{:>8} {:>7} | {:>13} {:>13} {:>11} {:>12}",
-        "members", "shards", "rebalance_us", "heartbeat_us", "json_bytes", "encode_us"
+        "{:>8} {:>7} | {:>13} {:>12} {:>13} {:>11} {:>12}",
+        "members", "shards", "rebalance_us", "assignor_us", "heartbeat_us", "json_bytes", "encode_us"
     );
     for members in [10usize, 100, 1_000] {
         for shards in [64u32, 1_024, 16_384] {
@@ -75,6 +76,12 @@ fn main() {
                 let d = decide_heartbeat(&g, &join, ctx);
                 assert!(d.write.next.is_some(), "a join rebalances");
             });
+            let mut with_new: Vec<String> = g.members.keys().cloned().collect();
+            with_new.push("member-new".into());
+            with_new.sort();
+            let assignor = median_us(runs, || {
+                std::hint::black_box(StickyUniform.assign(shards, &with_new, &g.target, &g.current));
+            });
             let steady = request(&g, "member-00000", 10);
             let heartbeat = median_us(runs, || {
                 let d = decide_heartbeat(&g, &steady, ctx);
@@ -85,7 +92,7 @@ fn main() {
                 std::hint::black_box(serde_json::to_string(&g).expect("encodes"));
             });
             println!(
-                "{members:>8} {shards:>7} | {rebalance:>13.1} {heartbeat:>13.1} {:>11} {encode:>12.1}",
+                "{members:>8} {shards:>7} | {rebalance:>13.1} {assignor:>12.1} {heartbeat:>13.1} {:>11} {encode:>12.1}",
                 json.len()
             );
         }

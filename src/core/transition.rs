@@ -250,11 +250,15 @@ impl<'a> Transition<'a> {
     fn reconcile(&mut self) {
         let lease = self.next.effective_assignment_lease_ms();
         let epoch = self.next.assignment_epoch;
-        for shard in 0..self.next.shard_count {
-            let step = shard_step(&self.next, shard, self.obs, lease, self.planted);
-            if step == ShardStep::Keep {
-                continue;
+        let mut steps = Vec::new();
+        for_each_shard(&self.next, |shard, current, target| {
+            let step = shard_step(current, target, self.obs, lease, self.planted);
+            if step != ShardStep::Keep {
+                steps.push((shard, step));
             }
+            true
+        });
+        for (shard, step) in steps {
             self.dirty = true;
             let current = self.next.current.remove(&shard);
             match (step, current) {
@@ -288,6 +292,24 @@ impl<'a> Transition<'a> {
     }
 }
 
+/// Calls `f(shard, current owner, target)` for every shard in order, walking both maps in lockstep
+/// (no per-shard lookups); stops early when `f` returns false and then returns false.
+fn for_each_shard(
+    g: &GroupMetadata,
+    mut f: impl FnMut(ShardId, Option<&ShardOwner>, Option<&MemberId>) -> bool,
+) -> bool {
+    let mut current = g.current.iter().peekable();
+    let mut target = g.target.iter().peekable();
+    for shard in 0..g.shard_count {
+        let owner = current.next_if(|(s, _)| **s == shard).map(|(_, o)| o);
+        let member = target.next_if(|(s, _)| **s == shard).map(|(_, m)| m);
+        if !f(shard, owner, member) {
+            return false;
+        }
+    }
+    true
+}
+
 /// What reconciliation does to one shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ShardStep {
@@ -302,9 +324,14 @@ enum ShardStep {
     Grant,
 }
 
-fn shard_step(g: &GroupMetadata, shard: ShardId, obs: &Observations, lease_ms: u64, planted: PlantedBugs) -> ShardStep {
-    let target = g.target.get(&shard);
-    match g.current.get(&shard) {
+fn shard_step(
+    current: Option<&ShardOwner>,
+    target: Option<&MemberId>,
+    obs: &Observations,
+    lease_ms: u64,
+    planted: PlantedBugs,
+) -> ShardStep {
+    match current {
         None if target.is_some() => ShardStep::Grant,
         None => ShardStep::Keep,
         Some(ShardOwner::Owned { member, .. }) if target != Some(member) => ShardStep::Revoke,
@@ -326,7 +353,7 @@ pub(crate) fn is_quiescent(g: &GroupMetadata, obs: &Observations, planted: Plant
     if round_over(g, obs, planted) || transition_over(g, obs) {
         return false;
     }
-    (0..g.shard_count).all(|shard| shard_step(g, shard, obs, lease, planted) == ShardStep::Keep)
+    for_each_shard(g, |_, current, target| shard_step(current, target, obs, lease, planted) == ShardStep::Keep)
 }
 
 fn round_over(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {
