@@ -67,8 +67,13 @@ impl ConsumerCore {
                 }
             }
         }
-        let delay_ms =
-            if r.status == HeartbeatStatus::SyncMetadata { self.config.prompt_ms } else { self.heartbeat_interval_ms };
+        // Prompt after SYNC_METADATA (report the corrected version) and when a drained shard has
+        // not been reported REVOKED yet (its new owner is waiting for that report).
+        let unreported_drain = self.shards.iter().any(|(shard, s)| {
+            s.state == ShardState::Revoking && s.in_flight.is_empty() && !sent.reported_revoked.contains(shard)
+        });
+        let prompt = r.status == HeartbeatStatus::SyncMetadata || unreported_drain;
+        let delay_ms = if prompt { self.config.prompt_ms } else { self.heartbeat_interval_ms };
         self.next_heartbeat_ms = now_ms.saturating_add(delay_ms);
         self.emit(ClientEvent::StatusApplied {
             at_ms: now_ms,

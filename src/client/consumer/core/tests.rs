@@ -350,3 +350,29 @@ fn close_before_joining_leaves_without_a_heartbeat() {
     assert_eq!(c.poll_heartbeat(0), None);
     assert_eq!(c.phase(), Phase::Left);
 }
+
+#[test]
+fn a_revoke_with_nothing_in_flight_is_reported_promptly() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
+    let prompt = c.config().prompt_ms;
+    assert_eq!(c.next_deadline_ms(), Some(220 + prompt));
+    let req = exchange(&mut c, 220 + prompt, 240, Ok(ok(&[1])));
+    assert_eq!(req.revoking, vec![RevokeReport { shard: 2, in_flight: 0, revoked: true }]);
+    assert_eq!(c.next_deadline_ms(), Some(240 + INTERVAL_MS), "back to the interval once reported");
+}
+
+#[test]
+fn draining_while_a_heartbeat_is_in_flight_reports_revoked_promptly_after_its_answer() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+    let d = deliver(&mut c, 20, 2, &[4]);
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
+    let req = c.poll_heartbeat(420).expect("due");
+    assert_eq!(req.revoking, vec![RevokeReport { shard: 2, in_flight: 1, revoked: false }]);
+    c.check_ack(425, &d[0]).expect("ack allowed");
+    c.acked(425, &d[0]);
+    c.handle_heartbeat(430, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
+    assert_eq!(c.next_deadline_ms(), Some(430 + c.config().prompt_ms));
+}
