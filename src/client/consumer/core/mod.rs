@@ -110,7 +110,8 @@ struct Outstanding {
 pub enum ReadStep {
     /// `ensure_group`, then `claim_all_pending(min_idle 0)` (take over the previous owner's entries).
     Setup,
-    /// `XREADGROUP ... 0`: re-read this consumer's own pending entries.
+    /// `XREADGROUP GROUP <group> <member>`: from `0` (this consumer's own pending entries, once
+    /// after each start) or `>` (new entries).
     Read(ReadFrom),
 }
 
