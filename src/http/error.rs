@@ -1,0 +1,309 @@
+//! The HTTP edge's one error type, [`HttpError`], and the extractors that turn every malformed
+//! request into it: [`ApiJson`] (body), [`ApiPath`] and [`ApiQuery`].
+//!
+//! Owns: the mapping from protocol errors ([`ApiError`]) and request rejections to HTTP responses.
+//! Invariant: every error response is `ApiError` JSON (`{"code": ..., "message": ...}`) — never
+//! axum's plain-text rejection bodies — and a 5xx body never carries internals: its message is a
+//! fixed text per code, while the original message (store error details, parse errors of stored
+//! data) goes to the log. Malformed input is always rejected *before* the coordinator is called,
+//! so a rejected request writes nothing.
+//!
+//! Status codes: protocol errors use [`ErrorCode::http_status`]. Request rejections carry code
+//! `BAD_REQUEST` with 400 (syntax, types, unknown fields, bad path or query), 413 (body over the
+//! limit) or 415 (missing or wrong `Content-Type`); unknown routes 404 and wrong methods 405, also
+//! with code `BAD_REQUEST` (the protocol has no dedicated code for them).
+
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::core::protocol::{ApiError, ErrorCode};
+
+/// Longest message echoed back to a client (parse errors can quote client input).
+const MESSAGE_CHARS_MAX: usize = 512;
+
+/// An error answer: an [`ApiError`] and the HTTP status it is sent with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpError {
+    pub status: StatusCode,
+    pub error: ApiError,
+}
+
+impl HttpError {
+    /// A rejected request (`BAD_REQUEST` code) with the given 4xx status.
+    pub fn rejected(status: StatusCode, message: impl Into<String>) -> Self {
+        Self { status, error: ApiError::new(ErrorCode::BadRequest, truncate(message.into())) }
+    }
+
+    /// A 400 `BAD_REQUEST`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::rejected(StatusCode::BAD_REQUEST, message)
+    }
+
+    fn from_bytes_rejection(rejection: BytesRejection) -> Self {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::rejected(status, "request body is larger than the configured limit")
+        } else {
+            Self::bad_request(format!("could not read the request body: {}", rejection.body_text()))
+        }
+    }
+}
+
+impl From<ApiError> for HttpError {
+    fn from(error: ApiError) -> Self {
+        let status = StatusCode::from_u16(error.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Self { status, error }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let HttpError { status, error } = self;
+        let body = if status.is_server_error() {
+            log_server_error(status, &error);
+            ApiError::new(error.code, public_message(error.code))
+        } else {
+            error
+        };
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// Logs the full message of a 5xx in the current request span; the client gets
+/// [`public_message`] only.
+fn log_server_error(status: StatusCode, error: &ApiError) {
+    match error.code {
+        ErrorCode::CoordinatorTerminating => {
+            tracing::debug!(status = status.as_u16(), code = ?error.code, message = %error.message, "refused")
+        }
+        ErrorCode::StoreUnavailable => {
+            tracing::warn!(status = status.as_u16(), code = ?error.code, message = %error.message, "store error")
+        }
+        _ => tracing::error!(status = status.as_u16(), code = ?error.code, message = %error.message, "server error"),
+    }
+}
+
+/// The fixed client-facing message of a server-side error code.
+pub fn public_message(code: ErrorCode) -> &'static str {
+    match code {
+        ErrorCode::StoreUnavailable => "the metadata store is unavailable or busy; retry later",
+        ErrorCode::CoordinatorTerminating => "coordinator is terminating; retry against another instance",
+        ErrorCode::MetadataMissing => "the group's metadata is missing; failing closed (nothing is rebuilt)",
+        ErrorCode::MetadataIncompatible => "the group's stored metadata is incompatible with this coordinator",
+        ErrorCode::Internal => "internal coordinator error; nothing was written",
+        ErrorCode::UnknownMember
+        | ErrorCode::FencedMemberEpoch
+        | ErrorCode::GroupNotFound
+        | ErrorCode::BadRequest
+        | ErrorCode::RevisionConflict
+        | ErrorCode::GroupExists
+        | ErrorCode::Unauthorized => "request failed",
+    }
+}
+
+fn truncate(mut message: String) -> String {
+    if let Some((at, _)) = message.char_indices().nth(MESSAGE_CHARS_MAX) {
+        message.truncate(at);
+        message.push('…');
+    }
+    message
+}
+
+/// A JSON request body, strictly parsed: `Content-Type: application/json` (or `application/*+json`)
+/// is required (415), the body limit applies (413), and syntax errors, wrong types, missing fields
+/// and *unknown fields at any depth* are 400. The last rule is checked by comparing the request's
+/// keys with the keys of the parsed value serialized again, because some nested protocol types do
+/// not deny unknown fields themselves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned + Serialize,
+    S: Send + Sync,
+{
+    type Rejection = HttpError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        if !is_json_content_type(req.headers()) {
+            return Err(HttpError::rejected(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "expected a request body with Content-Type: application/json",
+            ));
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(HttpError::from_bytes_rejection)?;
+        parse_strict(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses `bytes` as `T`, rejecting unknown fields at any depth.
+pub fn parse_strict<T: DeserializeOwned + Serialize>(bytes: &[u8]) -> Result<T, HttpError> {
+    let value: T =
+        serde_json::from_slice(bytes).map_err(|e| HttpError::bad_request(format!("invalid request body: {e}")))?;
+    // Both parses succeed on the same bytes, so the raw value exists; `from_slice` above gave the
+    // better error message (line and column) for the common failures.
+    let raw: Value =
+        serde_json::from_slice(bytes).map_err(|e| HttpError::bad_request(format!("invalid request body: {e}")))?;
+    let known = serde_json::to_value(&value)
+        .map_err(|e| HttpError::from(ApiError::new(ErrorCode::Internal, format!("re-encoding a request: {e}"))))?;
+    if let Some(path) = unknown_field(&raw, &known, String::new()) {
+        return Err(HttpError::bad_request(format!("invalid request body: unknown field `{path}`")));
+    }
+    Ok(value)
+}
+
+/// The path of the first key of `raw` that `known` lacks, if any.
+fn unknown_field(raw: &Value, known: &Value, at: String) -> Option<String> {
+    match (raw, known) {
+        (Value::Object(raw), Value::Object(known)) => raw.iter().find_map(|(key, value)| {
+            let path = if at.is_empty() { key.clone() } else { format!("{at}.{key}") };
+            match known.get(key) {
+                Some(inner) => unknown_field(value, inner, path),
+                None => Some(path),
+            }
+        }),
+        (Value::Array(raw), Value::Array(known)) => raw
+            .iter()
+            .zip(known)
+            .enumerate()
+            .find_map(|(i, (value, inner))| unknown_field(value, inner, format!("{at}[{i}]"))),
+        _ => None,
+    }
+}
+
+fn is_json_content_type(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let Some((kind, subtype)) = essence.split_once('/') else { return false };
+    kind == "application" && (subtype == "json" || subtype.ends_with("+json"))
+}
+
+/// Path parameters; a rejection (e.g. a segment that is not UTF-8 after percent-decoding) is a
+/// 400 `BAD_REQUEST` (a 5xx rejection means the route table and the handler disagree: a bug).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiPath<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(rejection) => Err(path_rejection(rejection)),
+        }
+    }
+}
+
+fn path_rejection(rejection: PathRejection) -> HttpError {
+    if rejection.status().is_server_error() {
+        HttpError::from(ApiError::new(ErrorCode::Internal, format!("path extraction: {}", rejection.body_text())))
+    } else {
+        HttpError::bad_request(format!("invalid path: {}", rejection.body_text()))
+    }
+}
+
+/// Query parameters; any rejection is a 400 `BAD_REQUEST`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(value)) => Ok(ApiQuery(value)),
+            Err(rejection) => Err(query_rejection(rejection)),
+        }
+    }
+}
+
+fn query_rejection(rejection: QueryRejection) -> HttpError {
+    HttpError::bad_request(format!("invalid query: {}", rejection.body_text()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::protocol::HeartbeatRequest;
+
+    #[test]
+    fn strict_parse_rejects_unknown_fields_at_any_depth() {
+        let ok = r#"{"group":{"streamPrefix":"o","consumerGroup":"g"},"memberId":"a","memberEpoch":0,
+            "metadataVersion":0,"assignmentEpoch":0}"#;
+        assert!(parse_strict::<HeartbeatRequest>(ok.as_bytes()).is_ok());
+        let nested = ok.replace(r#""consumerGroup":"g""#, r#""consumerGroup":"g","extra":1"#);
+        let err = parse_strict::<HeartbeatRequest>(nested.as_bytes()).unwrap_err();
+        assert_eq!((err.status, err.error.code), (StatusCode::BAD_REQUEST, ErrorCode::BadRequest));
+        assert!(err.error.message.contains("group.extra"), "{}", err.error.message);
+        let revoke =
+            ok.replace(r#""memberId""#, r#""revoking":[{"shard":1,"inFlight":0,"revoked":true,"x":2}],"memberId""#);
+        let err = parse_strict::<HeartbeatRequest>(revoke.as_bytes()).unwrap_err();
+        assert!(err.error.message.contains("revoking[0].x"), "{}", err.error.message);
+    }
+
+    async fn body_of(error: HttpError) -> (StatusCode, ApiError, HeaderMap) {
+        use http_body_util::BodyExt;
+        let response = error.into_response();
+        let (parts, body) = response.into_parts();
+        let bytes = body.collect().await.expect("body").to_bytes();
+        (parts.status, serde_json::from_slice(&bytes).expect("ApiError JSON"), parts.headers)
+    }
+
+    #[tokio::test]
+    async fn server_errors_hide_their_message_and_client_errors_keep_it() {
+        let leaky = ApiError::new(ErrorCode::StoreUnavailable, "redis at /var/run/redis.sock: boom");
+        let (status, body, _) = body_of(HttpError::from(leaky)).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, ApiError::new(ErrorCode::StoreUnavailable, public_message(ErrorCode::StoreUnavailable)));
+        let conflict = ApiError::new(ErrorCode::RevisionConflict, "expected revision 1, stored revision is 2");
+        let (status, body, _) = body_of(HttpError::from(conflict.clone())).await;
+        assert_eq!((status, body), (StatusCode::CONFLICT, conflict));
+        let (status, _, headers) = body_of(HttpError::from(ApiError::new(ErrorCode::Unauthorized, "no"))).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(headers.get(header::WWW_AUTHENTICATE).map(|v| v.as_bytes()), Some(b"Bearer".as_slice()));
+    }
+
+    #[test]
+    fn json_content_types() {
+        let mut headers = HeaderMap::new();
+        assert!(!is_json_content_type(&headers));
+        for (value, expected) in [
+            ("application/json", true),
+            ("Application/JSON; charset=utf-8", true),
+            ("application/merge-patch+json", true),
+            ("text/plain", false),
+            ("application/jsonx", false),
+        ] {
+            headers.insert(header::CONTENT_TYPE, value.parse().expect("header"));
+            assert_eq!(is_json_content_type(&headers), expected, "{value}");
+        }
+    }
+
+    #[test]
+    fn long_messages_are_truncated() {
+        let error = HttpError::bad_request("x".repeat(5_000));
+        assert_eq!(error.error.message.chars().count(), MESSAGE_CHARS_MAX + 1);
+    }
+}

@@ -1,0 +1,281 @@
+//! The coordinator's HTTP API: [`app`] builds an axum [`Router`] over a [`Coordinator`], from the
+//! route table in [`super::routes`]. Serve it with [`super::serve::serve`] (never `axum::serve`,
+//! which does not run under madsim); tests drive it with `tower::ServiceExt::oneshot`.
+//!
+//! Owns: routing, the admin bearer token check, the request body limit, a global concurrency
+//! limit, one tracing span per request (method, route, group, member, status) and the HTTP metrics
+//! (`rsc_http_requests_total`, `rsc_http_request_duration_seconds`). Never: decides anything about
+//! groups (the coordinator does), answers from state that is not in the store, or leaks internals
+//! in a 5xx body (see [`super::error`]). Invariant: a request rejected here (auth, malformed input)
+//! never reaches the coordinator, so it writes nothing.
+//!
+//! The admin token is compared in constant time; when none is configured, admin routes are open
+//! (the binary warns about it at startup).
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{on, MethodFilter, MethodRouter};
+use axum::Router;
+use tokio::time::Instant;
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tracing::Instrument;
+
+use super::error::HttpError;
+use super::routes::{HttpMethod, RouteId, RouteSpec, ROUTES};
+use super::{handlers, health};
+use crate::core::protocol::{ApiError, ErrorCode};
+use crate::metrics::Metrics;
+use crate::service::Coordinator;
+use crate::store::MetadataStore;
+
+pub use super::health::Readiness;
+
+/// Default request body limit: 1 MiB.
+pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+/// Default number of requests handled at once; more wait for a slot.
+pub const CONCURRENCY_MAX_DEFAULT: usize = 1024;
+
+/// Settings of the HTTP edge.
+#[derive(Clone)]
+pub struct HttpOptions {
+    /// Largest request body accepted (413 above it).
+    pub body_bytes_max: usize,
+    /// Requests handled at once across all routes; further ones wait.
+    pub concurrency_max: usize,
+    /// Bearer token required by admin routes; `None`: admin routes are open.
+    pub admin_token: Option<String>,
+    /// The startup probe outcome and operator warnings `/readyz` reports.
+    pub readiness: Readiness,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        Self {
+            body_bytes_max: BODY_BYTES_MAX_DEFAULT,
+            concurrency_max: CONCURRENCY_MAX_DEFAULT,
+            admin_token: None,
+            readiness: Readiness::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for HttpOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: only whether one is set is shown.
+        f.debug_struct("HttpOptions")
+            .field("body_bytes_max", &self.body_bytes_max)
+            .field("concurrency_max", &self.concurrency_max)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
+            .field("readiness", &self.readiness)
+            .finish()
+    }
+}
+
+/// What every handler sees.
+pub struct AppState<S> {
+    pub coordinator: Coordinator<S>,
+    pub options: Arc<HttpOptions>,
+}
+
+impl<S> Clone for AppState<S> {
+    fn clone(&self) -> Self {
+        Self { coordinator: self.coordinator.clone(), options: Arc::clone(&self.options) }
+    }
+}
+
+/// The coordinator's HTTP API over `coordinator`.
+pub fn app<S: MetadataStore>(coordinator: Coordinator<S>, options: HttpOptions) -> Router {
+    let body_bytes_max = options.body_bytes_max;
+    let concurrency_max = options.concurrency_max.max(1);
+    let state = AppState { coordinator, options: Arc::new(options) };
+    let mut router = Router::new();
+    for spec in ROUTES {
+        let context = RouteContext { spec, state: state.clone() };
+        let endpoint = endpoint::<S>(spec).route_layer(middleware::from_fn_with_state(context, around_request::<S>));
+        router = router.route(spec.path, endpoint);
+    }
+    router
+        .method_not_allowed_fallback(method_not_allowed::<S>)
+        .fallback(not_found::<S>)
+        .layer(DefaultBodyLimit::max(body_bytes_max))
+        .layer(GlobalConcurrencyLimitLayer::new(concurrency_max))
+        .with_state(state)
+}
+
+/// The handler of one route, on exactly the method the table names.
+fn endpoint<S: MetadataStore>(spec: &RouteSpec) -> MethodRouter<AppState<S>> {
+    let filter = match spec.method {
+        HttpMethod::Get => MethodFilter::GET,
+        HttpMethod::Post => MethodFilter::POST,
+        HttpMethod::Put => MethodFilter::PUT,
+        HttpMethod::Delete => MethodFilter::DELETE,
+    };
+    match spec.id {
+        RouteId::Heartbeat => on(filter, handlers::heartbeat::<S>),
+        RouteId::Routing => on(filter, handlers::routing::<S>),
+        RouteId::Describe => on(filter, handlers::describe::<S>),
+        RouteId::CreateGroup => on(filter, handlers::create_group::<S>),
+        RouteId::AddShards => on(filter, handlers::add_shards::<S>),
+        RouteId::ChangeConfig => on(filter, handlers::change_config::<S>),
+        RouteId::DeleteGroup => on(filter, handlers::delete_group::<S>),
+        RouteId::RebuildIndex => on(filter, handlers::rebuild_index::<S>),
+        RouteId::Healthz => on(filter, health::healthz::<S>),
+        RouteId::Readyz => on(filter, health::readyz::<S>),
+        RouteId::Metrics => on(filter, health::metrics::<S>),
+        RouteId::OpenApi => on(filter, health::openapi),
+    }
+}
+
+/// State of the per-route middleware: the route's row and the app.
+struct RouteContext<S> {
+    spec: &'static RouteSpec,
+    state: AppState<S>,
+}
+
+impl<S> Clone for RouteContext<S> {
+    fn clone(&self) -> Self {
+        Self { spec: self.spec, state: self.state.clone() }
+    }
+}
+
+const REQUESTS: &str = "rsc_http_requests_total";
+const REQUESTS_HELP: &str = "HTTP requests answered, by method, route template and status.";
+const DURATION: &str = "rsc_http_request_duration_seconds";
+const DURATION_HELP: &str = "Time to answer an HTTP request, by route template.";
+
+/// Runs one matched request inside its span: the admin check, the handler, metrics.
+async fn around_request<S: MetadataStore>(
+    State(context): State<RouteContext<S>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let spec = context.spec;
+    let span = tracing::info_span!(
+        "http",
+        method = spec.method.as_str(),
+        route = spec.path,
+        group = tracing::field::Empty,
+        member = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    let response = async {
+        if spec.admin {
+            if let Err(error) = check_admin_token(context.state.options.admin_token.as_deref(), request.headers()) {
+                return error.into_response();
+            }
+        }
+        next.run(request).await
+    }
+    .instrument(span.clone())
+    .await;
+    let status = response.status();
+    span.record("status", status.as_u16());
+    let elapsed_s = started.elapsed().as_secs_f64();
+    span.in_scope(|| tracing::debug!(status = status.as_u16(), elapsed_s, "answered"));
+    record(&context.state.coordinator.metrics(), spec.method.as_str(), spec.path, status, elapsed_s);
+    response
+}
+
+fn record(metrics: &Metrics, method: &str, route: &'static str, status: StatusCode, elapsed_s: f64) {
+    let labels = vec![("method", method.to_owned()), ("route", route.to_owned()), ("status", status.as_str().into())];
+    metrics.inc(REQUESTS, REQUESTS_HELP, labels);
+    metrics.observe(DURATION, DURATION_HELP, vec![("route", route.to_owned())], elapsed_s);
+}
+
+/// `Ok` when no token is configured or the request carries `Authorization: Bearer <token>`.
+fn check_admin_token(expected: Option<&str>, headers: &HeaderMap) -> Result<(), HttpError> {
+    let Some(expected) = expected else { return Ok(()) };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    match presented {
+        Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError::new(ErrorCode::Unauthorized, "admin token is wrong").into()),
+        None => Err(ApiError::new(ErrorCode::Unauthorized, "admin routes need Authorization: Bearer <token>").into()),
+    }
+}
+
+/// Compares in time that depends only on `expected`'s length, never on where the inputs differ.
+fn constant_time_eq(presented: &[u8], expected: &[u8]) -> bool {
+    let mut diff = u8::from(presented.len() != expected.len());
+    for (i, byte) in expected.iter().enumerate() {
+        diff |= byte ^ presented.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+/// Any path not in the route table: 404 `BAD_REQUEST`.
+async fn not_found<S: MetadataStore>(State(state): State<AppState<S>>, request: Request) -> Response {
+    let method = request.method().as_str().to_owned();
+    record(&state.coordinator.metrics(), &method, "unmatched", StatusCode::NOT_FOUND, 0.0);
+    let message = format!("no route for {method} {}", request.uri().path());
+    HttpError::rejected(StatusCode::NOT_FOUND, message).into_response()
+}
+
+/// A known path with a method it does not serve: 405 `BAD_REQUEST` with an `Allow` header.
+async fn method_not_allowed<S: MetadataStore>(State(state): State<AppState<S>>, request: Request) -> Response {
+    let method = request.method().as_str().to_owned();
+    record(&state.coordinator.metrics(), &method, "unmatched", StatusCode::METHOD_NOT_ALLOWED, 0.0);
+    let path = request.uri().path().to_owned();
+    let allowed: Vec<&str> =
+        ROUTES.iter().filter(|r| template_matches(r.path, &path)).map(|r| r.method.as_str()).collect();
+    let message = format!("{method} is not allowed on {path}; allowed: {}", allowed.join(", "));
+    let mut response = HttpError::rejected(StatusCode::METHOD_NOT_ALLOWED, message).into_response();
+    if let Ok(value) = allowed.join(", ").parse() {
+        response.headers_mut().insert(header::ALLOW, value);
+    }
+    response
+}
+
+/// True when `path` fits `template` segment by segment (`{x}` matches any one segment).
+fn template_matches(template: &str, path: &str) -> bool {
+    let (t, p): (Vec<_>, Vec<_>) = (template.split('/').collect(), path.split('/').collect());
+    t.len() == p.len() && t.iter().zip(&p).all(|(t, p)| (t.starts_with('{') && !p.is_empty()) || t == p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secreT", b"secret"));
+        assert!(!constant_time_eq(b"secret-longer", b"secret"));
+        assert!(!constant_time_eq(b"sec", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+    }
+
+    #[test]
+    fn bearer_header_parsing() {
+        let headers = |value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, value.parse().expect("header"));
+            h
+        };
+        assert!(check_admin_token(None, &HeaderMap::new()).is_ok());
+        assert!(check_admin_token(Some("t0k"), &headers("Bearer t0k")).is_ok());
+        assert!(check_admin_token(Some("t0k"), &headers("bearer t0k")).is_ok());
+        for bad in ["Bearer t0K", "Basic t0k", "t0k", "Bearer"] {
+            let error = check_admin_token(Some("t0k"), &headers(bad)).unwrap_err();
+            assert_eq!((error.status, error.error.code), (StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized), "{bad}");
+        }
+        assert!(check_admin_token(Some("t0k"), &HeaderMap::new()).is_err());
+    }
+
+    #[test]
+    fn templates() {
+        assert!(template_matches("/v1/groups/{streamPrefix}/{consumerGroup}", "/v1/groups/a/b"));
+        assert!(!template_matches("/v1/groups/{streamPrefix}/{consumerGroup}", "/v1/groups/a/b/c"));
+        assert!(!template_matches("/v1/groups/{streamPrefix}/{consumerGroup}", "/v1/groups//b"));
+        assert!(template_matches("/healthz", "/healthz"));
+    }
+}
