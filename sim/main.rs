@@ -12,11 +12,24 @@
 #![cfg_attr(not(madsim), allow(dead_code))]
 
 mod checkers;
+#[cfg(madsim)]
+mod cli;
+#[cfg(madsim)]
+mod coord_rpc;
+#[cfg(madsim)]
+mod faults;
 mod plan;
+#[cfg(madsim)]
+mod programs;
 mod records;
 #[cfg(madsim)]
 mod redis_node;
+mod regressions;
+#[cfg(madsim)]
+mod runner;
 mod transport;
+#[cfg(madsim)]
+mod world;
 
 #[cfg(not(madsim))]
 fn main() {
@@ -30,4 +43,6 @@ fn main() {
 }
 
 #[cfg(madsim)]
-fn main() {}
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

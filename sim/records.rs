@@ -156,6 +156,9 @@ pub struct Lifecycle {
 pub enum Mark {
     /// Writes were lost without an identity change (the silent-rollback damage window starts).
     SilentRollback { at_us: Us },
+    /// Metadata writes were acknowledged but dropped during `[from_us, to_us]` (each one is a
+    /// silent loss of the newest write).
+    WriteDrop { from_us: Us, to_us: Us },
     /// The metadata key was deleted (or removed for a repair) by a fault or the operator's repair.
     KeyDeleted { at_us: Us },
 }

@@ -33,7 +33,7 @@ use crate::records::{AckEvent, AddEvent, ProcessId, ReadEvent, ReadKind, Recorde
 /// The port the Redis node listens on.
 pub const REDIS_PORT: u16 = 6379;
 /// The datagram tag of requests (replies are tagged with their call id, which is smaller).
-const REQUEST_TAG: u64 = u64::MAX - 0x5245_4449_53;
+const REQUEST_TAG: u64 = u64::MAX - 0x0052_4544_4953;
 
 /// One Redis command with its arguments.
 #[derive(Clone, Debug)]

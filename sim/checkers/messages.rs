@@ -3,8 +3,11 @@
 //!
 //! - *Acknowledged* means the producer received the XADD's success (the Redis node's add log,
 //!   completed by the producer's connection). *Delivered* means some executed XREADGROUP or
-//!   XAUTOCLAIM returned the entry. Producers stop publishing `drain_ms` before the end, so every
-//!   acknowledged entry has time to be delivered.
+//!   XAUTOCLAIM returned the entry. Consumers read each stream in id order, so an acknowledged
+//!   entry that was never delivered while a *later* entry of its stream was is lost (skipped). An
+//!   undelivered tail of a stream is backlog the consumers had not reached when the run ended (a
+//!   workload faster than its consumers): it is measured, not failed — whether the shard was still
+//!   being read at the end is the liveness checker's question.
 //! - *Processing* is recorded by the simulated application: from the moment it starts working on
 //!   a delivered entry until it finishes or abandons it (lease lost), or its process dies. Two
 //!   processes' processing intervals of one entry must not intersect. A process that was paused
@@ -23,8 +26,8 @@ use crate::records::{ProcessId, Us};
 /// A violation of invariant 7 (messages).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Violation {
-    /// Invariant 7: acknowledged XADDs on a stream were never delivered (`count` of them; the
-    /// first is named).
+    /// Invariant 7: acknowledged XADDs on a stream were never delivered although later entries of
+    /// the stream were (`count` of them; the first is named).
     NotDelivered { stream: String, first_id: EntryId, count: usize, at_us: Us },
     /// Invariant 7: two processes processed one entry at the same time.
     ConcurrentProcessing { stream: String, id: EntryId, first: ProcessId, second: ProcessId, at_us: Us, overlap_us: Us },
@@ -49,7 +52,7 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Violation::NotDelivered { stream, first_id, count, .. } => {
-                write!(f, "{count} acknowledged entries of {stream} were never delivered (first: {first_id})")
+                write!(f, "{count} acknowledged entries of {stream} were skipped (never delivered, unlike later ones; first: {first_id})")
             }
             Violation::ConcurrentProcessing { stream, id, first, second, overlap_us, .. } => {
                 write!(f, "{stream} {id} processed by {first} and {second} at once for {overlap_us} us")
@@ -58,26 +61,47 @@ impl fmt::Display for Violation {
     }
 }
 
-/// Checks invariant 7; also returns how many overlaps were attributed to pauses.
-pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
-    let mut violations = not_delivered(facts);
-    let (concurrent, paused) = concurrent_processing(facts);
-    violations.extend(concurrent);
-    (violations, paused)
+/// What the message checker measured besides violations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MessageCounts {
+    /// Processing overlaps attributed to pauses.
+    pub paused_overlaps: usize,
+    /// Acknowledged entries in undelivered stream tails at the end (backlog).
+    pub backlog: usize,
 }
 
-fn not_delivered(facts: &Facts<'_>) -> Vec<Violation> {
+/// Checks invariant 7.
+pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, MessageCounts) {
+    let (mut violations, backlog) = not_delivered(facts);
+    let (concurrent, paused_overlaps) = concurrent_processing(facts);
+    violations.extend(concurrent);
+    (violations, MessageCounts { paused_overlaps, backlog })
+}
+
+fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
     let delivered: BTreeSet<(&str, EntryId)> =
         facts.records.reads.iter().flat_map(|r| r.ids.iter().map(move |id| (r.stream.as_str(), *id))).collect();
+    let mut last_delivered: BTreeMap<&str, EntryId> = BTreeMap::new();
+    for (stream, id) in &delivered {
+        let last = last_delivered.entry(stream).or_insert(*id);
+        *last = (*last).max(*id);
+    }
     let mut missing: BTreeMap<&str, (EntryId, usize, Us)> = BTreeMap::new();
+    let mut backlog = 0;
     for add in &facts.records.adds {
         let Some(acknowledged_at_us) = add.acknowledged_at_us else { continue };
-        if !delivered.contains(&(add.stream.as_str(), add.id)) {
-            let entry = missing.entry(add.stream.as_str()).or_insert((add.id, 0, acknowledged_at_us));
+        let stream = add.stream.as_str();
+        if delivered.contains(&(stream, add.id)) {
+            continue;
+        }
+        if last_delivered.get(stream).is_some_and(|last| *last > add.id) {
+            let entry = missing.entry(stream).or_insert((add.id, 0, acknowledged_at_us));
             entry.1 += 1;
+        } else {
+            backlog += 1;
         }
     }
-    missing
+    let violations = missing
         .into_iter()
         .map(|(stream, (first_id, count, at_us))| Violation::NotDelivered {
             stream: stream.to_string(),
@@ -85,11 +109,14 @@ fn not_delivered(facts: &Facts<'_>) -> Vec<Violation> {
             count,
             at_us,
         })
-        .collect()
+        .collect();
+    (violations, backlog)
 }
 
 fn concurrent_processing(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
-    let mut by_entry: BTreeMap<(&str, EntryId), Vec<(Us, Us, ProcessId)>> = BTreeMap::new();
+    // Per entry: (start, end, process) of every processing of it.
+    type Intervals = Vec<(Us, Us, ProcessId)>;
+    let mut by_entry: BTreeMap<(&str, EntryId), Intervals> = BTreeMap::new();
     for p in &facts.records.processing {
         let end = p.end_us.or_else(|| facts.stopped_at(p.process)).unwrap_or(facts.end_us);
         by_entry.entry((p.stream.as_str(), p.id)).or_default().push((p.start_us, end, p.process));
@@ -129,15 +156,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_acknowledged_entry_must_be_delivered_and_an_unacknowledged_one_need_not() {
+    fn a_skipped_acknowledged_entry_is_lost_and_an_unread_tail_is_backlog() {
         let mut w = World::new();
         let (p, a) = (w.producer(1), w.consumer(1));
         let e1 = w.add(p, 0, 1_000);
         let e2 = w.add(p, 0, 2_000);
-        w.add_unacknowledged(p, 0, 3_000);
-        w.read_ids(a, 0, 5_000, &[e1]);
-        let (violations, _) = check(&w.facts());
+        let e3 = w.add(p, 0, 3_000);
+        w.add_unacknowledged(p, 0, 3_500);
+        w.add(p, 0, 4_000);
+        w.read_ids(a, 0, 5_000, &[e1, e3]);
+        let (violations, counts) = check(&w.facts());
         assert!(matches!(&violations[..], [Violation::NotDelivered { first_id, count: 1, .. }] if *first_id == e2));
+        assert_eq!(counts.backlog, 1, "the entry after the last delivered one is backlog");
     }
 
     #[test]
@@ -147,11 +177,12 @@ mod tests {
         let id = EntryId { ms: 1, seq: 0 };
         w.process_entry(a, 0, id, 1_000_000, Some(2_000_000));
         w.process_entry(b, 0, id, 2_000_000, Some(2_500_000)); // hand-over at the same instant: fine
-        assert_eq!(check(&w.facts()), (vec![], 0));
+        assert_eq!(check(&w.facts()).0, vec![]);
         w.process_entry(b, 0, id, 1_500_000, Some(1_600_000));
         let (violations, _) = check(&w.facts());
         assert!(matches!(&violations[..], [Violation::ConcurrentProcessing { overlap_us: 100_000, .. }]));
         w.pause(a, 1_200_000, 1_900_000);
-        assert_eq!(check(&w.facts()), (vec![], 1));
+        let (violations, counts) = check(&w.facts());
+        assert_eq!((violations, counts.paused_overlaps), (vec![], 1));
     }
 }

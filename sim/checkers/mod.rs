@@ -108,6 +108,10 @@ pub struct Measurements {
     /// Overlapping processing of one entry where one side was paused past its lease (a paused
     /// process cannot act on its lease end until it runs again).
     pub paused_processing_overlaps: usize,
+    /// Acknowledged entries not yet delivered at the end, in stream tails (consumer backlog).
+    pub backlog_entries: usize,
+    /// Responses derived from writes the store acknowledged but dropped (`redis-write-drop`).
+    pub responses_from_dropped_writes: usize,
 }
 
 /// The result of checking one run.
@@ -122,12 +126,15 @@ pub fn check_all(facts: &Facts<'_>) -> Verdict {
     let mut measurements = Measurements::default();
     let (split, silent) = split::check(facts);
     measurements.silent_rollback_split_us = silent;
-    let (messages, paused) = messages::check(facts);
-    measurements.paused_processing_overlaps = paused;
+    let (messages, counts) = messages::check(facts);
+    measurements.paused_processing_overlaps = counts.paused_overlaps;
+    measurements.backlog_entries = counts.backlog;
+    let (recorded, from_dropped) = recorded::check(facts);
+    measurements.responses_from_dropped_writes = from_dropped;
     let mut all: Vec<Finding> = findings("split", split)
         .chain(findings("consumer-lease", consumer_lease::check(facts)))
         .chain(findings("producer-lease", producer_lease::check(facts)))
-        .chain(findings("recorded", recorded::check(facts)))
+        .chain(findings("recorded", recorded))
         .chain(findings("resurrection", resurrection::check(facts)))
         .chain(findings("liveness", liveness::check(facts)))
         .chain(findings("messages", messages))

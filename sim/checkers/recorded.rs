@@ -10,6 +10,10 @@
 //! pure core derives from one of them: `member_view` (same fields; an `OK` or `REVOKE_PENDING`
 //! status must be the state's own `status_for`; `SYNC_METADATA` also when the request reported a
 //! version above the state's), `routing_view`, or an admin result naming the state's version.
+//!
+//! A write the store acknowledged but dropped (the `redis-write-drop` fault) leaves the
+//! coordinator answering from a state that was never stored, through no fault of its own: such a
+//! response (its revision was acknowledged-and-dropped before it arrived) is counted, not failed.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,6 +21,7 @@ use std::fmt;
 use rsc::core::engine::{member_view, routing_view, status_for};
 use rsc::core::model::GroupMetadata;
 use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus};
+use rsc::store::memory::HistoryKind;
 
 use super::Facts;
 use crate::records::{fmt_us, Us};
@@ -61,12 +66,30 @@ impl fmt::Display for Violation {
 }
 
 /// Every stored state of the group by revision: (store ms it was stored, parsed aggregate).
-struct States(BTreeMap<u64, Vec<(u64, Option<GroupMetadata>)>>);
+struct States {
+    by_revision: BTreeMap<u64, Vec<(u64, Option<GroupMetadata>)>>,
+    /// (revision, store ms) of every acknowledged-but-dropped write of the group.
+    dropped: Vec<(u64, u64)>,
+}
+
+/// How one response was judged.
+enum Judged {
+    Clean,
+    /// Derived from a write the store acknowledged and dropped.
+    FromDroppedWrite,
+    Violated(Violation),
+}
 
 impl States {
     fn from_facts(facts: &Facts<'_>) -> Self {
         let mut by_revision: BTreeMap<u64, Vec<(u64, Option<GroupMetadata>)>> = BTreeMap::new();
+        let mut dropped = Vec::new();
         for event in facts.history {
+            if let HistoryKind::WriteDropped { group, revision } = &event.kind {
+                if group == facts.group {
+                    dropped.push((*revision, event.at_ms));
+                }
+            }
             for (group, record) in &event.metadata_after {
                 if let (true, Some(record)) = (group == facts.group, record) {
                     let parsed = serde_json::from_str(&record.aggregate).ok();
@@ -74,13 +97,13 @@ impl States {
                 }
             }
         }
-        Self(by_revision)
+        Self { by_revision, dropped }
     }
 
     /// The states with `revision` stored at or before `at_us` (compared on the store's ms clock).
     fn candidates(&self, revision: u64, at_us: Us) -> Vec<&GroupMetadata> {
         let at_ms = at_us / 1_000;
-        self.0.get(&revision).map_or_else(Vec::new, |list| {
+        self.by_revision.get(&revision).map_or_else(Vec::new, |list| {
             list.iter().filter(|(stored_ms, _)| *stored_ms <= at_ms).filter_map(|(_, g)| g.as_ref()).collect()
         })
     }
@@ -93,16 +116,21 @@ impl States {
         revision: u64,
         at_us: Us,
         matches: impl Fn(&GroupMetadata) -> Result<(), String>,
-    ) -> Option<Violation> {
+    ) -> Judged {
         let candidates = self.candidates(revision, at_us);
-        let Some(latest) = candidates.last() else {
-            return Some(Violation::NotRecorded { what, who, revision, at_us });
-        };
         if candidates.iter().any(|g| matches(g).is_ok()) {
-            return None;
+            return Judged::Clean;
         }
-        let detail = matches(latest).err().unwrap_or_default();
-        Some(Violation::Inconsistent { what, who, revision, at_us, detail })
+        if self.dropped.iter().any(|(r, at_ms)| *r == revision && *at_ms <= at_us / 1_000) {
+            return Judged::FromDroppedWrite;
+        }
+        Judged::Violated(match candidates.last() {
+            None => Violation::NotRecorded { what, who, revision, at_us },
+            Some(latest) => {
+                let detail = matches(latest).err().unwrap_or_default();
+                Violation::Inconsistent { what, who, revision, at_us, detail }
+            }
+        })
     }
 }
 
@@ -134,16 +162,23 @@ fn heartbeat_view(g: &GroupMetadata, req: &HeartbeatRequest, resp: &HeartbeatRes
     }
 }
 
-/// Checks invariant 4 for every heartbeat, routing and admin response.
-pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
+/// Checks invariant 4 for every heartbeat, routing and admin response; also returns how many
+/// responses came from dropped writes.
+pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
     let states = States::from_facts(facts);
     let mut violations = Vec::new();
+    let mut from_dropped = 0;
+    let mut tally = |judged: Judged| match judged {
+        Judged::Clean => {}
+        Judged::FromDroppedWrite => from_dropped += 1,
+        Judged::Violated(v) => violations.push(v),
+    };
     for call in &facts.records.heartbeats {
         if let (Some(Ok(resp)), Some(at_us)) = (&call.answer, call.received_at_us) {
             let who = call.process.to_string();
             let judged =
                 states.judge("heartbeat", who, resp.store_revision, at_us, |g| heartbeat_view(g, &call.request, resp));
-            violations.extend(judged);
+            tally(judged);
         }
     }
     for call in &facts.records.routings {
@@ -157,7 +192,7 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
                     Err(format!("expected {expected:?}, got {resp:?}"))
                 }
             });
-            violations.extend(judged);
+            tally(judged);
         }
     }
     for call in &facts.records.admins {
@@ -174,11 +209,11 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
                         ))
                     }
                 });
-                violations.extend(judged);
+                tally(judged);
             }
         }
     }
-    violations
+    (violations, from_dropped)
 }
 
 #[cfg(test)]
@@ -192,7 +227,7 @@ mod tests {
         let a = w.consumer(1);
         let g = w.store_group_with_member(1_000, "consumer-1", &[0, 1]);
         w.heartbeat_answer(a, 1_500_000, member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
-        assert_eq!(check(&w.facts()), vec![]);
+        assert_eq!(check(&w.facts()).0, vec![]);
     }
 
     #[test]
@@ -201,7 +236,7 @@ mod tests {
         let a = w.consumer(1);
         let g = w.store_group_with_member(2_000, "consumer-1", &[0]);
         w.heartbeat_answer(a, 1_500_000, member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
-        assert!(matches!(check(&w.facts())[..], [Violation::NotRecorded { revision: 1, at_us: 1_500_000, .. }]));
+        assert!(matches!(check(&w.facts()).0[..], [Violation::NotRecorded { revision: 1, at_us: 1_500_000, .. }]));
     }
 
     #[test]
@@ -212,7 +247,7 @@ mod tests {
         let mut resp = member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1);
         resp.assigned.push(3);
         w.heartbeat_answer(a, 1_500_000, resp);
-        assert!(matches!(check(&w.facts())[..], [Violation::Inconsistent { revision: 1, .. }]));
+        assert!(matches!(check(&w.facts()).0[..], [Violation::Inconsistent { revision: 1, .. }]));
     }
 
     #[test]
@@ -224,7 +259,23 @@ mod tests {
         w.store(1_000, &g, 1);
         w.heartbeat_answer(a, 1_500_000, member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
         assert!(
-            matches!(&check(&w.facts())[..], [Violation::Inconsistent { detail, .. }] if detail.contains("RevokePending"))
+            matches!(&check(&w.facts()).0[..], [Violation::Inconsistent { detail, .. }] if detail.contains("RevokePending"))
         );
+    }
+
+    #[test]
+    fn a_response_from_an_acknowledged_but_dropped_write_is_counted_not_failed() {
+        let mut w = World::new();
+        let a = w.consumer(1);
+        let g = w.store_group_with_member(1_000, "consumer-1", &[0]);
+        let mut next = g.clone();
+        next.metadata_version = 2;
+        w.history.push(rsc::store::memory::HistoryEvent {
+            at_ms: 1_200,
+            kind: HistoryKind::WriteDropped { group: w.group.clone(), revision: 2 },
+            metadata_after: vec![],
+        });
+        w.heartbeat_answer(a, 1_500_000, member_view(&next, "consumer-1", HeartbeatStatus::Ok, 2));
+        assert_eq!(check(&w.facts()), (vec![], 1));
     }
 }

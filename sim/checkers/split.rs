@@ -18,8 +18,9 @@
 //! (lease end) from being treated as still reading.
 //!
 //! Silent rollbacks: an overlap that starts within one assignment lease of a silent rollback
-//! (writes lost with no identity change) is damage no protocol can fully prevent; it is measured
-//! (longest overlap) and is a violation only when it is longer than one assignment lease.
+//! (writes lost with no identity change, or acknowledged writes the store dropped) is damage no
+//! protocol can fully prevent; it is measured (longest overlap) and is a violation only when it is
+//! longer than one assignment lease.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -139,12 +140,14 @@ pub fn tenures(facts: &Facts<'_>, grants: &Grants) -> BTreeMap<ShardId, Vec<Tenu
 pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, Option<Us>) {
     let grants = Grants::from_records(facts.records);
     let lease_us = facts.assignment_lease_us();
-    let rollbacks: Vec<Us> = facts
+    // Silent losses: (from, to) windows in which acknowledged writes vanished unseen.
+    let silent_losses: Vec<(Us, Us)> = facts
         .records
         .marks
         .iter()
         .filter_map(|m| match m {
-            Mark::SilentRollback { at_us } => Some(*at_us),
+            Mark::SilentRollback { at_us } => Some((*at_us, *at_us)),
+            Mark::WriteDrop { from_us, to_us } => Some((*from_us, *to_us)),
             Mark::KeyDeleted { .. } => None,
         })
         .collect();
@@ -159,7 +162,7 @@ pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, Option<Us>) {
                 }
                 let overlap_us = later.to_us.min(earlier.to_us) - later.from_us;
                 let start = later.from_us;
-                let silent = rollbacks.iter().any(|m| start + lease_us >= *m && start <= m + lease_us);
+                let silent = silent_losses.iter().any(|(from, to)| start + lease_us >= *from && start <= to + lease_us);
                 let (earlier, later) = (earlier.clone(), later.clone());
                 if !silent {
                     violations.push(Violation::SplitOwnership { shard, earlier, later, overlap_us });

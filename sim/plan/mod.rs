@@ -20,6 +20,7 @@ use rsc::core::PlantedBug;
 use serde::Deserialize;
 
 pub use fault::{Action, Fault};
+#[cfg_attr(not(madsim), allow(unused_imports))] // Target is used by the madsim-only injector.
 pub use node::{NodeRef, Role, Target};
 use param::Param;
 
@@ -97,7 +98,7 @@ impl Default for WorkloadSpec {
             processing_min_ms: Param::Fixed(1),
             processing_max_ms: Param::Range([5, 50]),
             poll_interval_ms: Param::Range([20, 100]),
-            read_count: Param::Range([1, 20]),
+            read_count: Param::Range([5, 20]),
             keys: Param::Fixed(1_000),
         }
     }

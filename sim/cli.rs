@@ -1,0 +1,281 @@
+//! The `sim` command line: run plans over seed ranges, replay one seed with a full trace, show a
+//! drawn plan, run the planted-bug and regression suites. Prints the summary table and, for every
+//! failing seed, its drawn parameters, its findings, where its trace was written and
+//! `REPRODUCE WITH: cargo sim replay <plan> <seed>`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::checkers::{count_by_kind, Finding};
+use crate::plan::{default_plan_dir, load_plan, plan_names, Plan, PlanError, PlanSpec};
+use crate::records::render_trace;
+use crate::regressions;
+use crate::runner::{run_seed, SeedOutcome};
+
+#[derive(Parser)]
+#[command(name = "sim", about = "Deterministic simulation of the Redis Stream Coordinator (madsim)")]
+struct Cli {
+    /// Directory of fault plans.
+    #[arg(long, global = true, default_value_os_t = default_plan_dir())]
+    plans: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a plan (or `all`: every plan but planted-*) over a range of seeds.
+    Run {
+        plan: String,
+        /// Seeds `A..B` (B excluded) or a single seed.
+        #[arg(long, default_value = "0..10", value_parser = parse_seeds)]
+        seeds: (u64, u64),
+        /// Run every seed twice and compare event-trace hashes.
+        #[arg(long)]
+        check_determinism: bool,
+        /// Print every seed's drawn parameters, not only failing ones.
+        #[arg(long)]
+        verbose: bool,
+    },
+    /// Run one seed with the full trace, written to target/sim-traces/<plan>-<seed>.log.
+    Replay { plan: String, seed: u64 },
+    /// Print the parameters a plan draws for a seed.
+    Show { plan: String, seed: u64 },
+    /// Run every planted-bug plan; each must be caught on at least one seed.
+    Planted {
+        #[arg(long, default_value = "0..20", value_parser = parse_seeds)]
+        seeds: (u64, u64),
+    },
+    /// Replay every seed listed in regressions.toml.
+    Regressions,
+    /// List the plans.
+    List,
+}
+
+fn parse_seeds(s: &str) -> Result<(u64, u64), String> {
+    let parse = |v: &str| v.trim().parse::<u64>().map_err(|e| format!("bad seed {v:?}: {e}"));
+    match s.split_once("..") {
+        Some((a, b)) => {
+            let (a, b) = (parse(a)?, parse(b)?);
+            if a < b {
+                Ok((a, b))
+            } else {
+                Err(format!("empty seed range {s}"))
+            }
+        }
+        None => parse(s).map(|a| (a, a + 1)),
+    }
+}
+
+/// Where replays and failing seeds write their traces.
+fn trace_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/sim-traces"))
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { plan, seeds, check_determinism, verbose } => {
+            run_plans(&cli.plans, &plan, seeds, check_determinism, verbose)
+        }
+        Command::Replay { plan, seed } => replay(&cli.plans, &plan, seed),
+        Command::Show { plan, seed } => load_plan(&cli.plans, &plan).and_then(|s| s.draw(seed)).map(|p| {
+            print!("{}", p.describe());
+            true
+        }),
+        Command::Planted { seeds } => planted(&cli.plans, seeds),
+        Command::Regressions => regressions::run(&cli.plans),
+        Command::List => plan_names(&cli.plans).map(|names| {
+            names.iter().for_each(|n| println!("{n}"));
+            true
+        }),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Aggregate of one plan over its seeds.
+#[derive(Default)]
+pub struct PlanSummary {
+    pub name: String,
+    pub seeds: (u64, u64),
+    pub failed: Vec<u64>,
+    pub kinds: BTreeMap<&'static str, usize>,
+    pub simulated: Duration,
+    pub wall: Duration,
+    pub silent_split_max_us: Option<u64>,
+    pub paused_overlaps: usize,
+    pub backlog_max: usize,
+    pub from_dropped_writes: usize,
+}
+
+impl PlanSummary {
+    fn add(&mut self, outcome: &SeedOutcome) {
+        if !outcome.findings.is_empty() {
+            self.failed.push(outcome.seed);
+        }
+        for (kind, n) in count_by_kind(&outcome.findings) {
+            *self.kinds.entry(kind).or_insert(0) += n;
+        }
+        self.simulated += outcome.simulated;
+        self.wall += outcome.wall;
+        let m = &outcome.measurements;
+        self.silent_split_max_us = self.silent_split_max_us.max(m.silent_rollback_split_us);
+        self.paused_overlaps += m.paused_processing_overlaps;
+        self.backlog_max = self.backlog_max.max(m.backlog_entries);
+        self.from_dropped_writes += m.responses_from_dropped_writes;
+    }
+}
+
+/// Runs seeds of one plan; prints failing seeds as they happen. `expect` is the planted plan's
+/// list of kinds (failures of those kinds are expected, not reported as failures).
+pub fn run_plan(
+    spec: &PlanSpec,
+    seeds: (u64, u64),
+    check_determinism: bool,
+    verbose: bool,
+) -> Result<PlanSummary, PlanError> {
+    let mut summary = PlanSummary { name: spec.name.clone(), seeds, ..PlanSummary::default() };
+    for seed in seeds.0..seeds.1 {
+        let plan = spec.draw(seed)?;
+        if verbose {
+            print!("{}", plan.describe());
+        }
+        let description = plan.describe();
+        let outcome = run_seed(plan.clone(), false);
+        let mut outcome = outcome;
+        if check_determinism {
+            let again = run_seed(plan.clone(), false);
+            if again.trace_hash != outcome.trace_hash || again.findings != outcome.findings {
+                outcome.findings.push(Finding {
+                    checker: "runner",
+                    kind: "nondeterminism",
+                    at_us: 0,
+                    detail: format!("trace hash {:016x} then {:016x}", outcome.trace_hash, again.trace_hash),
+                });
+            }
+        }
+        summary.add(&outcome);
+        if !outcome.findings.is_empty() && spec.expect.is_empty() {
+            report_failure(&spec.name, &plan, &description, &outcome);
+        }
+    }
+    Ok(summary)
+}
+
+fn report_failure(name: &str, plan: &Plan, description: &str, outcome: &SeedOutcome) {
+    println!("\nFAILED {name} seed {}", outcome.seed);
+    print!("{description}");
+    for finding in outcome.findings.iter().take(20) {
+        println!("  {finding}");
+    }
+    if outcome.findings.len() > 20 {
+        println!("  ... and {} more", outcome.findings.len() - 20);
+    }
+    // Re-run with the full trace (the run is deterministic) and keep it.
+    let verbose = run_seed(plan.clone(), true);
+    match write_trace(name, outcome.seed, &verbose) {
+        Ok(path) => println!("  trace: {}", path.display()),
+        Err(e) => println!("  trace not written: {e}"),
+    }
+    println!("REPRODUCE WITH: cargo sim replay {name} {}", outcome.seed);
+}
+
+fn write_trace(name: &str, seed: u64, outcome: &SeedOutcome) -> std::io::Result<PathBuf> {
+    let dir = trace_dir();
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(format!("{name}-{seed}.log"));
+    let mut text = render_trace(&outcome.trace);
+    for finding in &outcome.findings {
+        text.push_str(&format!("FINDING {finding}\n"));
+    }
+    text.push_str(&format!("trace hash {:016x}\n", outcome.trace_hash));
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+fn print_table(summaries: &[PlanSummary]) {
+    println!();
+    println!("{:<36} {:>10} {:>6}  {:<48} {:>9}", "plan", "seeds", "failed", "violations by kind", "sim/wall");
+    for s in summaries {
+        let kinds: Vec<String> = s.kinds.iter().map(|(k, n)| format!("{k}:{n}")).collect();
+        let kinds = if kinds.is_empty() { "-".to_string() } else { kinds.join(" ") };
+        let ratio = s.simulated.as_secs_f64() / s.wall.as_secs_f64().max(1e-9);
+        let seeds = format!("{}..{}", s.seeds.0, s.seeds.1);
+        println!("{:<36} {:>10} {:>6}  {:<48} {:>8.0}x", s.name, seeds, s.failed.len(), kinds, ratio);
+        if let Some(us) = s.silent_split_max_us {
+            println!("{:<36} silent-rollback split window (measured, max): {} ms", "", us / 1_000);
+        }
+        if s.backlog_max > 0 {
+            println!("{:<36} undelivered backlog at the end (measured, max per seed): {} entries", "", s.backlog_max);
+        }
+        if s.from_dropped_writes > 0 {
+            println!("{:<36} responses derived from dropped writes (measured): {}", "", s.from_dropped_writes);
+        }
+        if s.paused_overlaps > 0 {
+            println!("{:<36} processing overlaps caused by pauses (measured): {}", "", s.paused_overlaps);
+        }
+    }
+}
+
+fn run_plans(dir: &Path, which: &str, seeds: (u64, u64), determinism: bool, verbose: bool) -> Result<bool, PlanError> {
+    let names: Vec<String> = if which == "all" {
+        plan_names(dir)?.into_iter().filter(|n| !n.starts_with("planted-")).collect()
+    } else {
+        vec![which.to_string()]
+    };
+    let mut summaries = Vec::new();
+    for name in &names {
+        let spec = load_plan(dir, name)?;
+        summaries.push(run_plan(&spec, seeds, determinism, verbose)?);
+    }
+    print_table(&summaries);
+    Ok(summaries.iter().all(|s| s.failed.is_empty()))
+}
+
+fn replay(dir: &Path, name: &str, seed: u64) -> Result<bool, PlanError> {
+    let plan = load_plan(dir, name)?.draw(seed)?;
+    print!("{}", plan.describe());
+    let outcome = run_seed(plan, true);
+    for finding in &outcome.findings {
+        println!("  {finding}");
+    }
+    match write_trace(name, seed, &outcome) {
+        Ok(path) => {
+            println!("trace ({} events, hash {:016x}): {}", outcome.trace.len(), outcome.trace_hash, path.display())
+        }
+        Err(e) => println!("trace not written: {e}"),
+    }
+    let ratio = outcome.simulated.as_secs_f64() / outcome.wall.as_secs_f64().max(1e-9);
+    println!(
+        "simulated {:.1} s in {:.2} s wall ({ratio:.0}x)",
+        outcome.simulated.as_secs_f64(),
+        outcome.wall.as_secs_f64()
+    );
+    Ok(outcome.findings.is_empty())
+}
+
+fn planted(dir: &Path, seeds: (u64, u64)) -> Result<bool, PlanError> {
+    let mut all_caught = true;
+    let mut summaries = Vec::new();
+    for name in plan_names(dir)?.into_iter().filter(|n| n.starts_with("planted-")) {
+        let spec = load_plan(dir, &name)?;
+        let summary = run_plan(&spec, seeds, false, false)?;
+        let caught = spec.expect.iter().all(|k| summary.kinds.contains_key(k.as_str()));
+        println!("{name}: expected {:?} -> {}", spec.expect, if caught { "caught" } else { "NOT CAUGHT" });
+        all_caught &= caught;
+        summaries.push(summary);
+    }
+    print_table(&summaries);
+    Ok(all_caught)
+}

@@ -1,0 +1,142 @@
+//! A datagram protocol between clients and coordinator processes on the simulated network — the
+//! simulation's stand-in for the HTTP edge until it is wired in, and a fast mode afterwards.
+//!
+//! Requests go to the coordinator Service address (a madsim IPVS virtual server, like a
+//! Kubernetes Service: each request goes to one of the instances currently behind it), replies come
+//! back tagged with a run-unique call id. A lost request or reply, a dead or clogged instance, or a
+//! slow one is a `Timeout` after the client's timeout. A terminating instance answers 503
+//! `COORDINATOR_TERMINATING` like the HTTP edge, and the client tries again (up to
+//! `ATTEMPTS_MAX` times within its timeout), as `HttpTransport` moves on to another address.
+
+use std::any::Any;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use madsim::net::Endpoint;
+use rsc::client::{CoordinatorTransport, TransportError};
+use rsc::core::model::GroupId;
+use rsc::core::protocol::{
+    AdminRequest, AdminResponse, ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingResponse,
+};
+use rsc::service::{Coordinator, GroupDescription};
+
+use crate::records::Recorder;
+use crate::redis_node::RemoteStore;
+
+/// The port coordinator instances listen on.
+pub const COORDINATOR_PORT: u16 = 8080;
+const REQUEST_TAG: u64 = u64::MAX - 0x0043_4f4f_5244;
+/// Sends of one call to the Service before giving up (each to whichever instance IPVS picks).
+const ATTEMPTS_MAX: usize = 3;
+
+enum Call {
+    Heartbeat(HeartbeatRequest),
+    Routing(GroupId),
+    Admin(AdminRequest),
+    Describe(GroupId),
+}
+
+struct Envelope {
+    reply_tag: u64,
+    call: Call,
+}
+
+type Reply = Box<dyn Any + Send + Sync>;
+
+/// Serves `coordinator` on this node until the node dies.
+pub async fn serve(coordinator: Coordinator<RemoteStore>) {
+    let endpoint = match Endpoint::bind(("0.0.0.0", COORDINATOR_PORT)).await {
+        Ok(endpoint) => Arc::new(endpoint),
+        Err(e) => panic!("coordinator cannot bind port {COORDINATOR_PORT}: {e}"),
+    };
+    loop {
+        let Ok((payload, from)) = endpoint.recv_from_raw(REQUEST_TAG).await else { return };
+        let Ok(envelope) = payload.downcast::<Envelope>() else { continue };
+        let (endpoint, coordinator) = (Arc::clone(&endpoint), coordinator.clone());
+        tokio::spawn(async move {
+            let Envelope { reply_tag, call } = *envelope;
+            let reply: Reply = match call {
+                Call::Heartbeat(req) => Box::new(coordinator.heartbeat(req).await),
+                Call::Routing(group) => Box::new(coordinator.routing(&group).await),
+                Call::Admin(req) => Box::new(coordinator.admin(req).await),
+                Call::Describe(group) => Box::new(coordinator.describe(&group).await),
+            };
+            let _ = endpoint.send_to_raw(from, reply_tag, reply).await;
+        });
+    }
+}
+
+/// A client of the coordinator Service.
+#[derive(Clone)]
+pub struct RpcTransport {
+    endpoint: Arc<Endpoint>,
+    service: SocketAddr,
+    timeout: Duration,
+    recorder: Recorder,
+}
+
+impl RpcTransport {
+    /// Binds this process's endpoint (call on the process's node).
+    pub async fn connect(service: SocketAddr, timeout_ms: u64, recorder: Recorder) -> Self {
+        let endpoint = match Endpoint::bind("0.0.0.0:0").await {
+            Ok(endpoint) => Arc::new(endpoint),
+            Err(e) => panic!("cannot bind a client endpoint: {e}"),
+        };
+        Self { endpoint, service, timeout: Duration::from_millis(timeout_ms), recorder }
+    }
+
+    async fn call<T: Send + Sync + 'static>(&self, make: impl Fn() -> Call) -> Result<T, TransportError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut last = TransportError::Timeout;
+        for _ in 0..ATTEMPTS_MAX {
+            let reply_tag = self.recorder.next_id();
+            let exchange = async {
+                let envelope = Envelope { reply_tag, call: make() };
+                self.endpoint
+                    .send_to_raw(self.service, REQUEST_TAG, Box::new(envelope))
+                    .await
+                    .map_err(|e| TransportError::Unreachable(e.to_string()))?;
+                let (reply, _) = self
+                    .endpoint
+                    .recv_from_raw(reply_tag)
+                    .await
+                    .map_err(|e| TransportError::Unreachable(e.to_string()))?;
+                match reply.downcast::<Result<T, ApiError>>() {
+                    Ok(result) => (*result).map_err(TransportError::Api),
+                    Err(_) => Err(TransportError::Unreachable("reply of the wrong type".into())),
+                }
+            };
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(remaining, exchange).await {
+                Err(_) => return Err(TransportError::Timeout),
+                // A terminating instance: like a 503 over HTTP, try whichever instance is next.
+                Ok(Err(TransportError::Api(e))) if e.code == ErrorCode::CoordinatorTerminating => {
+                    last = TransportError::Api(e);
+                }
+                Ok(result) => return result,
+            }
+        }
+        Err(last)
+    }
+
+    /// An admin mutation through the Service.
+    pub async fn admin(&self, req: AdminRequest) -> Result<AdminResponse, TransportError> {
+        self.call(|| Call::Admin(req.clone())).await
+    }
+
+    /// The recorded metadata of a group through the Service.
+    pub async fn describe(&self, group: &GroupId) -> Result<GroupDescription, TransportError> {
+        self.call(|| Call::Describe(group.clone())).await
+    }
+}
+
+impl CoordinatorTransport for RpcTransport {
+    async fn heartbeat(&self, req: HeartbeatRequest) -> Result<HeartbeatResponse, TransportError> {
+        self.call(|| Call::Heartbeat(req.clone())).await
+    }
+
+    async fn routing(&self, group: &GroupId) -> Result<RoutingResponse, TransportError> {
+        self.call(|| Call::Routing(group.clone())).await
+    }
+}

@@ -1,0 +1,399 @@
+//! The fault injector: turns the drawn plan's faults and actions into timed steps on the
+//! [`World`] (madsim kill/restart/pause, `NetSim` clogs and config, the Redis knobs, the
+//! coordinator fleet, the operator).
+//!
+//! Owns: the schedule of steps, including the heal step of every fault, and the bookkeeping that
+//! makes overlapping faults compose: clogs are reference-counted per node/direction and per link,
+//! network latency and loss take the strongest active setting, and a kill of a dead node or a
+//! pause of a paused one is a no-op. Never judges the run.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use madsim::net::NetSim;
+use rsc::core::model::SCHEMA_VERSION;
+use rsc::store::memory::{OutageMode, RollbackMode};
+
+use crate::plan::{Action, Fault, NodeRef, Role, Scheduled, Target};
+use crate::programs::OperatorCommand;
+use crate::records::{Mark, Us};
+use crate::world::World;
+
+/// One timed step.
+#[derive(Clone, Debug)]
+enum Step {
+    Fault(Fault),
+    Action(Action),
+    Unclog(Clog),
+    Restart(NodeRef),
+    Resume(NodeRef),
+    Kill(NodeRef),
+    StartCoordinator,
+    BeginShutdown(NodeRef),
+    RemoveFromService(NodeRef),
+    EndDelay(u64),
+    EndLoss(u64),
+    ResponseLoss(NodeRef, f64),
+    RedisOutageEnd,
+    RedisLatencyEnd,
+    RedisSupported(String),
+    RedisWriteDropEnd,
+    RedisUp { writes_lost: u64 },
+    Recreate { delete_first: bool },
+}
+
+/// What a clog blocks (reference-counted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Clog {
+    In(NodeRef),
+    Out(NodeRef),
+    Link(NodeRef, NodeRef),
+}
+
+/// The schedule and the state of active faults.
+pub struct Injector {
+    queue: BTreeMap<(Us, u64), Step>,
+    seq: u64,
+    clogs: BTreeMap<Clog, u32>,
+    delays: BTreeMap<u64, (u64, u64)>,
+    losses: BTreeMap<u64, f64>,
+    base_latency_ms: (u64, u64),
+}
+
+impl Injector {
+    pub fn new(faults: &[Scheduled<Fault>], actions: &[Scheduled<Action>], base_latency_ms: (u64, u64)) -> Self {
+        let mut injector = Injector {
+            queue: BTreeMap::new(),
+            seq: 0,
+            clogs: BTreeMap::new(),
+            delays: BTreeMap::new(),
+            losses: BTreeMap::new(),
+            base_latency_ms,
+        };
+        for f in faults {
+            injector.at(f.at_ms * 1_000, Step::Fault(f.item.clone()));
+        }
+        for a in actions {
+            injector.at(a.at_ms * 1_000, Step::Action(a.item.clone()));
+        }
+        injector
+    }
+
+    fn at(&mut self, at_us: Us, step: Step) {
+        self.seq += 1;
+        self.queue.insert((at_us, self.seq), step);
+    }
+
+    /// When the next step is due.
+    pub fn next_due_us(&self) -> Option<Us> {
+        self.queue.keys().next().map(|(at, _)| *at)
+    }
+
+    /// Applies every step due at or before `now_us`.
+    pub fn apply_due(&mut self, world: &mut World, now_us: Us) {
+        while let Some(entry) = self.queue.first_entry() {
+            if entry.key().0 > now_us {
+                break;
+            }
+            let step = entry.remove();
+            self.apply(world, now_us, step);
+        }
+    }
+
+    fn nodes(world: &World, target: Target) -> Vec<NodeRef> {
+        match target {
+            Target::Node(node) => vec![node],
+            Target::All(role) => world.alive(role),
+        }
+    }
+
+    fn clog(&mut self, world: &World, clog: Clog) {
+        let count = self.clogs.entry(clog).or_insert(0);
+        *count += 1;
+        if *count == 1 {
+            set_clog(&world.net, world, clog, true);
+        }
+    }
+
+    fn unclog(&mut self, world: &World, clog: Clog) {
+        if let Some(count) = self.clogs.get_mut(&clog) {
+            *count -= 1;
+            if *count == 0 {
+                self.clogs.remove(&clog);
+                set_clog(&world.net, world, clog, false);
+            }
+        }
+    }
+
+    /// Sets the network config to the strongest active delay and loss.
+    fn update_net(&self, world: &World) {
+        let (mut lo, mut hi) = self.base_latency_ms;
+        for (min, max) in self.delays.values() {
+            lo = lo.max(*min);
+            hi = hi.max(*max);
+        }
+        let loss = self.losses.values().copied().fold(0.0, f64::max);
+        world.net.update_config(|c| {
+            c.send_latency = Duration::from_millis(lo)..Duration::from_millis(hi.max(lo + 1));
+            c.packet_loss_rate = loss;
+        });
+    }
+
+    fn apply(&mut self, world: &mut World, now: Us, step: Step) {
+        match step {
+            Step::Fault(fault) => {
+                world.env.recorder.trace("faults", format!("{fault}"));
+                self.start_fault(world, now, fault);
+            }
+            Step::Action(action) => {
+                world.env.recorder.trace("faults", format!("action {action}"));
+                match action {
+                    Action::ConsumerJoin => {
+                        world.spawn(Role::Consumer);
+                    }
+                    Action::ProducerJoin => {
+                        world.spawn(Role::Producer);
+                    }
+                    Action::ConsumerLeave { target } => {
+                        for node in Self::nodes(world, target) {
+                            world.leave(node);
+                        }
+                    }
+                    Action::AddShards { add } => world.command(OperatorCommand::AddShards(add)),
+                }
+            }
+            Step::Unclog(clog) => self.unclog(world, clog),
+            Step::Restart(node) => world.restart(node),
+            Step::Resume(node) => world.resume(node),
+            Step::Kill(node) => world.kill(node),
+            Step::StartCoordinator => {
+                let node = world.spawn(Role::Coordinator);
+                world.env.recorder.trace("faults", format!("new coordinator instance {node}"));
+            }
+            Step::BeginShutdown(node) => world.begin_shutdown(node),
+            Step::RemoveFromService(node) => world.remove_from_service(node),
+            Step::EndDelay(id) => {
+                self.delays.remove(&id);
+                self.update_net(world);
+            }
+            Step::EndLoss(id) => {
+                self.losses.remove(&id);
+                self.update_net(world);
+            }
+            Step::ResponseLoss(node, p) => {
+                if let Some(knob) = world.loss.get(&node) {
+                    knob.set(p);
+                }
+            }
+            Step::RedisOutageEnd => world.store.set_outage(None),
+            Step::RedisLatencyEnd => {
+                world.store.set_latency_ms(0);
+                world.store.set_latency_jitter_ms(0);
+            }
+            Step::RedisSupported(command) => world.store.set_supported(&command),
+            Step::RedisWriteDropEnd => world.store.set_write_drop_probability(0.0),
+            Step::RedisUp { writes_lost } => {
+                let lost = rollback_metadata_writes(world, writes_lost);
+                world.store.restart();
+                world.restart(NodeRef::REDIS);
+                world.env.recorder.trace("faults", format!("redis back, {lost} metadata writes lost"));
+            }
+            Step::Recreate { delete_first } => {
+                if delete_first && world.store.delete_metadata_key(&world.env.group) {
+                    world.env.recorder.lock().marks.push(Mark::KeyDeleted { at_us: now });
+                }
+                world.command(OperatorCommand::CreateGroup);
+            }
+        }
+    }
+
+    fn start_fault(&mut self, world: &mut World, now: Us, fault: Fault) {
+        let later = |ms: u64| now + ms * 1_000;
+        match fault {
+            Fault::Delay { latency_min_ms, latency_max_ms, duration_ms } => {
+                self.seq += 1;
+                self.delays.insert(self.seq, (latency_min_ms, latency_max_ms));
+                self.update_net(world);
+                let id = self.seq;
+                self.at(later(duration_ms), Step::EndDelay(id));
+            }
+            Fault::PacketLoss { rate, duration_ms } => {
+                self.seq += 1;
+                self.losses.insert(self.seq, rate);
+                self.update_net(world);
+                let id = self.seq;
+                self.at(later(duration_ms), Step::EndLoss(id));
+            }
+            Fault::Partition { target, duration_ms } => {
+                for node in Self::nodes(world, target) {
+                    for clog in [Clog::In(node), Clog::Out(node)] {
+                        self.clog(world, clog);
+                        self.at(later(duration_ms), Step::Unclog(clog));
+                    }
+                }
+            }
+            Fault::PartitionLink { a, b, duration_ms } => {
+                for clog in [Clog::Link(a, b), Clog::Link(b, a)] {
+                    self.clog(world, clog);
+                    self.at(later(duration_ms), Step::Unclog(clog));
+                }
+            }
+            Fault::ClogIn { target, duration_ms } | Fault::ClogOut { target, duration_ms } => {
+                let inbound = matches!(fault, Fault::ClogIn { .. });
+                for node in Self::nodes(world, target) {
+                    let clog = if inbound { Clog::In(node) } else { Clog::Out(node) };
+                    self.clog(world, clog);
+                    self.at(later(duration_ms), Step::Unclog(clog));
+                }
+            }
+            Fault::ClogLink { from, to, duration_ms } => {
+                self.clog(world, Clog::Link(from, to));
+                self.at(later(duration_ms), Step::Unclog(Clog::Link(from, to)));
+            }
+            Fault::Kill { target } => {
+                for node in Self::nodes(world, target) {
+                    world.kill(node);
+                }
+            }
+            Fault::Restart { target, down_ms } => {
+                for node in Self::nodes(world, target) {
+                    world.kill(node);
+                    self.at(later(down_ms), Step::Restart(node));
+                }
+            }
+            Fault::Pause { target, duration_ms } => {
+                for node in Self::nodes(world, target) {
+                    world.pause(node);
+                    self.at(later(duration_ms), Step::Resume(node));
+                }
+            }
+            Fault::ResponseLoss { target, probability, duration_ms } => {
+                for node in Self::nodes(world, target) {
+                    self.at(now, Step::ResponseLoss(node, probability));
+                    self.at(later(duration_ms), Step::ResponseLoss(node, 0.0));
+                }
+            }
+            Fault::RollingUpdate { overlap_ms, propagation_ms, drain_ms } => {
+                let old = world.alive(Role::Coordinator).into_iter().find(|n| {
+                    let registry = world.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    registry.iter().any(|(p, c)| p.node == *n && !c.is_terminating())
+                });
+                self.at(now, Step::StartCoordinator);
+                if let Some(old) = old {
+                    self.at(later(overlap_ms), Step::BeginShutdown(old));
+                    self.at(later(overlap_ms + propagation_ms), Step::RemoveFromService(old));
+                    self.at(later(overlap_ms + drain_ms), Step::Kill(old));
+                }
+            }
+            Fault::CoordinatorLoss { down_ms } => {
+                for node in world.alive(Role::Coordinator) {
+                    world.kill(node);
+                }
+                self.at(later(down_ms), Step::StartCoordinator);
+            }
+            Fault::RedisOutage { duration_ms, timeout_ms } => {
+                let mode =
+                    if timeout_ms == 0 { OutageMode::Errors } else { OutageMode::Timeouts { after_ms: timeout_ms } };
+                world.store.set_outage(Some(mode));
+                self.at(later(duration_ms), Step::RedisOutageEnd);
+            }
+            Fault::RedisLatency { latency_min_ms, latency_max_ms, duration_ms } => {
+                world.store.set_latency_ms(latency_min_ms);
+                world.store.set_latency_jitter_ms(latency_max_ms - latency_min_ms);
+                self.at(later(duration_ms), Step::RedisLatencyEnd);
+            }
+            Fault::RedisFailover { writes } => {
+                let lost = rollback_metadata_writes(world, writes);
+                world.store.failover();
+                world.env.recorder.trace("faults", format!("failover lost {lost} metadata writes"));
+            }
+            Fault::RedisSilentRollback { writes } => {
+                let lost = rollback_metadata_writes(world, writes);
+                world.env.recorder.lock().marks.push(Mark::SilentRollback { at_us: now });
+                world.env.recorder.trace("faults", format!("silent rollback lost {lost} metadata writes"));
+            }
+            Fault::RedisDeleteKey { recreate_after_ms } => {
+                if world.store.delete_metadata_key(&world.env.group) {
+                    world.env.recorder.lock().marks.push(Mark::KeyDeleted { at_us: now });
+                }
+                self.at(later(recreate_after_ms), Step::Recreate { delete_first: false });
+            }
+            Fault::RedisCorrupt { repair_after_ms } => {
+                world.store.corrupt_aggregate(&world.env.group);
+                self.at(later(repair_after_ms), Step::Recreate { delete_first: true });
+            }
+            Fault::RedisFutureSchema { repair_after_ms } => {
+                world.store.set_future_schema(&world.env.group, SCHEMA_VERSION + 1);
+                self.at(later(repair_after_ms), Step::Recreate { delete_first: true });
+            }
+            Fault::RedisUnsupported { command, duration_ms } => {
+                world.store.set_unsupported(&command);
+                self.at(later(duration_ms), Step::RedisSupported(command));
+            }
+            Fault::RedisWriteDrop { probability, duration_ms } => {
+                world.store.set_write_drop_probability(probability);
+                let to_us = later(duration_ms);
+                world.env.recorder.lock().marks.push(Mark::WriteDrop { from_us: now, to_us });
+                self.at(later(duration_ms), Step::RedisWriteDropEnd);
+            }
+            Fault::RedisRestart { down_ms, writes_lost } => {
+                world.kill(NodeRef::REDIS);
+                self.at(later(down_ms), Step::RedisUp { writes_lost });
+            }
+        }
+    }
+}
+
+fn set_clog(net: &NetSim, world: &World, clog: Clog, on: bool) {
+    let id = |n: NodeRef| world.node_id(n);
+    match clog {
+        Clog::In(n) => {
+            if let Some(n) = id(n) {
+                if on {
+                    net.clog_node_in(n)
+                } else {
+                    net.unclog_node_in(n)
+                }
+            }
+        }
+        Clog::Out(n) => {
+            if let Some(n) = id(n) {
+                if on {
+                    net.clog_node_out(n)
+                } else {
+                    net.unclog_node_out(n)
+                }
+            }
+        }
+        Clog::Link(a, b) => {
+            if let (Some(a), Some(b)) = (id(a), id(b)) {
+                if on {
+                    net.clog_link(a, b)
+                } else {
+                    net.unclog_link(a, b)
+                }
+            }
+        }
+    }
+}
+
+/// Undoes journaled store writes, newest first, until `writes` of them changed the group's
+/// metadata key (liveness touches and mutex operations in between are undone too, as a replica
+/// that lags loses everything after some point). Returns how many metadata writes were undone.
+fn rollback_metadata_writes(world: &World, writes: u64) -> u64 {
+    let group = &world.env.group;
+    let mut undone = 0;
+    for _ in 0..rsc::store::memory::JOURNAL_LEN_MAX {
+        if undone >= writes {
+            break;
+        }
+        let before = world.store.peek_record(group);
+        if world.store.rollback(1, RollbackMode::Silent) == 0 {
+            break;
+        }
+        if world.store.peek_record(group) != before {
+            undone += 1;
+        }
+    }
+    undone
+}

@@ -1,0 +1,326 @@
+//! What each simulated process runs: a coordinator instance, a consumer application, a producer
+//! application, and the operator. Every program is the production library code (the coordinator
+//! service, the consumer and producer drivers) wired to the simulated Redis node and the
+//! coordinator Service over the simulated network; only the "application" around the clients (how
+//! long processing takes, what is published) is the simulation's.
+//!
+//! Never: reads a std clock, draws from an unseeded RNG (each process's RNG is seeded from the run
+//! seed and its process id), or spawns threads.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rsc::client::{
+    ClientEnv, Clock, Consumer, ConsumerConfig, Delivery, NoopSink, Producer, ProducerConfig, RebalanceListener,
+};
+use rsc::core::model::{GroupId, ShardId};
+use rsc::core::protocol::{AdminRequest, ErrorCode};
+use rsc::core::PlantedBugs;
+use rsc::service::{Coordinator, CoordinatorOptions};
+use tokio::sync::{mpsc, Notify};
+
+use crate::coord_rpc::{self, RpcTransport};
+use crate::plan::Plan;
+use crate::records::{AdminCall, ProcessId, Processing, Recorder};
+use crate::redis_node::RemoteStore;
+use crate::transport::{LossKnob, RecordingTransport};
+
+/// What every program of a run needs.
+#[derive(Clone)]
+pub struct Env {
+    pub plan: Arc<Plan>,
+    pub group: GroupId,
+    pub recorder: Recorder,
+    pub redis: SocketAddr,
+    pub service: SocketAddr,
+    pub planted: PlantedBugs,
+}
+
+impl Env {
+    /// A seeded RNG private to one process.
+    pub fn rng(&self, process: ProcessId, salt: u64) -> SmallRng {
+        let id =
+            (process.node.role as u64) << 48 | u64::from(process.node.index) << 16 | u64::from(process.incarnation);
+        SmallRng::seed_from_u64(self.plan.seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ salt)
+    }
+
+    async fn store(&self, process: ProcessId) -> RemoteStore {
+        RemoteStore::connect(self.redis, process, self.plan.tuning.store_timeout_ms, self.recorder.clone()).await
+    }
+
+    async fn transport(&self, process: ProcessId, loss: LossKnob) -> RecordingTransport<RpcTransport> {
+        let timeout_ms = self.plan.tuning.http_timeout_ms;
+        let inner = RpcTransport::connect(self.service, timeout_ms, self.recorder.clone()).await;
+        RecordingTransport::new(inner, process, self.recorder.clone(), loss, self.rng(process, 1), timeout_ms)
+    }
+}
+
+/// Coordinator handles of the live instances, for the fault injector (terminating mode).
+pub type CoordinatorRegistry = Arc<Mutex<BTreeMap<ProcessId, Coordinator<RemoteStore>>>>;
+
+/// Runs one coordinator instance: probe until compatible (each probe fails fast), register as
+/// ready, tick, and serve.
+pub async fn coordinator(env: Env, process: ProcessId, registry: CoordinatorRegistry, ready: impl FnOnce()) {
+    let t = &env.plan.tuning;
+    let options = CoordinatorOptions {
+        instance_id: process.to_string(),
+        mutex_ttl_ms: t.mutex_ttl_ms,
+        tick_interval_ms: t.tick_interval_ms,
+        rng_seed: env.rng(process, 2).gen(),
+        planted: env.planted,
+        ..CoordinatorOptions::default()
+    };
+    let coordinator = Coordinator::new(env.store(process).await, options);
+    loop {
+        match coordinator.start().await {
+            Ok(report) => {
+                env.recorder
+                    .trace(process, format!("started: redis {} {}", report.server_version, report.identity.run_id));
+                break;
+            }
+            Err(e) => {
+                env.recorder.trace(process, format!("start failed: {e}"));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+    registry.lock().unwrap_or_else(PoisonError::into_inner).insert(process, coordinator.clone());
+    let ticker = coordinator.clone();
+    tokio::spawn(async move { ticker.run_ticker().await });
+    let server = tokio::spawn(coord_rpc::serve(coordinator));
+    ready();
+    let _ = server.await;
+}
+
+/// Tells processing tasks which shards were lost (lease ended, fenced): their in-flight entries
+/// were abandoned by the consumer, so the application stops working on them.
+#[derive(Default)]
+struct LostShards {
+    generation: Mutex<BTreeMap<ShardId, u64>>,
+    changed: Notify,
+}
+
+impl LostShards {
+    fn generation(&self, shard: ShardId) -> u64 {
+        self.generation.lock().unwrap_or_else(PoisonError::into_inner).get(&shard).copied().unwrap_or(0)
+    }
+}
+
+impl RebalanceListener for LostShards {
+    fn on_assigned(&self, _shards: &[ShardId]) {}
+    fn on_revoked(&self, _shards: &[ShardId]) {}
+    fn on_lost(&self, shards: &[ShardId]) {
+        let mut generation = self.generation.lock().unwrap_or_else(PoisonError::into_inner);
+        for shard in shards {
+            *generation.entry(*shard).or_insert(0) += 1;
+        }
+        drop(generation);
+        self.changed.notify_waiters();
+    }
+}
+
+/// Runs one consumer application: poll, process each delivery for its drawn time (concurrently),
+/// ack, repeat; on `leave`, close cleanly and end the process.
+pub async fn consumer(env: Env, process: ProcessId, loss: LossKnob, leave: Arc<Notify>) {
+    let w = env.plan.workload;
+    let store = env.store(process).await;
+    let transport = env.transport(process, loss).await;
+    let mut config = ConsumerConfig::new(env.group.clone(), process.node.to_string());
+    config.heartbeat_interval_ms = env.plan.group.heartbeat_interval_ms;
+    config.heartbeat_timeout_ms = env.plan.tuning.http_timeout_ms;
+    config.poll_idle_ms = w.poll_interval_ms;
+    config.planted = env.planted;
+    let listener = Arc::new(LostShards::default());
+    let client_env = ClientEnv::new(Clock::new(), Arc::new(NoopSink));
+    let consumer = Arc::new(Consumer::join_with(config, transport, store, client_env, listener.clone()));
+    let mut rng = env.rng(process, 3);
+    let read_count = usize::try_from(w.read_count).unwrap_or(1);
+    loop {
+        let polled = tokio::select! {
+            biased;
+            _ = leave.notified() => break,
+            polled = consumer.poll_wait(read_count, Duration::from_millis(w.poll_interval_ms)) => polled,
+        };
+        let deliveries = match polled {
+            Ok(deliveries) => deliveries,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(w.poll_interval_ms)).await;
+                continue;
+            }
+        };
+        let mut tasks = Vec::with_capacity(deliveries.len());
+        for delivery in deliveries {
+            let processing_ms = rng.gen_range(w.processing_min_ms..=w.processing_max_ms);
+            let task = process_one(
+                env.recorder.clone(),
+                process,
+                Arc::clone(&consumer),
+                Arc::clone(&listener),
+                delivery,
+                processing_ms,
+            );
+            tasks.push(tokio::spawn(task));
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+    env.recorder.trace(process, "leaving");
+    let closed = consumer.close().await;
+    env.recorder.trace(process, format!("left: {closed:?}"));
+    let now = env.recorder.now_us();
+    let mut records = env.recorder.lock();
+    if let Some(life) = records.lifecycles.iter_mut().rev().find(|l| l.process == process) {
+        life.stopped_at_us = Some(now);
+    }
+}
+
+/// Processes one delivery: works `processing_ms` unless its shard is lost first, then acks.
+async fn process_one<T, S>(
+    recorder: Recorder,
+    process: ProcessId,
+    consumer: Arc<Consumer<T, S>>,
+    lost: Arc<LostShards>,
+    delivery: Delivery,
+    processing_ms: u64,
+) where
+    T: rsc::client::CoordinatorTransport,
+    S: rsc::store::StreamStore,
+{
+    let generation = lost.generation(delivery.shard);
+    let index = {
+        let mut records = recorder.lock();
+        let start_us = recorder.now_us();
+        let (stream, id) = (delivery.stream.clone(), delivery.entry.id);
+        records.processing.push(Processing { process, stream, id, start_us, end_us: None });
+        records.processing.len() - 1
+    };
+    let work = tokio::time::sleep(Duration::from_millis(processing_ms));
+    tokio::pin!(work);
+    let finished = loop {
+        let changed = lost.changed.notified();
+        if lost.generation(delivery.shard) != generation {
+            break false;
+        }
+        tokio::select! {
+            _ = &mut work => break true,
+            _ = changed => {}
+        }
+    };
+    let end_us = recorder.now_us();
+    recorder.lock().processing[index].end_us = Some(end_us);
+    if finished {
+        // Refused once the entry was abandoned: nothing else to do.
+        let _ = consumer.ack(&delivery).await;
+    }
+}
+
+/// Runs one producer application: publish a random key every `publish_interval_ms` until the
+/// plan's publishing window ends.
+pub async fn producer(env: Env, process: ProcessId, loss: LossKnob) {
+    let w = env.plan.workload;
+    let store = env.store(process).await;
+    let transport = env.transport(process, loss).await;
+    let mut config = ProducerConfig::new(env.group.clone(), process.node.to_string());
+    config.refresh_timeout_ms = env.plan.tuning.http_timeout_ms;
+    config.planted = env.planted;
+    let producer = Producer::new_with(config, transport, store, ClientEnv::new(Clock::new(), Arc::new(NoopSink)));
+    let mut rng = env.rng(process, 4);
+    let until_us = env.plan.durations.publish_until_ms() * 1_000;
+    let mut sequence = 0u64;
+    while env.recorder.now_us() < until_us {
+        let key = rng.gen_range(0..w.keys).to_string();
+        sequence += 1;
+        let payload = format!("{process}/{sequence}").into_bytes();
+        let result = producer.publish(key.as_bytes(), payload).await;
+        env.recorder.trace_verbose(process, || format!("publish key={key} -> {result:?}"));
+        tokio::time::sleep(Duration::from_millis(w.publish_interval_ms)).await;
+    }
+    env.recorder.trace(process, format!("stopped publishing after {sequence} messages"));
+}
+
+/// What the fault injector asks the operator to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperatorCommand {
+    /// Create the group (at start, and after the key was deleted or repaired by deletion).
+    CreateGroup,
+    /// Read the group and add shards with that revision.
+    AddShards(u32),
+}
+
+/// Attempts to read the group for an `AddShards` before the operator gives up on it.
+const ADD_SHARDS_ATTEMPTS_MAX: u32 = 20;
+
+/// Runs the operator: carries out each command through the coordinator Service, retrying until
+/// it is done (an operator follows the runbook until the step succeeded). Adding shards to a group
+/// that stays unreadable is given up after `ADD_SHARDS_ATTEMPTS_MAX` attempts, so a later
+/// recreate is not stuck behind it.
+pub async fn operator(env: Env, process: ProcessId, mut commands: mpsc::UnboundedReceiver<OperatorCommand>) {
+    let admin = RpcTransport::connect(env.service, env.plan.tuning.http_timeout_ms, env.recorder.clone()).await;
+    while let Some(command) = commands.recv().await {
+        env.recorder.trace(process, format!("{command:?}"));
+        for attempt in 0u32.. {
+            let request = match command {
+                OperatorCommand::CreateGroup => AdminRequest::CreateGroup {
+                    group: env.group.clone(),
+                    shard_count: env.plan.topology.shards,
+                    config: env.plan.group.clone(),
+                },
+                OperatorCommand::AddShards(add) => match admin.describe(&env.group).await {
+                    Ok(d) => AdminRequest::AddShards {
+                        group: env.group.clone(),
+                        expected_revision: d.store_revision,
+                        new_shard_count: d.metadata.shard_count + add,
+                    },
+                    Err(e) => {
+                        env.recorder.trace(process, format!("describe failed (attempt {attempt}): {e}"));
+                        if attempt + 1 >= ADD_SHARDS_ATTEMPTS_MAX {
+                            // The group is gone or unreadable: the runbook says repair it first.
+                            env.recorder.trace(process, "gave up adding shards");
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                },
+            };
+            let sent_at_us = env.recorder.now_us();
+            let index = {
+                let mut records = env.recorder.lock();
+                let call = AdminCall { request: request.clone(), sent_at_us, received_at_us: None, answer: None };
+                records.admins.push(call);
+                records.admins.len() - 1
+            };
+            let answer = admin.admin(request).await;
+            let received_at_us = env.recorder.now_us();
+            env.recorder.trace(process, format!("admin -> {answer:?}"));
+            let done = match &answer {
+                Ok(_) => true,
+                Err(rsc::client::TransportError::Api(e)) => e.code == ErrorCode::GroupExists,
+                Err(_) => false,
+            };
+            {
+                let mut records = env.recorder.lock();
+                let call = &mut records.admins[index];
+                if let Err(rsc::client::TransportError::Timeout | rsc::client::TransportError::Unreachable(_)) = answer
+                {
+                    // No answer: the request may still be applied later.
+                } else {
+                    call.received_at_us = Some(received_at_us);
+                    call.answer = Some(answer.map_err(|e| match e {
+                        rsc::client::TransportError::Api(e) => e,
+                        other => rsc::core::protocol::ApiError::new(ErrorCode::StoreUnavailable, other.to_string()),
+                    }));
+                }
+            }
+            if done {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
