@@ -17,14 +17,17 @@ use rand::{Rng, SeedableRng};
 use rsc::client::{
     ClientEnv, Clock, Consumer, ConsumerConfig, Delivery, NoopSink, Producer, ProducerConfig, RebalanceListener,
 };
+use rsc::client::{CoordinatorTransport, TransportError};
 use rsc::core::model::{GroupId, ShardId};
-use rsc::core::protocol::{AdminRequest, ErrorCode};
+use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingResponse};
 use rsc::core::PlantedBugs;
+use rsc::http::client::{HttpClientConfig, HttpTransport};
+use rsc::http::router::HttpOptions;
 use rsc::service::{Coordinator, CoordinatorOptions};
 use tokio::sync::{mpsc, Notify};
 
-use crate::coord_rpc::{self, RpcTransport};
-use crate::plan::Plan;
+use crate::coord_rpc::{self, RpcTransport, COORDINATOR_PORT};
+use crate::plan::{Plan, Protocol};
 use crate::records::{AdminCall, ProcessId, Processing, Recorder};
 use crate::redis_node::RemoteStore;
 use crate::transport::{LossKnob, RecordingTransport};
@@ -52,10 +55,41 @@ impl Env {
         RemoteStore::connect(self.redis, process, self.plan.tuning.store_timeout_ms, self.recorder.clone()).await
     }
 
-    async fn transport(&self, process: ProcessId, loss: LossKnob) -> RecordingTransport<RpcTransport> {
+    async fn transport(&self, process: ProcessId, loss: LossKnob) -> RecordingTransport<ClientTransport> {
         let timeout_ms = self.plan.tuning.http_timeout_ms;
-        let inner = RpcTransport::connect(self.service, timeout_ms, self.recorder.clone()).await;
+        let inner = match self.plan.tuning.protocol {
+            Protocol::Http => {
+                let mut config = HttpClientConfig::new(vec![self.service]);
+                config.request_timeout = Duration::from_millis(timeout_ms);
+                ClientTransport::Http(HttpTransport::new(config))
+            }
+            Protocol::Rpc => {
+                ClientTransport::Rpc(RpcTransport::connect(self.service, timeout_ms, self.recorder.clone()).await)
+            }
+        };
         RecordingTransport::new(inner, process, self.recorder.clone(), loss, self.rng(process, 1), timeout_ms)
+    }
+}
+
+/// The coordinator client of a process, by the run's protocol.
+pub enum ClientTransport {
+    Http(HttpTransport),
+    Rpc(RpcTransport),
+}
+
+impl CoordinatorTransport for ClientTransport {
+    async fn heartbeat(&self, req: HeartbeatRequest) -> Result<HeartbeatResponse, TransportError> {
+        match self {
+            ClientTransport::Http(t) => t.heartbeat(req).await,
+            ClientTransport::Rpc(t) => t.heartbeat(req).await,
+        }
+    }
+
+    async fn routing(&self, group: &GroupId) -> Result<RoutingResponse, TransportError> {
+        match self {
+            ClientTransport::Http(t) => t.routing(group).await,
+            ClientTransport::Rpc(t) => t.routing(group).await,
+        }
     }
 }
 
@@ -91,6 +125,14 @@ pub async fn coordinator(env: Env, process: ProcessId, registry: CoordinatorRegi
     registry.lock().unwrap_or_else(PoisonError::into_inner).insert(process, coordinator.clone());
     let ticker = coordinator.clone();
     tokio::spawn(async move { ticker.run_ticker().await });
+    // The HTTP edge for clients, and the datagram protocol (the operator's admin channel, and the
+    // clients' in `protocol = "rpc"` runs). Both live until the process dies.
+    let listener = match tokio::net::TcpListener::bind(("0.0.0.0", COORDINATOR_PORT)).await {
+        Ok(listener) => listener,
+        Err(e) => panic!("{process}: cannot listen on port {COORDINATOR_PORT}: {e}"),
+    };
+    let router = rsc::http::router::app(coordinator.clone(), HttpOptions::default());
+    tokio::spawn(rsc::http::serve::serve(listener, router, std::future::pending()));
     let server = tokio::spawn(coord_rpc::serve(coordinator));
     ready();
     let _ = server.await;

@@ -67,8 +67,10 @@ fn ip_of(node: NodeRef) -> IpAddr {
     })
 }
 
-fn service_addr() -> ServiceAddr {
-    ServiceAddr::Udp(SocketAddr::new(IpAddr::V4(SERVICE_IP), COORDINATOR_PORT).to_string())
+/// The Service for both protocols: HTTP over TCP and the datagram protocol over UDP.
+fn service_addrs() -> [ServiceAddr; 2] {
+    let addr = SocketAddr::new(IpAddr::V4(SERVICE_IP), COORDINATOR_PORT).to_string();
+    [ServiceAddr::Tcp(addr.clone()), ServiceAddr::Udp(addr)]
 }
 
 fn backend(node: NodeRef) -> String {
@@ -80,7 +82,9 @@ impl World {
     pub fn start(env: Env, store: MemoryStore) -> Self {
         let handle = Handle::current();
         let net = NetSim::current();
-        net.global_ipvs().add_service(service_addr(), Scheduler::RoundRobin);
+        for service in service_addrs() {
+            net.global_ipvs().add_service(service, Scheduler::RoundRobin);
+        }
         let (operator, commands) = mpsc::unbounded_channel();
         let mut world = World {
             env,
@@ -159,7 +163,11 @@ impl World {
                 self.create(node, move |process| {
                     let net = Arc::clone(&net);
                     // Ready = probe passed: only then does the instance join the Service.
-                    let ready = move || net.global_ipvs().add_server(service_addr(), &backend(node));
+                    let ready = move || {
+                        for service in service_addrs() {
+                            net.global_ipvs().add_server(service, &backend(node));
+                        }
+                    };
                     programs::coordinator(env.clone(), process, Arc::clone(&registry), ready)
                 });
             }
@@ -280,7 +288,9 @@ impl World {
 
     /// Takes a coordinator out of the Service (endpoint removal).
     pub fn remove_from_service(&self, node: NodeRef) {
-        self.net.global_ipvs().del_server(service_addr(), &backend(node));
+        for service in service_addrs() {
+            self.net.global_ipvs().del_server(service, &backend(node));
+        }
     }
 
     /// Puts a coordinator into terminating mode (SIGTERM).

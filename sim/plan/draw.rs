@@ -79,6 +79,7 @@ pub(super) fn draw(spec: &PlanSpec, seed: u64) -> Result<Plan, PlanError> {
         http_timeout_ms: u.http_timeout_ms.draw(rng, "tuning.http_timeout_ms")?.max(1),
         tick_interval_ms: u.tick_interval_ms.draw(rng, "tuning.tick_interval_ms")?.max(1),
         mutex_ttl_ms: u.mutex_ttl_ms.draw(rng, "tuning.mutex_ttl_ms")?.max(1),
+        protocol: u.protocol,
     };
     if tuning.latency_min_ms > tuning.latency_max_ms {
         return Err(invalid("tuning.latency_min_ms > latency_max_ms"));
@@ -359,13 +360,14 @@ impl Plan {
         );
         let _ = writeln!(
             s,
-            "  tuning: latency={}..{}ms store_timeout={}ms http_timeout={}ms tick={}ms mutex_ttl={}ms",
+            "  tuning: latency={}..{}ms store_timeout={}ms http_timeout={}ms tick={}ms mutex_ttl={}ms protocol={:?}",
             u.latency_min_ms,
             u.latency_max_ms,
             u.store_timeout_ms,
             u.http_timeout_ms,
             u.tick_interval_ms,
-            u.mutex_ttl_ms
+            u.mutex_ttl_ms,
+            u.protocol
         );
         if !self.planted.is_empty() {
             let _ = writeln!(s, "  planted: {:?} (expect: {:?})", self.planted, self.expect);

@@ -153,6 +153,20 @@ pub struct TuningSpec {
     pub tick_interval_ms: Param<u64>,
     /// Coordinator mutex TTL.
     pub mutex_ttl_ms: Param<u64>,
+    /// How clients reach the coordinators: the production HTTP edge over simulated TCP, or a
+    /// lighter datagram protocol (faster; for very large seed sweeps).
+    pub protocol: Protocol,
+}
+
+/// The client–coordinator protocol of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Protocol {
+    /// `HttpTransport` against the axum router, over madsim TCP.
+    #[default]
+    Http,
+    /// The simulation's datagram protocol (`sim/coord_rpc.rs`).
+    Rpc,
 }
 
 impl Default for TuningSpec {
@@ -164,6 +178,7 @@ impl Default for TuningSpec {
             http_timeout_ms: Param::Fixed(2_000),
             tick_interval_ms: Param::Range([100, 500]),
             mutex_ttl_ms: Param::Fixed(2_000),
+            protocol: Protocol::Http,
         }
     }
 }
@@ -256,6 +271,7 @@ pub struct Tuning {
     pub http_timeout_ms: u64,
     pub tick_interval_ms: u64,
     pub mutex_ttl_ms: u64,
+    pub protocol: Protocol,
 }
 
 /// Where a scheduled item came from (for the printed schedule).
