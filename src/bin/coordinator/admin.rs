@@ -1,0 +1,248 @@
+//! `coordinator admin <command>`: one HTTP/1 request to a running coordinator per command, on a
+//! hyper client connection (the same stack as `rsc::http::client`). Paths come from the route
+//! table (`rsc::http::routes`), so the CLI and the router cannot drift apart.
+//!
+//! Success prints the answer's JSON to stdout (exit 0). An error answer prints its code and
+//! message to stderr (exit 1); so does an unreachable coordinator. Bad arguments exit 2.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1;
+use hyper::{header, Method, Request, StatusCode, Uri};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Map, Value};
+
+use super::cli::{AdminArgs, AdminCommand, GroupArgs};
+use rsc::core::model::{GroupConfig, GroupId};
+use rsc::core::protocol::ApiError;
+use rsc::http::routes::{group_path, spec, RouteId};
+
+/// Largest answer read.
+const BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// Why an admin command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The arguments are unusable (bad URL, bad config JSON).
+    #[error("{0}")]
+    Usage(String),
+    /// The coordinator could not be reached or did not answer in time.
+    #[error("cannot reach the coordinator at {url}: {detail}")]
+    Unreachable { url: String, detail: String },
+    /// The coordinator answered with an error.
+    #[error("{} (HTTP {status}): {}", serde_json::to_value(.error.code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(), .error.message)]
+    Api { status: StatusCode, error: ApiError },
+    /// The coordinator answered something that is neither the expected JSON nor an `ApiError`.
+    #[error("unexpected answer (HTTP {status}): {body}")]
+    Unexpected { status: StatusCode, body: String },
+}
+
+impl AdminError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            AdminError::Usage(_) => 2,
+            AdminError::Unreachable { .. } | AdminError::Api { .. } | AdminError::Unexpected { .. } => 1,
+        }
+    }
+}
+
+/// Runs one admin command and maps the outcome to an exit code.
+pub async fn main(args: AdminArgs) -> u8 {
+    match run(args).await {
+        Ok(answer) => {
+            use std::io::Write;
+            let text = serde_json::to_string_pretty(&answer).unwrap_or_else(|_| answer.to_string());
+            // A closed stdout (`| head`) is not this command's failure: the request succeeded.
+            let _ = writeln!(std::io::stdout(), "{text}");
+            0
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            error.exit_code()
+        }
+    }
+}
+
+async fn run(args: AdminArgs) -> Result<Value, AdminError> {
+    let client = Client::new(&args.url, args.token.clone(), Duration::from_millis(args.timeout_ms))?;
+    match args.command {
+        AdminCommand::CreateGroup { group, shards, config_json } => {
+            let config = merged_config(default_config()?, config_json.as_deref())?;
+            let body = json!({"group": group_id(&group), "shardCount": shards, "config": config});
+            client.send(Method::POST, spec(RouteId::CreateGroup).path.to_owned(), Some(body)).await
+        }
+        AdminCommand::AddShards { group, expected_revision, shards } => {
+            let body = json!({"expectedRevision": expected_revision, "newShardCount": shards});
+            client.send(Method::POST, group_path(RouteId::AddShards, &group_id(&group)), Some(body)).await
+        }
+        AdminCommand::SetConfig { group, expected_revision, config_json } => {
+            // Start from the recorded config; the server's revision check rejects the change if
+            // the group moved past `expected_revision` meanwhile.
+            let described = client.send(Method::GET, group_path(RouteId::Describe, &group_id(&group)), None).await?;
+            let current = described["metadata"]["config"].clone();
+            let config = merged_config(current, Some(&config_json))?;
+            let body = json!({"expectedRevision": expected_revision, "config": config});
+            client.send(Method::PUT, group_path(RouteId::ChangeConfig, &group_id(&group)), Some(body)).await
+        }
+        AdminCommand::Describe { group } => {
+            client.send(Method::GET, group_path(RouteId::Describe, &group_id(&group)), None).await
+        }
+        AdminCommand::RebuildIndex => {
+            client.send(Method::POST, spec(RouteId::RebuildIndex).path.to_owned(), None).await
+        }
+        AdminCommand::Delete { group, expected_revision } => {
+            let path =
+                format!("{}?expectedRevision={expected_revision}", group_path(RouteId::DeleteGroup, &group_id(&group)));
+            client.send(Method::DELETE, path, None).await
+        }
+    }
+}
+
+fn group_id(args: &GroupArgs) -> GroupId {
+    GroupId::new(args.prefix.clone(), args.group.clone())
+}
+
+fn default_config() -> Result<Value, AdminError> {
+    serde_json::to_value(GroupConfig::default()).map_err(|e| AdminError::Usage(format!("encoding defaults: {e}")))
+}
+
+/// `base` with the keys of `overrides` (a JSON object) replaced; unknown keys are an error.
+fn merged_config(base: Value, overrides: Option<&str>) -> Result<Value, AdminError> {
+    let Value::Object(mut config) = base else {
+        return Err(AdminError::Usage("the recorded config is not a JSON object".into()));
+    };
+    if let Some(text) = overrides {
+        let parsed: Value =
+            serde_json::from_str(text).map_err(|e| AdminError::Usage(format!("--config-json is not JSON: {e}")))?;
+        let Value::Object(changes) = parsed else {
+            return Err(AdminError::Usage("--config-json must be a JSON object".into()));
+        };
+        let known: Map<String, Value> = match default_config()? {
+            Value::Object(known) => known,
+            _ => Map::new(),
+        };
+        for (key, value) in changes {
+            if !known.contains_key(&key) {
+                let keys: Vec<&String> = known.keys().collect();
+                return Err(AdminError::Usage(format!("unknown config key {key:?}; known keys: {keys:?}")));
+            }
+            config.insert(key, value);
+        }
+    }
+    let config = Value::Object(config);
+    let checked: GroupConfig =
+        serde_json::from_value(config.clone()).map_err(|e| AdminError::Usage(format!("invalid config: {e}")))?;
+    checked.validate().map_err(|e| AdminError::Usage(format!("invalid config: {e}")))?;
+    Ok(config)
+}
+
+/// An HTTP/1 client for one coordinator base URL.
+struct Client {
+    url: String,
+    authority: String,
+    host: String,
+    port: u16,
+    token: Option<String>,
+    timeout: Duration,
+}
+
+impl Client {
+    fn new(url: &str, token: Option<String>, timeout: Duration) -> Result<Self, AdminError> {
+        let uri: Uri = url.parse().map_err(|e| AdminError::Usage(format!("invalid --url {url:?}: {e}")))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(AdminError::Usage(format!(
+                "--url must be http://host:port (got {url:?}); TLS is not supported"
+            )));
+        }
+        let authority = uri.authority().ok_or_else(|| AdminError::Usage(format!("--url {url:?} has no host")))?;
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_owned();
+        let port = authority.port_u16().unwrap_or(80);
+        let token = token.filter(|t| !t.trim().is_empty());
+        Ok(Self { url: url.to_owned(), authority: authority.to_string(), host, port, token, timeout })
+    }
+
+    /// Sends one request; `Ok` only for a 2xx with a JSON body.
+    async fn send(&self, method: Method, path: String, body: Option<Value>) -> Result<Value, AdminError> {
+        let unreachable = |detail: String| AdminError::Unreachable { url: self.url.clone(), detail };
+        let exchange = self.exchange(method, &path, body);
+        let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| unreachable(format!("no answer within {:?}", self.timeout)))?
+            .map_err(unreachable)?;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes).map_err(|_| AdminError::Unexpected {
+                status,
+                body: String::from_utf8_lossy(&bytes).chars().take(500).collect(),
+            });
+        }
+        match serde_json::from_slice::<ApiError>(&bytes) {
+            Ok(error) => Err(AdminError::Api { status, error }),
+            Err(_) => Err(AdminError::Unexpected {
+                status,
+                body: String::from_utf8_lossy(&bytes).chars().take(500).collect(),
+            }),
+        }
+    }
+
+    async fn exchange(&self, method: Method, path: &str, body: Option<Value>) -> Result<(StatusCode, Bytes), String> {
+        let stream =
+            tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await.map_err(|e| e.to_string())?;
+        let (mut sender, connection) = http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "admin connection ended with an error");
+            }
+        });
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, &self.authority)
+            .header(header::ACCEPT, "application/json");
+        if let Some(token) = &self.token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let payload = match body {
+            Some(body) => {
+                request = request.header(header::CONTENT_TYPE, "application/json");
+                Bytes::from(body.to_string())
+            }
+            None => Bytes::new(),
+        };
+        let request = request.body(Full::new(payload)).map_err(|e| e.to_string())?;
+        let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let collected =
+            Limited::new(response.into_body(), BODY_BYTES_MAX).collect().await.map_err(|e| e.to_string())?;
+        Ok((status, collected.to_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_overrides_merge_over_the_base_and_are_validated() {
+        let merged =
+            merged_config(default_config().expect("defaults"), Some(r#"{"assignmentLeaseMs":5000}"#)).expect("merges");
+        assert_eq!(merged["assignmentLeaseMs"], 5000);
+        assert_eq!(merged["memberLeaseTtlMs"], GroupConfig::default().member_lease_ttl_ms);
+        let unknown = merged_config(default_config().expect("defaults"), Some(r#"{"leaseMs":1}"#)).unwrap_err();
+        assert!(matches!(unknown, AdminError::Usage(ref m) if m.contains("leaseMs")), "{unknown}");
+        let invalid =
+            merged_config(default_config().expect("defaults"), Some(r#"{"assignmentLeaseMs":99999}"#)).unwrap_err();
+        assert!(matches!(invalid, AdminError::Usage(ref m) if m.contains("assignmentLeaseMs")), "{invalid}");
+    }
+
+    #[test]
+    fn urls() {
+        let client = Client::new("http://[::1]:7420", None, Duration::from_secs(1)).expect("ipv6");
+        assert_eq!((client.host.as_str(), client.port), ("::1", 7420));
+        assert!(matches!(Client::new("https://x:1", None, Duration::from_secs(1)), Err(AdminError::Usage(_))));
+        assert!(matches!(Client::new("not a url", None, Duration::from_secs(1)), Err(AdminError::Usage(_))));
+        let client = Client::new("http://localhost", Some(" ".into()), Duration::from_secs(1)).expect("default port");
+        assert_eq!((client.port, client.token.is_none()), (80, true));
+    }
+}

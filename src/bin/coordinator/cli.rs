@@ -1,0 +1,170 @@
+//! Command-line arguments of `coordinator` (clap derive). Owns parsing only: what `serve` runs
+//! with is resolved in `config.rs` (flags and environment over the TOML file over defaults), what
+//! the admin commands send is built in `admin.rs`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Coordinator for sharded Redis Streams: exclusive shard ownership for consumer groups.
+#[derive(Debug, Parser)]
+#[command(name = "coordinator", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the coordinator HTTP API until SIGTERM/SIGINT.
+    Serve(ServeArgs),
+    /// Operate a running coordinator over HTTP.
+    Admin(AdminArgs),
+}
+
+/// `coordinator serve`. Every flag overrides the same key of `--config`.
+#[derive(Debug, Default, Args)]
+pub struct ServeArgs {
+    /// Address to listen on [default: 127.0.0.1:7420].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Redis URL (redis://[user:password@]host:port[/db]). Without one the coordinator serves from
+    /// an in-memory store: nothing is durable.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true, value_name = "URL")]
+    pub redis_url: Option<String>,
+    /// TOML file with serve settings (keys as in the flags, snake_case; see config.rs).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Bearer token required by admin routes. Without one, admin routes are open.
+    #[arg(long, env = "COORDINATOR_ADMIN_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub admin_token: Option<String>,
+    /// Names this instance in Redis mutex tokens and logs [default: $HOSTNAME or coordinator-<pid>].
+    #[arg(long, value_name = "ID")]
+    pub instance_id: Option<String>,
+    /// Period of the event-loop tick (expiry, fencing, releases) [default: 250].
+    #[arg(long, value_name = "MS")]
+    pub tick_interval_ms: Option<u64>,
+    /// Largest request body accepted [default: 1048576].
+    #[arg(long, value_name = "BYTES")]
+    pub body_bytes_max: Option<usize>,
+    /// On SIGTERM, how long to wait for entered critical sections, then for open connections
+    /// [default: 10000].
+    #[arg(long, value_name = "MS")]
+    pub shutdown_timeout_ms: Option<u64>,
+}
+
+/// `coordinator admin`.
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// Base URL of a running coordinator.
+    #[arg(long, env = "COORDINATOR_URL", default_value = "http://127.0.0.1:7420", global = true)]
+    pub url: String,
+    /// Admin bearer token.
+    #[arg(long, env = "COORDINATOR_ADMIN_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+    /// Request timeout.
+    #[arg(long, default_value_t = 10_000, value_name = "MS", global = true)]
+    pub timeout_ms: u64,
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+/// A group on the command line.
+#[derive(Debug, Clone, Args)]
+pub struct GroupArgs {
+    /// Stream prefix (shard streams are <prefix>:<shard>).
+    #[arg(long)]
+    pub prefix: String,
+    /// Consumer group name.
+    #[arg(long)]
+    pub group: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Create a group.
+    CreateGroup {
+        #[command(flatten)]
+        group: GroupArgs,
+        /// Number of shards.
+        #[arg(long)]
+        shards: u32,
+        /// Group config as JSON; keys not given keep their defaults
+        /// (e.g. '{"assignmentLeaseMs":5000,"memberLeaseTtlMs":6000}').
+        #[arg(long, value_name = "JSON")]
+        config_json: Option<String>,
+    },
+    /// Raise the shard count (shards are only ever added).
+    AddShards {
+        #[command(flatten)]
+        group: GroupArgs,
+        /// The storeRevision the change is based on (from `describe`).
+        #[arg(long)]
+        expected_revision: u64,
+        /// The new total shard count.
+        #[arg(long)]
+        shards: u32,
+    },
+    /// Change the group config; keys not given keep their current values.
+    SetConfig {
+        #[command(flatten)]
+        group: GroupArgs,
+        /// The storeRevision the change is based on (from `describe`).
+        #[arg(long)]
+        expected_revision: u64,
+        /// Config keys to change, as JSON.
+        #[arg(long, value_name = "JSON")]
+        config_json: String,
+    },
+    /// Print a group's recorded metadata, storeRevision and liveness counters.
+    Describe {
+        #[command(flatten)]
+        group: GroupArgs,
+    },
+    /// Rebuild the group index from a SCAN of metadata keys.
+    RebuildIndex,
+    /// Delete a group.
+    Delete {
+        #[command(flatten)]
+        group: GroupArgs,
+        /// The storeRevision the delete is based on (from `describe`).
+        #[arg(long)]
+        expected_revision: u64,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn admin_commands_parse() {
+        let cli = Cli::try_parse_from([
+            "coordinator",
+            "admin",
+            "add-shards",
+            "--prefix",
+            "orders",
+            "--group",
+            "billing",
+            "--expected-revision",
+            "3",
+            "--shards",
+            "8",
+            "--url",
+            "http://10.0.0.1:7420",
+        ])
+        .expect("parses");
+        let Command::Admin(admin) = cli.command else { panic!("admin") };
+        assert_eq!(admin.url, "http://10.0.0.1:7420");
+        assert!(matches!(admin.command, AdminCommand::AddShards { expected_revision: 3, shards: 8, .. }));
+    }
+}

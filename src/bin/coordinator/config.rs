@@ -1,0 +1,225 @@
+//! What `coordinator serve` runs with: [`Settings`], resolved from flags and environment (which
+//! win), the optional TOML file (`--config`), and defaults.
+//!
+//! The TOML file takes the keys of [`FileConfig`] (unknown keys are an error, so a typo cannot
+//! silently leave a default in force):
+//!
+//! ```toml
+//! listen = "0.0.0.0:7420"
+//! redis_url = "redis://coordinator:secret@redis:6379/0"   # REDIS_URL is preferred for secrets
+//! instance_id = "coordinator-a"
+//! tick_interval_ms = 250
+//! mutex_ttl_ms = 2000
+//! mutex_attempts_max = 20
+//! mutex_retry_ms = 10
+//! cas_attempts_max = 8
+//! redis_timeout_ms = 2000
+//! body_bytes_max = 1048576
+//! concurrency_max = 1024
+//! header_read_timeout_ms = 10000
+//! shutdown_timeout_ms = 10000
+//! ```
+//!
+//! The admin token is not read from the file: pass it as `COORDINATOR_ADMIN_TOKEN` (or the flag).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::cli::ServeArgs;
+use rsc::http::router::{BODY_BYTES_MAX_DEFAULT, CONCURRENCY_MAX_DEFAULT};
+use rsc::service::CoordinatorOptions;
+
+/// Default listen address.
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:7420";
+
+/// Why the settings could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The `--config` file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    /// The `--config` file is not valid TOML for [`FileConfig`].
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// A value is out of range.
+    #[error("invalid setting {key}: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+/// The `--config` TOML file. Every key is optional.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<SocketAddr>,
+    pub redis_url: Option<String>,
+    pub instance_id: Option<String>,
+    pub tick_interval_ms: Option<u64>,
+    pub mutex_ttl_ms: Option<u64>,
+    pub mutex_attempts_max: Option<u32>,
+    pub mutex_retry_ms: Option<u64>,
+    pub cas_attempts_max: Option<u32>,
+    pub redis_timeout_ms: Option<u64>,
+    pub body_bytes_max: Option<usize>,
+    pub concurrency_max: Option<usize>,
+    pub header_read_timeout_ms: Option<u64>,
+    pub shutdown_timeout_ms: Option<u64>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })
+    }
+}
+
+/// Everything `serve` runs with.
+#[derive(Clone)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    /// `None`: serve from the in-memory store.
+    pub redis_url: Option<String>,
+    pub admin_token: Option<String>,
+    pub coordinator: CoordinatorOptions,
+    pub redis_timeout_ms: u64,
+    pub body_bytes_max: usize,
+    pub concurrency_max: usize,
+    pub header_read_timeout_ms: u64,
+    pub shutdown_timeout_ms: u64,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password and the token is a secret: only their presence is shown.
+        f.debug_struct("Settings")
+            .field("listen", &self.listen)
+            .field("redis", &self.redis_url.as_ref().map(|_| "<set>"))
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
+            .field("instance_id", &self.coordinator.instance_id)
+            .field("tick_interval_ms", &self.coordinator.tick_interval_ms)
+            .field("body_bytes_max", &self.body_bytes_max)
+            .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settings {
+    /// Flags and environment over the file over defaults. `rng_seed` seeds mutex tokens; pass
+    /// something that differs between processes.
+    pub fn resolve(args: &ServeArgs, file: FileConfig, rng_seed: u64) -> Result<Self, ConfigError> {
+        let defaults = CoordinatorOptions::default();
+        let listen = match args.listen.or(file.listen) {
+            Some(listen) => listen,
+            // safe: a constant that parses (checked by a unit test).
+            None => LISTEN_DEFAULT.parse().expect("LISTEN_DEFAULT parses"),
+        };
+        let non_empty = |value: Option<String>| value.filter(|v| !v.trim().is_empty());
+        let coordinator = CoordinatorOptions {
+            instance_id: non_empty(args.instance_id.clone().or(file.instance_id)).unwrap_or_else(default_instance_id),
+            mutex_ttl_ms: file.mutex_ttl_ms.unwrap_or(defaults.mutex_ttl_ms),
+            mutex_attempts_max: file.mutex_attempts_max.unwrap_or(defaults.mutex_attempts_max),
+            mutex_retry_ms: file.mutex_retry_ms.unwrap_or(defaults.mutex_retry_ms),
+            cas_attempts_max: file.cas_attempts_max.unwrap_or(defaults.cas_attempts_max),
+            tick_interval_ms: args.tick_interval_ms.or(file.tick_interval_ms).unwrap_or(defaults.tick_interval_ms),
+            rng_seed,
+            planted: defaults.planted,
+        };
+        let settings = Settings {
+            listen,
+            redis_url: non_empty(args.redis_url.clone().or(file.redis_url)),
+            admin_token: non_empty(args.admin_token.clone()),
+            coordinator,
+            redis_timeout_ms: file.redis_timeout_ms.unwrap_or(2_000),
+            body_bytes_max: args.body_bytes_max.or(file.body_bytes_max).unwrap_or(BODY_BYTES_MAX_DEFAULT),
+            concurrency_max: file.concurrency_max.unwrap_or(CONCURRENCY_MAX_DEFAULT),
+            header_read_timeout_ms: file.header_read_timeout_ms.unwrap_or(10_000),
+            shutdown_timeout_ms: args.shutdown_timeout_ms.or(file.shutdown_timeout_ms).unwrap_or(10_000),
+        };
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let c = &self.coordinator;
+        let positive = [
+            ("tick_interval_ms", c.tick_interval_ms),
+            ("mutex_ttl_ms", c.mutex_ttl_ms),
+            ("mutex_attempts_max", u64::from(c.mutex_attempts_max)),
+            ("cas_attempts_max", u64::from(c.cas_attempts_max)),
+            ("redis_timeout_ms", self.redis_timeout_ms),
+            ("body_bytes_max", self.body_bytes_max as u64),
+            ("concurrency_max", self.concurrency_max as u64),
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(ConfigError::Invalid { key, message: "must be > 0".into() });
+            }
+        }
+        if c.instance_id.len() > 128 || c.instance_id.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
+            let message = "must be at most 128 characters, without whitespace".into();
+            return Err(ConfigError::Invalid { key: "instance_id", message });
+        }
+        Ok(())
+    }
+}
+
+/// `$HOSTNAME` (the pod name under Kubernetes), else `coordinator-<pid>`.
+fn default_instance_id() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty() && !h.chars().any(char::is_whitespace))
+        .unwrap_or_else(|| format!("coordinator-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_without_flags_or_file() {
+        let settings = Settings::resolve(&ServeArgs::default(), FileConfig::default(), 1).expect("resolves");
+        assert_eq!(settings.listen, LISTEN_DEFAULT.parse().expect("parses"));
+        assert_eq!(settings.redis_url, None);
+        assert_eq!(settings.coordinator.tick_interval_ms, CoordinatorOptions::default().tick_interval_ms);
+        assert_eq!(settings.body_bytes_max, BODY_BYTES_MAX_DEFAULT);
+        assert!(!settings.coordinator.instance_id.is_empty());
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_defaults() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            listen = "0.0.0.0:9000"
+            redis_url = "redis://file:6379"
+            tick_interval_ms = 500
+            mutex_ttl_ms = 3000
+            instance_id = "from-file"
+            "#,
+        )
+        .expect("toml");
+        let args = ServeArgs {
+            listen: Some("127.0.0.1:7000".parse().expect("addr")),
+            tick_interval_ms: Some(100),
+            admin_token: Some("  ".into()),
+            ..ServeArgs::default()
+        };
+        let settings = Settings::resolve(&args, file, 1).expect("resolves");
+        assert_eq!(settings.listen, "127.0.0.1:7000".parse().expect("addr"));
+        assert_eq!(settings.redis_url.as_deref(), Some("redis://file:6379"));
+        assert_eq!(settings.coordinator.tick_interval_ms, 100);
+        assert_eq!(settings.coordinator.mutex_ttl_ms, 3000);
+        assert_eq!(settings.coordinator.instance_id, "from-file");
+        assert_eq!(settings.admin_token, None, "a blank token is no token");
+        assert!(!format!("{settings:?}").contains("redis://"), "Debug hides the URL");
+    }
+
+    #[test]
+    fn unknown_keys_and_zero_values_are_rejected() {
+        assert!(toml::from_str::<FileConfig>("tick_intervall_ms = 5").is_err());
+        let file = FileConfig { tick_interval_ms: Some(0), ..FileConfig::default() };
+        let error = Settings::resolve(&ServeArgs::default(), file, 1).unwrap_err();
+        assert!(matches!(error, ConfigError::Invalid { key: "tick_interval_ms", .. }), "{error}");
+    }
+}
