@@ -1,7 +1,8 @@
 //! The coordinator's HTTP API (`rsc::http::router::app`) driven in-process with
 //! `tower::ServiceExt::oneshot` over a `MemoryStore`: the consumer/admin story, typed rejections
 //! that write nothing, the shutdown gate, the admin token, metrics, readiness and the rule that a
-//! 5xx body never leaks internals. `http_api/openapi.rs` checks the route table against
+//! 5xx body never leaks internals; one test goes over real TCP with the clients' `HttpTransport`
+//! to pin that its paths reach the router. `http_api/openapi.rs` checks the route table against
 //! `docs/openapi.json`; `http_api/fuzz.rs` throws random bodies at every mutating route.
 //!
 //! Run: `cargo test --test http_api`. Real tokio; not built under `--cfg madsim`.
@@ -428,4 +429,45 @@ async fn server_errors_carry_a_fixed_message_and_never_store_details() {
         answer.error(),
         ApiError::new(ErrorCode::MetadataIncompatible, public_message(ErrorCode::MetadataIncompatible))
     );
+}
+
+#[tokio::test]
+async fn the_client_transport_reaches_the_router_over_tcp_with_encoded_group_names() {
+    use rsc::client::transport::{CoordinatorTransport, TransportError};
+    use rsc::core::protocol::{HeartbeatRequest, HeartbeatStatus};
+    use rsc::http::client::HttpTransport;
+
+    let api = Api::new(None).await;
+    let group = GroupId::new("orders/eu.v1", "billing");
+    let create = json!({"group": {"streamPrefix": "orders/eu.v1", "consumerGroup": "billing"}, "shardCount": 3});
+    assert_eq!(api.json("POST", CREATE, Some(create)).await.status, StatusCode::CREATED);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(rsc::http::serve::serve(listener, api.app.clone(), async {
+        let _ = stopped.await;
+    }));
+
+    let transport = HttpTransport::with_addrs(vec![addr]);
+    let join = HeartbeatRequest {
+        group: group.clone(),
+        member_id: "a".into(),
+        member_epoch: 0,
+        metadata_version: 0,
+        assignment_epoch: 0,
+        owned: vec![],
+        revoking: vec![],
+        leave: false,
+    };
+    let joined = transport.heartbeat(join.clone()).await.expect("heartbeat over TCP");
+    assert_eq!((joined.status, joined.assigned), (HeartbeatStatus::Ok, vec![0, 1, 2]));
+    let routing = transport.routing(&group).await.expect("routing over TCP");
+    assert_eq!(routing.stream_keys, ["orders/eu.v1:0", "orders/eu.v1:1", "orders/eu.v1:2"]);
+
+    api.coordinator.begin_shutdown();
+    let refused = transport.heartbeat(join).await.unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::CoordinatorTerminating), "{refused}");
+    assert!(matches!(refused, TransportError::Api(_)));
+    let _ = stop.send(());
+    server.await.expect("server stops");
 }
