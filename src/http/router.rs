@@ -215,7 +215,7 @@ fn constant_time_eq(presented: &[u8], expected: &[u8]) -> bool {
 /// Any path not in the route table: 404 `BAD_REQUEST`.
 async fn not_found<S: MetadataStore>(State(state): State<AppState<S>>, request: Request) -> Response {
     let method = request.method().as_str().to_owned();
-    record(&state.coordinator.metrics(), &method, "unmatched", StatusCode::NOT_FOUND, 0.0);
+    record(&state.coordinator.metrics(), method_label(request.method()), "unmatched", StatusCode::NOT_FOUND, 0.0);
     let message = format!("no route for {method} {}", request.uri().path());
     HttpError::rejected(StatusCode::NOT_FOUND, message).into_response()
 }
@@ -223,7 +223,8 @@ async fn not_found<S: MetadataStore>(State(state): State<AppState<S>>, request: 
 /// A known path with a method it does not serve: 405 `BAD_REQUEST` with an `Allow` header.
 async fn method_not_allowed<S: MetadataStore>(State(state): State<AppState<S>>, request: Request) -> Response {
     let method = request.method().as_str().to_owned();
-    record(&state.coordinator.metrics(), &method, "unmatched", StatusCode::METHOD_NOT_ALLOWED, 0.0);
+    let label = method_label(request.method());
+    record(&state.coordinator.metrics(), label, "unmatched", StatusCode::METHOD_NOT_ALLOWED, 0.0);
     let path = request.uri().path().to_owned();
     let allowed: Vec<&str> =
         ROUTES.iter().filter(|r| template_matches(r.path, &path)).map(|r| r.method.as_str()).collect();
@@ -233,6 +234,13 @@ async fn method_not_allowed<S: MetadataStore>(State(state): State<AppState<S>>, 
         response.headers_mut().insert(header::ALLOW, value);
     }
     response
+}
+
+/// A bounded metric label for a request method: clients choose methods freely, and every
+/// distinct label value would be a new series.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    const KNOWN: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
+    KNOWN.into_iter().find(|known| *known == method.as_str()).unwrap_or("OTHER")
 }
 
 /// True when `path` fits `template` segment by segment (`{x}` matches any one segment).
@@ -269,6 +277,13 @@ mod tests {
             assert_eq!((error.status, error.error.code), (StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized), "{bad}");
         }
         assert!(check_admin_token(Some("t0k"), &HeaderMap::new()).is_err());
+    }
+
+    #[test]
+    fn method_labels_are_bounded() {
+        assert_eq!(method_label(&axum::http::Method::PATCH), "PATCH");
+        let junk = axum::http::Method::from_bytes(b"XYZZY").expect("extension method");
+        assert_eq!(method_label(&junk), "OTHER");
     }
 
     #[test]
