@@ -96,7 +96,8 @@ pub struct ProbeReport {
 /// Result of a heartbeat's atomic liveness touch + load.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TouchResult {
-    /// The member's liveness counter after the increment.
+    /// The member's liveness counter after the increment; 0 (and nothing written) when the
+    /// metadata key is absent, so heartbeats for unknown groups cannot create keys.
     pub liveness: u64,
     pub record: Option<StoredRecord>,
 }
@@ -207,8 +208,9 @@ pub trait StreamStore: Send + Sync + 'static {
         maxlen: Option<u64>,
     ) -> impl Future<Output = Result<EntryId, StoreError>> + Send;
 
-    /// XGROUP CREATE ... $ MKSTREAM unless the group exists (then a no-op). New groups start at the
-    /// stream's beginning (`0`) so nothing published before the first consumer is skipped.
+    /// XGROUP CREATE <stream> <group> 0 MKSTREAM unless the group exists (then a no-op). New groups
+    /// start at the stream's beginning (`0`) so nothing published before the first consumer is
+    /// skipped.
     fn ensure_group(&self, stream: &str, group: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// XREADGROUP GROUP group consumer COUNT count [BLOCK block_ms] STREAMS ... Returns entries per

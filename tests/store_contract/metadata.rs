@@ -130,9 +130,10 @@ pub async fn contract_liveness_removal<S: MetadataStore + StreamStore + Clone>(s
 
 pub async fn contract_touch_and_load<S: MetadataStore + StreamStore + Clone>(store: &S) {
     let g = group();
-    // No metadata: the counter still moves (HINCRBY semantics) and the record is absent.
+    // No metadata: nothing is written (heartbeats for unknown groups create no keys).
     let touched = store.touch_and_load(&g, "early").await.expect("touch");
-    assert_eq!((touched.liveness, touched.record), (1, None));
+    assert_eq!((touched.liveness, touched.record), (0, None));
+    assert_eq!(store.liveness(&g).await, Ok(BTreeMap::new()));
 
     assert_eq!(store.write(&g, create("v1")).await, Ok(written(1)));
     let touched = store.touch_and_load(&g, "m1").await.expect("touch");
@@ -152,7 +153,7 @@ pub async fn contract_touch_and_load<S: MetadataStore + StreamStore + Clone>(sto
     }
     seen.sort_unstable();
     assert_eq!(seen, (1..=20).collect::<Vec<u64>>());
-    let expected = BTreeMap::from([("early".to_string(), 1), ("m1".to_string(), 1), ("m2".to_string(), 20)]);
+    let expected = BTreeMap::from([("m1".to_string(), 1), ("m2".to_string(), 20)]);
     assert_eq!(store.liveness(&g).await, Ok(expected));
 }
 

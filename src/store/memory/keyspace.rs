@@ -176,6 +176,10 @@ impl Inner {
 
     /// HINCRBY liveness member 1, then HGETALL metadata.
     pub(super) fn touch_and_load(&mut self, group: &GroupId, member: &str) -> TouchResult {
+        // Like the Redis script: no metadata, no increment (heartbeats cannot create keys).
+        if !self.keys.metadata.contains_key(group) {
+            return TouchResult { liveness: 0, record: None };
+        }
         let liveness = self.keys.liveness_of(group, member).saturating_add(1);
         let mut change = Change::default();
         self.keys.put_liveness(&mut change, group, member, Some(liveness));

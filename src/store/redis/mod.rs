@@ -16,8 +16,9 @@
 //!   check writes nothing. A create (`expected_revision: None`) fails with
 //!   `RevisionConflict { current }` when the key exists. A key without a `revision` field, or a
 //!   partially written hash, is `Protocol` (never overwritten).
-//! - `touch_and_load` increments the counter even when the metadata key is absent (as HINCRBY
-//!   would) and returns `record: None`; the coordinator answers from the absent record.
+//! - `touch_and_load` increments the counter only when the metadata key exists; for an absent key
+//!   it writes nothing and returns `liveness: 0, record: None`, so heartbeats for made-up groups
+//!   cannot create keys.
 //! - `delete` removes the metadata and liveness keys (one script) and then the index entry; the
 //!   mutex is left to its holder.
 //! - The index is updated with separate commands after a successful create (SADD) or delete

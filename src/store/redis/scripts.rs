@@ -67,8 +67,11 @@ return {'ok', ARGV[2]}
 /// incremented even when the metadata key is absent (as HINCRBY would): the liveness hash is not
 /// metadata, and the coordinator answers such a heartbeat from the absent record alone.
 const TOUCH: &str = r#"
-local counter = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 local f = redis.call('HMGET', KEYS[1], 'aggregate', 'revision', 'schemaVersion', 'layoutVersion', 'updatedAt')
+local counter = 0
+if f[2] then
+  counter = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+end
 return {counter, f[1], f[2], f[3], f[4], f[5]}
 "#;
 

@@ -33,8 +33,10 @@ async fn touch_and_load_increments_the_counter_and_reads_the_record() {
     let g = group();
 
     let first = store.touch_and_load(&g, "m1").await.expect("touch");
-    assert_eq!((first.liveness, first.record), (1, None), "the counter exists even without metadata");
+    assert_eq!((first.liveness, first.record), (0, None), "no metadata: nothing written");
+    assert!(store.liveness(&g).await.expect("liveness").is_empty());
     put(&store, &g, "a").await;
+    store.touch_and_load(&g, "m1").await.expect("touch");
     let second = store.touch_and_load(&g, "m1").await.expect("touch");
     assert_eq!(second.liveness, 2);
     assert_eq!(second.record.map(|r| (r.aggregate, r.revision)), Some(("a".to_string(), 1)));
