@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use rsc::client::consumer::AckError;
 use rsc::client::{
     ClientEnv, Clock, Consumer, ConsumerConfig, Delivery, NoopSink, Producer, ProducerConfig, RebalanceListener,
 };
@@ -255,11 +256,41 @@ async fn process_one<T, S>(
     };
     let end_us = recorder.now_us();
     recorder.lock().processing[index].end_us = Some(end_us);
-    if finished {
-        // Refused once the entry was abandoned: nothing else to do.
-        let _ = consumer.ack(&delivery).await;
+    let (stream, id) = (&delivery.stream, delivery.entry.id);
+    if !finished {
+        recorder.trace_verbose(process, || format!("processing {stream} {id}: cancelled (shard lost)"));
+        return;
+    }
+    // A failed XACK leaves the entry in flight (the shard cannot be reported REVOKED): retry it
+    // a few times, then give the entry up so the next owner redelivers it.
+    for attempt in 1..=ACK_ATTEMPTS_MAX {
+        match consumer.ack(&delivery).await {
+            Ok(()) => {
+                recorder.trace_verbose(process, || format!("processed {stream} {id}: acked"));
+                return;
+            }
+            Err(AckError::Store(e)) if attempt < ACK_ATTEMPTS_MAX => {
+                recorder.trace_verbose(process, || format!("processed {stream} {id}: ack failed ({e}), retrying"));
+                tokio::time::sleep(Duration::from_millis(ACK_RETRY_MS)).await;
+            }
+            Err(AckError::Store(e)) => {
+                let abandoned = consumer.abandon(&delivery);
+                recorder.trace_verbose(process, || {
+                    format!("processed {stream} {id}: ack failed ({e}), abandoned: {abandoned:?}")
+                });
+                return;
+            }
+            Err(e) => {
+                recorder.trace_verbose(process, || format!("processed {stream} {id}: not acked ({e})"));
+                return;
+            }
+        }
     }
 }
+
+/// XACK attempts per entry before the application gives the entry up.
+const ACK_ATTEMPTS_MAX: u32 = 3;
+const ACK_RETRY_MS: u64 = 100;
 
 /// Runs one producer application: publish a random key every `publish_interval_ms` until the
 /// plan's publishing window ends.

@@ -11,6 +11,7 @@
 //! | [`consumer_lease`] | 2. consumer fail-closed (no read outside the lease it holds) |
 //! | [`producer_lease`] | 3. producer fail-closed (no XADD on an expired routing view) |
 //! | [`recorded`] | 4. recorded responses (every response was in the store before it arrived) |
+//! | [`versions`] | 4. no version reuse: a bump goes past every client-reported version (ABA) |
 //! | [`resurrection`] | 5. no resurrection of a deleted metadata key |
 //! | [`liveness`] | 6. liveness after the faults heal |
 //! | [`messages`] | 7. every acknowledged XADD delivered; no entry processed twice at once |
@@ -23,6 +24,7 @@ pub mod producer_lease;
 pub mod recorded;
 pub mod resurrection;
 pub mod split;
+pub mod versions;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -135,6 +137,7 @@ pub fn check_all(facts: &Facts<'_>) -> Verdict {
         .chain(findings("consumer-lease", consumer_lease::check(facts)))
         .chain(findings("producer-lease", producer_lease::check(facts)))
         .chain(findings("recorded", recorded))
+        .chain(findings("versions", versions::check(facts)))
         .chain(findings("resurrection", resurrection::check(facts)))
         .chain(findings("liveness", liveness::check(facts)))
         .chain(findings("messages", messages))
