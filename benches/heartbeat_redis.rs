@@ -1,0 +1,599 @@
+//! Steady-state heartbeats against a real `redis-server` (not a test: it prints numbers).
+//!
+//! Starts its own `redis-server` on a free port (the integration-test harness in `tests/support`),
+//! creates a group (64 shards), joins 200 members and settles them (every member `OK`, nothing
+//! pending or revoking), then drives *steady* heartbeats — the ones that change nothing, which is
+//! what a healthy group sends all day — with N concurrent tasks for a fixed number of heartbeats:
+//! 1. `Coordinator<RedisStore>` in-process (no HTTP);
+//! 2. the HTTP router in-process (`tower::ServiceExt::oneshot`: routing, middleware, JSON);
+//! 3. loopback TCP: the clients' `HttpTransport` against `rsc::http::serve`.
+//!
+//! Per run: heartbeats/s, p50/p99/max latency (µs) and Redis work per heartbeat from
+//! `INFO commandstats` deltas, which count every command the server executed, including the ones
+//! a Lua script ran. Client round trips per heartbeat are counted separately, by one pass through
+//! a store wrapper that counts calls (each `RedisStore` method is one round trip).
+//!
+//! The coordinator's ticker does not run during the timed runs: it costs about five commands per
+//! group per `tick_interval_ms` (20/s per group at the default 250 ms), whatever the load.
+//!
+//! Run: `cargo bench --bench heartbeat_redis`. Knobs (environment): `HB_COUNT` heartbeats per run
+//! (default 50000), `HB_CONCURRENCY` (default `1,16,64`), `HB_MEMBERS` (200), `HB_SHARDS` (64).
+//! Without `--bench` (how `cargo test --all-targets` runs it) a small smoke run only checks that
+//! every steady heartbeat answers `OK` in one round trip, and exits non-zero otherwise.
+
+// The integration-test harness; this binary uses only `RedisServer`.
+#[cfg(not(madsim))]
+#[allow(unused_imports)]
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+#[cfg(madsim)]
+fn main() {
+    eprintln!("heartbeat_redis needs a real redis-server; build it without --cfg madsim");
+}
+
+#[cfg(not(madsim))]
+fn main() -> std::process::ExitCode {
+    bench::main()
+}
+
+#[cfg(not(madsim))]
+mod bench {
+    use std::collections::BTreeMap;
+    use std::future::Future;
+    use std::process::ExitCode;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use crate::support::RedisServer;
+    use rsc::core::model::{GroupConfig, GroupId, MemberId};
+    use rsc::core::protocol::{AdminRequest, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeReport};
+    use rsc::http::client::{HttpClientConfig, HttpTransport};
+    use rsc::http::router::{app, HttpOptions};
+    use rsc::http::routes::{group_path, RouteId};
+    use rsc::service::{Coordinator, CoordinatorOptions};
+    use rsc::store::redis::{RedisStore, RedisStoreOptions};
+    use rsc::store::{
+        MetadataStore, ProbeReport, ServerIdentity, StoreError, StoredRecord, TouchResult, WriteOutcome, WriteRequest,
+    };
+
+    /// What one invocation measures.
+    struct Settings {
+        heartbeats: usize,
+        warmup: usize,
+        concurrency: Vec<usize>,
+        members: usize,
+        shards: u32,
+        /// Not run by `cargo bench`: small, and a failure is an error exit.
+        smoke: bool,
+    }
+
+    fn settings() -> Settings {
+        if !std::env::args().any(|a| a == "--bench") {
+            return Settings {
+                heartbeats: 400,
+                warmup: 50,
+                concurrency: vec![1, 4],
+                members: 20,
+                shards: 8,
+                smoke: true,
+            };
+        }
+        let number = |name: &str, default: usize| {
+            std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(default)
+        };
+        let concurrency = std::env::var("HB_CONCURRENCY")
+            .ok()
+            .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).filter(|c| *c > 0).collect::<Vec<usize>>())
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| vec![1, 16, 64]);
+        Settings {
+            heartbeats: number("HB_COUNT", 50_000),
+            warmup: 2_000,
+            concurrency,
+            members: number("HB_MEMBERS", 200),
+            shards: u32::try_from(number("HB_SHARDS", 64)).unwrap_or(64),
+            smoke: false,
+        }
+    }
+
+    pub fn main() -> ExitCode {
+        let settings = settings();
+        let server = RedisServer::start();
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+        match runtime.block_on(run(&server, &settings)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("heartbeat_redis FAILED: {error}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    async fn run(server: &RedisServer, settings: &Settings) -> Result<(), String> {
+        let store =
+            RedisStore::connect(&server.url(), RedisStoreOptions::default()).await.map_err(|e| e.to_string())?;
+        let coordinator = Coordinator::new(store.clone(), CoordinatorOptions::default());
+        let probe = coordinator.start().await.map_err(|e| e.to_string())?;
+        let group = GroupId::new("bench", "hb");
+        let create = AdminRequest::CreateGroup {
+            group: group.clone(),
+            shard_count: settings.shards,
+            config: GroupConfig::default(),
+        };
+        coordinator.admin(create).await.map_err(|e| e.to_string())?;
+        let settle_started = Instant::now();
+        let (members, passes) = settle(&coordinator, &group, settings.members).await?;
+        let settle_ms = settle_started.elapsed().as_millis();
+        let aggregate_bytes = coordinator
+            .describe(&group)
+            .await
+            .map(|d| serde_json::to_string(&d.metadata).map_or(0, |s| s.len()))
+            .map_err(|e| e.to_string())?;
+        let members = Arc::new(members);
+
+        print_header(server, settings, &probe, passes, settle_ms, aggregate_bytes);
+        let mut rows = Vec::new();
+        let in_process = {
+            let coordinator = coordinator.clone();
+            move |req: HeartbeatRequest| {
+                let coordinator = coordinator.clone();
+                async move { coordinator.heartbeat(req).await.map_err(|e| e.to_string()) }
+            }
+        };
+        for &n in &settings.concurrency {
+            rows.push(measure(server, "coordinator, in-process", n, settings, &members, in_process.clone()).await?);
+        }
+        let router = app(coordinator.clone(), HttpOptions::default());
+        let oneshot = {
+            let path = group_path(RouteId::Heartbeat, &group);
+            move |req: HeartbeatRequest| oneshot_heartbeat(router.clone(), path.clone(), req)
+        };
+        for &n in &settings.concurrency {
+            rows.push(
+                measure(server, "HTTP router, in-process oneshot", n, settings, &members, oneshot.clone()).await?,
+            );
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let http_server = tokio::spawn(rsc::http::serve::serve(
+            listener,
+            app(coordinator.clone(), HttpOptions::default()),
+            std::future::pending(),
+        ));
+        let max_concurrency = settings.concurrency.iter().copied().max().unwrap_or(1);
+        let transport = Arc::new(HttpTransport::new(HttpClientConfig {
+            addrs: vec![addr],
+            request_timeout: Duration::from_secs(5),
+            idle_per_address_max: max_concurrency,
+        }));
+        let loopback = move |req: HeartbeatRequest| {
+            let transport = Arc::clone(&transport);
+            async move {
+                use rsc::client::CoordinatorTransport;
+                transport.heartbeat(req).await.map_err(|e| e.to_string())
+            }
+        };
+        for &n in &settings.concurrency {
+            rows.push(measure(server, "HTTP loopback, HttpTransport", n, settings, &members, loopback.clone()).await?);
+        }
+        http_server.abort();
+        print_rows(&rows);
+
+        let trips = count_round_trips(server, &store, &members, settings).await?;
+        print_summary(&rows, &trips);
+        let failed: Vec<&Row> = rows.iter().filter(|r| r.errors > 0).collect();
+        if let Some(row) = failed.first() {
+            return Err(format!("{} heartbeats failed in {} (first: {})", row.errors, row.path, row.first_error));
+        }
+        if settings.smoke && (trips.per_heartbeat - 1.0).abs() > f64::EPSILON {
+            return Err(format!("{:.3} round trips per steady heartbeat, expected exactly 1", trips.per_heartbeat));
+        }
+        Ok(())
+    }
+
+    /// The request a member sends next, and whether its last answer left nothing to do.
+    fn apply(req: &mut HeartbeatRequest, r: &HeartbeatResponse) -> bool {
+        req.member_epoch = r.member_epoch;
+        req.metadata_version = r.metadata_version;
+        req.assignment_epoch = r.assignment_epoch;
+        // Only OK starts shards; other statuses keep what is already read and still assigned.
+        req.owned = if r.status == HeartbeatStatus::Ok {
+            r.assigned.clone()
+        } else {
+            req.owned.iter().copied().filter(|s| r.assigned.contains(s)).collect()
+        };
+        // A bench member drains instantly: every revoked shard is reported REVOKED at once.
+        req.revoking = r.revoke.iter().map(|&shard| RevokeReport { shard, in_flight: 0, revoked: true }).collect();
+        r.status == HeartbeatStatus::Ok && r.revoke.is_empty() && r.pending.is_empty()
+    }
+
+    /// Joins `count` members, then heartbeats them round-robin until a whole pass is settled at
+    /// one metadataVersion. Returns each member's steady request and the passes it took.
+    async fn settle<S: MetadataStore>(
+        coordinator: &Coordinator<S>,
+        group: &GroupId,
+        count: usize,
+    ) -> Result<(Vec<HeartbeatRequest>, usize), String> {
+        let mut members: Vec<HeartbeatRequest> = (0..count)
+            .map(|i| HeartbeatRequest {
+                group: group.clone(),
+                member_id: format!("member-{i:04}"),
+                member_epoch: 0,
+                metadata_version: 0,
+                assignment_epoch: 0,
+                owned: Vec::new(),
+                revoking: Vec::new(),
+                leave: false,
+            })
+            .collect();
+        for member in &mut members {
+            let answer = coordinator.heartbeat(member.clone()).await.map_err(|e| format!("join: {e}"))?;
+            apply(member, &answer);
+        }
+        for pass in 1..=100 {
+            let mut settled = true;
+            for member in &mut members {
+                let answer = coordinator.heartbeat(member.clone()).await.map_err(|e| format!("settle: {e}"))?;
+                settled &= apply(member, &answer);
+            }
+            let version = members[0].metadata_version;
+            if settled && members.iter().all(|m| m.metadata_version == version) {
+                return Ok((members, pass));
+            }
+        }
+        Err("the group did not settle within 100 passes".into())
+    }
+
+    async fn oneshot_heartbeat(
+        router: axum::Router,
+        path: String,
+        req: HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, String> {
+        let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
+        let request = axum::http::Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body))
+            .map_err(|e| e.to_string())?;
+        let response = router.oneshot(request).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let bytes = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        if !status.is_success() {
+            return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes)));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+    }
+
+    /// One measured run of one path at one concurrency.
+    struct Row {
+        path: &'static str,
+        concurrency: usize,
+        heartbeats: usize,
+        per_second: f64,
+        p50_us: u32,
+        p99_us: u32,
+        max_us: u32,
+        /// Commands the server executed per heartbeat, by command (INFO excluded).
+        commands: BTreeMap<String, f64>,
+        errors: usize,
+        first_error: String,
+    }
+
+    async fn measure<F, Fut>(
+        server: &RedisServer,
+        path: &'static str,
+        concurrency: usize,
+        settings: &Settings,
+        members: &Arc<Vec<HeartbeatRequest>>,
+        send: F,
+    ) -> Result<Row, String>
+    where
+        F: Fn(HeartbeatRequest) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<HeartbeatResponse, String>> + Send + 'static,
+    {
+        drive(concurrency, settings.warmup, members, send.clone()).await;
+        let before = commandstats(server);
+        let started = Instant::now();
+        let outcome = drive(concurrency, settings.heartbeats, members, send).await;
+        let elapsed_s = started.elapsed().as_secs_f64();
+        let after = commandstats(server);
+        let mut latencies = outcome.latencies_us;
+        latencies.sort_unstable();
+        let at = |q: f64| latencies.get(((latencies.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
+        let count = settings.heartbeats as f64;
+        let commands = after
+            .iter()
+            .filter(|(name, _)| name.as_str() != "info")
+            .map(|(name, calls)| (name.clone(), (calls - before.get(name).copied().unwrap_or(0)) as f64 / count))
+            .filter(|(_, per)| *per > 0.0)
+            .collect();
+        Ok(Row {
+            path,
+            concurrency,
+            heartbeats: settings.heartbeats,
+            per_second: count / elapsed_s,
+            p50_us: at(0.50),
+            p99_us: at(0.99),
+            max_us: latencies.last().copied().unwrap_or(0),
+            commands,
+            errors: outcome.errors,
+            first_error: outcome.first_error.unwrap_or_default(),
+        })
+    }
+
+    struct Outcome {
+        latencies_us: Vec<u32>,
+        errors: usize,
+        first_error: Option<String>,
+    }
+
+    /// `total` heartbeats from `concurrency` tasks, members taken round-robin. Anything but an
+    /// `OK` answer counts as an error.
+    async fn drive<F, Fut>(concurrency: usize, total: usize, members: &Arc<Vec<HeartbeatRequest>>, send: F) -> Outcome
+    where
+        F: Fn(HeartbeatRequest) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<HeartbeatResponse, String>> + Send + 'static,
+    {
+        let next = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..concurrency)
+            .map(|_| {
+                let (next, members, send) = (Arc::clone(&next), Arc::clone(members), send.clone());
+                tokio::spawn(async move {
+                    let mut out = Outcome { latencies_us: Vec::new(), errors: 0, first_error: None };
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        if k >= total {
+                            return out;
+                        }
+                        let req = members[k % members.len()].clone();
+                        let started = Instant::now();
+                        let answer = send(req).await;
+                        out.latencies_us.push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
+                        let error = match answer {
+                            Ok(r) if r.status == HeartbeatStatus::Ok => continue,
+                            Ok(r) => format!("status {:?}", r.status),
+                            Err(e) => e,
+                        };
+                        out.errors += 1;
+                        out.first_error.get_or_insert(error);
+                    }
+                })
+            })
+            .collect();
+        let mut all = Outcome { latencies_us: Vec::with_capacity(total), errors: 0, first_error: None };
+        for task in tasks {
+            match task.await {
+                Ok(mut part) => {
+                    all.latencies_us.append(&mut part.latencies_us);
+                    all.errors += part.errors;
+                    all.first_error = all.first_error.or(part.first_error);
+                }
+                Err(e) => {
+                    all.errors += 1;
+                    all.first_error.get_or_insert(format!("task failed: {e}"));
+                }
+            }
+        }
+        all
+    }
+
+    /// `INFO commandstats` as command -> calls.
+    fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
+        let text: String = redis::from_redis_value(server.cmd(&["INFO", "commandstats"])).expect("INFO is text");
+        text.lines()
+            .filter_map(|line| {
+                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+                Some((name.to_string(), calls))
+            })
+            .collect()
+    }
+
+    /// Store calls per steady heartbeat, counted by a wrapper (each call is one round trip).
+    struct RoundTrips {
+        heartbeats: usize,
+        per_heartbeat: f64,
+        by_call: BTreeMap<&'static str, f64>,
+        evalsha_per_heartbeat: f64,
+    }
+
+    async fn count_round_trips(
+        server: &RedisServer,
+        store: &RedisStore,
+        members: &Arc<Vec<HeartbeatRequest>>,
+        settings: &Settings,
+    ) -> Result<RoundTrips, String> {
+        let counted = Counted { inner: store.clone(), calls: Arc::default() };
+        let calls = Arc::clone(&counted.calls);
+        let coordinator = Coordinator::new(counted, CoordinatorOptions::default());
+        let send = move |req: HeartbeatRequest| {
+            let coordinator = coordinator.clone();
+            async move { coordinator.heartbeat(req).await.map_err(|e| e.to_string()) }
+        };
+        // This fresh coordinator process has not read the group yet; warm it like the others.
+        drive(4, settings.warmup, members, send.clone()).await;
+        calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let heartbeats = settings.heartbeats.min(10_000);
+        let before = commandstats(server);
+        let outcome = drive(4, heartbeats, members, send).await;
+        let after = commandstats(server);
+        if outcome.errors > 0 {
+            return Err(format!("round-trip pass: {} errors ({:?})", outcome.errors, outcome.first_error));
+        }
+        let count = heartbeats as f64;
+        let by_call: BTreeMap<&'static str, f64> = calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(name, calls)| (*name, *calls as f64 / count))
+            .collect();
+        let evalsha = after.get("evalsha").copied().unwrap_or(0) - before.get("evalsha").copied().unwrap_or(0);
+        Ok(RoundTrips {
+            heartbeats,
+            per_heartbeat: by_call.values().sum(),
+            by_call,
+            evalsha_per_heartbeat: evalsha as f64 / count,
+        })
+    }
+
+    /// A `MetadataStore` that counts calls by method and passes them on.
+    struct Counted<S> {
+        inner: S,
+        calls: Arc<Mutex<BTreeMap<&'static str, u64>>>,
+    }
+
+    impl<S> Counted<S> {
+        fn hit(&self, name: &'static str) {
+            *self.calls.lock().unwrap_or_else(|p| p.into_inner()).entry(name).or_default() += 1;
+        }
+    }
+
+    impl<S: MetadataStore> MetadataStore for Counted<S> {
+        async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
+            self.hit("load");
+            self.inner.load(group).await
+        }
+        async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
+            self.hit("touch_and_load");
+            self.inner.touch_and_load(group, member).await
+        }
+        async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
+            self.hit("liveness");
+            self.inner.liveness(group).await
+        }
+        async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
+            self.hit("write");
+            self.inner.write(group, request).await
+        }
+        async fn delete(&self, group: &GroupId, expected_revision: u64) -> Result<WriteOutcome, StoreError> {
+            self.hit("delete");
+            self.inner.delete(group, expected_revision).await
+        }
+        async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+            self.hit("acquire_mutex");
+            self.inner.acquire_mutex(group, token, ttl_ms).await
+        }
+        async fn release_mutex(&self, group: &GroupId, token: &str) -> Result<bool, StoreError> {
+            self.hit("release_mutex");
+            self.inner.release_mutex(group, token).await
+        }
+        async fn index_add(&self, group: &GroupId) -> Result<(), StoreError> {
+            self.hit("index_add");
+            self.inner.index_add(group).await
+        }
+        async fn index_members(&self) -> Result<Vec<GroupId>, StoreError> {
+            self.hit("index_members");
+            self.inner.index_members().await
+        }
+        async fn rebuild_index(&self) -> Result<Vec<GroupId>, StoreError> {
+            self.hit("rebuild_index");
+            self.inner.rebuild_index().await
+        }
+        async fn identity(&self) -> Result<ServerIdentity, StoreError> {
+            self.hit("identity");
+            self.inner.identity().await
+        }
+        async fn probe(&self) -> Result<ProbeReport, StoreError> {
+            self.hit("probe");
+            self.inner.probe().await
+        }
+    }
+
+    fn print_header(
+        server: &RedisServer,
+        settings: &Settings,
+        probe: &ProbeReport,
+        passes: usize,
+        settle_ms: u128,
+        aggregate_bytes: usize,
+    ) {
+        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let load: Vec<&str> = load.split_whitespace().take(3).collect();
+        println!("heartbeat_redis{}", if settings.smoke { " (smoke run; `cargo bench` for numbers)" } else { "" });
+        println!("machine: {cores} cores (shared by this process and redis-server), load average {}", load.join(" "));
+        println!("redis-server {} on 127.0.0.1:{} (spawned, no persistence)", probe.server_version, server.port());
+        println!(
+            "group bench:hb: {} shards, {} members joined and settled in {passes} passes ({settle_ms} ms); \
+             aggregate {aggregate_bytes} bytes of JSON",
+            settings.shards, settings.members
+        );
+        println!(
+            "{} steady heartbeats per run after {} warm-up; tokio multi-thread runtime; ticker not running\n",
+            settings.heartbeats, settings.warmup
+        );
+    }
+
+    fn print_rows(rows: &[Row]) {
+        println!(
+            "{:<32} {:>4} {:>9} {:>7} {:>7} {:>8}  redis commands per heartbeat (INFO commandstats)",
+            "path", "conc", "hb/s", "p50_us", "p99_us", "max_us"
+        );
+        for row in rows {
+            let total: f64 = row.commands.values().sum();
+            let parts: Vec<String> = row.commands.iter().map(|(name, per)| format!("{name} {per:.2}")).collect();
+            println!(
+                "{:<32} {:>4} {:>9.0} {:>7} {:>7} {:>8}  {total:.2} = {}{}",
+                row.path,
+                row.concurrency,
+                row.per_second,
+                row.p50_us,
+                row.p99_us,
+                row.max_us,
+                parts.join(" + "),
+                if row.errors > 0 { format!("  ({} of {} FAILED)", row.errors, row.heartbeats) } else { String::new() },
+            );
+        }
+    }
+
+    fn print_summary(rows: &[Row], trips: &RoundTrips) {
+        let calls: Vec<String> = trips.by_call.iter().map(|(name, per)| format!("{name} {per:.3}")).collect();
+        println!(
+            "\nclient round trips per steady heartbeat (counting store wrapper, {} heartbeats): {:.3} ({}); \
+             EVALSHA per heartbeat in the same pass: {:.3}",
+            trips.heartbeats,
+            trips.per_heartbeat,
+            calls.join(", "),
+            trips.evalsha_per_heartbeat
+        );
+        let best =
+            |path: &str| rows.iter().filter(|r| r.path == path).max_by(|a, b| a.per_second.total_cmp(&b.per_second));
+        let direct = best("coordinator, in-process");
+        if let Some(d) = direct {
+            println!(
+                "best in-process: {:.0} heartbeats/s at concurrency {} (goal >= 20000: {})",
+                d.per_second,
+                d.concurrency,
+                if d.per_second >= 20_000.0 { "met" } else { "NOT met on this machine" }
+            );
+        }
+        for path in ["HTTP router, in-process oneshot", "HTTP loopback, HttpTransport"] {
+            if let (Some(d), Some(h)) = (direct, best(path)) {
+                println!(
+                    "{path}: best {:.0} heartbeats/s = {:.2}x the in-process best",
+                    h.per_second,
+                    h.per_second / d.per_second
+                );
+            }
+        }
+        for row in rows.iter().filter(|r| r.path != "coordinator, in-process") {
+            if let Some(d) =
+                rows.iter().find(|d| d.path == "coordinator, in-process" && d.concurrency == row.concurrency)
+            {
+                println!(
+                    "  conc {:>3} {:<32} throughput {:.2}x, p50 {:.2}x of in-process",
+                    row.concurrency,
+                    row.path,
+                    row.per_second / d.per_second,
+                    f64::from(row.p50_us) / f64::from(d.p50_us.max(1))
+                );
+            }
+        }
+    }
+}
