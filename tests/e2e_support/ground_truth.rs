@@ -1,0 +1,293 @@
+//! Ground truth of who read which shard when: [`RecordingStore`] wraps the real stream store of
+//! each consumer and records every call that takes entries from a shard stream (XREADGROUP, and
+//! XAUTOCLAIM, which moves the previous owner's pending entries), with its start and end on the
+//! test process's monotonic clock. [`split_violations`] then checks the safety property the whole
+//! coordinator exists for: no two consumers ever had a read call open on the same shard at
+//! overlapping times.
+//!
+//! A call whose future is dropped before it completes (the consumer was killed mid-read) is still
+//! recorded, ending at the drop: the command may have reached Redis.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rsc::store::{EntryId, ReadFrom, StoreError, StreamEntry, StreamStore};
+
+/// One read-like call on one shard stream.
+#[derive(Clone, Debug)]
+pub struct ReadCall {
+    /// The Redis consumer name (the member id).
+    pub member: String,
+    pub stream: String,
+    /// `XREADGROUP` or `XAUTOCLAIM`.
+    pub command: &'static str,
+    pub start: Instant,
+    pub end: Instant,
+    /// Entries the call returned (0 for a call dropped before it returned).
+    pub entries: usize,
+    /// The future was dropped before the call returned.
+    pub cancelled: bool,
+}
+
+/// Every recorded call of every consumer of a test. Cheap to clone (shared).
+#[derive(Clone, Debug)]
+pub struct ReadLog {
+    origin: Instant,
+    calls: Arc<Mutex<Vec<ReadCall>>>,
+}
+
+impl ReadLog {
+    pub fn new() -> Self {
+        Self { origin: Instant::now(), calls: Arc::new(Mutex::new(Vec::new())) }
+    }
+
+    pub fn calls(&self) -> Vec<ReadCall> {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn push(&self, call: ReadCall) {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(call);
+    }
+
+    /// Milliseconds from the log's origin to `at` (for messages).
+    pub fn ms(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.origin).as_secs_f64() * 1000.0
+    }
+
+    /// Per stream, the members that read it and in which order they took over, e.g.
+    /// `p:0: a(0.1-3.2 s, 812 entries) -> c(5.4-9.9 s, 301 entries)`.
+    pub fn tenures(&self) -> BTreeMap<String, Vec<Tenure>> {
+        let mut calls = self.calls();
+        calls.sort_by_key(|c| c.start);
+        let mut out: BTreeMap<String, Vec<Tenure>> = BTreeMap::new();
+        for call in calls {
+            let list = out.entry(call.stream.clone()).or_default();
+            match list.last_mut() {
+                Some(last) if last.member == call.member => {
+                    last.last_end = last.last_end.max(call.end);
+                    last.entries += call.entries;
+                    last.calls += 1;
+                }
+                _ => list.push(Tenure {
+                    member: call.member.clone(),
+                    first_start: call.start,
+                    last_end: call.end,
+                    entries: call.entries,
+                    calls: 1,
+                }),
+            }
+        }
+        out
+    }
+
+    /// The tenures as one line per stream, for the test output.
+    pub fn describe_tenures(&self) -> String {
+        let mut text = String::new();
+        for (stream, tenures) in self.tenures() {
+            let parts: Vec<String> = tenures
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{}({:.2}-{:.2} s, {} calls, {} entries)",
+                        t.member,
+                        self.ms(t.first_start) / 1000.0,
+                        self.ms(t.last_end) / 1000.0,
+                        t.calls,
+                        t.entries
+                    )
+                })
+                .collect();
+            text.push_str(&format!("  {stream}: {}\n", parts.join(" -> ")));
+        }
+        text
+    }
+}
+
+impl Default for ReadLog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A run of consecutive calls on one stream by one member.
+#[derive(Clone, Debug)]
+pub struct Tenure {
+    pub member: String,
+    pub first_start: Instant,
+    pub last_end: Instant,
+    pub entries: usize,
+    pub calls: usize,
+}
+
+/// Every pair of calls by different members on the same stream whose intervals overlap, as
+/// messages. Empty when no shard was ever read by two consumers at once.
+pub fn split_violations(log: &ReadLog) -> Vec<String> {
+    let mut by_stream: BTreeMap<String, Vec<ReadCall>> = BTreeMap::new();
+    for call in log.calls() {
+        by_stream.entry(call.stream.clone()).or_default().push(call);
+    }
+    let mut violations = Vec::new();
+    for (stream, mut calls) in by_stream {
+        calls.sort_by_key(|c| c.start);
+        // For each member, the call that ends last among those started so far.
+        let mut latest: BTreeMap<String, ReadCall> = BTreeMap::new();
+        for call in calls {
+            for (member, other) in &latest {
+                if *member != call.member && other.end > call.start {
+                    violations.push(format!(
+                        "{stream}: {} {} [{:.1}..{:.1} ms] overlaps {} {} [{:.1}..{:.1} ms]",
+                        other.member,
+                        other.command,
+                        log.ms(other.start),
+                        log.ms(other.end),
+                        call.member,
+                        call.command,
+                        log.ms(call.start),
+                        log.ms(call.end),
+                    ));
+                }
+            }
+            let keep = latest.get(&call.member).is_some_and(|c| c.end >= call.end);
+            if !keep {
+                latest.insert(call.member.clone(), call);
+            }
+        }
+    }
+    violations
+}
+
+/// Records the call when dropped: on completion with its result, or at cancellation.
+struct CallGuard<'a> {
+    log: &'a ReadLog,
+    member: String,
+    stream: String,
+    command: &'static str,
+    start: Instant,
+    entries: Option<usize>,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        self.log.push(ReadCall {
+            member: std::mem::take(&mut self.member),
+            stream: std::mem::take(&mut self.stream),
+            command: self.command,
+            start: self.start,
+            end: Instant::now(),
+            entries: self.entries.unwrap_or(0),
+            cancelled: self.entries.is_none(),
+        });
+    }
+}
+
+/// A [`StreamStore`] that forwards to `inner` and records read-like calls in a [`ReadLog`].
+#[derive(Clone)]
+pub struct RecordingStore<S> {
+    inner: S,
+    log: ReadLog,
+}
+
+impl<S> RecordingStore<S> {
+    pub fn new(inner: S, log: ReadLog) -> Self {
+        Self { inner, log }
+    }
+}
+
+impl<S: StreamStore> StreamStore for RecordingStore<S> {
+    async fn xadd(
+        &self,
+        stream: &str,
+        fields: Vec<(String, Vec<u8>)>,
+        maxlen: Option<u64>,
+    ) -> Result<EntryId, StoreError> {
+        self.inner.xadd(stream, fields, maxlen).await
+    }
+
+    async fn ensure_group(&self, stream: &str, group: &str) -> Result<(), StoreError> {
+        self.inner.ensure_group(stream, group).await
+    }
+
+    async fn xreadgroup(
+        &self,
+        group: &str,
+        consumer: &str,
+        streams: &[(String, ReadFrom)],
+        count: usize,
+        block_ms: Option<u64>,
+    ) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
+        // The consumer library reads one shard per call; a multi-stream read would be recorded
+        // under its first stream only, so insist on it.
+        assert_eq!(streams.len(), 1, "the consumer reads one shard stream per XREADGROUP");
+        let mut guard = CallGuard {
+            log: &self.log,
+            member: consumer.to_string(),
+            stream: streams[0].0.clone(),
+            command: "XREADGROUP",
+            start: Instant::now(),
+            entries: None,
+        };
+        let result = self.inner.xreadgroup(group, consumer, streams, count, block_ms).await;
+        guard.entries = Some(result.as_ref().map_or(0, |r| r.iter().map(|(_, e)| e.len()).sum()));
+        result
+    }
+
+    async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {
+        self.inner.xack(stream, group, ids).await
+    }
+
+    async fn claim_all_pending(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let mut guard = CallGuard {
+            log: &self.log,
+            member: consumer.to_string(),
+            stream: stream.to_string(),
+            command: "XAUTOCLAIM",
+            start: Instant::now(),
+            entries: None,
+        };
+        let result = self.inner.claim_all_pending(stream, group, consumer, min_idle_ms).await;
+        guard.entries = Some(result.as_ref().map_or(0, Vec::len));
+        result
+    }
+}
+
+/// Asserts no split, printing the tenures either way (they make a failure readable).
+pub fn assert_no_split(log: &ReadLog) {
+    let violations = split_violations(log);
+    let shown: Vec<&String> = violations.iter().take(20).collect();
+    assert!(
+        violations.is_empty(),
+        "{} overlapping reads of one shard by two consumers:\n{shown:#?}\ntenures:\n{}",
+        violations.len(),
+        log.describe_tenures()
+    );
+    eprintln!("read tenures (no overlap):\n{}", log.describe_tenures());
+}
+
+/// A self-check of the checker: it must flag an overlap and accept a clean handover.
+pub fn self_check() {
+    let log = ReadLog::new();
+    let t0 = Instant::now();
+    let ms = |n: u64| t0 + Duration::from_millis(n);
+    let call = |member: &str, start: u64, end: u64| ReadCall {
+        member: member.into(),
+        stream: "s:0".into(),
+        command: "XREADGROUP",
+        start: ms(start),
+        end: ms(end),
+        entries: 1,
+        cancelled: false,
+    };
+    log.push(call("a", 0, 10));
+    log.push(call("a", 20, 30));
+    log.push(call("b", 30, 40));
+    assert!(split_violations(&log).is_empty(), "a clean handover is not a split");
+    log.push(call("a", 5, 100)); // A long call by `a` still open while `b` reads.
+    assert_eq!(split_violations(&log).len(), 1, "an overlap is a split");
+}

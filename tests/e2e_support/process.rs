@@ -1,0 +1,364 @@
+//! The real `coordinator` binary as a child process, and a raw HTTP/1 client to probe it.
+//!
+//! [`CoordinatorProcess`] owns one `coordinator serve` process: it picks a free port (retrying if
+//! the port was taken before the process bound it), waits for `/readyz`, keeps the process's
+//! stderr in a file for assertions and failure messages, sends SIGTERM with `kill -TERM <pid>`,
+//! and SIGKILLs and reaps the process on drop. The admin token is always set, so admin routes are
+//! exercised with authentication. [`http`] speaks HTTP/1.1 over a plain socket (one request per
+//! connection), so malformed and oversized requests can be sent exactly as written.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+use rsc::core::model::GroupId;
+use rsc::core::protocol::ApiError;
+use rsc::http::routes::{group_path, RouteId};
+
+/// The admin bearer token every coordinator of these tests is started with.
+pub const ADMIN_TOKEN: &str = "e2e-admin-token";
+/// How long a coordinator may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// Attempts to find a free listen port.
+const PORT_ATTEMPTS_MAX: usize = 5;
+/// Deadline of one raw HTTP exchange.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+
+static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_coordinator")
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local addr").port()
+}
+
+fn fresh_dir() -> PathBuf {
+    let n = DIR_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("rsc-e2e-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the coordinator's temporary directory");
+    dir
+}
+
+/// `coordinator serve` arguments for `redis_url` on `port`: a fast tick and a short shutdown.
+fn serve_command(redis_url: &str, name: &str, port: u16, log: &std::path::Path) -> Command {
+    let mut command = Command::new(binary());
+    command
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis-url", redis_url])
+        .args(["--instance-id", name, "--tick-interval-ms", "100", "--shutdown-timeout-ms", "5000"])
+        .env_remove("REDIS_URL")
+        .env("COORDINATOR_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("create the coordinator log"));
+    command
+}
+
+/// How a `coordinator serve` that was expected to fail ended.
+#[derive(Debug)]
+pub struct FailedStart {
+    pub status: ExitStatus,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+/// Runs `coordinator serve` against `redis_url` and waits (at most `timeout`) for it to exit.
+/// Panics if it is still running then (it was expected to fail fast).
+pub async fn serve_expecting_exit(redis_url: &str, timeout: Duration) -> FailedStart {
+    let dir = fresh_dir();
+    let log = dir.join("coordinator.log");
+    let started = Instant::now();
+    let mut child = serve_command(redis_url, "e2e-doomed", free_port(), &log).spawn().expect("spawn coordinator");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+            let _ = std::fs::remove_dir_all(&dir);
+            panic!("coordinator serve did not exit within {timeout:?}; log:\n{stderr}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    FailedStart { status, stderr, elapsed: started.elapsed() }
+}
+
+/// One running `coordinator serve` process. SIGKILLed and reaped on drop.
+pub struct CoordinatorProcess {
+    name: String,
+    addr: SocketAddr,
+    dir: PathBuf,
+    child: Option<Child>,
+    exit: Option<ExitStatus>,
+}
+
+impl CoordinatorProcess {
+    /// Starts `coordinator serve` on `redis_url` and waits until `/readyz` answers 200.
+    pub async fn start(redis_url: &str, name: &str) -> Self {
+        let dir = fresh_dir();
+        let log = dir.join("coordinator.log");
+        for attempt in 1..=PORT_ATTEMPTS_MAX {
+            let port = free_port();
+            let child = serve_command(redis_url, name, port, &log).spawn().expect("spawn coordinator serve");
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            let mut process = Self { name: name.into(), addr, dir: dir.clone(), child: Some(child), exit: None };
+            match process.wait_ready().await {
+                Ok(()) => return process,
+                Err(log) if log.contains("cannot listen") && attempt < PORT_ATTEMPTS_MAX => {
+                    process.dir = PathBuf::new(); // Keep the directory for the next attempt.
+                    continue;
+                }
+                Err(log) => panic!("coordinator {name} did not become ready:\n{log}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                self.child = None;
+                return Err(format!("exited with {status}:\n{}", self.log()));
+            }
+            if let Ok(answer) = http(self.addr, "GET", "/readyz", &[], Vec::new()).await {
+                if answer.status == 200 {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!("not ready within {READY_TIMEOUT:?}:\n{}", self.log()))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Everything the process wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("coordinator.log")).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM (`kill -TERM <pid>`): the graceful shutdown path.
+    pub fn sigterm(&self) {
+        let pid = self.child.as_ref().expect("the coordinator is running").id();
+        let status = Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("run kill(1)");
+        assert!(status.success(), "kill -TERM {pid} failed");
+    }
+
+    /// Waits up to `timeout` for the process to exit; `None` if it is still running.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.exit {
+                return Some(status);
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.exit = Some(status);
+                    self.child = None;
+                    continue;
+                }
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            self.exit = child.wait().ok();
+        }
+    }
+
+    /// `GET path` without authentication.
+    pub async fn get(&self, path: &str) -> HttpAnswer {
+        http(self.addr, "GET", path, &[], Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("GET {path} on {}: {e}\n{}", self.name, self.log()))
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        let answer = self.get("/metrics").await;
+        assert_eq!(answer.status, 200, "/metrics");
+        String::from_utf8(answer.body).expect("metrics are UTF-8")
+    }
+
+    /// `GET /v1/groups/{p}/{g}` with the admin token: the recorded metadata, revision, liveness.
+    pub async fn describe(&self, group: &GroupId) -> Value {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        let path = group_path(RouteId::Describe, group);
+        let answer = http(self.addr, "GET", &path, &[("Authorization", &auth)], Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("describe on {}: {e}", self.name));
+        assert_eq!(answer.status, 200, "describe: {}", String::from_utf8_lossy(&answer.body));
+        answer.json()
+    }
+
+    /// Runs `coordinator admin <args>` against this process (token from the environment) and
+    /// returns its exit status, stdout and stderr.
+    pub async fn admin(&self, args: &[&str]) -> (ExitStatus, String, String) {
+        let mut command = Command::new(binary());
+        command.arg("admin").args(["--url", &self.url()]).args(args).env("COORDINATOR_ADMIN_TOKEN", ADMIN_TOKEN);
+        let output = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .expect("admin task")
+            .expect("run coordinator admin");
+        let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).to_string();
+        (output.status, text(output.stdout), text(output.stderr))
+    }
+
+    /// Creates `group` with `shards` shards and `config` through the admin CLI.
+    pub async fn create_group(&self, group: &GroupId, shards: u32, config: &rsc::core::model::GroupConfig) {
+        let config_json = serde_json::to_string(config).expect("config JSON");
+        let shards = shards.to_string();
+        let args = [
+            "create-group",
+            "--prefix",
+            &group.stream_prefix,
+            "--group",
+            &group.consumer_group,
+            "--shards",
+            &shards,
+            "--config-json",
+            &config_json,
+        ];
+        let (status, stdout, stderr) = self.admin(&args).await;
+        assert!(status.success(), "create-group failed ({status}): {stdout}{stderr}");
+        let answer: Value = serde_json::from_str(&stdout).expect("create-group prints JSON");
+        assert_eq!(answer["storeRevision"].as_u64(), Some(1), "{answer}");
+    }
+}
+
+impl Drop for CoordinatorProcess {
+    fn drop(&mut self) {
+        self.kill();
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// One HTTP answer as received.
+#[derive(Clone, Debug)]
+pub struct HttpAnswer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpAnswer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// The body as an `ApiError` (panics otherwise: every error body must be one).
+    pub fn error(&self) -> ApiError {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not an ApiError ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// Sends one request on a fresh connection (`Connection: close`) exactly as given and reads the
+/// answer. The body is written from a separate task, so an answer sent before the server read the
+/// whole body (413) is still received; write errors after that are ignored.
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> std::io::Result<HttpAnswer> {
+    let stream = tokio::time::timeout(HTTP_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    let (mut reader, mut writer) = stream.into_split();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let write = tokio::spawn(async move {
+        let _ = writer.write_all(head.as_bytes()).await;
+        let _ = writer.write_all(&body).await;
+        // Keep the write half open until the answer is read: closing it early could end the
+        // exchange before the server answers.
+        writer
+    });
+    let mut received = Vec::new();
+    let read = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+                // A reset after the answer arrived (the server closed with unread body bytes).
+                Err(error) if !received.is_empty() => {
+                    let _ = error;
+                    break;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(HTTP_TIMEOUT, read)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in time"))??;
+    write.abort();
+    parse_answer(&received)
+}
+
+fn parse_answer(bytes: &[u8]) -> std::io::Result<HttpAnswer> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let end = bytes.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| bad("no complete answer head"))?;
+    let head = std::str::from_utf8(&bytes[..end]).map_err(|_| bad("answer head is not UTF-8"))?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().ok_or_else(|| bad("no status line"))?;
+    let status = status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| bad("bad status line"))?;
+    let headers: Vec<(String, String)> =
+        lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_string(), v.trim().to_string())).collect();
+    let mut body = bytes[end + 4..].to_vec();
+    let length = headers.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.parse());
+    if let Some(Ok(length)) = length {
+        if body.len() < length {
+            return Err(bad("answer body is shorter than its Content-Length"));
+        }
+        body.truncate(length);
+    }
+    Ok(HttpAnswer { status, headers, body })
+}
