@@ -40,12 +40,15 @@ enum Call {
 struct Envelope {
     reply_tag: u64,
     call: Call,
+    /// The operator's record of this admin call (`Recorder::admins` index), so the server can note
+    /// when it worked on it.
+    admin_record: Option<usize>,
 }
 
 type Reply = Box<dyn Any + Send + Sync>;
 
 /// Serves `coordinator` on this node until the node dies.
-pub async fn serve(coordinator: Coordinator<RemoteStore>) {
+pub async fn serve(coordinator: Coordinator<RemoteStore>, recorder: Recorder) {
     let endpoint = match Endpoint::bind(("0.0.0.0", COORDINATOR_PORT)).await {
         Ok(endpoint) => Arc::new(endpoint),
         Err(e) => panic!("coordinator cannot bind port {COORDINATOR_PORT}: {e}"),
@@ -53,13 +56,26 @@ pub async fn serve(coordinator: Coordinator<RemoteStore>) {
     loop {
         let Ok((payload, from)) = endpoint.recv_from_raw(REQUEST_TAG).await else { return };
         let Ok(envelope) = payload.downcast::<Envelope>() else { continue };
-        let (endpoint, coordinator) = (Arc::clone(&endpoint), coordinator.clone());
+        let (endpoint, coordinator, recorder) = (Arc::clone(&endpoint), coordinator.clone(), recorder.clone());
         tokio::spawn(async move {
-            let Envelope { reply_tag, call } = *envelope;
+            let Envelope { reply_tag, call, admin_record } = *envelope;
             let reply: Reply = match call {
                 Call::Heartbeat(req) => Box::new(coordinator.heartbeat(req).await),
                 Call::Routing(group) => Box::new(coordinator.routing(&group).await),
-                Call::Admin(req) => Box::new(coordinator.admin(req).await),
+                Call::Admin(req) => {
+                    let attempt = admin_record.map(|i| {
+                        let mut records = recorder.lock();
+                        let start = recorder.now_us();
+                        records.admins[i].handled.push((start, None));
+                        (i, records.admins[i].handled.len() - 1)
+                    });
+                    let result = coordinator.admin(req).await;
+                    if let Some((i, a)) = attempt {
+                        let end = recorder.now_us();
+                        recorder.lock().admins[i].handled[a].1 = Some(end);
+                    }
+                    Box::new(result)
+                }
                 Call::Describe(group) => Box::new(coordinator.describe(&group).await),
             };
             let _ = endpoint.send_to_raw(from, reply_tag, reply).await;
@@ -86,13 +102,17 @@ impl RpcTransport {
         Self { endpoint, service, timeout: Duration::from_millis(timeout_ms), recorder }
     }
 
-    async fn call<T: Send + Sync + 'static>(&self, make: impl Fn() -> Call) -> Result<T, TransportError> {
+    async fn call<T: Send + Sync + 'static>(
+        &self,
+        make: impl Fn() -> (Call, Option<usize>),
+    ) -> Result<T, TransportError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut last = TransportError::Timeout;
         for _ in 0..ATTEMPTS_MAX {
             let reply_tag = self.recorder.next_id();
             let exchange = async {
-                let envelope = Envelope { reply_tag, call: make() };
+                let (call, admin_record) = make();
+                let envelope = Envelope { reply_tag, call, admin_record };
                 self.endpoint
                     .send_to_raw(self.service, REQUEST_TAG, Box::new(envelope))
                     .await
@@ -120,23 +140,23 @@ impl RpcTransport {
         Err(last)
     }
 
-    /// An admin mutation through the Service.
-    pub async fn admin(&self, req: AdminRequest) -> Result<AdminResponse, TransportError> {
-        self.call(|| Call::Admin(req.clone())).await
+    /// An admin mutation through the Service; `record` is the operator's `AdminCall` index.
+    pub async fn admin(&self, req: AdminRequest, record: usize) -> Result<AdminResponse, TransportError> {
+        self.call(|| (Call::Admin(req.clone()), Some(record))).await
     }
 
     /// The recorded metadata of a group through the Service.
     pub async fn describe(&self, group: &GroupId) -> Result<GroupDescription, TransportError> {
-        self.call(|| Call::Describe(group.clone())).await
+        self.call(|| (Call::Describe(group.clone()), None)).await
     }
 }
 
 impl CoordinatorTransport for RpcTransport {
     async fn heartbeat(&self, req: HeartbeatRequest) -> Result<HeartbeatResponse, TransportError> {
-        self.call(|| Call::Heartbeat(req.clone())).await
+        self.call(|| (Call::Heartbeat(req.clone()), None)).await
     }
 
     async fn routing(&self, group: &GroupId) -> Result<RoutingResponse, TransportError> {
-        self.call(|| Call::Routing(group.clone())).await
+        self.call(|| (Call::Routing(group.clone()), None)).await
     }
 }

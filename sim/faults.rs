@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use madsim::net::NetSim;
 use rsc::core::model::SCHEMA_VERSION;
-use rsc::store::memory::{OutageMode, RollbackMode};
+use rsc::store::memory::{HistoryKind, OutageMode, RollbackMode};
 
+use crate::plan::fault::Loss;
 use crate::plan::{Action, Fault, NodeRef, Role, Scheduled, Target};
 use crate::programs::OperatorCommand;
 use crate::records::{Mark, Us};
@@ -302,13 +303,13 @@ impl Injector {
                 world.store.set_latency_jitter_ms(latency_max_ms - latency_min_ms);
                 self.at(later(duration_ms), Step::RedisLatencyEnd);
             }
-            Fault::RedisFailover { writes } => {
-                let lost = rollback_metadata_writes(world, writes);
+            Fault::RedisFailover { loss } => {
+                let lost = rollback(world, loss);
                 world.store.failover();
                 world.env.recorder.trace("faults", format!("failover lost {lost} metadata writes"));
             }
-            Fault::RedisSilentRollback { writes } => {
-                let lost = rollback_metadata_writes(world, writes);
+            Fault::RedisSilentRollback { loss } => {
+                let lost = rollback(world, loss);
                 world.env.recorder.lock().marks.push(Mark::SilentRollback { at_us: now });
                 world.env.recorder.trace("faults", format!("silent rollback lost {lost} metadata writes"));
             }
@@ -375,6 +376,40 @@ fn set_clog(net: &NetSim, world: &World, clog: Clog, on: bool) {
             }
         }
     }
+}
+
+/// Undoes the metadata writes `loss` names (see [`rollback_metadata_writes`], [`rollback_since`]).
+fn rollback(world: &World, loss: Loss) -> u64 {
+    match loss {
+        Loss::LastWrites(writes) => rollback_metadata_writes(world, writes),
+        Loss::WrittenSince { since_ms } => rollback_since(world, since_ms),
+    }
+}
+
+/// Undoes journaled store writes, newest first, until the group's stored metadata was written at
+/// or before `since_ms` (or is absent). Returns how many metadata writes were undone.
+fn rollback_since(world: &World, since_ms: u64) -> u64 {
+    let group = &world.env.group;
+    let mut undone = 0;
+    for _ in 0..rsc::store::memory::JOURNAL_LEN_MAX {
+        let Some(current) = world.store.peek_record(group) else { break };
+        // When the current state was written (rollbacks that restored it do not count).
+        let history = world.store.history();
+        let stored_at_ms =
+            history.iter().rev().filter(|e| matches!(e.kind, HistoryKind::Written { .. })).find_map(|e| {
+                e.metadata_after.iter().find(|(g, r)| g == group && r.as_ref() == Some(&current)).map(|_| e.at_ms)
+            });
+        if stored_at_ms.is_none_or(|at| at <= since_ms) {
+            break;
+        }
+        if world.store.rollback(1, RollbackMode::Silent) == 0 {
+            break;
+        }
+        if world.store.peek_record(group).as_ref() != Some(&current) {
+            undone += 1;
+        }
+    }
+    undone
 }
 
 /// Undoes journaled store writes, newest first, until `writes` of them changed the group's

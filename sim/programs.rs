@@ -134,7 +134,7 @@ pub async fn coordinator(env: Env, process: ProcessId, registry: CoordinatorRegi
     };
     let router = rsc::http::router::app(coordinator.clone(), HttpOptions::default());
     tokio::spawn(rsc::http::serve::serve(listener, router, std::future::pending()));
-    let server = tokio::spawn(coord_rpc::serve(coordinator));
+    let server = tokio::spawn(coord_rpc::serve(coordinator, env.recorder.clone()));
     ready();
     let _ = server.await;
 }
@@ -364,11 +364,17 @@ pub async fn operator(env: Env, process: ProcessId, mut commands: mpsc::Unbounde
             let sent_at_us = env.recorder.now_us();
             let index = {
                 let mut records = env.recorder.lock();
-                let call = AdminCall { request: request.clone(), sent_at_us, received_at_us: None, answer: None };
+                let call = AdminCall {
+                    request: request.clone(),
+                    sent_at_us,
+                    received_at_us: None,
+                    answer: None,
+                    handled: Vec::new(),
+                };
                 records.admins.push(call);
                 records.admins.len() - 1
             };
-            let answer = admin.admin(request).await;
+            let answer = admin.admin(request, index).await;
             let received_at_us = env.recorder.now_us();
             env.recorder.trace(process, format!("admin -> {answer:?}"));
             let done = match &answer {

@@ -127,6 +127,9 @@ pub struct AdminCall {
     pub sent_at_us: Us,
     pub received_at_us: Option<Us>,
     pub answer: Option<Result<AdminResponse, ApiError>>,
+    /// When a coordinator worked on it, as recorded by the coordinator node's server: one
+    /// `(from, to)` per delivered attempt; `to == None` if the coordinator died while handling it.
+    pub handled: Vec<(Us, Option<Us>)>,
 }
 
 /// The simulated application processing one delivered entry.

@@ -286,11 +286,13 @@ impl World {
         });
     }
 
+    /// An admin create sent at `sent`, handled by a coordinator until `received` (or forever).
     pub fn admin_create(&mut self, sent: Us, received: Option<Us>) {
         let request =
             AdminRequest::CreateGroup { group: self.group.clone(), shard_count: 4, config: GroupConfig::default() };
         let answer =
             received.map(|_| Ok(AdminResponse { group: self.group.clone(), store_revision: 1, metadata_version: 1 }));
-        self.records.admins.push(AdminCall { request, sent_at_us: sent, received_at_us: received, answer });
+        let handled = vec![(sent + 1_000, received.map(|r| r - 1_000))];
+        self.records.admins.push(AdminCall { request, sent_at_us: sent, received_at_us: received, answer, handled });
     }
 }

@@ -2,11 +2,12 @@
 //! operator, or an admin delete), nothing but an explicit admin `CreateGroup` recreates it — in
 //! particular the coordinator never rebuilds it from heartbeats.
 //!
-//! From the store's metadata history: every applied write that finds the key absent (a create) is
-//! attributed to an admin `CreateGroup` call the operator had sent by then and that was not
-//! answered before the write (an answer that never came, e.g. a timeout, may still be applied
-//! later). A create with no such call is a resurrection. Rollbacks that bring a deleted key back
-//! are the store's doing, not a write, and are not judged here.
+//! From the store's metadata history: every applied write that finds the key absent (a create) must
+//! happen while a coordinator was handling an admin `CreateGroup` (the coordinator node's server
+//! records when it started and finished working on each admin request; a coordinator that died
+//! mid-request counts as handling it to the end of the run). A create with no such request in
+//! progress is a resurrection. Rollbacks that bring a deleted key back are the store's doing, not a
+//! write, and are not judged here.
 
 use std::fmt;
 
@@ -49,13 +50,13 @@ impl fmt::Display for Violation {
 
 /// Checks invariant 5.
 pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
-    // (sent, answered) of every admin create, in µs; `answered = None` if no answer ever came.
-    let creates: Vec<(Us, Option<Us>)> = facts
+    // When a coordinator was working on an admin create of this group, in µs.
+    let creates: Vec<(Us, Us)> = facts
         .records
         .admins
         .iter()
-        .filter(|c| matches!(c.request, AdminRequest::CreateGroup { .. }) && &c.request.group().clone() == facts.group)
-        .map(|c| (c.sent_at_us, c.answer.as_ref().and(c.received_at_us)))
+        .filter(|c| matches!(c.request, AdminRequest::CreateGroup { .. }) && c.request.group() == facts.group)
+        .flat_map(|c| c.handled.iter().map(|(from, to)| (*from, to.unwrap_or(Us::MAX))))
         .collect();
     let mut present = false;
     let mut violations = Vec::new();
@@ -64,11 +65,9 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
         let creates_key = !present && after.is_some();
         if creates_key {
             if let HistoryKind::Written { revision, .. } = event.kind {
-                // Store ms -> µs; an answer in the same ms as the write still explains it.
+                // Store ms -> µs: the write happened somewhere in that millisecond.
                 let (write_from_us, write_to_us) = (event.at_ms * 1_000, event.at_ms * 1_000 + 999);
-                let explained = creates
-                    .iter()
-                    .any(|(sent, answered)| *sent <= write_to_us && answered.is_none_or(|a| a >= write_from_us));
+                let explained = creates.iter().any(|(from, to)| *from <= write_to_us && *to >= write_from_us);
                 if !explained {
                     violations.push(Violation::Resurrected { at_us: write_from_us, revision });
                 }

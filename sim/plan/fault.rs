@@ -48,11 +48,11 @@ pub enum Fault {
     RedisOutage { duration_ms: u64, timeout_ms: u64 },
     /// Every Redis command takes `[min, max]` ms more.
     RedisLatency { latency_min_ms: u64, latency_max_ms: u64, duration_ms: u64 },
-    /// Failover: the last `writes` metadata writes are lost and the server identity changes.
-    RedisFailover { writes: u64 },
-    /// The last `writes` metadata writes are lost without an identity change (undetectable by the
-    /// server; its damage is measured, not prevented).
-    RedisSilentRollback { writes: u64 },
+    /// Failover: recent metadata writes are lost and the server identity changes.
+    RedisFailover { loss: Loss },
+    /// Recent metadata writes are lost without an identity change (undetectable by the server;
+    /// its damage is measured, not prevented).
+    RedisSilentRollback { loss: Loss },
     /// The metadata key is deleted; the operator recreates the group after `recreate_after_ms`.
     RedisDeleteKey { recreate_after_ms: u64 },
     /// The aggregate becomes unparsable; the operator deletes and recreates after `repair_after_ms`.
@@ -195,10 +195,8 @@ impl Fault {
                 latency_max_ms: p.u64("latency_max_ms", Some(Param::Range([50, 1_000])), rng)?,
                 duration_ms: p.u64("duration_ms", d, rng)?,
             },
-            "redis-failover" => Fault::RedisFailover { writes: p.u64("writes", Some(Param::Range([1, 3])), rng)? },
-            "redis-silent-rollback" => {
-                Fault::RedisSilentRollback { writes: p.u64("writes", Some(Param::Range([1, 3])), rng)? }
-            }
+            "redis-failover" => Fault::RedisFailover { loss: Loss::parse(&mut p, rng)? },
+            "redis-silent-rollback" => Fault::RedisSilentRollback { loss: Loss::parse(&mut p, rng)? },
             "redis-delete-key" => Fault::RedisDeleteKey { recreate_after_ms: p.u64("recreate_after_ms", d, rng)? },
             "redis-corrupt" => Fault::RedisCorrupt { repair_after_ms: p.u64("repair_after_ms", d, rng)? },
             "redis-future-schema" => Fault::RedisFutureSchema { repair_after_ms: p.u64("repair_after_ms", d, rng)? },
@@ -241,7 +239,8 @@ impl Fault {
             {
                 bad("probabilities are in [0, 1]")
             }
-            Fault::RedisFailover { writes: 0 } | Fault::RedisSilentRollback { writes: 0 } => bad("writes must be >= 1"),
+            Fault::RedisFailover { loss: Loss::LastWrites(0) }
+            | Fault::RedisSilentRollback { loss: Loss::LastWrites(0) } => bad("writes must be >= 1"),
             _ => Ok(()),
         }
     }
@@ -304,6 +303,29 @@ impl Fault {
     }
 }
 
+/// Which metadata writes a rollback loses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// The newest `n` metadata writes (`writes = n`).
+    LastWrites(u64),
+    /// Every metadata write applied after `since_ms` of simulated time (`since_ms = t`): a replica
+    /// that stopped replicating then.
+    WrittenSince { since_ms: u64 },
+}
+
+impl Loss {
+    fn parse(p: &mut Params<'_>, rng: &mut SmallRng) -> Result<Loss, PlanError> {
+        let since = p.u64("since_ms", Some(Param::Fixed(u64::MAX)), rng)?;
+        let writes = p.u64("writes", Some(Param::Fixed(0)), rng)?;
+        match (since, writes) {
+            (u64::MAX, 0) => Ok(Loss::LastWrites(p.u64("writes", Some(Param::Range([1, 3])), rng)?)),
+            (u64::MAX, writes) => Ok(Loss::LastWrites(writes)),
+            (since_ms, 0) => Ok(Loss::WrittenSince { since_ms }),
+            _ => Err(PlanError::Invalid("a rollback takes `writes` or `since_ms`, not both".into())),
+        }
+    }
+}
+
 fn single(what: &str, kind: &str, target: Target) -> Result<NodeRef, PlanError> {
     match target {
         Target::Node(node) => Ok(node),
@@ -338,9 +360,10 @@ impl fmt::Display for Fault {
             Fault::RedisLatency { latency_min_ms, latency_max_ms, duration_ms } => {
                 write!(f, "+{latency_min_ms}..{latency_max_ms}ms for {duration_ms}ms")
             }
-            Fault::RedisFailover { writes } | Fault::RedisSilentRollback { writes } => {
-                write!(f, "last {writes} writes")
-            }
+            Fault::RedisFailover { loss } | Fault::RedisSilentRollback { loss } => match loss {
+                Loss::LastWrites(writes) => write!(f, "last {writes} writes"),
+                Loss::WrittenSince { since_ms } => write!(f, "every write since {since_ms}ms"),
+            },
             Fault::RedisDeleteKey { recreate_after_ms } => write!(f, "recreate after {recreate_after_ms}ms"),
             Fault::RedisCorrupt { repair_after_ms } | Fault::RedisFutureSchema { repair_after_ms } => {
                 write!(f, "repair after {repair_after_ms}ms")
