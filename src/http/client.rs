@@ -233,20 +233,11 @@ fn bad_request() -> TransportError {
 
 /// `/v1/groups/{streamPrefix}/{consumerGroup}/{action}` with percent-encoded segments.
 pub fn group_path(group: &GroupId, action: &str) -> String {
-    format!("/v1/groups/{}/{}/{action}", encode_segment(&group.stream_prefix), encode_segment(&group.consumer_group))
-}
-
-/// Percent-encodes a path segment: everything but RFC 3986 unreserved characters and ':'.
-fn encode_segment(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for byte in segment.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b':') {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
+    format!(
+        "/v1/groups/{}/{}/{action}",
+        super::routes::encode_segment(&group.stream_prefix),
+        super::routes::encode_segment(&group.consumer_group)
+    )
 }
 
 #[cfg(test)]

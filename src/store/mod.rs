@@ -36,6 +36,34 @@ pub enum StoreError {
     Protocol(String),
 }
 
+/// Every Redis command the layout needs, directly or from a script, in the order `probe` checks
+/// them. Shared by `RedisStore` (which also needs `COMMAND` for the probe itself) and the fake.
+pub const REQUIRED_COMMANDS: &[&str] = &[
+    "PING",
+    "INFO",
+    "HGET",
+    "HMGET",
+    "HSET",
+    "HDEL",
+    "HINCRBY",
+    "HGETALL",
+    "EXISTS",
+    "DEL",
+    "GET",
+    "SET",
+    "SADD",
+    "SREM",
+    "SMEMBERS",
+    "SCAN",
+    "EVALSHA",
+    "SCRIPT",
+    "XADD",
+    "XGROUP",
+    "XREADGROUP",
+    "XACK",
+    "XAUTOCLAIM",
+];
+
 /// The five hash fields of the metadata key, as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredRecord {

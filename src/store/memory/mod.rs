@@ -104,32 +104,8 @@ use streams::Streams;
 /// What `probe` reports as the server version.
 pub const SERVER_VERSION: &str = "7.2.0-memory";
 
-/// Every command the layout needs, in the order `probe` checks them (`RedisStore`'s probe list).
-pub const REQUIRED_COMMANDS: &[&str] = &[
-    "PING",
-    "INFO",
-    "HGET",
-    "HMGET",
-    "HSET",
-    "HDEL",
-    "HINCRBY",
-    "HGETALL",
-    "EXISTS",
-    "DEL",
-    "GET",
-    "SET",
-    "SADD",
-    "SREM",
-    "SMEMBERS",
-    "SCAN",
-    "EVALSHA",
-    "SCRIPT",
-    "XADD",
-    "XGROUP",
-    "XREADGROUP",
-    "XACK",
-    "XAUTOCLAIM",
-];
+/// Every command the layout needs, in the order `probe` checks them (shared with `RedisStore`).
+pub use super::REQUIRED_COMMANDS;
 
 /// A handle (one connection) on an in-memory Redis. See the module docs.
 pub struct MemoryStore {

@@ -20,31 +20,7 @@ const VERSION_MIN: (u32, u32) = (6, 2);
 
 /// Every command the store sends, directly or from a script, in probe order. The probe itself
 /// also needs `COMMAND` (COMMAND INFO); an ACL user must be allowed it.
-const COMMANDS: &[&str] = &[
-    "PING",
-    "INFO",
-    "HGET",
-    "HMGET",
-    "HSET",
-    "HDEL",
-    "HINCRBY",
-    "HGETALL",
-    "EXISTS",
-    "DEL",
-    "GET",
-    "SET",
-    "SADD",
-    "SREM",
-    "SMEMBERS",
-    "SCAN",
-    "EVALSHA",
-    "SCRIPT",
-    "XADD",
-    "XGROUP",
-    "XREADGROUP",
-    "XACK",
-    "XAUTOCLAIM",
-];
+use crate::store::REQUIRED_COMMANDS as COMMANDS;
 
 /// The value of `field:` in an INFO section.
 fn info_field(info: &str, field: &str) -> Option<String> {
