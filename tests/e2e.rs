@@ -27,11 +27,14 @@ use std::time::{Duration, Instant};
 
 use e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, ConsumerApp, Fleet};
 use e2e_support::ground_truth::assert_no_split;
-use e2e_support::process::CoordinatorProcess;
-use e2e_support::{fast_config, group, wait_until, wait_until_explained};
-use rsc::client::events::ClientEvent;
+use e2e_support::http_tap::{HttpTap, TapAnswer};
+use e2e_support::process::{http, serve_expecting_exit, CoordinatorProcess, ADMIN_TOKEN};
+use e2e_support::{fast_config, group, metric_total, wait_until, wait_until_explained};
+use rsc::client::events::{ClientEvent, StopReason};
 use rsc::core::model::GroupId;
-use support::RedisServer;
+use rsc::core::protocol::{ErrorCode, HeartbeatStatus};
+use rsc::http::routes::{group_path, RouteId};
+use support::{RedisServer, ServerConfig, TcpProxy};
 
 /// The consumers' readable shards are disjoint, cover `0..shards`, and each has at least one.
 fn shares_all(apps: &[&ConsumerApp], shards: u32) -> bool {
@@ -147,4 +150,378 @@ async fn a_consumer_crash_mid_run_loses_nothing_redelivers_only_its_unacked_entr
         held.len(),
         started.elapsed().as_secs_f64()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_update_drains_the_sigtermed_coordinator_and_clients_move_on_without_loss_or_split() {
+    const SHARDS: u32 = 8;
+    const MESSAGES: usize = 5_000;
+    let started = Instant::now();
+    let redis = RedisServer::start();
+    let mut first = CoordinatorProcess::start(&redis.url(), "e2e-first").await;
+    let second = CoordinatorProcess::start(&redis.url(), "e2e-second").await;
+    // The taps are the clients' address list: they record every answer on the wire, including
+    // the ones the clients' failover hides.
+    let (tap_first, tap_second) = (HttpTap::start(first.addr()), HttpTap::start(second.addr()));
+    let group = group("rolling");
+    first.create_group(&group, SHARDS, &fast_config()).await;
+    let fleet = Fleet::new(group.clone(), vec![tap_first.addr(), tap_second.addr()], redis.url());
+    let apps = [
+        fleet.consumer("c1", AppSettings::default()).await,
+        fleet.consumer("c2", AppSettings::default()).await,
+        fleet.consumer("c3", AppSettings::default()).await,
+    ];
+    let all: Vec<&ConsumerApp> = apps.iter().collect();
+    wait_until("three consumers share the 8 shards", Duration::from_secs(15), || shares_all(&all, SHARDS)).await;
+
+    let producer = fleet.producer("producer").await;
+    let production = tokio::spawn(async move {
+        producer.publish_paced(0..MESSAGES, 1_000).await;
+        producer
+    });
+    let ledger = fleet.ledger.clone();
+    wait_until("1,500 messages published", Duration::from_secs(20), || ledger.lock().produced.len() >= 1_500).await;
+    let sigterm_at = std::time::Instant::now();
+    first.sigterm();
+    let status = first.wait_exit(Duration::from_secs(15)).await;
+    let exited_at = std::time::Instant::now();
+    let status = status.unwrap_or_else(|| panic!("the first coordinator did not exit:\n{}", first.log()));
+    assert_eq!(status.code(), Some(0), "graceful shutdown exits 0:\n{}", first.log());
+    let log = first.log();
+    assert!(log.contains("shutting down") && log.contains("coordinator stopped"), "{log}");
+
+    let _producer = production.await.expect("producer task");
+    assert_eq!(ledger.lock().publish_failures, Vec::<String>::new(), "no publish failed");
+    wait_until_explained(
+        "every message acked",
+        Duration::from_secs(30),
+        || ledger.acked_distinct() >= MESSAGES,
+        || fleet.explain(),
+    )
+    .await;
+    wait_until("the consumers still share the 8 shards", Duration::from_secs(10), || shares_all(&all, SHARDS)).await;
+
+    // On the wire: the only 5xx either coordinator ever answered is 503 COORDINATOR_TERMINATING.
+    let (before_first, after_first) = (tap_first.answers(), tap_second.answers());
+    assert_eq!(tap_first.parse_errors(), Vec::<String>::new());
+    assert_eq!(tap_second.parse_errors(), Vec::<String>::new());
+    for answer in before_first.iter().chain(&after_first) {
+        if answer.status >= 500 {
+            assert_eq!(
+                (answer.status, answer.error_code().as_deref()),
+                (503, Some("COORDINATOR_TERMINATING")),
+                "{} answered {}",
+                answer.request,
+                String::from_utf8_lossy(&answer.body)
+            );
+        }
+    }
+    let heartbeats_ok =
+        |answers: &[TapAnswer]| answers.iter().filter(|a| a.request.ends_with("/heartbeat") && a.status == 200).count();
+    assert!(heartbeats_ok(&before_first) > 0, "the clients used the first coordinator before its shutdown");
+    let moved: Vec<TapAnswer> = after_first.iter().filter(|a| a.at > exited_at).cloned().collect();
+    assert!(heartbeats_ok(&moved) > 0, "the second coordinator took over the heartbeats");
+    assert!(before_first.iter().all(|a| a.at <= exited_at), "nothing answered by an exited process");
+    let refused = before_first.iter().filter(|a| a.status == 503).count();
+
+    // What the clients saw: no error reached the libraries but COORDINATOR_TERMINATING, and no
+    // consumer lost a shard (no lease ran out, nobody was fenced).
+    let events = fleet.events();
+    for event in &events {
+        match event {
+            ClientEvent::HeartbeatFailed { error, .. } | ClientEvent::RoutingRefreshFailed { error, .. } => {
+                assert_eq!(error.code(), Some(ErrorCode::CoordinatorTerminating), "clients saw {error}");
+            }
+            ClientEvent::ShardStopped { reason, shard, member, .. } => {
+                assert_eq!(*reason, StopReason::Revoked, "{member} lost shard {shard} during the update");
+            }
+            _ => {}
+        }
+    }
+    assert_no_split(&fleet.reads);
+    let summary = check_delivery(&ledger, &abandoned_entries(&events));
+    for app in apps {
+        app.close(Duration::from_secs(10)).await;
+    }
+    assert_eq!(second.describe(&group).await["metadata"]["members"], serde_json::json!({}));
+    eprintln!(
+        "rolling update: {summary}; first exited {:.0} ms after SIGTERM, answered {refused} x 503 meanwhile; \
+         {} answers via the first, {} via the second; {:.1} s",
+        exited_at.duration_since(sigterm_at).as_secs_f64() * 1000.0,
+        before_first.len(),
+        after_first.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// `revision` and `metadataVersion` of the group as stored on `server`.
+fn stored_versions(server: &RedisServer, group: &GroupId) -> (u64, u64) {
+    let key = rsc::store::keys::metadata_key(group);
+    let fields = server.cmd(&["HMGET", &key, "revision", "aggregate"]);
+    let (revision, aggregate): (String, String) = redis::from_redis_value(fields).expect("metadata fields");
+    let aggregate: serde_json::Value = serde_json::from_str(&aggregate).expect("aggregate JSON");
+    (revision.parse().expect("revision"), aggregate["metadataVersion"].as_u64().expect("metadataVersion"))
+}
+
+/// True when the described group is settled: no correction round, exactly `members`, and every
+/// shard owned by its target.
+fn settled(described: &serde_json::Value, members: &[&str], shards: u32) -> bool {
+    let metadata = &described["metadata"];
+    let names: Vec<&str> =
+        metadata["members"].as_object().map_or(Vec::new(), |m| m.keys().map(|k| k.as_str()).collect());
+    let owned_by_target = (0..shards).all(|s| {
+        let current = &metadata["current"][s.to_string()];
+        current["kind"] == "owned" && current["member"] == metadata["target"][s.to_string()]
+    });
+    metadata["correction"].is_null() && names == members && owned_by_target
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metadata_writes_lost_in_a_failover_drive_a_correction_round_and_consumers_converge_without_a_split() {
+    const SHARDS: u32 = 8;
+    let started = Instant::now();
+    let primary = RedisServer::start();
+    let (replica, link) = primary.start_replica_via_proxy();
+    // The coordinator and the clients dial one address that the "failover" re-points.
+    let front = TcpProxy::start(primary.port());
+    let coordinator = CoordinatorProcess::start(&front.url(), "e2e-failover").await;
+    let group = group("failover");
+    let lease_ms = fast_config().assignment_lease_ms;
+    coordinator.create_group(&group, SHARDS, &fast_config()).await;
+    for shard in 0..SHARDS {
+        for i in 0..20 {
+            primary.cmd(&["XADD", &group.stream_key(shard), "*", "payload", &format!("seed-{shard}-{i}")]);
+        }
+    }
+    let fleet = Fleet::new(group.clone(), vec![coordinator.addr()], front.url());
+    let a = fleet.consumer("alpha", AppSettings::default()).await;
+    let b = fleet.consumer("bravo", AppSettings::default()).await;
+    wait_until("two consumers share the 8 shards", Duration::from_secs(15), || shares_all(&[&a, &b], SHARDS)).await;
+    primary.wait_replicated(1);
+    let (replicated_revision, replicated_version) = stored_versions(&replica, &group);
+
+    // A join and its rebalance, recorded on the primary only.
+    link.pause();
+    let c = fleet.consumer("charlie", AppSettings::default()).await;
+    wait_until("three consumers share the 8 shards", Duration::from_secs(15), || shares_all(&[&a, &b, &c], SHARDS))
+        .await;
+    let reads = fleet.reads.clone();
+    wait_until("charlie reads", Duration::from_secs(5), || reads.calls().iter().any(|r| r.member == "charlie")).await;
+    let (primary_revision, primary_version) = stored_versions(&primary, &group);
+    assert_eq!(stored_versions(&replica, &group), (replicated_revision, replicated_version), "replication paused");
+    assert!(primary_revision > replicated_revision && primary_version > replicated_version);
+    let seen_version = fleet
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            ClientEvent::HeartbeatAnswered { metadata_version, .. } => Some(*metadata_version),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(seen_version > replicated_version, "clients saw versions the replica never got");
+
+    // Failover: the replica becomes the primary without those writes.
+    replica.promote();
+    front.set_target(replica.port());
+    front.cut();
+    let cut_ms = fleet.clock.now_ms();
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = coordinator.try_describe(&group).await;
+        let described = if answer.status == 200 { answer.json() } else { serde_json::Value::Null };
+        if settled(&described, &["alpha", "bravo", "charlie"], SHARDS) && shares_all(&[&a, &b, &c], SHARDS) {
+            break;
+        }
+        let body = String::from_utf8_lossy(&answer.body);
+        assert!(Instant::now() < deadline, "no convergence after the failover: {body}\n{}", fleet.explain());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The coordinator saw the evidence: a new server identity and clients ahead of the store.
+    let metrics = coordinator.metrics().await;
+    assert!(metric_total(&metrics, "rsc_store_identity_changes_total") >= 1.0, "{metrics}");
+    assert!(metric_total(&metrics, "rsc_client_metadata_version_ahead_total") >= 1.0, "{metrics}");
+    let events = fleet.events();
+    let after_cut = |e: &&ClientEvent| e.at_ms() > cut_ms;
+    for member in ["alpha", "bravo"] {
+        let synced = events.iter().filter(after_cut).any(|e| {
+            matches!(e, ClientEvent::HeartbeatAnswered { member: m, status: HeartbeatStatus::SyncMetadata, .. } if m == member)
+        });
+        assert!(synced, "{member} received SYNC_METADATA");
+    }
+    let charlie_unknown = events.iter().filter(after_cut).any(|e| {
+        matches!(e, ClientEvent::HeartbeatFailed { member, error, .. }
+            if member == "charlie" && error.code() == Some(ErrorCode::UnknownMember))
+    });
+    assert!(charlie_unknown, "the member that joined in the lost history is unknown to the store and rejoins");
+    // No OK until one full assignment lease after the evidence (which came after the cut).
+    for event in &events {
+        if let ClientEvent::HeartbeatAnswered { status: HeartbeatStatus::Ok, sent_at_ms, at_ms, member, .. } = event {
+            if *sent_at_ms > cut_ms {
+                assert!(*at_ms >= cut_ms + lease_ms, "{member} got OK {} ms after the failover", at_ms - cut_ms);
+            }
+        }
+    }
+    let first_ok_ms = events
+        .iter()
+        .filter_map(|e| match e {
+            ClientEvent::HeartbeatAnswered { status: HeartbeatStatus::Ok, sent_at_ms, at_ms, .. }
+                if *sent_at_ms > cut_ms =>
+            {
+                Some(at_ms - cut_ms)
+            }
+            _ => None,
+        })
+        .min()
+        .unwrap_or(0);
+    let described = coordinator.describe(&group).await;
+    let final_version = described["metadata"]["metadataVersion"].as_u64().expect("version");
+    assert!(final_version > seen_version, "version {final_version} reuses a lost one (clients saw {seen_version})");
+    assert_no_split(&fleet.reads);
+    eprintln!(
+        "failover: replica had revision {replicated_revision} / version {replicated_version}, primary lost \
+         {} revisions up to version {primary_version}; first OK {first_ok_ms} ms after the failover; converged \
+         at version {final_version}; {:.1} s",
+        primary_revision - replicated_revision,
+        started.elapsed().as_secs_f64()
+    );
+    drop((a, b, c));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_acl_user_without_flush_commands_runs_the_whole_flow_and_nothing_is_denied() {
+    const SHARDS: u32 = 4;
+    const MESSAGES: usize = 1_000;
+    let redis = RedisServer::start();
+    let password = "e2e-acl-secret";
+    let url = redis.create_acl_user("coordinator", password);
+    let client = redis::Client::open(url.as_str()).expect("ACL URL");
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).expect("ACL user connects");
+    for command in ["FLUSHALL", "FLUSHDB"] {
+        let denied = redis::cmd(command).query::<redis::Value>(&mut conn).unwrap_err();
+        assert_eq!(denied.code(), Some("NOPERM"), "{command}: {denied}");
+    }
+    redis.cmd(&["ACL", "LOG", "RESET"]);
+
+    let coordinator = CoordinatorProcess::start(&url, "e2e-acl").await;
+    let group = group("acl");
+    coordinator.create_group(&group, SHARDS, &fast_config()).await;
+    let fleet = Fleet::new(group.clone(), vec![coordinator.addr()], url.clone());
+    let a = fleet.consumer("alpha", AppSettings::default()).await;
+    let b = fleet.consumer("bravo", AppSettings::default()).await;
+    wait_until("two consumers share the shards", Duration::from_secs(15), || shares_all(&[&a, &b], SHARDS)).await;
+    let producer = fleet.producer("producer").await;
+    producer.publish_paced(0..MESSAGES, 2_000).await;
+    let ledger = fleet.ledger.clone();
+    wait_until_explained(
+        "every message acked",
+        Duration::from_secs(20),
+        || ledger.acked_distinct() >= MESSAGES,
+        || fleet.explain(),
+    )
+    .await;
+    assert_no_split(&fleet.reads);
+    let summary = check_delivery(&ledger, &abandoned_entries(&fleet.events()));
+    a.close(Duration::from_secs(10)).await;
+    b.close(Duration::from_secs(10)).await;
+    assert_eq!(coordinator.describe(&group).await["metadata"]["members"], serde_json::json!({}));
+
+    let denials = redis.cmd(&["ACL", "LOG"]);
+    assert_eq!(denials, redis::Value::Array(vec![]), "no command of the coordinator or the clients was denied");
+    assert!(!coordinator.log().contains(password), "the password never reaches the log");
+    eprintln!("ACL user: {summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_fails_fast_naming_a_command_the_server_renamed_away() {
+    for command in ["XAUTOCLAIM", "EVALSHA"] {
+        let extra_args = vec!["--rename-command".to_string(), command.to_string(), String::new()];
+        let redis = RedisServer::start_with(ServerConfig { extra_args, ..ServerConfig::default() });
+        let unknown = redis.try_cmd(&[command]).unwrap_err();
+        assert!(unknown.to_string().contains("unknown command"), "{command} is renamed away: {unknown}");
+        let failed = serve_expecting_exit(&redis.url(), Duration::from_secs(20)).await;
+        assert_eq!(failed.status.code(), Some(3), "{command}: exit code 3 (store incompatible):\n{}", failed.stderr);
+        assert!(failed.elapsed < Duration::from_secs(10), "{command}: failed after {:?}", failed.elapsed);
+        let error_line = failed.stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_default();
+        assert!(
+            error_line.contains("compatibility probe") && error_line.contains(command),
+            "{command}: the error names the command:\n{}",
+            failed.stderr
+        );
+        eprintln!("{command} renamed away: exit 3 after {:?}: {error_line}", failed.elapsed);
+    }
+}
+
+/// One raw request: method, path, headers, body, and the status it must get.
+type Case<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, Vec<u8>, u16);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_oversized_requests_get_typed_4xx_json_and_change_nothing_in_redis() {
+    let redis = RedisServer::start();
+    let coordinator = CoordinatorProcess::start(&redis.url(), "e2e-input").await;
+    let group = group("input");
+    // Long leases: nothing may change by itself while the cases run.
+    coordinator.create_group(&group, 2, &rsc::core::model::GroupConfig::default()).await;
+    let heartbeat = group_path(RouteId::Heartbeat, &group);
+    let join = serde_json::json!({
+        "group": {"streamPrefix": group.stream_prefix, "consumerGroup": group.consumer_group},
+        "memberId": "alpha", "memberEpoch": 0, "metadataVersion": 0, "assignmentEpoch": 0
+    })
+    .to_string();
+    let json = ("Content-Type", "application/json");
+    let joined = http(coordinator.addr(), "POST", &heartbeat, &[json], join.clone().into_bytes()).await.expect("join");
+    assert_eq!(joined.status, 200, "{}", String::from_utf8_lossy(&joined.body));
+
+    let snapshot = || {
+        let metadata = redis.cmd(&["HGETALL", &rsc::store::keys::metadata_key(&group)]);
+        let liveness = redis.cmd(&["HGETALL", &rsc::store::keys::liveness_key(&group)]);
+        let index = redis.cmd(&["SMEMBERS", rsc::store::keys::INDEX_KEY]);
+        (metadata, liveness, index)
+    };
+    let before = snapshot();
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let auth = ("Authorization", bearer.as_str());
+    let huge = format!(r#"{{"memberId":"{}"}}"#, "x".repeat(2 * 1024 * 1024)).into_bytes();
+    let shards = group_path(RouteId::AddShards, &group);
+    let config = group_path(RouteId::ChangeConfig, &group);
+    let cases: Vec<Case> = vec![
+        ("POST", &heartbeat, vec![json], b"{not json".to_vec(), 400),
+        ("POST", &heartbeat, vec![json], join.as_bytes()[..join.len() - 1].to_vec(), 400),
+        ("POST", &heartbeat, vec![json], Vec::new(), 400),
+        ("POST", &heartbeat, vec![json], join.replace("\"memberEpoch\":0", "\"memberEpoch\":\"0\"").into_bytes(), 400),
+        ("POST", &heartbeat, vec![json], join.replace("\"memberId\"", "\"surprise\":1,\"memberId\"").into_bytes(), 400),
+        ("POST", &heartbeat, vec![("Content-Type", "text/plain")], join.clone().into_bytes(), 415),
+        ("POST", &heartbeat, vec![json], huge.clone(), 413),
+        ("POST", "/v1/admin/groups", vec![json, auth], b"{\"group\":".to_vec(), 400),
+        ("POST", "/v1/admin/groups", vec![json, auth], huge.clone(), 413),
+        ("POST", &shards, vec![json, auth], br#"{"expectedRevision":"2","newShardCount":4}"#.to_vec(), 400),
+        ("PUT", &config, vec![json, auth], huge, 413),
+    ];
+    let count = cases.len();
+    for (method, path, headers, body, expected) in cases {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).to_string();
+        let answer = http(coordinator.addr(), method, path, &headers, body).await.expect("an answer");
+        assert_eq!(answer.status, expected, "{method} {path} {shown}: {}", String::from_utf8_lossy(&answer.body));
+        assert_eq!(answer.header("content-type"), Some("application/json"), "{method} {path} {shown}");
+        let error = answer.error();
+        assert_eq!(error.code, ErrorCode::BadRequest, "{method} {path} {shown}");
+        assert!(!error.message.is_empty() && error.message.len() < 1_024, "{method} {path}: {}", error.message);
+    }
+    assert_eq!(snapshot(), before, "no rejected request changed the metadata, the liveness counters or the index");
+    let metrics = coordinator.metrics().await;
+    let rejected: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("rsc_http_requests_total{") && ["\"400\"", "\"413\"", "\"415\""].iter().any(|s| l.contains(s))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(rejected, count as f64, "every rejection is counted:\n{metrics}");
+    // Still serving: a valid request goes through and writes (so the snapshot check can fail).
+    assert_eq!(coordinator.get("/readyz").await.status, 200);
+    let bravo = join.replace("alpha", "bravo").into_bytes();
+    assert_eq!(http(coordinator.addr(), "POST", &heartbeat, &[json], bravo).await.expect("join").status, 200);
+    assert_ne!(snapshot(), before);
 }

@@ -214,13 +214,18 @@ impl CoordinatorProcess {
 
     /// `GET /v1/groups/{p}/{g}` with the admin token: the recorded metadata, revision, liveness.
     pub async fn describe(&self, group: &GroupId) -> Value {
-        let auth = format!("Bearer {ADMIN_TOKEN}");
-        let path = group_path(RouteId::Describe, group);
-        let answer = http(self.addr, "GET", &path, &[("Authorization", &auth)], Vec::new())
-            .await
-            .unwrap_or_else(|e| panic!("describe on {}: {e}", self.name));
+        let answer = self.try_describe(group).await;
         assert_eq!(answer.status, 200, "describe: {}", String::from_utf8_lossy(&answer.body));
         answer.json()
+    }
+
+    /// [`Self::describe`]'s answer, whatever its status (503 while the store is failing over).
+    pub async fn try_describe(&self, group: &GroupId) -> HttpAnswer {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        let path = group_path(RouteId::Describe, group);
+        http(self.addr, "GET", &path, &[("Authorization", &auth)], Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("describe on {}: {e}", self.name))
     }
 
     /// Runs `coordinator admin <args>` against this process (token from the environment) and
