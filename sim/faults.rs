@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use madsim::net::NetSim;
 use rsc::core::model::SCHEMA_VERSION;
+use rsc::service::codec::decode;
 use rsc::store::memory::{HistoryKind, OutageMode, RollbackMode};
 
 use crate::plan::fault::Loss;
@@ -39,9 +40,23 @@ enum Step {
     RedisLatencyEnd,
     RedisSupported(String),
     RedisWriteDropEnd,
-    RedisUp { writes_lost: u64 },
-    Recreate { delete_first: bool },
+    RedisUp {
+        writes_lost: u64,
+    },
+    Recreate {
+        delete_first: bool,
+    },
+    /// The operator's monitoring: see [`RUNBOOK_REACTION_MS`].
+    Runbook,
 }
+
+/// The operator's runbook for a group whose metadata is missing or unreadable (alerted by
+/// `rsc_metadata_missing_total` / schema errors): once it has been so for this long, recreate the
+/// group (deleting the unreadable key first). Longer than every scheduled repair in the shipped
+/// plans, so it only acts on damage nobody scheduled a repair for (a failover that lost the
+/// group's creation, overlapping random faults).
+const RUNBOOK_REACTION_MS: u64 = 20_000;
+const RUNBOOK_PERIOD_MS: u64 = 1_000;
 
 /// What a clog blocks (reference-counted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -59,6 +74,8 @@ pub struct Injector {
     delays: BTreeMap<u64, (u64, u64)>,
     losses: BTreeMap<u64, f64>,
     base_latency_ms: (u64, u64),
+    /// Since when the group's metadata has been missing or unreadable (and whether unreadable).
+    unhealthy_since: Option<(Us, bool)>,
 }
 
 impl Injector {
@@ -70,7 +87,9 @@ impl Injector {
             delays: BTreeMap::new(),
             losses: BTreeMap::new(),
             base_latency_ms,
+            unhealthy_since: None,
         };
+        injector.at(RUNBOOK_PERIOD_MS * 1_000, Step::Runbook);
         for f in faults {
             injector.at(f.at_ms * 1_000, Step::Fault(f.item.clone()));
         }
@@ -199,12 +218,36 @@ impl Injector {
                 world.restart(NodeRef::REDIS);
                 world.env.recorder.trace("faults", format!("redis back, {lost} metadata writes lost"));
             }
+            Step::Runbook => {
+                self.runbook(world, now);
+                self.at(now + RUNBOOK_PERIOD_MS * 1_000, Step::Runbook);
+            }
             Step::Recreate { delete_first } => {
                 if delete_first && world.store.delete_metadata_key(&world.env.group) {
                     world.env.recorder.lock().marks.push(Mark::KeyDeleted { at_us: now });
                 }
                 world.command(OperatorCommand::CreateGroup);
             }
+        }
+    }
+
+    /// One look of the operator at the group's metadata (ground truth, not through a coordinator).
+    fn runbook(&mut self, world: &mut World, now: Us) {
+        let group = &world.env.group;
+        let unreadable = match world.store.peek_record(group) {
+            None => Some(false),
+            Some(record) => decode(group, &record).is_err().then_some(true),
+        };
+        let Some(incompatible) = unreadable else {
+            self.unhealthy_since = None;
+            return;
+        };
+        let (since, _) = *self.unhealthy_since.get_or_insert((now, incompatible));
+        if now >= since + RUNBOOK_REACTION_MS * 1_000 {
+            let what = if incompatible { "unreadable" } else { "missing" };
+            world.env.recorder.trace("operator", format!("runbook: metadata {what} for 20 s, recreating the group"));
+            self.unhealthy_since = None;
+            self.apply(world, now, Step::Recreate { delete_first: incompatible });
         }
     }
 
