@@ -22,40 +22,18 @@
 mod e2e_support;
 mod support;
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use e2e_support::checks::{pending_count, settled, shares_all, stored_versions};
 use e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, ConsumerApp, Fleet};
 use e2e_support::ground_truth::assert_no_split;
 use e2e_support::http_tap::{HttpTap, TapAnswer};
 use e2e_support::process::{http, serve_expecting_exit, CoordinatorProcess, ADMIN_TOKEN};
 use e2e_support::{fast_config, group, metric_total, wait_until, wait_until_explained};
 use rsc::client::events::{ClientEvent, StopReason};
-use rsc::core::model::GroupId;
 use rsc::core::protocol::{ErrorCode, HeartbeatStatus};
 use rsc::http::routes::{group_path, RouteId};
 use support::{RedisServer, ServerConfig, TcpProxy};
-
-/// The consumers' readable shards are disjoint, cover `0..shards`, and each has at least one.
-fn shares_all(apps: &[&ConsumerApp], shards: u32) -> bool {
-    let mut seen = BTreeSet::new();
-    for app in apps {
-        let readable = app.status().readable;
-        if readable.is_empty() || readable.iter().any(|s| !seen.insert(*s)) {
-            return false;
-        }
-    }
-    seen == (0..shards).collect()
-}
-
-/// `XPENDING <stream> <group>`'s count: entries delivered and never acked.
-fn pending_count(redis: &RedisServer, group: &GroupId, shard: u32) -> i64 {
-    let reply = redis.cmd(&["XPENDING", &group.stream_key(shard), &group.consumer_group]);
-    match reply {
-        redis::Value::Array(parts) => redis::from_redis_value(parts[0].clone()).expect("XPENDING count"),
-        other => panic!("XPENDING: {other:?}"),
-    }
-}
 
 #[test]
 fn the_harness_checkers_can_fail() {
@@ -254,38 +232,41 @@ async fn a_rolling_update_drains_the_sigtermed_coordinator_and_clients_move_on_w
     );
 }
 
-/// `revision` and `metadataVersion` of the group as stored on `server`.
-fn stored_versions(server: &RedisServer, group: &GroupId) -> (u64, u64) {
-    let key = rsc::store::keys::metadata_key(group);
-    let fields = server.cmd(&["HMGET", &key, "revision", "aggregate"]);
-    let (revision, aggregate): (String, String) = redis::from_redis_value(fields).expect("metadata fields");
-    let aggregate: serde_json::Value = serde_json::from_str(&aggregate).expect("aggregate JSON");
-    (revision.parse().expect("revision"), aggregate["metadataVersion"].as_u64().expect("metadataVersion"))
-}
-
-/// True when the described group is settled: no correction round, exactly `members`, and every
-/// shard owned by its target.
-fn settled(described: &serde_json::Value, members: &[&str], shards: u32) -> bool {
-    let metadata = &described["metadata"];
-    let names: Vec<&str> =
-        metadata["members"].as_object().map_or(Vec::new(), |m| m.keys().map(|k| k.as_str()).collect());
-    let owned_by_target = (0..shards).all(|s| {
-        let current = &metadata["current"][s.to_string()];
-        current["kind"] == "owned" && current["member"] == metadata["target"][s.to_string()]
-    });
-    metadata["correction"].is_null() && names == members && owned_by_target
+/// How the coordinator follows the failover in [`lost_writes_story`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Follow {
+    /// It dials the same address, which is re-pointed at the promoted replica (its connections
+    /// break, and it sees the server identity change).
+    Proxy,
+    /// It is killed and a new process starts on the promoted replica: it never saw the old
+    /// identity, so the clients' versions are the only evidence of the loss.
+    Restart,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metadata_writes_lost_in_a_failover_drive_a_correction_round_and_consumers_converge_without_a_split() {
+    lost_writes_story(Follow::Proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_coordinator_restarted_on_the_promoted_replica_learns_the_loss_from_client_versions_alone() {
+    lost_writes_story(Follow::Restart).await;
+}
+
+/// A join and its rebalance are written while replication is paused; the replica is promoted
+/// without them. The consumers must be told SYNC_METADATA, get no OK for a full assignment lease,
+/// end on a version past every one they saw, and never read a shard two at a time.
+async fn lost_writes_story(follow: Follow) {
     const SHARDS: u32 = 8;
     let started = Instant::now();
     let primary = RedisServer::start();
     let (replica, link) = primary.start_replica_via_proxy();
-    // The coordinator and the clients dial one address that the "failover" re-points.
+    // The clients' stream connections (and, with `Follow::Proxy`, the coordinator) dial one
+    // address that the failover re-points at the promoted replica.
     let front = TcpProxy::start(primary.port());
-    let coordinator = CoordinatorProcess::start(&front.url(), "e2e-failover").await;
-    let group = group("failover");
+    let coordinator_url = if follow == Follow::Proxy { front.url() } else { primary.url() };
+    let mut coordinator = CoordinatorProcess::start(&coordinator_url, "e2e-failover").await;
+    let group = group(&format!("failover-{follow:?}").to_lowercase());
     let lease_ms = fast_config().assignment_lease_ms;
     coordinator.create_group(&group, SHARDS, &fast_config()).await;
     for shard in 0..SHARDS {
@@ -326,6 +307,9 @@ async fn metadata_writes_lost_in_a_failover_drive_a_correction_round_and_consume
     front.set_target(replica.port());
     front.cut();
     let cut_ms = fleet.clock.now_ms();
+    if follow == Follow::Restart {
+        coordinator.restart(&replica.url()).await;
+    }
 
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -341,7 +325,11 @@ async fn metadata_writes_lost_in_a_failover_drive_a_correction_round_and_consume
 
     // The coordinator saw the evidence: a new server identity and clients ahead of the store.
     let metrics = coordinator.metrics().await;
-    assert!(metric_total(&metrics, "rsc_store_identity_changes_total") >= 1.0, "{metrics}");
+    let identity_changes = metric_total(&metrics, "rsc_store_identity_changes_total");
+    match follow {
+        Follow::Proxy => assert!(identity_changes >= 1.0, "{metrics}"),
+        Follow::Restart => assert_eq!(identity_changes, 0.0, "a fresh process has no identity to compare"),
+    }
     assert!(metric_total(&metrics, "rsc_client_metadata_version_ahead_total") >= 1.0, "{metrics}");
     let events = fleet.events();
     let after_cut = |e: &&ClientEvent| e.at_ms() > cut_ms;
@@ -381,7 +369,7 @@ async fn metadata_writes_lost_in_a_failover_drive_a_correction_round_and_consume
     assert!(final_version > seen_version, "version {final_version} reuses a lost one (clients saw {seen_version})");
     assert_no_split(&fleet.reads);
     eprintln!(
-        "failover: replica had revision {replicated_revision} / version {replicated_version}, primary lost \
+        "failover ({follow:?}): replica had revision {replicated_revision} / version {replicated_version}, primary lost \
          {} revisions up to version {primary_version}; first OK {first_ok_ms} ms after the failover; converged \
          at version {final_version}; {:.1} s",
         primary_revision - replicated_revision,

@@ -8,7 +8,7 @@
 //! connection), so malformed and oversized requests can be sent exactly as written.
 
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -50,7 +50,7 @@ fn fresh_dir() -> PathBuf {
 }
 
 /// `coordinator serve` arguments for `redis_url` on `port`: a fast tick and a short shutdown.
-fn serve_command(redis_url: &str, name: &str, port: u16, log: &std::path::Path) -> Command {
+fn serve_command(redis_url: &str, name: &str, port: u16, log: &Path) -> Command {
     let mut command = Command::new(binary());
     command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis-url", redis_url])
@@ -102,6 +102,8 @@ pub struct CoordinatorProcess {
     name: String,
     addr: SocketAddr,
     dir: PathBuf,
+    /// Bumped by every restart; each incarnation logs to its own file.
+    incarnation: u32,
     child: Option<Child>,
     exit: Option<ExitStatus>,
 }
@@ -109,26 +111,41 @@ pub struct CoordinatorProcess {
 impl CoordinatorProcess {
     /// Starts `coordinator serve` on `redis_url` and waits until `/readyz` answers 200.
     pub async fn start(redis_url: &str, name: &str) -> Self {
-        let dir = fresh_dir();
-        let log = dir.join("coordinator.log");
+        let addr: SocketAddr = ([127, 0, 0, 1], 0).into();
+        let mut process = Self { name: name.into(), addr, dir: fresh_dir(), incarnation: 0, child: None, exit: None };
         for attempt in 1..=PORT_ATTEMPTS_MAX {
-            let port = free_port();
-            let child = serve_command(redis_url, name, port, &log).spawn().expect("spawn coordinator serve");
-            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            let mut process = Self { name: name.into(), addr, dir: dir.clone(), child: Some(child), exit: None };
-            match process.wait_ready().await {
+            process.addr.set_port(free_port());
+            match process.launch(redis_url).await {
                 Ok(()) => return process,
-                Err(log) if log.contains("cannot listen") && attempt < PORT_ATTEMPTS_MAX => {
-                    process.dir = PathBuf::new(); // Keep the directory for the next attempt.
-                    continue;
-                }
+                Err(log) if log.contains("cannot listen") && attempt < PORT_ATTEMPTS_MAX => continue,
                 Err(log) => panic!("coordinator {name} did not become ready:\n{log}"),
             }
         }
         unreachable!("the loop returns or panics")
     }
 
-    async fn wait_ready(&mut self) -> Result<(), String> {
+    /// Kills this process (SIGKILL, a crash) and starts a new incarnation on the same address,
+    /// serving from `redis_url`; waits until it is ready.
+    pub async fn restart(&mut self, redis_url: &str) {
+        self.kill();
+        self.incarnation += 1;
+        for attempt in 1..=PORT_ATTEMPTS_MAX {
+            match self.launch(redis_url).await {
+                Ok(()) => return,
+                // The old socket may linger for a moment.
+                Err(log) if log.contains("cannot listen") && attempt < PORT_ATTEMPTS_MAX => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(log) => panic!("coordinator {} did not restart:\n{log}", self.name),
+            }
+        }
+    }
+
+    /// Spawns on `self.addr` and waits for `/readyz`. Err: the log, if it exited or never got ready.
+    async fn launch(&mut self, redis_url: &str) -> Result<(), String> {
+        let mut command = serve_command(redis_url, &self.name, self.addr.port(), &self.log_path());
+        self.child = Some(command.spawn().expect("spawn coordinator serve"));
+        self.exit = None;
         let deadline = Instant::now() + READY_TIMEOUT;
         while Instant::now() < deadline {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
@@ -142,7 +159,12 @@ impl CoordinatorProcess {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        self.kill();
         Err(format!("not ready within {READY_TIMEOUT:?}:\n{}", self.log()))
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("coordinator-{}.log", self.incarnation))
     }
 
     pub fn name(&self) -> &str {
@@ -157,9 +179,9 @@ impl CoordinatorProcess {
         format!("http://{}", self.addr)
     }
 
-    /// Everything the process wrote to stderr so far.
+    /// Everything the current incarnation wrote to stderr so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("coordinator.log")).unwrap_or_default()
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
     /// Sends SIGTERM (`kill -TERM <pid>`): the graceful shutdown path.
@@ -266,9 +288,7 @@ impl CoordinatorProcess {
 impl Drop for CoordinatorProcess {
     fn drop(&mut self) {
         self.kill();
-        if !self.dir.as_os_str().is_empty() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
