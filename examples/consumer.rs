@@ -1,0 +1,111 @@
+//! A consumer group member: joins, reads only the shards the coordinator assigned to it, acks
+//! what it processed, and on Ctrl-C leaves cleanly (drains, reports its shards REVOKED, then sends
+//! the leave heartbeat) so its shards move to the other members at once.
+//!
+//! ```sh
+//! cargo run --example consumer -- [member-id]     # default member id: consumer-<pid>
+//! ```
+//!
+//! Start two or three in separate terminals and watch the shards move between them.
+//! Environment: `COORDINATOR_ADDR` (default `127.0.0.1:7420`), `REDIS_URL` (default
+//! `redis://127.0.0.1:6379`), `STREAM_PREFIX` (default `orders`), `CONSUMER_GROUP` (default
+//! `billing`). The group must exist: `coordinator admin create-group --prefix orders --group
+//! billing --shards 8`.
+
+#[cfg(not(madsim))]
+use rsc::client::RebalanceListener;
+#[cfg(not(madsim))]
+use rsc::core::model::ShardId;
+
+/// Prints assignment changes. Called outside the consumer's lock; must return quickly.
+#[cfg(not(madsim))]
+struct PrintAssignments;
+
+#[cfg(not(madsim))]
+impl RebalanceListener for PrintAssignments {
+    fn on_assigned(&self, shards: &[ShardId]) {
+        println!("assigned shards {shards:?}");
+    }
+
+    fn on_revoked(&self, shards: &[ShardId]) {
+        println!("revoked shards {shards:?} (finishing in-flight work, then reporting REVOKED)");
+    }
+
+    fn on_lost(&self, shards: &[ShardId]) {
+        println!("lost shards {shards:?} (lease ended or fenced: in-flight entries were abandoned)");
+    }
+}
+
+#[cfg(madsim)]
+fn main() {
+    eprintln!("this example needs real sockets and Redis; build it without --cfg madsim");
+}
+
+#[cfg(not(madsim))]
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rsc::client::events::MetricsSink;
+    use rsc::client::{ClientEnv, Clock, Consumer, ConsumerConfig};
+    use rsc::core::model::GroupId;
+    use rsc::http::client::HttpTransport;
+    use rsc::metrics::Metrics;
+    use rsc::store::redis::{RedisStore, RedisStoreOptions};
+
+    let env = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_string());
+    let member = std::env::args().nth(1).unwrap_or_else(|| format!("consumer-{}", std::process::id()));
+
+    let group = GroupId::new(env("STREAM_PREFIX", "orders"), env("CONSUMER_GROUP", "billing"));
+    let transport = HttpTransport::with_addrs(vec![env("COORDINATOR_ADDR", "127.0.0.1:7420").parse()?]);
+    let store = RedisStore::connect(&env("REDIS_URL", "redis://127.0.0.1:6379"), RedisStoreOptions::default()).await?;
+    // Client-side metrics (heartbeat outcomes, lease end, shard stops); a real application serves
+    // `metrics.render()` on its own /metrics endpoint.
+    let metrics = Arc::new(Metrics::new());
+    let client_env = ClientEnv::new(Clock::new(), Arc::new(MetricsSink::new(Arc::clone(&metrics))));
+    let config = ConsumerConfig::new(group, member.clone());
+    let consumer = Consumer::join_with(config, transport, store, client_env, Arc::new(PrintAssignments));
+    println!("{member} joined; Ctrl-C to leave");
+
+    // Ctrl-C only sets a flag: the loop finishes (and acks) the batch in hand before closing.
+    let stop = Arc::new(AtomicBool::new(false));
+    tokio::spawn({
+        let stop = Arc::clone(&stop);
+        async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                stop.store(true, Ordering::SeqCst);
+            }
+        }
+    });
+
+    while !stop.load(Ordering::SeqCst) {
+        // Empty while nothing is assigned yet, or while the lease is not held (fail closed).
+        let batch = match consumer.poll_wait(100, Duration::from_millis(500)).await {
+            Ok(batch) => batch,
+            Err(error) => {
+                eprintln!("poll failed: {error}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        for delivery in batch {
+            let field = |name: &str| {
+                let value = delivery.entry.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice());
+                String::from_utf8_lossy(value.unwrap_or_default()).into_owned()
+            };
+            println!("shard {} entry {}: {} = {}", delivery.shard, delivery.entry.id, field("key"), field("payload"));
+            if let Err(error) = consumer.ack(&delivery).await {
+                // The lease ended or the shard was lost: the entry stays pending in Redis and its
+                // next owner redelivers it.
+                eprintln!("ack {} failed: {error}", delivery.entry.id);
+            }
+        }
+    }
+
+    println!("leaving: draining, reporting REVOKED, sending the leave heartbeat");
+    consumer.close().await?;
+    println!("{member} left; client metrics:\n{}", metrics.render());
+    Ok(())
+}
