@@ -379,22 +379,14 @@ pub async fn operator(env: Env, process: ProcessId, mut commands: mpsc::Unbounde
             env.recorder.trace(process, format!("admin -> {answer:?}"));
             let done = match &answer {
                 Ok(_) => true,
-                Err(rsc::client::TransportError::Api(e)) => e.code == ErrorCode::GroupExists,
+                Err(TransportError::Api(e)) => e.code == ErrorCode::GroupExists,
                 Err(_) => false,
             };
             {
                 let mut records = env.recorder.lock();
                 let call = &mut records.admins[index];
-                if let Err(rsc::client::TransportError::Timeout | rsc::client::TransportError::Unreachable(_)) = answer
-                {
-                    // No answer: the request may still be applied later.
-                } else {
-                    call.received_at_us = Some(received_at_us);
-                    call.answer = Some(answer.map_err(|e| match e {
-                        rsc::client::TransportError::Api(e) => e,
-                        other => rsc::core::protocol::ApiError::new(ErrorCode::StoreUnavailable, other.to_string()),
-                    }));
-                }
+                call.received_at_us = Some(received_at_us);
+                call.answer = Some(answer);
             }
             if done {
                 break;

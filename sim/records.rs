@@ -13,9 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rsc::client::TransportError;
-use rsc::core::protocol::{
-    AdminRequest, AdminResponse, ApiError, HeartbeatRequest, HeartbeatResponse, RoutingResponse,
-};
+use rsc::core::protocol::{AdminRequest, AdminResponse, HeartbeatRequest, HeartbeatResponse, RoutingResponse};
 use rsc::store::EntryId;
 
 use crate::plan::NodeRef;
@@ -125,8 +123,9 @@ pub type RoutingCall = CoordinatorCall<(), RoutingResponse>;
 pub struct AdminCall {
     pub request: AdminRequest,
     pub sent_at_us: Us,
+    /// When the operator got an answer or gave up (timeout).
     pub received_at_us: Option<Us>,
-    pub answer: Option<Result<AdminResponse, ApiError>>,
+    pub answer: Option<Result<AdminResponse, TransportError>>,
     /// When a coordinator worked on it, as recorded by the coordinator node's server: one
     /// `(from, to)` per delivered attempt; `to == None` if the coordinator died while handling it.
     pub handled: Vec<(Us, Option<Us>)>,

@@ -64,8 +64,8 @@ impl<T: CoordinatorTransport> RecordingTransport<T> {
         p > 0.0 && self.rng.lock().unwrap_or_else(PoisonError::into_inner).gen_bool(p.min(1.0))
     }
 
-    /// Runs one call, recording it through `slot` (which returns the record's index after pushing
-    /// it, and updates it later).
+    /// Runs one call: `push` records the request (returning its record's index), `finish` fills
+    /// in the answer; a successful answer may then be hidden (see the module docs).
     async fn recorded<Resp: Clone>(
         &self,
         call: impl std::future::Future<Output = Result<Resp, TransportError>>,
