@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 
 use crate::checkers::{count_by_kind, Finding};
 use crate::plan::{default_plan_dir, load_plan, plan_names, Plan, PlanError, PlanSpec};
-use crate::records::render_trace;
+use crate::records::{fmt_us, render_trace};
 use crate::regressions;
 use crate::runner::{run_seed, SeedOutcome};
 
@@ -207,6 +207,18 @@ fn write_trace(name: &str, seed: u64, outcome: &SeedOutcome) -> std::io::Result<
     }
     text.push_str(&format!("trace hash {:016x}\n", outcome.trace_hash));
     std::fs::write(&path, text)?;
+    // The store's metadata history next to it: every stored state, for reading what a revision held.
+    let mut history = String::new();
+    for event in &outcome.history {
+        history.push_str(&format!("{} {:?}\n", fmt_us(event.at_ms * 1_000), event.kind));
+        for (group, record) in &event.metadata_after {
+            match record {
+                Some(r) => history.push_str(&format!("    {group} rev={} {}\n", r.revision, r.aggregate)),
+                None => history.push_str(&format!("    {group} absent\n")),
+            }
+        }
+    }
+    std::fs::write(path.with_extension("history"), history)?;
     Ok(path)
 }
 

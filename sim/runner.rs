@@ -39,6 +39,8 @@ pub struct SeedOutcome {
     pub measurements: Measurements,
     pub trace_hash: u64,
     pub trace: Vec<TraceLine>,
+    /// The store's metadata history (kept for traced runs only).
+    pub history: Vec<HistoryEvent>,
     pub simulated: Duration,
     pub wall: Duration,
 }
@@ -141,6 +143,7 @@ pub fn run_seed(plan: Plan, verbose: bool) -> SeedOutcome {
         measurements: verdict.measurements,
         trace_hash: trace_hash(&run.records.trace),
         trace: run.records.trace,
+        history: if verbose { run.history } else { Vec::new() },
         simulated: Duration::from_micros(run.end_us),
         wall,
     }
@@ -159,6 +162,7 @@ fn panicked(seed: u64, payload: Box<dyn std::any::Any + Send>, wall: Duration) -
         measurements: Measurements::default(),
         trace_hash: 0,
         trace: Vec::new(),
+        history: Vec::new(),
         simulated: Duration::ZERO,
         wall,
     }
