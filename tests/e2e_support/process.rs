@@ -111,8 +111,15 @@ pub struct CoordinatorProcess {
 impl CoordinatorProcess {
     /// Starts `coordinator serve` on `redis_url` and waits until `/readyz` answers 200.
     pub async fn start(redis_url: &str, name: &str) -> Self {
+        Self::start_with_config(redis_url, name, "").await
+    }
+
+    /// [`Self::start`] with a `--config` TOML file holding `config_toml` (serve settings that have
+    /// no flag, e.g. `concurrency_max`).
+    pub async fn start_with_config(redis_url: &str, name: &str, config_toml: &str) -> Self {
         let addr: SocketAddr = ([127, 0, 0, 1], 0).into();
         let mut process = Self { name: name.into(), addr, dir: fresh_dir(), incarnation: 0, child: None, exit: None };
+        std::fs::write(process.dir.join("serve.toml"), config_toml).expect("write the serve config");
         for attempt in 1..=PORT_ATTEMPTS_MAX {
             process.addr.set_port(free_port());
             match process.launch(redis_url).await {
@@ -144,6 +151,10 @@ impl CoordinatorProcess {
     /// Spawns on `self.addr` and waits for `/readyz`. Err: the log, if it exited or never got ready.
     async fn launch(&mut self, redis_url: &str) -> Result<(), String> {
         let mut command = serve_command(redis_url, &self.name, self.addr.port(), &self.log_path());
+        let config = self.dir.join("serve.toml");
+        if config.exists() {
+            command.arg("--config").arg(config);
+        }
         self.child = Some(command.spawn().expect("spawn coordinator serve"));
         self.exit = None;
         let deadline = Instant::now() + READY_TIMEOUT;
