@@ -120,6 +120,8 @@ pub struct PlanSummary {
     pub paused_overlaps: usize,
     pub backlog_max: usize,
     pub from_dropped_writes: usize,
+    pub silent_loss_overlaps: usize,
+    pub stranded: usize,
 }
 
 impl PlanSummary {
@@ -137,6 +139,8 @@ impl PlanSummary {
         self.paused_overlaps += m.paused_processing_overlaps;
         self.backlog_max = self.backlog_max.max(m.backlog_entries);
         self.from_dropped_writes += m.responses_from_dropped_writes;
+        self.silent_loss_overlaps += m.silent_loss_processing_overlaps;
+        self.stranded += m.stranded_entries;
     }
 }
 
@@ -239,6 +243,12 @@ fn print_table(summaries: &[PlanSummary]) {
         }
         if s.from_dropped_writes > 0 {
             println!("{:<36} responses derived from dropped writes (measured): {}", "", s.from_dropped_writes);
+        }
+        if s.stranded > 0 {
+            println!("{:<36} entries stranded on shards beyond the final shard count (measured): {}", "", s.stranded);
+        }
+        if s.silent_loss_overlaps > 0 {
+            println!("{:<36} processing overlaps after silent write loss (measured): {}", "", s.silent_loss_overlaps);
         }
         if s.paused_overlaps > 0 {
             println!("{:<36} processing overlaps caused by pauses (measured): {}", "", s.paused_overlaps);

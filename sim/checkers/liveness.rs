@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use rsc::core::model::{GroupMetadata, ShardId};
+use rsc::core::model::ShardId;
 use rsc::core::protocol::HeartbeatStatus;
 
 use super::Facts;
@@ -71,21 +71,11 @@ impl fmt::Display for Violation {
     }
 }
 
-/// The last recorded state of the group (`None`: absent or unparsable).
-fn final_state(facts: &Facts<'_>) -> Option<GroupMetadata> {
-    let record = facts
-        .history
-        .iter()
-        .rev()
-        .find_map(|e| e.metadata_after.iter().rev().find(|(g, _)| g == facts.group).map(|(_, r)| r.clone()))??;
-    serde_json::from_str(&record.aggregate).ok()
-}
-
 /// Checks invariant 6.
 pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
     let deadline_us = facts.plan.durations.live_by_ms() * 1_000;
     let at_us = deadline_us;
-    let Some(state) = final_state(facts) else { return vec![Violation::GroupUnavailable { at_us }] };
+    let Some(state) = facts.final_state() else { return vec![Violation::GroupUnavailable { at_us }] };
     let live: BTreeSet<ProcessId> = facts
         .records
         .lifecycles

@@ -13,7 +13,8 @@
 //!   processes' processing intervals of one entry must not intersect. A process that was paused
 //!   during its interval cannot act on its lease end until it runs again (the classic GC-pause
 //!   problem no lease protocol can solve without fencing at the data); such overlaps are counted
-//!   as a measurement, not a violation.
+//!   as a measurement, not a violation, and so are overlaps that start within one assignment
+//!   lease of a silent loss of writes (see the split checker).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -66,19 +67,24 @@ impl fmt::Display for Violation {
 pub struct MessageCounts {
     /// Processing overlaps attributed to pauses.
     pub paused_overlaps: usize,
+    /// Processing overlaps that started within a lease of a silent loss of writes.
+    pub silent_loss_overlaps: usize,
     /// Acknowledged entries in undelivered stream tails at the end (backlog).
     pub backlog: usize,
+    /// Acknowledged, undelivered entries on shards beyond the final shard count.
+    pub stranded: usize,
 }
 
 /// Checks invariant 7.
 pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, MessageCounts) {
-    let (mut violations, backlog) = not_delivered(facts);
-    let (concurrent, paused_overlaps) = concurrent_processing(facts);
+    let (mut violations, backlog, stranded) = not_delivered(facts);
+    let (concurrent, paused_overlaps, silent_loss_overlaps) = concurrent_processing(facts);
     violations.extend(concurrent);
-    (violations, MessageCounts { paused_overlaps, backlog })
+    (violations, MessageCounts { paused_overlaps, silent_loss_overlaps, backlog, stranded })
 }
 
-fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
+fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
+    let shard_count = facts.final_state().map_or(u32::MAX, |g| g.shard_count);
     let delivered: BTreeSet<(&str, EntryId)> =
         facts.records.reads.iter().flat_map(|r| r.ids.iter().map(move |id| (r.stream.as_str(), *id))).collect();
     let mut last_delivered: BTreeMap<&str, EntryId> = BTreeMap::new();
@@ -87,11 +93,15 @@ fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
         *last = (*last).max(*id);
     }
     let mut missing: BTreeMap<&str, (EntryId, usize, Us)> = BTreeMap::new();
-    let mut backlog = 0;
+    let (mut backlog, mut stranded) = (0, 0);
     for add in &facts.records.adds {
         let Some(acknowledged_at_us) = add.acknowledged_at_us else { continue };
         let stream = add.stream.as_str();
         if delivered.contains(&(stream, add.id)) {
+            continue;
+        }
+        if facts.shard_of(stream).is_some_and(|s| s >= shard_count) {
+            stranded += 1;
             continue;
         }
         if last_delivered.get(stream).is_some_and(|last| *last > add.id) {
@@ -110,10 +120,10 @@ fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
             at_us,
         })
         .collect();
-    (violations, backlog)
+    (violations, backlog, stranded)
 }
 
-fn concurrent_processing(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
+fn concurrent_processing(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
     // Per entry: (start, end, process) of every processing of it.
     type Intervals = Vec<(Us, Us, ProcessId)>;
     let mut by_entry: BTreeMap<(&str, EntryId), Intervals> = BTreeMap::new();
@@ -122,7 +132,7 @@ fn concurrent_processing(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
         by_entry.entry((p.stream.as_str(), p.id)).or_default().push((p.start_us, end, p.process));
     }
     let mut violations = Vec::new();
-    let mut paused = 0;
+    let (mut paused, mut silent_loss) = (0, 0);
     for ((stream, id), mut intervals) in by_entry {
         intervals.sort_unstable();
         for (i, &(start_a, end_a, a)) in intervals.iter().enumerate() {
@@ -132,6 +142,10 @@ fn concurrent_processing(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
                 }
                 if facts.paused_within(a, start_a, end_a) || facts.paused_within(b, start_b, end_b) {
                     paused += 1;
+                    continue;
+                }
+                if facts.near_silent_loss(start_b) {
+                    silent_loss += 1;
                     continue;
                 }
                 let overlap_us = end_a.min(end_b) - start_b;
@@ -147,7 +161,7 @@ fn concurrent_processing(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
             }
         }
     }
-    (violations, paused)
+    (violations, paused, silent_loss)
 }
 
 #[cfg(test)]

@@ -29,11 +29,11 @@ pub mod versions;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use rsc::core::model::{GroupId, ShardId};
+use rsc::core::model::{GroupId, GroupMetadata, ShardId};
 use rsc::store::memory::HistoryEvent;
 
 use crate::plan::Plan;
-use crate::records::{fmt_us, ProcessId, Records, Us};
+use crate::records::{fmt_us, Mark, ProcessId, Records, Us};
 
 /// Everything the checkers read.
 pub struct Facts<'a> {
@@ -69,6 +69,31 @@ impl Facts<'_> {
     /// The plan's assignment lease in µs (the longest any grant may run).
     pub fn assignment_lease_us(&self) -> Us {
         self.plan.group.assignment_lease_ms * 1_000
+    }
+
+    /// The last recorded state of the group (`None`: absent or unparsable).
+    pub fn final_state(&self) -> Option<GroupMetadata> {
+        let record = self
+            .history
+            .iter()
+            .rev()
+            .find_map(|e| e.metadata_after.iter().rev().find(|(g, _)| g == self.group).map(|(_, r)| r.clone()))??;
+        serde_json::from_str(&record.aggregate).ok()
+    }
+
+    /// Whether `at_us` lies within one assignment lease of a silent loss of writes (a silent
+    /// rollback, or a window in which acknowledged writes were dropped): grants made in the lost
+    /// history may still run then, which no protocol can prevent.
+    pub fn near_silent_loss(&self, at_us: Us) -> bool {
+        let lease_us = self.assignment_lease_us();
+        self.records.marks.iter().any(|m| {
+            let (from, to) = match m {
+                Mark::SilentRollback { at_us } => (*at_us, *at_us),
+                Mark::WriteDrop { from_us, to_us } => (*from_us, *to_us),
+                Mark::KeyDeleted { .. } => return false,
+            };
+            at_us + lease_us >= from && at_us <= to + lease_us
+        })
     }
 }
 
@@ -112,6 +137,11 @@ pub struct Measurements {
     pub paused_processing_overlaps: usize,
     /// Acknowledged entries not yet delivered at the end, in stream tails (consumer backlog).
     pub backlog_entries: usize,
+    /// Acknowledged, undelivered entries on shards beyond the final shard count (stranded when a
+    /// lost write took back a resharding the producer had already used).
+    pub stranded_entries: usize,
+    /// Overlapping processing of one entry that started within a lease of a silent loss.
+    pub silent_loss_processing_overlaps: usize,
     /// Responses derived from writes the store acknowledged but dropped (`redis-write-drop`).
     pub responses_from_dropped_writes: usize,
 }
@@ -131,6 +161,8 @@ pub fn check_all(facts: &Facts<'_>) -> Verdict {
     let (messages, counts) = messages::check(facts);
     measurements.paused_processing_overlaps = counts.paused_overlaps;
     measurements.backlog_entries = counts.backlog;
+    measurements.stranded_entries = counts.stranded;
+    measurements.silent_loss_processing_overlaps = counts.silent_loss_overlaps;
     let (recorded, from_dropped) = recorded::check(facts);
     measurements.responses_from_dropped_writes = from_dropped;
     let mut all: Vec<Finding> = findings("split", split)

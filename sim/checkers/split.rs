@@ -29,7 +29,7 @@ use rsc::core::model::ShardId;
 
 use super::grants::Grants;
 use super::Facts;
-use crate::records::{fmt_us, Mark, ProcessId, Us};
+use crate::records::{fmt_us, ProcessId, Us};
 
 /// A run of reads of one process on one shard.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,17 +140,6 @@ pub fn tenures(facts: &Facts<'_>, grants: &Grants) -> BTreeMap<ShardId, Vec<Tenu
 pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, Option<Us>) {
     let grants = Grants::from_records(facts.records);
     let lease_us = facts.assignment_lease_us();
-    // Silent losses: (from, to) windows in which acknowledged writes vanished unseen.
-    let silent_losses: Vec<(Us, Us)> = facts
-        .records
-        .marks
-        .iter()
-        .filter_map(|m| match m {
-            Mark::SilentRollback { at_us } => Some((*at_us, *at_us)),
-            Mark::WriteDrop { from_us, to_us } => Some((*from_us, *to_us)),
-            Mark::KeyDeleted { .. } => None,
-        })
-        .collect();
     let mut violations = Vec::new();
     let mut silent_max: Option<Us> = None;
     for (shard, list) in tenures(facts, &grants) {
@@ -162,7 +151,7 @@ pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, Option<Us>) {
                 }
                 let overlap_us = later.to_us.min(earlier.to_us) - later.from_us;
                 let start = later.from_us;
-                let silent = silent_losses.iter().any(|(from, to)| start + lease_us >= *from && start <= to + lease_us);
+                let silent = facts.near_silent_loss(start);
                 let (earlier, later) = (earlier.clone(), later.clone());
                 if !silent {
                     violations.push(Violation::SplitOwnership { shard, earlier, later, overlap_us });
