@@ -9,11 +9,11 @@
 //! cargo sim regressions                # fault-plans/regressions.toml
 //! ```
 //!
-//! The lab's rooms: [`plan`] (the TOML format, drawing every parameter from the seed), [`world`]
-//! and [`programs`] (the simulated deployment running the production code), [`redis_node`] (the
-//! in-memory Redis on its own node), [`faults`] (the fault injector), [`records`] (ground truth
-//! and the trace), [`checkers`] (one file per invariant), [`runner`] and [`cli`]. The format and
-//! the checked properties are documented in `fault-plans/README.md`.
+//! The lab's rooms: `plan` (the TOML format, drawing every parameter from the seed), `world` and
+//! `programs` (the simulated deployment running the production code), `redis_node` (the in-memory
+//! Redis on its own node), `faults` (the fault injector), `records` (ground truth and the trace),
+//! `checkers` (one file per invariant), `runner` and `cli`. The format and the checked properties
+//! are documented in `fault-plans/README.md`.
 //!
 //! Under a normal build this file compiles to a stub that explains how to run it, so
 //! `cargo build --all-targets` and clippy work in both modes. The pure parts (plans, checkers) are
