@@ -198,3 +198,43 @@ fn concurrent_stale_revokes_in_a_correction_round_are_accepted_only_when_they_ma
     );
     let _ = (&mut b, &mut c);
 }
+
+/// Found by the simulation (swarm seed 1027): a round whose lease wait had passed ended in the very
+/// write that recorded new evidence, so the reporting client got OK right after it.
+#[test]
+fn new_evidence_during_a_round_whose_wait_is_over_restarts_the_wait() {
+    let (mut w, mut a, mut b) = rebalancing_world();
+    beat(&mut w, &mut a).expect("drain");
+    beat(&mut w, &mut a).expect("REVOKED");
+    w.rollback(1, true); // failover: a round starts at once
+    for _ in 0..2 {
+        beat(&mut w, &mut a).expect("a syncs");
+        beat(&mut w, &mut b).expect("b syncs");
+    }
+    let round = w.g.correction.clone().expect("round active");
+    assert!(round.synced_members.contains("a") && round.synced_members.contains("b"));
+    // The lease wait passes with no decision in between (no tick, no heartbeat) ...
+    w.advance(w.g.config.assignment_lease_ms + 1_000);
+    // ... and the first decision is new evidence: a synced member reports a version the store
+    // lost meanwhile.
+    let mut ahead = a.request();
+    ahead.metadata_version = w.g.metadata_version + 3;
+    let evidence_at = w.now_ms;
+    let sync = w.heartbeat(&ahead).expect("sync");
+    assert_eq!(sync.status, HeartbeatStatus::SyncMetadata);
+    a.apply(evidence_at, &Ok(sync));
+    assert!(w.g.correction.is_some(), "new evidence keeps the round open");
+    let mut ok_at = None;
+    for _ in 0..40 {
+        w.advance(500);
+        w.tick();
+        let ra = beat(&mut w, &mut a).expect("a");
+        beat(&mut w, &mut b).expect("b");
+        if ra.status == HeartbeatStatus::Ok {
+            ok_at = Some(w.now_ms);
+            break;
+        }
+    }
+    let ok_at = ok_at.expect("the round ends");
+    assert!(ok_at >= evidence_at + w.g.config.assignment_lease_ms, "OK at {ok_at} ms, evidence at {evidence_at} ms");
+}

@@ -68,23 +68,39 @@ impl<'a> Transition<'a> {
 
     /// Records a client-reported version (evidence when it is above the stored one).
     /// Versions at or below the stored one are normal (a client catching up) and record nothing.
+    ///
+    /// During an active round, a report is *new* evidence when it names a version never reported
+    /// before, or when the round's lease wait is already over (the round would otherwise end
+    /// without waiting for this client's lease): both restart the wait. A repeat of a report the
+    /// round is still waiting out (a lost SYNC_METADATA) changes nothing, so the SYNC repeats.
     pub(crate) fn record_client_version(&mut self, reported: u64) {
-        if reported > self.next.max_client_version_seen.max(self.before.metadata_version) {
+        if reported <= self.before.metadata_version {
+            return;
+        }
+        let never_reported = reported > self.next.max_client_version_seen;
+        if never_reported {
             self.next.max_client_version_seen = reported;
             self.dirty = true;
         }
-        if reported > self.before.metadata_version {
-            self.start_round(LossEvidence::ClientVersionAhead { reported, stored: self.before.metadata_version });
+        let reason = LossEvidence::ClientVersionAhead { reported, stored: self.before.metadata_version };
+        let wait_over = self
+            .next
+            .correction
+            .as_ref()
+            .is_some_and(|round| self.obs.waited_ms(round.wait) >= self.next.effective_assignment_lease_ms());
+        if self.next.correction.is_none() || never_reported || wait_over {
+            self.start_round(reason);
         }
     }
 
-    /// Starts a correction round unless one is active. Does not bump metadataVersion (seed).
+    /// Starts a correction round, or restarts the active one's lease wait: new evidence of lost
+    /// writes means some client may hold a lease granted in the lost history *now*, so no OK until
+    /// a full lease after this evidence, and every member must sync again. Does not bump
+    /// metadataVersion (seed).
     pub(crate) fn start_round(&mut self, reason: LossEvidence) {
-        if self.next.correction.is_none() {
-            let wait = self.next.allocate_wait();
-            self.next.correction = Some(CorrectionRound { reason, wait, synced_members: BTreeSet::new() });
-            self.dirty = true;
-        }
+        let wait = self.next.allocate_wait();
+        self.next.correction = Some(CorrectionRound { reason, wait, synced_members: BTreeSet::new() });
+        self.dirty = true;
     }
 
     /// Adds (or re-adds, as a new incarnation) a member. A previous incarnation's shards are fenced:
