@@ -41,7 +41,9 @@ pub enum RouteError {
 /// What applying a refresh did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RefreshOutcome {
-    /// The view was replaced (newer version, or an older one after the cache expired).
+    /// The view was replaced (newer version, or an older one after the cache expired, or the same
+    /// version with different content: the version was reused after the store lost writes, and
+    /// the store is the source of truth).
     Replaced,
     /// Same version: the lease was extended.
     Extended,
@@ -108,7 +110,7 @@ impl RoutingCache {
         let refresh_due_ms = sent_ms.saturating_add(routing.routing_refresh_interval_ms);
         let valid = self.is_valid(now_ms);
         let outcome = match &mut self.cached {
-            Some(c) if routing.metadata_version == c.routing.metadata_version => {
+            Some(c) if routing.metadata_version == c.routing.metadata_version && same_view(&c.routing, &routing) => {
                 // Refreshes may be answered out of order: never shorten the lease.
                 c.expires_ms = c.expires_ms.max(expires_ms);
                 c.refresh_due_ms = c.refresh_due_ms.max(refresh_due_ms);
@@ -141,6 +143,11 @@ impl RoutingCache {
         };
         Ok(Route { shard, stream, metadata_version: routing.metadata_version, cache_expires_ms: cached.expires_ms })
     }
+}
+
+/// True when two routing views route identically (bookkeeping fields aside).
+fn same_view(a: &RoutingResponse, b: &RoutingResponse) -> bool {
+    a.group == b.group && a.shard_count == b.shard_count && a.stream_keys == b.stream_keys
 }
 
 #[cfg(test)]
@@ -213,6 +220,18 @@ mod tests {
         assert_eq!(cache.apply_refresh(500, 505, routing(6, 8)), RefreshOutcome::Replaced);
         assert_eq!(cache.routing().map(|r| r.shard_count), Some(8));
         assert_eq!(cache.expires_ms(), Some(500 + TTL_MS));
+    }
+
+    /// Found by the simulation (swarm seed 1106): a failover lost an AddShards write (v9, 23
+    /// shards) and the coordinator later wrote a different v9 (20 shards). Extending the cached
+    /// view kept publishes going to shards 20-22, which no consumer would ever own.
+    #[test]
+    fn the_same_version_with_different_content_replaces_the_cache() {
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
+        cache.apply_refresh(0, 5, routing(9, 23));
+        assert_eq!(cache.apply_refresh(100, 105, routing(9, 20)), RefreshOutcome::Replaced);
+        assert_eq!(cache.routing().map(|r| r.shard_count), Some(20));
+        assert_eq!(cache.expires_ms(), Some(100 + TTL_MS));
     }
 
     #[test]
