@@ -162,7 +162,11 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
         // Report once per (shard, permission episode), not once per read.
         let mut reported = std::collections::BTreeSet::new();
         for (at_us, shard) in list {
-            while next < told.len() && told[next].received_at_us <= at_us {
+            // An instruction counts from strictly after the instant it was received: a read issued
+            // in the same simulated instant ran concurrently with the response's arrival (the
+            // response is recorded off the wire, before the consumer processed it), and such
+            // events have no order. The split-ownership checker still guards the real property.
+            while next < told.len() && told[next].received_at_us < at_us {
                 apply(&mut perms, told[next].received_at_us, told[next].sent_at_us, &told[next].what);
                 next += 1;
             }

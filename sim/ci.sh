@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The simulation part of the test suite (called by .ci/test-all). Deterministic: the same commit
+# always runs the same seeds. Set SIM_SEEDS (e.g. "1000..1100") to sweep more or other seeds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seeds=${SIM_SEEDS:-0..12}
+
+echo "--- regression corpus (fault-plans/regressions.toml)"
+cargo sim regressions
+
+echo "--- planted bugs: each must be caught (and each scenario is clean without its bug)"
+cargo sim planted --seeds 0..20
+
+echo "--- determinism: every seed run twice, full event traces compared"
+cargo sim run standard --seeds 0..3 --check-determinism
+cargo sim run swarm --seeds 0..3 --check-determinism
+
+echo "--- every plan over seeds ${seeds}"
+cargo sim run all --seeds "${seeds}"
