@@ -25,7 +25,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use e2e_support::checks::{pending_count, settled, shares_all, stored_versions};
+use e2e_support::checks::{pending_count, settled, shares_all, stored_versions, try_stored_versions};
 use e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, ConsumerApp, Fleet};
 use e2e_support::ground_truth::assert_no_split;
 use e2e_support::http_tap::{HttpTap, TapAnswer};
@@ -279,7 +279,12 @@ async fn lost_writes_story(follow: Follow) {
     let a = fleet.consumer("alpha", AppSettings::default()).await;
     let b = fleet.consumer("bravo", AppSettings::default()).await;
     wait_until("two consumers share the 8 shards", Duration::from_secs(15), || shares_all(&[&a, &b], SHARDS)).await;
-    primary.wait_replicated(1);
+    // The replica has everything recorded so far (`WAIT` cannot tell: it only covers the writes
+    // of its own connection, and the harness opens a fresh one per command).
+    wait_until("the replica caught up", Duration::from_secs(10), || {
+        try_stored_versions(&replica, &group) == try_stored_versions(&primary, &group)
+    })
+    .await;
     // From here on the replica gets nothing. Bytes already forwarded may still be applied for a
     // moment, so its state is read after a pause of our own.
     link.pause();

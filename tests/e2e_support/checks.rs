@@ -30,13 +30,19 @@ pub fn pending_count(redis: &RedisServer, group: &GroupId, shard: u32) -> i64 {
     }
 }
 
-/// `revision` and `metadataVersion` of the group as stored on `server`.
+/// `revision` and `metadataVersion` of the group as stored on `server` (panics if absent).
 pub fn stored_versions(server: &RedisServer, group: &GroupId) -> (u64, u64) {
+    try_stored_versions(server, group).unwrap_or_else(|| panic!("no metadata of {group} on port {}", server.port()))
+}
+
+/// `revision` and `metadataVersion` of the group as stored on `server`; `None` if absent.
+pub fn try_stored_versions(server: &RedisServer, group: &GroupId) -> Option<(u64, u64)> {
     let key = rsc::store::keys::metadata_key(group);
     let fields = server.cmd(&["HMGET", &key, "revision", "aggregate"]);
-    let (revision, aggregate): (String, String) = redis::from_redis_value(fields).expect("metadata fields");
-    let aggregate: serde_json::Value = serde_json::from_str(&aggregate).expect("aggregate JSON");
-    (revision.parse().expect("revision"), aggregate["metadataVersion"].as_u64().expect("metadataVersion"))
+    let (revision, aggregate): (Option<String>, Option<String>) =
+        redis::from_redis_value(fields).expect("metadata fields");
+    let aggregate: serde_json::Value = serde_json::from_str(&aggregate?).expect("aggregate JSON");
+    Some((revision?.parse().expect("revision"), aggregate["metadataVersion"].as_u64().expect("metadataVersion")))
 }
 
 /// True when the described group is settled: no correction round, exactly `members`, and every
