@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 use rsc::client::consumer::{ConsumerStatus, NoopListener, Phase};
-use rsc::client::events::{ClientEvent, VecSink};
-use rsc::client::hash::shard_for_key;
+use rsc::client::events::{ClientEvent, EventSink, VecSink};
 use rsc::client::{ClientEnv, Clock, Consumer, ConsumerConfig, Producer, ProducerConfig};
 use rsc::core::model::{GroupId, ShardId};
 use rsc::http::client::{HttpClientConfig, HttpTransport};
@@ -88,13 +87,15 @@ impl Fleet {
     }
 
     pub async fn producer(&self, name: &str) -> ProducerApp {
+        let sink = Arc::new(PublishSink { inner: self.events.clone(), last_ok: Mutex::new(None) });
+        let env = ClientEnv::new(self.clock, sink.clone());
         let producer = Producer::new_with(
             ProducerConfig::new(self.group.clone(), name),
             self.transport(),
             self.store().await,
-            self.env(),
+            env,
         );
-        ProducerApp { producer, ledger: self.ledger.clone() }
+        ProducerApp { producer, sink, ledger: self.ledger.clone() }
     }
 
     /// Every event so far.
@@ -334,7 +335,25 @@ async fn app_loop(consumer: Arc<E2eConsumer>, ledger: Ledger, settings: AppSetti
 /// A producer and the record of what it published.
 pub struct ProducerApp {
     producer: E2eProducer,
+    sink: Arc<PublishSink>,
     ledger: Ledger,
+}
+
+/// Forwards a producer's events to the fleet's sink and keeps the shard and entry of its last
+/// successful publish: the shard the library actually routed to (recomputing it afterwards
+/// could use a newer shard count).
+struct PublishSink {
+    inner: Arc<VecSink>,
+    last_ok: Mutex<Option<(ShardId, EntryId)>>,
+}
+
+impl EventSink for PublishSink {
+    fn emit(&self, event: ClientEvent) {
+        if let ClientEvent::PublishOk { shard, entry, .. } = &event {
+            *self.last_ok.lock().unwrap_or_else(|p| p.into_inner()) = Some((*shard, *entry));
+        }
+        self.inner.emit(event);
+    }
 }
 
 impl ProducerApp {
@@ -344,8 +363,10 @@ impl ProducerApp {
         let payload = format!("msg-{i}").into_bytes();
         match self.producer.publish(key.as_bytes(), payload.clone()).await {
             Ok(entry) => {
-                let shard_count = self.producer.routing().map_or(0, |r| r.shard_count);
-                let shard = shard_for_key(key.as_bytes(), shard_count);
+                // Publishes of one producer app are sequential: the last PublishOk is this one.
+                let last = *self.sink.last_ok.lock().unwrap_or_else(|p| p.into_inner());
+                let (shard, routed) = last.expect("a successful publish emits PublishOk");
+                assert_eq!(routed, entry, "the last PublishOk is this publish's");
                 self.ledger.lock().produced.push(Produced { entry, shard, payload });
                 true
             }
