@@ -1,0 +1,133 @@
+//! Story 4: least privilege. The coordinator and its clients run under ACL users without FLUSHDB /
+//! FLUSHALL; a server with a command renamed away makes `coordinator serve` fail fast.
+
+use std::time::Duration;
+
+use crate::e2e_support::checks::shares_all;
+use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, Fleet};
+use crate::e2e_support::ground_truth::assert_no_split;
+use crate::e2e_support::process::{serve_expecting_exit, CoordinatorProcess};
+use crate::e2e_support::{fast_config, group, wait_until, wait_until_explained};
+use crate::support::{RedisServer, ServerConfig};
+
+/// Every command the coordinator's startup probe checks, plus COMMAND (the probe's own): what a
+/// least-privilege user of the coordinator and its clients is granted, and nothing else.
+const PROBED_COMMANDS: &[&str] = &[
+    "ping",
+    "info",
+    "hget",
+    "hmget",
+    "hset",
+    "hdel",
+    "hincrby",
+    "hgetall",
+    "exists",
+    "del",
+    "get",
+    "set",
+    "sadd",
+    "srem",
+    "smembers",
+    "scan",
+    "evalsha",
+    "script",
+    "xadd",
+    "xgroup",
+    "xreadgroup",
+    "xack",
+    "xautoclaim",
+    "command",
+];
+
+/// Which ACL user [`acl_story`] runs under.
+#[derive(Clone, Copy, Debug)]
+enum AclUser {
+    /// The harness's user: every command but FLUSHDB and FLUSHALL (the seed's advice).
+    AllButFlush,
+    /// Only [`PROBED_COMMANDS`]: proves the probe's list is complete for the coordinator and the
+    /// clients (a command missing from it would pass the probe and fail in production).
+    ProbedCommandsOnly,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_acl_user_without_flush_commands_runs_the_whole_flow_and_nothing_is_denied() {
+    acl_story(AclUser::AllButFlush).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_acl_user_with_only_the_probed_commands_runs_the_whole_flow_and_nothing_is_denied() {
+    acl_story(AclUser::ProbedCommandsOnly).await;
+}
+
+async fn acl_story(user: AclUser) {
+    const SHARDS: u32 = 4;
+    const MESSAGES: usize = 1_000;
+    let redis = RedisServer::start();
+    let password = "e2e-acl-secret";
+    let url = match user {
+        AclUser::AllButFlush => redis.create_acl_user("coordinator", password),
+        AclUser::ProbedCommandsOnly => {
+            let secret = format!(">{password}");
+            let mut args = vec!["ACL", "SETUSER", "coordinator", "reset", "on", &secret, "~*", "-@all"];
+            let grants: Vec<String> = PROBED_COMMANDS.iter().map(|c| format!("+{c}")).collect();
+            args.extend(grants.iter().map(String::as_str));
+            redis.cmd(&args);
+            format!("redis://coordinator:{password}@127.0.0.1:{}", redis.port())
+        }
+    };
+    let client = redis::Client::open(url.as_str()).expect("ACL URL");
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).expect("ACL user connects");
+    for command in ["FLUSHALL", "FLUSHDB"] {
+        let denied = redis::cmd(command).query::<redis::Value>(&mut conn).unwrap_err();
+        assert_eq!(denied.code(), Some("NOPERM"), "{command}: {denied}");
+    }
+    redis.cmd(&["ACL", "LOG", "RESET"]);
+
+    let coordinator = CoordinatorProcess::start(&url, "e2e-acl").await;
+    let group = group("acl");
+    coordinator.create_group(&group, SHARDS, &fast_config()).await;
+    let fleet = Fleet::new(group.clone(), vec![coordinator.addr()], url.clone());
+    let a = fleet.consumer("alpha", AppSettings::default()).await;
+    let b = fleet.consumer("bravo", AppSettings::default()).await;
+    wait_until("two consumers share the shards", Duration::from_secs(15), || shares_all(&[&a, &b], SHARDS)).await;
+    let producer = fleet.producer("producer").await;
+    producer.publish_paced(0..MESSAGES, 2_000).await;
+    let ledger = fleet.ledger.clone();
+    wait_until_explained(
+        "every message acked",
+        Duration::from_secs(20),
+        || ledger.acked_distinct() >= MESSAGES,
+        || fleet.explain(),
+    )
+    .await;
+    assert_no_split(&fleet.reads);
+    let summary = check_delivery(&ledger, &abandoned_entries(&fleet.events()));
+    a.close(Duration::from_secs(10)).await;
+    b.close(Duration::from_secs(10)).await;
+    assert_eq!(coordinator.describe(&group).await["metadata"]["members"], serde_json::json!({}));
+
+    let denials = redis.cmd(&["ACL", "LOG"]);
+    assert_eq!(denials, redis::Value::Array(vec![]), "no command of the coordinator or the clients was denied");
+    assert!(!coordinator.log().contains(password), "the password never reaches the log");
+    eprintln!("ACL user {user:?}: {summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_fails_fast_naming_a_command_the_server_renamed_away() {
+    for command in ["XAUTOCLAIM", "EVALSHA"] {
+        let extra_args = vec!["--rename-command".to_string(), command.to_string(), String::new()];
+        let redis = RedisServer::start_with(ServerConfig { extra_args, ..ServerConfig::default() });
+        let unknown = redis.try_cmd(&[command]).unwrap_err();
+        assert!(unknown.to_string().contains("unknown command"), "{command} is renamed away: {unknown}");
+        let failed = serve_expecting_exit(&redis.url(), Duration::from_secs(20)).await;
+        assert_eq!(failed.status.code(), Some(3), "{command}: exit code 3 (store incompatible):\n{}", failed.stderr);
+        assert!(failed.elapsed < Duration::from_secs(10), "{command}: failed after {:?}", failed.elapsed);
+        let error_line = failed.stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_default();
+        assert!(
+            error_line.contains("compatibility probe") && error_line.contains(command),
+            "{command}: the error names the command:\n{}",
+            failed.stderr
+        );
+        eprintln!("{command} renamed away: exit 3 after {:?}: {error_line}", failed.elapsed);
+    }
+}
