@@ -9,7 +9,9 @@
 //! 4. least privilege: an ACL user without FLUSHDB/FLUSHALL works end to end, and a server with a
 //!    command renamed away makes `coordinator serve` fail fast naming it;
 //! 5. bad input over real HTTP writes nothing, and stalled request bodies do not starve other
-//!    clients.
+//!    clients;
+//!
+//! plus shards added under traffic through the admin CLI (`reshard`).
 //!
 //! Safety is checked against ground truth (`e2e_support::ground_truth`): every XREADGROUP and
 //! XAUTOCLAIM each consumer issued, with its time span. Leases are short (assignment lease 1.5 s,

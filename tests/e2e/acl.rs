@@ -109,6 +109,7 @@ async fn acl_story(user: AclUser) {
     let denials = redis.cmd(&["ACL", "LOG"]);
     assert_eq!(denials, redis::Value::Array(vec![]), "no command of the coordinator or the clients was denied");
     assert!(!coordinator.log().contains(password), "the password never reaches the log");
+    coordinator.assert_no_error_logged();
     eprintln!("ACL user {user:?}: {summary}");
 }
 

@@ -93,6 +93,7 @@ async fn a_consumer_crash_mid_run_loses_nothing_redelivers_only_its_unacked_entr
     b.close(Duration::from_secs(10)).await;
     let described = coordinator.describe(&group).await;
     assert_eq!(described["metadata"]["members"], serde_json::json!({}), "{described}");
+    coordinator.assert_no_error_logged();
     eprintln!(
         "crash story: {summary}; victim held {} entries on shards {victim_shards:?}; {:.1} s",
         held.len(),

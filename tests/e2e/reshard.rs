@@ -99,6 +99,7 @@ async fn shards_added_under_traffic_reach_the_producer_within_a_routing_ttl_and_
     for shard in 0..8 {
         assert_eq!(pending_count(&redis, &group, shard), 0, "shard {shard} has un-acked entries in Redis");
     }
+    coordinator.assert_no_error_logged();
     eprintln!(
         "reshard 4 -> 8 under traffic: {summary}; first publish to an added shard {first_new} ms after the change; \
          {:.1} s",

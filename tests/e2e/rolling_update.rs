@@ -105,6 +105,8 @@ async fn a_rolling_update_drains_the_sigtermed_coordinator_and_clients_move_on_w
         app.close(Duration::from_secs(10)).await;
     }
     assert_eq!(second.describe(&group).await["metadata"]["members"], serde_json::json!({}));
+    first.assert_no_error_logged();
+    second.assert_no_error_logged();
     eprintln!(
         "rolling update: {summary}; first exited {:.0} ms after SIGTERM, answered {refused} x 503 meanwhile; \
          {} answers via the first, {} via the second; {:.1} s",

@@ -160,6 +160,7 @@ async fn lost_writes_story(follow: Follow) {
     let final_version = described["metadata"]["metadataVersion"].as_u64().expect("version");
     assert!(final_version > seen_version, "version {final_version} reuses a lost one (clients saw {seen_version})");
     assert_no_split(&fleet.reads);
+    coordinator.assert_no_error_logged();
     eprintln!(
         "failover ({follow:?}): replica had revision {replicated_revision} / version {replicated_version}, primary lost \
          {} revisions up to version {primary_version}; first OK {first_ok_ms} ms after the failover; converged \

@@ -195,6 +195,14 @@ impl CoordinatorProcess {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
+    /// Panics if the current incarnation logged anything at ERROR level (a refused invalid
+    /// state, a server error answered to a client, ...).
+    pub fn assert_no_error_logged(&self) {
+        let log = self.log();
+        let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+        assert!(errors.is_empty(), "coordinator {} logged errors:\n{}", self.name, errors.join("\n"));
+    }
+
     /// Sends SIGTERM (`kill -TERM <pid>`): the graceful shutdown path.
     pub fn sigterm(&self) {
         let pid = self.child.as_ref().expect("the coordinator is running").id();
