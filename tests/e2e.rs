@@ -37,6 +37,8 @@ mod crash;
 mod reshard;
 #[path = "e2e/rolling_update.rs"]
 mod rolling_update;
+#[path = "e2e/slow_reads.rs"]
+mod slow_reads;
 #[path = "e2e/write_loss.rs"]
 mod write_loss;
 

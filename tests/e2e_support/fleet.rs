@@ -24,9 +24,10 @@ use rsc::http::client::{HttpClientConfig, HttpTransport};
 use rsc::store::redis::{RedisStore, RedisStoreOptions};
 use rsc::store::EntryId;
 
+use super::faults::SlowPath;
 use super::ground_truth::{ReadLog, RecordingStore};
 
-pub type E2eConsumer = Consumer<HttpTransport, RecordingStore<RedisStore>>;
+pub type E2eConsumer = Consumer<HttpTransport, RecordingStore<SlowPath<RedisStore>>>;
 pub type E2eProducer = Producer<HttpTransport, RedisStore>;
 
 /// What every client of one test shares: the clock, the event sink, the read log and the ledger.
@@ -67,12 +68,18 @@ impl Fleet {
         })
     }
 
-    async fn store(&self) -> RedisStore {
+    pub async fn store(&self) -> RedisStore {
         RedisStore::connect(&self.redis_url, RedisStoreOptions::default()).await.expect("clients reach Redis")
     }
 
     /// Joins a consumer and starts its application loop.
     pub async fn consumer(&self, member: &str, settings: AppSettings) -> ConsumerApp {
+        let store = SlowPath::none(self.store().await);
+        self.consumer_on(member, settings, store).await
+    }
+
+    /// Joins a consumer whose path to Redis is `store` (e.g. a [`SlowPath`]).
+    pub async fn consumer_on(&self, member: &str, settings: AppSettings, store: SlowPath<RedisStore>) -> ConsumerApp {
         let mut config = ConsumerConfig::new(self.group.clone(), member);
         config.heartbeat_interval_ms = 200;
         config.heartbeat_timeout_ms = 1_000;
@@ -80,7 +87,7 @@ impl Fleet {
         config.slow_retry_ms = 500;
         config.close_timeout_ms = 5_000;
         config.poll_idle_ms = 10;
-        let store = RecordingStore::new(self.store().await, self.reads.clone());
+        let store = RecordingStore::new(store, self.reads.clone());
         let consumer =
             Arc::new(Consumer::join_with(config, self.transport(), store, self.env(), Arc::new(NoopListener)));
         ConsumerApp::start(member, consumer, self.ledger.clone(), settings)

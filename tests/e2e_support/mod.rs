@@ -16,6 +16,7 @@
 #![allow(dead_code)] // Each story uses a different part of the harness.
 
 pub mod checks;
+pub mod faults;
 pub mod fleet;
 pub mod ground_truth;
 pub mod http_tap;

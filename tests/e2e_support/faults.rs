@@ -1,0 +1,84 @@
+//! [`SlowPath`]: a fault between one consumer and Redis. Its XREADGROUP calls on chosen shard
+//! streams reach Redis only after a delay (a congested or retransmitting network path), so a read
+//! can still be on its way when the consumer is told to give the shard up.
+//!
+//! Wrapped *inside* the ground-truth recorder, so a recorded read spans from the moment the
+//! consumer issued it to the moment it returned, the delay included: the command may execute at
+//! any point of that span.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rsc::store::{EntryId, ReadFrom, StoreError, StreamEntry, StreamStore};
+
+/// A [`StreamStore`] that delays XREADGROUP on `slow_streams` by `delay` (nothing else).
+#[derive(Clone)]
+pub struct SlowPath<S> {
+    inner: S,
+    slow_streams: BTreeSet<String>,
+    delay: Duration,
+    /// Slow reads issued so far (shared by clones).
+    slow_started: Arc<AtomicUsize>,
+}
+
+impl<S> SlowPath<S> {
+    /// No delay at all.
+    pub fn none(inner: S) -> Self {
+        Self::new(inner, BTreeSet::new(), Duration::ZERO)
+    }
+
+    pub fn new(inner: S, slow_streams: BTreeSet<String>, delay: Duration) -> Self {
+        Self { inner, slow_streams, delay, slow_started: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    /// A counter of the slow reads issued so far.
+    pub fn slow_started(&self) -> Arc<AtomicUsize> {
+        self.slow_started.clone()
+    }
+}
+
+impl<S: StreamStore> StreamStore for SlowPath<S> {
+    async fn xadd(
+        &self,
+        stream: &str,
+        fields: Vec<(String, Vec<u8>)>,
+        maxlen: Option<u64>,
+    ) -> Result<EntryId, StoreError> {
+        self.inner.xadd(stream, fields, maxlen).await
+    }
+
+    async fn ensure_group(&self, stream: &str, group: &str) -> Result<(), StoreError> {
+        self.inner.ensure_group(stream, group).await
+    }
+
+    async fn xreadgroup(
+        &self,
+        group: &str,
+        consumer: &str,
+        streams: &[(String, ReadFrom)],
+        count: usize,
+        block_ms: Option<u64>,
+    ) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
+        if streams.iter().any(|(s, _)| self.slow_streams.contains(s)) {
+            self.slow_started.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.xreadgroup(group, consumer, streams, count, block_ms).await
+    }
+
+    async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {
+        self.inner.xack(stream, group, ids).await
+    }
+
+    async fn claim_all_pending(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        self.inner.claim_all_pending(stream, group, consumer, min_idle_ms).await
+    }
+}
