@@ -11,7 +11,8 @@
 //! 5. bad input over real HTTP writes nothing, and stalled request bodies do not starve other
 //!    clients;
 //!
-//! plus shards added under traffic through the admin CLI (`reshard`).
+//! plus shards added under traffic through the admin CLI (`reshard`), and a read still on its way
+//! to Redis when its shard is revoked (`slow_reads`).
 //!
 //! Safety is checked against ground truth (`e2e_support::ground_truth`): every XREADGROUP and
 //! XAUTOCLAIM each consumer issued, with its time span. Leases are short (assignment lease 1.5 s,
