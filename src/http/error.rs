@@ -13,6 +13,7 @@
 //! limit) or 415 (missing or wrong `Content-Type`); unknown routes 404 and wrong methods 405, also
 //! with code `BAD_REQUEST` (the protocol has no dedicated code for them).
 
+use super::serve::BodyReadTimeout;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
@@ -143,10 +144,23 @@ where
                 "expected a request body with Content-Type: application/json",
             ));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(HttpError::from_bytes_rejection)?;
+        // Bounded in time: a stalled body would otherwise hold its concurrency slot forever.
+        let limit = req.extensions().get::<BodyReadTimeout>().map_or(BODY_READ_TIMEOUT_DEFAULT, |t| t.0);
+        let bytes = match tokio::time::timeout(limit, Bytes::from_request(req, state)).await {
+            Ok(read) => read.map_err(HttpError::from_bytes_rejection)?,
+            Err(_) => {
+                return Err(HttpError::rejected(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request body did not arrive in time",
+                ));
+            }
+        };
         parse_strict(&bytes).map(ApiJson)
     }
 }
+
+/// Body read bound when the request did not come through [`super::serve::serve`] (tests).
+const BODY_READ_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Parses `bytes` as `T`, rejecting unknown fields at any depth.
 pub fn parse_strict<T: DeserializeOwned + Serialize>(bytes: &[u8]) -> Result<T, HttpError> {

@@ -26,6 +26,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
+/// How long a handler may wait for a request body; attached to every request by [`serve`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyReadTimeout(pub Duration);
+
 /// Connection settings of [`serve_with`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServeConfig {
@@ -99,6 +103,9 @@ async fn serve_connection<S>(
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let io = TokioIo::new(FlushOnWrite::new(stream));
+    // Request bodies get the same bound as request heads: a client that stalls mid-body must not
+    // hold a concurrency slot (and a connection) forever.
+    let router = router.layer(axum::Extension(BodyReadTimeout(config.header_read_timeout)));
     let service = TowerToHyperService::new(router);
     let connection = http1::Builder::new()
         .timer(TokioTimeTimer)
