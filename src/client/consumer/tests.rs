@@ -165,7 +165,7 @@ async fn a_new_owner_claims_what_the_previous_owner_never_acked() {
 }
 
 #[tokio::test]
-async fn close_waits_for_the_drain_reports_revoked_and_leaves() {
+async fn close_waits_for_the_drain_then_leaves_with_every_shard_revoked() {
     let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
     publish(&store, 0, 1).await;
     let consumer = Arc::new(join("m1", &coordinator, &store, &sink, Arc::new(NoopListener)));
@@ -181,9 +181,13 @@ async fn close_waits_for_the_drain_reports_revoked_and_leaves() {
     closing.await.expect("close task").expect("clean close");
     let heartbeats = coordinator.with(|s| s.heartbeats.clone());
     let last = heartbeats.last().expect("heartbeats");
-    assert!(last.leave && last.owned.is_empty() && last.revoking.is_empty());
-    let reported = heartbeats.iter().find(|h| h.revoking.iter().any(|r| r.shard == 0 && r.revoked));
-    assert!(reported.is_some(), "shard 0 was reported REVOKED before the leave");
+    assert!(last.leave && last.owned.is_empty());
+    let revoked: Vec<ShardId> = last.revoking.iter().filter(|r| r.revoked).map(|r| r.shard).collect();
+    assert_eq!(revoked, vec![0, 1], "the leave carries every shard's REVOKED report");
+    assert!(
+        heartbeats[..heartbeats.len() - 1].iter().all(|h| h.revoking.iter().all(|r| !r.revoked)),
+        "no REVOKED before the leave while closing"
+    );
     assert_eq!(consumer.status().phase, Phase::Left);
 }
 

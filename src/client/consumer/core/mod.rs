@@ -259,16 +259,22 @@ impl ConsumerCore {
             self.finish_leave(now_ms);
             return None;
         }
-        let leave = self.phase == Phase::Closing && self.shards.is_empty();
+        // A closing consumer reports its drained shards REVOKED *in the leave heartbeat*: the
+        // coordinator releases a shard it did not ask back only from a leaving member, so reporting
+        // them earlier would leave them fenced for a lease after the leave.
+        let closing = self.phase == Phase::Closing;
+        let all_drained = self.shards.values().all(|s| s.state == ShardState::Revoking && s.in_flight.is_empty());
+        let leave = closing && all_drained;
         let owned = self.shards_in(|s| matches!(s.state, ShardState::Reading { .. }));
         let mut revoking = Vec::new();
         let mut reported_revoked = BTreeSet::new();
         for (shard, s) in self.shards.iter().filter(|(_, s)| s.state == ShardState::Revoking) {
             let in_flight = u32::try_from(s.in_flight.len()).unwrap_or(u32::MAX);
-            if in_flight == 0 {
+            let revoked = in_flight == 0 && (!closing || leave);
+            if revoked {
                 reported_revoked.insert(*shard);
             }
-            revoking.push(RevokeReport { shard: *shard, in_flight, revoked: in_flight == 0 });
+            revoking.push(RevokeReport { shard: *shard, in_flight, revoked });
         }
         let req = HeartbeatRequest {
             group: self.config.group.clone(),

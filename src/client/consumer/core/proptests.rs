@@ -132,7 +132,10 @@ fn check_request(req: &HeartbeatRequest, readable: &[ShardId]) -> Result<(), Tes
     prop_assert_eq!(&req.owned, &readable.to_vec(), "owned = what may be read at send time");
     for report in &req.revoking {
         prop_assert!(!owned.contains(&report.shard), "shard {} both owned and revoking", report.shard);
-        prop_assert_eq!(report.revoked, report.in_flight == 0, "REVOKED only when drained");
+        prop_assert!(!report.revoked || report.in_flight == 0, "REVOKED only when drained");
+        if req.leave {
+            prop_assert!(report.revoked, "a leave reports every shard REVOKED");
+        }
     }
     Ok(())
 }
