@@ -6,6 +6,7 @@
 //! - the sticky assignor alone on the same join (the part Kafka's assignor benchmarks measure);
 //! - a steady heartbeat decision that changes nothing (the read-only path);
 //! - the aggregate's JSON size, and the time to encode it.
+//!
 //! Median of several runs, in microseconds. Run: `cargo bench --bench core`.
 
 use std::collections::BTreeMap;

@@ -196,7 +196,7 @@ pub struct Member {
 
 /// The recorded current owner of a shard.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
+#[serde(tag = "kind", rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum ShardOwner {
     /// `member` may read the shard (once it receives `OK` listing it).
     Owned { member: MemberId, since_assignment_epoch: u64 },
@@ -243,7 +243,7 @@ pub struct CorrectionRound {
 
 /// Evidence that the store lost recent writes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
+#[serde(tag = "kind", rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum LossEvidence {
     /// A client reported a metadataVersion above the stored one.
     ClientVersionAhead { reported: u64, stored: u64 },

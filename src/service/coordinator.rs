@@ -114,6 +114,7 @@ impl<S> Clone for Coordinator<S> {
 }
 
 const HEARTBEATS: &str = "rsc_heartbeats_total";
+const TERMINATING_HELP: &str = "1 while the coordinator is terminating (refusing new mutations), else 0.";
 const HEARTBEATS_HELP: &str = "Heartbeats answered, by status or error code.";
 
 impl<S: MetadataStore> Coordinator<S> {
@@ -137,6 +138,7 @@ impl<S: MetadataStore> Coordinator<S> {
             local: Mutex::new(local),
             monitors: Mutex::new(BTreeMap::new()),
         };
+        inner.metrics.set("rsc_coordinator_terminating", TERMINATING_HELP, vec![], 0.0);
         Self { inner: Arc::new(inner) }
     }
 
@@ -166,7 +168,7 @@ impl<S: MetadataStore> Coordinator<S> {
     /// Enters terminating mode: new mutations get 503, entered sections finish, ticks stop.
     pub fn begin_shutdown(&self) {
         self.inner.gate.begin();
-        self.inner.metrics.set("rsc_coordinator_terminating", "1 while the coordinator is terminating.", vec![], 1.0);
+        self.inner.metrics.set("rsc_coordinator_terminating", TERMINATING_HELP, vec![], 1.0);
     }
 
     pub fn is_terminating(&self) -> bool {

@@ -88,10 +88,11 @@ impl World {
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx = Context { stored_revision: self.revision, observations: &obs, planted: self.planted };
         let decision = decide_heartbeat(&self.g, req, ctx);
+        let decided_write = decision.write.next.is_some();
         let recorded = self.apply(&decision);
+        assert!(!decided_write || recorded, "heartbeat decisions carry no liveness guards: they always record");
         if let Ok(response) = &decision.outcome {
-            let expected = if recorded { self.revision } else { self.revision };
-            assert_eq!(response.store_revision, expected, "response names the recorded revision");
+            assert_eq!(response.store_revision, self.revision, "the response names the recorded revision");
         }
         decision.outcome
     }
