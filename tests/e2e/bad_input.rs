@@ -93,11 +93,10 @@ async fn stall_a_body(addr: std::net::SocketAddr, path: &str) -> tokio::net::Tcp
 }
 
 /// Bad input in time rather than in bytes: clients that send a request head and then stall the
-/// body. FAILS on the current src/: nothing bounds the time a request body may take (only the
-/// head has `header_read_timeout_ms`), and the global concurrency limit's permit is held while
-/// the body is read, so `concurrency_max` stalled bodies (1024 by default: one idle socket each)
-/// stop every heartbeat and `/healthz`. The test expects the body read to be bounded by
-/// `header_read_timeout_ms` (1 s here); if the fix adds its own setting, set it in `config` too.
+/// body. The global concurrency limit's permit is held while a body is read, so without a
+/// deadline `concurrency_max` stalled bodies (1024 by default: one idle socket each) would stop
+/// every heartbeat and `/healthz`; the body read is bounded by `header_read_timeout_ms` (1 s here,
+/// answered 408).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_request_bodies_are_cut_off_and_do_not_starve_other_clients() {
     const SLOTS: usize = 4;
