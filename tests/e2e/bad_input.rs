@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::e2e_support::process::{http, CoordinatorProcess, ADMIN_TOKEN};
+use crate::e2e_support::process::{http, parse_answer, CoordinatorProcess, ADMIN_TOKEN};
 use crate::e2e_support::{fast_config, group};
 use crate::support::RedisServer;
 use rsc::core::protocol::ErrorCode;
@@ -135,15 +135,17 @@ async fn stalled_request_bodies_are_cut_off_and_do_not_starve_other_clients() {
         .map(|mut stream| {
             tokio::spawn(async move {
                 use tokio::io::AsyncReadExt;
-                let mut buf = [0u8; 512];
-                tokio::time::timeout(Duration::from_secs(3), stream.read(&mut buf)).await.is_err()
+                let mut received = Vec::new();
+                let read = tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut received)).await;
+                read.is_ok().then(|| parse_answer(&received).ok()).flatten()
             })
         })
         .collect();
-    let mut still_open = 0;
+    let mut cut_off = Vec::new();
     for wait in waits {
-        still_open += usize::from(wait.await.expect("read task"));
+        cut_off.push(wait.await.expect("read task"));
     }
+    let still_open = cut_off.iter().filter(|a| a.is_none()).count();
     let answer = answer.unwrap_or_else(|_| {
         panic!(
             "a heartbeat waited {waited:?} behind {SLOTS} stalled request bodies (concurrency_max = {SLOTS}, \
@@ -156,4 +158,8 @@ async fn stalled_request_bodies_are_cut_off_and_do_not_starve_other_clients() {
     assert!(waited < Duration::from_secs(3), "the heartbeat waited {waited:?}");
     assert!(healthz.is_ok(), "/healthz answers while bodies stall");
     assert_eq!(still_open, 0, "stalled request bodies are cut off");
+    for answer in cut_off.into_iter().flatten() {
+        assert_eq!(answer.status, 408, "{}", String::from_utf8_lossy(&answer.body));
+        assert_eq!(answer.error().code, ErrorCode::BadRequest);
+    }
 }

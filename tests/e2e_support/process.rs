@@ -387,7 +387,8 @@ pub async fn http(
     parse_answer(&received)
 }
 
-fn parse_answer(bytes: &[u8]) -> std::io::Result<HttpAnswer> {
+/// Parses one complete HTTP/1 answer (head and, by `Content-Length`, body).
+pub fn parse_answer(bytes: &[u8]) -> std::io::Result<HttpAnswer> {
     let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
     let end = bytes.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| bad("no complete answer head"))?;
     let head = std::str::from_utf8(&bytes[..end]).map_err(|_| bad("answer head is not UTF-8"))?;
