@@ -205,9 +205,20 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         let stream = group.stream_key(first.shard);
         for _ in 0..3 {
             let now_ms = self.shared.clock.now_ms();
-            let Some(plan) = self.shared.with_core(|core| core.plan_for(now_ms, first.shard, first.generation)) else {
+            // The permission check and the call count are one step under the core's lock, so no
+            // heartbeat can report the shard REVOKED between them.
+            let plan = self.shared.with_core(|core| {
+                let plan = core.plan_for(now_ms, first.shard, first.generation);
+                if plan.is_some() {
+                    core.call_started(first.shard);
+                }
+                plan
+            });
+            let Some(plan) = plan else {
                 return Ok(Vec::new());
             };
+            // Held until the call's result is registered (dropped on error or cancellation too).
+            let _call = CallGuard { shared: &self.shared, shard: plan.shard };
             match plan.step {
                 ReadStep::Setup => {
                     self.shared.store.ensure_group(&stream, &group.consumer_group).await?;
@@ -311,6 +322,22 @@ impl<T: CoordinatorTransport, S: StreamStore> Drop for Consumer<T, S> {
     fn drop(&mut self) {
         if let Some(task) = self.take_heartbeats() {
             task.abort();
+        }
+    }
+}
+
+/// Counts one store call on a shard as outstanding until dropped, so a shard is never reported
+/// REVOKED while a call on it may still reach Redis (see `ConsumerCore::call_started`).
+struct CallGuard<'a, T, S> {
+    shared: &'a Shared<T, S>,
+    shard: ShardId,
+}
+
+impl<T, S> Drop for CallGuard<'_, T, S> {
+    fn drop(&mut self) {
+        let now_ms = self.shared.clock.now_ms();
+        if self.shared.with_core(|core| core.call_finished(now_ms, self.shard)) {
+            self.shared.wake.notify_one();
         }
     }
 }

@@ -69,9 +69,8 @@ impl ConsumerCore {
         }
         // Prompt after SYNC_METADATA (report the corrected version) and when a drained shard has
         // not been reported REVOKED yet (its new owner is waiting for that report).
-        let unreported_drain = self.shards.iter().any(|(shard, s)| {
-            s.state == ShardState::Revoking && s.in_flight.is_empty() && !sent.reported_revoked.contains(shard)
-        });
+        let unreported_drain =
+            self.shards.iter().any(|(shard, s)| self.is_drained(*shard, s) && !sent.reported_revoked.contains(shard));
         let prompt = r.status == HeartbeatStatus::SyncMetadata || unreported_drain;
         let delay_ms = if prompt { self.config.prompt_ms } else { self.heartbeat_interval_ms };
         self.next_heartbeat_ms = now_ms.saturating_add(delay_ms);
@@ -132,8 +131,7 @@ impl ConsumerCore {
     /// coordinator still lists them in `revoke` (then they are reported again).
     fn release_answered(&mut self, now_ms: u64, sent: &Outstanding, revoke: &BTreeSet<ShardId>) {
         for shard in &sent.reported_revoked {
-            let drained =
-                matches!(self.shards.get(shard), Some(s) if s.state == ShardState::Revoking && s.in_flight.is_empty());
+            let drained = self.shards.get(shard).is_some_and(|s| self.is_drained(*shard, s));
             if drained && !revoke.contains(shard) {
                 self.shards.remove(shard);
                 let member = self.config.member_id.clone();

@@ -164,6 +164,10 @@ pub struct ConsumerCore {
     next_heartbeat_ms: u64,
     outstanding: Option<Outstanding>,
     next_generation: u64,
+    /// Store calls (setup, claim, XREADGROUP) issued on a shard and not finished yet. A shard is
+    /// drained only when it has none: a read still travelling to Redis could otherwise execute
+    /// after the next owner started, and its entries would land behind the next owner's claim.
+    calls: BTreeMap<ShardId, u32>,
     events: Vec<ClientEvent>,
 }
 
@@ -182,6 +186,7 @@ impl ConsumerCore {
             next_heartbeat_ms: 0,
             outstanding: None,
             next_generation: 1,
+            calls: BTreeMap::new(),
             events: Vec::new(),
         }
     }
@@ -263,13 +268,13 @@ impl ConsumerCore {
         // coordinator releases a shard it did not ask back only from a leaving member, so reporting
         // them earlier would leave them fenced for a lease after the leave.
         let closing = self.phase == Phase::Closing;
-        let all_drained = self.shards.values().all(|s| s.state == ShardState::Revoking && s.in_flight.is_empty());
+        let all_drained = self.shards.iter().all(|(shard, s)| self.is_drained(*shard, s));
         let leave = closing && all_drained;
         let owned = self.shards_in(|s| matches!(s.state, ShardState::Reading { .. }));
         let mut revoking = Vec::new();
         let mut reported_revoked = BTreeSet::new();
         for (shard, s) in self.shards.iter().filter(|(_, s)| s.state == ShardState::Revoking) {
-            let in_flight = u32::try_from(s.in_flight.len()).unwrap_or(u32::MAX);
+            let in_flight = u32::try_from(s.in_flight.len()).unwrap_or(u32::MAX).saturating_add(self.calls_on(*shard));
             let revoked = in_flight == 0 && (!closing || leave);
             if revoked {
                 reported_revoked.insert(*shard);
@@ -448,10 +453,42 @@ impl ConsumerCore {
         Ok(self.remove_in_flight(now_ms, delivery))
     }
 
+    /// A call on `shard` is about to be issued (the caller holds the permission of a [`ReadPlan`]).
+    pub fn call_started(&mut self, shard: ShardId) {
+        *self.calls.entry(shard).or_default() += 1;
+    }
+
+    /// A call on `shard` finished (answered, failed, or abandoned). Returns true when that drained
+    /// a revoking shard (a prompt heartbeat is then due to report it).
+    pub fn call_finished(&mut self, now_ms: u64, shard: ShardId) -> bool {
+        if let Some(count) = self.calls.get_mut(&shard) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.calls.remove(&shard);
+            }
+        }
+        let drained = self.shards.get(&shard).is_some_and(|s| self.is_drained(shard, s));
+        if drained {
+            self.next_heartbeat_ms = self.next_heartbeat_ms.min(now_ms.saturating_add(self.config.prompt_ms));
+        }
+        drained
+    }
+
+    fn calls_on(&self, shard: ShardId) -> u32 {
+        self.calls.get(&shard).copied().unwrap_or(0)
+    }
+
+    /// Revoking, no delivered entry unsettled, and no store call outstanding.
+    fn is_drained(&self, shard: ShardId, s: &Shard) -> bool {
+        s.state == ShardState::Revoking && s.in_flight.is_empty() && self.calls_on(shard) == 0
+    }
+
     fn remove_in_flight(&mut self, now_ms: u64, delivery: &Delivery) -> bool {
+        let calls = self.calls_on(delivery.shard);
         let Some(shard) = self.shards.get_mut(&delivery.shard) else { return false };
         let drained = shard.in_flight.remove(&delivery.entry.id)
             && shard.in_flight.is_empty()
+            && calls == 0
             && shard.state == ShardState::Revoking;
         if drained {
             self.next_heartbeat_ms = self.next_heartbeat_ms.min(now_ms.saturating_add(self.config.prompt_ms));
