@@ -24,8 +24,8 @@ use madsim::net::Endpoint;
 use rsc::core::model::{GroupId, MemberId};
 use rsc::store::memory::MemoryStore;
 use rsc::store::{
-    EntryId, MetadataStore, ProbeReport, ReadFrom, ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore,
-    TouchResult, WriteOutcome, WriteRequest,
+    EntryId, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError, StoredRecord, StreamEntry,
+    StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 
 use crate::records::{AckEvent, AddEvent, ProcessId, ReadEvent, ReadKind, Recorder, Us};
@@ -40,6 +40,7 @@ const REQUEST_TAG: u64 = u64::MAX - 0x0052_4544_4953;
 pub enum Command {
     Load(GroupId),
     TouchAndLoad(GroupId, MemberId),
+    TouchAndCheck(GroupId, MemberId, RecordStamp),
     Liveness(GroupId),
     Write(GroupId, WriteRequest),
     Delete(GroupId, u64),
@@ -63,6 +64,7 @@ impl Command {
         match self {
             Command::Load(_) => "LOAD".into(),
             Command::TouchAndLoad(_, m) => format!("TOUCH+LOAD {m}"),
+            Command::TouchAndCheck(_, m, known) => format!("TOUCH+CHECK {m} r{} {}", known.revision, known.write_id),
             Command::Liveness(_) => "LIVENESS".into(),
             Command::Write(_, w) => format!("WRITE expect={:?}", w.expected_revision),
             Command::Delete(_, r) => format!("DELETE expect={r}"),
@@ -136,6 +138,7 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
     match command {
         Command::Load(g) => Box::new(store.load(&g).await),
         Command::TouchAndLoad(g, m) => Box::new(store.touch_and_load(&g, &m).await),
+        Command::TouchAndCheck(g, m, known) => Box::new(store.touch_and_check(&g, &m, &known).await),
         Command::Liveness(g) => Box::new(store.liveness(&g).await),
         Command::Write(g, w) => Box::new(store.write(&g, w).await),
         Command::Delete(g, r) => Box::new(store.delete(&g, r).await),
@@ -259,6 +262,15 @@ impl MetadataStore for RemoteStore {
 
     async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
         self.call(Command::TouchAndLoad(group.clone(), member.to_string())).await
+    }
+
+    async fn touch_and_check(
+        &self,
+        group: &GroupId,
+        member: &str,
+        known: &RecordStamp,
+    ) -> Result<TouchCheck, StoreError> {
+        self.call(Command::TouchAndCheck(group.clone(), member.to_string(), known.clone())).await
     }
 
     async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {

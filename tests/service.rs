@@ -134,9 +134,12 @@ async fn corrupt_or_future_schema_metadata_fails_closed_and_is_never_overwritten
     let r = c.heartbeat(join("a")).await.expect("join");
     assert!(store.corrupt_aggregate(&group()));
     let corrupt = store.peek_record(&group()).expect("record");
-    assert_eq!(c.heartbeat(next(&r)).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
-    assert_eq!(c.heartbeat(join("b")).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
+    // An out-of-band edit of the aggregate that keeps (revision, writeId) is seen by the steady
+    // heartbeat's cached path at the next full read: the tick, every tick_interval_ms.
     c.tick_all().await;
+    assert_eq!(c.heartbeat(next(&r)).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
+    // Anything that needs a write reads the record in full and fails closed.
+    assert_eq!(c.heartbeat(join("b")).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
     let add = AdminRequest::AddShards { group: group(), expected_revision: corrupt.revision, new_shard_count: 4 };
     assert_eq!(c.admin(add).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
     assert_eq!(store.peek_record(&group()), Some(corrupt), "never overwritten");
@@ -145,8 +148,11 @@ async fn corrupt_or_future_schema_metadata_fails_closed_and_is_never_overwritten
     let store = MemoryStore::new(5);
     let c = coordinator(&store, "c1", PlantedBugs::NONE);
     create(&c, 2).await;
+    let r = c.heartbeat(join("a")).await.expect("join");
     assert!(store.set_future_schema(&group(), 2));
-    assert_eq!(c.heartbeat(join("a")).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
+    // The schema version is part of the cached stamp: the very next steady heartbeat fails closed.
+    assert_eq!(c.heartbeat(next(&r)).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
+    assert_eq!(c.heartbeat(join("b")).await.unwrap_err().code, ErrorCode::MetadataIncompatible);
 }
 
 #[tokio::test]
@@ -291,4 +297,51 @@ async fn the_planted_rebuild_bug_really_rebuilds_so_the_checkers_have_something_
     store.delete_metadata_key(&group());
     let _ = c.heartbeat(next(&r)).await;
     assert!(store.peek_record(&group()).is_some(), "the planted bug resurrects the group");
+}
+
+/// The decoded-aggregate cache: a steady heartbeat answers from the cached decode only while Redis
+/// holds that very write. Another coordinator's write, and a silent rollback followed by a
+/// *different* write of the same revision (ABA), are both seen by the next heartbeat.
+#[tokio::test]
+async fn the_decoded_cache_never_answers_for_a_write_redis_no_longer_holds() {
+    let store = MemoryStore::new(12);
+    // Short mutex TTLs: the rollback below also restores mutexes that were already released.
+    let short = |id: &str| {
+        let options = CoordinatorOptions { instance_id: id.into(), mutex_ttl_ms: 50, ..CoordinatorOptions::default() };
+        Coordinator::new(store.connect(), options)
+    };
+    let (c1, c2, c3) = (short("c1"), short("c2"), short("c3"));
+    create(&c1, 2).await;
+    let mut a = c1.heartbeat(join("a")).await.expect("join");
+    for _ in 0..4 {
+        a = c1.heartbeat(next(&a)).await.expect("a settles");
+    }
+    assert_eq!((a.status, a.assigned.clone()), (HeartbeatStatus::Ok, vec![0, 1]));
+    let settled = next(&a);
+    let steady = c1.heartbeat(settled.clone()).await.expect("steady, from c1's cache");
+    assert_eq!(steady.store_revision, a.store_revision);
+
+    // c2 writes (b joins; a must give a shard up): c1's next steady heartbeat sees it.
+    c2.heartbeat(join("b")).await.expect("b joins through c2");
+    let after_join = store.peek_record(&group()).expect("record");
+    let seen = c1.heartbeat(settled.clone()).await.expect("a through c1");
+    assert_eq!(seen.store_revision, after_join.revision);
+    assert_eq!(seen.revoke.len(), 1, "c1 answered from the new write, not its cached one: {seen:?}");
+
+    // Roll the store back silently to before b's join, then write something else at the very
+    // revision c1 has cached (a third coordinator adds shards).
+    while store.peek_record(&group()).expect("record").revision >= after_join.revision {
+        store.rollback(1, RollbackMode::Silent);
+    }
+    let base = store.peek_record(&group()).expect("record").revision;
+    assert_eq!(base + 1, after_join.revision);
+    let add = AdminRequest::AddShards { group: group(), expected_revision: base, new_shard_count: 4 };
+    c3.admin(add).await.expect("add shards");
+    let rewritten = store.peek_record(&group()).expect("record");
+    assert_eq!(rewritten.revision, after_join.revision, "the same revision, another write");
+    assert_ne!(rewritten.write_id, after_join.write_id);
+
+    let seen = c1.heartbeat(settled).await.expect("a through c1");
+    assert_eq!(seen.shard_count, 4, "c1 answered from the rewritten record: {seen:?}");
+    assert!(seen.revoke.is_empty(), "b's join was lost with the rollback: {seen:?}");
 }

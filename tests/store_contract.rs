@@ -1,5 +1,5 @@
 //! The store contract: one generic case per behaviour (`contract_<case>` in
-//! `store_contract/{metadata,streams}.rs`), each run unchanged against
+//! `store_contract/{metadata,streams,touch_check}.rs`), each run unchanged against
 //! - `RedisStore` on its own freshly spawned `redis-server` (module `redis_store`),
 //! - `RedisStore` as an ACL user without FLUSHDB/FLUSHALL (module `redis_acl_store`), which
 //!   proves the least-privilege user the seed recommends can run everything the store needs,
@@ -23,9 +23,12 @@ mod metadata;
 mod redis_only;
 #[path = "store_contract/streams.rs"]
 mod streams;
+#[path = "store_contract/touch_check.rs"]
+mod touch_check;
 
 pub use metadata::*;
 pub use streams::*;
+pub use touch_check::*;
 
 /// Instantiates every case once per store.
 macro_rules! contract_suite {
@@ -73,6 +76,8 @@ contract_suite!(
     contract_liveness_guard_failure_writes_nothing,
     contract_liveness_removal,
     contract_touch_and_load,
+    contract_touch_and_check_unchanged_and_changed,
+    contract_touch_and_check_leaves_no_key_for_a_vanished_group,
     contract_delete_if_revision,
     contract_mutex,
     contract_index_and_rebuild,

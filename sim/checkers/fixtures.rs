@@ -264,6 +264,7 @@ impl World {
             schema_version: 1,
             layout_version: 1,
             updated_at_ms: at_ms,
+            write_id: format!("w{}-{at_ms}", revision),
         };
         self.history.push(HistoryEvent {
             at_ms,

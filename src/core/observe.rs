@@ -105,6 +105,24 @@ impl LocalView {
         }
     }
 
+    /// A heartbeat's observations: records every wait `metadata` records that this process had not
+    /// seen (it starts now) and reports how long each has been observed. Liveness is left out, as
+    /// heartbeat decisions never read it (expiry is a tick rule: [`crate::core::decide_tick`]),
+    /// and nothing is pruned (the next [`observe`](Self::observe) does that). Allocates nothing
+    /// on a group with no recorded wait, which is the steady state.
+    pub fn observe_waits(&mut self, now_ms: u64, metadata: &GroupMetadata) -> Observations {
+        let windows = match self.groups.get_mut(&metadata.group) {
+            Some(windows) => windows,
+            None => self.groups.entry(metadata.group.clone()).or_default(),
+        };
+        let mut waits = BTreeMap::new();
+        for wait in recorded_waits(metadata) {
+            let since = *windows.waits.entry(wait).or_insert(now_ms);
+            waits.insert(wait, now_ms.saturating_sub(since));
+        }
+        Observations { liveness: BTreeMap::new(), waits }
+    }
+
     /// Forgets every window of `group`: evidence of lost writes restarts all waits.
     pub fn reset(&mut self, group: &GroupId) {
         self.groups.remove(group);

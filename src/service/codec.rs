@@ -48,6 +48,7 @@ mod tests {
             schema_version: SCHEMA_VERSION,
             layout_version: LAYOUT_VERSION,
             updated_at_ms: 0,
+            write_id: "w1".into(),
         }
     }
 

@@ -17,6 +17,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use tokio::time::{Duration, Instant};
 
+use super::cache::DecodedCache;
 use super::shutdown::ShutdownGate;
 use crate::core::engine::routing_view;
 use crate::core::model::{GroupId, GroupMetadata, LossEvidence, MemberId};
@@ -28,7 +29,7 @@ use crate::core::{
     PlantedBugs,
 };
 use crate::metrics::Metrics;
-use crate::store::{MetadataStore, ProbeReport, ServerIdentity, WriteOutcome};
+use crate::store::{MetadataStore, ProbeReport, ServerIdentity, TouchCheck, WriteOutcome};
 
 /// Tunables of one coordinator process.
 #[derive(Clone, Debug)]
@@ -90,6 +91,8 @@ pub(super) struct LocalState {
     /// request re-checks the server identity before answering from what it reads.
     pub(super) identity_suspect: bool,
     pub(super) rng: SmallRng,
+    /// Draws `writeId`s.
+    pub(super) write_rng: SmallRng,
 }
 
 pub(super) struct Inner<S> {
@@ -99,6 +102,7 @@ pub(super) struct Inner<S> {
     pub(super) metrics: Arc<Metrics>,
     pub(super) started: Instant,
     pub(super) local: Mutex<LocalState>,
+    pub(super) cache: DecodedCache,
     pub(super) monitors: Mutex<BTreeMap<GroupId, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -114,6 +118,8 @@ impl<S> Clone for Coordinator<S> {
 }
 
 const HEARTBEATS: &str = "rsc_heartbeats_total";
+/// Separates the `writeId` RNG's seed from the token RNG's.
+const WRITE_ID_SALT: u64 = 0x5772_6974_6549_6421;
 const TERMINATING_HELP: &str = "1 while the coordinator is terminating (refusing new mutations), else 0.";
 const HEARTBEATS_HELP: &str = "Heartbeats answered, by status or error code.";
 
@@ -128,6 +134,7 @@ impl<S: MetadataStore> Coordinator<S> {
             regressed: BTreeMap::new(),
             identity_suspect: false,
             rng: SmallRng::seed_from_u64(options.rng_seed),
+            write_rng: SmallRng::seed_from_u64(options.rng_seed ^ WRITE_ID_SALT),
         };
         let inner = Inner {
             store,
@@ -136,6 +143,7 @@ impl<S: MetadataStore> Coordinator<S> {
             metrics: Arc::new(Metrics::new()),
             started: Instant::now(),
             local: Mutex::new(local),
+            cache: DecodedCache::default(),
             monitors: Mutex::new(BTreeMap::new()),
         };
         inner.metrics.set("rsc_coordinator_terminating", TERMINATING_HELP, vec![], 0.0);
@@ -195,14 +203,8 @@ impl<S: MetadataStore> Coordinator<S> {
         self.inner.gate.check()?;
         req.group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
         self.recheck_identity_if_suspect().await?;
-        let touched = self.inner.store.touch_and_load(&req.group, &req.member_id).await;
-        let touched = touched.map_err(|e| self.store_error(e))?;
-        let Some(record) = touched.record else {
-            let client_knows = req.member_epoch > 0 || req.metadata_version > 0;
-            return Err(self.missing(&req.group, client_knows).await);
-        };
-        let g = self.decode_counted(&req.group, &record)?;
-        let evidence_recorded = self.record_pending_evidence(&g, record.revision).await?;
+        let (g, revision) = self.heartbeat_read(req).await?;
+        let evidence_recorded = self.record_pending_evidence(&g, revision).await?;
         if req.metadata_version > g.metadata_version {
             self.inner.metrics.inc(
                 "rsc_client_metadata_version_ahead_total",
@@ -210,8 +212,8 @@ impl<S: MetadataStore> Coordinator<S> {
                 vec![("group", g.group.to_string())],
             );
         }
-        let obs = self.observe(&g, None);
-        let fast = decide_heartbeat(&g, req, self.context(record.revision, &obs));
+        let obs = self.observe_waits(&g);
+        let fast = decide_heartbeat(&g, req, self.context(revision, &obs));
         // After recording evidence, `g` is stale: only the critical path (which reloads) may answer.
         if fast.write.next.is_none() && !evidence_recorded {
             return fast.outcome;
@@ -227,6 +229,26 @@ impl<S: MetadataStore> Coordinator<S> {
             return fast.outcome;
         }
         self.critical(&req.group, false, |g, rev, obs| self.heartbeat_decision(g, req, rev, obs)).await
+    }
+
+    /// The heartbeat's one read: liveness touch plus the group's metadata, from the decoded cache
+    /// when Redis still holds the cached write (two commands, no aggregate transfer), else read
+    /// and decoded in full.
+    async fn heartbeat_read(&self, req: &HeartbeatRequest) -> Result<(Arc<GroupMetadata>, u64), ApiError> {
+        let store = &self.inner.store;
+        let touched = match self.inner.cache.get(&req.group) {
+            Some(cached) => match store.touch_and_check(&req.group, &req.member_id, &cached.stamp).await {
+                Ok(TouchCheck::Unchanged { .. }) => return Ok((Arc::clone(&cached.metadata), cached.stamp.revision)),
+                Ok(TouchCheck::Changed(touched)) => touched,
+                Err(e) => return Err(self.store_error(e)),
+            },
+            None => store.touch_and_load(&req.group, &req.member_id).await.map_err(|e| self.store_error(e))?,
+        };
+        let Some(record) = touched.record else {
+            let client_knows = req.member_epoch > 0 || req.metadata_version > 0;
+            return Err(self.missing(&req.group, client_knows).await);
+        };
+        Ok((self.decode_counted(&req.group, &record)?, record.revision))
     }
 
     fn heartbeat_decision(
@@ -267,7 +289,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let metadata = self.decode_counted(group, &record)?;
         let liveness = self.inner.store.liveness(group).await.map_err(|e| self.store_error(e))?;
         Ok(GroupDescription {
-            metadata,
+            metadata: Arc::unwrap_or_clone(metadata),
             store_revision: record.revision,
             updated_at_ms: record.updated_at_ms,
             liveness,
@@ -292,6 +314,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 let _entered = self.inner.gate.enter()?;
                 match self.inner.store.delete(&group, *expected_revision).await.map_err(|e| self.store_error(e))? {
                     WriteOutcome::Written { .. } => {
+                        self.inner.cache.forget(&group);
                         let mut local = self.local();
                         local.view.reset(&group);
                         local.revision_seen.remove(&group);
@@ -444,6 +467,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 local.identity = Some(identity);
                 local.identity_generation += 1;
                 local.view.reset_all();
+                self.inner.cache.clear();
             }
             Some(_) => {}
             None => local.identity = Some(identity),

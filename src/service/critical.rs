@@ -63,8 +63,8 @@ impl<S: MetadataStore> Coordinator<S> {
                 }
                 None => Observations::default(),
             };
-            let decision = decide(state.as_ref(), revision, &obs);
-            let Some(next) = decision.write.next.as_ref() else {
+            let mut decision = decide(state.as_deref(), revision, &obs);
+            let Some(next) = decision.write.next.take() else {
                 return decision.outcome;
             };
             if let Err(violation) = next.validate() {
@@ -73,19 +73,31 @@ impl<S: MetadataStore> Coordinator<S> {
             }
             let request = WriteRequest {
                 expected_revision: record.as_ref().map(|r| r.revision),
-                aggregate: encode(next)?,
+                aggregate: encode(&next)?,
                 schema_version: SCHEMA_VERSION,
                 layout_version: LAYOUT_VERSION,
                 updated_at_ms: wall_clock_ms(),
+                write_id: self.write_id(),
                 liveness_guards: decision.write.liveness_guards.clone(),
                 liveness_remove: decision.write.liveness_remove.clone(),
+            };
+            let written_record = StoredRecord {
+                aggregate: request.aggregate.clone(),
+                revision: 0,
+                schema_version: request.schema_version,
+                layout_version: request.layout_version,
+                updated_at_ms: request.updated_at_ms,
+                write_id: request.write_id.clone(),
             };
             match self.inner.store.write(group, request).await.map_err(|e| self.store_error(e))? {
                 WriteOutcome::Written { revision: written } => {
                     self.local().revision_seen.insert(group.clone(), written);
                     // Waits this write recorded start now on this process's clock (the write
                     // happened after every response derived from the state it replaces).
-                    self.observe(next, None);
+                    self.observe(&next, None);
+                    // If the store dropped the write after all, the next read's stamp differs and
+                    // replaces this entry: the cache never answers for a write Redis lacks.
+                    self.inner.cache.put(group, StoredRecord { revision: written, ..written_record }, Arc::new(next));
                     for member in &decision.write.liveness_remove {
                         self.inner.metrics.forget("rsc_member_heartbeat_age_seconds", "member", member);
                         self.inner.metrics.forget("rsc_member_revoking_shards", "member", member);
@@ -141,6 +153,14 @@ impl<S: MetadataStore> Coordinator<S> {
         Arc::clone(monitors.entry(group.clone()).or_default())
     }
 
+    /// A fresh `writeId`: the instance id and 64 bits from this process's own RNG (seeded per
+    /// process like the mutex tokens, but a separate sequence so neither disturbs the other). Two
+    /// instances that share a seed still differ by instance id.
+    fn write_id(&self) -> String {
+        let id: u64 = self.local().write_rng.gen();
+        format!("{}-{id:016x}", self.inner.options.instance_id)
+    }
+
     fn token(&self) -> String {
         let nonce: u64 = self.local().rng.gen();
         format!("{}-{nonce:016x}", self.inner.options.instance_id)
@@ -156,8 +176,20 @@ impl<S: MetadataStore> Coordinator<S> {
         self.local().view.observe(now, g, liveness)
     }
 
-    pub(super) fn decode_counted(&self, group: &GroupId, record: &StoredRecord) -> Result<GroupMetadata, ApiError> {
-        decode(group, record).inspect_err(|e| {
+    /// The decoded metadata of `record` (from the cache when it is the cached write), counting
+    /// records that cannot be read.
+    /// A heartbeat's observations: waits only ([`crate::core::LocalView::observe_waits`]).
+    pub(super) fn observe_waits(&self, g: &GroupMetadata) -> Observations {
+        let now = self.now_ms();
+        self.local().view.observe_waits(now, g)
+    }
+
+    pub(super) fn decode_counted(
+        &self,
+        group: &GroupId,
+        record: &StoredRecord,
+    ) -> Result<Arc<GroupMetadata>, ApiError> {
+        self.inner.cache.decode(group, record, |record| decode(group, record)).inspect_err(|e| {
             tracing::error!(%group, message = %e.message, "stored metadata is incompatible; failing closed");
             self.inner.metrics.inc(
                 "rsc_metadata_schema_errors_total",
@@ -186,6 +218,7 @@ impl<S: MetadataStore> Coordinator<S> {
     /// The error for an absent metadata key: `METADATA_MISSING` when the group is known to have
     /// existed (a client or the index knows it), else `GROUP_NOT_FOUND`. Never rebuilt.
     pub(super) async fn missing(&self, group: &GroupId, client_knows: bool) -> ApiError {
+        self.inner.cache.forget(group);
         if self.inner.options.planted.has(PlantedBug::RebuildMissingMetadata) && client_knows {
             self.plant_rebuild(group).await;
         }

@@ -2,6 +2,7 @@
 //! and the stored-record codec. Generic over the [`crate::store::MetadataStore`], so production
 //! (Redis) and the simulation (the in-memory fake on a simulated node) run the same code.
 
+mod cache;
 pub mod codec;
 mod coordinator;
 mod critical;

@@ -13,6 +13,9 @@ pub const FIELD_REVISION: &str = "revision";
 pub const FIELD_SCHEMA_VERSION: &str = "schemaVersion";
 pub const FIELD_LAYOUT_VERSION: &str = "layoutVersion";
 pub const FIELD_UPDATED_AT: &str = "updatedAt";
+/// Not one of the seed's five recommended fields: a random id per write, so a decoded aggregate
+/// can be cached without trusting revisions never to repeat (see `StoredRecord::write_id`).
+pub const FIELD_WRITE_ID: &str = "writeId";
 
 /// `redis-stream:coord:{p:g}:metadata` — the group's metadata hash. Never has a TTL.
 pub fn metadata_key(group: &GroupId) -> String {

@@ -64,7 +64,7 @@ pub const REQUIRED_COMMANDS: &[&str] = &[
     "XAUTOCLAIM",
 ];
 
-/// The five hash fields of the metadata key, as stored.
+/// The hash fields of the metadata key, as stored: the seed's five plus `writeId`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredRecord {
     /// `aggregate`: GroupMetadata JSON (unparsed).
@@ -77,6 +77,44 @@ pub struct StoredRecord {
     pub layout_version: u32,
     /// `updatedAt`: display only (milliseconds since the Unix epoch of the writer's wall clock).
     pub updated_at_ms: u64,
+    /// `writeId`: a random id the writer chose for this write (empty when the field is absent, as
+    /// in a hash written by hand). Revisions can repeat after a silent rollback (revision r lost,
+    /// then written again with other content), so (revision, writeId) is what identifies one
+    /// write; a decoded copy of the aggregate is reused only while both match ([`RecordStamp`]).
+    pub write_id: String,
+}
+
+impl StoredRecord {
+    /// The stamp of this write, or `None` when it has no `writeId` (then it cannot be cached).
+    pub fn stamp(&self) -> Option<RecordStamp> {
+        (!self.write_id.is_empty()).then(|| RecordStamp {
+            revision: self.revision,
+            write_id: self.write_id.clone(),
+            schema_version: self.schema_version,
+            layout_version: self.layout_version,
+        })
+    }
+}
+
+/// Identifies one stored write: (revision, writeId), plus the schema and layout versions so that
+/// an out-of-band edit of either is seen by the next heartbeat. See [`StoredRecord::write_id`].
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RecordStamp {
+    pub revision: u64,
+    pub write_id: String,
+    pub schema_version: u32,
+    pub layout_version: u32,
+}
+
+impl RecordStamp {
+    /// True when a record with these four fields carries this stamp (never for an empty id).
+    pub fn matches(&self, revision: u64, write_id: &str, schema_version: u32, layout_version: u32) -> bool {
+        !self.write_id.is_empty()
+            && self.revision == revision
+            && self.write_id == write_id
+            && self.schema_version == schema_version
+            && self.layout_version == layout_version
+    }
 }
 
 /// A conditional write of the metadata key.
@@ -88,6 +126,8 @@ pub struct WriteRequest {
     pub schema_version: u32,
     pub layout_version: u32,
     pub updated_at_ms: u64,
+    /// Stored as `writeId`; must be unique per write (the coordinator draws 64 random bits).
+    pub write_id: String,
     /// Each (member, value): the member's liveness counter must still equal value (absent = 0).
     /// This makes an expiry decision atomic with the heartbeats it did not see.
     pub liveness_guards: Vec<(MemberId, u64)>,
@@ -130,6 +170,15 @@ pub struct TouchResult {
     pub record: Option<StoredRecord>,
 }
 
+/// Result of [`MetadataStore::touch_and_check`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TouchCheck {
+    /// The stored record still carries the caller's stamp; `liveness` as in [`TouchResult`].
+    Unchanged { liveness: u64 },
+    /// The record changed (or vanished): here it is, read after the increment.
+    Changed(TouchResult),
+}
+
 /// The coordinator's view of Redis. Every method is one atomic server-side step.
 pub trait MetadataStore: Send + Sync + 'static {
     /// Consistent read of all five fields of the metadata key (`None`: key absent).
@@ -142,6 +191,18 @@ pub trait MetadataStore: Send + Sync + 'static {
         group: &GroupId,
         member: &str,
     ) -> impl Future<Output = Result<TouchResult, StoreError>> + Send;
+
+    /// The steady heartbeat against a decoded copy the caller holds: increments `member`'s
+    /// liveness counter and returns `Unchanged` when the record still carries `known`, else the
+    /// record as `touch_and_load` would. On Redis: HINCRBY + HMGET of four short fields, pipelined
+    /// (two commands, one round trip, no aggregate transfer); a changed record costs one more read.
+    /// Never leaves a liveness key behind for an absent metadata key.
+    fn touch_and_check(
+        &self,
+        group: &GroupId,
+        member: &str,
+        known: &RecordStamp,
+    ) -> impl Future<Output = Result<TouchCheck, StoreError>> + Send;
 
     /// Every member's liveness counter.
     fn liveness(&self, group: &GroupId) -> impl Future<Output = Result<BTreeMap<MemberId, u64>, StoreError>> + Send;

@@ -10,6 +10,12 @@ pub fn group() -> GroupId {
     GroupId::new("orders:v1", "billing")
 }
 
+/// A fresh `writeId` per request, as the coordinator draws one per write.
+pub fn write_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    format!("w{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
 pub fn create(aggregate: &str) -> WriteRequest {
     WriteRequest {
         expected_revision: None,
@@ -17,6 +23,7 @@ pub fn create(aggregate: &str) -> WriteRequest {
         schema_version: 1,
         layout_version: 1,
         updated_at_ms: 1_700_000_000_000,
+        write_id: write_id(),
         liveness_guards: Vec::new(),
         liveness_remove: Vec::new(),
     }
@@ -35,6 +42,7 @@ pub async fn contract_create_only_if_absent<S: MetadataStore + StreamStore + Clo
     assert_eq!(store.load(&g).await, Ok(None));
     let aggregate = r#"{"shards":4,"note":"ünïcode ✓"}"#;
     let request = WriteRequest { schema_version: 3, layout_version: 2, updated_at_ms: 42, ..create(aggregate) };
+    let id = request.write_id.clone();
     assert_eq!(store.write(&g, request).await, Ok(written(1)));
     let expected = StoredRecord {
         aggregate: aggregate.to_string(),
@@ -42,6 +50,7 @@ pub async fn contract_create_only_if_absent<S: MetadataStore + StreamStore + Clo
         schema_version: 3,
         layout_version: 2,
         updated_at_ms: 42,
+        write_id: id,
     };
     assert_eq!(store.load(&g).await, Ok(Some(expected.clone())));
     // A create also indexes the group (RedisStore: a separate SADD, the index has no hash tag).

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::core::model::{GroupId, MemberId};
 use crate::store::keys;
-use crate::store::{StoreError, StoredRecord, TouchResult, WriteOutcome, WriteRequest};
+use crate::store::{RecordStamp, StoreError, StoredRecord, TouchCheck, TouchResult, WriteOutcome, WriteRequest};
 
 use super::history::HistoryKind;
 use super::Inner;
@@ -187,6 +187,31 @@ impl Inner {
         TouchResult { liveness, record: self.load(group) }
     }
 
+    /// HINCRBY liveness member 1 and HMGET metadata revision writeId schemaVersion layoutVersion, as RedisStore pipelines
+    /// them. When the metadata key is absent, RedisStore then deletes the liveness hash (its
+    /// HINCRBY may have created it; liveness without metadata means nothing), so no key is left.
+    pub(super) fn touch_and_check(&mut self, group: &GroupId, member: &str, known: &RecordStamp) -> TouchCheck {
+        let mut change = Change::default();
+        let Some(record) = self.keys.metadata.get(group) else {
+            let members: Vec<MemberId> =
+                self.keys.liveness.get(group).map(|fields| fields.keys().cloned().collect()).unwrap_or_default();
+            for stale in members {
+                self.keys.put_liveness(&mut change, group, &stale, None);
+            }
+            self.journal.push(change);
+            return TouchCheck::Changed(TouchResult { liveness: 0, record: None });
+        };
+        let unchanged = known.matches(record.revision, &record.write_id, record.schema_version, record.layout_version);
+        let liveness = self.keys.liveness_of(group, member).saturating_add(1);
+        self.keys.put_liveness(&mut change, group, member, Some(liveness));
+        self.journal.push(change);
+        if unchanged {
+            TouchCheck::Unchanged { liveness }
+        } else {
+            TouchCheck::Changed(TouchResult { liveness, record: self.load(group) })
+        }
+    }
+
     pub(super) fn liveness(&self, group: &GroupId) -> BTreeMap<MemberId, u64> {
         self.keys.liveness.get(group).cloned().unwrap_or_default()
     }
@@ -215,6 +240,7 @@ impl Inner {
             schema_version: request.schema_version,
             layout_version: request.layout_version,
             updated_at_ms: request.updated_at_ms,
+            write_id: request.write_id,
         };
         let mut change = Change::default();
         self.keys.put_metadata(&mut change, group, Some(record.clone()));

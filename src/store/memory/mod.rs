@@ -34,6 +34,7 @@
 //! |---|---|
 //! | `load` | `HMGET` |
 //! | `touch_and_load` | `EVALSHA`, `HINCRBY`, `HMGET` |
+//! | `touch_and_check` | `HINCRBY`, `HMGET` (a changed record: `HMGET` again) |
 //! | `liveness` | `HGETALL` |
 //! | `write` | `EVALSHA`, `EXISTS`, `HGET`, `HSET`, `HDEL` (a create then `SADD`s, best effort) |
 //! | `delete` | `EVALSHA`, `HGET`, `DEL` (then `SREM`, best effort) |
@@ -62,7 +63,9 @@
 //! - A create (`write` with `expected_revision: None`) also adds the group to the index; `delete`
 //!   removes the metadata key, the liveness key and then the index entry, not the mutex. The
 //!   index update is a separate journaled write (RedisStore sends it as its own command).
-//! - `touch_and_load` increments even when the metadata key is absent (HINCRBY creates the hash).
+//! - `touch_and_load` does not increment when the metadata key is absent (the script checks
+//!   first); `touch_and_check` finding it absent deletes the group's liveness hash (RedisStore
+//!   pipelines HINCRBY first, then deletes the hash if the metadata key is absent).
 //! - Mutex TTLs run on the store clock (`tokio::time::Instant`, simulated under madsim); a mutex is
 //!   alive while `now_ms <= set_at_ms + ttl_ms`, as Redis keeps a key until `now > expire_at`.
 //! - `index_members` and `rebuild_index` return groups sorted by [`GroupId`].
@@ -88,8 +91,8 @@ use tokio::time::Instant;
 
 use crate::core::model::{GroupId, MemberId};
 use crate::store::{
-    EntryId, MetadataStore, ProbeReport, ReadFrom, ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore,
-    TouchResult, WriteOutcome, WriteRequest,
+    EntryId, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError, StoredRecord, StreamEntry,
+    StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 
 pub use faults::{OutageMode, RollbackMode, CORRUPT_AGGREGATE};
@@ -391,6 +394,15 @@ impl MetadataStore for MemoryStore {
 
     async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
         self.call(&["EVALSHA", "HINCRBY", "HMGET"], |inner| Ok(inner.touch_and_load(group, member))).await
+    }
+
+    async fn touch_and_check(
+        &self,
+        group: &GroupId,
+        member: &str,
+        known: &RecordStamp,
+    ) -> Result<TouchCheck, StoreError> {
+        self.call(&["HINCRBY", "HMGET"], |inner| Ok(inner.touch_and_check(group, member, known))).await
     }
 
     async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {

@@ -13,7 +13,8 @@ use super::RedisStore;
 use crate::core::model::{GroupId, MemberId};
 use crate::store::keys;
 use crate::store::{
-    MetadataStore, ProbeReport, ServerIdentity, StoreError, StoredRecord, TouchResult, WriteOutcome, WriteRequest,
+    MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck, TouchResult,
+    WriteOutcome, WriteRequest,
 };
 
 /// Upper bound on SCAN round trips of one `rebuild_index` (a limit on everything; at COUNT 1000
@@ -29,6 +30,7 @@ impl MetadataStore for RedisStore {
             keys::FIELD_SCHEMA_VERSION,
             keys::FIELD_LAYOUT_VERSION,
             keys::FIELD_UPDATED_AT,
+            keys::FIELD_WRITE_ID,
         ]);
         let fields: Vec<Value> = self.query("HMGET", cmd).await?;
         parse_record(&fields)
@@ -40,6 +42,48 @@ impl MetadataStore for RedisStore {
         let reply = self.invoke("touch script", invocation).await?;
         let (liveness, record) = parse_touch(&reply)?;
         Ok(TouchResult { liveness, record })
+    }
+
+    async fn touch_and_check(
+        &self,
+        group: &GroupId,
+        member: &str,
+        known: &RecordStamp,
+    ) -> Result<TouchCheck, StoreError> {
+        let metadata = keys::metadata_key(group);
+        let liveness_key = keys::liveness_key(group);
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("HINCRBY").arg(&liveness_key).arg(member).arg(1);
+        pipe.cmd("HMGET").arg(&metadata).arg(&[
+            keys::FIELD_REVISION,
+            keys::FIELD_WRITE_ID,
+            keys::FIELD_SCHEMA_VERSION,
+            keys::FIELD_LAYOUT_VERSION,
+        ]);
+        let (liveness, stamp): (u64, Vec<Value>) = self.pipeline("HINCRBY+HMGET", pipe).await?;
+        let [revision, write_id, schema_version, layout_version] = stamp.as_slice() else {
+            return Err(StoreError::Protocol(format!("stamp read returned {} fields, expected 4", stamp.len())));
+        };
+        if matches!(revision, Value::Nil) {
+            // The metadata key is gone: the HINCRBY may just have created the liveness hash. The
+            // script deletes it only if the metadata key is still absent, so no key is left.
+            let mut invocation = self.inner.scripts.forget_liveness.prepare_invoke();
+            invocation.key(&metadata).key(&liveness_key);
+            self.invoke("forget-liveness script", invocation).await?;
+            return Ok(TouchCheck::Changed(TouchResult { liveness: 0, record: None }));
+        }
+        // Anything missing or malformed reads as changed: the full read then reports it.
+        let version = |v: &Value| number(v).and_then(|n| u32::try_from(n).ok());
+        let unchanged = match (number(revision), text(write_id), version(schema_version), version(layout_version)) {
+            (Some(revision), Some(write_id), Some(schema), Some(layout)) => {
+                known.matches(revision, &write_id, schema, layout)
+            }
+            _ => false,
+        };
+        if unchanged {
+            return Ok(TouchCheck::Unchanged { liveness });
+        }
+        Ok(TouchCheck::Changed(TouchResult { liveness, record: self.load(group).await? }))
     }
 
     async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
@@ -75,6 +119,7 @@ impl MetadataStore for RedisStore {
             .arg(request.schema_version)
             .arg(request.layout_version)
             .arg(request.updated_at_ms)
+            .arg(&request.write_id)
             .arg(request.liveness_guards.len());
         for (member, counter) in &request.liveness_guards {
             invocation.arg(member).arg(*counter);

@@ -149,6 +149,18 @@ impl RedisStore {
             .await
     }
 
+    /// Several commands in one round trip (not a transaction) on the shared connection; the reply
+    /// is one value per command. `name` names the batch in errors.
+    async fn pipeline<T: FromRedisValue + Send>(&self, name: &str, pipe: ::redis::Pipeline) -> Result<T, StoreError> {
+        self.inner
+            .conn
+            .run(Lane::Shared, name, 0, |mut c: MultiplexedConnection| async move {
+                let value: T = pipe.query_async(&mut c).await?;
+                Ok((value, c))
+            })
+            .await
+    }
+
     /// One script call (EVALSHA, with SCRIPT LOAD + retry on NOSCRIPT) on the shared connection.
     async fn invoke(&self, name: &str, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
         self.inner

@@ -169,7 +169,7 @@ impl RedisStore {
         };
 
         let mut write = scripts.write.prepare_invoke();
-        write.key(&meta).key(&live).arg("").arg(1).arg("{}").arg(1).arg(1).arg(0).arg(0);
+        write.key(&meta).key(&live).arg("").arg(1).arg("{}").arg(1).arg(1).arg(0).arg("probe").arg(0);
         let reply = self.invoke("write script", write).await?;
         expect("write script", &reply, super::scripts::parse_write(&reply).is_ok())?;
 
@@ -183,6 +183,11 @@ impl RedisStore {
         delete.key(&meta).key(&live).arg(1);
         let reply = self.invoke("delete script", delete).await?;
         expect("delete script", &reply, super::scripts::parse_delete(&reply).is_ok())?;
+
+        let mut forget = scripts.forget_liveness.prepare_invoke();
+        forget.key(&meta).key(&live);
+        let reply = self.invoke("forget-liveness script", forget).await?;
+        expect("forget-liveness script", &reply, number(&reply).is_some())?;
 
         let mut release = scripts.release.prepare_invoke();
         release.key(&mutex).arg("token");

@@ -19,8 +19,8 @@ use crate::store::{keys, StoreError, StoredRecord, WriteOutcome};
 /// Revision CAS write with liveness guards and removals.
 ///
 /// KEYS: metadata hash, liveness hash. ARGV: expected revision (`""` = create only if absent),
-/// new revision, aggregate, schemaVersion, layoutVersion, updatedAt, guard count G, G pairs
-/// (member, counter), then the members to remove from the liveness hash.
+/// new revision, aggregate, schemaVersion, layoutVersion, updatedAt, writeId, guard count G, G
+/// pairs (member, counter), then the members to remove from the liveness hash.
 /// Reply: `{"ok", rev}` | `{"conflict", current-or-nil}` | `{"liveness", member}` | `{"corrupt"}`.
 /// The revision check comes first: a stale decision is reported as a conflict even when a guard
 /// would also fail.
@@ -37,18 +37,18 @@ if ARGV[1] == '' then
 elseif current ~= ARGV[1] then
   return {'conflict', current}
 end
-local guards = tonumber(ARGV[7])
+local guards = tonumber(ARGV[8])
 for i = 0, guards - 1 do
-  local member = ARGV[8 + 2 * i]
+  local member = ARGV[9 + 2 * i]
   local seen = redis.call('HGET', KEYS[2], member) or '0'
-  if seen ~= ARGV[9 + 2 * i] then
+  if seen ~= ARGV[10 + 2 * i] then
     return {'liveness', member}
   end
 end
 redis.call('HSET', KEYS[1], 'aggregate', ARGV[3], 'revision', ARGV[2], 'schemaVersion', ARGV[4],
-  'layoutVersion', ARGV[5], 'updatedAt', ARGV[6])
+  'layoutVersion', ARGV[5], 'updatedAt', ARGV[6], 'writeId', ARGV[7])
 local batch = {}
-for i = 8 + 2 * guards, #ARGV do
+for i = 9 + 2 * guards, #ARGV do
   batch[#batch + 1] = ARGV[i]
   if #batch == 200 then
     redis.call('HDEL', KEYS[2], unpack(batch))
@@ -61,18 +61,30 @@ end
 return {'ok', ARGV[2]}
 "#;
 
-/// Heartbeat: increments the member's liveness counter and reads the five metadata fields.
+/// Heartbeat without a cached copy: reads the metadata fields and, only when the metadata key
+/// exists, increments the member's liveness counter (a heartbeat for an unknown group creates
+/// no key).
 ///
-/// KEYS: metadata hash, liveness hash. ARGV: member. Reply: `{counter, f1..f5}`. The counter is
-/// incremented even when the metadata key is absent (as HINCRBY would): the liveness hash is not
-/// metadata, and the coordinator answers such a heartbeat from the absent record alone.
+/// KEYS: metadata hash, liveness hash. ARGV: member. Reply: `{counter, f1..f6}` (counter 0 when
+/// the key is absent).
 const TOUCH: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'aggregate', 'revision', 'schemaVersion', 'layoutVersion', 'updatedAt')
+local f = redis.call('HMGET', KEYS[1], 'aggregate', 'revision', 'schemaVersion', 'layoutVersion', 'updatedAt',
+  'writeId')
 local counter = 0
 if f[2] then
   counter = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 end
-return {counter, f[1], f[2], f[3], f[4], f[5]}
+return {counter, f[1], f[2], f[3], f[4], f[5], f[6]}
+"#;
+
+/// After a pipelined HINCRBY found the metadata key absent: deletes the liveness hash if the
+/// metadata key is still absent (liveness without metadata means nothing; this removes a hash
+/// the HINCRBY created). KEYS: metadata hash, liveness hash. Reply: keys deleted.
+const FORGET_LIVENESS: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return redis.call('DEL', KEYS[2])
+end
+return 0
 "#;
 
 /// Delete-if-revision. KEYS: metadata hash, liveness hash. ARGV: expected revision.
@@ -94,10 +106,11 @@ end
 return 0
 "#;
 
-/// The four scripts, hashed once per store.
+/// The five scripts, hashed once per store.
 pub(crate) struct Scripts {
     pub(crate) write: Script,
     pub(crate) touch: Script,
+    pub(crate) forget_liveness: Script,
     pub(crate) delete: Script,
     pub(crate) release: Script,
 }
@@ -107,16 +120,18 @@ impl Scripts {
         Self {
             write: Script::new(WRITE),
             touch: Script::new(TOUCH),
+            forget_liveness: Script::new(FORGET_LIVENESS),
             delete: Script::new(DELETE),
             release: Script::new(RELEASE),
         }
     }
 
     /// (name used in errors, script) for the probe.
-    pub(crate) fn all(&self) -> [(&'static str, &Script); 4] {
+    pub(crate) fn all(&self) -> [(&'static str, &Script); 5] {
         [
             ("write script", &self.write),
             ("touch script", &self.touch),
+            ("forget-liveness script", &self.forget_liveness),
             ("delete script", &self.delete),
             ("mutex release script", &self.release),
         ]
@@ -146,11 +161,12 @@ pub(crate) fn number(value: &Value) -> Option<u64> {
     }
 }
 
-/// Parses the five HMGET'd fields. All absent: `None` (no record). Some absent, or a number that
-/// does not parse: `Protocol` (the hash was not written by this layout).
+/// Parses the six HMGET'd fields (the seed's five, then `writeId`). All absent: `None` (no
+/// record). One of the five absent, or a number that does not parse: `Protocol` (the hash was not
+/// written by this layout). An absent `writeId` reads as empty (such a record is never cached).
 pub(crate) fn parse_record(fields: &[Value]) -> Result<Option<StoredRecord>, StoreError> {
-    if fields.len() != 5 {
-        return Err(StoreError::Protocol(format!("metadata read returned {} fields, expected 5", fields.len())));
+    if fields.len() != 6 {
+        return Err(StoreError::Protocol(format!("metadata read returned {} fields, expected 6", fields.len())));
     }
     if fields.iter().all(|v| matches!(v, Value::Nil)) {
         return Ok(None);
@@ -168,7 +184,11 @@ pub(crate) fn parse_record(fields: &[Value]) -> Result<Option<StoredRecord>, Sto
     let schema_version = number(&fields[2]).and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad(2))?;
     let layout_version = number(&fields[3]).and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad(3))?;
     let updated_at_ms = number(&fields[4]).ok_or_else(|| bad(4))?;
-    Ok(Some(StoredRecord { aggregate, revision, schema_version, layout_version, updated_at_ms }))
+    let write_id = match &fields[5] {
+        Value::Nil => String::new(),
+        other => text(other).ok_or_else(|| StoreError::Protocol("metadata field \"writeId\" is malformed".into()))?,
+    };
+    Ok(Some(StoredRecord { aggregate, revision, schema_version, layout_version, updated_at_ms, write_id }))
 }
 
 /// A stored revision reported by a failed check (nil: key absent).
@@ -241,21 +261,30 @@ mod tests {
     #[test]
     fn partial_or_malformed_records_are_protocol_errors() {
         let nil = Value::Nil;
-        assert_eq!(parse_record(&[nil.clone(), nil.clone(), nil.clone(), nil.clone(), nil.clone()]), Ok(None));
-        let partial = [bulk("{}"), bulk("3"), nil.clone(), bulk("1"), bulk("5")];
-        assert!(matches!(parse_record(&partial), Err(StoreError::Protocol(_))));
-        let bad_number = [bulk("{}"), bulk("x"), bulk("1"), bulk("1"), bulk("5")];
-        assert!(matches!(parse_record(&bad_number), Err(StoreError::Protocol(_))));
-        let good = [bulk("{}"), bulk("3"), bulk("1"), bulk("2"), bulk("5")];
         assert_eq!(
-            parse_record(&good),
-            Ok(Some(StoredRecord {
-                aggregate: "{}".into(),
-                revision: 3,
-                schema_version: 1,
-                layout_version: 2,
-                updated_at_ms: 5
-            }))
+            parse_record(&[nil.clone(), nil.clone(), nil.clone(), nil.clone(), nil.clone(), nil.clone()]),
+            Ok(None)
         );
+        let partial = [bulk("{}"), bulk("3"), nil.clone(), bulk("1"), bulk("5"), bulk("w")];
+        assert!(matches!(parse_record(&partial), Err(StoreError::Protocol(_))));
+        let bad_number = [bulk("{}"), bulk("x"), bulk("1"), bulk("1"), bulk("5"), bulk("w")];
+        assert!(matches!(parse_record(&bad_number), Err(StoreError::Protocol(_))));
+        let five = [bulk("{}"), bulk("3"), bulk("1"), bulk("2"), bulk("5")];
+        assert!(matches!(parse_record(&five), Err(StoreError::Protocol(_))));
+        let good = [bulk("{}"), bulk("3"), bulk("1"), bulk("2"), bulk("5"), bulk("w")];
+        let expected = StoredRecord {
+            aggregate: "{}".into(),
+            revision: 3,
+            schema_version: 1,
+            layout_version: 2,
+            updated_at_ms: 5,
+            write_id: "w".into(),
+        };
+        assert_eq!(parse_record(&good), Ok(Some(expected.clone())));
+        // Written by hand (no writeId): readable, but never cached.
+        let by_hand = [bulk("{}"), bulk("3"), bulk("1"), bulk("2"), bulk("5"), nil.clone()];
+        let record = parse_record(&by_hand).unwrap().unwrap();
+        assert_eq!(record, StoredRecord { write_id: String::new(), ..expected });
+        assert_eq!(record.stamp(), None);
     }
 }

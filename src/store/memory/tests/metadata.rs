@@ -21,8 +21,14 @@ async fn create_is_only_if_absent_and_cas_needs_the_stored_revision() {
     update.updated_at_ms = 42;
     assert_eq!(store.write(&g, update).await, Ok(WriteOutcome::Written { revision: 2 }));
 
-    let expected =
-        StoredRecord { aggregate: "b".into(), revision: 2, schema_version: 3, layout_version: 4, updated_at_ms: 42 };
+    let expected = StoredRecord {
+        aggregate: "b".into(),
+        revision: 2,
+        schema_version: 3,
+        layout_version: 4,
+        updated_at_ms: 42,
+        write_id: "w-b".into(),
+    };
     assert_eq!(store.load(&g).await, Ok(Some(expected)));
     assert_eq!(store.load(&other_group()).await, Ok(None));
 }

@@ -27,6 +27,7 @@ fn request(expected_revision: Option<u64>, aggregate: &str) -> WriteRequest {
         schema_version: 1,
         layout_version: 1,
         updated_at_ms: 1_700_000_000_000,
+        write_id: format!("w-{aggregate}"),
         liveness_guards: Vec::new(),
         liveness_remove: Vec::new(),
     }

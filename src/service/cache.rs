@@ -1,0 +1,156 @@
+//! The decoded-aggregate cache: one parsed [`GroupMetadata`] per group, reused while the stored
+//! record is provably the same write.
+//!
+//! Owns: the map group -> (stored record, decoded metadata). A steady heartbeat sends the cached
+//! [`RecordStamp`] to [`MetadataStore::touch_and_check`](crate::store::MetadataStore::touch_and_check)
+//! and, when Redis still holds that stamp, answers from the cached copy without transferring or
+//! parsing the aggregate.
+//! Never: trusts a revision alone. Revisions repeat after a silent rollback (r lost, then r written
+//! again with other content), so an entry is keyed by the stamp (revision, writeId, schema and
+//! layout versions), and a full read reuses an entry only when the whole record, aggregate bytes
+//! included, is equal. A record without a `writeId` (written by hand) is never cached.
+//! Invariant: every entry's metadata is exactly `decode(entry.record)`; a record that does not
+//! decode removes its group's entry, so the next heartbeat reads in full and fails closed.
+//! Out-of-band edits of the `aggregate` field that keep the stamp are seen at the next full read
+//! (the tick reads every group every `tick_interval_ms`).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::core::model::{GroupId, GroupMetadata};
+use crate::store::{RecordStamp, StoredRecord};
+
+/// One cached record and its decoded metadata.
+#[derive(Debug)]
+pub(super) struct CachedRecord {
+    pub(super) stamp: RecordStamp,
+    pub(super) record: StoredRecord,
+    pub(super) metadata: Arc<GroupMetadata>,
+}
+
+/// Decoded metadata per group, shared by every request of one coordinator process.
+#[derive(Debug, Default)]
+pub(super) struct DecodedCache {
+    entries: Mutex<BTreeMap<GroupId, Arc<CachedRecord>>>,
+}
+
+impl DecodedCache {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<GroupId, Arc<CachedRecord>>> {
+        // A poisoned lock only means a panic elsewhere; every entry is still self-consistent.
+        self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The cached entry of `group`, if any.
+    pub(super) fn get(&self, group: &GroupId) -> Option<Arc<CachedRecord>> {
+        self.lock().get(group).cloned()
+    }
+
+    /// The decoded metadata of `record`: the cached copy when the whole record is the cached one,
+    /// else `decode(record)`, which then replaces the entry (or removes it when it fails).
+    pub(super) fn decode<E>(
+        &self,
+        group: &GroupId,
+        record: &StoredRecord,
+        decode: impl FnOnce(&StoredRecord) -> Result<GroupMetadata, E>,
+    ) -> Result<Arc<GroupMetadata>, E> {
+        if let Some(entry) = self.get(group).filter(|entry| entry.record == *record) {
+            return Ok(Arc::clone(&entry.metadata));
+        }
+        match decode(record) {
+            Ok(metadata) => {
+                let metadata = Arc::new(metadata);
+                self.put(group, record.clone(), Arc::clone(&metadata));
+                Ok(metadata)
+            }
+            Err(e) => {
+                self.forget(group);
+                Err(e)
+            }
+        }
+    }
+
+    /// Caches what this process just wrote (the written record and the state it encodes).
+    pub(super) fn put(&self, group: &GroupId, record: StoredRecord, metadata: Arc<GroupMetadata>) {
+        let Some(stamp) = record.stamp() else {
+            self.forget(group);
+            return;
+        };
+        let entry = Arc::new(CachedRecord { stamp, record, metadata });
+        self.lock().insert(group.clone(), entry);
+    }
+
+    pub(super) fn forget(&self, group: &GroupId) {
+        self.lock().remove(group);
+    }
+
+    /// Forgets every entry (the store's identity changed).
+    pub(super) fn clear(&self) {
+        self.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::GroupConfig;
+
+    fn metadata(group: &GroupId) -> GroupMetadata {
+        GroupMetadata::new(group.clone(), 4, GroupConfig::default())
+    }
+
+    fn record(revision: u64, write_id: &str, aggregate: &str) -> StoredRecord {
+        StoredRecord {
+            aggregate: aggregate.into(),
+            revision,
+            schema_version: 1,
+            layout_version: 1,
+            updated_at_ms: 0,
+            write_id: write_id.into(),
+        }
+    }
+
+    #[test]
+    fn a_record_is_decoded_once_while_it_is_unchanged() {
+        let group = GroupId::new("p", "g");
+        let cache = DecodedCache::default();
+        let mut decodes = 0;
+        for _ in 0..3 {
+            let got = cache.decode(&group, &record(1, "w1", "a"), |_| {
+                decodes += 1;
+                Ok::<_, ()>(metadata(&group))
+            });
+            assert!(got.is_ok());
+        }
+        assert_eq!(decodes, 1);
+        assert_eq!(cache.get(&group).map(|e| e.stamp.clone()), record(1, "w1", "a").stamp());
+    }
+
+    #[test]
+    fn a_repeated_revision_with_another_write_or_other_bytes_is_decoded_again() {
+        let group = GroupId::new("p", "g");
+        let cache = DecodedCache::default();
+        let mut decodes = 0;
+        let mut read = |r: StoredRecord| {
+            let _ = cache.decode(&group, &r, |_| {
+                decodes += 1;
+                Ok::<_, ()>(metadata(&group))
+            });
+        };
+        read(record(5, "w1", "a"));
+        read(record(5, "w2", "a")); // the same revision written again after a rollback
+        read(record(5, "w2", "b")); // the aggregate edited by hand, stamp kept
+        read(record(5, "", "b")); // no writeId: decoded, never cached
+        read(record(5, "", "b"));
+        assert_eq!(decodes, 5);
+        assert!(cache.get(&group).is_none());
+    }
+
+    #[test]
+    fn a_record_that_fails_to_decode_removes_the_entry() {
+        let group = GroupId::new("p", "g");
+        let cache = DecodedCache::default();
+        assert!(cache.decode(&group, &record(1, "w1", "a"), |_| Ok::<_, ()>(metadata(&group))).is_ok());
+        assert!(cache.decode(&group, &record(1, "w1", "corrupt"), |_| Err(())).is_err());
+        assert!(cache.get(&group).is_none());
+    }
+}
