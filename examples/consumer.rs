@@ -64,7 +64,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Client-side metrics (heartbeat outcomes, lease end, shard stops); a real application serves
     // `metrics.render()` on its own /metrics endpoint.
     let metrics = Arc::new(Metrics::new());
-    let client_env = ClientEnv::new(Clock::new(), Arc::new(MetricsSink::new(Arc::clone(&metrics))));
+    let clock = Clock::new();
+    let client_env = ClientEnv::new(clock, Arc::new(MetricsSink::new(Arc::clone(&metrics), clock)));
     let config = ConsumerConfig::new(group, member.clone());
     let consumer = Consumer::join_with(config, transport, store, client_env, Arc::new(PrintAssignments));
     println!("{member} joined; Ctrl-C to leave");

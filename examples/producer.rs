@@ -45,7 +45,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = RedisStore::connect(&env("REDIS_URL", "redis://127.0.0.1:6379"), RedisStoreOptions::default()).await?;
     // Client-side metrics (publish outcomes, routing refresh failures).
     let metrics = Arc::new(Metrics::new());
-    let client_env = ClientEnv::new(Clock::new(), Arc::new(MetricsSink::new(Arc::clone(&metrics))));
+    let clock = Clock::new();
+    let client_env = ClientEnv::new(clock, Arc::new(MetricsSink::new(Arc::clone(&metrics), clock)));
     let config = ProducerConfig::new(group, format!("producer-{}", std::process::id()));
     let producer = Producer::new_with(config, transport, store, client_env);
 

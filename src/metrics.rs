@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use tokio::time::Instant;
+
 /// Label pairs, sorted by name.
 pub type Labels = Vec<(&'static str, String)>;
 
@@ -20,10 +22,30 @@ struct Histogram {
     count: u64,
 }
 
+/// A gauge whose value is a distance in time, computed when read (so a scrape always sees the
+/// current value, not the one at the last update).
+#[derive(Clone, Copy, Debug)]
+enum ClockGauge {
+    /// Seconds left until the instant; 0 once it passed.
+    Until(Instant),
+    /// Seconds elapsed since the instant.
+    Since(Instant),
+}
+
+impl ClockGauge {
+    fn seconds_at(self, now: Instant) -> f64 {
+        match self {
+            ClockGauge::Until(deadline) => deadline.saturating_duration_since(now).as_secs_f64(),
+            ClockGauge::Since(since) => now.saturating_duration_since(since).as_secs_f64(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Families {
     help: BTreeMap<&'static str, (&'static str, &'static str)>,
     values: BTreeMap<(&'static str, Labels), f64>,
+    clocks: BTreeMap<(&'static str, Labels), ClockGauge>,
     histograms: BTreeMap<(&'static str, Labels), Histogram>,
 }
 
@@ -65,10 +87,30 @@ impl Metrics {
         });
     }
 
+    /// Sets a gauge that reads as the seconds left until `deadline` (0 once it passed), measured on
+    /// the `tokio::time` clock whenever the registry is rendered or read.
+    pub fn set_until(&self, name: &'static str, help: &'static str, labels: Labels, deadline: Instant) {
+        self.with(|f| {
+            f.help.insert(name, ("gauge", help));
+            f.clocks.insert((name, labels), ClockGauge::Until(deadline));
+        });
+    }
+
+    /// Sets a gauge that reads as the seconds elapsed since `since`, measured when read.
+    pub fn set_since(&self, name: &'static str, help: &'static str, labels: Labels, since: Instant) {
+        self.with(|f| {
+            f.help.insert(name, ("gauge", help));
+            f.clocks.insert((name, labels), ClockGauge::Since(since));
+        });
+    }
+
     /// Removes every series of a gauge whose labels contain `(key, value)` (e.g. a removed member).
     pub fn forget(&self, name: &'static str, key: &'static str, value: &str) {
+        let other =
+            |n: &&'static str, labels: &Labels| *n != name || !labels.iter().any(|(k, v)| *k == key && v == value);
         self.with(|f| {
-            f.values.retain(|(n, labels), _| *n != name || !labels.iter().any(|(k, v)| *k == key && v == value))
+            f.values.retain(|(n, labels), _| other(n, labels));
+            f.clocks.retain(|(n, labels), _| other(n, labels));
         });
     }
 
@@ -89,7 +131,12 @@ impl Metrics {
 
     /// The current value of a counter or gauge series (tests and checkers).
     pub fn value(&self, name: &'static str, labels: &Labels) -> f64 {
-        self.with(|f| f.values.get(&(name, labels.clone())).copied().unwrap_or(0.0))
+        let key = (name, labels.clone());
+        let now = Instant::now();
+        self.with(|f| match f.clocks.get(&key) {
+            Some(clock) => clock.seconds_at(now),
+            None => f.values.get(&key).copied().unwrap_or(0.0),
+        })
     }
 
     /// The sum of every series of a counter or gauge, across labels.
@@ -100,12 +147,16 @@ impl Metrics {
     /// Renders every metric in the Prometheus text format, sorted by name and labels.
     pub fn render(&self) -> String {
         use std::fmt::Write;
+        let now = Instant::now();
         self.with(|f| {
             let mut out = String::new();
             for (name, (kind, help)) in &f.help {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
                 for ((_, labels), value) in f.values.range((*name, Vec::new())..).take_while(|((n, _), _)| n == name) {
                     let _ = writeln!(out, "{name}{} {value}", render_labels(labels, None));
+                }
+                for ((_, labels), clock) in f.clocks.range((*name, Vec::new())..).take_while(|((n, _), _)| n == name) {
+                    let _ = writeln!(out, "{name}{} {}", render_labels(labels, None), clock.seconds_at(now));
                 }
                 for ((_, labels), h) in f.histograms.range((*name, Vec::new())..).take_while(|((n, _), _)| n == name) {
                     for (i, bound) in BUCKETS_S.iter().enumerate() {
@@ -159,5 +210,30 @@ mod tests {
         assert_eq!(m.total("b_total"), 2.0);
         m.forget("b_total", "status", "OK");
         assert_eq!(m.total("b_total"), 0.0);
+    }
+
+    #[test]
+    fn clock_gauges_read_the_time_left_or_elapsed_when_rendered() {
+        use std::time::Duration;
+        let m = Metrics::new();
+        let now = Instant::now();
+        let labels = |who: &str| vec![("member", who.to_string())];
+        m.set_until("lease_remaining_seconds", "h", labels("a"), now + Duration::from_secs(60));
+        m.set_until(
+            "lease_remaining_seconds",
+            "h",
+            labels("b"),
+            now.checked_sub(Duration::from_secs(1)).unwrap_or(now),
+        );
+        m.set_since("cache_age_seconds", "h", vec![], now.checked_sub(Duration::from_secs(5)).unwrap_or(now));
+        let left = m.value("lease_remaining_seconds", &labels("a"));
+        assert!(left > 59.0 && left <= 60.0, "{left}");
+        assert_eq!(m.value("lease_remaining_seconds", &labels("b")), 0.0, "a passed deadline reads 0");
+        assert!(m.value("cache_age_seconds", &vec![]) >= 5.0);
+        let text = m.render();
+        assert!(text.contains("# TYPE lease_remaining_seconds gauge"), "{text}");
+        assert!(text.contains("lease_remaining_seconds{member=\"b\"} 0\n"), "{text}");
+        m.forget("lease_remaining_seconds", "member", "a");
+        assert!(!m.render().contains("member=\"a\""));
     }
 }

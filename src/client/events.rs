@@ -13,6 +13,7 @@ use crate::core::protocol::{HeartbeatStatus, RevokeReport};
 use crate::metrics::Metrics;
 use crate::store::EntryId;
 
+use super::clock::Clock;
 use super::transport::TransportError;
 
 /// Why a consumer stopped reading a shard (or abandoned an entry).
@@ -194,15 +195,22 @@ impl EventSink for VecSink {
 }
 
 /// Turns client events into the seed's client-side signals (heartbeat outcomes by status, lease
-/// end, routing refresh failures, publish outcomes).
+/// remaining, routing cache age and refresh failures, publish outcomes).
 #[derive(Debug)]
 pub struct MetricsSink {
     metrics: std::sync::Arc<Metrics>,
+    /// The clock the events' `*_ms` times are on (the one passed to the clients' `ClientEnv`).
+    clock: Clock,
 }
 
 impl MetricsSink {
-    pub fn new(metrics: std::sync::Arc<Metrics>) -> Self {
-        Self { metrics }
+    /// `clock` must be the clock of the clients whose events this sink receives.
+    pub fn new(metrics: std::sync::Arc<Metrics>, clock: Clock) -> Self {
+        Self { metrics, clock }
+    }
+
+    fn instant(&self, ms: u64) -> tokio::time::Instant {
+        self.clock.origin() + std::time::Duration::from_millis(ms)
     }
 }
 
@@ -219,12 +227,15 @@ impl EventSink for MetricsSink {
                 let outcome = error.code().map_or_else(|| "transport".to_string(), |code| format!("{code:?}"));
                 m.inc("rsc_client_heartbeats_total", "Consumer heartbeats by outcome.", vec![("outcome", outcome)]);
             }
-            ClientEvent::LeaseExtended { member, lease_end_ms, .. } => m.set(
-                "rsc_client_assignment_lease_end_ms",
-                "Clock milliseconds at which the consumer's assignment lease ends.",
+            ClientEvent::LeaseExtended { member, lease_end_ms, .. } => m.set_until(
+                "rsc_client_assignment_lease_remaining_seconds",
+                "Seconds until the consumer's assignment lease ends (0: ended, reads have stopped).",
                 vec![("member", member)],
-                lease_end_ms as f64,
+                self.instant(lease_end_ms),
             ),
+            ClientEvent::Left { member, .. } => {
+                m.forget("rsc_client_assignment_lease_remaining_seconds", "member", &member);
+            }
             ClientEvent::ShardStopped { reason, .. } => m.inc(
                 "rsc_client_shard_stops_total",
                 "Shards a consumer stopped reading, by reason.",
@@ -241,10 +252,65 @@ impl EventSink for MetricsSink {
             ClientEvent::PublishFailed { .. } => {
                 m.inc("rsc_client_publishes_total", "Publishes by outcome.", vec![("outcome", "failed".into())])
             }
+            ClientEvent::RoutingRefreshed { at_ms, producer, cache_expires_ms, .. } => {
+                m.set_since(
+                    "rsc_client_routing_cache_age_seconds",
+                    "Seconds since the producer's routing view was last confirmed by a successful refresh.",
+                    vec![("producer", producer.clone())],
+                    self.instant(at_ms),
+                );
+                m.set_until(
+                    "rsc_client_routing_cache_remaining_seconds",
+                    "Seconds until the producer's routing cache lease ends (0: publishes fail closed).",
+                    vec![("producer", producer)],
+                    self.instant(cache_expires_ms),
+                );
+            }
             ClientEvent::RoutingRefreshFailed { .. } => {
                 m.inc("rsc_client_routing_refresh_failures_total", "Failed producer routing refreshes.", vec![])
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn metrics_sink_exports_lease_remaining_and_routing_cache_age_as_seconds() {
+        let metrics = Arc::new(Metrics::new());
+        let clock = Clock::new();
+        let sink = MetricsSink::new(Arc::clone(&metrics), clock);
+        let now_ms = clock.now_ms();
+        let member = |m: &str| vec![("member", m.to_string())];
+
+        sink.emit(ClientEvent::LeaseExtended { at_ms: now_ms, member: "a".into(), lease_end_ms: now_ms + 30_000 });
+        let left = metrics.value("rsc_client_assignment_lease_remaining_seconds", &member("a"));
+        assert!(left > 29.0 && left <= 30.0, "{left}");
+        // A lease that already ended reads 0, not a negative number or a stale end time.
+        sink.emit(ClientEvent::LeaseExtended { at_ms: now_ms, member: "b".into(), lease_end_ms: 0 });
+        assert_eq!(metrics.value("rsc_client_assignment_lease_remaining_seconds", &member("b")), 0.0);
+        sink.emit(ClientEvent::Left { at_ms: now_ms, member: "a".into() });
+        assert!(!metrics.render().contains("member=\"a\""), "a left: its series is gone");
+
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        sink.emit(ClientEvent::RoutingRefreshed {
+            at_ms: now_ms,
+            producer: "p".into(),
+            metadata_version: 3,
+            shard_count: 4,
+            cache_expires_ms: now_ms + 10_000,
+            replaced: true,
+        });
+        let producer = vec![("producer", "p".to_string())];
+        let age = metrics.value("rsc_client_routing_cache_age_seconds", &producer);
+        assert!((0.02..1.0).contains(&age), "age counts from the refresh: {age}");
+        let remaining = metrics.value("rsc_client_routing_cache_remaining_seconds", &producer);
+        assert!(remaining > 8.0 && remaining <= 10.0, "{remaining}");
     }
 }

@@ -46,7 +46,7 @@ impl<S: MetadataStore> Coordinator<S> {
         decide: &mut impl FnMut(Option<&GroupMetadata>, u64, &Observations) -> Decision<R>,
     ) -> Result<R, ApiError> {
         for _ in 0..self.inner.options.cas_attempts_max {
-            let record = self.inner.store.load(group).await.map_err(|e| self.store_error(e))?;
+            let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
             let state = match &record {
                 Some(r) => Some(self.decode_counted(group, r)?),
                 None => None,
@@ -89,7 +89,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 updated_at_ms: request.updated_at_ms,
                 write_id: request.write_id.clone(),
             };
-            match self.inner.store.write(group, request).await.map_err(|e| self.store_error(e))? {
+            match self.inner.store.write(group, request).await.map_err(|e| self.group_store_error(group, e))? {
                 WriteOutcome::Written { revision: written } => {
                     self.local().revision_seen.insert(group.clone(), written);
                     // Waits this write recorded start now on this process's clock (the write
@@ -116,6 +116,11 @@ impl<S: MetadataStore> Coordinator<S> {
                 ),
             }
         }
+        self.inner.metrics.inc(
+            "rsc_metadata_cas_give_ups_total",
+            "Critical sections abandoned after cas_attempts_max lost revision CAS races (answered STORE_UNAVAILABLE).",
+            vec![("group", group.to_string())],
+        );
         Err(ApiError::new(ErrorCode::StoreUnavailable, "group metadata kept changing; retry"))
     }
 
@@ -136,6 +141,11 @@ impl<S: MetadataStore> Coordinator<S> {
             let jitter = self.local().rng.gen_range(0..=options.mutex_retry_ms);
             tokio::time::sleep(Duration::from_millis(options.mutex_retry_ms + jitter)).await;
         }
+        self.inner.metrics.inc(
+            "rsc_redis_mutex_give_ups_total",
+            "Critical sections abandoned because the group mutex stayed busy (answered STORE_UNAVAILABLE).",
+            vec![("group", group.to_string())],
+        );
         Err(ApiError::new(ErrorCode::StoreUnavailable, "group mutex is busy; retry"))
     }
 
@@ -191,12 +201,30 @@ impl<S: MetadataStore> Coordinator<S> {
     ) -> Result<Arc<GroupMetadata>, ApiError> {
         self.inner.cache.decode(group, record, |record| decode(group, record)).inspect_err(|e| {
             tracing::error!(%group, message = %e.message, "stored metadata is incompatible; failing closed");
-            self.inner.metrics.inc(
-                "rsc_metadata_schema_errors_total",
-                "Stored metadata with an unknown schema/layout version or unparsable aggregate.",
-                vec![("group", group.to_string())],
-            );
+            self.count_schema_error(group);
         })
+    }
+
+    /// [`store_error`](Self::store_error) for a call on `group`'s metadata: a hash not in this
+    /// layout (a missing or malformed field) fails closed as `METADATA_INCOMPATIBLE` and counts as
+    /// a schema/layout error, like an unreadable aggregate.
+    pub(super) fn group_store_error(&self, group: &GroupId, error: StoreError) -> ApiError {
+        let StoreError::Layout(detail) = error else { return self.store_error(error) };
+        self.inner.cache.forget(group);
+        tracing::error!(%group, %detail, "stored metadata hash is not in this layout; failing closed");
+        self.count_schema_error(group);
+        ApiError::new(
+            ErrorCode::MetadataIncompatible,
+            format!("group {group}: metadata hash not in this layout: {detail}"),
+        )
+    }
+
+    fn count_schema_error(&self, group: &GroupId) {
+        self.inner.metrics.inc(
+            "rsc_metadata_schema_errors_total",
+            "Stored metadata with an unknown schema/layout version, an unparsable aggregate or a malformed hash.",
+            vec![("group", group.to_string())],
+        );
     }
 
     /// Maps a store failure to the API error, counting compatibility failures.
