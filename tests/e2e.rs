@@ -11,6 +11,8 @@
 //! 5. bad input over real HTTP writes nothing, and stalled request bodies do not starve other
 //!    clients;
 //!
+//! 6. metadata edited behind the coordinator's back fails closed and is never overwritten;
+//!
 //! plus shards added under traffic through the admin CLI (`reshard`), and a read still on its way
 //! to Redis when its shard is revoked (`slow_reads`).
 //!
@@ -32,6 +34,8 @@ mod support;
 mod acl;
 #[path = "e2e/bad_input.rs"]
 mod bad_input;
+#[path = "e2e/corruption.rs"]
+mod corruption;
 #[path = "e2e/crash.rs"]
 mod crash;
 #[path = "e2e/reshard.rs"]

@@ -240,9 +240,12 @@ impl<S: MetadataStore> Coordinator<S> {
             Some(cached) => match store.touch_and_check(&req.group, &req.member_id, &cached.stamp).await {
                 Ok(TouchCheck::Unchanged { .. }) => return Ok((Arc::clone(&cached.metadata), cached.stamp.revision)),
                 Ok(TouchCheck::Changed(touched)) => touched,
-                Err(e) => return Err(self.store_error(e)),
+                Err(e) => return Err(self.group_store_error(&req.group, e)),
             },
-            None => store.touch_and_load(&req.group, &req.member_id).await.map_err(|e| self.store_error(e))?,
+            None => store
+                .touch_and_load(&req.group, &req.member_id)
+                .await
+                .map_err(|e| self.group_store_error(&req.group, e))?,
         };
         let Some(record) = touched.record else {
             let client_knows = req.member_epoch > 0 || req.metadata_version > 0;
@@ -271,7 +274,7 @@ impl<S: MetadataStore> Coordinator<S> {
     pub async fn routing(&self, group: &GroupId) -> Result<RoutingResponse, ApiError> {
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
         self.recheck_identity_if_suspect().await?;
-        let record = self.inner.store.load(group).await.map_err(|e| self.store_error(e))?;
+        let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
             return Err(self.missing(group, false).await);
         };
@@ -282,7 +285,7 @@ impl<S: MetadataStore> Coordinator<S> {
     /// The recorded metadata of a group, for operators.
     pub async fn describe(&self, group: &GroupId) -> Result<GroupDescription, ApiError> {
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
-        let record = self.inner.store.load(group).await.map_err(|e| self.store_error(e))?;
+        let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
             return Err(self.missing(group, false).await);
         };
@@ -312,7 +315,8 @@ impl<S: MetadataStore> Coordinator<S> {
             }
             AdminRequest::DeleteGroup { expected_revision, .. } => {
                 let _entered = self.inner.gate.enter()?;
-                match self.inner.store.delete(&group, *expected_revision).await.map_err(|e| self.store_error(e))? {
+                let deleted = self.inner.store.delete(&group, *expected_revision).await;
+                match deleted.map_err(|e| self.group_store_error(&group, e))? {
                     WriteOutcome::Written { .. } => {
                         self.inner.cache.forget(&group);
                         let mut local = self.local();
@@ -374,7 +378,7 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     async fn tick_group(&self, group: &GroupId) -> Result<(), ApiError> {
-        let record = self.inner.store.load(group).await.map_err(|e| self.store_error(e))?;
+        let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
             return Err(self.missing(group, true).await);
         };

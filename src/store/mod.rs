@@ -34,6 +34,10 @@ pub enum StoreError {
     /// The server answered something the contract does not allow (a bug or a foreign key).
     #[error("unexpected store reply: {0}")]
     Protocol(String),
+    /// The metadata hash exists but is not in this layout: a required field is missing or does not
+    /// parse (an out-of-band edit). The coordinator fails closed as `METADATA_INCOMPATIBLE`.
+    #[error("metadata hash not in this layout: {0}")]
+    Layout(String),
 }
 
 /// Every Redis command the layout needs, directly or from a script, in the order `probe` checks

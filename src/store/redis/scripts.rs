@@ -178,7 +178,7 @@ pub(crate) fn parse_record(fields: &[Value]) -> Result<Option<StoredRecord>, Sto
         keys::FIELD_LAYOUT_VERSION,
         keys::FIELD_UPDATED_AT,
     ];
-    let bad = |i: usize| StoreError::Protocol(format!("metadata field {:?} is missing or malformed", names[i]));
+    let bad = |i: usize| StoreError::Layout(format!("metadata field {:?} is missing or malformed", names[i]));
     let aggregate = text(&fields[0]).ok_or_else(|| bad(0))?;
     let revision = number(&fields[1]).ok_or_else(|| bad(1))?;
     let schema_version = number(&fields[2]).and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad(2))?;
@@ -186,7 +186,7 @@ pub(crate) fn parse_record(fields: &[Value]) -> Result<Option<StoredRecord>, Sto
     let updated_at_ms = number(&fields[4]).ok_or_else(|| bad(4))?;
     let write_id = match &fields[5] {
         Value::Nil => String::new(),
-        other => text(other).ok_or_else(|| StoreError::Protocol("metadata field \"writeId\" is malformed".into()))?,
+        other => text(other).ok_or_else(|| StoreError::Layout("metadata field \"writeId\" is malformed".into()))?,
     };
     Ok(Some(StoredRecord { aggregate, revision, schema_version, layout_version, updated_at_ms, write_id }))
 }
@@ -212,9 +212,9 @@ pub(crate) fn parse_write(reply: &Value) -> Result<WriteOutcome, StoreError> {
             let member: MemberId = items.get(1).and_then(text).ok_or_else(|| protocol("write script", reply))?;
             Ok(WriteOutcome::LivenessChanged { member })
         }
-        Some("corrupt") => Err(StoreError::Protocol(
-            "metadata key exists without a revision field (not written by this layout)".into(),
-        )),
+        Some("corrupt") => {
+            Err(StoreError::Layout("metadata key exists without a revision field (not written by this layout)".into()))
+        }
         _ => Err(protocol("write script", reply)),
     }
 }
@@ -254,7 +254,7 @@ mod tests {
         assert_eq!(parse_write(&absent), Ok(WriteOutcome::RevisionConflict { current: None }));
         let guard = Value::Array(vec![bulk("liveness"), bulk("m1")]);
         assert_eq!(parse_write(&guard), Ok(WriteOutcome::LivenessChanged { member: "m1".into() }));
-        assert!(matches!(parse_write(&Value::Array(vec![bulk("corrupt")])), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_write(&Value::Array(vec![bulk("corrupt")])), Err(StoreError::Layout(_))));
         assert!(matches!(parse_write(&Value::Int(1)), Err(StoreError::Protocol(_))));
     }
 
@@ -266,9 +266,9 @@ mod tests {
             Ok(None)
         );
         let partial = [bulk("{}"), bulk("3"), nil.clone(), bulk("1"), bulk("5"), bulk("w")];
-        assert!(matches!(parse_record(&partial), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_record(&partial), Err(StoreError::Layout(_))));
         let bad_number = [bulk("{}"), bulk("x"), bulk("1"), bulk("1"), bulk("5"), bulk("w")];
-        assert!(matches!(parse_record(&bad_number), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_record(&bad_number), Err(StoreError::Layout(_))));
         let five = [bulk("{}"), bulk("3"), bulk("1"), bulk("2"), bulk("5")];
         assert!(matches!(parse_record(&five), Err(StoreError::Protocol(_))));
         let good = [bulk("{}"), bulk("3"), bulk("1"), bulk("2"), bulk("5"), bulk("w")];

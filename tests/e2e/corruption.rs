@@ -1,0 +1,94 @@
+//! Story 6: metadata edited behind the coordinator's back on a real Redis (the seed's "Redis
+//! Metadata Volatility and Corruption"): every shape of damage fails closed with
+//! `METADATA_INCOMPATIBLE`, is counted in `rsc_metadata_schema_errors_total`, is never overwritten,
+//! and the group serves again once an operator repairs the hash.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::e2e_support::process::{http, CoordinatorProcess, HttpAnswer};
+use crate::e2e_support::{group, metric_total};
+use crate::support::RedisServer;
+use rsc::core::model::{GroupConfig, GroupId};
+use rsc::core::protocol::ErrorCode;
+use rsc::http::routes::{group_path, RouteId};
+use rsc::store::keys;
+
+/// A steady heartbeat of `member` as its last answer left it (or a join when there is none).
+fn heartbeat_body(group: &GroupId, member: &str, last: Option<&Value>) -> Vec<u8> {
+    let field = |name: &str| last.and_then(|v| v[name].as_u64()).unwrap_or(0);
+    let owned = last.map_or(Value::Array(vec![]), |v| v["assigned"].clone());
+    serde_json::json!({
+        "group": {"streamPrefix": group.stream_prefix, "consumerGroup": group.consumer_group},
+        "memberId": member, "memberEpoch": field("memberEpoch"), "metadataVersion": field("metadataVersion"),
+        "assignmentEpoch": field("assignmentEpoch"), "owned": owned
+    })
+    .to_string()
+    .into_bytes()
+}
+
+async fn heartbeat(c: &CoordinatorProcess, group: &GroupId, body: Vec<u8>) -> HttpAnswer {
+    let path = group_path(RouteId::Heartbeat, group);
+    http(c.addr(), "POST", &path, &[("Content-Type", "application/json")], body).await.expect("an answer")
+}
+
+/// Heartbeats until one fails closed with `METADATA_INCOMPATIBLE` (bounded: the cached path sees an
+/// aggregate edited in place at the next tick, 250 ms by default).
+async fn fails_closed_within(c: &CoordinatorProcess, group: &GroupId, body: &[u8], bound: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let answer = heartbeat(c, group, body.to_vec()).await;
+        if answer.status != 200 {
+            assert_eq!(answer.error().code, ErrorCode::MetadataIncompatible, "{answer:?}");
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < bound, "still answering 200 after {bound:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_edited_metadata_fails_closed_is_never_overwritten_and_recovers_after_repair() {
+    let redis = RedisServer::start();
+    let coordinator = CoordinatorProcess::start(&redis.url(), "e2e-corruption").await;
+    let group = group("corruption");
+    coordinator.create_group(&group, 2, &GroupConfig::default()).await;
+    let meta = keys::metadata_key(&group);
+    let joined = heartbeat(&coordinator, &group, heartbeat_body(&group, "alpha", None)).await;
+    assert_eq!(joined.status, 200, "{joined:?}");
+    let steady = heartbeat_body(&group, "alpha", Some(&joined.json()));
+    assert_eq!(heartbeat(&coordinator, &group, steady.clone()).await.status, 200);
+    let hash = || redis.cmd(&["HGETALL", &meta]);
+    let schema_errors = || async { metric_total(&coordinator.metrics().await, "rsc_metadata_schema_errors_total") };
+
+    // Each damage, then its repair: (field, bad value, how soon a steady heartbeat must see it).
+    let damages = [
+        ("revision", "not-a-number", Duration::from_millis(50)),
+        ("schemaVersion", "99", Duration::from_millis(50)),
+        ("layoutVersion", "7", Duration::from_millis(50)),
+        // Stamp intact: the decoded-aggregate cache may answer until the next full read (a tick).
+        ("aggregate", "{\"this is\": \"not a GroupMetadata\"}", Duration::from_secs(2)),
+    ];
+    for (field, bad, bound) in damages {
+        let good: String = redis::from_redis_value(redis.cmd(&["HGET", &meta, field])).expect("field");
+        let errors_before = schema_errors().await;
+        redis.cmd(&["HSET", &meta, field, bad]);
+        let damaged = hash();
+        let took = fails_closed_within(&coordinator, &group, &steady, bound).await;
+        // A join needs a write: it reads the hash in full and fails closed at once.
+        let join = heartbeat(&coordinator, &group, heartbeat_body(&group, "beta", None)).await;
+        assert_eq!(join.error().code, ErrorCode::MetadataIncompatible, "{field}: {join:?}");
+        assert!(schema_errors().await > errors_before, "{field}: counted");
+        // Ticks keep running (expiry, fencing): none of them may write over the damage.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(hash(), damaged, "{field}: never overwritten");
+        let ready = coordinator.get("/readyz").await;
+        assert_eq!(ready.status, 200, "one damaged group does not make the coordinator unready");
+
+        redis.cmd(&["HSET", &meta, field, &good]);
+        let repaired = heartbeat(&coordinator, &group, steady.clone()).await;
+        assert_eq!(repaired.status, 200, "{field} repaired: {repaired:?}");
+        eprintln!("{field}={bad}: failed closed after {took:?}, recovered after repair");
+    }
+}
