@@ -29,10 +29,21 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:7420].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
-    /// Redis URL (redis://[user:password@]host:port[/db]). Without one the coordinator serves from
-    /// an in-memory store: nothing is durable.
+    /// Redis URL (redis://[user:password@]host:port[/db], or rediss://... for TLS). Without one
+    /// the coordinator serves from an in-memory store: nothing is durable.
     #[arg(long, env = "REDIS_URL", hide_env_values = true, value_name = "URL")]
     pub redis_url: Option<String>,
+    /// PEM file of the CA certificate(s) that signed the Redis server's TLS certificate (rediss://
+    /// only) [default: the platform's root certificates].
+    #[arg(long, env = "REDIS_TLS_CA_FILE", value_name = "FILE")]
+    pub redis_tls_ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate for mutual TLS (rediss:// only; needs
+    /// --redis-tls-client-key-file).
+    #[arg(long, env = "REDIS_TLS_CLIENT_CERT_FILE", value_name = "FILE")]
+    pub redis_tls_client_cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key for mutual TLS (rediss:// only).
+    #[arg(long, env = "REDIS_TLS_CLIENT_KEY_FILE", value_name = "FILE")]
+    pub redis_tls_client_key_file: Option<PathBuf>,
     /// TOML file with serve settings (keys as in the flags, snake_case; see config.rs).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -166,5 +177,35 @@ mod tests {
         let Command::Admin(admin) = cli.command else { panic!("admin") };
         assert_eq!(admin.url, "http://10.0.0.1:7420");
         assert!(matches!(admin.command, AdminCommand::AddShards { expected_revision: 3, shards: 8, .. }));
+    }
+
+    #[test]
+    fn tls_flags_parse_and_each_has_its_environment_variable() {
+        let cli = Cli::try_parse_from([
+            "coordinator",
+            "serve",
+            "--redis-tls-ca-file",
+            "/etc/rsc/ca.pem",
+            "--redis-tls-client-cert-file",
+            "/etc/rsc/client.pem",
+            "--redis-tls-client-key-file",
+            "/etc/rsc/client.key",
+        ])
+        .expect("parses");
+        let Command::Serve(serve) = cli.command else { panic!("serve") };
+        assert_eq!(serve.redis_tls_ca_file, Some(PathBuf::from("/etc/rsc/ca.pem")));
+        assert_eq!(serve.redis_tls_client_cert_file, Some(PathBuf::from("/etc/rsc/client.pem")));
+        assert_eq!(serve.redis_tls_client_key_file, Some(PathBuf::from("/etc/rsc/client.key")));
+
+        let command = Cli::command();
+        let serve = command.find_subcommand("serve").expect("serve subcommand");
+        for (flag, env) in [
+            ("redis_tls_ca_file", "REDIS_TLS_CA_FILE"),
+            ("redis_tls_client_cert_file", "REDIS_TLS_CLIENT_CERT_FILE"),
+            ("redis_tls_client_key_file", "REDIS_TLS_CLIENT_KEY_FILE"),
+        ] {
+            let arg = serve.get_arguments().find(|a| a.get_id() == flag).expect("the flag exists");
+            assert_eq!(arg.get_env().and_then(|e| e.to_str()), Some(env), "{flag}");
+        }
     }
 }

@@ -7,6 +7,9 @@
 //! ```toml
 //! listen = "0.0.0.0:7420"
 //! redis_url = "redis://coordinator:secret@redis:6379/0"   # REDIS_URL is preferred for secrets
+//! redis_tls_ca_file = "/etc/rsc/redis-ca.pem"             # rediss:// only (default: platform roots)
+//! redis_tls_client_cert_file = "/etc/rsc/client.pem"      # mutual TLS: certificate and key together
+//! redis_tls_client_key_file = "/etc/rsc/client.key"
 //! instance_id = "coordinator-a"
 //! tick_interval_ms = 250
 //! mutex_ttl_ms = 2000
@@ -30,6 +33,7 @@ use serde::Deserialize;
 use super::cli::ServeArgs;
 use rsc::http::router::{BODY_BYTES_MAX_DEFAULT, CONCURRENCY_MAX_DEFAULT};
 use rsc::service::CoordinatorOptions;
+use rsc::store::redis::RedisTlsOptions;
 
 /// Default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:7420";
@@ -54,6 +58,9 @@ pub enum ConfigError {
 pub struct FileConfig {
     pub listen: Option<SocketAddr>,
     pub redis_url: Option<String>,
+    pub redis_tls_ca_file: Option<PathBuf>,
+    pub redis_tls_client_cert_file: Option<PathBuf>,
+    pub redis_tls_client_key_file: Option<PathBuf>,
     pub instance_id: Option<String>,
     pub tick_interval_ms: Option<u64>,
     pub mutex_ttl_ms: Option<u64>,
@@ -80,6 +87,8 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// `None`: serve from the in-memory store.
     pub redis_url: Option<String>,
+    /// CA and client certificate files of a `rediss://` URL.
+    pub redis_tls: RedisTlsOptions,
     pub admin_token: Option<String>,
     pub coordinator: CoordinatorOptions,
     pub redis_timeout_ms: u64,
@@ -95,6 +104,7 @@ impl std::fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("listen", &self.listen)
             .field("redis", &self.redis_url.as_ref().map(|_| "<set>"))
+            .field("redis_tls", &self.redis_tls)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("instance_id", &self.coordinator.instance_id)
             .field("tick_interval_ms", &self.coordinator.tick_interval_ms)
@@ -115,6 +125,7 @@ impl Settings {
             None => LISTEN_DEFAULT.parse().expect("LISTEN_DEFAULT parses"),
         };
         let non_empty = |value: Option<String>| value.filter(|v| !v.trim().is_empty());
+        let path = |value: Option<PathBuf>| value.filter(|p| !p.as_os_str().is_empty());
         let coordinator = CoordinatorOptions {
             instance_id: non_empty(args.instance_id.clone().or(file.instance_id)).unwrap_or_else(default_instance_id),
             mutex_ttl_ms: file.mutex_ttl_ms.unwrap_or(defaults.mutex_ttl_ms),
@@ -128,6 +139,11 @@ impl Settings {
         let settings = Settings {
             listen,
             redis_url: non_empty(args.redis_url.clone().or(file.redis_url)),
+            redis_tls: RedisTlsOptions {
+                ca_file: path(args.redis_tls_ca_file.clone().or(file.redis_tls_ca_file)),
+                client_cert_file: path(args.redis_tls_client_cert_file.clone().or(file.redis_tls_client_cert_file)),
+                client_key_file: path(args.redis_tls_client_key_file.clone().or(file.redis_tls_client_key_file)),
+            },
             admin_token: non_empty(args.admin_token.clone()),
             coordinator,
             redis_timeout_ms: file.redis_timeout_ms.unwrap_or(2_000),
@@ -157,11 +173,38 @@ impl Settings {
                 return Err(ConfigError::Invalid { key, message: "must be > 0".into() });
             }
         }
+        self.validate_tls()?;
         if c.instance_id.len() > 128 || c.instance_id.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
             let message = "must be at most 128 characters, without whitespace".into();
             return Err(ConfigError::Invalid { key: "instance_id", message });
         }
         Ok(())
+    }
+}
+
+impl Settings {
+    /// TLS files need a `rediss://` URL (never silently unused), and the client certificate and
+    /// key come together. The files themselves are read and checked by `RedisStore::open`.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let tls = &self.redis_tls;
+        let key = match (&tls.ca_file, &tls.client_cert_file, &tls.client_key_file) {
+            (None, None, None) => return Ok(()),
+            (_, Some(_), None) => "redis_tls_client_key_file",
+            (_, None, Some(_)) => "redis_tls_client_cert_file",
+            _ => {
+                let tls_url = self.redis_url.as_deref().is_some_and(|url| {
+                    let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
+                    matches!(scheme.as_deref(), Some("rediss" | "valkeys"))
+                });
+                if tls_url {
+                    return Ok(());
+                }
+                let message = "TLS files are set, so the Redis URL must be rediss://...".into();
+                return Err(ConfigError::Invalid { key: "redis_url", message });
+            }
+        };
+        let message = "the client certificate and key of mutual TLS must be given together".into();
+        Err(ConfigError::Invalid { key, message })
     }
 }
 
@@ -213,6 +256,45 @@ mod tests {
         assert_eq!(settings.coordinator.instance_id, "from-file");
         assert_eq!(settings.admin_token, None, "a blank token is no token");
         assert!(!format!("{settings:?}").contains("redis://"), "Debug hides the URL");
+    }
+
+    #[test]
+    fn tls_files_come_from_flags_or_the_file_and_need_a_rediss_url() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            redis_url = "rediss://coordinator@redis.internal:6380"
+            redis_tls_ca_file = "/etc/rsc/ca.pem"
+            redis_tls_client_cert_file = "/etc/rsc/client.pem"
+            redis_tls_client_key_file = "/etc/rsc/client.key"
+            "#,
+        )
+        .expect("toml");
+        let args = ServeArgs { redis_tls_ca_file: Some("/run/secrets/ca.pem".into()), ..ServeArgs::default() };
+        let settings = Settings::resolve(&args, file.clone(), 1).expect("resolves");
+        let expected = RedisTlsOptions {
+            ca_file: Some("/run/secrets/ca.pem".into()),
+            client_cert_file: Some("/etc/rsc/client.pem".into()),
+            client_key_file: Some("/etc/rsc/client.key".into()),
+        };
+        assert_eq!(settings.redis_tls, expected, "the flag wins over the file key");
+        assert!(format!("{settings:?}").contains("/run/secrets/ca.pem"), "Debug shows the file paths");
+
+        let plain = FileConfig { redis_url: Some("redis://redis:6379".into()), ..file.clone() };
+        let error = Settings::resolve(&ServeArgs::default(), plain, 1).unwrap_err();
+        assert!(matches!(error, ConfigError::Invalid { key: "redis_url", .. }), "{error}");
+        let no_url = FileConfig { redis_url: None, ..file.clone() };
+        let error = Settings::resolve(&ServeArgs::default(), no_url, 1).unwrap_err();
+        assert!(matches!(error, ConfigError::Invalid { key: "redis_url", .. }), "{error}");
+        let cert_only = FileConfig { redis_tls_client_key_file: None, ..file.clone() };
+        let error = Settings::resolve(&ServeArgs::default(), cert_only, 1).unwrap_err();
+        assert!(matches!(error, ConfigError::Invalid { key: "redis_tls_client_key_file", .. }), "{error}");
+        let ca_only = FileConfig { redis_tls_client_cert_file: None, redis_tls_client_key_file: None, ..file };
+        let settings = Settings::resolve(&ServeArgs::default(), ca_only, 1).expect("one-way TLS");
+        assert_eq!(settings.redis_tls.ca_file.as_deref(), Some(std::path::Path::new("/etc/rsc/ca.pem")));
+        assert_eq!(settings.redis_tls.client_cert_file, None);
+
+        let defaults = Settings::resolve(&ServeArgs::default(), FileConfig::default(), 1).expect("resolves");
+        assert_eq!(defaults.redis_tls, RedisTlsOptions::default());
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub enum ServeError {
     /// Bad arguments or configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The Redis URL is invalid or the server cannot be reached.
+    /// The Redis URL or a TLS file is invalid, or the server cannot be reached (TLS included).
     #[error("cannot connect to Redis: {0}")]
     Connect(StoreError),
     /// The startup compatibility probe failed (unsupported version, missing or denied command).
@@ -87,7 +87,11 @@ async fn run(args: ServeArgs) -> Result<(), ServeError> {
             serve_store(MemoryStore::new(settings.coordinator.rng_seed), &settings, readiness).await
         }
         Some(url) => {
-            let options = RedisStoreOptions { timeout_ms: settings.redis_timeout_ms, ..RedisStoreOptions::default() };
+            let options = RedisStoreOptions {
+                timeout_ms: settings.redis_timeout_ms,
+                tls: settings.redis_tls.clone(),
+                ..RedisStoreOptions::default()
+            };
             let store = RedisStore::connect(&url, options).await.map_err(ServeError::Connect)?;
             serve_store(store, &settings, readiness).await
         }

@@ -37,10 +37,11 @@
 //! - Server errors keep their wire form in the text (`NOGROUP ...`, `ERR ...`), followed by the
 //!   command in parentheses.
 //!
-//! Connection: `redis://[user:password@]host:port[/db]`, RESP2, one shared multiplexed
-//! connection plus dedicated connections for blocking reads. `rediss://` (TLS) is not compiled
-//! in (it would add rustls and a crypto provider); such URLs fail with `Unsupported`. Redis
-//! Cluster is not supported by this client, though every multi-key script is Cluster-safe.
+//! Connection: `redis://[user:password@]host:port[/db]` or `rediss://` (TLS, rustls with the
+//! `ring` provider; trust roots and the mutual-TLS client certificate in [`RedisTlsOptions`], see
+//! `tls.rs`), RESP2, one shared multiplexed connection plus dedicated connections for blocking
+//! reads. Redis Cluster is not supported by this client, though every multi-key script is
+//! Cluster-safe.
 //!
 //! Every round trip (connect included) has a deadline, [`RedisStoreOptions::timeout_ms`]; a
 //! blocking read adds its BLOCK time. A failed or timed-out connection is dropped and the next
@@ -54,16 +55,19 @@ mod metadata;
 mod probe;
 mod scripts;
 mod streams;
+mod tls;
 
 use std::sync::Arc;
 
 use ::redis::aio::MultiplexedConnection;
-use ::redis::{Client, Cmd, FromRedisValue, IntoConnectionInfo, ScriptInvocation, Value};
+use ::redis::{Cmd, FromRedisValue, IntoConnectionInfo, ScriptInvocation, Value};
 
 use self::conn::{Connector, Lane};
 use self::errors::Redactor;
 use self::scripts::Scripts;
 use crate::store::StoreError;
+
+pub use self::tls::RedisTlsOptions;
 
 /// Tuning of a [`RedisStore`]. `Default` gives production values.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,11 +78,14 @@ pub struct RedisStoreOptions {
     pub scan_count: u64,
     /// XAUTOCLAIM COUNT of one page of `claim_all_pending`.
     pub claim_page_count: u64,
+    /// CA and client certificate files of a `rediss://` connection (none set: platform roots, no
+    /// client certificate). Setting any of them with a `redis://` URL is an error.
+    pub tls: RedisTlsOptions,
 }
 
 impl Default for RedisStoreOptions {
     fn default() -> Self {
-        Self { timeout_ms: 2_000, scan_count: 1_000, claim_page_count: 100 }
+        Self { timeout_ms: 2_000, scan_count: 1_000, claim_page_count: 100, tls: RedisTlsOptions::default() }
     }
 }
 
@@ -102,25 +109,31 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Parses `url` (`redis://[user:password@]host:port[/db]`, or a unix socket URL) and prepares
-    /// the store without any I/O; the first call connects. Fails with `Unsupported` for
-    /// `rediss://` (TLS is not compiled in) and with `Protocol` for a malformed URL. Error texts
-    /// never contain the URL.
+    /// Parses `url` and prepares the store; the first call connects. No network I/O, but the TLS
+    /// files of `options.tls` are read and checked here.
+    ///
+    /// - `redis://[user:password@]host:port[/db]`, or a unix socket URL: plain TCP.
+    /// - `rediss://[user:password@]host:port[/db]`: TLS. The server's certificate must chain to
+    ///   [`RedisTlsOptions::ca_file`] when set, else to the platform's roots (`SSL_CERT_FILE` /
+    ///   `SSL_CERT_DIR` override where those are looked for), and must name the URL's host (DNS or
+    ///   IP SAN). With `client_cert_file` + `client_key_file` the store presents a client
+    ///   certificate (servers with `tls-auth-clients yes`).
+    /// - `rediss://host:port/#insecure` (the `redis` crate's switch for skipping verification)
+    ///   fails with `Unsupported`: that crate feature is not compiled in.
+    ///
+    /// Errors: `Protocol` for a malformed URL, TLS files with a non-`rediss://` URL, only one of
+    /// the client certificate and key, or an unreadable or invalid PEM file (naming the file).
+    /// Error texts never contain the URL or file contents. A server that fails verification is
+    /// reported by the first call, as `Unavailable` (see [`connect`](Self::connect)).
     pub fn open(url: &str, options: RedisStoreOptions) -> Result<Self, StoreError> {
-        if url.starts_with("rediss://") {
-            return Err(StoreError::Unsupported {
-                command: "rediss://".into(),
-                detail: "TLS support is not compiled into this build (redis crate without tls features)".into(),
-            });
-        }
         let info = url.into_connection_info().map_err(|e| {
             StoreError::Protocol(format!(
-                "invalid Redis URL ({}); expected redis://[user:password@]host:port[/db]",
+                "invalid Redis URL ({}); expected redis://[user:password@]host:port[/db] or rediss://...",
                 e.kind_name()
             ))
         })?;
         let redactor = Redactor::new(info.redis_settings().password());
-        let client = Client::open(info).map_err(|e| redactor_error(&redactor, &e))?;
+        let client = tls::client(info, &options.tls, &redactor)?;
         let conn = Connector::new(client, options.timeout_ms, redactor);
         Ok(Self { inner: Arc::new(Inner { conn, scripts: Scripts::new(), options }) })
     }
@@ -195,8 +208,4 @@ impl KindName for ::redis::RedisError {
     fn kind_name(&self) -> String {
         format!("{:?}", self.kind())
     }
-}
-
-fn redactor_error(redactor: &Redactor, err: &::redis::RedisError) -> StoreError {
-    StoreError::Protocol(redactor.clean(format!("cannot create Redis client: {}", err.kind_name())))
 }
