@@ -23,6 +23,8 @@ mod metadata;
 mod redis_only;
 #[path = "store_contract/streams.rs"]
 mod streams;
+#[path = "store_contract/tls.rs"]
+mod tls;
 #[path = "store_contract/touch_check.rs"]
 mod touch_check;
 

@@ -243,14 +243,6 @@ async fn wrong_credentials_are_unavailable_and_never_echo_the_password() {
     assert!(!format!("{store:?}").contains("Wr0ngPassw0rd"));
 }
 
-#[tokio::test]
-async fn tls_urls_are_rejected_as_unsupported() {
-    match RedisStore::open("rediss://127.0.0.1:6380", RedisStoreOptions::default()) {
-        Err(StoreError::Unsupported { command, .. }) => assert_eq!(command, "rediss://"),
-        other => panic!("expected Unsupported, got {other:?}"),
-    }
-}
-
 /// The harness's replication-link proxy: a paused link holds writes back, a resumed one delivers
 /// them (what failover tests in other suites rely on).
 #[tokio::test]

@@ -23,6 +23,7 @@
 
 pub mod proxy;
 pub mod redis_server;
+pub mod tls;
 
 pub use proxy::TcpProxy;
 pub use redis_server::{RedisServer, ServerConfig};

@@ -4,6 +4,10 @@
 //! the directory on drop. Never binds anything but 127.0.0.1 and never touches a server it did
 //! not start. Admin commands go through the `redis` crate's synchronous client, a fresh
 //! connection per call, so they work across restarts.
+//!
+//! With [`ServerConfig::tls`] the server listens only on a TLS port (`--port 0 --tls-port <port>`)
+//! with certificates generated into its directory (`support::tls`); admin commands then use TLS
+//! with the generated CA and client certificate, and [`RedisServer::url`] is `rediss://`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -14,6 +18,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::proxy::TcpProxy;
+use super::tls::TlsFiles;
 
 /// How long a server may take to answer PING after it was spawned.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -31,6 +36,19 @@ pub struct ServerConfig {
     pub extra_args: Vec<String>,
     /// Start as a replica of 127.0.0.1:<port>.
     pub replica_of: Option<u16>,
+    /// TLS only (no plain port), with `tls-auth-clients` set to this.
+    pub tls: Option<TlsClientAuth>,
+}
+
+/// `tls-auth-clients`: whether a TLS server asks clients for a certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsClientAuth {
+    /// One-way TLS: no client certificate asked for.
+    No,
+    /// A client certificate is checked if presented.
+    Optional,
+    /// Mutual TLS: a client without a certificate signed by the CA is refused.
+    Yes,
 }
 
 /// A running (or deliberately stopped) `redis-server`.
@@ -39,6 +57,7 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     config: ServerConfig,
+    tls: Option<TlsFiles>,
     child: Option<Child>,
 }
 
@@ -103,7 +122,8 @@ impl RedisServer {
     pub fn start_with(config: ServerConfig) -> Self {
         server_version();
         let dir = fresh_dir();
-        let mut server = RedisServer { binary: binary(), port: 0, dir, config, child: None };
+        let tls = config.tls.map(|_| super::tls::generate(&dir.join("tls")));
+        let mut server = RedisServer { binary: binary(), port: 0, dir, config, tls, child: None };
         for attempt in 1..=PORT_ATTEMPTS_MAX {
             server.port = free_port();
             match server.spawn_and_wait() {
@@ -120,9 +140,32 @@ impl RedisServer {
     }
 
     fn args(&self) -> Vec<String> {
-        let mut args: Vec<String> = vec![
-            "--port".into(),
-            self.port.to_string(),
+        let mut args: Vec<String> = match (&self.tls, self.config.tls) {
+            (Some(files), Some(auth)) => {
+                let auth = match auth {
+                    TlsClientAuth::No => "no",
+                    TlsClientAuth::Optional => "optional",
+                    TlsClientAuth::Yes => "yes",
+                };
+                let path = |p: &Path| p.display().to_string();
+                vec![
+                    "--port".into(),
+                    "0".into(),
+                    "--tls-port".into(),
+                    self.port.to_string(),
+                    "--tls-cert-file".into(),
+                    path(&files.server_cert),
+                    "--tls-key-file".into(),
+                    path(&files.server_key),
+                    "--tls-ca-cert-file".into(),
+                    path(&files.ca_cert),
+                    "--tls-auth-clients".into(),
+                    auth.into(),
+                ]
+            }
+            _ => vec!["--port".into(), self.port.to_string()],
+        };
+        args.extend([
             "--bind".into(),
             "127.0.0.1".into(),
             "--dir".into(),
@@ -137,7 +180,7 @@ impl RedisServer {
             // more replicas to join the same diskless transfer.
             "--repl-diskless-sync-delay".into(),
             "0".into(),
-        ];
+        ]);
         if self.config.persistence {
             args.extend(["--appendonly", "yes", "--appendfsync", "always"].map(String::from));
         } else {
@@ -173,7 +216,11 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + READY_TIMEOUT;
         while Instant::now() < deadline {
-            if answers_ping(self.port) {
+            let ready = match self.tls {
+                Some(_) => matches!(self.try_cmd(&["PING"]), Ok(redis::Value::SimpleString(ref s)) if s == "PONG"),
+                None => answers_ping(self.port),
+            };
+            if ready {
                 return Ok(());
             }
             if let Some(child) = self.child.as_mut() {
@@ -203,9 +250,37 @@ impl RedisServer {
         &self.dir
     }
 
-    /// `redis://127.0.0.1:<port>` (default user).
+    /// `redis://127.0.0.1:<port>` (default user); `rediss://` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", self.scheme(), self.port)
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        }
+    }
+
+    /// The generated CA, server and client certificates of a TLS server.
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// A client for admin commands: plain, or TLS trusting the generated CA and presenting the
+    /// generated client certificate.
+    fn admin_client(&self) -> redis::RedisResult<redis::Client> {
+        let Some(files) = &self.tls else { return redis::Client::open(self.url()) };
+        let read = |p: &Path| std::fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+        let certificates = redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read(&files.client_cert),
+                client_key: read(&files.client_key),
+            }),
+            root_cert: Some(read(&files.ca_cert)),
+        };
+        redis::Client::build_with_tls(self.url(), certificates)
     }
 
     /// True while the process runs (also while frozen).
@@ -219,7 +294,7 @@ impl RedisServer {
 
     /// Runs one command as the default user; Err carries the server's or the transport's error.
     pub fn try_cmd(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
-        let client = redis::Client::open(self.url())?;
+        let client = self.admin_client()?;
         let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
         conn.set_read_timeout(Some(Duration::from_secs(10)))?;
         let mut cmd = redis::cmd(args[0]);
@@ -346,7 +421,7 @@ impl RedisServer {
     pub fn create_acl_user(&self, name: &str, password: &str) -> String {
         let secret = format!(">{password}");
         self.cmd(&["ACL", "SETUSER", name, "reset", "on", &secret, "~*", "&*", "+@all", "-flushdb", "-flushall"]);
-        format!("redis://{name}:{password}@127.0.0.1:{}", self.port)
+        format!("{}://{name}:{password}@127.0.0.1:{}", self.scheme(), self.port)
     }
 }
 
