@@ -32,7 +32,7 @@ const ATTEMPTS_MAX: usize = 3;
 
 enum Call {
     Heartbeat(HeartbeatRequest),
-    Routing(GroupId),
+    Routing(GroupId, u64),
     Admin(AdminRequest),
     Describe(GroupId),
 }
@@ -61,7 +61,7 @@ pub async fn serve(coordinator: Coordinator<RemoteStore>, recorder: Recorder) {
             let Envelope { reply_tag, call, admin_record } = *envelope;
             let reply: Reply = match call {
                 Call::Heartbeat(req) => Box::new(coordinator.heartbeat(req).await),
-                Call::Routing(group) => Box::new(coordinator.routing(&group).await),
+                Call::Routing(group, known_version) => Box::new(coordinator.routing(&group, known_version).await),
                 Call::Admin(req) => {
                     let attempt = admin_record.map(|i| {
                         let mut records = recorder.lock();
@@ -156,7 +156,7 @@ impl CoordinatorTransport for RpcTransport {
         self.call(|| (Call::Heartbeat(req.clone()), None)).await
     }
 
-    async fn routing(&self, group: &GroupId) -> Result<RoutingResponse, TransportError> {
-        self.call(|| (Call::Routing(group.clone()), None)).await
+    async fn routing(&self, group: &GroupId, known_version: u64) -> Result<RoutingResponse, TransportError> {
+        self.call(|| (Call::Routing(group.clone(), known_version), None)).await
     }
 }

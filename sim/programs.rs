@@ -86,10 +86,10 @@ impl CoordinatorTransport for ClientTransport {
         }
     }
 
-    async fn routing(&self, group: &GroupId) -> Result<RoutingResponse, TransportError> {
+    async fn routing(&self, group: &GroupId, known_version: u64) -> Result<RoutingResponse, TransportError> {
         match self {
-            ClientTransport::Http(t) => t.routing(group).await,
-            ClientTransport::Rpc(t) => t.routing(group).await,
+            ClientTransport::Http(t) => t.routing(group, known_version).await,
+            ClientTransport::Rpc(t) => t.routing(group, known_version).await,
         }
     }
 }

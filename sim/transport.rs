@@ -113,10 +113,10 @@ impl<T: CoordinatorTransport> CoordinatorTransport for RecordingTransport<T> {
         .await
     }
 
-    async fn routing(&self, group: &GroupId) -> Result<RoutingResponse, TransportError> {
+    async fn routing(&self, group: &GroupId, known_version: u64) -> Result<RoutingResponse, TransportError> {
         let process = self.process;
         self.recorded(
-            self.inner.routing(group),
+            self.inner.routing(group, known_version),
             |recorder, at| {
                 recorder.trace_verbose(process, || "routing ->".to_string());
                 let mut records = recorder.lock();

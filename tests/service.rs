@@ -69,6 +69,13 @@ fn next(r: &HeartbeatResponse) -> HeartbeatRequest {
     }
 }
 
+/// A coordinator with a 50 ms mutex TTL, for tests that roll the store back: a rollback also
+/// restores mutexes that were already released.
+fn short_mutex(store: &MemoryStore, id: &str) -> Coordinator<MemoryStore> {
+    let options = CoordinatorOptions { instance_id: id.into(), mutex_ttl_ms: 50, ..CoordinatorOptions::default() };
+    Coordinator::new(store.connect(), options)
+}
+
 fn recorded(store: &MemoryStore) -> Option<GroupMetadata> {
     store.peek_record(&group()).map(|r| serde_json::from_str(&r.aggregate).expect("recorded metadata parses"))
 }
@@ -101,7 +108,7 @@ async fn a_deleted_metadata_key_fails_closed_and_is_never_rebuilt() {
 
     assert_eq!(c.heartbeat(next(&r)).await.unwrap_err().code, ErrorCode::MetadataMissing);
     assert_eq!(c.heartbeat(join("b")).await.unwrap_err().code, ErrorCode::MetadataMissing, "the index knows it");
-    assert_eq!(c.routing(&group()).await.unwrap_err().code, ErrorCode::MetadataMissing);
+    assert_eq!(c.routing(&group(), 0).await.unwrap_err().code, ErrorCode::MetadataMissing);
     c.tick_all().await;
     assert!(store.peek_record(&group()).is_none(), "nothing rebuilt from heartbeats or ticks");
     assert!(c.metrics().total("rsc_metadata_missing_total") >= 3.0);
@@ -305,12 +312,7 @@ async fn the_planted_rebuild_bug_really_rebuilds_so_the_checkers_have_something_
 #[tokio::test]
 async fn the_decoded_cache_never_answers_for_a_write_redis_no_longer_holds() {
     let store = MemoryStore::new(12);
-    // Short mutex TTLs: the rollback below also restores mutexes that were already released.
-    let short = |id: &str| {
-        let options = CoordinatorOptions { instance_id: id.into(), mutex_ttl_ms: 50, ..CoordinatorOptions::default() };
-        Coordinator::new(store.connect(), options)
-    };
-    let (c1, c2, c3) = (short("c1"), short("c2"), short("c3"));
+    let (c1, c2, c3) = (short_mutex(&store, "c1"), short_mutex(&store, "c2"), short_mutex(&store, "c3"));
     create(&c1, 2).await;
     let mut a = c1.heartbeat(join("a")).await.expect("join");
     for _ in 0..4 {
@@ -344,4 +346,38 @@ async fn the_decoded_cache_never_answers_for_a_write_redis_no_longer_holds() {
     let seen = c1.heartbeat(settled).await.expect("a through c1");
     assert_eq!(seen.shard_count, 4, "c1 answered from the rewritten record: {seen:?}");
     assert!(seen.revoke.is_empty(), "b's join was lost with the rollback: {seen:?}");
+}
+
+/// A producer's routing refresh reports its cached version. One above the stored version (an
+/// AddShards the store lost) is loss evidence like a consumer's report: recorded once as a
+/// correction round, and answered with `lostVersion` so the producer drops the lost view.
+#[tokio::test]
+async fn a_producer_reporting_a_lost_version_is_told_so_and_the_evidence_is_recorded() {
+    let store = MemoryStore::new(13);
+    let c = short_mutex(&store, "c1");
+    create(&c, 2).await;
+    let before = store.peek_record(&group()).expect("record").revision;
+    let add = AdminRequest::AddShards { group: group(), expected_revision: before, new_shard_count: 4 };
+    c.admin(add).await.expect("add shards");
+    let seen = c.routing(&group(), 0).await.expect("routing");
+    assert_eq!((seen.shard_count, seen.lost_version), (4, None));
+    assert_eq!(c.routing(&group(), seen.metadata_version).await.expect("same version").lost_version, None);
+
+    while store.peek_record(&group()).expect("record").revision > before {
+        store.rollback(1, RollbackMode::Silent);
+    }
+    let stored = recorded(&store).expect("record");
+    assert!(stored.metadata_version < seen.metadata_version && stored.correction.is_none());
+
+    let told = c.routing(&group(), seen.metadata_version).await.expect("routing");
+    assert_eq!((told.shard_count, told.lost_version), (2, Some(seen.metadata_version)));
+    let after = recorded(&store).expect("record");
+    assert!(after.correction.is_some(), "a correction round was recorded");
+    assert_eq!(after.max_client_version_seen, seen.metadata_version);
+    assert_eq!(told.store_revision, store.peek_record(&group()).expect("record").revision, "answered from the write");
+    assert!(c.metrics().total("rsc_client_metadata_version_ahead_total") >= 1.0);
+    // The same report again changes nothing (the round already covers it).
+    let revision = store.peek_record(&group()).expect("record").revision;
+    assert_eq!(c.routing(&group(), seen.metadata_version).await.expect("again").lost_version, told.lost_version);
+    assert_eq!(store.peek_record(&group()).expect("record").revision, revision);
 }

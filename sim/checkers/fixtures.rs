@@ -226,6 +226,7 @@ impl World {
             routing_cache_ttl_ms: ttl_ms,
             routing_refresh_interval_ms: ttl_ms / 2,
             store_revision: 1,
+            lost_version: None,
         };
         let call = CoordinatorCall {
             process: p,

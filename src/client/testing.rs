@@ -17,6 +17,8 @@ pub(crate) struct FakeState {
     pub routing: RoutingResponse,
     pub heartbeats: Vec<HeartbeatRequest>,
     pub routing_calls: usize,
+    /// The `known_version` of every routing call, in order.
+    pub known_versions: Vec<u64>,
 }
 
 pub(crate) struct FakeCoordinator {
@@ -34,6 +36,7 @@ impl FakeCoordinator {
                 routing: routing(group, 1, shard_count, lease_ms, interval_ms),
                 heartbeats: Vec::new(),
                 routing_calls: 0,
+                known_versions: Vec::new(),
             }),
         }
     }
@@ -58,6 +61,7 @@ pub(crate) fn routing(
         routing_cache_ttl_ms: ttl_ms,
         routing_refresh_interval_ms: interval_ms,
         store_revision: version,
+        lost_version: None,
     }
 }
 
@@ -88,13 +92,18 @@ impl CoordinatorTransport for FakeCoordinator {
         })
     }
 
-    async fn routing(&self, _group: &GroupId) -> Result<RoutingResponse, TransportError> {
+    async fn routing(&self, _group: &GroupId, known_version: u64) -> Result<RoutingResponse, TransportError> {
         self.with(|s| {
             if !s.up {
                 return Err(TransportError::Unreachable("fake coordinator is down".into()));
             }
             s.routing_calls += 1;
-            Ok(s.routing.clone())
+            s.known_versions.push(known_version);
+            let mut routing = s.routing.clone();
+            if known_version > routing.metadata_version {
+                routing.lost_version = Some(known_version);
+            }
+            Ok(routing)
         })
     }
 }

@@ -49,8 +49,13 @@ pub trait CoordinatorTransport: Send + Sync + 'static {
         req: HeartbeatRequest,
     ) -> impl Future<Output = Result<HeartbeatResponse, TransportError>> + Send;
 
-    /// `GET /v1/groups/{streamPrefix}/{consumerGroup}/routing`.
-    fn routing(&self, group: &GroupId) -> impl Future<Output = Result<RoutingResponse, TransportError>> + Send;
+    /// `GET /v1/groups/{streamPrefix}/{consumerGroup}/routing[?knownVersion=N]`: `known_version`
+    /// is the metadataVersion of the caller's cached view (0: none; not sent).
+    fn routing(
+        &self,
+        group: &GroupId,
+        known_version: u64,
+    ) -> impl Future<Output = Result<RoutingResponse, TransportError>> + Send;
 }
 
 impl<T: CoordinatorTransport> CoordinatorTransport for std::sync::Arc<T> {
@@ -61,7 +66,11 @@ impl<T: CoordinatorTransport> CoordinatorTransport for std::sync::Arc<T> {
         (**self).heartbeat(req)
     }
 
-    fn routing(&self, group: &GroupId) -> impl Future<Output = Result<RoutingResponse, TransportError>> + Send {
-        (**self).routing(group)
+    fn routing(
+        &self,
+        group: &GroupId,
+        known_version: u64,
+    ) -> impl Future<Output = Result<RoutingResponse, TransportError>> + Send {
+        (**self).routing(group, known_version)
     }
 }

@@ -307,7 +307,22 @@ pub fn routing_view(g: &GroupMetadata, revision: u64) -> RoutingResponse {
         routing_cache_ttl_ms: g.config.routing_cache_ttl_ms,
         routing_refresh_interval_ms: g.config.routing_refresh_interval_ms,
         store_revision: revision,
+        lost_version: None,
     }
+}
+
+/// Decides a producer's routing refresh that reported the metadataVersion it has cached
+/// (`known_version`). A version above the stored one is evidence of lost writes, exactly like a
+/// consumer's report: it is recorded (a correction round; later versions skip past it) and the
+/// answer tells the producer its view is lost. Anything else is the read-only view.
+pub fn decide_routing(g: &GroupMetadata, known_version: u64, ctx: Context<'_>) -> Decision<RoutingResponse> {
+    let mut tx = Transition::new(g, ctx.observations, ctx.planted);
+    tx.record_client_version(known_version);
+    let write = tx.finish();
+    let state = write.next.as_ref().unwrap_or(g);
+    let mut view = routing_view(state, ctx.revision_after(&write));
+    view.lost_version = (known_version > state.metadata_version).then_some(known_version);
+    Decision { write, outcome: Ok(view) }
 }
 
 pub use super::admin::decide_admin;

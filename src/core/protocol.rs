@@ -89,6 +89,13 @@ pub struct RoutingResponse {
     pub routing_cache_ttl_ms: u64,
     pub routing_refresh_interval_ms: u64,
     pub store_revision: u64,
+    /// The request's `knownVersion` when it is above the stored metadataVersion: that version came
+    /// from writes the store has lost, so this (older) view is the truth and a producer whose
+    /// cache holds exactly that version adopts it at once, instead of publishing on a lost view
+    /// until its cache lease ends. The coordinator records the report as loss evidence (a
+    /// correction round). `null` otherwise.
+    #[serde(default)]
+    pub lost_version: Option<u64>,
 }
 
 /// Admin mutations; every one but `CreateGroup` carries the store revision it was computed from and

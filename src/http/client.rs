@@ -182,8 +182,12 @@ impl CoordinatorTransport for HttpTransport {
         self.call(Method::POST, group_path(&req.group, "heartbeat"), Bytes::from(body)).await
     }
 
-    async fn routing(&self, group: &GroupId) -> Result<RoutingResponse, TransportError> {
-        self.call(Method::GET, group_path(group, "routing"), Bytes::new()).await
+    async fn routing(&self, group: &GroupId, known_version: u64) -> Result<RoutingResponse, TransportError> {
+        let mut path = group_path(group, "routing");
+        if known_version > 0 {
+            path.push_str(&format!("?knownVersion={known_version}"));
+        }
+        self.call(Method::GET, path, Bytes::new()).await
     }
 }
 

@@ -18,6 +18,15 @@ use crate::core::model::{GroupConfig, GroupId};
 use crate::core::protocol::{AdminRequest, HeartbeatRequest};
 use crate::store::MetadataStore;
 
+/// `GET /v1/groups/{streamPrefix}/{consumerGroup}/routing` query: the metadataVersion of the
+/// producer's cached view, if it has one (reporting it lets the coordinator detect lost writes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RoutingQuery {
+    #[serde(default)]
+    pub known_version: Option<u64>,
+}
+
 /// `POST /v1/admin/groups` body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -85,9 +94,11 @@ pub(super) async fn heartbeat<S: MetadataStore>(
 pub(super) async fn routing<S: MetadataStore>(
     State(app): State<AppState<S>>,
     ApiPath(path): ApiPath<(String, String)>,
+    ApiQuery(query): ApiQuery<RoutingQuery>,
 ) -> Result<Response> {
     let group = path_group(path);
-    Ok(Json(app.coordinator.routing(&group).await?).into_response())
+    let known_version = query.known_version.unwrap_or(0);
+    Ok(Json(app.coordinator.routing(&group, known_version).await?).into_response())
 }
 
 pub(super) async fn describe<S: MetadataStore>(

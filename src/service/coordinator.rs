@@ -25,8 +25,8 @@ use crate::core::protocol::{
     AdminRequest, AdminResponse, ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingResponse,
 };
 use crate::core::{
-    decide_admin, decide_evidence, decide_heartbeat, decide_tick, Decision, LocalView, Observations, PlantedBug,
-    PlantedBugs,
+    decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Decision, LocalView, Observations,
+    PlantedBug, PlantedBugs,
 };
 use crate::metrics::Metrics;
 use crate::store::{MetadataStore, ProbeReport, ServerIdentity, TouchCheck, WriteOutcome};
@@ -206,11 +206,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let (g, revision) = self.heartbeat_read(req).await?;
         let evidence_recorded = self.record_pending_evidence(&g, revision).await?;
         if req.metadata_version > g.metadata_version {
-            self.inner.metrics.inc(
-                "rsc_client_metadata_version_ahead_total",
-                "Heartbeats reporting a metadataVersion above the stored one (evidence of lost writes).",
-                vec![("group", g.group.to_string())],
-            );
+            self.count_version_ahead(&g.group);
         }
         let obs = self.observe_waits(&g);
         let fast = decide_heartbeat(&g, req, self.context(revision, &obs));
@@ -270,16 +266,47 @@ impl<S: MetadataStore> Coordinator<S> {
         }
     }
 
-    /// Producer routing view (read-only; served while terminating too).
-    pub async fn routing(&self, group: &GroupId) -> Result<RoutingResponse, ApiError> {
+    /// Producer routing view. `known_version` is the metadataVersion the producer has cached (0:
+    /// none). One above the stored version is recorded as loss evidence and answered with
+    /// `lostVersion`; otherwise this is a read, served while terminating too.
+    pub async fn routing(&self, group: &GroupId, known_version: u64) -> Result<RoutingResponse, ApiError> {
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
         self.recheck_identity_if_suspect().await?;
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
-            return Err(self.missing(group, false).await);
+            return Err(self.missing(group, known_version > 0).await);
         };
         let g = self.decode_counted(group, &record)?;
-        Ok(routing_view(&g, record.revision))
+        let view = routing_view(&g, record.revision);
+        if known_version <= g.metadata_version {
+            return Ok(view);
+        }
+        self.count_version_ahead(group);
+        let recorded = self
+            .critical(group, false, |g, rev, obs| match g {
+                Some(g) => decide_routing(g, known_version, self.context(rev, obs)),
+                None => Decision {
+                    write: Default::default(),
+                    outcome: Err(ApiError::new(ErrorCode::MetadataMissing, "group metadata vanished; failing closed")),
+                },
+            })
+            .await;
+        match recorded {
+            Ok(view) => Ok(view),
+            // A terminating coordinator still tells the producer; another instance records it.
+            Err(e) if e.code == ErrorCode::CoordinatorTerminating => {
+                Ok(RoutingResponse { lost_version: Some(known_version), ..view })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn count_version_ahead(&self, group: &GroupId) {
+        self.inner.metrics.inc(
+            "rsc_client_metadata_version_ahead_total",
+            "Client requests (heartbeats, routing refreshes) reporting a metadataVersion above the stored one.",
+            vec![("group", group.to_string())],
+        );
     }
 
     /// The recorded metadata of a group, for operators.

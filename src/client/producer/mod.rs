@@ -206,10 +206,11 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
     async fn refresh(&self) -> Result<RefreshOutcome, TransportError> {
         let sent_ms = self.clock.now_ms();
         *self.last_attempt_ms.lock().unwrap_or_else(|p| p.into_inner()) = Some(sent_ms);
+        let known_version = self.cache().routing().map_or(0, |r| r.metadata_version);
         let give_up = tokio::time::Instant::now() + Duration::from_millis(self.config.refresh_timeout_ms);
         let result = tokio::select! {
             biased;
-            result = self.transport.routing(&self.config.group) => result,
+            result = self.transport.routing(&self.config.group, known_version) => result,
             _ = tokio::time::sleep_until(give_up) => Err(TransportError::Timeout),
         };
         let now_ms = self.clock.now_ms();

@@ -11,6 +11,9 @@
 //! - Decision filling a gap: an *older* version (the store lost writes) never replaces a valid
 //!   cache and never extends it; once the cache expired it is adopted, because Redis is the source
 //!   of truth and refusing it would stop every producer for good after a rollback.
+//! - Every refresh reports the cached version. When the coordinator answers that this very
+//!   version is lost (`lostVersion`), the older view replaces the valid cache at once: publishing
+//!   on to shards of a lost AddShards would strand those entries where no consumer ever reads.
 
 use crate::core::model::ShardId;
 use crate::core::planted::{PlantedBug, PlantedBugs};
@@ -116,7 +119,15 @@ impl RoutingCache {
                 c.refresh_due_ms = c.refresh_due_ms.max(refresh_due_ms);
                 RefreshOutcome::Extended
             }
-            Some(c) if routing.metadata_version < c.routing.metadata_version && valid => RefreshOutcome::KeptNewer,
+            // An older version is kept out while the cache is valid, unless the coordinator says
+            // the cached version itself is the one the store lost (the producer reported it).
+            Some(c)
+                if routing.metadata_version < c.routing.metadata_version
+                    && valid
+                    && routing.lost_version != Some(c.routing.metadata_version) =>
+            {
+                RefreshOutcome::KeptNewer
+            }
             _ => {
                 self.cached = Some(Cached { routing, expires_ms, refresh_due_ms });
                 RefreshOutcome::Replaced
@@ -168,6 +179,7 @@ mod tests {
             routing_cache_ttl_ms: TTL_MS,
             routing_refresh_interval_ms: INTERVAL_MS,
             store_revision: 1,
+            lost_version: None,
         }
     }
 
@@ -232,6 +244,21 @@ mod tests {
         assert_eq!(cache.apply_refresh(100, 105, routing(9, 20)), RefreshOutcome::Replaced);
         assert_eq!(cache.routing().map(|r| r.shard_count), Some(20));
         assert_eq!(cache.expires_ms(), Some(100 + TTL_MS));
+    }
+
+    /// The producer reports its cached version; the coordinator answers that the store lost it.
+    /// The older, true view replaces the still-valid cache at once (only if the cache still holds
+    /// exactly the version reported lost).
+    #[test]
+    fn an_older_version_replaces_a_valid_cache_whose_version_the_coordinator_says_is_lost() {
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
+        cache.apply_refresh(0, 5, routing(9, 23));
+        let not_ours = RoutingResponse { lost_version: Some(8), ..routing(7, 20) };
+        assert_eq!(cache.apply_refresh(100, 105, not_ours), RefreshOutcome::KeptNewer);
+        let ours = RoutingResponse { lost_version: Some(9), ..routing(7, 20) };
+        assert_eq!(cache.apply_refresh(200, 205, ours), RefreshOutcome::Replaced);
+        assert_eq!(cache.routing().map(|r| (r.metadata_version, r.shard_count)), Some((7, 20)));
+        assert_eq!(cache.route(205, b"k").map(|r| r.shard < 20), Ok(true));
     }
 
     #[test]

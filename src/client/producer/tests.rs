@@ -104,3 +104,30 @@ async fn never_fetched_routing_fails_with_no_routing() {
     assert!(matches!(p.publish(b"k", b"x".to_vec()).await, Err(PublishError::NoRouting(_))));
     assert!(store.add_log().is_empty());
 }
+
+/// A lost AddShards: the producer cached v2 (16 shards), then the store lost it and the coordinator
+/// serves v1 (4 shards). The producer reports v2 on its next refresh, is told it is lost, and
+/// routes with 4 shards at once, long before its cache lease would have ended.
+#[tokio::test]
+async fn a_cached_version_the_coordinator_reports_lost_is_dropped_at_the_next_refresh() {
+    let (store, coordinator, sink) = setup();
+    let p = producer(&coordinator, &store, &sink);
+    coordinator.with(|s| s.routing = routing(&group(), 2, 16, 60_000, INTERVAL_MS));
+    p.publish(b"k", b"1".to_vec()).await.expect("publish on v2");
+    assert_eq!(p.routing().map(|r| r.shard_count), Some(16));
+    let lease_end_ms = p.shared.cache().expires_ms().expect("cached");
+    coordinator.with(|s| s.routing = routing(&group(), 1, 4, 60_000, INTERVAL_MS));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while p.routing().map(|r| r.shard_count) != Some(4) {
+        assert!(tokio::time::Instant::now() < deadline, "the lost view was kept");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(p.shared.clock.now_ms() < lease_end_ms, "dropped while its lease still held");
+    let known = coordinator.with(|s| s.known_versions.clone());
+    assert_eq!(known.first(), Some(&0), "the first refresh had nothing cached");
+    assert!(known.contains(&2), "refreshes report the cached version: {known:?}");
+    let key = (0..1_000).map(|i| format!("k{i}")).find(|k| shard_for_key(k.as_bytes(), 16) >= 4).expect("a moved key");
+    let id = p.publish(key.as_bytes(), b"x".to_vec()).await.expect("publish on v1");
+    let stream = group().stream_key(shard_for_key(key.as_bytes(), 4));
+    assert!(store.peek_stream_ids(&stream).contains(&id), "written to one of the 4 real shards");
+}
