@@ -38,6 +38,12 @@ pub use super::health::Readiness;
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
 /// Default number of requests handled at once; more wait for a slot.
 pub const CONCURRENCY_MAX_DEFAULT: usize = 1024;
+/// Largest request head accepted: header names and values plus the URI, in bytes. Larger heads
+/// get a typed JSON 431. (hyper's own limits, [`super::serve::HEADERS_MAX_HYPER`] headers and a
+/// 400 KiB read buffer, are far above these and answer 431 with an empty body.)
+pub const HEAD_BYTES_MAX: usize = 16 * 1024;
+/// Most request headers accepted; more get a typed JSON 431.
+pub const HEADERS_MAX: usize = 64;
 
 /// Settings of the HTTP edge.
 #[derive(Clone)]
@@ -103,7 +109,32 @@ pub fn app<S: MetadataStore>(coordinator: Coordinator<S>, options: HttpOptions) 
         .fallback(not_found::<S>)
         .layer(DefaultBodyLimit::max(body_bytes_max))
         .layer(GlobalConcurrencyLimitLayer::new(concurrency_max))
+        .layer(middleware::from_fn_with_state(state.clone(), limit_request_head::<S>))
         .with_state(state)
+}
+
+/// Answers a request head over [`HEAD_BYTES_MAX`] or [`HEADERS_MAX`] with a typed JSON 431 before
+/// any routing (unmatched paths included). Counted in `rsc_http_requests_total` with the route
+/// label `head_too_large`.
+async fn limit_request_head<S: MetadataStore>(
+    State(state): State<AppState<S>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let headers = request.headers();
+    let header_bytes: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
+    let head_bytes = header_bytes + request.uri().to_string().len();
+    if headers.len() > HEADERS_MAX || head_bytes > HEAD_BYTES_MAX {
+        let message = format!(
+            "request head too large: {} headers, {head_bytes} bytes (limits: {HEADERS_MAX} headers, {HEAD_BYTES_MAX} \
+             bytes)",
+            headers.len()
+        );
+        let status = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+        record(&state.coordinator.metrics(), method_label(request.method()), "head_too_large", status, 0.0);
+        return HttpError::rejected(status, message).into_response();
+    }
+    next.run(request).await
 }
 
 /// The handler of one route, on exactly the method the table names.

@@ -26,6 +26,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
+/// hyper's header-count limit, raised above the router's [`super::router::HEADERS_MAX`] so the
+/// router's typed JSON 431 answers every ordinary excess; hyper's bare 431 is the backstop.
+pub const HEADERS_MAX_HYPER: usize = 256;
+
 /// How long a handler may wait for a request body; attached to every request by [`serve`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BodyReadTimeout(pub Duration);
@@ -110,6 +114,7 @@ async fn serve_connection<S>(
     let connection = http1::Builder::new()
         .timer(TokioTimeTimer)
         .header_read_timeout(config.header_read_timeout)
+        .max_headers(HEADERS_MAX_HYPER)
         .keep_alive(config.keep_alive)
         .serve_connection(io, service);
     tokio::pin!(connection);

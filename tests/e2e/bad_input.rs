@@ -40,6 +40,10 @@ async fn malformed_and_oversized_requests_get_typed_4xx_json_and_change_nothing_
     let auth = ("Authorization", bearer.as_str());
     let huge = format!(r#"{{"memberId":"{}"}}"#, "x".repeat(2 * 1024 * 1024)).into_bytes();
     let shards = group_path(RouteId::AddShards, &group);
+    let big_header = "x".repeat(rsc::http::router::HEAD_BYTES_MAX + 1);
+    let names: Vec<String> = (0..=rsc::http::router::HEADERS_MAX).map(|i| format!("X-Extra-{i}")).collect();
+    let many_headers: Vec<(&str, &str)> =
+        std::iter::once(json).chain(names.iter().map(|name| (name.as_str(), "1"))).collect();
     let config = group_path(RouteId::ChangeConfig, &group);
     let cases: Vec<Case> = vec![
         ("POST", &heartbeat, vec![json], b"{not json".to_vec(), 400),
@@ -53,6 +57,10 @@ async fn malformed_and_oversized_requests_get_typed_4xx_json_and_change_nothing_
         ("POST", "/v1/admin/groups", vec![json, auth], huge.clone(), 413),
         ("POST", &shards, vec![json, auth], br#"{"expectedRevision":"2","newShardCount":4}"#.to_vec(), 400),
         ("PUT", &config, vec![json, auth], huge, 413),
+        // Request heads over the router's limits: typed JSON 431, not hyper's empty one.
+        ("POST", &heartbeat, vec![json, ("X-Padding", big_header.as_str())], join.clone().into_bytes(), 431),
+        ("POST", &heartbeat, many_headers.clone(), join.clone().into_bytes(), 431),
+        ("GET", "/no/such/route", many_headers, Vec::new(), 431),
     ];
     let count = cases.len();
     for (method, path, headers, body, expected) in cases {
@@ -69,7 +77,8 @@ async fn malformed_and_oversized_requests_get_typed_4xx_json_and_change_nothing_
     let rejected: f64 = metrics
         .lines()
         .filter(|l| {
-            l.starts_with("rsc_http_requests_total{") && ["\"400\"", "\"413\"", "\"415\""].iter().any(|s| l.contains(s))
+            l.starts_with("rsc_http_requests_total{")
+                && ["\"400\"", "\"413\"", "\"415\"", "\"431\""].iter().any(|s| l.contains(s))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
