@@ -9,7 +9,8 @@
 //! after a rollback, so every such state is a candidate). The response must equal the view the
 //! pure core derives from one of them: `member_view` (same fields; an `OK` or `REVOKE_PENDING`
 //! status must be the state's own `status_for`; `SYNC_METADATA` also when the request reported a
-//! version above the state's), `routing_view`, or an admin result naming the state's version.
+//! version above the state's), `routing_view` (whose `lostVersion`, if any, is above the state's
+//! version), or an admin result naming the state's version.
 //!
 //! A write the store acknowledged but dropped (the `redis-write-drop` fault) leaves the
 //! coordinator answering from a state that was never stored, through no fault of its own: such a
@@ -20,7 +21,7 @@ use std::fmt;
 
 use rsc::core::engine::{member_view, routing_view, status_for};
 use rsc::core::model::GroupMetadata;
-use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus};
+use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
 use rsc::store::memory::HistoryKind;
 
 use super::Facts;
@@ -185,7 +186,10 @@ pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
         if let (Some(Ok(resp)), Some(at_us)) = (&call.answer, call.received_at_us) {
             let who = call.process.to_string();
             let judged = states.judge("routing", who, resp.store_revision, at_us, |g| {
-                let expected = routing_view(g, resp.store_revision);
+                // `lostVersion` echoes the producer's report; it must name a version above the
+                // state's (a version the store does not have).
+                let lost_version = resp.lost_version.filter(|&v| v > g.metadata_version);
+                let expected = RoutingResponse { lost_version, ..routing_view(g, resp.store_revision) };
                 if &expected == resp {
                     Ok(())
                 } else {
