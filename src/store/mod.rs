@@ -34,6 +34,10 @@ pub enum StoreError {
     /// The server answered something the contract does not allow (a bug or a foreign key).
     #[error("unexpected store reply: {0}")]
     Protocol(String),
+    /// The store's client settings are invalid (a malformed URL, an unreadable or invalid TLS
+    /// file, TLS files without `rediss://`): nothing was sent. Fix the configuration.
+    #[error("invalid store configuration: {0}")]
+    Config(String),
     /// The metadata hash exists but is not in this layout: a required field is missing or does not
     /// parse (an out-of-band edit). The coordinator fails closed as `METADATA_INCOMPATIBLE`.
     #[error("metadata hash not in this layout: {0}")]

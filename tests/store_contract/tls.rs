@@ -141,13 +141,13 @@ fn open_error(url: &str, tls: RedisTlsOptions) -> StoreError {
     }
 }
 
-fn assert_protocol_naming(error: StoreError, file: &Path, what: &str) {
+fn assert_config_naming(error: StoreError, file: &Path, what: &str) {
     match error {
-        StoreError::Protocol(text) => {
+        StoreError::Config(text) => {
             assert!(text.contains(&file.display().to_string()), "names the file: {text}");
             assert!(text.contains(what), "says {what:?}: {text}");
         }
-        other => panic!("expected Protocol, got {other:?}"),
+        other => panic!("expected Config, got {other:?}"),
     }
 }
 
@@ -182,13 +182,13 @@ async fn bad_tls_settings_are_typed_errors_naming_the_file() {
     ] {
         eprintln!("{error}");
         texts.push(error.to_string());
-        assert_protocol_naming(error, file, what);
+        assert_config_naming(error, file, what);
     }
     let cert_only = RedisTlsOptions { client_cert_file: Some(files.client_cert.clone()), ..Default::default() };
-    assert!(matches!(open_error(url, cert_only), StoreError::Protocol(t) if t.contains("together")));
+    assert!(matches!(open_error(url, cert_only), StoreError::Config(t) if t.contains("together")));
     // TLS files with a plain URL: refused rather than silently connecting without TLS.
     let plain = open_error("redis://127.0.0.1:6390", ca(files.ca_cert.clone()));
-    assert!(matches!(&plain, StoreError::Protocol(t) if t.contains("not rediss://")), "{plain:?}");
+    assert!(matches!(&plain, StoreError::Config(t) if t.contains("not rediss://")), "{plain:?}");
     // Turning verification off is not compiled in.
     let insecure = open_error("rediss://127.0.0.1:6390/#insecure", RedisTlsOptions::default());
     assert!(

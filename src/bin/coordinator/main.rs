@@ -5,8 +5,9 @@
 //! - `coordinator admin <command>`: talks to a running coordinator over HTTP.
 //!
 //! Exit codes: 0 success (including a graceful SIGTERM/SIGINT shutdown); 1 a runtime failure or an
-//! error answer from the coordinator; 2 bad arguments or configuration; 3 the store is unreachable
-//! or incompatible (the startup probe failed).
+//! error answer from the coordinator; 2 bad arguments or configuration (a malformed Redis URL or an
+//! unreadable or invalid TLS file included); 3 the store is unreachable or incompatible (the
+//! startup probe failed, a TLS handshake was refused).
 //!
 //! This binary is not built for the simulation (`--cfg madsim`): it needs real signals, real
 //! sockets and `RedisStore`, none of which exist there.

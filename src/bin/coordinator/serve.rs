@@ -53,7 +53,7 @@ impl ServeError {
     /// The process exit code (see main.rs).
     pub fn exit_code(&self) -> u8 {
         match self {
-            ServeError::Config(_) => 2,
+            ServeError::Config(_) | ServeError::Connect(StoreError::Config(_)) => 2,
             ServeError::Connect(_) | ServeError::Probe(_) => 3,
             ServeError::Bind { .. } | ServeError::Signals(_) => 1,
         }
@@ -199,5 +199,18 @@ impl Signals {
             let _ = tokio::signal::ctrl_c().await;
             "ctrl-c"
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_store_configuration_exits_2_and_an_unreachable_store_exits_3() {
+        let bad_url = rsc::store::redis::RedisStore::open("not a url", Default::default()).expect_err("rejected");
+        assert!(matches!(bad_url, StoreError::Config(_)), "{bad_url:?}");
+        assert_eq!(ServeError::Connect(bad_url).exit_code(), 2);
+        assert_eq!(ServeError::Connect(StoreError::Unavailable("refused".into())).exit_code(), 3);
     }
 }

@@ -127,7 +127,7 @@ impl RedisStore {
     /// reported by the first call, as `Unavailable` (see [`connect`](Self::connect)).
     pub fn open(url: &str, options: RedisStoreOptions) -> Result<Self, StoreError> {
         let info = url.into_connection_info().map_err(|e| {
-            StoreError::Protocol(format!(
+            StoreError::Config(format!(
                 "invalid Redis URL ({}); expected redis://[user:password@]host:port[/db] or rediss://...",
                 e.kind_name()
             ))

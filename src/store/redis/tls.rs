@@ -48,7 +48,7 @@ pub(super) fn client(info: ConnectionInfo, tls: &RedisTlsOptions, redactor: &Red
     let insecure = match info.addr() {
         ConnectionAddr::TcpTls { insecure, .. } => *insecure,
         _ if tls.is_configured() => {
-            return Err(StoreError::Protocol(
+            return Err(StoreError::Config(
                 "TLS files are configured but the Redis URL is not rediss:// (refusing to connect without TLS)".into(),
             ));
         }
@@ -78,15 +78,15 @@ fn install_crypto_provider() {
 
 fn client_error(redactor: &Redactor, err: &::redis::RedisError) -> StoreError {
     // The category only: the crate's texts may echo the URL.
-    StoreError::Protocol(redactor.clean(format!("cannot create Redis client: {:?}", err.kind())))
+    StoreError::Config(redactor.clean(format!("cannot create Redis client: {:?}", err.kind())))
 }
 
 fn read(what: &str, path: &Path) -> Result<Vec<u8>, StoreError> {
-    std::fs::read(path).map_err(|e| StoreError::Protocol(format!("cannot read the TLS {what} {}: {e}", path.display())))
+    std::fs::read(path).map_err(|e| StoreError::Config(format!("cannot read the TLS {what} {}: {e}", path.display())))
 }
 
 fn invalid(what: &str, path: &Path, problem: impl std::fmt::Display) -> StoreError {
-    StoreError::Protocol(format!("invalid TLS {what} {}: {problem}", path.display()))
+    StoreError::Config(format!("invalid TLS {what} {}: {problem}", path.display()))
 }
 
 /// A PEM error without echoing file contents (some variants carry a line of the file).
@@ -129,7 +129,7 @@ fn client_identity(tls: &RedisTlsOptions) -> Result<Option<ClientTlsConfig>, Sto
         (None, None) => return Ok(None),
         (Some(cert), Some(key)) => (cert, key),
         _ => {
-            return Err(StoreError::Protocol(
+            return Err(StoreError::Config(
                 "TLS client certificate and client key must be given together (mutual TLS)".into(),
             ))
         }
