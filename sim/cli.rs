@@ -122,6 +122,7 @@ pub struct PlanSummary {
     pub from_dropped_writes: usize,
     pub silent_loss_overlaps: usize,
     pub stranded: usize,
+    pub lost_version_answers: usize,
 }
 
 impl PlanSummary {
@@ -141,6 +142,7 @@ impl PlanSummary {
         self.from_dropped_writes += m.responses_from_dropped_writes;
         self.silent_loss_overlaps += m.silent_loss_processing_overlaps;
         self.stranded += m.stranded_entries;
+        self.lost_version_answers += m.lost_version_answers;
     }
 }
 
@@ -246,6 +248,12 @@ fn print_table(summaries: &[PlanSummary]) {
         }
         if s.stranded > 0 {
             println!("{:<36} entries stranded on shards beyond the final shard count (measured): {}", "", s.stranded);
+        }
+        if s.lost_version_answers > 0 {
+            println!(
+                "{:<36} routing answers telling a producer its cached version was lost (measured): {}",
+                "", s.lost_version_answers
+            );
         }
         if s.silent_loss_overlaps > 0 {
             println!("{:<36} processing overlaps after silent write loss (measured): {}", "", s.silent_loss_overlaps);

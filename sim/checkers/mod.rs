@@ -144,6 +144,8 @@ pub struct Measurements {
     pub silent_loss_processing_overlaps: usize,
     /// Responses derived from writes the store acknowledged but dropped (`redis-write-drop`).
     pub responses_from_dropped_writes: usize,
+    /// Routing answers that told a producer its cached version was lost (`lostVersion`).
+    pub lost_version_answers: usize,
 }
 
 /// The result of checking one run.
@@ -165,6 +167,12 @@ pub fn check_all(facts: &Facts<'_>) -> Verdict {
     measurements.silent_loss_processing_overlaps = counts.silent_loss_overlaps;
     let (recorded, from_dropped) = recorded::check(facts);
     measurements.responses_from_dropped_writes = from_dropped;
+    measurements.lost_version_answers = facts
+        .records
+        .routings
+        .iter()
+        .filter(|call| matches!(&call.answer, Some(Ok(resp)) if resp.lost_version.is_some()))
+        .count();
     let mut all: Vec<Finding> = findings("split", split)
         .chain(findings("consumer-lease", consumer_lease::check(facts)))
         .chain(findings("producer-lease", producer_lease::check(facts)))
