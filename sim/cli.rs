@@ -123,6 +123,7 @@ pub struct PlanSummary {
     pub silent_loss_overlaps: usize,
     pub stranded: usize,
     pub lost_version_answers: usize,
+    pub delivered_never_processed_max: usize,
 }
 
 impl PlanSummary {
@@ -143,6 +144,7 @@ impl PlanSummary {
         self.silent_loss_overlaps += m.silent_loss_processing_overlaps;
         self.stranded += m.stranded_entries;
         self.lost_version_answers += m.lost_version_answers;
+        self.delivered_never_processed_max = self.delivered_never_processed_max.max(m.delivered_never_processed);
     }
 }
 
@@ -248,6 +250,12 @@ fn print_table(summaries: &[PlanSummary]) {
         }
         if s.stranded > 0 {
             println!("{:<36} entries stranded on shards beyond the final shard count (measured): {}", "", s.stranded);
+        }
+        if s.delivered_never_processed_max > 0 {
+            println!(
+                "{:<36} entries Redis delivered that no consumer processed by the end (measured, max per seed): {}",
+                "", s.delivered_never_processed_max
+            );
         }
         if s.lost_version_answers > 0 {
             println!(

@@ -73,6 +73,10 @@ pub struct MessageCounts {
     pub backlog: usize,
     /// Acknowledged, undelivered entries on shards beyond the final shard count.
     pub stranded: usize,
+    /// Acknowledged entries Redis delivered (some read returned them) that no consumer ever
+    /// started processing by the end: the read's reply never reached a consumer that could use
+    /// it (lost, or the read ran at Redis after the caller gave up) and nothing redelivered them.
+    pub delivered_never_processed: usize,
 }
 
 /// Checks invariant 7.
@@ -80,7 +84,25 @@ pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, MessageCounts) {
     let (mut violations, backlog, stranded) = not_delivered(facts);
     let (concurrent, paused_overlaps, silent_loss_overlaps) = concurrent_processing(facts);
     violations.extend(concurrent);
-    (violations, MessageCounts { paused_overlaps, silent_loss_overlaps, backlog, stranded })
+    let delivered_never_processed = delivered_never_processed(facts);
+    (violations, MessageCounts { paused_overlaps, silent_loss_overlaps, backlog, stranded, delivered_never_processed })
+}
+
+fn delivered_never_processed(facts: &Facts<'_>) -> usize {
+    let shard_count = facts.final_state().map_or(u32::MAX, |g| g.shard_count);
+    let delivered: BTreeSet<(&str, EntryId)> =
+        facts.records.reads.iter().flat_map(|r| r.ids.iter().map(move |id| (r.stream.as_str(), *id))).collect();
+    let processed: BTreeSet<(&str, EntryId)> =
+        facts.records.processing.iter().map(|p| (p.stream.as_str(), p.id)).collect();
+    facts
+        .records
+        .adds
+        .iter()
+        .filter(|add| add.acknowledged_at_us.is_some())
+        .filter(|add| facts.shard_of(&add.stream).is_none_or(|s| s < shard_count))
+        .filter(|add| delivered.contains(&(add.stream.as_str(), add.id)))
+        .filter(|add| !processed.contains(&(add.stream.as_str(), add.id)))
+        .count()
 }
 
 fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {

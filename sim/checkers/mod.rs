@@ -146,6 +146,8 @@ pub struct Measurements {
     pub responses_from_dropped_writes: usize,
     /// Routing answers that told a producer its cached version was lost (`lostVersion`).
     pub lost_version_answers: usize,
+    /// Acknowledged entries Redis delivered that no consumer ever processed (see `messages`).
+    pub delivered_never_processed: usize,
 }
 
 /// The result of checking one run.
@@ -164,6 +166,7 @@ pub fn check_all(facts: &Facts<'_>) -> Verdict {
     measurements.paused_processing_overlaps = counts.paused_overlaps;
     measurements.backlog_entries = counts.backlog;
     measurements.stranded_entries = counts.stranded;
+    measurements.delivered_never_processed = counts.delivered_never_processed;
     measurements.silent_loss_processing_overlaps = counts.silent_loss_overlaps;
     let (recorded, from_dropped) = recorded::check(facts);
     measurements.responses_from_dropped_writes = from_dropped;

@@ -152,8 +152,10 @@ impl ConsumerCore {
             Some(_) => {}
             None => {
                 let generation = self.allocate_generation();
-                self.shards
-                    .insert(shard, Shard { generation, state: ShardState::Revoking, in_flight: BTreeSet::new() });
+                self.shards.insert(
+                    shard,
+                    Shard { generation, state: ShardState::Revoking, in_flight: BTreeSet::new(), setup_at_ms: 0 },
+                );
             }
         }
     }
@@ -163,10 +165,11 @@ impl ConsumerCore {
     pub(super) fn start(&mut self, now_ms: u64, shard: ShardId) {
         let generation = self.allocate_generation();
         let state = ShardState::Reading { setup_done: false, pending_done: false };
-        let entry =
-            self.shards.entry(shard).or_insert(Shard { generation, state: state.clone(), in_flight: BTreeSet::new() });
+        let fresh = Shard { generation, state: state.clone(), in_flight: BTreeSet::new(), setup_at_ms: now_ms };
+        let entry = self.shards.entry(shard).or_insert(fresh);
         entry.generation = generation;
         entry.state = state;
+        entry.setup_at_ms = now_ms;
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::ShardStarted { at_ms: now_ms, member, shard });
     }

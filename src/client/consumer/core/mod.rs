@@ -45,6 +45,11 @@ pub struct ConsumerConfig {
     pub close_timeout_ms: u64,
     /// Driver: pause between empty reads in `poll_wait`.
     pub poll_idle_ms: u64,
+    /// While a shard is owned, its setup (claim every entry pending to another consumer name)
+    /// and the own-pending re-read run again this often (0: only when the shard starts). Without
+    /// it, entries whose read reply never reached this consumer — a lost reply, or a read that
+    /// timed out here but ran at Redis later — stay pending until the shard changes owner.
+    pub pending_sweep_interval_ms: u64,
     /// Deliberate mistakes for the simulation's negative tests; `NONE` everywhere else.
     pub planted: PlantedBugs,
 }
@@ -61,6 +66,7 @@ impl ConsumerConfig {
             slow_retry_ms: 5_000,
             close_timeout_ms: 30_000,
             poll_idle_ms: 50,
+            pending_sweep_interval_ms: 30_000,
             planted: PlantedBugs::NONE,
         }
     }
@@ -94,6 +100,8 @@ struct Shard {
     generation: u64,
     state: ShardState,
     in_flight: BTreeSet<EntryId>,
+    /// When the current setup was planned (start or the last pending sweep).
+    setup_at_ms: u64,
 }
 
 /// The heartbeat in flight (at most one).
@@ -347,9 +355,15 @@ impl ConsumerCore {
         if !self.lease_holds(now_ms) || self.phase != Phase::Active {
             return Vec::new();
         }
+        let sweep_ms = self.config.pending_sweep_interval_ms;
         self.shards
-            .iter()
+            .iter_mut()
             .filter_map(|(shard, s)| {
+                let sweep_due = sweep_ms > 0 && now_ms >= s.setup_at_ms.saturating_add(sweep_ms);
+                if sweep_due && s.state == (ShardState::Reading { setup_done: true, pending_done: true }) {
+                    s.state = ShardState::Reading { setup_done: false, pending_done: false };
+                    s.setup_at_ms = now_ms;
+                }
                 let step = match s.state {
                     ShardState::Reading { setup_done: false, .. } => ReadStep::Setup,
                     ShardState::Reading { setup_done: true, pending_done: false } => {

@@ -385,3 +385,34 @@ fn draining_while_a_heartbeat_is_in_flight_reports_revoked_promptly_after_its_an
     c.handle_heartbeat(430, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
     assert_eq!(c.next_deadline_ms(), Some(430 + c.config().prompt_ms));
 }
+
+/// While a shard stays owned, setup and the own-pending re-read run again every
+/// `pending_sweep_interval_ms`: an entry whose read reply never reached the consumer (still pending
+/// to it in Redis) is delivered then; entries in flight are not delivered twice.
+#[test]
+fn an_owned_shard_resweeps_pending_entries_so_a_lost_read_reply_is_redelivered() {
+    let mut config = ConsumerConfig::new(GroupId::new("orders", "billing"), "m1");
+    config.pending_sweep_interval_ms = 500;
+    let mut c = ConsumerCore::new(config);
+    exchange(&mut c, 0, 10, Ok(ok(&[2])));
+    assert_eq!(deliver(&mut c, 10, 2, &[1]).len(), 1, "entry 1 in flight");
+    let step = |c: &mut ConsumerCore, now_ms| c.read_plans(now_ms).into_iter().find(|p| p.shard == 2).map(|p| p.step);
+    assert_eq!(step(&mut c, 509), Some(ReadStep::Read(ReadFrom::New)), "not due yet");
+    assert_eq!(step(&mut c, 510), Some(ReadStep::Setup), "the sweep is due 500 ms after the setup");
+    let plan = c.read_plans(510).into_iter().find(|p| p.shard == 2).expect("readable");
+    c.setup_done(2, plan.generation);
+    let plan = c.plan_for(510, 2, plan.generation).expect("readable");
+    assert_eq!((plan.step, plan.in_flight), (ReadStep::Read(ReadFrom::OwnPending), 1));
+    // Redis has entry 1 (in flight here) and entry 3 (a read whose reply was lost) pending to m1.
+    let got = c.handle_read(510, plan, 11, vec![entry(1), entry(3)]);
+    assert_eq!(got.iter().map(|d| d.entry.id.ms).collect::<Vec<_>>(), vec![3]);
+    assert_eq!(step(&mut c, 520), Some(ReadStep::Read(ReadFrom::New)));
+    assert_eq!(step(&mut c, 999), Some(ReadStep::Read(ReadFrom::New)), "next sweep 500 ms after this one");
+
+    let mut config = ConsumerConfig::new(GroupId::new("orders", "billing"), "m1");
+    config.pending_sweep_interval_ms = 0;
+    let mut c = ConsumerCore::new(config);
+    exchange(&mut c, 0, 10, Ok(ok(&[2])));
+    deliver(&mut c, 10, 2, &[1]);
+    assert_eq!(step(&mut c, 900), Some(ReadStep::Read(ReadFrom::New)), "0: no sweep");
+}
