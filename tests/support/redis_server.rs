@@ -61,7 +61,7 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
-fn binary() -> PathBuf {
+pub(super) fn binary() -> PathBuf {
     std::env::var_os("REDIS_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"))
 }
 
@@ -86,12 +86,12 @@ pub fn server_version() -> (u32, u32) {
     })
 }
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port on 127.0.0.1");
     listener.local_addr().expect("local addr").port()
 }
 
-fn fresh_dir() -> PathBuf {
+pub(super) fn fresh_dir() -> PathBuf {
     let n = DIR_COUNTER.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("rsc-redis-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -100,7 +100,7 @@ fn fresh_dir() -> PathBuf {
 }
 
 /// One raw RESP PING; true on `+PONG` (false while loading, refusing, or not yet listening).
-fn answers_ping(port: u16) -> bool {
+pub(super) fn answers_ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)) else {
         return false;
     };
@@ -406,8 +406,28 @@ impl RedisServer {
     }
 
     /// On a primary: blocks until `replicas` replicas acknowledged every write so far (WAIT).
+    ///
+    /// WAIT only waits for the writes of its own connection, and each admin command uses a fresh
+    /// one, so a write that creates nothing (a key set and deleted in one MULTI, never visible to
+    /// other clients) is made first on the same connection: once the replicas acknowledged it,
+    /// they hold every earlier write too.
     pub fn wait_replicated(&self, replicas: u64) {
-        let acked: u64 = redis::from_redis_value(self.cmd(&["WAIT", &replicas.to_string(), "5000"])).expect("WAIT");
+        let client = self.admin_client().expect("admin client");
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).expect("connect for WAIT");
+        conn.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+        let marker = "rsc-test:wait-replicated-marker";
+        redis::pipe()
+            .atomic()
+            .cmd("SET")
+            .arg(marker)
+            .arg("1")
+            .ignore()
+            .cmd("DEL")
+            .arg(marker)
+            .ignore()
+            .query::<()>(&mut conn)
+            .expect("marker write");
+        let acked: u64 = redis::cmd("WAIT").arg(replicas).arg(5_000).query(&mut conn).expect("WAIT");
         assert!(acked >= replicas, "only {acked} of {replicas} replicas acknowledged within 5 s");
     }
 
