@@ -21,6 +21,8 @@ mod support;
 mod metadata;
 #[path = "store_contract/redis_only.rs"]
 mod redis_only;
+#[path = "store_contract/sentinel.rs"]
+mod sentinel;
 #[path = "store_contract/streams.rs"]
 mod streams;
 #[path = "store_contract/tls.rs"]

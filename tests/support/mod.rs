@@ -23,6 +23,7 @@
 
 pub mod proxy;
 pub mod redis_server;
+pub mod sentinel;
 pub mod tls;
 
 pub use proxy::TcpProxy;

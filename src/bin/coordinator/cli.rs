@@ -44,6 +44,17 @@ pub struct ServeArgs {
     /// PEM file of the client certificate's private key for mutual TLS (rediss:// only).
     #[arg(long, env = "REDIS_TLS_CLIENT_KEY_FILE", value_name = "FILE")]
     pub redis_tls_client_key_file: Option<PathBuf>,
+    /// Find the Redis master through these Sentinels (host:port,host:port,...) instead of a fixed
+    /// server; needs --redis-sentinel-master. REDIS_URL is then optional and may only name the
+    /// master (redis://[user:password@]<master name>[/db]) to carry its credentials and database.
+    #[arg(long, env = "REDIS_SENTINELS", value_name = "HOST:PORT,...")]
+    pub redis_sentinels: Option<String>,
+    /// The master name the Sentinels monitor (`sentinel monitor <name> ...`).
+    #[arg(long, env = "REDIS_SENTINEL_MASTER", value_name = "NAME")]
+    pub redis_sentinel_master: Option<String>,
+    /// Password of the Sentinels themselves (their requirepass), if they require one.
+    #[arg(long, env = "REDIS_SENTINEL_PASSWORD", hide_env_values = true, value_name = "PASSWORD")]
+    pub redis_sentinel_password: Option<String>,
     /// TOML file with serve settings (keys as in the flags, snake_case; see config.rs).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -203,6 +214,9 @@ mod tests {
             ("redis_tls_ca_file", "REDIS_TLS_CA_FILE"),
             ("redis_tls_client_cert_file", "REDIS_TLS_CLIENT_CERT_FILE"),
             ("redis_tls_client_key_file", "REDIS_TLS_CLIENT_KEY_FILE"),
+            ("redis_sentinels", "REDIS_SENTINELS"),
+            ("redis_sentinel_master", "REDIS_SENTINEL_MASTER"),
+            ("redis_sentinel_password", "REDIS_SENTINEL_PASSWORD"),
         ] {
             let arg = serve.get_arguments().find(|a| a.get_id() == flag).expect("the flag exists");
             assert_eq!(arg.get_env().and_then(|e| e.to_str()), Some(env), "{flag}");

@@ -10,6 +10,10 @@
 //! redis_tls_ca_file = "/etc/rsc/redis-ca.pem"             # rediss:// only (default: platform roots)
 //! redis_tls_client_cert_file = "/etc/rsc/client.pem"      # mutual TLS: certificate and key together
 //! redis_tls_client_key_file = "/etc/rsc/client.key"
+//! # Sentinel instead of a fixed server (then redis_url is optional and may only name the master,
+//! # redis://[user:password@]<master name>[/db]; the sentinel password is REDIS_SENTINEL_PASSWORD):
+//! redis_sentinels = ["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"]
+//! redis_sentinel_master = "mymaster"
 //! instance_id = "coordinator-a"
 //! tick_interval_ms = 250
 //! mutex_ttl_ms = 2000
@@ -23,7 +27,13 @@
 //! shutdown_timeout_ms = 10000
 //! ```
 //!
-//! The admin token is not read from the file: pass it as `COORDINATOR_ADMIN_TOKEN` (or the flag).
+//! The admin token and the sentinel password are not read from the file: pass them as
+//! `COORDINATOR_ADMIN_TOKEN` / `REDIS_SENTINEL_PASSWORD` (or the flags).
+//!
+//! Sentinel (`--redis-sentinels` + `--redis-sentinel-master`, both or neither): Sentinel chooses
+//! the server, so a Redis URL that names one (a host other than the master name, or a port) is
+//! rejected as ambiguous, as is TLS (rediss:// or TLS files) with Sentinel, which this build does
+//! not support. Without a URL the store URL is `redis://<master name>`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -33,7 +43,7 @@ use serde::Deserialize;
 use super::cli::ServeArgs;
 use rsc::http::router::{BODY_BYTES_MAX_DEFAULT, CONCURRENCY_MAX_DEFAULT};
 use rsc::service::CoordinatorOptions;
-use rsc::store::redis::RedisTlsOptions;
+use rsc::store::redis::{parse_sentinel_address, url_names_master, RedisSentinelOptions, RedisTlsOptions};
 
 /// Default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:7420";
@@ -61,6 +71,8 @@ pub struct FileConfig {
     pub redis_tls_ca_file: Option<PathBuf>,
     pub redis_tls_client_cert_file: Option<PathBuf>,
     pub redis_tls_client_key_file: Option<PathBuf>,
+    pub redis_sentinels: Option<Vec<String>>,
+    pub redis_sentinel_master: Option<String>,
     pub instance_id: Option<String>,
     pub tick_interval_ms: Option<u64>,
     pub mutex_ttl_ms: Option<u64>,
@@ -89,6 +101,8 @@ pub struct Settings {
     pub redis_url: Option<String>,
     /// CA and client certificate files of a `rediss://` URL.
     pub redis_tls: RedisTlsOptions,
+    /// Find the master through Sentinel (`redis_url` then names the master).
+    pub redis_sentinel: Option<RedisSentinelOptions>,
     pub admin_token: Option<String>,
     pub coordinator: CoordinatorOptions,
     pub redis_timeout_ms: u64,
@@ -105,6 +119,7 @@ impl std::fmt::Debug for Settings {
             .field("listen", &self.listen)
             .field("redis", &self.redis_url.as_ref().map(|_| "<set>"))
             .field("redis_tls", &self.redis_tls)
+            .field("redis_sentinel", &self.redis_sentinel)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("instance_id", &self.coordinator.instance_id)
             .field("tick_interval_ms", &self.coordinator.tick_interval_ms)
@@ -119,6 +134,7 @@ impl Settings {
     /// something that differs between processes.
     pub fn resolve(args: &ServeArgs, file: FileConfig, rng_seed: u64) -> Result<Self, ConfigError> {
         let defaults = CoordinatorOptions::default();
+        let redis_sentinel = resolve_sentinel(args, &file)?;
         let listen = match args.listen.or(file.listen) {
             Some(listen) => listen,
             // safe: a constant that parses (checked by a unit test).
@@ -136,14 +152,20 @@ impl Settings {
             rng_seed,
             planted: defaults.planted,
         };
+        let redis_url = non_empty(args.redis_url.clone().or(file.redis_url));
+        let redis_url = match &redis_sentinel {
+            Some(sentinel) => Some(redis_url.unwrap_or_else(|| format!("redis://{}", sentinel.master_name))),
+            None => redis_url,
+        };
         let settings = Settings {
             listen,
-            redis_url: non_empty(args.redis_url.clone().or(file.redis_url)),
+            redis_url,
             redis_tls: RedisTlsOptions {
                 ca_file: path(args.redis_tls_ca_file.clone().or(file.redis_tls_ca_file)),
                 client_cert_file: path(args.redis_tls_client_cert_file.clone().or(file.redis_tls_client_cert_file)),
                 client_key_file: path(args.redis_tls_client_key_file.clone().or(file.redis_tls_client_key_file)),
             },
+            redis_sentinel,
             admin_token: non_empty(args.admin_token.clone()),
             coordinator,
             redis_timeout_ms: file.redis_timeout_ms.unwrap_or(2_000),
@@ -173,6 +195,7 @@ impl Settings {
                 return Err(ConfigError::Invalid { key, message: "must be > 0".into() });
             }
         }
+        self.validate_sentinel()?;
         self.validate_tls()?;
         if c.instance_id.len() > 128 || c.instance_id.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
             let message = "must be at most 128 characters, without whitespace".into();
@@ -182,7 +205,53 @@ impl Settings {
     }
 }
 
+/// The Sentinel settings from flags/environment (which win) and the file: sentinels and master
+/// name come together, each address is `host:port`, and a sentinel password needs sentinels.
+fn resolve_sentinel(args: &ServeArgs, file: &FileConfig) -> Result<Option<RedisSentinelOptions>, ConfigError> {
+    let sentinels: Vec<String> = match &args.redis_sentinels {
+        Some(list) => list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect(),
+        None => file.redis_sentinels.clone().unwrap_or_default().iter().map(|s| s.trim().to_string()).collect(),
+    };
+    let master = args.redis_sentinel_master.clone().or(file.redis_sentinel_master.clone());
+    let master = master.map(|m| m.trim().to_string()).filter(|m| !m.is_empty());
+    let password = args.redis_sentinel_password.clone().filter(|p| !p.is_empty());
+    let invalid = |key, message: &str| Err(ConfigError::Invalid { key, message: message.into() });
+    let master_name = match (sentinels.is_empty(), master) {
+        (true, None) if password.is_none() => return Ok(None),
+        (true, _) => return invalid("redis_sentinels", "a Sentinel master name or password needs sentinel addresses"),
+        (false, None) => return invalid("redis_sentinel_master", "sentinel addresses need the master name"),
+        (false, Some(master)) => master,
+    };
+    if master_name.chars().any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '@' | ':')) {
+        return invalid("redis_sentinel_master", "must not contain whitespace, '/', '@' or ':'");
+    }
+    if let Some(bad) = sentinels.iter().find(|s| parse_sentinel_address(s).is_none()) {
+        let message = format!("invalid sentinel address {bad:?}: expected host:port");
+        return Err(ConfigError::Invalid { key: "redis_sentinels", message });
+    }
+    Ok(Some(RedisSentinelOptions { sentinels, master_name, sentinel_password: password }))
+}
+
 impl Settings {
+    /// With Sentinel, the URL may only name the master (Sentinel chooses the server: a host or
+    /// port would be a second, conflicting answer), and TLS is not supported.
+    fn validate_sentinel(&self) -> Result<(), ConfigError> {
+        let (Some(sentinel), Some(url)) = (&self.redis_sentinel, &self.redis_url) else { return Ok(()) };
+        if self.redis_tls.is_configured() || url.to_ascii_lowercase().starts_with("rediss://") {
+            let message = "TLS (rediss:// or TLS files) through Sentinel is not supported".into();
+            return Err(ConfigError::Invalid { key: "redis_sentinels", message });
+        }
+        if !url_names_master(url, &sentinel.master_name) {
+            let message = format!(
+                "with Sentinel the Redis URL may only name the master: redis://[user:password@]{}[/db] \
+                 (no server host or port; Sentinel chooses the server)",
+                sentinel.master_name
+            );
+            return Err(ConfigError::Invalid { key: "redis_url", message });
+        }
+        Ok(())
+    }
+
     /// TLS files need a `rediss://` URL (never silently unused), and the client certificate and
     /// key come together. The files themselves are read and checked by `RedisStore::open`.
     fn validate_tls(&self) -> Result<(), ConfigError> {
@@ -295,6 +364,78 @@ mod tests {
 
         let defaults = Settings::resolve(&ServeArgs::default(), FileConfig::default(), 1).expect("resolves");
         assert_eq!(defaults.redis_tls, RedisTlsOptions::default());
+    }
+
+    #[test]
+    fn sentinel_settings_come_from_flags_or_the_file_and_default_the_url_to_the_master() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            redis_sentinels = ["10.0.0.1:26379", "10.0.0.2:26379"]
+            redis_sentinel_master = "mymaster"
+            "#,
+        )
+        .expect("toml");
+        let settings = Settings::resolve(&ServeArgs::default(), file.clone(), 1).expect("resolves");
+        let sentinel = settings.redis_sentinel.clone().expect("sentinel mode");
+        assert_eq!(sentinel.sentinels, ["10.0.0.1:26379", "10.0.0.2:26379"]);
+        assert_eq!(sentinel.master_name, "mymaster");
+        assert_eq!(settings.redis_url.as_deref(), Some("redis://mymaster"), "no URL: the master, no credentials");
+
+        let args = ServeArgs {
+            redis_sentinels: Some("s1:26379, s2:26380".into()),
+            redis_sentinel_password: Some("sentinel-secret".into()),
+            redis_url: Some("redis://coordinator:secret@mymaster/2".into()),
+            ..ServeArgs::default()
+        };
+        let settings = Settings::resolve(&args, file, 1).expect("resolves");
+        let sentinel = settings.redis_sentinel.clone().expect("sentinel mode");
+        assert_eq!(sentinel.sentinels, ["s1:26379", "s2:26380"], "the flag wins over the file key");
+        assert_eq!(sentinel.sentinel_password.as_deref(), Some("sentinel-secret"));
+        assert_eq!(settings.redis_url.as_deref(), Some("redis://coordinator:secret@mymaster/2"));
+        let debug = format!("{settings:?}");
+        assert!(!debug.contains("sentinel-secret") && !debug.contains(":secret@"), "{debug}");
+        assert!(debug.contains("s1:26379"), "{debug}");
+
+        let direct = Settings::resolve(&ServeArgs::default(), FileConfig::default(), 1).expect("resolves");
+        assert_eq!(direct.redis_sentinel, None);
+    }
+
+    #[test]
+    fn ambiguous_or_incomplete_sentinel_settings_are_rejected() {
+        let sentinel = |url: Option<&str>| ServeArgs {
+            redis_sentinels: Some("127.0.0.1:26379".into()),
+            redis_sentinel_master: Some("mymaster".into()),
+            redis_url: url.map(str::to_string),
+            ..ServeArgs::default()
+        };
+        let reject = |args: ServeArgs, file: FileConfig, expected_key: &str| {
+            let error = Settings::resolve(&args, file, 1).unwrap_err();
+            assert!(matches!(&error, ConfigError::Invalid { key, .. } if *key == expected_key), "{error}");
+        };
+        // A URL that names a server next to Sentinel: which one wins would be a guess.
+        for url in ["redis://redis.internal:6379", "redis://mymaster:6379", "redis://10.0.0.5/0"] {
+            reject(sentinel(Some(url)), FileConfig::default(), "redis_url");
+        }
+        let file_url = FileConfig { redis_url: Some("redis://redis:6379".into()), ..FileConfig::default() };
+        reject(sentinel(None), file_url, "redis_url");
+        // TLS through Sentinel is not supported (rather than silently unused or plain TCP).
+        reject(sentinel(Some("rediss://mymaster")), FileConfig::default(), "redis_sentinels");
+        let tls = ServeArgs { redis_tls_ca_file: Some("/etc/rsc/ca.pem".into()), ..sentinel(None) };
+        reject(tls, FileConfig::default(), "redis_sentinels");
+        // Half a Sentinel configuration.
+        let no_master = ServeArgs { redis_sentinel_master: None, ..sentinel(None) };
+        reject(no_master, FileConfig::default(), "redis_sentinel_master");
+        let master_only = FileConfig { redis_sentinel_master: Some("mymaster".into()), ..FileConfig::default() };
+        reject(ServeArgs::default(), master_only, "redis_sentinels");
+        let password_only = ServeArgs { redis_sentinel_password: Some("x".into()), ..ServeArgs::default() };
+        reject(password_only, FileConfig::default(), "redis_sentinels");
+        for bad in ["127.0.0.1", "127.0.0.1:0", "redis://127.0.0.1:26379"] {
+            let args = ServeArgs { redis_sentinels: Some(bad.into()), ..sentinel(None) };
+            reject(args, FileConfig::default(), "redis_sentinels");
+        }
+        let bad_name = ServeArgs { redis_sentinel_master: Some("my master".into()), ..sentinel(None) };
+        reject(bad_name, FileConfig::default(), "redis_sentinel_master");
+        assert!(toml::from_str::<FileConfig>("redis_sentinel_password = \"x\"").is_err(), "not a file key");
     }
 
     #[test]

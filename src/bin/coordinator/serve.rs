@@ -7,8 +7,10 @@
 //! let open connections finish (bounded by the same timeout), and exit 0. A second signal exits
 //! at once with code 1.
 //!
-//! Without a Redis URL the store is in memory: the process warns at startup and every `/readyz`
-//! answer carries the warning, because nothing survives a restart.
+//! With Sentinel settings the store asks the sentinels for the master at every connection (the
+//! URL then only names the master). Without a Redis URL or Sentinel the store is in memory: the
+//! process warns at startup and every `/readyz` answer carries the warning, because nothing
+//! survives a restart.
 
 use std::time::Duration;
 
@@ -35,7 +37,8 @@ pub enum ServeError {
     /// Bad arguments or configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The Redis URL or a TLS file is invalid, or the server cannot be reached (TLS included).
+    /// The Redis URL, a TLS file or the Sentinel settings are invalid, or the server (or every
+    /// sentinel) cannot be reached (TLS included).
     #[error("cannot connect to Redis: {0}")]
     Connect(StoreError),
     /// The startup compatibility probe failed (unsupported version, missing or denied command).
@@ -90,6 +93,7 @@ async fn run(args: ServeArgs) -> Result<(), ServeError> {
             let options = RedisStoreOptions {
                 timeout_ms: settings.redis_timeout_ms,
                 tls: settings.redis_tls.clone(),
+                sentinel: settings.redis_sentinel.clone(),
                 ..RedisStoreOptions::default()
             };
             let store = RedisStore::connect(&url, options).await.map_err(ServeError::Connect)?;

@@ -1,18 +1,21 @@
-//! Connections to one Redis server, with a deadline on every round trip.
+//! Connections to one Redis server (named by the URL, or the master Sentinel names at each
+//! connect), with a deadline on every round trip.
 //!
 //! Owns: one shared multiplexed connection for ordinary commands, and a small pool of dedicated
 //! connections for blocking reads (`XREADGROUP ... BLOCK`), which would otherwise stall every
 //! command queued behind them on the shared connection.
 //! Never: waits without a deadline, retries a command on its own (a command that timed out may
 //! still have run; the caller's retry decides, and every write is a revision CAS), or keeps a
-//! connection that failed or timed out — the next call connects afresh, which is how the store
-//! follows a restarted or failed-over server.
+//! connection that failed, timed out, or answered READONLY / MASTERDOWN (a demoted master or a
+//! replica) — the next call connects afresh (through Sentinel: to the master it names now), which
+//! is how the store follows a restarted or failed-over server.
 
 use std::future::Future;
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
-use ::redis::{AsyncConnectionConfig, Client, RedisResult};
+use ::redis::sentinel::SentinelClient;
+use ::redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tokio::sync::Mutex;
 
 use super::errors::{map_error, timed_out, Redactor};
@@ -38,17 +41,41 @@ pub(crate) enum Lane {
     Blocking,
 }
 
+/// Where connections go.
+pub(crate) enum Target {
+    /// The server of the URL.
+    Direct(Client),
+    /// The master the sentinels name at each connect (`name` is the master name, for errors).
+    Sentinel { client: Mutex<SentinelClient>, name: String },
+}
+
+/// Why a round trip failed before its reply could be mapped.
+enum Failure {
+    /// The command or the connection to the server failed.
+    Redis(RedisError),
+    /// No sentinel named a usable master (the lookup failed).
+    Lookup(RedisError),
+}
+
+impl From<RedisError> for Failure {
+    fn from(err: RedisError) -> Self {
+        Failure::Redis(err)
+    }
+}
+
 pub(crate) struct Connector {
-    client: Client,
+    target: Target,
     config: AsyncConnectionConfig,
     timeout_ms: u64,
     redactor: Redactor,
+    /// Also removed from error texts: the sentinels' password.
+    sentinel_redactor: Redactor,
     shared: Mutex<Slot>,
     blocking_idle: Mutex<Vec<MultiplexedConnection>>,
 }
 
 impl Connector {
-    pub(crate) fn new(client: Client, timeout_ms: u64, redactor: Redactor) -> Self {
+    pub(crate) fn new(target: Target, timeout_ms: u64, redactor: Redactor, sentinel_redactor: Redactor) -> Self {
         // The crate's own response timeout (500 ms by default) is turned off: the deadline of
         // `run` governs, and it must be longer for a blocking read. The connect timeout is kept
         // so the crate gives up on a dead address instead of leaving a half-open attempt behind.
@@ -56,20 +83,27 @@ impl Connector {
             .set_connection_timeout(Some(Duration::from_millis(timeout_ms)))
             .set_response_timeout(None);
         Self {
-            client,
+            target,
             config,
             timeout_ms,
             redactor,
+            sentinel_redactor,
             shared: Mutex::new(Slot::default()),
             blocking_idle: Mutex::new(Vec::new()),
         }
     }
 
-    async fn connect(&self) -> RedisResult<MultiplexedConnection> {
-        self.client.get_multiplexed_async_connection_with_config(&self.config).await
+    /// A new connection. Through Sentinel, the sentinels are asked for the current master first
+    /// (the crate confirms its `ROLE`); nothing about an earlier master is reused.
+    async fn connect(&self) -> Result<MultiplexedConnection, Failure> {
+        let client = match &self.target {
+            Target::Direct(client) => client.clone(),
+            Target::Sentinel { client, .. } => client.lock().await.async_get_client().await.map_err(Failure::Lookup)?,
+        };
+        Ok(client.get_multiplexed_async_connection_with_config(&self.config).await?)
     }
 
-    async fn checkout(&self, lane: Lane) -> RedisResult<(u64, MultiplexedConnection)> {
+    async fn checkout(&self, lane: Lane) -> Result<(u64, MultiplexedConnection), Failure> {
         match lane {
             Lane::Shared => {
                 let mut slot = self.shared.lock().await;
@@ -77,6 +111,9 @@ impl Connector {
                     return Ok((*generation, conn.clone()));
                 }
                 let conn = self.connect().await?;
+                // Idle blocking connections were opened to the same server as the shared one that
+                // was just replaced; after a failover they point at the old master.
+                self.blocking_idle.lock().await.clear();
                 slot.generation += 1;
                 slot.current = Some((slot.generation, conn.clone()));
                 Ok((slot.generation, conn))
@@ -116,7 +153,7 @@ impl Connector {
         let outcome = tokio::time::timeout(Duration::from_millis(limit_ms), async {
             let (generation, conn) = self.checkout(lane).await?;
             used = Some(generation);
-            work(conn).await
+            Ok::<_, Failure>(work(conn).await?)
         })
         .await;
         match outcome {
@@ -129,18 +166,55 @@ impl Connector {
                 }
                 Ok(value)
             }
-            Ok(Err(err)) => {
+            Ok(Err(Failure::Redis(err))) => {
                 // Server replies (NOGROUP, NOPERM, ...) leave the connection healthy; anything at
-                // the transport level means it must be replaced.
-                if err.is_io_error() || err.is_unrecoverable_error() {
+                // the transport level means it must be replaced, and so does a server that is no
+                // longer (or not yet) a writable master.
+                if err.is_io_error() || err.is_unrecoverable_error() || not_a_master(&err) {
                     self.forget(lane, used).await;
                 }
-                Err(map_error(command, &err, &self.redactor))
+                Err(self.scrub(map_error(command, &err, &self.redactor)))
             }
+            Ok(Err(Failure::Lookup(err))) => Err(self.lookup_error(command, &err)),
             Err(_elapsed) => {
                 self.forget(lane, used).await;
                 Err(timed_out(command, limit_ms))
             }
+        }
+    }
+
+    /// A failed Sentinel lookup is always `Unavailable`: during a failover no sentinel names a
+    /// healthy master for a while (a wrong master name looks the same, hence the hint).
+    fn lookup_error(&self, command: &str, err: &RedisError) -> StoreError {
+        let name = match &self.target {
+            Target::Sentinel { name, .. } => name.as_str(),
+            Target::Direct(_) => "",
+        };
+        let detail = match err.kind() {
+            ErrorKind::MasterNameNotFoundBySentinel => {
+                format!("no sentinel names a healthy master {name:?} (failover in progress, or a wrong master name)")
+            }
+            ErrorKind::AuthenticationFailed => {
+                "authentication failed (check the sentinel and store credentials)".into()
+            }
+            _ => err.to_string(),
+        };
+        let text = self.redactor.clean(format!("{command}: Sentinel lookup: {detail}"));
+        self.scrub(StoreError::Unavailable(text))
+    }
+
+    /// Removes the sentinels' password from every text of `err` (the store password is removed
+    /// by `map_error`).
+    fn scrub(&self, err: StoreError) -> StoreError {
+        let clean = |text: String| self.sentinel_redactor.clean(text);
+        match err {
+            StoreError::Unavailable(text) => StoreError::Unavailable(clean(text)),
+            StoreError::Unsupported { command, detail } => {
+                StoreError::Unsupported { command: clean(command), detail: clean(detail) }
+            }
+            StoreError::Protocol(text) => StoreError::Protocol(clean(text)),
+            StoreError::Config(text) => StoreError::Config(clean(text)),
+            StoreError::Layout(text) => StoreError::Layout(clean(text)),
         }
     }
 
@@ -150,4 +224,10 @@ impl Connector {
             self.discard_shared(generation).await;
         }
     }
+}
+
+/// READONLY (a replica, e.g. a demoted master) or MASTERDOWN: this connection will not reach a
+/// writable master again.
+fn not_a_master(err: &RedisError) -> bool {
+    matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown))
 }

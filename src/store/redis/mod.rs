@@ -40,8 +40,9 @@
 //! Connection: `redis://[user:password@]host:port[/db]` or `rediss://` (TLS, rustls with the
 //! `ring` provider; trust roots and the mutual-TLS client certificate in [`RedisTlsOptions`], see
 //! `tls.rs`), RESP2, one shared multiplexed connection plus dedicated connections for blocking
-//! reads. Redis Cluster is not supported by this client, though every multi-key script is
-//! Cluster-safe.
+//! reads. With [`RedisSentinelOptions`] the server is the master the sentinels name at each
+//! connect (`sentinel.rs`). Redis Cluster is not supported by this client, though every multi-key
+//! script is Cluster-safe.
 //!
 //! Every round trip (connect included) has a deadline, [`RedisStoreOptions::timeout_ms`]; a
 //! blocking read adds its BLOCK time. A failed or timed-out connection is dropped and the next
@@ -54,6 +55,7 @@ mod errors;
 mod metadata;
 mod probe;
 mod scripts;
+mod sentinel;
 mod streams;
 mod tls;
 
@@ -62,11 +64,12 @@ use std::sync::Arc;
 use ::redis::aio::MultiplexedConnection;
 use ::redis::{Cmd, FromRedisValue, IntoConnectionInfo, ScriptInvocation, Value};
 
-use self::conn::{Connector, Lane};
+use self::conn::{Connector, Lane, Target};
 use self::errors::Redactor;
 use self::scripts::Scripts;
 use crate::store::StoreError;
 
+pub use self::sentinel::{parse_sentinel_address, url_names_master, RedisSentinelOptions};
 pub use self::tls::RedisTlsOptions;
 
 /// Tuning of a [`RedisStore`]. `Default` gives production values.
@@ -81,11 +84,20 @@ pub struct RedisStoreOptions {
     /// CA and client certificate files of a `rediss://` connection (none set: platform roots, no
     /// client certificate). Setting any of them with a `redis://` URL is an error.
     pub tls: RedisTlsOptions,
+    /// Find the master through Redis Sentinel (see [`RedisStore::open`]); `None`: the URL's
+    /// server.
+    pub sentinel: Option<RedisSentinelOptions>,
 }
 
 impl Default for RedisStoreOptions {
     fn default() -> Self {
-        Self { timeout_ms: 2_000, scan_count: 1_000, claim_page_count: 100, tls: RedisTlsOptions::default() }
+        Self {
+            timeout_ms: 2_000,
+            scan_count: 1_000,
+            claim_page_count: 100,
+            tls: RedisTlsOptions::default(),
+            sentinel: None,
+        }
     }
 }
 
@@ -120,6 +132,14 @@ impl RedisStore {
     ///   certificate (servers with `tls-auth-clients yes`).
     /// - `rediss://host:port/#insecure` (the `redis` crate's switch for skipping verification)
     ///   fails with `Unsupported`: that crate feature is not compiled in.
+    /// - With [`RedisStoreOptions::sentinel`]: `redis://[user:password@]<master name>[/db]`. The
+    ///   URL names the master instead of a server (its host must be the master name, without a
+    ///   port) and carries the master's credentials and database; the sentinels' own password is
+    ///   [`RedisSentinelOptions::sentinel_password`]. Every connection asks the sentinels (in the
+    ///   order given) for the current master and checks its `ROLE`, so after a failover the next
+    ///   connection reaches the new master; `identity()` then reports its new `run_id` /
+    ///   replication id. A lookup that finds no healthy master (during a failover) is
+    ///   `Unavailable`. TLS through Sentinel (`rediss://`, TLS files) is refused with `Config`.
     ///
     /// Errors: `Protocol` for a malformed URL, TLS files with a non-`rediss://` URL, only one of
     /// the client certificate and key, or an unreadable or invalid PEM file (naming the file).
@@ -133,8 +153,16 @@ impl RedisStore {
             ))
         })?;
         let redactor = Redactor::new(info.redis_settings().password());
-        let client = tls::client(info, &options.tls, &redactor)?;
-        let conn = Connector::new(client, options.timeout_ms, redactor);
+        let (target, sentinel_redactor) = match &options.sentinel {
+            None => (Target::Direct(tls::client(info, &options.tls, &redactor)?), Redactor::default()),
+            Some(sentinel) => {
+                let sentinel_redactor = Redactor::new(sentinel.sentinel_password.as_deref());
+                let client = sentinel::client(url, &info, sentinel, options.tls.is_configured(), &redactor)?;
+                let name = sentinel.master_name.trim().to_string();
+                (Target::Sentinel { client: tokio::sync::Mutex::new(client), name }, sentinel_redactor)
+            }
+        };
+        let conn = Connector::new(target, options.timeout_ms, redactor, sentinel_redactor);
         Ok(Self { inner: Arc::new(Inner { conn, scripts: Scripts::new(), options }) })
     }
 
