@@ -15,7 +15,10 @@
 //! - `write` checks the revision, then each liveness guard in request order (absent = 0); a failed
 //!   check writes nothing. A create (`expected_revision: None`) fails with
 //!   `RevisionConflict { current }` when the key exists. A key without a `revision` field, or a
-//!   partially written hash, is `Protocol` (never overwritten).
+//!   partially written hash, is `Layout` (never overwritten).
+//! - `touch_and_check` pipelines HINCRBY + HMGET of the stamp fields; it returns the full record
+//!   only when the stamp differs, and deletes a liveness hash it may have created for an absent
+//!   metadata key (forget-liveness script).
 //! - `touch_and_load` increments the counter only when the metadata key exists; for an absent key
 //!   it writes nothing and returns `liveness: 0, record: None`, so heartbeats for made-up groups
 //!   cannot create keys.
@@ -141,7 +144,7 @@ impl RedisStore {
     ///   replication id. A lookup that finds no healthy master (during a failover) is
     ///   `Unavailable`. TLS through Sentinel (`rediss://`, TLS files) is refused with `Config`.
     ///
-    /// Errors: `Protocol` for a malformed URL, TLS files with a non-`rediss://` URL, only one of
+    /// Errors: `Config` for a malformed URL, TLS files with a non-`rediss://` URL, only one of
     /// the client certificate and key, or an unreadable or invalid PEM file (naming the file).
     /// Error texts never contain the URL or file contents. A server that fails verification is
     /// reported by the first call, as `Unavailable` (see [`connect`](Self::connect)).
