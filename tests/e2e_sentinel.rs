@@ -17,7 +17,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use e2e_support::process::{http, CoordinatorProcess, HttpAnswer};
-use e2e_support::{fast_config, group};
+use e2e_support::{fast_config, group, heartbeat_json};
 use rsc::core::model::GroupId;
 use rsc::http::routes::{group_path, RouteId};
 use support::sentinel::{SentinelConfig, SentinelServer};
@@ -28,18 +28,10 @@ const FAILOVER_MAX: Duration = Duration::from_secs(30);
 
 /// One heartbeat of `member` with the versions of its last answer (`None`: join).
 async fn heartbeat(coordinator: &CoordinatorProcess, group: &GroupId, last: Option<&serde_json::Value>) -> HttpAnswer {
-    let field = |name: &str| last.and_then(|a| a[name].as_u64()).unwrap_or(0);
-    let body = serde_json::json!({
-        "group": {"streamPrefix": group.stream_prefix, "consumerGroup": group.consumer_group},
-        "memberId": "alpha",
-        "memberEpoch": field("memberEpoch"),
-        "metadataVersion": field("metadataVersion"),
-        "assignmentEpoch": field("assignmentEpoch"),
-    })
-    .to_string();
+    let body = heartbeat_json(group, "alpha", last);
     let path = group_path(RouteId::Heartbeat, group);
     let json = ("Content-Type", "application/json");
-    http(coordinator.addr(), "POST", &path, &[json], body.into_bytes()).await.expect("heartbeat exchange")
+    http(coordinator.addr(), "POST", &path, &[json], body).await.expect("heartbeat exchange")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

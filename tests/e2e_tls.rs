@@ -16,7 +16,7 @@ mod support;
 use std::time::Duration;
 
 use e2e_support::process::{http, serve_expecting_exit, CoordinatorProcess};
-use e2e_support::{fast_config, group};
+use e2e_support::{fast_config, group, join_json};
 use rsc::http::routes::{group_path, RouteId};
 use support::redis_server::TlsClientAuth;
 use support::{RedisServer, ServerConfig};
@@ -48,11 +48,7 @@ async fn the_coordinator_serves_heartbeats_from_a_mutual_tls_redis() {
     let group = group("tls");
     coordinator.create_group(&group, 2, &fast_config()).await;
     let heartbeat = group_path(RouteId::Heartbeat, &group);
-    let join = serde_json::json!({
-        "group": {"streamPrefix": group.stream_prefix, "consumerGroup": group.consumer_group},
-        "memberId": "alpha", "memberEpoch": 0, "metadataVersion": 0, "assignmentEpoch": 0
-    })
-    .to_string();
+    let join = join_json(&group, "alpha");
     let json = ("Content-Type", "application/json");
     let joined = http(coordinator.addr(), "POST", &heartbeat, &[json], join.into_bytes()).await.expect("join");
     assert_eq!(joined.status, 200, "{}", String::from_utf8_lossy(&joined.body));

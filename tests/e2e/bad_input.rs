@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::e2e_support::process::{http, parse_answer, CoordinatorProcess, ADMIN_TOKEN};
-use crate::e2e_support::{fast_config, group};
+use crate::e2e_support::{fast_config, group, join_json};
 use crate::support::RedisServer;
 use rsc::core::protocol::ErrorCode;
 use rsc::http::routes::{group_path, RouteId};
@@ -20,11 +20,7 @@ async fn malformed_and_oversized_requests_get_typed_4xx_json_and_change_nothing_
     // Long leases: nothing may change by itself while the cases run.
     coordinator.create_group(&group, 2, &rsc::core::model::GroupConfig::default()).await;
     let heartbeat = group_path(RouteId::Heartbeat, &group);
-    let join = serde_json::json!({
-        "group": {"streamPrefix": group.stream_prefix, "consumerGroup": group.consumer_group},
-        "memberId": "alpha", "memberEpoch": 0, "metadataVersion": 0, "assignmentEpoch": 0
-    })
-    .to_string();
+    let join = join_json(&group, "alpha");
     let json = ("Content-Type", "application/json");
     let joined = http(coordinator.addr(), "POST", &heartbeat, &[json], join.clone().into_bytes()).await.expect("join");
     assert_eq!(joined.status, 200, "{}", String::from_utf8_lossy(&joined.body));
@@ -125,12 +121,7 @@ async fn stalled_request_bodies_are_cut_off_and_do_not_starve_other_clients() {
 
     // A well-behaved consumer must still get its heartbeat answered well within its lease, and
     // the probes must still answer (else Kubernetes restarts a healthy pod).
-    let join = serde_json::json!({
-        "group": {"streamPrefix": group.stream_prefix, "consumerGroup": group.consumer_group},
-        "memberId": "alpha", "memberEpoch": 0, "metadataVersion": 0, "assignmentEpoch": 0
-    })
-    .to_string()
-    .into_bytes();
+    let join = join_json(&group, "alpha").into_bytes();
     let asked = Instant::now();
     let json = ("Content-Type", "application/json");
     let answer =

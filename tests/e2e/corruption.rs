@@ -5,28 +5,13 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use crate::e2e_support::process::{http, CoordinatorProcess, HttpAnswer};
-use crate::e2e_support::{group, metric_total};
+use crate::e2e_support::{group, heartbeat_json, metric_total};
 use crate::support::RedisServer;
 use rsc::core::model::{GroupConfig, GroupId};
 use rsc::core::protocol::ErrorCode;
 use rsc::http::routes::{group_path, RouteId};
 use rsc::store::keys;
-
-/// A steady heartbeat of `member` as its last answer left it (or a join when there is none).
-fn heartbeat_body(group: &GroupId, member: &str, last: Option<&Value>) -> Vec<u8> {
-    let field = |name: &str| last.and_then(|v| v[name].as_u64()).unwrap_or(0);
-    let owned = last.map_or(Value::Array(vec![]), |v| v["assigned"].clone());
-    serde_json::json!({
-        "group": {"streamPrefix": group.stream_prefix, "consumerGroup": group.consumer_group},
-        "memberId": member, "memberEpoch": field("memberEpoch"), "metadataVersion": field("metadataVersion"),
-        "assignmentEpoch": field("assignmentEpoch"), "owned": owned
-    })
-    .to_string()
-    .into_bytes()
-}
 
 async fn heartbeat(c: &CoordinatorProcess, group: &GroupId, body: Vec<u8>) -> HttpAnswer {
     let path = group_path(RouteId::Heartbeat, group);
@@ -55,9 +40,9 @@ async fn hand_edited_metadata_fails_closed_is_never_overwritten_and_recovers_aft
     let group = group("corruption");
     coordinator.create_group(&group, 2, &GroupConfig::default()).await;
     let meta = keys::metadata_key(&group);
-    let joined = heartbeat(&coordinator, &group, heartbeat_body(&group, "alpha", None)).await;
+    let joined = heartbeat(&coordinator, &group, heartbeat_json(&group, "alpha", None)).await;
     assert_eq!(joined.status, 200, "{joined:?}");
-    let steady = heartbeat_body(&group, "alpha", Some(&joined.json()));
+    let steady = heartbeat_json(&group, "alpha", Some(&joined.json()));
     assert_eq!(heartbeat(&coordinator, &group, steady.clone()).await.status, 200);
     let hash = || redis.cmd(&["HGETALL", &meta]);
     let schema_errors = || async { metric_total(&coordinator.metrics().await, "rsc_metadata_schema_errors_total") };
@@ -77,7 +62,7 @@ async fn hand_edited_metadata_fails_closed_is_never_overwritten_and_recovers_aft
         let damaged = hash();
         let took = fails_closed_within(&coordinator, &group, &steady, bound).await;
         // A join needs a write: it reads the hash in full and fails closed at once.
-        let join = heartbeat(&coordinator, &group, heartbeat_body(&group, "beta", None)).await;
+        let join = heartbeat(&coordinator, &group, heartbeat_json(&group, "beta", None)).await;
         assert_eq!(join.error().code, ErrorCode::MetadataIncompatible, "{field}: {join:?}");
         assert!(schema_errors().await > errors_before, "{field}: counted");
         // Ticks keep running (expiry, fencing): none of them may write over the damage.

@@ -47,6 +47,28 @@ pub fn group(test: &str) -> GroupId {
     GroupId::new(format!("e2e-{test}"), "workers")
 }
 
+/// The JSON body of `member`'s join heartbeat (epoch 0) to `group`, as a client sends it.
+pub fn join_json(group: &GroupId, member: &str) -> String {
+    serde_json::json!({
+        "group": {"streamPrefix": group.stream_prefix, "consumerGroup": group.consumer_group},
+        "memberId": member, "memberEpoch": 0, "metadataVersion": 0, "assignmentEpoch": 0
+    })
+    .to_string()
+}
+
+/// A heartbeat body of `member` as its `last` answer left it (epochs, version, owned shards), or
+/// a join when there is none.
+pub fn heartbeat_json(group: &GroupId, member: &str, last: Option<&serde_json::Value>) -> Vec<u8> {
+    let mut body: serde_json::Value = serde_json::from_str(&join_json(group, member)).expect("join JSON");
+    if let Some(last) = last {
+        for field in ["memberEpoch", "metadataVersion", "assignmentEpoch"] {
+            body[field] = last[field].clone();
+        }
+        body["owned"] = last["assigned"].clone();
+    }
+    body.to_string().into_bytes()
+}
+
 /// Polls `cond` every 20 ms until it returns true; panics naming `what` after `timeout`.
 pub async fn wait_until(what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
     wait_until_explained(what, timeout, cond, String::new).await;
