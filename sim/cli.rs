@@ -253,7 +253,7 @@ fn print_table(summaries: &[PlanSummary]) {
         }
         if s.delivered_never_processed_max > 0 {
             println!(
-                "{:<36} entries Redis delivered that no consumer processed by the end (measured, max per seed): {}",
+                "{:<36} entries Redis delivered in the last 45 s that no consumer processed (measured, max per seed): {}",
                 "", s.delivered_never_processed_max
             );
         }

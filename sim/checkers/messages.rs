@@ -8,6 +8,13 @@
 //!   undelivered tail of a stream is backlog the consumers had not reached when the run ended (a
 //!   workload faster than its consumers): it is measured, not failed — whether the shard was still
 //!   being read at the end is the liveness checker's question.
+//! - *Delivered* is not enough: an entry some read returned at Redis must also reach a consumer
+//!   that processes it. A reply can be lost, or a read can run at Redis after its caller gave up;
+//!   the entry then sits pending to that consumer name until an owner sweeps it up (consumers
+//!   re-claim and re-read pending entries every `pending_sweep_interval_ms`, 30 s). An entry
+//!   first delivered more than [`SWEEP_GRACE_US`] before the end and never processed is a
+//!   violation; a later one is counted (`delivered_never_processed`), as the run may just have
+//!   ended before its sweep.
 //! - *Processing* is recorded by the simulated application: from the moment it starts working on
 //!   a delivered entry until it finishes or abandons it (lease lost), or its process dies. Two
 //!   processes' processing intervals of one entry must not intersect. A process that was paused
@@ -30,6 +37,9 @@ pub enum Violation {
     /// Invariant 7: acknowledged XADDs on a stream were never delivered although later entries of
     /// the stream were (`count` of them; the first is named).
     NotDelivered { stream: String, first_id: EntryId, count: usize, at_us: Us },
+    /// Invariant 7: acknowledged entries of a stream delivered at Redis (first at `at_us`, more
+    /// than [`SWEEP_GRACE_US`] before the end) that no consumer ever processed.
+    DeliveredNeverProcessed { stream: String, first_id: EntryId, count: usize, at_us: Us },
     /// Invariant 7: two processes processed one entry at the same time.
     ConcurrentProcessing { stream: String, id: EntryId, first: ProcessId, second: ProcessId, at_us: Us, overlap_us: Us },
 }
@@ -38,13 +48,16 @@ impl super::Violation for Violation {
     fn kind(&self) -> &'static str {
         match self {
             Violation::NotDelivered { .. } => "acknowledged-not-delivered",
+            Violation::DeliveredNeverProcessed { .. } => "delivered-never-processed",
             Violation::ConcurrentProcessing { .. } => "concurrent-processing",
         }
     }
 
     fn at_us(&self) -> Us {
         match self {
-            Violation::NotDelivered { at_us, .. } | Violation::ConcurrentProcessing { at_us, .. } => *at_us,
+            Violation::NotDelivered { at_us, .. }
+            | Violation::DeliveredNeverProcessed { at_us, .. }
+            | Violation::ConcurrentProcessing { at_us, .. } => *at_us,
         }
     }
 }
@@ -54,6 +67,9 @@ impl fmt::Display for Violation {
         match self {
             Violation::NotDelivered { stream, first_id, count, .. } => {
                 write!(f, "{count} acknowledged entries of {stream} were skipped (never delivered, unlike later ones; first: {first_id})")
+            }
+            Violation::DeliveredNeverProcessed { stream, first_id, count, .. } => {
+                write!(f, "{count} acknowledged entries of {stream} were delivered at Redis but never processed (first: {first_id})")
             }
             Violation::ConcurrentProcessing { stream, id, first, second, overlap_us, .. } => {
                 write!(f, "{stream} {id} processed by {first} and {second} at once for {overlap_us} us")
@@ -73,9 +89,8 @@ pub struct MessageCounts {
     pub backlog: usize,
     /// Acknowledged, undelivered entries on shards beyond the final shard count.
     pub stranded: usize,
-    /// Acknowledged entries Redis delivered (some read returned them) that no consumer ever
-    /// started processing by the end: the read's reply never reached a consumer that could use
-    /// it (lost, or the read ran at Redis after the caller gave up) and nothing redelivered them.
+    /// Acknowledged entries first delivered at Redis within [`SWEEP_GRACE_US`] of the end that no
+    /// consumer processed (older ones are violations).
     pub delivered_never_processed: usize,
 }
 
@@ -84,25 +99,54 @@ pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, MessageCounts) {
     let (mut violations, backlog, stranded) = not_delivered(facts);
     let (concurrent, paused_overlaps, silent_loss_overlaps) = concurrent_processing(facts);
     violations.extend(concurrent);
-    let delivered_never_processed = delivered_never_processed(facts);
+    let (never_processed, delivered_never_processed) = delivered_never_processed(facts);
+    violations.extend(never_processed);
     (violations, MessageCounts { paused_overlaps, silent_loss_overlaps, backlog, stranded, delivered_never_processed })
 }
 
-fn delivered_never_processed(facts: &Facts<'_>) -> usize {
+/// How long before the end of a run a delivery must have happened to be judged: one consumer
+/// pending sweep (30 s) plus time to process.
+pub const SWEEP_GRACE_US: Us = 45_000_000;
+
+/// Acknowledged entries delivered at Redis and never processed: violations for those first
+/// delivered more than [`SWEEP_GRACE_US`] before the end (per stream), and the count of the rest.
+fn delivered_never_processed(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
     let shard_count = facts.final_state().map_or(u32::MAX, |g| g.shard_count);
-    let delivered: BTreeSet<(&str, EntryId)> =
-        facts.records.reads.iter().flat_map(|r| r.ids.iter().map(move |id| (r.stream.as_str(), *id))).collect();
+    let mut first_served: BTreeMap<(&str, EntryId), Us> = BTreeMap::new();
+    for read in &facts.records.reads {
+        for id in &read.ids {
+            let at = first_served.entry((read.stream.as_str(), *id)).or_insert(read.served_at_us);
+            *at = (*at).min(read.served_at_us);
+        }
+    }
     let processed: BTreeSet<(&str, EntryId)> =
         facts.records.processing.iter().map(|p| (p.stream.as_str(), p.id)).collect();
-    facts
-        .records
-        .adds
-        .iter()
-        .filter(|add| add.acknowledged_at_us.is_some())
-        .filter(|add| facts.shard_of(&add.stream).is_none_or(|s| s < shard_count))
-        .filter(|add| delivered.contains(&(add.stream.as_str(), add.id)))
-        .filter(|add| !processed.contains(&(add.stream.as_str(), add.id)))
-        .count()
+    let cutoff_us = facts.end_us.saturating_sub(SWEEP_GRACE_US);
+    let mut late = 0;
+    let mut judged: BTreeMap<&str, (EntryId, usize, Us)> = BTreeMap::new();
+    for add in facts.records.adds.iter().filter(|add| add.acknowledged_at_us.is_some()) {
+        let key = (add.stream.as_str(), add.id);
+        if facts.shard_of(&add.stream).is_some_and(|s| s >= shard_count) || processed.contains(&key) {
+            continue;
+        }
+        let Some(&served_at_us) = first_served.get(&key) else { continue };
+        if served_at_us >= cutoff_us {
+            late += 1;
+            continue;
+        }
+        let entry = judged.entry(key.0).or_insert((add.id, 0, served_at_us));
+        entry.1 += 1;
+    }
+    let violations = judged
+        .into_iter()
+        .map(|(stream, (first_id, count, at_us))| Violation::DeliveredNeverProcessed {
+            stream: stream.to_string(),
+            first_id,
+            count,
+            at_us,
+        })
+        .collect();
+    (violations, late)
 }
 
 fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
@@ -201,9 +245,32 @@ mod tests {
         w.add_unacknowledged(p, 0, 3_500);
         w.add(p, 0, 4_000);
         w.read_ids(a, 0, 5_000, &[e1, e3]);
+        w.process_entry(a, 0, e1, 6_000, Some(7_000));
+        w.process_entry(a, 0, e3, 6_000, Some(7_000));
         let (violations, counts) = check(&w.facts());
         assert!(matches!(&violations[..], [Violation::NotDelivered { first_id, count: 1, .. }] if *first_id == e2));
         assert_eq!(counts.backlog, 1, "the entry after the last delivered one is backlog");
+    }
+
+    #[test]
+    fn an_entry_delivered_at_redis_but_never_processed_is_lost_unless_delivered_near_the_end() {
+        let mut w = World::new();
+        let (p, a) = (w.producer(1), w.consumer(1));
+        let (e1, e2, e3) = (w.add(p, 0, 1_000), w.add(p, 0, 2_000), w.add(p, 0, 3_000));
+        w.read_ids(a, 0, 5_000, &[e1, e2]); // e2's reply never reached the application
+        w.process_entry(a, 0, e1, 6_000, Some(7_000));
+        let near_end = w.facts().end_us - SWEEP_GRACE_US + 1;
+        w.read_ids(a, 0, near_end, &[e3]);
+        let (violations, counts) = check(&w.facts());
+        assert!(
+            matches!(&violations[..], [Violation::DeliveredNeverProcessed { first_id, count: 1, .. }] if *first_id == e2),
+            "{violations:?}"
+        );
+        assert_eq!(counts.delivered_never_processed, 1, "e3 may still be swept up: counted, not failed");
+        // A later redelivery that is processed settles it.
+        w.read_ids(a, 0, 20_000_000, &[e2]);
+        w.process_entry(a, 0, e2, 20_000_000, Some(20_001_000));
+        assert_eq!(check(&w.facts()).0, vec![]);
     }
 
     #[test]

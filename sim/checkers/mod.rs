@@ -146,7 +146,8 @@ pub struct Measurements {
     pub responses_from_dropped_writes: usize,
     /// Routing answers that told a producer its cached version was lost (`lostVersion`).
     pub lost_version_answers: usize,
-    /// Acknowledged entries Redis delivered that no consumer ever processed (see `messages`).
+    /// Acknowledged entries delivered at Redis near the end that no consumer processed (older
+    /// ones are `delivered-never-processed` violations; see `messages`).
     pub delivered_never_processed: usize,
 }
 
