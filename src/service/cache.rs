@@ -83,6 +83,17 @@ impl DecodedCache {
         self.lock().remove(group);
     }
 
+    /// Keeps only the entries of groups for which `keep` is true.
+    pub(super) fn retain(&self, keep: impl Fn(&GroupId) -> bool) {
+        self.lock().retain(|group, _| keep(group));
+    }
+
+    /// The groups with an entry (tests).
+    #[cfg(test)]
+    pub(super) fn groups(&self) -> Vec<GroupId> {
+        self.lock().keys().cloned().collect()
+    }
+
     /// Forgets every entry (the store's identity changed).
     pub(super) fn clear(&self) {
         self.lock().clear();
@@ -143,6 +154,17 @@ mod tests {
         read(record(5, "", "b"));
         assert_eq!(decodes, 5);
         assert!(cache.get(&group).is_none());
+    }
+
+    #[test]
+    fn retain_drops_the_entries_of_groups_no_longer_listed() {
+        let (kept, gone) = (GroupId::new("p", "kept"), GroupId::new("p", "gone"));
+        let cache = DecodedCache::default();
+        for group in [&kept, &gone] {
+            assert!(cache.decode(group, &record(1, "w1", "a"), |_| Ok::<_, ()>(metadata(group))).is_ok());
+        }
+        cache.retain(|group| *group == kept);
+        assert_eq!(cache.groups(), vec![kept]);
     }
 
     #[test]

@@ -385,6 +385,10 @@ impl<S: MetadataStore> Coordinator<S> {
                 return;
             }
         };
+        // Groups deleted through another instance leave the index: drop their decoded copies so
+        // the cache stays bounded by the groups that exist (an unindexed live group only pays
+        // one decode at its next heartbeat).
+        self.inner.cache.retain(|group| groups.contains(group));
         for group in groups {
             if self.is_terminating() {
                 return;
