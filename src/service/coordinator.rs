@@ -462,7 +462,10 @@ impl<S: MetadataStore> Coordinator<S> {
             local.view.reset(group);
             local.regressed.insert(group.clone(), LossEvidence::RevisionRegressed { seen, stored: revision });
         }
-        local.revision_seen.insert(group.clone(), revision);
+        if revision != seen {
+            // Steady heartbeats read the same revision again and again: no key clone for them.
+            local.revision_seen.insert(group.clone(), revision);
+        }
         if let Some(evidence) = local.regressed.get(group) {
             return Some(evidence.clone());
         }
