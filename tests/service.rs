@@ -4,6 +4,9 @@
 
 #![cfg(not(madsim))]
 
+#[path = "service/races.rs"]
+mod races;
+
 use std::time::Duration;
 
 use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, ShardOwner};

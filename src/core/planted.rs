@@ -24,10 +24,13 @@ pub enum PlantedBug {
     ReuseLostVersion,
     /// Core: end a correction round without waiting one assignment lease.
     SkipCorrectionLeaseWait,
+    /// Service: judge a read's revision against the highest one this process ever observed,
+    /// whatever the read's issue time, so a read that raced a concurrent write looks like loss.
+    ProcessWideRevisionMark,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 8] = [
+    pub const ALL: [PlantedBug; 9] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -36,6 +39,7 @@ impl PlantedBug {
         PlantedBug::RebuildMissingMetadata,
         PlantedBug::ReuseLostVersion,
         PlantedBug::SkipCorrectionLeaseWait,
+        PlantedBug::ProcessWideRevisionMark,
     ];
 }
 

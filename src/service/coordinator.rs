@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::{Duration, Instant};
 
 use super::cache::DecodedCache;
+use super::marks::{ReadOrder, ReadTicket, RevisionVerdict};
 use super::shutdown::ShutdownGate;
 use crate::core::engine::routing_view;
 use crate::core::model::{GroupId, GroupMetadata, LossEvidence, MemberId};
@@ -84,8 +85,9 @@ pub(super) struct LocalState {
     /// Bumped on every identity change: groups must record evidence once per generation.
     identity_generation: u64,
     evidence_recorded: BTreeMap<GroupId, u64>,
-    /// Highest revision read per group; a lower one later is evidence of lost writes.
-    pub(super) revision_seen: BTreeMap<GroupId, u64>,
+    /// Highest revision observed per group, ordered against when each read was issued: a lower one
+    /// from a read issued *after* it is evidence of lost writes (concurrency is not).
+    pub(super) reads: ReadOrder,
     regressed: BTreeMap<GroupId, LossEvidence>,
     /// Set by any `Unavailable` store error (a failover or restart breaks connections): the next
     /// request re-checks the server identity before answering from what it reads.
@@ -130,7 +132,7 @@ impl<S: MetadataStore> Coordinator<S> {
             identity: None,
             identity_generation: 0,
             evidence_recorded: BTreeMap::new(),
-            revision_seen: BTreeMap::new(),
+            reads: ReadOrder::default(),
             regressed: BTreeMap::new(),
             identity_suspect: false,
             rng: SmallRng::seed_from_u64(options.rng_seed),
@@ -203,8 +205,9 @@ impl<S: MetadataStore> Coordinator<S> {
         self.inner.gate.check()?;
         req.group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
         self.recheck_identity_if_suspect().await?;
+        let ticket = self.local().reads.begin_read();
         let (g, revision) = self.heartbeat_read(req).await?;
-        let evidence_recorded = self.record_pending_evidence(&g, revision).await?;
+        let evidence_recorded = self.record_pending_evidence(&g, revision, ticket).await?;
         if req.metadata_version > g.metadata_version {
             self.count_version_ahead(&g.group);
         }
@@ -348,7 +351,7 @@ impl<S: MetadataStore> Coordinator<S> {
                         self.inner.cache.forget(&group);
                         let mut local = self.local();
                         local.view.reset(&group);
-                        local.revision_seen.remove(&group);
+                        local.reads.forget(&group);
                     }
                     WriteOutcome::RevisionConflict { current } => {
                         return Err(ApiError::new(
@@ -389,6 +392,7 @@ impl<S: MetadataStore> Coordinator<S> {
         // the cache stays bounded by the groups that exist (an unindexed live group only pays
         // one decode at its next heartbeat).
         self.inner.cache.retain(|group| groups.contains(group));
+        self.local().reads.retain(|group| groups.contains(group));
         for group in groups {
             if self.is_terminating() {
                 return;
@@ -409,12 +413,13 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     async fn tick_group(&self, group: &GroupId) -> Result<(), ApiError> {
+        let ticket = self.local().reads.begin_read();
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
             return Err(self.missing(group, true).await);
         };
         let g = self.decode_counted(group, &record)?;
-        if self.record_pending_evidence(&g, record.revision).await? {
+        if self.record_pending_evidence(&g, record.revision, ticket).await? {
             // The state moved on; the next tick starts from a fresh read.
             return Ok(());
         }
@@ -434,8 +439,13 @@ impl<S: MetadataStore> Coordinator<S> {
 
     /// Records a correction round for evidence this process found (identity change, regression).
     /// Returns true when it went through a critical section (the caller's state is then stale).
-    async fn record_pending_evidence(&self, g: &GroupMetadata, revision: u64) -> Result<bool, ApiError> {
-        let evidence = self.pending_evidence(&g.group, revision);
+    async fn record_pending_evidence(
+        &self,
+        g: &GroupMetadata,
+        revision: u64,
+        ticket: ReadTicket,
+    ) -> Result<bool, ApiError> {
+        let evidence = self.pending_evidence(&g.group, revision, ticket);
         let Some(evidence) = evidence else { return Ok(false) };
         let generation = self.local().identity_generation;
         self.critical(&g.group, false, |g, rev, obs| match g {
@@ -449,22 +459,20 @@ impl<S: MetadataStore> Coordinator<S> {
         Ok(true)
     }
 
-    /// Notes the revision read and returns evidence this group still has to record.
-    fn pending_evidence(&self, group: &GroupId, revision: u64) -> Option<LossEvidence> {
+    /// Judges the revision a read issued at `ticket` returned and returns evidence this group still
+    /// has to record. Only a read issued after a higher revision was observed testifies to a
+    /// regression ([`ReadOrder`]); identity changes are tracked per generation.
+    fn pending_evidence(&self, group: &GroupId, revision: u64, ticket: ReadTicket) -> Option<LossEvidence> {
+        let ignore_order = self.inner.options.planted.has(PlantedBug::ProcessWideRevisionMark);
         let mut local = self.local();
-        let seen = local.revision_seen.get(group).copied().unwrap_or(0);
-        if revision < seen {
+        if let RevisionVerdict::Regressed { seen } = local.reads.observe_read(group, ticket, revision, ignore_order) {
             self.inner.metrics.inc(
                 "rsc_metadata_version_regressions_total",
-                "Times the stored revision went below one this coordinator read before.",
+                "Times a read issued after this coordinator observed a revision returned a lower one.",
                 vec![("group", group.to_string())],
             );
             local.view.reset(group);
             local.regressed.insert(group.clone(), LossEvidence::RevisionRegressed { seen, stored: revision });
-        }
-        if revision != seen {
-            // Steady heartbeats read the same revision again and again: no key clone for them.
-            local.revision_seen.insert(group.clone(), revision);
         }
         if let Some(evidence) = local.regressed.get(group) {
             return Some(evidence.clone());
@@ -485,6 +493,7 @@ impl<S: MetadataStore> Coordinator<S> {
     /// Compares the store's identity with the last one seen; a change resets every window.
     /// Returns false when the identity could not be read.
     pub(super) async fn check_identity(&self) -> bool {
+        let ticket = self.local().reads.begin_read();
         let identity = match self.inner.store.identity().await {
             Ok(identity) => identity,
             Err(e) => {
@@ -493,6 +502,10 @@ impl<S: MetadataStore> Coordinator<S> {
             }
         };
         let mut local = self.local();
+        if !local.reads.identity_read_is_newest(ticket) {
+            // A newer identity read already answered: this late answer is no news.
+            return true;
+        }
         local.identity_suspect = false;
         match &local.identity {
             Some(seen) if *seen != identity => {

@@ -6,6 +6,7 @@ mod cache;
 pub mod codec;
 mod coordinator;
 mod critical;
+mod marks;
 pub mod shutdown;
 
 pub use coordinator::{Coordinator, CoordinatorOptions, GroupDescription};

@@ -1,0 +1,198 @@
+//! [`ReadOrder`]: which of this process's reads may testify that the store lost writes.
+//!
+//! Owns: per group, the highest revision this process has observed and *when* (in read-issue
+//! order) it observed it; a process-wide sequence that numbers every read as it is issued; and the
+//! same ordering for the store's server identity.
+//! Never: treats a read that was issued *before* a higher revision was observed as evidence. Two
+//! requests of one process run concurrently: A's read is issued, B writes revision r+1 and records
+//! it, then A's read — which Redis answered before B's write — returns r. That is concurrency, not
+//! loss (issue: "concurrent requests are mistaken for lost writes"). Only a read issued after the
+//! higher revision was observed must see at least that revision from a store that lost nothing,
+//! because Redis executes one command at a time and the observation happened before the issue.
+//! Invariant: a mark never goes down except when a regression is reported (the store really went
+//! back: from then on, the lower revision is the truth to compare with).
+
+use std::collections::BTreeMap;
+
+use crate::core::model::GroupId;
+
+/// The position of one read in this process's issue order. Taken *before* the store call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct ReadTicket(u64);
+
+/// The highest revision observed for one group and the sequence number at that moment: reads with
+/// a ticket at or above `observed_at` were issued after the observation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mark {
+    revision: u64,
+    observed_at: u64,
+}
+
+/// Read-issue ordering for one coordinator process (see the module docs).
+#[derive(Debug, Default)]
+pub(super) struct ReadOrder {
+    next_read: u64,
+    marks: BTreeMap<GroupId, Mark>,
+    /// The ticket of the read that last set the known server identity.
+    identity_ticket: Option<ReadTicket>,
+}
+
+/// A read's verdict on the revision it returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RevisionVerdict {
+    /// Nothing to report (equal, higher, or a concurrent read that started before a higher mark).
+    Consistent,
+    /// The read started after `seen` was observed and still returned less: lost writes.
+    Regressed { seen: u64 },
+}
+
+impl ReadOrder {
+    /// Numbers a read about to be issued.
+    pub(super) fn begin_read(&mut self) -> ReadTicket {
+        let ticket = ReadTicket(self.next_read);
+        self.next_read += 1;
+        ticket
+    }
+
+    /// Judges the revision a read returned. `ignore_order` is the planted bug that compares with
+    /// the process-wide mark whatever the read's issue time (the behaviour this module replaced).
+    pub(super) fn observe_read(
+        &mut self,
+        group: &GroupId,
+        ticket: ReadTicket,
+        revision: u64,
+        ignore_order: bool,
+    ) -> RevisionVerdict {
+        let now = self.next_read;
+        let Some(mark) = self.marks.get_mut(group) else {
+            self.marks.insert(group.clone(), Mark { revision, observed_at: now });
+            return RevisionVerdict::Consistent;
+        };
+        if revision > mark.revision {
+            *mark = Mark { revision, observed_at: now };
+            return RevisionVerdict::Consistent;
+        }
+        let issued_after_mark = ticket.0 >= mark.observed_at || ignore_order;
+        if revision < mark.revision && issued_after_mark {
+            let seen = mark.revision;
+            *mark = Mark { revision, observed_at: now };
+            return RevisionVerdict::Regressed { seen };
+        }
+        RevisionVerdict::Consistent
+    }
+
+    /// Records the revision this process just wrote. Never lowers the mark: a write below it means
+    /// the store went back, which the next read issued from now on will report.
+    pub(super) fn observe_write(&mut self, group: &GroupId, revision: u64) {
+        let now = self.next_read;
+        let mark = self.marks.entry(group.clone()).or_insert(Mark { revision, observed_at: now });
+        if revision > mark.revision {
+            *mark = Mark { revision, observed_at: now };
+        }
+    }
+
+    /// Forgets a group (deleted here, or gone from the index).
+    pub(super) fn forget(&mut self, group: &GroupId) {
+        self.marks.remove(group);
+    }
+
+    /// Keeps only the groups `keep` accepts (bounded memory: groups that left the index).
+    pub(super) fn retain(&mut self, keep: impl Fn(&GroupId) -> bool) {
+        self.marks.retain(|group, _| keep(group));
+    }
+
+    /// True when an identity read issued at `ticket` is newer than the one that set the known
+    /// identity; an older read answered late must not flip the identity back (a false change).
+    /// Records `ticket` as the newest when it is.
+    pub(super) fn identity_read_is_newest(&mut self, ticket: ReadTicket) -> bool {
+        if self.identity_ticket.is_some_and(|newest| ticket < newest) {
+            return false;
+        }
+        self.identity_ticket = Some(ticket);
+        true
+    }
+
+    #[cfg(test)]
+    fn mark(&self, group: &GroupId) -> Option<u64> {
+        self.marks.get(group).map(|m| m.revision)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group() -> GroupId {
+        GroupId::new("orders", "billing")
+    }
+
+    #[test]
+    fn a_read_issued_before_a_concurrent_write_is_not_evidence() {
+        let mut order = ReadOrder::default();
+        let g = group();
+        let first = order.begin_read();
+        assert_eq!(order.observe_read(&g, first, 5, false), RevisionVerdict::Consistent);
+        let slow = order.begin_read();
+        order.observe_write(&g, 6);
+        assert_eq!(order.observe_read(&g, slow, 5, false), RevisionVerdict::Consistent);
+        assert_eq!(order.mark(&g), Some(6), "a concurrent lower read never lowers the mark");
+    }
+
+    #[test]
+    fn a_read_issued_after_the_mark_that_returns_less_is_evidence() {
+        let mut order = ReadOrder::default();
+        let g = group();
+        order.observe_write(&g, 9);
+        let later = order.begin_read();
+        assert_eq!(order.observe_read(&g, later, 7, false), RevisionVerdict::Regressed { seen: 9 });
+        // From then on the lower revision is the truth: the same value again is no new evidence.
+        let again = order.begin_read();
+        assert_eq!(order.observe_read(&g, again, 7, false), RevisionVerdict::Consistent);
+    }
+
+    #[test]
+    fn the_planted_process_wide_mark_reports_the_concurrent_read() {
+        let mut order = ReadOrder::default();
+        let g = group();
+        let slow = order.begin_read();
+        order.observe_write(&g, 6);
+        assert_eq!(order.observe_read(&g, slow, 5, true), RevisionVerdict::Regressed { seen: 6 });
+    }
+
+    #[test]
+    fn a_higher_read_raises_the_mark_and_orders_later_reads_after_it() {
+        let mut order = ReadOrder::default();
+        let g = group();
+        let a = order.begin_read();
+        let b = order.begin_read();
+        assert_eq!(order.observe_read(&g, b, 4, false), RevisionVerdict::Consistent);
+        // `a` was issued before `b` answered 4: its 3 is concurrency.
+        assert_eq!(order.observe_read(&g, a, 3, false), RevisionVerdict::Consistent);
+        let c = order.begin_read();
+        assert_eq!(order.observe_read(&g, c, 3, false), RevisionVerdict::Regressed { seen: 4 });
+    }
+
+    #[test]
+    fn an_identity_read_answered_late_does_not_replace_a_newer_one() {
+        let mut order = ReadOrder::default();
+        let old = order.begin_read();
+        let new = order.begin_read();
+        assert!(order.identity_read_is_newest(new));
+        assert!(!order.identity_read_is_newest(old));
+        let newer = order.begin_read();
+        assert!(order.identity_read_is_newest(newer));
+    }
+
+    #[test]
+    fn forgotten_and_unretained_groups_start_over() {
+        let mut order = ReadOrder::default();
+        let (g, h) = (group(), GroupId::new("orders", "audit"));
+        order.observe_write(&g, 9);
+        order.observe_write(&h, 9);
+        order.forget(&g);
+        order.retain(|x| *x != h);
+        let read = order.begin_read();
+        assert_eq!(order.observe_read(&g, read, 1, false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&h, read, 1, false), RevisionVerdict::Consistent);
+    }
+}
