@@ -70,7 +70,7 @@ fn main() {
     for members in [10usize, 100, 1_000] {
         for shards in [64u32, 1_024, 16_384] {
             let g = settled(members, shards);
-            let ctx = Context { stored_revision: 7, observations: &obs, planted: Default::default() };
+            let ctx = Context { stored_revision: 7, observations: &obs, planted: Default::default(), nonce: 1 };
             let runs = if shards >= 16_384 { 15 } else { 51 };
             let join = request(&g, "member-new", 0);
             let rebalance = median_us(runs, || {

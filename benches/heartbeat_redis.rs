@@ -57,7 +57,7 @@ mod bench {
 
     use crate::support::RedisServer;
     use rsc::core::model::{GroupConfig, GroupId, MemberId};
-    use rsc::core::protocol::{AdminRequest, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeReport};
+    use rsc::core::protocol::{AdminRequest, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus};
     use rsc::core::{decide_heartbeat, Context, LocalView, PlantedBugs};
     use rsc::http::client::{HttpClientConfig, HttpTransport};
     use rsc::http::router::{app, HttpOptions};
@@ -242,7 +242,7 @@ mod bench {
             req.owned.iter().copied().filter(|s| r.assigned.contains(s)).collect()
         };
         // A bench member drains instantly: every revoked shard is reported REVOKED at once.
-        req.revoking = r.revoke.iter().map(|&shard| RevokeReport { shard, in_flight: 0, revoked: true }).collect();
+        req.revoking = r.revoked_reports();
         r.status == HeartbeatStatus::Ok && r.revoke.is_empty() && r.pending.is_empty()
     }
 
@@ -568,7 +568,8 @@ mod bench {
         let started = Instant::now();
         for round in 0..ROUNDS {
             let obs = view.observe_waits(u64::from(round), &g);
-            let context = Context { stored_revision: record.revision, observations: &obs, planted: PlantedBugs::NONE };
+            let context =
+                Context { stored_revision: record.revision, observations: &obs, planted: PlantedBugs::NONE, nonce: 1 };
             std::hint::black_box(decide_heartbeat(&g, std::hint::black_box(req), context));
         }
         let decide_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(ROUNDS);

@@ -3,7 +3,7 @@
 
 mod core_support;
 
-use core_support::{beat, Client, World};
+use core_support::{beat, recorded_revoke_id, Client, World};
 use rsc::core::model::ShardOwner;
 use rsc::core::protocol::{HeartbeatStatus, RevokeReport};
 
@@ -175,12 +175,17 @@ fn concurrent_stale_revokes_in_a_correction_round_are_accepted_only_when_they_ma
     // a acks one shard it really drains and one it still owns; c acks a's shard and its own nothing.
     let mut stale_a = a.request();
     stale_a.revoking = vec![
-        RevokeReport { shard: revoking_a[0], in_flight: 0, revoked: true },
-        RevokeReport { shard: owned_a[0], in_flight: 0, revoked: true },
+        RevokeReport {
+            shard: revoking_a[0],
+            in_flight: 0,
+            revoked: true,
+            revoke_id: recorded_revoke_id(&w.g, revoking_a[0]),
+        },
+        RevokeReport { shard: owned_a[0], in_flight: 0, revoked: true, revoke_id: None },
     ];
     stale_a.owned.retain(|s| *s != owned_a[0] && *s != revoking_a[0]);
     let mut stale_c = c.request();
-    stale_c.revoking = vec![RevokeReport { shard: revoking_a[1], in_flight: 0, revoked: true }];
+    stale_c.revoking = vec![RevokeReport { shard: revoking_a[1], in_flight: 0, revoked: true, revoke_id: None }];
     w.heartbeat(&stale_a).expect("a acks");
     w.heartbeat(&stale_c).expect("c acks");
 
@@ -237,4 +242,68 @@ fn new_evidence_during_a_round_whose_wait_is_over_restarts_the_wait() {
     }
     let ok_at = ok_at.expect("the round ends");
     assert!(ok_at >= evidence_at + w.g.config.assignment_lease_ms, "OK at {ok_at} ms, evidence at {evidence_at} ms");
+}
+
+/// The review's split (issue: "a REVOKED report is not tied to the revoke it answers"): a is told to
+/// drain 2 and 3, and its REVOKED report is held up (a paused coordinator, a retrying proxy). The
+/// revoke is cancelled (b leaves), a reads 2 and 3 again, then c joins and they are revoked again
+/// while a still has entries in flight. The old report arrives now. Returns whether it released
+/// shard 3, and who holds it afterwards.
+fn stale_revoked_after_a_cancelled_revoke(planted: rsc::core::PlantedBugs) -> (bool, Option<ShardOwner>) {
+    let (mut w, mut a, b) = rebalancing_world();
+    w.planted = planted;
+    beat(&mut w, &mut a).expect("a learns the drain");
+    let stale = a.request();
+    assert_eq!(stale.revoking.iter().filter(|r| r.revoked && r.revoke_id.is_some()).count(), 2);
+
+    let left = w.heartbeat(&b.leave_request()).expect("b leaves before it got anything");
+    assert_eq!(left.member_epoch, 0);
+    let back = beat(&mut w, &mut a).expect("the revoke is cancelled");
+    assert_eq!((back.assigned.clone(), back.revoke.clone()), (vec![0, 1, 2, 3], vec![]));
+    let mut c = Client::new("c");
+    beat(&mut w, &mut c).expect("c joins");
+    let again = beat(&mut w, &mut a).expect("a must drain 2 and 3 again");
+    assert_eq!(again.revoke, vec![2, 3]);
+    let old_ids: Vec<_> = stale.revoking.iter().map(|r| r.revoke_id).collect();
+    let new_ids: Vec<_> = again.drains.iter().map(|d| Some(d.revoke_id)).collect();
+    assert_ne!(old_ids, new_ids, "a new revoke is a new instruction");
+
+    // a still has entries in flight on 3 (its current report says so); the old report arrives.
+    let before = w.g.current.get(&3).cloned();
+    assert!(matches!(before, Some(ShardOwner::Revoking { ref member, .. }) if member == "a"));
+    let _ = w.heartbeat(&stale);
+    let after = w.g.current.get(&3).cloned();
+    (after != before, after)
+}
+
+#[test]
+fn a_revoked_report_for_an_earlier_revoke_never_releases_a_later_one() {
+    let (released, owner) = stale_revoked_after_a_cancelled_revoke(rsc::core::PlantedBugs::NONE);
+    assert!(!released, "the stale report released shard 3: {owner:?}");
+}
+
+/// The planted bug (release on any REVOKED from the drainer) reproduces the split: the test above
+/// fails on the code before revoke ids.
+#[test]
+fn accepting_stale_revoked_reports_releases_the_later_revoke() {
+    let planted = rsc::core::PlantedBugs::only(rsc::core::PlantedBug::AcceptStaleRevoked);
+    let (released, owner) = stale_revoked_after_a_cancelled_revoke(planted);
+    assert!(released, "{owner:?}");
+    assert!(matches!(owner, Some(ShardOwner::Owned { member, .. }) if member == "c"), "granted to c at once");
+}
+
+/// A REVOKED report that names no revoke (a client that predates revoke ids) releases nothing; the
+/// shard waits for the rebalance timeout instead (slow, never unsafe).
+#[test]
+fn a_revoked_report_naming_no_revoke_releases_nothing() {
+    let (mut w, mut a, _b) = rebalancing_world();
+    beat(&mut w, &mut a).expect("a learns the drain");
+    let mut old_client = a.request();
+    for report in &mut old_client.revoking {
+        report.revoke_id = None;
+    }
+    w.heartbeat(&old_client).expect("answered");
+    assert_eq!(w.g.revoking_shards("a"), vec![2, 3]);
+    beat(&mut w, &mut a).expect("a names the revokes");
+    assert!(w.g.revoking_shards("a").is_empty());
 }

@@ -98,7 +98,7 @@ fn malformed_heartbeats_are_bad_requests_and_write_nothing() {
     dup.owned = vec![1, 1];
     assert_eq!(w.heartbeat(&dup).unwrap_err().code, ErrorCode::BadRequest);
     let mut both = a.request();
-    both.revoking = vec![RevokeReport { shard: 0, in_flight: 0, revoked: true }];
+    both.revoking = vec![RevokeReport { shard: 0, in_flight: 0, revoked: true, revoke_id: None }];
     assert_eq!(w.heartbeat(&both).unwrap_err().code, ErrorCode::BadRequest, "owned and revoking overlap");
     let mut leave0 = Client::new("x").request();
     leave0.leave = true;
@@ -120,7 +120,7 @@ fn in_flight_work_keeps_a_shard_revoking() {
     beat(&mut w, &mut b).expect("b");
     beat(&mut w, &mut a).expect("a learns it must drain 1");
     let mut busy = a.request();
-    busy.revoking = vec![RevokeReport { shard: 1, in_flight: 3, revoked: false }];
+    busy.revoking = vec![RevokeReport { shard: 1, in_flight: 3, revoked: false, revoke_id: None }];
     let r = w.heartbeat(&busy).expect("still draining");
     assert_eq!((r.status, r.revoke), (HeartbeatStatus::RevokePending, vec![1]));
     assert!(matches!(w.g.current.get(&1), Some(ShardOwner::Revoking { .. })));
@@ -134,7 +134,7 @@ fn rebalance_timeout_fences_the_member_and_its_shards_wait_one_lease() {
     beat(&mut w, &mut b).expect("b");
     // a keeps heartbeating but never finishes draining shard 1.
     let mut stuck = a.request();
-    stuck.revoking = vec![RevokeReport { shard: 1, in_flight: 1, revoked: false }];
+    stuck.revoking = vec![RevokeReport { shard: 1, in_flight: 1, revoked: false, revoke_id: None }];
     stuck.owned = vec![0];
     let mut fenced_at = None;
     for _ in 0..40 {
@@ -176,7 +176,7 @@ fn clean_leave_releases_at_once_and_unclean_leave_waits_a_lease() {
     // Clean leave: b drained 1 and reports it with the leave.
     let mut leave = b.request();
     leave.owned.clear();
-    leave.revoking = vec![RevokeReport { shard: 1, in_flight: 0, revoked: true }];
+    leave.revoking = vec![RevokeReport { shard: 1, in_flight: 0, revoked: true, revoke_id: None }];
     leave.leave = true;
     let left = w.heartbeat(&leave).expect("left");
     assert_eq!((left.member_epoch, left.assigned.len()), (0, 0));
@@ -223,7 +223,7 @@ fn admin_mutations_check_revisions_and_inputs() {
     assert_eq!(w.admin(&change).unwrap_err().code, ErrorCode::BadRequest, "lease above member TTL");
 
     let obs = Default::default();
-    let ctx = Context { stored_revision: 0, observations: &obs, planted: Default::default() };
+    let ctx = Context { stored_revision: 0, observations: &obs, planted: Default::default(), nonce: 1 };
     let missing = AdminRequest::DeleteGroup { group: group.clone(), expected_revision: 1 };
     assert_eq!(decide_admin(None, &missing, false, ctx).outcome.unwrap_err().code, ErrorCode::GroupNotFound);
 

@@ -67,7 +67,7 @@ fn next(r: &HeartbeatResponse) -> HeartbeatRequest {
         metadata_version: r.metadata_version,
         assignment_epoch: r.assignment_epoch,
         owned: r.assigned.clone(),
-        revoking: r.revoke.iter().map(|&shard| RevokeReport { shard, in_flight: 0, revoked: true }).collect(),
+        revoking: r.revoked_reports(),
         leave: false,
     }
 }
@@ -216,9 +216,14 @@ async fn a_failover_that_loses_writes_is_detected_and_no_ok_is_given_for_one_lea
             metadata_version: g.metadata_version,
             owned: g.owned_shards("a"),
             revoking: g
-                .revoking_shards("a")
-                .into_iter()
-                .map(|shard| RevokeReport { shard, in_flight: 0, revoked: true })
+                .current
+                .iter()
+                .filter_map(|(&shard, owner)| match owner {
+                    ShardOwner::Revoking { member, revoke_id, .. } if member == "a" => {
+                        Some(RevokeReport { shard, in_flight: 0, revoked: true, revoke_id: *revoke_id })
+                    }
+                    _ => None,
+                })
                 .collect(),
             ..join("a")
         };

@@ -129,6 +129,7 @@ impl World {
             assigned: shards.to_vec(),
             pending: vec![],
             revoke: vec![],
+            drains: vec![],
             assignment_lease_ms: lease_ms,
             heartbeat_interval_ms: 1_000,
             store_revision: 1,

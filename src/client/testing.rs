@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::core::model::{GroupId, ShardId};
-use crate::core::protocol::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
+use crate::core::protocol::{Drain, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
 
 use super::transport::{CoordinatorTransport, TransportError};
 
@@ -74,7 +74,9 @@ impl CoordinatorTransport for FakeCoordinator {
             s.heartbeats.push(req.clone());
             let assigned =
                 if req.leave { Vec::new() } else { s.assigned.get(&req.member_id).cloned().unwrap_or_default() };
-            let revoke = req.owned.iter().copied().filter(|shard| !assigned.contains(shard)).collect();
+            let revoke: Vec<ShardId> = req.owned.iter().copied().filter(|shard| !assigned.contains(shard)).collect();
+            // One revoke instruction per shard, named after it: the fake records no history.
+            let drains = revoke.iter().map(|&shard| Drain { shard, revoke_id: u64::from(shard) + 1 }).collect();
             Ok(HeartbeatResponse {
                 status: HeartbeatStatus::Ok,
                 member_id: req.member_id.clone(),
@@ -85,6 +87,7 @@ impl CoordinatorTransport for FakeCoordinator {
                 assigned,
                 pending: Vec::new(),
                 revoke,
+                drains,
                 assignment_lease_ms: s.assignment_lease_ms,
                 heartbeat_interval_ms: s.heartbeat_interval_ms,
                 store_revision: 1,

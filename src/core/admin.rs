@@ -40,7 +40,7 @@ pub fn decide_admin(
             format!("expected revision {expected}, stored revision is {}", ctx.stored_revision),
         );
     }
-    let mut tx = Transition::new(g, ctx.observations, ctx.planted);
+    let mut tx = Transition::new(g, ctx);
     let checked = match req {
         AdminRequest::AddShards { new_shard_count, .. } => add_shards(&mut tx, *new_shard_count),
         AdminRequest::ChangeConfig { config, .. } => change_config(&mut tx, config),

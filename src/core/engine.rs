@@ -12,9 +12,10 @@ use super::model::{
     GroupMetadata, LossEvidence, MemberState, ShardId, MEMBERS_MAX, MEMBER_ID_LEN_MAX, SHARD_COUNT_MAX,
 };
 use super::observe::Observations;
-use super::planted::PlantedBugs;
+use super::planted::{PlantedBug, PlantedBugs};
+use super::protocol::Drain;
 use super::protocol::{ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
-use super::transition::{is_quiescent, Transition, Written};
+use super::transition::{is_quiescent, report_releases, Transition, Written};
 
 /// What one input decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +40,10 @@ pub struct Context<'a> {
     pub observations: &'a Observations,
     /// Deliberate mistakes (simulation only); `PlantedBugs::NONE` everywhere else.
     pub planted: PlantedBugs,
+    /// Fresh randomness drawn by the caller for this decision (the core draws none itself): ids
+    /// that must never repeat, even after a metadata rollback restores counters, derive from it
+    /// ([`crate::core::model::RevokeId`]).
+    pub nonce: u64,
 }
 
 impl Context<'_> {
@@ -55,7 +60,7 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
     if let Some(outcome) = quiescent_view(g, req, ctx) {
         return Decision { write: Written::default(), outcome };
     }
-    let mut tx = Transition::new(g, ctx.observations, ctx.planted);
+    let mut tx = Transition::new(g, ctx);
     tx.record_client_version(req.metadata_version);
     let ahead = req.metadata_version > g.metadata_version;
     let step = if req.member_epoch == 0 {
@@ -99,11 +104,9 @@ fn quiescent_view(
     if !epoch_ok || !owns_all(g, &req.member_id, &req.owned) {
         return None;
     }
-    let acks_due = req.revoking.iter().any(|r| {
-        let draining =
-            matches!(g.current.get(&r.shard), Some(ShardOwner::Revoking { member, .. }) if *member == req.member_id);
-        r.revoked && r.in_flight == 0 && draining
-    });
+    let stale_ok = ctx.planted.has(PlantedBug::AcceptStaleRevoked);
+    let acks_due =
+        req.revoking.iter().any(|r| report_releases(g.current.get(&r.shard), &req.member_id, r, false, stale_ok));
     let sync_mark_due = g.correction.as_ref().is_some_and(|round| {
         req.metadata_version == g.metadata_version && !round.synced_members.contains(&req.member_id)
     });
@@ -124,8 +127,11 @@ fn owns_all(g: &GroupMetadata, member: &str, owned: &[ShardId]) -> bool {
     })
 }
 
-/// A known member reported a version above the stored one: apply only REVOKED acks that match
-/// recorded ownership (they are true whatever history the client saw) and answer SYNC_METADATA.
+/// A known member reported a version above the stored one: apply only REVOKED reports that name
+/// the revoke recorded now, and answer SYNC_METADATA. A report is true whatever history the client
+/// saw only because it names one revoke instruction, whose id is random and never reused: the
+/// client drained *that* revoke, which is still the recorded one. (Before revoke ids, this path
+/// assumed any REVOKED report was true — a stale report then released a later revoke.)
 fn sync_ahead(tx: &mut Transition<'_>, g: &GroupMetadata, req: &HeartbeatRequest) -> Result<Step, ApiError> {
     let member = known_member(g, &req.member_id)?;
     if req.member_epoch >= member.incarnation_epoch {
@@ -168,8 +174,8 @@ fn steady(tx: &mut Transition<'_>, g: &GroupMetadata, req: &HeartbeatRequest) ->
 }
 
 fn accept_acks(tx: &mut Transition<'_>, req: &HeartbeatRequest) {
-    for report in req.revoking.iter().filter(|r| r.revoked && r.in_flight == 0) {
-        tx.accept_revoked(&req.member_id, report.shard, req.leave);
+    for report in &req.revoking {
+        tx.accept_revoked(&req.member_id, report, req.leave);
     }
 }
 
@@ -227,11 +233,16 @@ pub fn status_for(g: &GroupMetadata, member: &str) -> HeartbeatStatus {
 /// The member's view of a recorded state. Repeatable: the same state gives the same view.
 pub fn member_view(g: &GroupMetadata, member: &str, status: HeartbeatStatus, revision: u64) -> HeartbeatResponse {
     let epoch = g.members.get(member).map_or(0, |m| m.member_epoch);
-    let (mut assigned, mut revoke) = (Vec::new(), Vec::new());
+    let (mut assigned, mut revoke, mut drains) = (Vec::new(), Vec::new(), Vec::new());
     for (shard, owner) in &g.current {
         match owner {
             ShardOwner::Owned { member: m, .. } if m == member => assigned.push(*shard),
-            ShardOwner::Revoking { member: m, .. } if m == member => revoke.push(*shard),
+            ShardOwner::Revoking { member: m, revoke_id, .. } if m == member => {
+                revoke.push(*shard);
+                if let Some(revoke_id) = revoke_id {
+                    drains.push(Drain { shard: *shard, revoke_id: *revoke_id });
+                }
+            }
             _ => {}
         }
     }
@@ -245,6 +256,7 @@ pub fn member_view(g: &GroupMetadata, member: &str, status: HeartbeatStatus, rev
         assigned,
         pending: g.pending_shards(member),
         revoke,
+        drains,
         assignment_lease_ms: g.config.assignment_lease_ms,
         heartbeat_interval_ms: g.config.heartbeat_interval_ms,
         store_revision: revision,
@@ -256,6 +268,7 @@ fn left_response(g: &GroupMetadata, member: &str, revision: u64) -> HeartbeatRes
         assigned: Vec::new(),
         pending: Vec::new(),
         revoke: Vec::new(),
+        drains: Vec::new(),
         member_epoch: 0,
         ..member_view(g, member, HeartbeatStatus::Ok, revision)
     }
@@ -263,7 +276,7 @@ fn left_response(g: &GroupMetadata, member: &str, revision: u64) -> HeartbeatRes
 
 /// Decides a periodic tick: member expiry, rebalance-timeout fencing, and every time-driven rule.
 pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
-    let mut tx = Transition::new(g, ctx.observations, ctx.planted);
+    let mut tx = Transition::new(g, ctx);
     let ttl = g.effective_member_lease_ttl_ms();
     for (member, seen) in &ctx.observations.liveness {
         if g.members.contains_key(member) && seen.unchanged_ms >= ttl {
@@ -292,7 +305,7 @@ pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
 /// Records evidence of lost writes seen by the coordinator itself (identity change, revision
 /// regression): starts a correction round if none is active.
 pub fn decide_evidence(g: &GroupMetadata, evidence: LossEvidence, ctx: Context<'_>) -> Decision<()> {
-    let mut tx = Transition::new(g, ctx.observations, ctx.planted);
+    let mut tx = Transition::new(g, ctx);
     tx.start_round(evidence);
     Decision { write: tx.finish(), outcome: Ok(()) }
 }
@@ -316,7 +329,7 @@ pub fn routing_view(g: &GroupMetadata, revision: u64) -> RoutingResponse {
 /// consumer's report: it is recorded (a correction round; later versions skip past it) and the
 /// answer tells the producer its view is lost. Anything else is the read-only view.
 pub fn decide_routing(g: &GroupMetadata, known_version: u64, ctx: Context<'_>) -> Decision<RoutingResponse> {
-    let mut tx = Transition::new(g, ctx.observations, ctx.planted);
+    let mut tx = Transition::new(g, ctx);
     tx.record_client_version(known_version);
     let write = tx.finish();
     let state = write.next.as_ref().unwrap_or(g);

@@ -23,6 +23,13 @@ use serde::{Deserialize, Serialize};
 pub type ShardId = u32;
 /// A consumer's id, chosen by the client at join (e.g. a UUID).
 pub type MemberId = String;
+/// Names one revoke instruction (a shard recorded `Revoking`): drawn from fresh randomness when
+/// the revoke is recorded, so it never repeats — not after a cancelled revoke, not after a metadata
+/// rollback that reuses wait ids and epochs. A REVOKED report releases the shard only when it names
+/// the recorded revoke. At most 2^53 − 1, so it is exact in JavaScript clients too.
+pub type RevokeId = u64;
+/// Largest [`RevokeId`] (2^53 − 1).
+pub const REVOKE_ID_MAX: RevokeId = (1 << 53) - 1;
 /// Identifier of a recorded wait; unique within a group's history (allocated from
 /// [`GroupMetadata::next_wait_id`], which never goes back while the record survives).
 pub type WaitId = u64;
@@ -200,9 +207,18 @@ pub struct Member {
 pub enum ShardOwner {
     /// `member` may read the shard (once it receives `OK` listing it).
     Owned { member: MemberId, since_assignment_epoch: u64 },
-    /// `member` was told to drain; it may still be reading until it reports REVOKED, expires, or
-    /// is fenced by the rebalance timeout (`wait` measures that timeout).
-    Revoking { member: MemberId, since_assignment_epoch: u64, wait: WaitId },
+    /// `member` was told to drain; it may still be reading until it reports REVOKED for this very
+    /// revoke (`revoke_id`), expires, or is fenced by the rebalance timeout (`wait` measures that
+    /// timeout). `revoke_id` is absent in records written before revoke ids existed (or rewritten
+    /// by such a binary during a rolling update): no report can release such a shard, which then
+    /// waits for the rebalance timeout — slow, never unsafe.
+    Revoking {
+        member: MemberId,
+        since_assignment_epoch: u64,
+        wait: WaitId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        revoke_id: Option<RevokeId>,
+    },
     /// `member` was fenced while it may still hold a lease; the shard is free once the deciding
     /// coordinator has observed `wait` for a full assignment lease.
     Fenced { member: MemberId, wait: WaitId },

@@ -27,10 +27,13 @@ pub enum PlantedBug {
     /// Service: judge a read's revision against the highest one this process ever observed,
     /// whatever the read's issue time, so a read that raced a concurrent write looks like loss.
     ProcessWideRevisionMark,
+    /// Core: release a draining shard on any REVOKED report from its drainer, whatever revoke the
+    /// report answers (a late or duplicated report then releases a later revoke).
+    AcceptStaleRevoked,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 9] = [
+    pub const ALL: [PlantedBug; 10] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -40,6 +43,7 @@ impl PlantedBug {
         PlantedBug::ReuseLostVersion,
         PlantedBug::SkipCorrectionLeaseWait,
         PlantedBug::ProcessWideRevisionMark,
+        PlantedBug::AcceptStaleRevoked,
     ];
 }
 

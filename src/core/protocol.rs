@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::model::{GroupConfig, GroupId, MemberId, ShardId};
+use super::model::{GroupConfig, GroupId, MemberId, RevokeId, ShardId};
 
 /// A consumer's report on one shard it is draining.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,6 +18,13 @@ pub struct RevokeReport {
     pub in_flight: u32,
     /// True once the consumer stopped reading and has no in-flight work (`REVOKED`).
     pub revoked: bool,
+    /// The revoke instruction this report answers (`HeartbeatResponse::drains`). A REVOKED report
+    /// releases the shard only when this names the revoke recorded now: a report that arrives
+    /// late or twice, after the revoke was cancelled and issued again, releases nothing. Absent
+    /// from clients that predate revoke ids: such a report never releases a shard (the shard waits
+    /// for the rebalance timeout instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoke_id: Option<RevokeId>,
 }
 
 /// A consumer heartbeat: join (`memberEpoch == 0`), steady, revoke reports, or leave.
@@ -71,10 +78,36 @@ pub struct HeartbeatResponse {
     pub pending: Vec<ShardId>,
     /// Shards to stop reading, drain, and report REVOKED.
     pub revoke: Vec<ShardId>,
+    /// The revoke instruction behind each shard of `revoke` (in shard order; a shard revoked by a
+    /// binary that predates revoke ids has none). The REVOKED report must name it.
+    #[serde(default)]
+    pub drains: Vec<Drain>,
     pub assignment_lease_ms: u64,
     pub heartbeat_interval_ms: u64,
     /// The store revision this response was derived from.
     pub store_revision: u64,
+}
+
+impl HeartbeatResponse {
+    /// REVOKED reports for every shard of `revoke`, each naming its instruction: what a client
+    /// with nothing in flight sends next.
+    pub fn revoked_reports(&self) -> Vec<RevokeReport> {
+        self.revoke
+            .iter()
+            .map(|&shard| {
+                let revoke_id = self.drains.iter().find(|d| d.shard == shard).map(|d| d.revoke_id);
+                RevokeReport { shard, in_flight: 0, revoked: true, revoke_id }
+            })
+            .collect()
+    }
+}
+
+/// One revoke instruction: drain `shard` and report REVOKED naming `revoke_id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Drain {
+    pub shard: ShardId,
+    pub revoke_id: RevokeId,
 }
 
 /// Producer routing view (seed: "Producer Routing During Failures").

@@ -5,9 +5,14 @@
 use std::collections::BTreeSet;
 
 use super::assignor::assignor_for;
-use super::model::{CorrectionRound, GroupMetadata, LossEvidence, Member, MemberId, MemberState, ShardId, ShardOwner};
+use super::engine::Context;
+use super::model::{
+    CorrectionRound, GroupMetadata, LossEvidence, Member, MemberId, MemberState, RevokeId, ShardId, ShardOwner, WaitId,
+    REVOKE_ID_MAX,
+};
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
+use super::protocol::RevokeReport;
 
 /// The result of [`Transition::finish`]: what to write (if anything) and the store conditions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -22,6 +27,8 @@ pub(crate) struct Transition<'a> {
     pub(crate) next: GroupMetadata,
     obs: &'a Observations,
     planted: PlantedBugs,
+    /// The decision's fresh randomness ([`Context::nonce`]); revoke ids derive from it.
+    nonce: u64,
     /// `next` differs from `before`: there is something to write.
     dirty: bool,
     /// A client-visible change happened: bump metadataVersion in `finish`.
@@ -35,12 +42,13 @@ pub(crate) struct Transition<'a> {
 }
 
 impl<'a> Transition<'a> {
-    pub(crate) fn new(before: &'a GroupMetadata, obs: &'a Observations, planted: PlantedBugs) -> Self {
+    pub(crate) fn new(before: &'a GroupMetadata, ctx: Context<'a>) -> Self {
         Self {
             before,
             next: before.clone(),
-            obs,
-            planted,
+            obs: ctx.observations,
+            planted: ctx.planted,
+            nonce: ctx.nonce,
             dirty: false,
             visible_change: false,
             retarget: false,
@@ -120,19 +128,16 @@ impl<'a> Transition<'a> {
         self.mark_retarget();
     }
 
-    /// Releases `shard` if `member` is draining it (a REVOKED ack), or — when it is leaving — if
-    /// it owns it. Stale or duplicate acks are ignored; returns whether the ack was accepted.
-    pub(crate) fn accept_revoked(&mut self, member: &str, shard: ShardId, leaving: bool) -> bool {
-        let matches = match self.next.current.get(&shard) {
-            Some(ShardOwner::Revoking { member: m, .. }) => m == member,
-            Some(ShardOwner::Owned { member: m, .. }) => leaving && m == member,
-            _ => false,
-        };
-        if matches {
-            self.next.current.remove(&shard);
+    /// Releases the reported shard when the report releases it ([`report_releases`]). Stale,
+    /// duplicated or unnamed reports are ignored; returns whether the report was accepted.
+    pub(crate) fn accept_revoked(&mut self, member: &str, report: &RevokeReport, leaving: bool) -> bool {
+        let stale_ok = self.planted.has(PlantedBug::AcceptStaleRevoked);
+        let releases = report_releases(self.next.current.get(&report.shard), member, report, leaving, stale_ok);
+        if releases {
+            self.next.current.remove(&report.shard);
             self.mark_visible();
         }
-        matches
+        releases
     }
 
     /// Removes a member that left: whatever it still holds is fenced for a lease.
@@ -280,9 +285,9 @@ impl<'a> Transition<'a> {
             match (step, current) {
                 (ShardStep::Revoke, Some(ShardOwner::Owned { member, .. })) => {
                     let wait = self.next.allocate_wait();
-                    self.next
-                        .current
-                        .insert(shard, ShardOwner::Revoking { member, since_assignment_epoch: epoch, wait });
+                    let revoke_id = Some(revoke_id(self.nonce, wait));
+                    let revoking = ShardOwner::Revoking { member, since_assignment_epoch: epoch, wait, revoke_id };
+                    self.next.current.insert(shard, revoking);
                     self.mark_visible();
                 }
                 (ShardStep::CancelRevoke, Some(ShardOwner::Revoking { member, since_assignment_epoch, .. })) => {
@@ -306,6 +311,45 @@ impl<'a> Transition<'a> {
             }
         }
     }
+}
+
+/// Whether a REVOKED report from `member` releases a shard recorded as `owner`:
+/// - a shard `member` is draining, only when the report is REVOKED with nothing in flight and
+///   names the recorded revoke (a report for an earlier revoke — delivered late, twice, or after
+///   the revoke was cancelled and issued again — never releases a later one; a report naming no
+///   revoke, from a client that predates revoke ids, releases nothing either);
+/// - a shard `member` owns, only in its leave heartbeat (the leave is the instruction answered,
+///   and it is checked against the member's current incarnation).
+///
+/// `stale_ok` is the planted bug that ignores the revoke id (the behaviour this rule replaced).
+pub(crate) fn report_releases(
+    owner: Option<&ShardOwner>,
+    member: &str,
+    report: &RevokeReport,
+    leaving: bool,
+    stale_ok: bool,
+) -> bool {
+    if !report.revoked || report.in_flight > 0 {
+        return false;
+    }
+    match owner {
+        Some(ShardOwner::Revoking { member: m, revoke_id, .. }) if m == member => {
+            stale_ok || (revoke_id.is_some() && *revoke_id == report.revoke_id)
+        }
+        Some(ShardOwner::Owned { member: m, .. }) => leaving && m == member,
+        _ => false,
+    }
+}
+
+/// The id of a revoke recorded with `wait` by a decision whose fresh randomness is `nonce`: a
+/// SplitMix64 finalizer over both, masked to 53 bits. Distinct waits of one decision, and decisions
+/// on different timelines (after a rollback reused `wait`), get different ids except with
+/// probability about 2^-53 per pair: the nonce is fresh randomness, never a counter.
+fn revoke_id(nonce: u64, wait: WaitId) -> RevokeId {
+    let mut z = nonce ^ wait.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) & REVOKE_ID_MAX
 }
 
 /// Calls `f(shard, current owner, target)` for every shard in order, walking both maps in lockstep

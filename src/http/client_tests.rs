@@ -66,6 +66,7 @@ async fn heartbeat(
         assigned: vec![1],
         pending: vec![],
         revoke: vec![],
+        drains: vec![],
         assignment_lease_ms: 8_000,
         heartbeat_interval_ms: 1_000,
         store_revision: 9,

@@ -150,7 +150,8 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     pub(super) fn context<'a>(&self, stored_revision: u64, observations: &'a Observations) -> Context<'a> {
-        Context { stored_revision, observations, planted: self.inner.options.planted }
+        let nonce = self.local().rng.gen();
+        Context { stored_revision, observations, planted: self.inner.options.planted, nonce }
     }
 
     pub(super) fn local(&self) -> MutexGuard<'_, LocalState> {

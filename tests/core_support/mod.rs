@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, LossEvidence, MemberId, ShardId};
+use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, LossEvidence, MemberId, RevokeId, ShardId};
 use rsc::core::protocol::{AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, RevokeReport};
 use rsc::core::{decide_admin, decide_evidence, decide_heartbeat, decide_tick, Context, Decision, LocalView};
 
@@ -31,6 +31,8 @@ pub struct World {
     pub guard_failures: u64,
     /// Deliberate mistakes (negative tests of the checkers).
     pub planted: rsc::core::PlantedBugs,
+    /// Source of each decision's nonce: a counter never repeats, which is all the core needs of it.
+    pub nonces: u64,
 }
 
 impl World {
@@ -41,7 +43,7 @@ impl World {
     pub fn with_config(shard_count: u32, config: GroupConfig) -> Self {
         let create = AdminRequest::CreateGroup { group: group_id(), shard_count, config };
         let obs = Default::default();
-        let ctx = Context { stored_revision: 0, observations: &obs, planted: Default::default() };
+        let ctx = Context { stored_revision: 0, observations: &obs, planted: Default::default(), nonce: 1 };
         let decision = decide_admin(None, &create, false, ctx);
         let g = decision.write.next.expect("create writes");
         g.validate().expect("valid");
@@ -54,7 +56,13 @@ impl World {
             liveness: BTreeMap::new(),
             guard_failures: 0,
             planted: Default::default(),
+            nonces: 1,
         }
+    }
+
+    fn nonce(&mut self) -> u64 {
+        self.nonces += 1;
+        self.nonces
     }
 
     pub fn advance(&mut self, ms: u64) {
@@ -86,7 +94,8 @@ impl World {
     pub fn heartbeat(&mut self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         *self.liveness.entry(req.member_id.clone()).or_default() += 1;
         let obs = self.view.observe(self.now_ms, &self.g, None);
-        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: self.planted };
+        let ctx =
+            Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
         let decision = decide_heartbeat(&self.g, req, ctx);
         let decided_write = decision.write.next.is_some();
         let recorded = self.apply(&decision);
@@ -100,14 +109,16 @@ impl World {
     /// Runs one tick with a fresh liveness read.
     pub fn tick(&mut self) {
         let obs = self.view.observe(self.now_ms, &self.g, Some(&self.liveness));
-        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: self.planted };
+        let ctx =
+            Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
         let decision = decide_tick(&self.g, ctx);
         self.apply(&decision);
     }
 
     pub fn admin(&mut self, req: &AdminRequest) -> Result<rsc::core::protocol::AdminResponse, ApiError> {
         let obs = self.view.observe(self.now_ms, &self.g, None);
-        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: self.planted };
+        let ctx =
+            Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
         let decision = decide_admin(Some(&self.g), req, false, ctx);
         self.apply(&decision);
         decision.outcome
@@ -124,7 +135,12 @@ impl World {
         if failover {
             self.view.reset_all();
             let obs = self.view.observe(self.now_ms, &self.g, None);
-            let ctx = Context { stored_revision: self.revision, observations: &obs, planted: self.planted };
+            let ctx = Context {
+                stored_revision: self.revision,
+                observations: &obs,
+                planted: self.planted,
+                nonce: self.nonce(),
+            };
             let decision = decide_evidence(&self.g, LossEvidence::StoreIdentityChanged, ctx);
             self.apply(&decision);
         }
@@ -142,6 +158,8 @@ pub struct Client {
     pub reading: std::collections::BTreeSet<ShardId>,
     /// Shards it is draining; drained ones are reported REVOKED.
     pub revoking: std::collections::BTreeSet<ShardId>,
+    /// The revoke instruction behind each draining shard, named in its REVOKED report.
+    pub drains: BTreeMap<ShardId, RevokeId>,
     pub lease_end_ms: u64,
 }
 
@@ -154,6 +172,7 @@ impl Client {
             assignment_epoch: 0,
             reading: Default::default(),
             revoking: Default::default(),
+            drains: BTreeMap::new(),
             lease_end_ms: 0,
         }
     }
@@ -167,7 +186,14 @@ impl Client {
             metadata_version: self.version,
             assignment_epoch: self.assignment_epoch,
             owned: self.reading.iter().copied().collect(),
-            revoking: self.revoking.iter().map(|&shard| RevokeReport { shard, in_flight: 0, revoked: true }).collect(),
+            revoking: self
+                .revoking
+                .iter()
+                .map(|&shard| {
+                    let revoke_id = self.drains.get(&shard).copied();
+                    RevokeReport { shard, in_flight: 0, revoked: true, revoke_id }
+                })
+                .collect(),
             leave: false,
         }
     }
@@ -190,6 +216,7 @@ impl Client {
                 };
                 // Drains finish at once in this model; keep reporting REVOKED while still listed.
                 self.revoking = r.revoke.iter().copied().filter(|s| !self.reading.contains(s)).collect();
+                self.drains = r.drains.iter().map(|d| (d.shard, d.revoke_id)).collect();
                 self.epoch = r.member_epoch;
                 self.version = r.metadata_version;
                 self.assignment_epoch = r.assignment_epoch;
@@ -203,6 +230,7 @@ impl Client {
             {
                 self.reading.clear();
                 self.revoking.clear();
+                self.drains.clear();
                 self.epoch = 0;
             }
             Err(_) => {}
@@ -216,6 +244,14 @@ impl Client {
         } else {
             Default::default()
         }
+    }
+}
+
+/// The id of the revoke recorded for `shard`, if it is draining.
+pub fn recorded_revoke_id(g: &GroupMetadata, shard: ShardId) -> Option<RevokeId> {
+    match g.current.get(&shard) {
+        Some(rsc::core::model::ShardOwner::Revoking { revoke_id, .. }) => *revoke_id,
+        _ => None,
     }
 }
 

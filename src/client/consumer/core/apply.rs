@@ -49,6 +49,13 @@ impl ConsumerCore {
         for shard in &revoke {
             self.revoke_one(now_ms, *shard, StopReason::Revoked);
         }
+        // The REVOKED report names the revoke it answers; a shard revoked again (after a cancelled
+        // revoke) carries the newer instruction's id from now on.
+        for drain in &r.drains {
+            if let Some(s) = self.shards.get_mut(&drain.shard).filter(|s| s.state == ShardState::Revoking) {
+                s.revoke_id = Some(drain.revoke_id);
+            }
+        }
         let dropped =
             if r.status == HeartbeatStatus::SyncMetadata { StopReason::SyncDropped } else { StopReason::Revoked };
         let unassigned: Vec<ShardId> = self
@@ -154,7 +161,13 @@ impl ConsumerCore {
                 let generation = self.allocate_generation();
                 self.shards.insert(
                     shard,
-                    Shard { generation, state: ShardState::Revoking, in_flight: BTreeSet::new(), setup_at_ms: 0 },
+                    Shard {
+                        generation,
+                        state: ShardState::Revoking,
+                        in_flight: BTreeSet::new(),
+                        setup_at_ms: 0,
+                        revoke_id: None,
+                    },
                 );
             }
         }
@@ -165,11 +178,18 @@ impl ConsumerCore {
     pub(super) fn start(&mut self, now_ms: u64, shard: ShardId) {
         let generation = self.allocate_generation();
         let state = ShardState::Reading { setup_done: false, pending_done: false };
-        let fresh = Shard { generation, state: state.clone(), in_flight: BTreeSet::new(), setup_at_ms: now_ms };
+        let fresh = Shard {
+            generation,
+            state: state.clone(),
+            in_flight: BTreeSet::new(),
+            setup_at_ms: now_ms,
+            revoke_id: None,
+        };
         let entry = self.shards.entry(shard).or_insert(fresh);
         entry.generation = generation;
         entry.state = state;
         entry.setup_at_ms = now_ms;
+        entry.revoke_id = None;
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::ShardStarted { at_ms: now_ms, member, shard });
     }

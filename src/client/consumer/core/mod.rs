@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::core::model::{GroupId, MemberId, ShardId};
+use crate::core::model::{GroupId, MemberId, RevokeId, ShardId};
 use crate::core::planted::PlantedBugs;
 use crate::core::protocol::{HeartbeatRequest, HeartbeatResponse, RevokeReport};
 use crate::store::{EntryId, ReadFrom, StreamEntry};
@@ -102,6 +102,9 @@ struct Shard {
     in_flight: BTreeSet<EntryId>,
     /// When the current setup was planned (start or the last pending sweep).
     setup_at_ms: u64,
+    /// The revoke instruction this shard is draining for (`HeartbeatResponse::drains`), named in
+    /// its REVOKED report; `None` when the consumer stopped it on its own (unassigned, fenced).
+    revoke_id: Option<RevokeId>,
 }
 
 /// The heartbeat in flight (at most one).
@@ -287,7 +290,7 @@ impl ConsumerCore {
             if revoked {
                 reported_revoked.insert(*shard);
             }
-            revoking.push(RevokeReport { shard: *shard, in_flight, revoked });
+            revoking.push(RevokeReport { shard: *shard, in_flight, revoked, revoke_id: s.revoke_id });
         }
         let req = HeartbeatRequest {
             group: self.config.group.clone(),

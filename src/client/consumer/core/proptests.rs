@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use proptest::prelude::*;
 
 use super::*;
-use crate::core::protocol::{ApiError, ErrorCode, HeartbeatStatus};
+use crate::core::protocol::{ApiError, Drain, ErrorCode, HeartbeatStatus};
 
 const LEASE_MS: u64 = 500;
 const SHARDS: u32 = 4;
@@ -83,6 +83,7 @@ fn response(status: HeartbeatStatus, assigned: &BTreeSet<ShardId>, revoke: &BTre
         assigned: assigned.iter().copied().collect(),
         pending: Vec::new(),
         revoke: revoke.iter().copied().collect(),
+        drains: revoke.iter().map(|&shard| Drain { shard, revoke_id: u64::from(shard) + 1 }).collect(),
         assignment_lease_ms: LEASE_MS,
         heartbeat_interval_ms: 100,
         store_revision: 1,

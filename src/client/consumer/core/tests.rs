@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::core::planted::PlantedBug;
-use crate::core::protocol::{ApiError, ErrorCode, HeartbeatStatus};
+use crate::core::protocol::{ApiError, Drain, ErrorCode, HeartbeatStatus};
 
 const LEASE_MS: u64 = 1_000;
 const INTERVAL_MS: u64 = 200;
@@ -29,10 +29,16 @@ fn response(status: HeartbeatStatus, assigned: &[ShardId], revoke: &[ShardId]) -
         assigned: assigned.to_vec(),
         pending: Vec::new(),
         revoke: revoke.to_vec(),
+        drains: revoke.iter().map(|&shard| Drain { shard, revoke_id: revoke_id(shard) }).collect(),
         assignment_lease_ms: LEASE_MS,
         heartbeat_interval_ms: INTERVAL_MS,
         store_revision: 11,
     }
+}
+
+/// The id these tests' coordinator gives the revoke of `shard`.
+fn revoke_id(shard: ShardId) -> u64 {
+    1_000 + u64::from(shard)
 }
 
 fn ok(assigned: &[ShardId]) -> HeartbeatResponse {
@@ -158,7 +164,7 @@ fn without_successful_heartbeats_reads_stop_at_lease_end_and_heartbeats_continue
     // The consumer keeps heartbeating and reports the stopped shard as REVOKED.
     let req = c.poll_heartbeat(1_300).expect("keeps heartbeating");
     assert!(req.owned.is_empty());
-    assert_eq!(req.revoking, vec![RevokeReport { shard: 3, in_flight: 0, revoked: true }]);
+    assert_eq!(req.revoking, vec![RevokeReport { shard: 3, in_flight: 0, revoked: true, revoke_id: None }]);
     // A later OK that still lists the shard grants it afresh (setup again).
     c.handle_heartbeat(1_310, Ok(ok(&[3])));
     assert_eq!(c.read_plans(1_310).iter().map(|p| p.step).collect::<Vec<_>>(), vec![ReadStep::Setup]);
@@ -203,13 +209,19 @@ fn revoke_pending_keeps_shards_already_read_starts_nothing_and_drains_revoke() {
     // Draining: in-flight reported, not REVOKED yet.
     let req = c.poll_heartbeat(420).expect("due");
     assert_eq!(req.owned, vec![1]);
-    assert_eq!(req.revoking, vec![RevokeReport { shard: 2, in_flight: 1, revoked: false }]);
+    assert_eq!(
+        req.revoking,
+        vec![RevokeReport { shard: 2, in_flight: 1, revoked: false, revoke_id: Some(revoke_id(2)) }]
+    );
     c.handle_heartbeat(430, Ok(response(HeartbeatStatus::RevokePending, &[1, 3], &[2])));
     // The ack drains it and schedules a prompt heartbeat that reports REVOKED.
     assert!(c.check_ack(440, &d[0]).is_ok());
     assert!(c.acked(440, &d[0]));
     let req = c.poll_heartbeat(440 + c.config().prompt_ms).expect("prompt heartbeat after drain");
-    assert_eq!(req.revoking, vec![RevokeReport { shard: 2, in_flight: 0, revoked: true }]);
+    assert_eq!(
+        req.revoking,
+        vec![RevokeReport { shard: 2, in_flight: 0, revoked: true, revoke_id: Some(revoke_id(2)) }]
+    );
     // Answered without shard 2 in `revoke`: released. OK now starts shard 3.
     c.handle_heartbeat(460, Ok(ok(&[1, 3])));
     assert_eq!(c.revoking_shards(), Vec::<ShardId>::new());
@@ -223,9 +235,15 @@ fn a_revoked_report_still_listed_in_revoke_is_reported_again() {
     exchange(&mut c, 0, 10, Ok(ok(&[1])));
     exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[], &[1])));
     let req = exchange(&mut c, 420, 430, Ok(response(HeartbeatStatus::RevokePending, &[], &[1])));
-    assert_eq!(req.revoking, vec![RevokeReport { shard: 1, in_flight: 0, revoked: true }]);
+    assert_eq!(
+        req.revoking,
+        vec![RevokeReport { shard: 1, in_flight: 0, revoked: true, revoke_id: Some(revoke_id(1)) }]
+    );
     let req = c.poll_heartbeat(630).expect("due");
-    assert_eq!(req.revoking, vec![RevokeReport { shard: 1, in_flight: 0, revoked: true }]);
+    assert_eq!(
+        req.revoking,
+        vec![RevokeReport { shard: 1, in_flight: 0, revoked: true, revoke_id: Some(revoke_id(1)) }]
+    );
 }
 
 #[test]
@@ -233,7 +251,10 @@ fn a_shard_to_revoke_that_is_not_held_is_reported_revoked_at_once() {
     let mut c = core();
     exchange(&mut c, 0, 10, Ok(response(HeartbeatStatus::RevokePending, &[], &[6])));
     let req = c.poll_heartbeat(210).expect("due");
-    assert_eq!(req.revoking, vec![RevokeReport { shard: 6, in_flight: 0, revoked: true }]);
+    assert_eq!(
+        req.revoking,
+        vec![RevokeReport { shard: 6, in_flight: 0, revoked: true, revoke_id: Some(revoke_id(6)) }]
+    );
 }
 
 #[test]
@@ -287,7 +308,7 @@ fn group_unavailable_stops_everything_and_retries_slowly() {
         assert_eq!(c.poll_heartbeat(220 + slow - 1), None);
         let req = c.poll_heartbeat(220 + slow).expect("slow retry");
         assert_eq!(req.member_epoch, 5, "not a rejoin");
-        assert_eq!(req.revoking, vec![RevokeReport { shard: 1, in_flight: 0, revoked: true }]);
+        assert_eq!(req.revoking, vec![RevokeReport { shard: 1, in_flight: 0, revoked: true, revoke_id: None }]);
     }
 }
 
@@ -330,8 +351,8 @@ fn close_drains_then_reports_everything_revoked_in_the_leave() {
     assert_eq!(
         req.revoking,
         vec![
-            RevokeReport { shard: 1, in_flight: 1, revoked: false },
-            RevokeReport { shard: 2, in_flight: 0, revoked: false }
+            RevokeReport { shard: 1, in_flight: 1, revoked: false, revoke_id: None },
+            RevokeReport { shard: 2, in_flight: 0, revoked: false, revoke_id: None }
         ]
     );
     assert!(c.readable_shards(40).is_empty(), "OK does not restart shards while closing");
@@ -342,8 +363,8 @@ fn close_drains_then_reports_everything_revoked_in_the_leave() {
     assert_eq!(
         req.revoking,
         vec![
-            RevokeReport { shard: 1, in_flight: 0, revoked: true },
-            RevokeReport { shard: 2, in_flight: 0, revoked: true }
+            RevokeReport { shard: 1, in_flight: 0, revoked: true, revoke_id: None },
+            RevokeReport { shard: 2, in_flight: 0, revoked: true, revoke_id: None }
         ],
         "the leave carries the REVOKED reports"
     );
@@ -368,7 +389,10 @@ fn a_revoke_with_nothing_in_flight_is_reported_promptly() {
     let prompt = c.config().prompt_ms;
     assert_eq!(c.next_deadline_ms(), Some(220 + prompt));
     let req = exchange(&mut c, 220 + prompt, 240, Ok(ok(&[1])));
-    assert_eq!(req.revoking, vec![RevokeReport { shard: 2, in_flight: 0, revoked: true }]);
+    assert_eq!(
+        req.revoking,
+        vec![RevokeReport { shard: 2, in_flight: 0, revoked: true, revoke_id: Some(revoke_id(2)) }]
+    );
     assert_eq!(c.next_deadline_ms(), Some(240 + INTERVAL_MS), "back to the interval once reported");
 }
 
@@ -379,7 +403,10 @@ fn draining_while_a_heartbeat_is_in_flight_reports_revoked_promptly_after_its_an
     let d = deliver(&mut c, 20, 2, &[4]);
     exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
     let req = c.poll_heartbeat(420).expect("due");
-    assert_eq!(req.revoking, vec![RevokeReport { shard: 2, in_flight: 1, revoked: false }]);
+    assert_eq!(
+        req.revoking,
+        vec![RevokeReport { shard: 2, in_flight: 1, revoked: false, revoke_id: Some(revoke_id(2)) }]
+    );
     c.check_ack(425, &d[0]).expect("ack allowed");
     c.acked(425, &d[0]);
     c.handle_heartbeat(430, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
