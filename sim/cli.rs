@@ -124,6 +124,7 @@ pub struct PlanSummary {
     pub stranded: usize,
     pub lost_version_answers: usize,
     pub delivered_never_processed_max: usize,
+    pub correction_rounds_by_cause: BTreeMap<&'static str, usize>,
 }
 
 impl PlanSummary {
@@ -145,6 +146,9 @@ impl PlanSummary {
         self.stranded += m.stranded_entries;
         self.lost_version_answers += m.lost_version_answers;
         self.delivered_never_processed_max = self.delivered_never_processed_max.max(m.delivered_never_processed);
+        for (cause, n) in &m.correction_rounds_by_cause {
+            *self.correction_rounds_by_cause.entry(cause).or_insert(0) += n;
+        }
     }
 }
 
@@ -262,6 +266,10 @@ fn print_table(summaries: &[PlanSummary]) {
                 "{:<36} routing answers telling a producer its cached version was lost (measured): {}",
                 "", s.lost_version_answers
             );
+        }
+        if !s.correction_rounds_by_cause.is_empty() {
+            let causes: Vec<String> = s.correction_rounds_by_cause.iter().map(|(c, n)| format!("{c}:{n}")).collect();
+            println!("{:<36} correction rounds by ground-truth cause: {}", "", causes.join(" "));
         }
         if s.silent_loss_overlaps > 0 {
             println!("{:<36} processing overlaps after silent write loss (measured): {}", "", s.silent_loss_overlaps);

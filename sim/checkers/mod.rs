@@ -15,8 +15,10 @@
 //! | [`resurrection`] | 5. no resurrection of a deleted metadata key |
 //! | [`liveness`] | 6. liveness after the faults heal |
 //! | [`messages`] | 7. every acknowledged XADD delivered; no entry processed twice at once |
+//! | [`evidence`] | every correction round has a ground-truth cause (no false loss evidence) |
 
 pub mod consumer_lease;
+pub mod evidence;
 mod grants;
 pub mod liveness;
 pub mod messages;
@@ -149,6 +151,8 @@ pub struct Measurements {
     /// Acknowledged entries delivered at Redis near the end that no consumer processed (older
     /// ones are `delivered-never-processed` violations; see `messages`).
     pub delivered_never_processed: usize,
+    /// Correction rounds started, by the ground-truth cause that preceded them (`evidence`).
+    pub correction_rounds_by_cause: BTreeMap<&'static str, usize>,
 }
 
 /// The result of checking one run.
@@ -177,6 +181,8 @@ pub fn check_all(facts: &Facts<'_>) -> Verdict {
         .iter()
         .filter(|call| matches!(&call.answer, Some(Ok(resp)) if resp.lost_version.is_some()))
         .count();
+    let (evidence, rounds) = evidence::check(facts);
+    measurements.correction_rounds_by_cause = rounds;
     let mut all: Vec<Finding> = findings("split", split)
         .chain(findings("consumer-lease", consumer_lease::check(facts)))
         .chain(findings("producer-lease", producer_lease::check(facts)))
@@ -185,6 +191,7 @@ pub fn check_all(facts: &Facts<'_>) -> Verdict {
         .chain(findings("resurrection", resurrection::check(facts)))
         .chain(findings("liveness", liveness::check(facts)))
         .chain(findings("messages", messages))
+        .chain(findings("evidence", evidence))
         .collect();
     all.sort_by(|a, b| (a.at_us, a.checker, &a.detail).cmp(&(b.at_us, b.checker, &b.detail)));
     Verdict { findings: all, measurements }
