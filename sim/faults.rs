@@ -36,6 +36,7 @@ enum Step {
     EndDelay(u64),
     EndLoss(u64),
     ResponseLoss(NodeRef, f64),
+    StaleDelivery(NodeRef, f64, u64, bool),
     RedisOutageEnd,
     RedisLatencyEnd,
     RedisSupported(String),
@@ -202,7 +203,12 @@ impl Injector {
             }
             Step::ResponseLoss(node, p) => {
                 if let Some(knob) = world.loss.get(&node) {
-                    knob.set(p);
+                    knob.set_loss(p);
+                }
+            }
+            Step::StaleDelivery(node, p, delay_max_ms, joins) => {
+                if let Some(knob) = world.loss.get(&node) {
+                    knob.set_stale(p, delay_max_ms, joins);
                 }
             }
             Step::RedisOutageEnd => world.store.set_outage(None),
@@ -315,6 +321,12 @@ impl Injector {
                 for node in Self::nodes(world, target) {
                     self.at(now, Step::ResponseLoss(node, probability));
                     self.at(later(duration_ms), Step::ResponseLoss(node, 0.0));
+                }
+            }
+            Fault::StaleDelivery { target, probability, delay_max_ms, joins, duration_ms } => {
+                for node in Self::nodes(world, target) {
+                    self.at(now, Step::StaleDelivery(node, probability, delay_max_ms, joins));
+                    self.at(later(duration_ms), Step::StaleDelivery(node, 0.0, delay_max_ms, joins));
                 }
             }
             Fault::RollingUpdate { overlap_ms, propagation_ms, drain_ms } => {

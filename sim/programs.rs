@@ -31,7 +31,7 @@ use crate::coord_rpc::{self, RpcTransport, COORDINATOR_PORT};
 use crate::plan::{Plan, Protocol};
 use crate::records::{AdminCall, ProcessId, Processing, Recorder};
 use crate::redis_node::RemoteStore;
-use crate::transport::{LossKnob, RecordingTransport};
+use crate::transport::{RecordingTransport, TransportKnob};
 
 /// What every program of a run needs.
 #[derive(Clone)]
@@ -56,7 +56,7 @@ impl Env {
         RemoteStore::connect(self.redis, process, self.plan.tuning.store_timeout_ms, self.recorder.clone()).await
     }
 
-    async fn transport(&self, process: ProcessId, loss: LossKnob) -> RecordingTransport<ClientTransport> {
+    async fn transport(&self, process: ProcessId, loss: TransportKnob) -> RecordingTransport<ClientTransport> {
         let timeout_ms = self.plan.tuning.http_timeout_ms;
         let inner = match self.plan.tuning.protocol {
             Protocol::Http => {
@@ -168,7 +168,7 @@ impl RebalanceListener for LostShards {
 
 /// Runs one consumer application: poll, process each delivery for its drawn time (concurrently),
 /// ack, repeat; on `leave`, close cleanly and end the process.
-pub async fn consumer(env: Env, process: ProcessId, loss: LossKnob, leave: Arc<Notify>) {
+pub async fn consumer(env: Env, process: ProcessId, loss: TransportKnob, leave: Arc<Notify>) {
     let w = env.plan.workload;
     let store = env.store(process).await;
     let transport = env.transport(process, loss).await;
@@ -294,7 +294,7 @@ const ACK_RETRY_MS: u64 = 100;
 
 /// Runs one producer application: publish a random key every `publish_interval_ms` until the
 /// plan's publishing window ends.
-pub async fn producer(env: Env, process: ProcessId, loss: LossKnob) {
+pub async fn producer(env: Env, process: ProcessId, loss: TransportKnob) {
     let w = env.plan.workload;
     let store = env.store(process).await;
     let transport = env.transport(process, loss).await;

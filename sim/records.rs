@@ -186,6 +186,8 @@ pub struct Records {
     pub lifecycles: Vec<Lifecycle>,
     pub marks: Vec<Mark>,
     pub trace: Vec<TraceLine>,
+    /// Heartbeats a `stale-delivery` fault delivered late (duplicated or deferred).
+    pub stale_deliveries: usize,
 }
 
 /// The shared recorder of one run (cheap to clone; every node holds one).

@@ -3,10 +3,16 @@
 //! producer fail-closed and recorded-response checkers compute leases and compare responses from
 //! these records, never from the clients' own state.
 //!
-//! It also carries the `response-loss` fault: with the node's current probability it hides a
-//! successful answer the coordinator already produced and makes the client wait out its timeout,
-//! exactly what a response lost on the way back looks like. The decision draws from an RNG seeded
-//! per process, so it is deterministic.
+//! It also carries two client-side faults, drawn from an RNG seeded per process (deterministic):
+//! - `response-loss`: with the node's current probability it hides a successful answer the
+//!   coordinator already produced and makes the client wait out its timeout, exactly what a
+//!   response lost on the way back looks like.
+//! - `stale-delivery`: a heartbeat reaches a coordinator *late*, as behind a retrying L7 proxy or
+//!   load balancer, or a coordinator that queued it while paused. Half the time it is *duplicated*
+//!   (the client gets its answer; the same request is delivered again up to `delay_max_ms` later),
+//!   half the time *deferred* (the client gives up at its timeout; the request is delivered only
+//!   later). A late delivery's answer goes nowhere. Nothing in the protocol may rely on a request
+//!   arriving once, or before the client moved on.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -20,48 +26,112 @@ use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, RoutingResponse};
 
 use crate::records::{CoordinatorCall, ProcessId, Recorder};
 
-/// The response-loss probability of one node, set by the fault injector (f64 bits; 0 = off).
+/// The client-side fault settings of one node, set by the fault injector: the response-loss
+/// probability, and the stale-delivery probability and longest delay (f64 bits / ms; 0 = off).
 #[derive(Clone, Debug, Default)]
-pub struct LossKnob(Arc<AtomicU64>);
+pub struct TransportKnob {
+    loss: Arc<AtomicU64>,
+    stale: Arc<AtomicU64>,
+    stale_delay_max_ms: Arc<AtomicU64>,
+    stale_spares_joins: Arc<std::sync::atomic::AtomicBool>,
+}
 
-impl LossKnob {
-    pub fn set(&self, probability: f64) {
-        self.0.store(probability.to_bits(), Ordering::Relaxed);
+impl TransportKnob {
+    pub fn set_loss(&self, probability: f64) {
+        self.loss.store(probability.to_bits(), Ordering::Relaxed);
     }
 
-    pub fn get(&self) -> f64 {
-        f64::from_bits(self.0.load(Ordering::Relaxed))
+    pub fn loss(&self) -> f64 {
+        f64::from_bits(self.loss.load(Ordering::Relaxed))
     }
+
+    pub fn set_stale(&self, probability: f64, delay_max_ms: u64, joins: bool) {
+        self.stale.store(probability.to_bits(), Ordering::Relaxed);
+        self.stale_delay_max_ms.store(delay_max_ms, Ordering::Relaxed);
+        self.stale_spares_joins.store(!joins, Ordering::Relaxed);
+    }
+
+    /// The stale-delivery probability for `req` and the longest delay.
+    fn stale(&self, req: &HeartbeatRequest) -> (f64, u64) {
+        if req.member_epoch == 0 && self.stale_spares_joins.load(Ordering::Relaxed) {
+            return (0.0, 0);
+        }
+        (f64::from_bits(self.stale.load(Ordering::Relaxed)), self.stale_delay_max_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// How one heartbeat is delivered under the stale-delivery fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Delivery {
+    Once,
+    /// Delivered now and again after the delay.
+    Duplicated {
+        delay_ms: u64,
+    },
+    /// Delivered only after the delay; the client times out.
+    Deferred {
+        delay_ms: u64,
+    },
 }
 
 /// A transport that records every call and may hide answers (see the module docs).
 pub struct RecordingTransport<T> {
-    inner: T,
+    inner: Arc<T>,
     process: ProcessId,
     recorder: Recorder,
-    loss: LossKnob,
+    knob: TransportKnob,
     rng: Mutex<SmallRng>,
     /// How long a client waits for an answer (a hidden answer surfaces as a timeout after this).
     timeout: Duration,
 }
 
-impl<T: CoordinatorTransport> RecordingTransport<T> {
+impl<T: CoordinatorTransport + Send + Sync + 'static> RecordingTransport<T> {
     pub fn new(
         inner: T,
         process: ProcessId,
         recorder: Recorder,
-        loss: LossKnob,
+        knob: TransportKnob,
         rng: SmallRng,
         timeout_ms: u64,
     ) -> Self {
-        Self { inner, process, recorder, loss, rng: Mutex::new(rng), timeout: Duration::from_millis(timeout_ms) }
+        let rng = Mutex::new(rng);
+        Self { inner: Arc::new(inner), process, recorder, knob, rng, timeout: Duration::from_millis(timeout_ms) }
     }
 
     /// Whether to hide this answer. Draws only while the fault is on, so a run without
     /// response-loss faults draws nothing.
     fn hide(&self) -> bool {
-        let p = self.loss.get();
+        let p = self.knob.loss();
         p > 0.0 && self.rng.lock().unwrap_or_else(PoisonError::into_inner).gen_bool(p.min(1.0))
+    }
+
+    /// How to deliver this heartbeat. Draws only while the stale-delivery fault is on.
+    fn delivery(&self, req: &HeartbeatRequest) -> Delivery {
+        let (p, delay_max_ms) = self.knob.stale(req);
+        if p <= 0.0 {
+            return Delivery::Once;
+        }
+        let mut rng = self.rng.lock().unwrap_or_else(PoisonError::into_inner);
+        if !rng.gen_bool(p.min(1.0)) {
+            return Delivery::Once;
+        }
+        let delay_ms = rng.gen_range(1..=delay_max_ms.max(1));
+        if rng.gen_bool(0.5) {
+            Delivery::Duplicated { delay_ms }
+        } else {
+            Delivery::Deferred { delay_ms }
+        }
+    }
+
+    /// Delivers `req` to the Service after `delay_ms`; its answer goes nowhere.
+    fn deliver_late(&self, req: HeartbeatRequest, delay_ms: u64) {
+        let (inner, recorder, process) = (Arc::clone(&self.inner), self.recorder.clone(), self.process);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            recorder.trace(process, format!("stale delivery ({delay_ms} ms late): {}", describe_heartbeat(&req)));
+            recorder.lock().stale_deliveries += 1;
+            let _ = inner.heartbeat(req).await;
+        });
     }
 
     /// Runs one call: `push` records the request (returning its record's index), `finish` fills
@@ -89,12 +159,27 @@ fn new_call<Req, Resp>(process: ProcessId, request: Req, sent_at_us: u64) -> Coo
     CoordinatorCall { process, request, sent_at_us, received_at_us: None, answer: None, hidden: false }
 }
 
-impl<T: CoordinatorTransport> CoordinatorTransport for RecordingTransport<T> {
+impl<T: CoordinatorTransport + Send + Sync + 'static> CoordinatorTransport for RecordingTransport<T> {
     async fn heartbeat(&self, req: HeartbeatRequest) -> Result<HeartbeatResponse, TransportError> {
         let process = self.process;
         let request = req.clone();
+        let delivery = self.delivery(&req);
+        let call = async {
+            match delivery {
+                Delivery::Once => self.inner.heartbeat(req).await,
+                Delivery::Duplicated { delay_ms } => {
+                    self.deliver_late(req.clone(), delay_ms);
+                    self.inner.heartbeat(req).await
+                }
+                Delivery::Deferred { delay_ms } => {
+                    self.deliver_late(req, delay_ms);
+                    tokio::time::sleep(self.timeout).await;
+                    Err(TransportError::Timeout)
+                }
+            }
+        };
         self.recorded(
-            self.inner.heartbeat(req),
+            call,
             |recorder, at| {
                 recorder.trace_verbose(process, || describe_heartbeat(&request));
                 let mut records = recorder.lock();

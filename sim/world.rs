@@ -23,7 +23,7 @@ use crate::plan::{NodeRef, Role};
 use crate::programs::{self, CoordinatorRegistry, Env, OperatorCommand};
 use crate::records::{Lifecycle, ProcessId};
 use crate::redis_node;
-use crate::transport::LossKnob;
+use crate::transport::TransportKnob;
 
 /// The coordinator Service (virtual) address.
 pub const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 100, 1);
@@ -50,7 +50,7 @@ pub struct World {
     pub net: Arc<NetSim>,
     pub slots: BTreeMap<NodeRef, Slot>,
     pub registry: CoordinatorRegistry,
-    pub loss: BTreeMap<NodeRef, LossKnob>,
+    pub loss: BTreeMap<NodeRef, TransportKnob>,
     leave: BTreeMap<NodeRef, Arc<Notify>>,
     operator: mpsc::UnboundedSender<OperatorCommand>,
     next_index: BTreeMap<Role, u32>,
@@ -172,7 +172,7 @@ impl World {
                 });
             }
             Role::Consumer => {
-                let (loss, leave) = (LossKnob::default(), Arc::new(Notify::new()));
+                let (loss, leave) = (TransportKnob::default(), Arc::new(Notify::new()));
                 self.loss.insert(node, loss.clone());
                 self.leave.insert(node, Arc::clone(&leave));
                 self.create(node, move |process| {
@@ -180,7 +180,7 @@ impl World {
                 });
             }
             Role::Producer => {
-                let loss = LossKnob::default();
+                let loss = TransportKnob::default();
                 self.loss.insert(node, loss.clone());
                 self.create(node, move |process| programs::producer(env.clone(), process, loss.clone()));
             }

@@ -14,8 +14,8 @@ use super::fault::{default_target, FAULT_KINDS};
 use super::node::InitialCounts;
 use super::param::Param;
 use super::{
-    Action, Durations, EntrySpec, Fault, Origin, Plan, PlanError, PlanSpec, RandomSpec, Scheduled, Topology, Tuning,
-    Workload,
+    Action, Durations, EntrySpec, Fault, Origin, Plan, PlanError, PlanSpec, Protocol, ProtocolSpec, RandomSpec,
+    Scheduled, Topology, Tuning, Workload,
 };
 
 /// Upper bounds that keep one seed's run small and its trace readable.
@@ -79,7 +79,12 @@ pub(super) fn draw(spec: &PlanSpec, seed: u64) -> Result<Plan, PlanError> {
         http_timeout_ms: u.http_timeout_ms.draw(rng, "tuning.http_timeout_ms")?.max(1),
         tick_interval_ms: u.tick_interval_ms.draw(rng, "tuning.tick_interval_ms")?.max(1),
         mutex_ttl_ms: u.mutex_ttl_ms.draw(rng, "tuning.mutex_ttl_ms")?.max(1),
-        protocol: u.protocol,
+        protocol: match u.protocol {
+            ProtocolSpec::Http => Protocol::Http,
+            ProtocolSpec::Rpc => Protocol::Rpc,
+            ProtocolSpec::Either if rng.gen_bool(0.5) => Protocol::Rpc,
+            ProtocolSpec::Either => Protocol::Http,
+        },
     };
     if tuning.latency_min_ms > tuning.latency_max_ms {
         return Err(invalid("tuning.latency_min_ms > latency_max_ms"));

@@ -39,6 +39,12 @@ pub enum Fault {
     /// The client's transport drops each coordinator response with `probability` after the
     /// coordinator produced it (the request was processed; the client sees a timeout).
     ResponseLoss { target: Target, probability: f64, duration_ms: u64 },
+    /// The client's heartbeats reach a coordinator late with `probability`: duplicated (delivered
+    /// again up to `delay_max_ms` later) or deferred (delivered only then; the client times out),
+    /// as behind a retrying L7 proxy or load balancer.
+    /// `joins = false` spares joins (epoch 0): a late duplicate join re-incarnates the member,
+    /// which then sees FENCED for as long as the fault lasts (joins carry no idempotency id yet).
+    StaleDelivery { target: Target, probability: f64, delay_max_ms: u64, joins: bool, duration_ms: u64 },
     /// 1 -> 2 -> 1: a new coordinator starts; after `overlap_ms` the oldest one enters terminating
     /// mode; after `propagation_ms` it leaves the Service; after `drain_ms` it is killed.
     RollingUpdate { overlap_ms: u64, propagation_ms: u64, drain_ms: u64 },
@@ -92,6 +98,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "redis-unsupported",
     "redis-write-drop",
     "redis-restart",
+    "stale-delivery",
 ];
 
 /// The default target of a kind when a random fault (or a plan entry without `target`) needs one.
@@ -102,6 +109,7 @@ pub fn default_target(kind: &str) -> Option<&'static str> {
         }
         "kill" => Some("consumer-?"),
         "response-loss" => Some("consumer-?|producer-?"),
+        "stale-delivery" => Some("consumer-?"),
         "clog-link" | "partition-link" => Some("consumer-?|coordinator-?|producer-?"),
         _ => None,
     }
@@ -180,6 +188,13 @@ impl Fault {
                 probability: p.f64("probability", Some(Param::Fixed(1.0)), rng)?,
                 duration_ms: p.u64("duration_ms", d, rng)?,
             },
+            "stale-delivery" => Fault::StaleDelivery {
+                target: target(rng)?,
+                probability: p.f64("probability", Some(Param::Range([0.2, 1.0])), rng)?,
+                delay_max_ms: p.u64("delay_max_ms", Some(Param::Range([200, 5_000])), rng)?,
+                joins: p.u64("joins", Some(Param::Fixed(1)), rng)? != 0,
+                duration_ms: p.u64("duration_ms", d, rng)?,
+            },
             "rolling-update" => Fault::RollingUpdate {
                 overlap_ms: p.u64("overlap_ms", Some(Param::Range([1_000, 10_000])), rng)?,
                 propagation_ms: p.u64("propagation_ms", Some(Param::Range([0, 3_000])), rng)?,
@@ -234,6 +249,7 @@ impl Fault {
             }
             Fault::PacketLoss { rate: p, .. }
             | Fault::ResponseLoss { probability: p, .. }
+            | Fault::StaleDelivery { probability: p, .. }
             | Fault::RedisWriteDrop { probability: p, .. }
                 if !(0.0..=1.0).contains(p) =>
             {
@@ -259,6 +275,7 @@ impl Fault {
             Fault::Restart { .. } => "restart",
             Fault::Pause { .. } => "pause",
             Fault::ResponseLoss { .. } => "response-loss",
+            Fault::StaleDelivery { .. } => "stale-delivery",
             Fault::RollingUpdate { .. } => "rolling-update",
             Fault::CoordinatorLoss { .. } => "coordinator-loss",
             Fault::RedisOutage { .. } => "redis-outage",
@@ -287,6 +304,7 @@ impl Fault {
             | Fault::ClogLink { duration_ms, .. }
             | Fault::Pause { duration_ms, .. }
             | Fault::ResponseLoss { duration_ms, .. }
+            | Fault::StaleDelivery { duration_ms, .. }
             | Fault::RedisOutage { duration_ms, .. }
             | Fault::RedisLatency { duration_ms, .. }
             | Fault::RedisUnsupported { duration_ms, .. }
@@ -351,6 +369,10 @@ impl fmt::Display for Fault {
             Fault::Restart { target, down_ms } => write!(f, "{target} down {down_ms}ms"),
             Fault::ResponseLoss { target, probability, duration_ms } => {
                 write!(f, "{target} p={probability:.2} for {duration_ms}ms")
+            }
+            Fault::StaleDelivery { target, probability, delay_max_ms, joins, duration_ms } => {
+                let joins = if *joins { "" } else { " (not joins)" };
+                write!(f, "{target} p={probability:.2} up to {delay_max_ms}ms late{joins} for {duration_ms}ms")
             }
             Fault::RollingUpdate { overlap_ms, propagation_ms, drain_ms } => {
                 write!(f, "overlap={overlap_ms}ms propagation={propagation_ms}ms drain={drain_ms}ms")

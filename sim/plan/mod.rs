@@ -153,9 +153,20 @@ pub struct TuningSpec {
     pub tick_interval_ms: Param<u64>,
     /// Coordinator mutex TTL.
     pub mutex_ttl_ms: Param<u64>,
-    /// How clients reach the coordinators: the production HTTP edge over simulated TCP, or a
-    /// lighter datagram protocol (faster; for very large seed sweeps).
-    pub protocol: Protocol,
+    /// How clients reach the coordinators: the production HTTP edge over simulated TCP, a
+    /// lighter datagram protocol (faster; for very large seed sweeps), or `either`, drawn per seed.
+    pub protocol: ProtocolSpec,
+}
+
+/// The protocol of a plan: one, or drawn from the seed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProtocolSpec {
+    #[default]
+    Http,
+    Rpc,
+    /// HTTP or the datagram protocol, with equal probability.
+    Either,
 }
 
 /// The client–coordinator protocol of a run.
@@ -178,7 +189,7 @@ impl Default for TuningSpec {
             http_timeout_ms: Param::Fixed(2_000),
             tick_interval_ms: Param::Range([100, 500]),
             mutex_ttl_ms: Param::Fixed(2_000),
-            protocol: Protocol::Http,
+            protocol: ProtocolSpec::Http,
         }
     }
 }
