@@ -156,6 +156,10 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// waiting. A newly started shard is first set up (consumer group ensured, the previous
     /// owner's pending entries claimed), then this consumer's own pending entries are redelivered,
     /// then new entries are read.
+    ///
+    /// Cancel-safe: if the future is dropped before it returns, entries it had already read are
+    /// abandoned (they stay pending at Redis and are redelivered), never left in flight where no
+    /// one could settle them — which would keep their shard from ever being reported REVOKED.
     pub async fn poll(&self, max: usize) -> Result<Vec<Delivery>, PollError> {
         let now_ms = self.shared.clock.now_ms();
         let plans = self.shared.with_core(|core| core.read_plans(now_ms));
@@ -163,25 +167,28 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             return Ok(Vec::new());
         }
         let start = self.shared.cursor.fetch_add(1, Ordering::Relaxed) % plans.len();
-        let mut out = Vec::new();
+        // Deliveries are in flight in the core from the moment a read returns; until they are
+        // handed to the caller they are abandoned if this future is dropped (cancel safety).
+        let mut out = Handed::new(&self.shared, Vec::new());
         let mut failure = None;
         for plan in plans.iter().cycle().skip(start).take(plans.len()) {
-            if out.len() >= max {
+            if out.deliveries.len() >= max {
                 break;
             }
-            match self.read_shard(*plan, max - out.len()).await {
-                Ok(mut delivered) => out.append(&mut delivered),
+            match self.read_shard(*plan, max - out.deliveries.len()).await {
+                Ok(delivered) => out.deliveries.extend(delivered),
                 Err(error) => failure = Some(error),
             }
         }
         match failure {
-            Some(error) if out.is_empty() => Err(PollError::Store(error)),
-            _ => Ok(out),
+            Some(error) if out.deliveries.is_empty() => Err(PollError::Store(error)),
+            _ => Ok(out.into_vec()),
         }
     }
 
     /// Like [`Consumer::poll`], but waits (pausing `poll_idle_ms` between empty reads) up to
-    /// `wait` for at least one entry.
+    /// `wait` for at least one entry. Cancel-safe like `poll`: dropping it (e.g. in a
+    /// `tokio::select!` with a shutdown signal) loses no entry and leaves no shard undrainable.
     pub async fn poll_wait(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, PollError> {
         let deadline = tokio::time::Instant::now() + wait;
         let idle = Duration::from_millis(self.shared.lock().config().poll_idle_ms.max(1));
@@ -239,7 +246,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                     let now_ms = self.shared.clock.now_ms();
                     let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
                     if !delivered.is_empty() || from == ReadFrom::New {
-                        return Ok(self.ack_trimmed(delivered).await);
+                        return Ok(self.ack_trimmed(Handed::new(&self.shared, delivered)).await);
                     }
                 }
             }
@@ -251,14 +258,17 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// fields (XADD never writes an entry without one): there is nothing to process, so they are
     /// acked here instead of being handed to the application. A failed ack leaves them in flight
     /// and delivered, so the application sees and settles them.
-    async fn ack_trimmed(&self, delivered: Vec<Delivery>) -> Vec<Delivery> {
-        let mut out = Vec::with_capacity(delivered.len());
-        for delivery in delivered {
-            if !delivery.entry.fields.is_empty() || self.ack(&delivery).await.is_err() {
-                out.push(delivery);
+    async fn ack_trimmed(&self, mut delivered: Handed<'_, T, S>) -> Vec<Delivery> {
+        let mut i = 0;
+        while i < delivered.deliveries.len() {
+            let trimmed = delivered.deliveries[i].entry.fields.is_empty();
+            if trimmed && self.ack(&delivered.deliveries[i].clone()).await.is_ok() {
+                delivered.deliveries.remove(i);
+            } else {
+                i += 1;
             }
         }
-        out
+        delivered.into_vec()
     }
 
     /// Acknowledges an entry (XACK). Refused once the lease ended or the entry was abandoned.
@@ -322,6 +332,41 @@ impl<T: CoordinatorTransport, S: StreamStore> Drop for Consumer<T, S> {
     fn drop(&mut self) {
         if let Some(task) = self.take_heartbeats() {
             task.abort();
+        }
+    }
+}
+
+/// Deliveries read from the store (in flight in the core) and not yet handed to the application.
+/// Dropped before [`Handed::into_vec`] (the poll future was cancelled), it abandons each of them.
+struct Handed<'a, T, S> {
+    shared: &'a Shared<T, S>,
+    deliveries: Vec<Delivery>,
+}
+
+impl<'a, T, S> Handed<'a, T, S> {
+    fn new(shared: &'a Shared<T, S>, deliveries: Vec<Delivery>) -> Self {
+        Self { shared, deliveries }
+    }
+
+    /// Hands the deliveries over: from now on they are the application's to settle.
+    fn into_vec(mut self) -> Vec<Delivery> {
+        std::mem::take(&mut self.deliveries)
+    }
+}
+
+impl<T, S> Drop for Handed<'_, T, S> {
+    fn drop(&mut self) {
+        if self.deliveries.is_empty() {
+            return;
+        }
+        let now_ms = self.shared.clock.now_ms();
+        let mut drained = false;
+        for delivery in &self.deliveries {
+            // Not in flight any more (the shard was lost meanwhile): nothing to give up.
+            drained |= self.shared.with_core(|core| core.abandon(now_ms, delivery)).unwrap_or(false);
+        }
+        if drained {
+            self.shared.wake.notify_one();
         }
     }
 }

@@ -191,6 +191,35 @@ async fn close_waits_for_the_drain_then_leaves_with_every_shard_revoked() {
     assert_eq!(consumer.status().phase, Phase::Left);
 }
 
+/// `poll` is cancel-safe: an application that races it against a shutdown signal (`select!`,
+/// `timeout`) drops it mid-read. Entries it had already read from one shard were in flight with no
+/// one to settle them, so that shard never drained and `close` never sent the leave.
+#[tokio::test]
+async fn a_cancelled_poll_leaves_nothing_in_flight_and_close_still_leaves() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let consumer = Arc::new(join("m1", &coordinator, &store, &sink, Arc::new(NoopListener)));
+    wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
+    // Both shards set up (claim and own-pending done), so every later read is one call.
+    publish(&store, 0, 1).await;
+    publish(&store, 1, 1).await;
+    for delivery in poll_n(&consumer, 2).await {
+        consumer.ack(&delivery).await.expect("ack");
+    }
+    publish(&store, 0, 2).await;
+    publish(&store, 1, 2).await;
+    store.set_latency_ms(60);
+    // The first shard's read (60 ms) delivers; the second one's is cut off half-way.
+    let cancelled = tokio::time::timeout(Duration::from_millis(90), consumer.poll(10)).await;
+    assert!(cancelled.is_err(), "the poll was cancelled mid-read");
+    store.set_latency_ms(0);
+    let abandoned = sink.events().iter().filter(|e| matches!(e, ClientEvent::EntryAbandoned { .. })).count();
+    assert_eq!(abandoned, 2, "the entries read before the cancel are given up, not left in flight");
+    let closed = tokio::time::timeout(Duration::from_secs(1), consumer.close()).await;
+    closed.expect("close does not wait for entries nobody holds").expect("clean close");
+    let last = coordinator.with(|s| s.heartbeats.last().cloned()).expect("heartbeats");
+    assert!(last.leave);
+}
+
 #[derive(Default)]
 struct Recorder {
     calls: std::sync::Mutex<Vec<(&'static str, Vec<ShardId>)>>,
