@@ -125,6 +125,8 @@ pub struct PlanSummary {
     pub lost_version_answers: usize,
     pub delivered_never_processed_max: usize,
     pub correction_rounds_by_cause: BTreeMap<&'static str, usize>,
+    /// The first seed (in run order) that produced each violation kind.
+    pub first_seed_by_kind: BTreeMap<&'static str, u64>,
 }
 
 impl PlanSummary {
@@ -134,6 +136,7 @@ impl PlanSummary {
         }
         for (kind, n) in count_by_kind(&outcome.findings) {
             *self.kinds.entry(kind).or_insert(0) += n;
+            self.first_seed_by_kind.entry(kind).or_insert(outcome.seed);
         }
         self.simulated += outcome.simulated;
         self.wall += outcome.wall;
@@ -329,17 +332,51 @@ fn replay(dir: &Path, name: &str, seed: u64) -> Result<bool, PlanError> {
     Ok(outcome.findings.is_empty())
 }
 
+/// Runs every planted-bug plan twice over `seeds`: with its planted bugs (all it lists) and as a
+/// control run without them. A plan passes when the planted run produced every kind it expects and
+/// no other, and the control run produced nothing (so the checkers fail for the bug, not for the
+/// scenario). Prints planted bug -> kinds -> the first seed that produced each.
 fn planted(dir: &Path, seeds: (u64, u64)) -> Result<bool, PlanError> {
-    let mut all_caught = true;
+    let mut all_ok = true;
     let mut summaries = Vec::new();
+    let mut rows = Vec::new();
     for name in plan_names(dir)?.into_iter().filter(|n| n.starts_with("planted-")) {
         let spec = load_plan(dir, &name)?;
         let summary = run_plan(&spec, seeds, false, false)?;
-        let caught = spec.expect.iter().all(|k| summary.kinds.contains_key(k.as_str()));
-        println!("{name}: expected {:?} -> {}", spec.expect, if caught { "caught" } else { "NOT CAUGHT" });
-        all_caught &= caught;
+        let mut control_spec = spec.clone();
+        control_spec.planted.clear();
+        control_spec.expect.clear();
+        println!("--- {name}: control run (planted bugs off; must be clean)");
+        let control = run_plan(&control_spec, seeds, false, false)?;
+        if !control.failed.is_empty() {
+            println!("  (a control run's REPRODUCE line needs --without-planted: cargo sim run {name} --seeds S..S+1 --without-planted)");
+        }
+        let missing: Vec<&str> =
+            spec.expect.iter().map(String::as_str).filter(|k| !summary.kinds.contains_key(k)).collect();
+        let unexpected: Vec<&str> =
+            summary.kinds.keys().copied().filter(|k| !spec.expect.iter().any(|e| e == k)).collect();
+        let ok = missing.is_empty() && unexpected.is_empty() && control.failed.is_empty();
+        let verdict = match (missing.is_empty(), unexpected.is_empty(), control.failed.is_empty()) {
+            (true, true, true) => "caught; control clean".to_string(),
+            _ => format!(
+                "FAILED: missing {missing:?}, unexpected {unexpected:?}, control failed on seeds {:?}",
+                control.failed
+            ),
+        };
+        println!("{name}: expected {:?} -> {verdict}", spec.expect);
+        let bugs: Vec<String> = spec.planted.iter().map(|b| format!("{b:?}")).collect();
+        let kinds: Vec<String> =
+            summary.first_seed_by_kind.iter().map(|(k, seed)| format!("{k} (seed {seed})")).collect();
+        rows.push((bugs.join("+"), kinds.join(", "), summary.failed.len(), control.failed.len()));
+        all_ok &= ok;
         summaries.push(summary);
+        summaries.push(control);
     }
     print_table(&summaries);
-    Ok(all_caught)
+    println!();
+    println!("{:<36} {:>13} {:>8}  kinds produced (first seed)", "planted bug", "failing seeds", "control");
+    for (bugs, kinds, failing, control) in rows {
+        println!("{bugs:<36} {failing:>13} {control:>8}  {kinds}");
+    }
+    Ok(all_ok)
 }

@@ -57,9 +57,9 @@ pub fn sim_group() -> GroupId {
     GroupId::new("sim", "g")
 }
 
+/// Every planted bug the plan lists.
 fn planted(plan: &Plan) -> PlantedBugs {
-    // `PlantedBugs` holds one bug at a time in its public API; plans list at most one.
-    plan.planted.first().map_or(PlantedBugs::NONE, |b| PlantedBugs::only(*b))
+    plan.planted.iter().fold(PlantedBugs::NONE, |bugs, bug| bugs.with(*bug))
 }
 
 /// The simulation itself (the supervisor task of the runtime).

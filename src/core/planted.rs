@@ -58,6 +58,11 @@ impl PlantedBugs {
         PlantedBugs(1 << bug as u16)
     }
 
+    /// This set plus `bug`.
+    pub fn with(self, bug: PlantedBug) -> Self {
+        PlantedBugs(self.0 | 1 << bug as u16)
+    }
+
     pub fn has(self, bug: PlantedBug) -> bool {
         self.0 & (1 << bug as u16) != 0
     }
