@@ -82,7 +82,7 @@ contract_suite!(
     contract_touch_and_load,
     contract_touch_and_check_unchanged_and_changed,
     contract_touch_and_check_leaves_no_key_for_a_vanished_group,
-    contract_delete_if_revision,
+    contract_delete_if_stamp,
     contract_mutex,
     contract_index_and_rebuild,
     contract_identity_and_probe,

@@ -7,7 +7,7 @@ use rsc::store::keys;
 use rsc::store::redis::{RedisStore, RedisStoreOptions};
 use rsc::store::{MetadataStore, ReadFrom, StoreError, StreamStore, WriteOutcome};
 
-use crate::metadata::{cas, create, group};
+use crate::metadata::{cas, create, group, stored};
 use crate::support::{RedisServer, ServerConfig, TcpProxy};
 
 fn options(timeout_ms: u64) -> RedisStoreOptions {
@@ -61,7 +61,7 @@ async fn layout_matches_keys_rs_and_metadata_has_no_ttl() {
     let members: Vec<String> = redis::from_redis_value(server.cmd(&["SMEMBERS", keys::INDEX_KEY])).expect("set");
     assert_eq!(members, ["orders:v1:billing"]);
     // A later CAS write keeps the metadata free of a TTL too.
-    assert_eq!(store.write(&g, cas(1, "{}")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    assert_eq!(store.write(&g, cas(&stored(&store, &g).await, "{}")).await, Ok(WriteOutcome::Written { revision: 2 }));
     assert_eq!(server.cmd(&["PTTL", &metadata]), redis::Value::Int(-1));
 }
 
@@ -93,7 +93,10 @@ async fn restart_changes_identity_keeps_persisted_data_and_the_store_reconnects(
     assert_ne!(after.run_id, before.run_id, "a restart is visible as a new run_id");
     assert_eq!(after.run_id, server.run_id());
     // Scripts are reloaded transparently (the new process has an empty script cache).
-    assert_eq!(store.write(&group(), cas(1, "after")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    assert_eq!(
+        store.write(&group(), cas(&record.cas_stamp(), "after")).await,
+        Ok(WriteOutcome::Written { revision: 2 })
+    );
 }
 
 #[tokio::test]
@@ -107,7 +110,8 @@ async fn failover_to_a_lagging_replica_loses_the_suffix_and_changes_identity() {
     let before = store.identity().await.expect("identity");
 
     link.pause();
-    assert_eq!(store.write(&group(), cas(1, "v2")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    let v1 = stored(&store, &group()).await;
+    assert_eq!(store.write(&group(), cas(&v1, "v2")).await, Ok(WriteOutcome::Written { revision: 2 }));
     replica.promote();
     front.set_target(replica.port());
     front.cut();
@@ -117,7 +121,7 @@ async fn failover_to_a_lagging_replica_loses_the_suffix_and_changes_identity() {
     let after = store.identity().await.expect("identity");
     assert_ne!(after.replication_id, before.replication_id);
     assert_ne!(after.run_id, before.run_id);
-    assert_eq!(store.write(&group(), cas(1, "v2'")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    assert_eq!(store.write(&group(), cas(&record.cas_stamp(), "v2'")).await, Ok(WriteOutcome::Written { revision: 2 }));
 }
 
 /// Runs `call` and checks it failed as `Unavailable` within the deadline plus some slack.
