@@ -66,8 +66,8 @@ mod bench {
     use rsc::service::{Coordinator, CoordinatorOptions};
     use rsc::store::redis::{RedisStore, RedisStoreOptions};
     use rsc::store::{
-        MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck, TouchResult,
-        WriteOutcome, WriteRequest,
+        CasStamp, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck,
+        TouchResult, WriteOutcome, WriteRequest,
     };
 
     /// What one invocation measures.
@@ -539,7 +539,7 @@ mod bench {
         touch_and_check(group: &GroupId, member: &str, known: &RecordStamp) -> TouchCheck;
         liveness(group: &GroupId) -> BTreeMap<MemberId, u64>;
         write(group: &GroupId, request: WriteRequest) -> WriteOutcome;
-        delete(group: &GroupId, expected_revision: u64) -> WriteOutcome;
+        delete(group: &GroupId, expected: &CasStamp) -> WriteOutcome;
         acquire_mutex(group: &GroupId, token: &str, ttl_ms: u64) -> bool;
         release_mutex(group: &GroupId, token: &str) -> bool;
         index_add(group: &GroupId) -> ();

@@ -24,8 +24,8 @@ use madsim::net::Endpoint;
 use rsc::core::model::{GroupId, MemberId};
 use rsc::store::memory::MemoryStore;
 use rsc::store::{
-    EntryId, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError, StoredRecord, StreamEntry,
-    StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, EntryId, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError, StoredRecord,
+    StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 
 use crate::records::{AckEvent, AddEvent, ProcessId, ReadEvent, ReadKind, Recorder, Us};
@@ -43,7 +43,7 @@ pub enum Command {
     TouchAndCheck(GroupId, MemberId, RecordStamp),
     Liveness(GroupId),
     Write(GroupId, WriteRequest),
-    Delete(GroupId, u64),
+    Delete(GroupId, CasStamp),
     AcquireMutex(GroupId, String, u64),
     ReleaseMutex(GroupId, String),
     IndexAdd(GroupId),
@@ -66,8 +66,11 @@ impl Command {
             Command::TouchAndLoad(_, m) => format!("TOUCH+LOAD {m}"),
             Command::TouchAndCheck(_, m, known) => format!("TOUCH+CHECK {m} r{} {}", known.revision, known.write_id),
             Command::Liveness(_) => "LIVENESS".into(),
-            Command::Write(_, w) => format!("WRITE expect={:?}", w.expected_revision),
-            Command::Delete(_, r) => format!("DELETE expect={r}"),
+            Command::Write(_, w) => match &w.expected {
+                Some(expected) => format!("WRITE expect={expected}"),
+                None => "WRITE create".into(),
+            },
+            Command::Delete(_, expected) => format!("DELETE expect={expected}"),
             Command::AcquireMutex(_, t, _) => format!("MUTEX+ {t}"),
             Command::ReleaseMutex(_, t) => format!("MUTEX- {t}"),
             Command::IndexAdd(_) => "SADD index".into(),
@@ -141,7 +144,7 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
         Command::TouchAndCheck(g, m, known) => Box::new(store.touch_and_check(&g, &m, &known).await),
         Command::Liveness(g) => Box::new(store.liveness(&g).await),
         Command::Write(g, w) => Box::new(store.write(&g, w).await),
-        Command::Delete(g, r) => Box::new(store.delete(&g, r).await),
+        Command::Delete(g, expected) => Box::new(store.delete(&g, &expected).await),
         Command::AcquireMutex(g, t, ttl) => Box::new(store.acquire_mutex(&g, &t, ttl).await),
         Command::ReleaseMutex(g, t) => Box::new(store.release_mutex(&g, &t).await),
         Command::IndexAdd(g) => Box::new(store.index_add(&g).await),
@@ -281,8 +284,8 @@ impl MetadataStore for RemoteStore {
         self.call(Command::Write(group.clone(), request)).await
     }
 
-    async fn delete(&self, group: &GroupId, expected_revision: u64) -> Result<WriteOutcome, StoreError> {
-        self.call(Command::Delete(group.clone(), expected_revision)).await
+    async fn delete(&self, group: &GroupId, expected: &CasStamp) -> Result<WriteOutcome, StoreError> {
+        self.call(Command::Delete(group.clone(), expected.clone())).await
     }
 
     async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {

@@ -6,6 +6,8 @@
 
 #[path = "service/races.rs"]
 mod races;
+#[path = "service/stalled.rs"]
+mod stalled;
 
 use std::time::Duration;
 

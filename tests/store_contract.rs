@@ -1,11 +1,13 @@
 //! The store contract: one generic case per behaviour (`contract_<case>` in
-//! `store_contract/{metadata,streams,touch_check}.rs`), each run unchanged against
+//! `store_contract/{metadata,stamp,streams,touch_check}.rs`), each run unchanged against
 //! - `RedisStore` on its own freshly spawned `redis-server` (module `redis_store`),
 //! - `RedisStore` as an ACL user without FLUSHDB/FLUSHALL (module `redis_acl_store`), which
 //!   proves the least-privilege user the seed recommends can run everything the store needs,
 //! - `MemoryStore`, the simulation's fake (module `memory_store`),
 //!
-//! so the fake cannot drift from real Redis. `store_contract/redis_only.rs` holds what only a real
+//! so the fake cannot drift from real Redis. Cases that need a revision lost and written again
+//! (`stamp.rs`) also take the store's way of making that loss: by hand on a real server, by the
+//! fake's rollback fault in the fake. `store_contract/redis_only.rs` holds what only a real
 //! server can show (layout on the wire, restart, failover, dead and hung servers, renamed and
 //! ACL-denied commands).
 //!
@@ -23,6 +25,8 @@ mod metadata;
 mod redis_only;
 #[path = "store_contract/sentinel.rs"]
 mod sentinel;
+#[path = "store_contract/stamp.rs"]
+mod stamp;
 #[path = "store_contract/streams.rs"]
 mod streams;
 #[path = "store_contract/tls.rs"]
@@ -31,6 +35,7 @@ mod tls;
 mod touch_check;
 
 pub use metadata::*;
+pub use stamp::*;
 pub use streams::*;
 pub use touch_check::*;
 
@@ -82,7 +87,8 @@ contract_suite!(
     contract_touch_and_load,
     contract_touch_and_check_unchanged_and_changed,
     contract_touch_and_check_leaves_no_key_for_a_vanished_group,
-    contract_delete_if_revision,
+    contract_delete_if_stamp,
+    contract_a_write_needs_a_write_id,
     contract_mutex,
     contract_index_and_rebuild,
     contract_identity_and_probe,
@@ -94,6 +100,49 @@ contract_suite!(
     contract_maxlen,
     contract_missing_group_errors,
 );
+
+/// Instantiates every case that needs a lost-and-rewritten revision once per store, with that
+/// store's way of making the loss.
+macro_rules! contract_loss_suite {
+    ($($case:ident),* $(,)?) => {
+        mod redis_store_after_loss {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let server = crate::support::RedisServer::start();
+                    let options = rsc::store::redis::RedisStoreOptions::default();
+                    let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
+                    crate::$case(&store, &crate::HandRewrite(&server)).await;
+                }
+            )*
+        }
+
+        mod redis_acl_store_after_loss {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let server = crate::support::RedisServer::start();
+                    let url = server.create_acl_user("coordinator", "contract-pw");
+                    let options = rsc::store::redis::RedisStoreOptions::default();
+                    let store = rsc::store::redis::RedisStore::connect(&url, options).await.expect("connect");
+                    crate::$case(&store, &crate::HandRewrite(&server)).await;
+                }
+            )*
+        }
+
+        mod memory_store_after_loss {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let store = rsc::store::memory::MemoryStore::new(0x5eed);
+                    crate::$case(&store, &crate::RollbackRewrite(store.clone())).await;
+                }
+            )*
+        }
+    };
+}
+
+contract_loss_suite!(contract_a_lost_and_rewritten_revision_refuses_the_old_stamp);
 
 #[tokio::test]
 async fn redis_store_probe_names_a_renamed_command() {

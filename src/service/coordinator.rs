@@ -1,8 +1,9 @@
 //! [`Coordinator`]: the workflow around the pure core (seed: "Redis-recorded state machine").
 //!
 //! Every mutation runs: local monitor -> shutdown gate -> Redis mutex -> load -> validate ->
-//! decide (pure) -> revision-CAS write -> respond from what was written. A heartbeat that changes
-//! nothing answers from one consistent read (the liveness touch + load script) without the mutex.
+//! decide (pure) -> write conditioned on the loaded record's whole stamp (revision and writeId)
+//! -> respond from what was written. A heartbeat that changes nothing answers from one
+//! consistent read (the liveness touch + load script) without the mutex.
 //! The coordinator never answers with a decision that is not in the store, never rebuilds missing
 //! metadata, and never overwrites metadata it cannot parse.
 //!
@@ -345,7 +346,16 @@ impl<S: MetadataStore> Coordinator<S> {
             }
             AdminRequest::DeleteGroup { expected_revision, .. } => {
                 let _entered = self.inner.gate.enter()?;
-                let deleted = self.inner.store.delete(&group, *expected_revision).await;
+                // The operator names a revision, and revisions repeat after a rollback: delete the
+                // write stored at that revision now, conditioned on its whole stamp, so a write
+                // made after this read (even one of the same revision) is never deleted.
+                let loaded = self.inner.store.load(&group).await.map_err(|e| self.group_store_error(&group, e))?;
+                let deleted = match loaded {
+                    Some(record) if record.revision == *expected_revision => {
+                        self.inner.store.delete(&group, &record.cas_stamp()).await
+                    }
+                    other => Ok(WriteOutcome::RevisionConflict { current: other.map(|r| r.revision) }),
+                };
                 match deleted.map_err(|e| self.group_store_error(&group, e))? {
                     WriteOutcome::Written { .. } => {
                         self.inner.cache.forget(&group);
@@ -354,9 +364,10 @@ impl<S: MetadataStore> Coordinator<S> {
                         local.reads.forget(&group);
                     }
                     WriteOutcome::RevisionConflict { current } => {
+                        let rewritten = if current == Some(*expected_revision) { " (rewritten meanwhile)" } else { "" };
                         return Err(ApiError::new(
                             ErrorCode::RevisionConflict,
-                            format!("expected revision {expected_revision}, stored {current:?}"),
+                            format!("expected revision {expected_revision}, stored {current:?}{rewritten}"),
                         ));
                     }
                     WriteOutcome::LivenessChanged { .. } => {

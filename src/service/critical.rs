@@ -1,7 +1,9 @@
 //! The critical section and the coordinator's small helpers: local monitor -> shutdown gate ->
-//! Redis mutex -> load -> decide -> revision-CAS write. The mutex is an optimisation that keeps
-//! coordinators from wasting CAS attempts; the revision CAS is what keeps a stalled holder's write
-//! out (it fails and is retried against fresh state).
+//! Redis mutex -> load -> decide -> conditional write. The mutex is an optimisation that keeps
+//! coordinators from wasting CAS attempts; the write condition is what keeps a stalled holder's
+//! write out (it fails and is retried against fresh state). The condition is the loaded record's
+//! whole stamp, revision and writeId: revisions repeat after a rollback, so a holder that loaded
+//! revision r before a loss must not write over another write of r made after it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, MutexGuard};
@@ -18,7 +20,8 @@ use crate::store::{MetadataStore, StoreError, StoredRecord, WriteOutcome, WriteR
 
 impl<S: MetadataStore> Coordinator<S> {
     /// Runs one critical section: `decide(state, revision, observations)` against fresh state,
-    /// writes its next state with a revision CAS, and returns its outcome only once written.
+    /// writes its next state conditioned on the loaded record's stamp, and returns its outcome
+    /// only once written.
     pub(super) async fn critical<R>(
         &self,
         group: &GroupId,
@@ -72,7 +75,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 return Err(ApiError::new(ErrorCode::Internal, "refused to record an invalid state"));
             }
             let request = WriteRequest {
-                expected_revision: record.as_ref().map(|r| r.revision),
+                expected: record.as_ref().map(StoredRecord::cas_stamp),
                 aggregate: encode(&next)?,
                 schema_version: SCHEMA_VERSION,
                 layout_version: LAYOUT_VERSION,
@@ -106,7 +109,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 }
                 WriteOutcome::RevisionConflict { .. } => self.inner.metrics.inc(
                     "rsc_metadata_revision_conflicts_total",
-                    "Metadata writes that lost the revision CAS and were retried.",
+                    "Metadata writes whose loaded (revision, writeId) was no longer stored; retried.",
                     vec![("group", group.to_string())],
                 ),
                 WriteOutcome::LivenessChanged { .. } => self.inner.metrics.inc(
@@ -118,7 +121,7 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         self.inner.metrics.inc(
             "rsc_metadata_cas_give_ups_total",
-            "Critical sections abandoned after cas_attempts_max lost revision CAS races (answered STORE_UNAVAILABLE).",
+            "Critical sections abandoned after cas_attempts_max lost CAS races (answered STORE_UNAVAILABLE).",
             vec![("group", group.to_string())],
         );
         Err(ApiError::new(ErrorCode::StoreUnavailable, "group metadata kept changing; retry"))

@@ -1,8 +1,10 @@
 //! The metadata and stream stores: the only place the coordinator and the clients touch Redis.
 //!
-//! [`MetadataStore`] is the narrow contract the coordinator needs (consistent load, revision CAS,
-//! mutex, liveness, index, server identity, compatibility probe). [`StreamStore`] is what the
-//! consumer and producer libraries need (XADD, XREADGROUP, XACK, XAUTOCLAIM). Two implementations
+//! [`MetadataStore`] is the narrow contract the coordinator needs (consistent load, a write and a
+//! delete conditioned on the whole stamp `(revision, writeId)` of the write they were computed
+//! from ([`CasStamp`]), mutex, liveness, index, server identity, compatibility probe).
+//! [`StreamStore`] is what the consumer and producer libraries need (XADD, XREADGROUP, XACK,
+//! XAUTOCLAIM). Two implementations
 //! keep the same contract, proven by `tests/store_contract.rs`:
 //! - `RedisStore` (real Redis via the `redis` crate; not built under `--cfg madsim`),
 //! - `MemoryStore` (in-memory fake with fault knobs, for the simulation and unit tests).
@@ -31,7 +33,8 @@ pub enum StoreError {
     /// The server rejected a command this layout needs (unknown, disabled, or ACL-denied).
     #[error("store command unsupported: {command}: {detail}")]
     Unsupported { command: String, detail: String },
-    /// The server answered something the contract does not allow (a bug or a foreign key).
+    /// The server answered something the contract does not allow (a bug or a foreign key), or the
+    /// caller asked for something it does not allow (a write without a `writeId`; nothing was sent).
     #[error("unexpected store reply: {0}")]
     Protocol(String),
     /// The store's client settings are invalid (a malformed URL, an unreadable or invalid TLS
@@ -86,13 +89,19 @@ pub struct StoredRecord {
     /// `updatedAt`: display only (milliseconds since the Unix epoch of the writer's wall clock).
     pub updated_at_ms: u64,
     /// `writeId`: a random id the writer chose for this write (empty when the field is absent, as
-    /// in a hash written by hand). Revisions can repeat after a silent rollback (revision r lost,
-    /// then written again with other content), so (revision, writeId) is what identifies one
-    /// write; a decoded copy of the aggregate is reused only while both match ([`RecordStamp`]).
+    /// in a hash written by hand or by a build older than `writeId`). Revisions can repeat after a
+    /// rollback (revision r lost, then written again with other content), so (revision, writeId)
+    /// is what identifies one write: a write or delete is conditioned on both ([`CasStamp`]), and a
+    /// decoded copy of the aggregate is reused only while both match ([`RecordStamp`]).
     pub write_id: String,
 }
 
 impl StoredRecord {
+    /// The condition for a write or delete computed from this record.
+    pub fn cas_stamp(&self) -> CasStamp {
+        CasStamp { revision: self.revision, write_id: self.write_id.clone() }
+    }
+
     /// The stamp of this write, or `None` when it has no `writeId` (then it cannot be cached).
     pub fn stamp(&self) -> Option<RecordStamp> {
         (!self.write_id.is_empty()).then(|| RecordStamp {
@@ -125,16 +134,55 @@ impl RecordStamp {
     }
 }
 
+/// The condition of a conditional write or delete: the `(revision, writeId)` of the write the
+/// caller loaded and computed from. The store applies the request only if the metadata key holds
+/// exactly that write; otherwise it changes nothing and answers `RevisionConflict`.
+///
+/// Why both: revisions repeat. A failover or silent rollback loses revisions r..r+k-1 and new
+/// writes then make those revisions again with other content. A coordinator that loaded r before
+/// the loss and writes after it would, with a revision-only condition, record a state computed
+/// from lost history (wiping a correction round, reusing a lost `metadataVersion`). The new write
+/// of r has another `writeId`, so the full condition refuses it.
+///
+/// Records without a `writeId` (written before the field existed, or by hand): `write_id` is
+/// empty, and an empty expected `writeId` matches only a stored record whose `writeId` field is
+/// absent (or empty, which a read cannot tell apart from absent) at the expected revision. This is
+/// safe because the stores refuse to write an empty `writeId`: every write by this build carries
+/// a fresh one, so a lost id-less revision rewritten by this build no longer matches, and a
+/// record written by this build never matches an id-less expectation. What it cannot catch is an
+/// id-less revision lost and rewritten id-less, i.e. by hand or by a pre-`writeId` build still
+/// writing during a rolling update (which conditions its own writes on the revision alone anyway).
+/// The alternatives are worse: an empty id matching any stored id lets exactly the ABA above
+/// through, and an empty id matching nothing would leave every pre-`writeId` group unwritable.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CasStamp {
+    pub revision: u64,
+    /// Empty: the stored `writeId` field must be absent (or empty).
+    pub write_id: String,
+}
+
+impl std::fmt::Display for CasStamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.write_id.is_empty() {
+            write!(f, "revision {} (no writeId)", self.revision)
+        } else {
+            write!(f, "revision {} (writeId {})", self.revision, self.write_id)
+        }
+    }
+}
+
 /// A conditional write of the metadata key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WriteRequest {
-    /// `None`: create, only if the key does not exist. `Some(r)`: only if the stored revision is r.
-    pub expected_revision: Option<u64>,
+    /// `None`: create, only if the key does not exist. `Some(stamp)`: only if the key holds the
+    /// write `stamp` names (see [`CasStamp`]).
+    pub expected: Option<CasStamp>,
     pub aggregate: String,
     pub schema_version: u32,
     pub layout_version: u32,
     pub updated_at_ms: u64,
-    /// Stored as `writeId`; must be unique per write (the coordinator draws 64 random bits).
+    /// Stored as `writeId`; must be unique per write (the coordinator draws 64 random bits) and is
+    /// never empty (the stores refuse an empty one: see [`CasStamp`] for why).
     pub write_id: String,
     /// Each (member, value): the member's liveness counter must still equal value (absent = 0).
     /// This makes an expiry decision atomic with the heartbeats it did not see.
@@ -143,12 +191,23 @@ pub struct WriteRequest {
     pub liveness_remove: Vec<MemberId>,
 }
 
+impl WriteRequest {
+    /// The check both stores make before sending anything: a write must carry a `writeId`.
+    pub(crate) fn check(&self) -> Result<(), StoreError> {
+        if self.write_id.is_empty() {
+            return Err(StoreError::Protocol("a metadata write needs a non-empty writeId".into()));
+        }
+        Ok(())
+    }
+}
+
 /// Result of a conditional write or delete.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WriteOutcome {
     /// Written; the new revision (`expected + 1`, or 1 on create). 0 after a delete.
     Written { revision: u64 },
-    /// The revision did not match; `current` is the stored revision (`None`: key absent).
+    /// The stored write is not the expected one; `current` is the stored revision (`None`: key
+    /// absent). It may equal the expected revision: that revision was lost and written again.
     RevisionConflict { current: Option<u64> },
     /// A liveness guard failed: a heartbeat arrived after the decision was computed.
     LivenessChanged { member: MemberId },
@@ -215,18 +274,21 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Every member's liveness counter.
     fn liveness(&self, group: &GroupId) -> impl Future<Output = Result<BTreeMap<MemberId, u64>, StoreError>> + Send;
 
-    /// Conditional write (revision CAS + liveness guards), atomically.
+    /// Conditional write, atomically: the stored write must be `request.expected` (the whole
+    /// [`CasStamp`]), then every liveness guard must hold. A request with an empty `write_id` is
+    /// refused with `Protocol` before anything is sent.
     fn write(
         &self,
         group: &GroupId,
         request: WriteRequest,
     ) -> impl Future<Output = Result<WriteOutcome, StoreError>> + Send;
 
-    /// Deletes the metadata key, the liveness key and the index entry if the revision matches.
+    /// Deletes the metadata key, the liveness key and the index entry if the key holds the write
+    /// `expected` names (the whole [`CasStamp`]).
     fn delete(
         &self,
         group: &GroupId,
-        expected_revision: u64,
+        expected: &CasStamp,
     ) -> impl Future<Output = Result<WriteOutcome, StoreError>> + Send;
 
     /// `SET mutex token NX PX ttl`; true when acquired.

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use rsc::core::model::MemberId;
 use rsc::store::{
-    ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck, TouchResult, WriteOutcome,
-    WriteRequest,
+    CasStamp, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck, TouchResult,
+    WriteOutcome, WriteRequest,
 };
 use tokio::sync::oneshot;
 
@@ -67,8 +67,8 @@ impl MetadataStore for HeldStore {
     async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
         self.inner.write(group, request).await
     }
-    async fn delete(&self, group: &GroupId, expected_revision: u64) -> Result<WriteOutcome, StoreError> {
-        self.inner.delete(group, expected_revision).await
+    async fn delete(&self, group: &GroupId, expected: &CasStamp) -> Result<WriteOutcome, StoreError> {
+        self.inner.delete(group, expected).await
     }
     async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
         self.inner.acquire_mutex(group, token, ttl_ms).await

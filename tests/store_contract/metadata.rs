@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use rsc::core::model::GroupId;
-use rsc::store::{MetadataStore, StoreError, StoredRecord, StreamStore, WriteOutcome, WriteRequest};
+use rsc::store::{CasStamp, MetadataStore, StoreError, StoredRecord, StreamStore, WriteOutcome, WriteRequest};
 
 /// A group whose prefix contains ':' (allowed; the group name may not).
 pub fn group() -> GroupId {
@@ -18,7 +18,7 @@ pub fn write_id() -> String {
 
 pub fn create(aggregate: &str) -> WriteRequest {
     WriteRequest {
-        expected_revision: None,
+        expected: None,
         aggregate: aggregate.to_string(),
         schema_version: 1,
         layout_version: 1,
@@ -29,8 +29,19 @@ pub fn create(aggregate: &str) -> WriteRequest {
     }
 }
 
-pub fn cas(expected: u64, aggregate: &str) -> WriteRequest {
-    WriteRequest { expected_revision: Some(expected), ..create(aggregate) }
+/// A write of `aggregate` conditioned on `expected`, as the coordinator writes after a load.
+pub fn cas(expected: &CasStamp, aggregate: &str) -> WriteRequest {
+    WriteRequest { expected: Some(expected.clone()), ..create(aggregate) }
+}
+
+/// The stamp of the write `group` holds now (what a coordinator's load would condition on).
+pub async fn stored<S: MetadataStore>(store: &S, group: &GroupId) -> CasStamp {
+    store.load(group).await.expect("load").expect("a record").cas_stamp()
+}
+
+/// A stamp no store holds at `revision` (no write ever used this id).
+pub fn never_written(revision: u64) -> CasStamp {
+    CasStamp { revision, write_id: "never-written".into() }
 }
 
 fn written(revision: u64) -> WriteOutcome {
@@ -63,21 +74,28 @@ pub async fn contract_create_only_if_absent<S: MetadataStore + StreamStore + Clo
 
 pub async fn contract_cas_success_and_conflict<S: MetadataStore + StreamStore + Clone>(store: &S) {
     let g = group();
-    assert_eq!(store.write(&g, cas(1, "x")).await, Ok(WriteOutcome::RevisionConflict { current: None }));
+    let conflict = |current| Ok(WriteOutcome::RevisionConflict { current });
+    assert_eq!(store.write(&g, cas(&never_written(1), "x")).await, conflict(None));
     assert_eq!(store.write(&g, create("v1")).await, Ok(written(1)));
-    assert_eq!(store.write(&g, cas(1, "v2")).await, Ok(written(2)));
-    assert_eq!(store.write(&g, cas(2, "v3")).await, Ok(written(3)));
+    assert_eq!(store.write(&g, cas(&stored(store, &g).await, "v2")).await, Ok(written(2)));
+    let v2 = stored(store, &g).await;
+    assert_eq!(store.write(&g, cas(&v2, "v3")).await, Ok(written(3)));
     // A stale writer (it read revision 2) loses and learns the current revision.
-    assert_eq!(store.write(&g, cas(2, "stale")).await, Ok(WriteOutcome::RevisionConflict { current: Some(3) }));
-    assert_eq!(store.write(&g, cas(4, "ahead")).await, Ok(WriteOutcome::RevisionConflict { current: Some(3) }));
+    assert_eq!(store.write(&g, cas(&v2, "stale")).await, conflict(Some(3)));
+    assert_eq!(store.write(&g, cas(&never_written(4), "ahead")).await, conflict(Some(3)));
+    // The stored revision under another writeId, or under none, is another write.
+    assert_eq!(store.write(&g, cas(&never_written(3), "same revision")).await, conflict(Some(3)));
+    let no_id = CasStamp { revision: 3, write_id: String::new() };
+    assert_eq!(store.write(&g, cas(&no_id, "same revision")).await, conflict(Some(3)));
     let record = store.load(&g).await.expect("load").expect("record");
     assert_eq!((record.revision, record.aggregate.as_str()), (3, "v3"));
 
     // Racing writers that all read revision 3: exactly one wins, the others see 4.
+    let v3 = record.cas_stamp();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..10 {
-        let (store, g) = (store.clone(), g.clone());
-        tasks.spawn(async move { store.write(&g, cas(3, &format!("racer {i}"))).await });
+        let (store, g, v3) = (store.clone(), g.clone(), v3.clone());
+        tasks.spawn(async move { store.write(&g, cas(&v3, &format!("racer {i}"))).await });
     }
     let mut outcomes = Vec::new();
     while let Some(joined) = tasks.join_next().await {
@@ -91,6 +109,7 @@ pub async fn contract_cas_success_and_conflict<S: MetadataStore + StreamStore + 
 pub async fn contract_liveness_guard_failure_writes_nothing<S: MetadataStore + StreamStore + Clone>(store: &S) {
     let g = group();
     assert_eq!(store.write(&g, create("v1")).await, Ok(written(1)));
+    let v1 = stored(store, &g).await;
     assert_eq!(store.touch_and_load(&g, "m1").await.map(|t| t.liveness), Ok(1));
     let before = store.load(&g).await.expect("load");
 
@@ -98,22 +117,22 @@ pub async fn contract_liveness_guard_failure_writes_nothing<S: MetadataStore + S
     let stale = WriteRequest {
         liveness_guards: vec![("m2".into(), 0), ("m1".into(), 0)],
         liveness_remove: vec!["m1".into()],
-        ..cas(1, "expire m1")
+        ..cas(&v1, "expire m1")
     };
     assert_eq!(store.write(&g, stale).await, Ok(WriteOutcome::LivenessChanged { member: "m1".into() }));
     assert_eq!(store.load(&g).await.expect("load"), before);
     assert_eq!(store.liveness(&g).await, Ok(BTreeMap::from([("m1".to_string(), 1)])));
 
     // An absent member's counter is 0, so a guard expecting 3 fails.
-    let absent = WriteRequest { liveness_guards: vec![("ghost".into(), 3)], ..cas(1, "x") };
+    let absent = WriteRequest { liveness_guards: vec![("ghost".into(), 3)], ..cas(&v1, "x") };
     assert_eq!(store.write(&g, absent).await, Ok(WriteOutcome::LivenessChanged { member: "ghost".into() }));
 
-    // The revision is checked before the guards.
-    let both_stale = WriteRequest { liveness_guards: vec![("m1".into(), 0)], ..cas(7, "x") };
+    // The write condition is checked before the guards.
+    let both_stale = WriteRequest { liveness_guards: vec![("m1".into(), 0)], ..cas(&never_written(7), "x") };
     assert_eq!(store.write(&g, both_stale).await, Ok(WriteOutcome::RevisionConflict { current: Some(1) }));
 
     // Guards that match (absent = 0) let the write through.
-    let fresh = WriteRequest { liveness_guards: vec![("m1".into(), 1), ("ghost".into(), 0)], ..cas(1, "v2") };
+    let fresh = WriteRequest { liveness_guards: vec![("m1".into(), 1), ("ghost".into(), 0)], ..cas(&v1, "v2") };
     assert_eq!(store.write(&g, fresh).await, Ok(written(2)));
     assert_eq!(store.load(&g).await.expect("load").map(|r| r.aggregate), Some("v2".to_string()));
 }
@@ -128,11 +147,11 @@ pub async fn contract_liveness_removal<S: MetadataStore + StreamStore + Clone>(s
     }
     assert_eq!(store.touch_and_load(&g, "member-007").await.map(|t| t.liveness), Ok(2));
     let remove: Vec<String> = members.iter().filter(|m| m.as_str() != "member-007").cloned().collect();
-    let request = WriteRequest { liveness_remove: remove, ..cas(1, "v2") };
+    let request = WriteRequest { liveness_remove: remove, ..cas(&stored(store, &g).await, "v2") };
     assert_eq!(store.write(&g, request).await, Ok(written(2)));
     assert_eq!(store.liveness(&g).await, Ok(BTreeMap::from([("member-007".to_string(), 2)])));
     // Removing a member that has no counter is not an error.
-    let request = WriteRequest { liveness_remove: vec!["nobody".into()], ..cas(2, "v3") };
+    let request = WriteRequest { liveness_remove: vec!["nobody".into()], ..cas(&stored(store, &g).await, "v3") };
     assert_eq!(store.write(&g, request).await, Ok(written(3)));
     assert_eq!(store.liveness(&g).await.map(|l| l.len()), Ok(1));
 }
@@ -166,22 +185,24 @@ pub async fn contract_touch_and_load<S: MetadataStore + StreamStore + Clone>(sto
     assert_eq!(store.liveness(&g).await, Ok(expected));
 }
 
-pub async fn contract_delete_if_revision<S: MetadataStore + StreamStore + Clone>(store: &S) {
+pub async fn contract_delete_if_stamp<S: MetadataStore + StreamStore + Clone>(store: &S) {
     let g = group();
     let other = GroupId::new("other", "g");
-    assert_eq!(store.delete(&g, 1).await, Ok(WriteOutcome::RevisionConflict { current: None }));
+    assert_eq!(store.delete(&g, &never_written(1)).await, Ok(WriteOutcome::RevisionConflict { current: None }));
     for group in [&g, &other] {
         assert_eq!(store.write(group, create("v1")).await, Ok(written(1)));
         store.index_add(group).await.expect("index add");
         store.touch_and_load(group, "m1").await.expect("touch");
     }
-    assert_eq!(store.write(&g, cas(1, "v2")).await, Ok(written(2)));
+    let v1 = stored(store, &g).await;
+    assert_eq!(store.write(&g, cas(&v1, "v2")).await, Ok(written(2)));
     assert!(store.acquire_mutex(&g, "holder", 60_000).await.expect("mutex"));
 
-    assert_eq!(store.delete(&g, 1).await, Ok(WriteOutcome::RevisionConflict { current: Some(2) }));
+    assert_eq!(store.delete(&g, &v1).await, Ok(WriteOutcome::RevisionConflict { current: Some(2) }));
+    assert_eq!(store.delete(&g, &never_written(2)).await, Ok(WriteOutcome::RevisionConflict { current: Some(2) }));
     assert_eq!(store.load(&g).await.expect("load").map(|r| r.revision), Some(2));
 
-    assert_eq!(store.delete(&g, 2).await, Ok(WriteOutcome::Written { revision: 0 }));
+    assert_eq!(store.delete(&g, &stored(store, &g).await).await, Ok(WriteOutcome::Written { revision: 0 }));
     assert_eq!(store.load(&g).await, Ok(None));
     assert_eq!(store.liveness(&g).await, Ok(BTreeMap::new()));
     assert_eq!(store.index_members().await, Ok(vec![other.clone()]));
@@ -252,7 +273,7 @@ pub async fn contract_index_and_rebuild<S: MetadataStore + StreamStore + Clone>(
     assert_eq!(store.rebuild_index().await, Ok(vec![a.clone(), b.clone()]));
     assert_eq!(store.index_members().await, Ok(vec![a.clone(), b.clone(), c.clone()]));
 
-    assert_eq!(store.delete(&b, 1).await, Ok(WriteOutcome::Written { revision: 0 }));
+    assert_eq!(store.delete(&b, &stored(store, &b).await).await, Ok(WriteOutcome::Written { revision: 0 }));
     assert_eq!(store.rebuild_index().await, Ok(vec![a.clone()]));
     assert_eq!(store.index_members().await, Ok(vec![a, c]));
 }

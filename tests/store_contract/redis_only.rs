@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use rsc::store::keys;
 use rsc::store::redis::{RedisStore, RedisStoreOptions};
-use rsc::store::{MetadataStore, ReadFrom, StoreError, StreamStore, WriteOutcome};
+use rsc::store::{CasStamp, MetadataStore, ReadFrom, StoreError, StreamStore, WriteOutcome};
 
-use crate::metadata::{cas, create, group};
+use crate::metadata::{cas, create, group, stored};
 use crate::support::{RedisServer, ServerConfig, TcpProxy};
 
 fn options(timeout_ms: u64) -> RedisStoreOptions {
@@ -61,7 +61,7 @@ async fn layout_matches_keys_rs_and_metadata_has_no_ttl() {
     let members: Vec<String> = redis::from_redis_value(server.cmd(&["SMEMBERS", keys::INDEX_KEY])).expect("set");
     assert_eq!(members, ["orders:v1:billing"]);
     // A later CAS write keeps the metadata free of a TTL too.
-    assert_eq!(store.write(&g, cas(1, "{}")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    assert_eq!(store.write(&g, cas(&stored(&store, &g).await, "{}")).await, Ok(WriteOutcome::Written { revision: 2 }));
     assert_eq!(server.cmd(&["PTTL", &metadata]), redis::Value::Int(-1));
 }
 
@@ -93,7 +93,10 @@ async fn restart_changes_identity_keeps_persisted_data_and_the_store_reconnects(
     assert_ne!(after.run_id, before.run_id, "a restart is visible as a new run_id");
     assert_eq!(after.run_id, server.run_id());
     // Scripts are reloaded transparently (the new process has an empty script cache).
-    assert_eq!(store.write(&group(), cas(1, "after")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    assert_eq!(
+        store.write(&group(), cas(&record.cas_stamp(), "after")).await,
+        Ok(WriteOutcome::Written { revision: 2 })
+    );
 }
 
 #[tokio::test]
@@ -107,7 +110,9 @@ async fn failover_to_a_lagging_replica_loses_the_suffix_and_changes_identity() {
     let before = store.identity().await.expect("identity");
 
     link.pause();
-    assert_eq!(store.write(&group(), cas(1, "v2")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    let v1 = stored(&store, &group()).await;
+    assert_eq!(store.write(&group(), cas(&v1, "v2")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    let lost = stored(&store, &group()).await;
     replica.promote();
     front.set_target(replica.port());
     front.cut();
@@ -117,7 +122,54 @@ async fn failover_to_a_lagging_replica_loses_the_suffix_and_changes_identity() {
     let after = store.identity().await.expect("identity");
     assert_ne!(after.replication_id, before.replication_id);
     assert_ne!(after.run_id, before.run_id);
-    assert_eq!(store.write(&group(), cas(1, "v2'")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    assert_eq!(store.write(&group(), cas(&record.cas_stamp(), "v2'")).await, Ok(WriteOutcome::Written { revision: 2 }));
+
+    // Revision 2 exists again, as another write: anything decided on the lost one is refused.
+    let rewritten = store.load(&group()).await.expect("load").expect("record");
+    assert_eq!((rewritten.revision, rewritten.aggregate.as_str()), (2, "v2'"));
+    let conflict = Ok(WriteOutcome::RevisionConflict { current: Some(2) });
+    assert_eq!(store.write(&group(), cas(&lost, "decided on the lost v2")).await, conflict);
+    assert_eq!(store.delete(&group(), &lost).await, conflict);
+    assert_eq!(store.load(&group()).await, Ok(Some(rewritten)), "nothing changed");
+}
+
+/// Records written before `writeId` existed (or by hand) have no `writeId` field. They stay
+/// writable: an expected empty writeId matches an absent (or empty) field at the expected revision.
+/// Every write by this build adds an id, so an id-less expectation never matches a write made
+/// since, and an expected id never matches an id-less record.
+#[tokio::test]
+async fn a_record_without_a_write_id_is_written_and_deleted_on_its_revision_alone_until_rewritten() {
+    let server = RedisServer::start();
+    let store = store_for(&server.url()).await;
+    let g = group();
+    let key = keys::metadata_key(&g);
+    let conflict = |revision| Ok(WriteOutcome::RevisionConflict { current: Some(revision) });
+    store.write(&g, create("v1")).await.expect("create");
+    let with_id = stored(&store, &g).await;
+    server.cmd(&["HDEL", &key, "writeId"]); // as a pre-writeId build left it
+    let legacy = stored(&store, &g).await;
+    assert_eq!(legacy, CasStamp { revision: 1, write_id: String::new() });
+
+    assert_eq!(store.write(&g, cas(&with_id, "x")).await, conflict(1), "an id never matches an absent field");
+    assert_eq!(store.delete(&g, &with_id).await, conflict(1));
+    assert_eq!(store.write(&g, cas(&legacy, "v2")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    assert_eq!(text(server.cmd(&["HGET", &key, "writeId"])), stored(&store, &g).await.write_id, "now with an id");
+
+    // The id-less revision 2 is lost and revision 2 written again by this build (with an id): a
+    // writer that loaded the id-less record is refused.
+    server.cmd(&["HDEL", &key, "writeId"]);
+    let lost = stored(&store, &g).await;
+    server.cmd(&["HSET", &key, "writeId", "rewritten", "aggregate", "v2, another write"]);
+    let rewritten = store.load(&g).await.expect("load");
+    assert_eq!(store.write(&g, cas(&lost, "computed from the lost v2")).await, conflict(2));
+    assert_eq!(store.delete(&g, &lost).await, conflict(2));
+    assert_eq!(store.load(&g).await.expect("load"), rewritten, "nothing changed");
+
+    // An empty writeId field reads as no writeId, and the condition treats it the same way.
+    server.cmd(&["HSET", &key, "writeId", ""]);
+    assert_eq!(stored(&store, &g).await, CasStamp { revision: 2, write_id: String::new() });
+    assert_eq!(store.delete(&g, &lost).await, Ok(WriteOutcome::Written { revision: 0 }));
+    assert_eq!(store.load(&g).await, Ok(None));
 }
 
 /// Runs `call` and checks it failed as `Unavailable` within the deadline plus some slack.

@@ -68,7 +68,8 @@ async fn follow_failover(outage: Outage) {
     let store = RedisStore::connect("redis://mymaster", options(&sentinel, None)).await.expect("connect via Sentinel");
     let g = group();
     assert_eq!(store.write(&g, create("v1")).await, Ok(WriteOutcome::Written { revision: 1 }));
-    assert_eq!(store.load(&g).await.expect("load").expect("record").revision, 1);
+    let v1 = store.load(&g).await.expect("load").expect("record");
+    assert_eq!(v1.revision, 1);
     let before = store.identity().await.expect("identity");
     assert_eq!(before.run_id, primary.run_id(), "Sentinel led the store to the primary");
     // Replication is asynchronous: wait until the replica holds the record, so the test is about
@@ -127,7 +128,8 @@ async fn follow_failover(outage: Outage) {
     assert_eq!(after.run_id, replica.run_id(), "the store now talks to the promoted replica");
     assert_ne!(after.run_id, before.run_id);
     assert_ne!(after.replication_id, before.replication_id, "promotion starts a new replication history");
-    assert_eq!(bounded(store.write(&g, cas(1, "v2"))).await, Ok(WriteOutcome::Written { revision: 2 }));
+    assert_eq!(bounded(store.write(&g, cas(&v1.cas_stamp(), "v2"))).await, Ok(WriteOutcome::Written { revision: 2 }));
+    let v2 = bounded(store.load(&g)).await.expect("load").expect("record").cas_stamp();
     store.ensure_group("orders:v1:0", "billing").await.expect("streams work on the new master");
 
     if outage == Outage::Hang {
@@ -139,7 +141,7 @@ async fn follow_failover(outage: Outage) {
             assert!(Instant::now() < deadline, "Sentinel never demoted the old primary:\n{}", sentinel.log_tail());
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert_eq!(bounded(store.write(&g, cas(2, "v3"))).await, Ok(WriteOutcome::Written { revision: 3 }));
+        assert_eq!(bounded(store.write(&g, cas(&v2, "v3"))).await, Ok(WriteOutcome::Written { revision: 3 }));
         assert_eq!(bounded(store.identity()).await.expect("identity").run_id, replica.run_id());
     }
 }

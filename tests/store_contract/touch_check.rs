@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use rsc::store::{MetadataStore, RecordStamp, StreamStore, TouchCheck, TouchResult, WriteOutcome};
 
-use crate::metadata::{cas, create, group};
+use crate::metadata::{cas, create, group, stored};
 
 fn stamp_of(record: &Option<rsc::store::StoredRecord>) -> RecordStamp {
     record.as_ref().and_then(|r| r.stamp()).expect("a written record has a stamp")
@@ -23,7 +23,7 @@ pub async fn contract_touch_and_check_unchanged_and_changed<S: MetadataStore + S
     assert_eq!(store.touch_and_check(&g, "m1", &known).await, Ok(TouchCheck::Unchanged { liveness: 2 }));
 
     // A new write: the record comes back in full, read after the increment.
-    assert_eq!(store.write(&g, cas(1, "v2")).await, Ok(WriteOutcome::Written { revision: 2 }));
+    assert_eq!(store.write(&g, cas(&stored(store, &g).await, "v2")).await, Ok(WriteOutcome::Written { revision: 2 }));
     let v2 = store.load(&g).await.expect("load");
     let expected = TouchCheck::Changed(TouchResult { liveness: 3, record: v2.clone() });
     assert_eq!(store.touch_and_check(&g, "m1", &known).await, Ok(expected));
@@ -49,7 +49,7 @@ pub async fn contract_touch_and_check_leaves_no_key_for_a_vanished_group<S: Meta
     assert_eq!(store.write(&g, create("v1")).await, Ok(WriteOutcome::Written { revision: 1 }));
     let known = stamp_of(&store.load(&g).await.expect("load"));
     assert_eq!(store.touch_and_check(&g, "m1", &known).await, Ok(TouchCheck::Unchanged { liveness: 1 }));
-    assert_eq!(store.delete(&g, 1).await, Ok(WriteOutcome::Written { revision: 0 }));
+    assert_eq!(store.delete(&g, &stored(store, &g).await).await, Ok(WriteOutcome::Written { revision: 0 }));
 
     // A coordinator still holding the deleted group's stamp: the record is reported gone and
     // no liveness hash survives the call (the pipelined HINCRBY recreated it; it is removed).

@@ -2,7 +2,8 @@
 //! index, with the rollback journal, and the `MetadataStore` operations on them.
 //!
 //! This module owns the semantics each operation must share with the Lua scripts and commands of
-//! `RedisStore` (revision CAS, liveness guards, `SET NX PX`, compare-and-delete, `SADD`/`SCAN`).
+//! `RedisStore` (the (revision, writeId) write condition, liveness guards, `SET NX PX`,
+//! compare-and-delete, `SADD`/`SCAN`).
 //! It never sleeps, never fails for fault reasons (that is the call plumbing's job) and never
 //! touches the shard streams. Invariant: every state change made by a client call goes through a
 //! `put_*` method, which records the prior value in the call's [`Change`]; so the journal can undo
@@ -12,7 +13,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::core::model::{GroupId, MemberId};
 use crate::store::keys;
-use crate::store::{RecordStamp, StoreError, StoredRecord, TouchCheck, TouchResult, WriteOutcome, WriteRequest};
+use crate::store::{
+    CasStamp, RecordStamp, StoreError, StoredRecord, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
+};
 
 use super::history::HistoryKind;
 use super::Inner;
@@ -216,12 +219,26 @@ impl Inner {
         self.keys.liveness.get(group).cloned().unwrap_or_default()
     }
 
-    /// Checks, in this order: the revision CAS, then each liveness guard in request order. Only
-    /// when all pass is anything written (all five fields, then the liveness removals); a create
-    /// then adds the group to the index.
+    /// The write condition, as both scripts check it: the stored record is the write `expected`
+    /// names, revision and writeId (an empty expected writeId matches only a record without one;
+    /// see [`CasStamp`]). Revisions alone repeat after a rollback.
+    fn holds(&self, group: &GroupId, expected: &CasStamp) -> bool {
+        self.keys
+            .metadata
+            .get(group)
+            .is_some_and(|record| record.revision == expected.revision && record.write_id == expected.write_id)
+    }
+
+    /// Checks, in this order: the write condition (absent key for a create, else the whole stamp),
+    /// then each liveness guard in request order. Only when all pass is anything written (all six
+    /// fields, then the liveness removals); a create then adds the group to the index.
     pub(super) fn write(&mut self, group: &GroupId, request: WriteRequest) -> WriteOutcome {
         let current = self.keys.metadata.get(group).map(|record| record.revision);
-        if current != request.expected_revision {
+        let condition_holds = match &request.expected {
+            None => current.is_none(),
+            Some(expected) => self.holds(group, expected),
+        };
+        if !condition_holds {
             return WriteOutcome::RevisionConflict { current };
         }
         for (member, expected) in &request.liveness_guards {
@@ -259,10 +276,11 @@ impl Inner {
         WriteOutcome::Written { revision }
     }
 
-    /// Deletes metadata and liveness when the stored revision is `expected`, then the index entry.
-    pub(super) fn delete(&mut self, group: &GroupId, expected_revision: u64) -> WriteOutcome {
-        let current = self.keys.metadata.get(group).map(|record| record.revision);
-        if current != Some(expected_revision) {
+    /// Deletes metadata and liveness when the stored record is the write `expected` names (the
+    /// same condition as `write`), then the index entry.
+    pub(super) fn delete(&mut self, group: &GroupId, expected: &CasStamp) -> WriteOutcome {
+        if !self.holds(group, expected) {
+            let current = self.keys.metadata.get(group).map(|record| record.revision);
             return WriteOutcome::RevisionConflict { current };
         }
         let mut change = Change::default();
@@ -272,7 +290,7 @@ impl Inner {
             self.keys.put_liveness(&mut change, group, &member, None);
         }
         self.journal.push(change);
-        let kind = HistoryKind::Deleted { group: group.clone(), revision: expected_revision };
+        let kind = HistoryKind::Deleted { group: group.clone(), revision: expected.revision };
         self.record(kind, vec![(group.clone(), None)]);
         self.separate_index_command("SREM", group, false);
         WriteOutcome::Written { revision: 0 }

@@ -57,10 +57,13 @@
 //! - Connection refused / reset / timeout / LOADING / READONLY: `StoreError::Unavailable`.
 //!
 //! # Semantics worth knowing
-//! - `write`: the revision CAS is checked first (`RevisionConflict { current }`), then each
-//!   liveness guard in request order (`LivenessChanged` for the first that differs, absent = 0);
-//!   only then are the five fields written and `liveness_remove` fields deleted.
-//! - A create (`write` with `expected_revision: None`) also adds the group to the index; `delete`
+//! - `write`: the write condition is checked first — the whole stamp (revision and writeId, see
+//!   [`CasStamp`](crate::store::CasStamp)), never the revision alone — and fails as
+//!   `RevisionConflict { current }`; then each liveness guard in request order (`LivenessChanged`
+//!   for the first that differs, absent = 0); only then are the six fields written and
+//!   `liveness_remove` fields deleted. An empty `write_id` is refused with `Protocol` before the
+//!   call (RedisStore sends nothing). `delete` has the same stamp condition.
+//! - A create (`write` with `expected: None`) also adds the group to the index; `delete`
 //!   removes the metadata key, the liveness key and then the index entry, not the mutex. The
 //!   index update is a separate journaled write (RedisStore sends it as its own command).
 //! - `touch_and_load` does not increment when the metadata key is absent (the script checks
@@ -91,8 +94,8 @@ use tokio::time::Instant;
 
 use crate::core::model::{GroupId, MemberId};
 use crate::store::{
-    EntryId, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError, StoredRecord, StreamEntry,
-    StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, EntryId, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError, StoredRecord,
+    StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 
 pub use faults::{OutageMode, RollbackMode, CORRUPT_AGGREGATE};
@@ -410,11 +413,13 @@ impl MetadataStore for MemoryStore {
     }
 
     async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
+        // Refused before anything is sent, as RedisStore does: no latency, no outage applies.
+        request.check()?;
         self.call(&["EVALSHA", "EXISTS", "HGET", "HSET", "HDEL"], |inner| Ok(inner.write(group, request))).await
     }
 
-    async fn delete(&self, group: &GroupId, expected_revision: u64) -> Result<WriteOutcome, StoreError> {
-        self.call(&["EVALSHA", "HGET", "DEL"], |inner| Ok(inner.delete(group, expected_revision))).await
+    async fn delete(&self, group: &GroupId, expected: &CasStamp) -> Result<WriteOutcome, StoreError> {
+        self.call(&["EVALSHA", "HGET", "DEL"], |inner| Ok(inner.delete(group, expected))).await
     }
 
     async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {

@@ -5,10 +5,10 @@
 //! connections for blocking reads (`XREADGROUP ... BLOCK`), which would otherwise stall every
 //! command queued behind them on the shared connection.
 //! Never: waits without a deadline, retries a command on its own (a command that timed out may
-//! still have run; the caller's retry decides, and every write is a revision CAS), or keeps a
-//! connection that failed, timed out, or answered READONLY / MASTERDOWN (a demoted master or a
-//! replica) — the next call connects afresh (through Sentinel: to the master it names now), which
-//! is how the store follows a restarted or failed-over server.
+//! still have run; the caller's retry decides, and every write is conditioned on the stamp it was
+//! computed from), or keeps a connection that failed, timed out, or answered READONLY /
+//! MASTERDOWN (a demoted master or a replica) — the next call connects afresh (through Sentinel:
+//! to the master it names now), which is how the store follows a restarted or failed-over server.
 
 use std::future::Future;
 use std::time::Duration;

@@ -13,8 +13,8 @@ use super::RedisStore;
 use crate::core::model::{GroupId, MemberId};
 use crate::store::keys;
 use crate::store::{
-    MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck, TouchResult,
-    WriteOutcome, WriteRequest,
+    CasStamp, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck,
+    TouchResult, WriteOutcome, WriteRequest,
 };
 
 /// Upper bound on SCAN round trips of one `rebuild_index` (a limit on everything; at COUNT 1000
@@ -100,20 +100,22 @@ impl MetadataStore for RedisStore {
     }
 
     async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
-        let (expected, next) = match request.expected_revision {
-            None => (String::new(), 1),
+        request.check()?;
+        let (expected_revision, expected_write_id, next) = match &request.expected {
+            None => (String::new(), "", 1),
             Some(expected) => {
-                let next = expected
-                    .checked_add(1)
-                    .ok_or_else(|| StoreError::Protocol(format!("revision {expected} cannot be incremented")))?;
-                (expected.to_string(), next)
+                let next = expected.revision.checked_add(1).ok_or_else(|| {
+                    StoreError::Protocol(format!("revision {} cannot be incremented", expected.revision))
+                })?;
+                (expected.revision.to_string(), expected.write_id.as_str(), next)
             }
         };
         let mut invocation = self.inner.scripts.write.prepare_invoke();
         invocation
             .key(keys::metadata_key(group))
             .key(keys::liveness_key(group))
-            .arg(expected)
+            .arg(expected_revision)
+            .arg(expected_write_id)
             .arg(next)
             .arg(&request.aggregate)
             .arg(request.schema_version)
@@ -129,7 +131,7 @@ impl MetadataStore for RedisStore {
         }
         let reply = self.invoke("write script", invocation).await?;
         let outcome = parse_write(&reply)?;
-        if request.expected_revision.is_none() && matches!(outcome, WriteOutcome::Written { .. }) {
+        if request.expected.is_none() && matches!(outcome, WriteOutcome::Written { .. }) {
             // After the create, not inside the script: the index key has no hash tag. If this
             // SADD fails the group exists but is not indexed until `rebuild_index` runs — the
             // index is never truth, so the write still succeeded and is reported as written.
@@ -140,9 +142,13 @@ impl MetadataStore for RedisStore {
         Ok(outcome)
     }
 
-    async fn delete(&self, group: &GroupId, expected_revision: u64) -> Result<WriteOutcome, StoreError> {
+    async fn delete(&self, group: &GroupId, expected: &CasStamp) -> Result<WriteOutcome, StoreError> {
         let mut invocation = self.inner.scripts.delete.prepare_invoke();
-        invocation.key(keys::metadata_key(group)).key(keys::liveness_key(group)).arg(expected_revision);
+        invocation
+            .key(keys::metadata_key(group))
+            .key(keys::liveness_key(group))
+            .arg(expected.revision)
+            .arg(&expected.write_id);
         let reply = self.invoke("delete script", invocation).await?;
         let outcome = parse_delete(&reply)?;
         if matches!(outcome, WriteOutcome::Written { .. }) {

@@ -8,22 +8,25 @@
 //! waits without a deadline, or puts a password into an error. Never built under `--cfg madsim`
 //! (the simulation uses `MemoryStore`).
 //! Invariant: each metadata method is one atomic server-side step (one command or one Lua
-//! script), so the revision CAS is the safety even when two coordinators race.
+//! script), so the write condition — the whole stamp `(revision, writeId)` — is the safety even
+//! when two coordinators race or a stalled one writes after a rollback.
 //!
 //! Decisions (the same as `MemoryStore`'s; the contract suite in `tests/store_contract.rs` pins
 //! them for both stores):
-//! - `write` checks the revision, then each liveness guard in request order (absent = 0); a failed
-//!   check writes nothing. A create (`expected_revision: None`) fails with
-//!   `RevisionConflict { current }` when the key exists. A key without a `revision` field, or a
-//!   partially written hash, is `Layout` (never overwritten).
+//! - `write` checks the stamp (revision and writeId; an expected empty writeId matches an absent
+//!   field, see `CasStamp`), then each liveness guard in request order (absent = 0); a failed
+//!   check writes nothing. A request with an empty `write_id` is `Protocol`, nothing sent. A
+//!   create (`expected: None`) fails with `RevisionConflict { current }` when the key exists. A
+//!   key without a `revision` field, or a partially written hash, is `Layout` (never
+//!   overwritten).
 //! - `touch_and_check` pipelines HINCRBY + HMGET of the stamp fields; it returns the full record
 //!   only when the stamp differs, and deletes a liveness hash it may have created for an absent
 //!   metadata key (forget-liveness script).
 //! - `touch_and_load` increments the counter only when the metadata key exists; for an absent key
 //!   it writes nothing and returns `liveness: 0, record: None`, so heartbeats for made-up groups
 //!   cannot create keys.
-//! - `delete` removes the metadata and liveness keys (one script) and then the index entry; the
-//!   mutex is left to its holder.
+//! - `delete` checks the stamp as `write` does, removes the metadata and liveness keys (one
+//!   script) and then the index entry; the mutex is left to its holder.
 //! - The index is updated with separate commands after a successful create (SADD) or delete
 //!   (SREM): the index key has no hash tag, so it cannot join a Cluster-safe script, and it is
 //!   never truth. `rebuild_index` SCANs the metadata keys and SADDs every group found (it does not

@@ -169,7 +169,7 @@ impl RedisStore {
         };
 
         let mut write = scripts.write.prepare_invoke();
-        write.key(&meta).key(&live).arg("").arg(1).arg("{}").arg(1).arg(1).arg(0).arg("probe").arg(0);
+        write.key(&meta).key(&live).arg("").arg("").arg(1).arg("{}").arg(1).arg(1).arg(0).arg("probe").arg(0);
         let reply = self.invoke("write script", write).await?;
         expect("write script", &reply, super::scripts::parse_write(&reply).is_ok())?;
 
@@ -180,9 +180,11 @@ impl RedisStore {
         expect("touch script", &reply, touched)?;
 
         let mut delete = scripts.delete.prepare_invoke();
-        delete.key(&meta).key(&live).arg(1);
+        delete.key(&meta).key(&live).arg(1).arg("probe");
         let reply = self.invoke("delete script", delete).await?;
-        expect("delete script", &reply, super::scripts::parse_delete(&reply).is_ok())?;
+        // The stamp the write above stored: the delete takes its success path (its DEL runs).
+        let deleted = matches!(super::scripts::parse_delete(&reply), Ok(crate::store::WriteOutcome::Written { .. }));
+        expect("delete script", &reply, deleted)?;
 
         let mut forget = scripts.forget_liveness.prepare_invoke();
         forget.key(&meta).key(&live);

@@ -16,14 +16,16 @@ use ::redis::{Script, Value};
 use crate::core::model::MemberId;
 use crate::store::{keys, StoreError, StoredRecord, WriteOutcome};
 
-/// Revision CAS write with liveness guards and removals.
+/// Conditional write with liveness guards and removals.
 ///
 /// KEYS: metadata hash, liveness hash. ARGV: expected revision (`""` = create only if absent),
-/// new revision, aggregate, schemaVersion, layoutVersion, updatedAt, writeId, guard count G, G
-/// pairs (member, counter), then the members to remove from the liveness hash.
+/// expected writeId (`""` = the field must be absent or empty), new revision, aggregate,
+/// schemaVersion, layoutVersion, updatedAt, writeId, guard count G, G pairs (member, counter),
+/// then the members to remove from the liveness hash.
 /// Reply: `{"ok", rev}` | `{"conflict", current-or-nil}` | `{"liveness", member}` | `{"corrupt"}`.
-/// The revision check comes first: a stale decision is reported as a conflict even when a guard
-/// would also fail.
+/// The write condition is the whole stamp (revision and writeId, see `CasStamp`): revisions
+/// repeat after a rollback, the writeId of a rewritten revision does not. It is checked first: a
+/// stale decision is reported as a conflict even when a guard would also fail.
 const WRITE: &str = r#"
 local exists = redis.call('EXISTS', KEYS[1]) == 1
 local current = redis.call('HGET', KEYS[1], 'revision')
@@ -34,21 +36,21 @@ if ARGV[1] == '' then
   if exists then
     return {'conflict', current}
   end
-elseif current ~= ARGV[1] then
+elseif current ~= ARGV[1] or (redis.call('HGET', KEYS[1], 'writeId') or '') ~= ARGV[2] then
   return {'conflict', current}
 end
-local guards = tonumber(ARGV[8])
+local guards = tonumber(ARGV[9])
 for i = 0, guards - 1 do
-  local member = ARGV[9 + 2 * i]
+  local member = ARGV[10 + 2 * i]
   local seen = redis.call('HGET', KEYS[2], member) or '0'
-  if seen ~= ARGV[10 + 2 * i] then
+  if seen ~= ARGV[11 + 2 * i] then
     return {'liveness', member}
   end
 end
-redis.call('HSET', KEYS[1], 'aggregate', ARGV[3], 'revision', ARGV[2], 'schemaVersion', ARGV[4],
-  'layoutVersion', ARGV[5], 'updatedAt', ARGV[6], 'writeId', ARGV[7])
+redis.call('HSET', KEYS[1], 'aggregate', ARGV[4], 'revision', ARGV[3], 'schemaVersion', ARGV[5],
+  'layoutVersion', ARGV[6], 'updatedAt', ARGV[7], 'writeId', ARGV[8])
 local batch = {}
-for i = 9 + 2 * guards, #ARGV do
+for i = 10 + 2 * guards, #ARGV do
   batch[#batch + 1] = ARGV[i]
   if #batch == 200 then
     redis.call('HDEL', KEYS[2], unpack(batch))
@@ -58,7 +60,7 @@ end
 if #batch > 0 then
   redis.call('HDEL', KEYS[2], unpack(batch))
 end
-return {'ok', ARGV[2]}
+return {'ok', ARGV[3]}
 "#;
 
 /// Heartbeat without a cached copy: reads the metadata fields and, only when the metadata key
@@ -87,11 +89,12 @@ end
 return 0
 "#;
 
-/// Delete-if-revision. KEYS: metadata hash, liveness hash. ARGV: expected revision.
-/// Reply: `{"ok"}` | `{"conflict", current-or-nil}`.
+/// Delete-if-stamp: the same condition as a write (revision and writeId, see `CasStamp`).
+/// KEYS: metadata hash, liveness hash. ARGV: expected revision, expected writeId (`""` = the field
+/// must be absent or empty). Reply: `{"ok"}` | `{"conflict", current-or-nil}`.
 const DELETE: &str = r#"
 local current = redis.call('HGET', KEYS[1], 'revision')
-if current ~= ARGV[1] then
+if current ~= ARGV[1] or (redis.call('HGET', KEYS[1], 'writeId') or '') ~= ARGV[2] then
   return {'conflict', current}
 end
 redis.call('DEL', KEYS[1], KEYS[2])

@@ -1,6 +1,6 @@
 //! Every fault knob, each against the behaviour it must produce.
 
-use super::{group, other_group, put, request};
+use super::{group, other_group, put, request, stamp};
 use crate::core::model::GroupId;
 use crate::store::memory::{HistoryKind, IdentityCause, MemoryStore, OutageMode, RollbackMode, CORRUPT_AGGREGATE};
 use crate::store::{MetadataStore, StoreError, StreamStore, WriteOutcome};
@@ -37,7 +37,7 @@ async fn drop_pattern(seed: u64) -> Vec<bool> {
     store.set_write_drop_probability(0.5);
     let mut applied = Vec::new();
     for i in 0..32 {
-        let current = store.peek_record(&g).map(|r| r.revision);
+        let current = store.peek_record(&g).map(|r| r.cas_stamp());
         store.write(&g, request(current, &i.to_string())).await.expect("write");
         applied.push(store.peek_record(&g).is_some_and(|r| r.aggregate == i.to_string()));
     }
@@ -130,7 +130,7 @@ async fn outage_errors_fail_every_call_until_healed() {
     put(&store, &g, "a").await;
     store.set_outage(Some(OutageMode::Errors));
     assert!(matches!(store.load(&g).await, Err(StoreError::Unavailable(_))));
-    assert!(matches!(store.write(&g, request(Some(1), "b")).await, Err(StoreError::Unavailable(_))));
+    assert!(matches!(store.write(&g, request(Some(stamp(1, "a")), "b")).await, Err(StoreError::Unavailable(_))));
     assert!(matches!(store.xadd("s", vec![("k".into(), b"v".to_vec())], None).await, Err(StoreError::Unavailable(_))));
     assert!(matches!(store.probe().await, Err(StoreError::Unavailable(_))));
     store.set_outage(None);
@@ -196,7 +196,7 @@ async fn unsupported_commands_fail_the_methods_that_need_them_and_the_probe() {
     store.set_unsupported("HSET");
     assert_eq!(store.load(&g).await, Err(unsupported("HMGET")));
     assert_eq!(store.touch_and_load(&g, "m1").await, Err(unsupported("HMGET")));
-    assert_eq!(store.write(&g, request(Some(1), "b")).await, Err(unsupported("HSET")));
+    assert_eq!(store.write(&g, request(Some(stamp(1, "a")), "b")).await, Err(unsupported("HSET")));
     assert_eq!(store.liveness(&g).await, Ok(Default::default()), "HGETALL still works");
     assert_eq!(store.probe().await, Err(unsupported("HMGET")));
 }

@@ -1,21 +1,25 @@
 //! Metadata, liveness, mutex, index, identity and history semantics without faults.
 
-use super::{group, other_group, put, request, sleep_ms};
+use super::{group, other_group, put, request, sleep_ms, stamp};
 use crate::core::model::GroupId;
 use crate::store::memory::{HistoryKind, MemoryStore, RollbackMode, SERVER_VERSION};
 use crate::store::{MetadataStore, StoreError, StoredRecord, WriteOutcome, WriteRequest};
 
 #[tokio::test]
-async fn create_is_only_if_absent_and_cas_needs_the_stored_revision() {
+async fn create_is_only_if_absent_and_cas_needs_the_stored_stamp() {
     let store = MemoryStore::new(1);
     let g = group();
+    let conflict = |current| Ok(WriteOutcome::RevisionConflict { current });
 
-    assert_eq!(store.write(&g, request(Some(1), "a")).await, Ok(WriteOutcome::RevisionConflict { current: None }));
+    assert_eq!(store.write(&g, request(Some(stamp(1, "a")), "a")).await, conflict(None));
     assert_eq!(store.write(&g, request(None, "a")).await, Ok(WriteOutcome::Written { revision: 1 }));
-    assert_eq!(store.write(&g, request(None, "b")).await, Ok(WriteOutcome::RevisionConflict { current: Some(1) }));
-    assert_eq!(store.write(&g, request(Some(0), "b")).await, Ok(WriteOutcome::RevisionConflict { current: Some(1) }));
-    assert_eq!(store.write(&g, request(Some(2), "b")).await, Ok(WriteOutcome::RevisionConflict { current: Some(1) }));
-    let mut update = request(Some(1), "b");
+    assert_eq!(store.write(&g, request(None, "b")).await, conflict(Some(1)));
+    assert_eq!(store.write(&g, request(Some(stamp(0, "a")), "b")).await, conflict(Some(1)));
+    assert_eq!(store.write(&g, request(Some(stamp(2, "a")), "b")).await, conflict(Some(1)));
+    // The stored revision with another writeId is another write: a conflict, never an overwrite.
+    assert_eq!(store.write(&g, request(Some(stamp(1, "x")), "b")).await, conflict(Some(1)));
+    assert_eq!(store.write(&g, request(Some(stamp(1, "")), "b")).await, conflict(Some(1)));
+    let mut update = request(Some(stamp(1, "a")), "b");
     update.schema_version = 3;
     update.layout_version = 4;
     update.updated_at_ms = 42;
@@ -66,21 +70,21 @@ async fn a_failed_liveness_guard_writes_nothing_and_removals_delete_fields() {
     let stale = WriteRequest {
         liveness_guards: vec![("m3".into(), 0), ("m1".into(), 1)],
         liveness_remove: vec!["m1".into()],
-        ..request(Some(1), "m1 expired")
+        ..request(Some(stamp(1, "a")), "m1 expired")
     };
     assert_eq!(store.write(&g, stale).await, Ok(WriteOutcome::LivenessChanged { member: "m1".into() }));
     assert_eq!(store.load(&g).await.expect("load").map(|r| r.revision), Some(1));
     assert_eq!(store.liveness(&g).await.expect("liveness").get("m1"), Some(&2));
 
     // A revision conflict is reported before a guard failure.
-    let both_wrong = WriteRequest { liveness_guards: vec![("m1".into(), 1)], ..request(Some(7), "x") };
+    let both_wrong = WriteRequest { liveness_guards: vec![("m1".into(), 1)], ..request(Some(stamp(7, "a")), "x") };
     assert_eq!(store.write(&g, both_wrong).await, Ok(WriteOutcome::RevisionConflict { current: Some(1) }));
 
     // Absent counters compare as 0; removed fields disappear.
     let fresh = WriteRequest {
         liveness_guards: vec![("m1".into(), 2), ("never".into(), 0)],
         liveness_remove: vec!["m1".into(), "never".into()],
-        ..request(Some(1), "m1 expired")
+        ..request(Some(stamp(1, "a")), "m1 expired")
     };
     assert_eq!(store.write(&g, fresh).await, Ok(WriteOutcome::Written { revision: 2 }));
     let liveness = store.liveness(&g).await.expect("liveness");
@@ -88,19 +92,20 @@ async fn a_failed_liveness_guard_writes_nothing_and_removals_delete_fields() {
 }
 
 #[tokio::test]
-async fn delete_needs_the_revision_and_removes_metadata_liveness_and_index_entry() {
+async fn delete_needs_the_stamp_and_removes_metadata_liveness_and_index_entry() {
     let store = MemoryStore::new(1);
     let g = group();
-    assert_eq!(store.delete(&g, 1).await, Ok(WriteOutcome::RevisionConflict { current: None }));
+    assert_eq!(store.delete(&g, &stamp(1, "a")).await, Ok(WriteOutcome::RevisionConflict { current: None }));
     put(&store, &g, "a").await;
     put(&store, &other_group(), "other").await;
     store.index_add(&g).await.expect("index");
     store.index_add(&other_group()).await.expect("index");
     store.touch_and_load(&g, "m1").await.expect("touch");
 
-    assert_eq!(store.delete(&g, 2).await, Ok(WriteOutcome::RevisionConflict { current: Some(1) }));
+    assert_eq!(store.delete(&g, &stamp(2, "a")).await, Ok(WriteOutcome::RevisionConflict { current: Some(1) }));
+    assert_eq!(store.delete(&g, &stamp(1, "x")).await, Ok(WriteOutcome::RevisionConflict { current: Some(1) }));
     assert!(store.load(&g).await.expect("load").is_some());
-    assert_eq!(store.delete(&g, 1).await, Ok(WriteOutcome::Written { revision: 0 }));
+    assert_eq!(store.delete(&g, &stamp(1, "a")).await, Ok(WriteOutcome::Written { revision: 0 }));
 
     assert_eq!(store.load(&g).await, Ok(None));
     assert!(store.liveness(&g).await.expect("liveness").is_empty());

@@ -7,7 +7,7 @@ mod metadata;
 mod streams;
 
 use crate::core::model::GroupId;
-use crate::store::{MetadataStore, WriteOutcome, WriteRequest};
+use crate::store::{CasStamp, MetadataStore, WriteOutcome, WriteRequest};
 
 use super::MemoryStore;
 
@@ -19,10 +19,10 @@ fn other_group() -> GroupId {
     GroupId::new("audit:v2", "ledger")
 }
 
-/// A write of `aggregate` expecting `expected_revision`, no liveness conditions.
-fn request(expected_revision: Option<u64>, aggregate: &str) -> WriteRequest {
+/// A write of `aggregate` (writeId `w-<aggregate>`) expecting `expected`, no liveness conditions.
+fn request(expected: Option<CasStamp>, aggregate: &str) -> WriteRequest {
     WriteRequest {
-        expected_revision,
+        expected,
         aggregate: aggregate.to_string(),
         schema_version: 1,
         layout_version: 1,
@@ -33,9 +33,14 @@ fn request(expected_revision: Option<u64>, aggregate: &str) -> WriteRequest {
     }
 }
 
+/// The stamp of the write of `aggregate` (see [`request`]) at `revision`.
+fn stamp(revision: u64, aggregate: &str) -> CasStamp {
+    CasStamp { revision, write_id: format!("w-{aggregate}") }
+}
+
 /// Writes `aggregate` on top of whatever is stored; returns the new revision.
 async fn put(store: &MemoryStore, group: &GroupId, aggregate: &str) -> u64 {
-    let current = store.load(group).await.expect("load").map(|r| r.revision);
+    let current = store.load(group).await.expect("load").map(|r| r.cas_stamp());
     match store.write(group, request(current, aggregate)).await.expect("write") {
         WriteOutcome::Written { revision } => revision,
         other => panic!("write of {aggregate} failed: {other:?}"),

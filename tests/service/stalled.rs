@@ -1,0 +1,193 @@
+//! A coordinator that stalls between its load and its write (a GC pause, a paused VM, a slow
+//! network) while the store loses the revision it loaded and another coordinator writes that
+//! revision again with other content (ABA). Its write was computed from lost history and must be
+//! refused: the write condition is the whole stamp `(revision, writeId)`, never the revision alone.
+//!
+//! [`StalledStore`] forwards every call to the in-memory store at once, except the one mutation
+//! (write or delete) armed with [`StalledStore::stall_next_mutation`]: that request waits *before*
+//! it reaches the store until the test lets it go.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use rsc::core::model::MemberId;
+use rsc::store::{
+    CasStamp, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck, TouchResult,
+    WriteOutcome, WriteRequest,
+};
+use tokio::sync::oneshot;
+
+use super::*;
+
+/// The in-memory store with one mutation that can be held on its way to the server.
+struct StalledStore {
+    inner: MemoryStore,
+    stall: Arc<Mutex<Option<oneshot::Receiver<()>>>>,
+}
+
+impl StalledStore {
+    fn new(inner: MemoryStore) -> Self {
+        Self { inner, stall: Arc::new(Mutex::new(None)) }
+    }
+
+    /// Arms the next write or delete: it waits for the sender before the store sees it.
+    fn stall_next_mutation(&self) -> oneshot::Sender<()> {
+        let (resume, stalled) = oneshot::channel();
+        *self.stall.lock().expect("stall lock") = Some(stalled);
+        resume
+    }
+
+    /// True once the armed mutation has been sent and is waiting.
+    fn is_stalled(&self) -> bool {
+        self.stall.lock().expect("stall lock").is_none()
+    }
+
+    async fn on_the_wire(&self) {
+        let stalled = self.stall.lock().expect("stall lock").take();
+        if let Some(stalled) = stalled {
+            let _ = stalled.await;
+        }
+    }
+}
+
+impl MetadataStore for StalledStore {
+    async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
+        self.inner.load(group).await
+    }
+    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
+        self.inner.touch_and_load(group, member).await
+    }
+    async fn touch_and_check(
+        &self,
+        group: &GroupId,
+        member: &str,
+        known: &RecordStamp,
+    ) -> Result<TouchCheck, StoreError> {
+        self.inner.touch_and_check(group, member, known).await
+    }
+    async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
+        self.inner.liveness(group).await
+    }
+    async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
+        self.on_the_wire().await;
+        self.inner.write(group, request).await
+    }
+    async fn delete(&self, group: &GroupId, expected: &CasStamp) -> Result<WriteOutcome, StoreError> {
+        self.on_the_wire().await;
+        self.inner.delete(group, expected).await
+    }
+    async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+        self.inner.acquire_mutex(group, token, ttl_ms).await
+    }
+    async fn release_mutex(&self, group: &GroupId, token: &str) -> Result<bool, StoreError> {
+        self.inner.release_mutex(group, token).await
+    }
+    async fn index_add(&self, group: &GroupId) -> Result<(), StoreError> {
+        self.inner.index_add(group).await
+    }
+    async fn index_members(&self) -> Result<Vec<GroupId>, StoreError> {
+        self.inner.index_members().await
+    }
+    async fn rebuild_index(&self) -> Result<Vec<GroupId>, StoreError> {
+        self.inner.rebuild_index().await
+    }
+    async fn identity(&self) -> Result<ServerIdentity, StoreError> {
+        self.inner.identity().await
+    }
+    async fn probe(&self) -> Result<ProbeReport, StoreError> {
+        self.inner.probe().await
+    }
+}
+
+/// A coordinator on a [`StalledStore`], with the 50 ms mutex TTL of [`short_mutex`]: its stall
+/// outlasts its mutex, which is exactly when only the write condition keeps its write out.
+fn stalling(store: &MemoryStore, id: &str) -> Coordinator<StalledStore> {
+    let options = CoordinatorOptions { instance_id: id.into(), mutex_ttl_ms: 50, ..CoordinatorOptions::default() };
+    Coordinator::new(StalledStore::new(store.connect()), options)
+}
+
+async fn wait_until_stalled(c: &Coordinator<StalledStore>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !c.store().is_stalled() {
+        assert!(tokio::time::Instant::now() < deadline, "the armed mutation was never sent");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Revision 2 (the group grown to 4 shards) is loaded by the stalled coordinator, lost in a silent
+/// rollback, and written again by a third coordinator with other content (grown to 8 shards).
+/// Returns that rewritten record's stamp after checking it is an ABA: same revision, other write.
+async fn lose_revision_2_and_rewrite_it(store: &MemoryStore, lost: &StoredRecord) -> StoredRecord {
+    while store.peek_record(&group()).expect("record").revision >= lost.revision {
+        store.rollback(1, RollbackMode::Silent);
+    }
+    let c3 = short_mutex(store, "c3");
+    let base = store.peek_record(&group()).expect("record").revision;
+    let add = AdminRequest::AddShards { group: group(), expected_revision: base, new_shard_count: 8 };
+    c3.admin(add).await.expect("c3 adds shards on the rolled-back record");
+    let rewritten = store.peek_record(&group()).expect("record");
+    assert_eq!(rewritten.revision, lost.revision, "the same revision again");
+    assert_ne!(rewritten.write_id, lost.write_id, "another write");
+    rewritten
+}
+
+/// The group at revision 2 with 4 shards, written by c1.
+async fn grown_to_4_shards(store: &MemoryStore) -> StoredRecord {
+    let c1 = short_mutex(store, "c1");
+    create(&c1, 2).await;
+    let add = AdminRequest::AddShards { group: group(), expected_revision: 1, new_shard_count: 4 };
+    c1.admin(add).await.expect("c1 adds shards");
+    let loaded = store.peek_record(&group()).expect("record");
+    assert_eq!(loaded.revision, 2);
+    loaded
+}
+
+/// A join decided on the lost revision 2 (4 shards) and written after revision 2 was rewritten
+/// (8 shards) would record the join on the lost record, undoing the rewrite's reshard (shards are
+/// only ever added). The write is refused, and the retry joins the member to the stored record.
+#[tokio::test]
+async fn a_stalled_write_computed_from_a_lost_revision_is_refused_after_that_revision_is_rewritten() {
+    let store = MemoryStore::new(31);
+    let lost = grown_to_4_shards(&store).await;
+
+    let c2 = stalling(&store, "c2");
+    let resume = c2.store().stall_next_mutation();
+    let join_a = tokio::spawn({
+        let c2 = c2.clone();
+        async move { c2.heartbeat(join("a")).await }
+    });
+    wait_until_stalled(&c2).await; // c2 loaded revision 2 (4 shards) and decided; its write waits
+    let rewritten = lose_revision_2_and_rewrite_it(&store, &lost).await;
+
+    resume.send(()).expect("the stalled join is waiting");
+    let joined = join_a.await.expect("task").expect("the join is answered from a fresh decision");
+    let g = recorded(&store).expect("record");
+    assert_eq!(g.shard_count, 8, "the rewrite's reshard survives: {g:#?}");
+    assert!(g.members.contains_key("a"), "the join was recorded on the stored record");
+    let stored = store.peek_record(&group()).expect("record");
+    assert_eq!(stored.revision, rewritten.revision + 1, "exactly one more write: the retried join");
+    assert_eq!((joined.shard_count, joined.store_revision), (8, stored.revision));
+    assert!(c2.metrics().total("rsc_metadata_revision_conflicts_total") >= 1.0, "the first write lost the CAS");
+}
+
+/// An operator's delete of revision 2, decided on the lost record and sent after revision 2 was
+/// rewritten, must not remove the rewritten record (nobody decided to delete that one).
+#[tokio::test]
+async fn a_stalled_delete_of_a_lost_revision_leaves_the_rewritten_record() {
+    let store = MemoryStore::new(32);
+    let lost = grown_to_4_shards(&store).await;
+
+    let c2 = stalling(&store, "c2");
+    let resume = c2.store().stall_next_mutation();
+    let delete = tokio::spawn({
+        let c2 = c2.clone();
+        async move { c2.admin(AdminRequest::DeleteGroup { group: group(), expected_revision: 2 }).await }
+    });
+    wait_until_stalled(&c2).await;
+    let rewritten = lose_revision_2_and_rewrite_it(&store, &lost).await;
+
+    resume.send(()).expect("the stalled delete is waiting");
+    let refused = delete.await.expect("task").expect_err("the delete must be refused");
+    assert_eq!(refused.code, ErrorCode::RevisionConflict, "{refused:?}");
+    assert_eq!(store.peek_record(&group()), Some(rewritten), "the rewritten record is untouched");
+}
