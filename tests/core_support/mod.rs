@@ -7,8 +7,10 @@
 use std::collections::BTreeMap;
 
 use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, LossEvidence, MemberId, ShardId};
-use rsc::core::protocol::{AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, RevokeReport};
-use rsc::core::{decide_admin, decide_evidence, decide_heartbeat, decide_tick, Context, Decision, LocalView};
+use rsc::core::protocol::{AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, RevokeReport, RoutingResponse};
+use rsc::core::{
+    decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Context, Decision, LocalView,
+};
 
 pub fn group_id() -> GroupId {
     GroupId::new("orders", "billing")
@@ -109,6 +111,15 @@ impl World {
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx = Context { stored_revision: self.revision, observations: &obs, planted: self.planted };
         let decision = decide_admin(Some(&self.g), req, false, ctx);
+        self.apply(&decision);
+        decision.outcome
+    }
+
+    /// Processes a producer's routing refresh reporting `known_version`, as the service would.
+    pub fn routing(&mut self, known_version: u64) -> Result<RoutingResponse, ApiError> {
+        let obs = self.view.observe(self.now_ms, &self.g, None);
+        let ctx = Context { stored_revision: self.revision, observations: &obs, planted: self.planted };
+        let decision = decide_routing(&self.g, known_version, ctx);
         self.apply(&decision);
         decision.outcome
     }
