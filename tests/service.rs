@@ -4,6 +4,8 @@
 
 #![cfg(not(madsim))]
 
+#[path = "service/bounds.rs"]
+mod bounds;
 #[path = "service/races.rs"]
 mod races;
 
