@@ -410,6 +410,14 @@ impl MetadataStore for MemoryStore {
     }
 
     async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
+        // As `RedisStore`, which computes the new revision before it sends the script: an expected
+        // revision with no successor is refused here, so the keyspace's `expected + 1` (it writes
+        // only when the stored revision equals the expected one) never overflows.
+        if let Some(expected) = request.expected_revision {
+            if expected.checked_add(1).is_none() {
+                return Err(StoreError::Protocol(format!("revision {expected} cannot be incremented")));
+            }
+        }
         self.call(&["EVALSHA", "EXISTS", "HGET", "HSET", "HDEL"], |inner| Ok(inner.write(group, request))).await
     }
 
