@@ -8,6 +8,8 @@
 mod bounds;
 #[path = "service/races.rs"]
 mod races;
+#[path = "service/sequences.rs"]
+mod sequences;
 
 use std::time::Duration;
 
