@@ -80,7 +80,7 @@ impl Sim {
             Action::Deliver(i) => {
                 if let Some((sent, req)) = self.in_flight[i].take() {
                     let result = self.world.heartbeat(&req);
-                    self.clients[i].apply(sent, &result);
+                    self.clients[i].apply(self.world.now_ms, sent, &result);
                 }
             }
             Action::LoseResponse(i) => {

@@ -227,7 +227,7 @@ fn new_evidence_during_a_round_whose_wait_is_over_restarts_the_wait() {
     let evidence_at = w.now_ms;
     let sync = w.heartbeat(&ahead).expect("sync");
     assert_eq!(sync.status, HeartbeatStatus::SyncMetadata);
-    a.apply(evidence_at, &Ok(sync));
+    a.apply(w.now_ms, evidence_at, &Ok(sync));
     assert!(w.g.correction.is_some(), "new evidence keeps the round open");
     let mut ok_at = None;
     for _ in 0..40 {

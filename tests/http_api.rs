@@ -9,6 +9,8 @@
 
 #![cfg(not(madsim))]
 
+#[path = "http_api/bounds.rs"]
+mod bounds;
 #[path = "http_api/fuzz.rs"]
 mod fuzz;
 #[path = "http_api/openapi.rs"]

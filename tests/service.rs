@@ -4,8 +4,12 @@
 
 #![cfg(not(madsim))]
 
+#[path = "service/bounds.rs"]
+mod bounds;
 #[path = "service/races.rs"]
 mod races;
+#[path = "service/sequences.rs"]
+mod sequences;
 #[path = "service/stalled.rs"]
 mod stalled;
 

@@ -82,6 +82,7 @@ macro_rules! contract_suite {
 contract_suite!(
     contract_create_only_if_absent,
     contract_cas_success_and_conflict,
+    contract_revision_without_successor_is_refused,
     contract_liveness_guard_failure_writes_nothing,
     contract_liveness_removal,
     contract_touch_and_load,

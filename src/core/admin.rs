@@ -1,7 +1,10 @@
 //! Admin mutations: create a group, add shards, change config, delete. Every mutation but create
 //! names the revision it was computed from; a mismatch is `REVISION_CONFLICT`, never an overwrite.
+//! Stateless checks (revision bound, shard count range, config rules) come first, from
+//! [`super::input::check_admin_request`], before the recorded state is even looked at.
 
 use super::engine::{Context, Decision};
+use super::input::check_admin_request;
 use super::model::{GroupMetadata, LeaseTransition, LossEvidence, ReshardRecord, SHARD_COUNT_MAX};
 use super::protocol::{AdminRequest, AdminResponse, ApiError, ErrorCode};
 use super::transition::{Transition, Written};
@@ -19,6 +22,9 @@ pub fn decide_admin(
     let group = req.group().clone();
     if let Err(message) = group.validate() {
         return reject(ErrorCode::BadRequest, message);
+    }
+    if let Err(refused) = check_admin_request(req) {
+        return reject(ErrorCode::BadRequest, refused.to_string());
     }
     let Some(g) = g else {
         return match req {
@@ -43,7 +49,10 @@ pub fn decide_admin(
     let mut tx = Transition::new(g, ctx);
     let checked = match req {
         AdminRequest::AddShards { new_shard_count, .. } => add_shards(&mut tx, *new_shard_count),
-        AdminRequest::ChangeConfig { config, .. } => change_config(&mut tx, config),
+        AdminRequest::ChangeConfig { config, .. } => {
+            change_config(&mut tx, config);
+            Ok(())
+        }
         AdminRequest::DeleteGroup { .. } => {
             let response = AdminResponse { group, store_revision: 0, metadata_version: g.metadata_version };
             return Decision { write: Written::default(), outcome: Ok(response) };
@@ -53,13 +62,12 @@ pub fn decide_admin(
     if let Err(message) = checked {
         return reject(ErrorCode::BadRequest, message);
     }
-    let write = tx.finish();
-    let state = write.next.as_ref().unwrap_or(g);
-    let response = AdminResponse {
-        group,
-        store_revision: ctx.stored_revision + u64::from(write.next.is_some()),
-        metadata_version: state.metadata_version,
+    let (write, store_revision) = match ctx.finish(tx) {
+        Ok(finished) => finished,
+        Err(exhausted) => return Decision::refuse(exhausted),
     };
+    let state = write.next.as_ref().unwrap_or(g);
+    let response = AdminResponse { group, store_revision, metadata_version: state.metadata_version };
     Decision { write, outcome: Ok(response) }
 }
 
@@ -67,21 +75,19 @@ fn reject<R>(code: ErrorCode, message: impl Into<String>) -> Decision<R> {
     Decision { write: Written::default(), outcome: Err(ApiError::new(code, message)) }
 }
 
+/// Creates the record; the shard count and config were checked by `check_admin_request`.
 fn create(
     group: super::model::GroupId,
     shard_count: u32,
     config: &super::model::GroupConfig,
     recreate: bool,
 ) -> Decision<AdminResponse> {
-    if shard_count == 0 || shard_count > SHARD_COUNT_MAX {
-        return reject(ErrorCode::BadRequest, format!("shardCount must be in 1..={SHARD_COUNT_MAX}"));
-    }
-    if let Err(message) = config.validate() {
-        return reject(ErrorCode::BadRequest, message);
-    }
     let mut next = GroupMetadata::new(group.clone(), shard_count, config.clone());
     if recreate {
-        let wait = next.allocate_wait();
+        let wait = match next.allocate_wait() {
+            Ok(wait) => wait,
+            Err(exhausted) => return Decision::refuse(exhausted),
+        };
         next.correction = Some(super::model::CorrectionRound {
             reason: LossEvidence::MetadataLost,
             wait,
@@ -95,11 +101,18 @@ fn create(
 fn add_shards(tx: &mut Transition<'_>, new_shard_count: u32) -> Result<(), String> {
     let from = tx.next.shard_count;
     if new_shard_count <= from || new_shard_count > SHARD_COUNT_MAX {
-        return Err(format!("newShardCount must be in {}..={SHARD_COUNT_MAX} (shards are only added)", from + 1));
+        let lowest = from.saturating_add(1);
+        return Err(format!("newShardCount must be in {lowest}..={SHARD_COUNT_MAX} (shards are only added)"));
     }
     tx.next.shard_count = new_shard_count;
-    // The record's version is the one `finish` bumps to.
-    let version = tx.next.metadata_version.max(tx.next.max_client_version_seen) + 1;
+    // The record's version is the one `finish` bumps to (which refuses the same way if none is left).
+    let version = match tx.next.next_metadata_version() {
+        Ok(version) => version,
+        Err(exhausted) => {
+            tx.refuse(exhausted);
+            return Ok(());
+        }
+    };
     tx.next.resharding.push(ReshardRecord {
         from_shard_count: from,
         to_shard_count: new_shard_count,
@@ -109,12 +122,12 @@ fn add_shards(tx: &mut Transition<'_>, new_shard_count: u32) -> Result<(), Strin
     Ok(())
 }
 
-fn change_config(tx: &mut Transition<'_>, config: &super::model::GroupConfig) -> Result<(), String> {
-    config.validate()?;
+/// Replaces the config; its rules were checked by `check_admin_request`.
+fn change_config(tx: &mut Transition<'_>, config: &super::model::GroupConfig) {
     let old = tx.next.config.clone();
     if config.assignment_lease_ms < old.assignment_lease_ms || config.member_lease_ttl_ms < old.member_lease_ttl_ms {
         // Grants made under the old values keep running: keep them in force for one old lease.
-        let wait = tx.next.allocate_wait();
+        let wait = tx.allocate_wait();
         tx.next.lease_transition = Some(LeaseTransition {
             assignment_lease_ms: tx.next.effective_assignment_lease_ms(),
             member_lease_ttl_ms: tx.next.effective_member_lease_ttl_ms(),
@@ -126,5 +139,4 @@ fn change_config(tx: &mut Transition<'_>, config: &super::model::GroupConfig) ->
     }
     tx.next.config = config.clone();
     tx.mark_visible();
-    Ok(())
 }

@@ -7,10 +7,9 @@
 //! machine"). Every rule is in [`Transition`]; this module validates inputs, applies the rules in
 //! order and derives responses.
 
+use super::input::{check_client_number, check_heartbeat_request, InputError};
 use super::model::ShardOwner;
-use super::model::{
-    GroupMetadata, LossEvidence, MemberState, ShardId, MEMBERS_MAX, MEMBER_ID_LEN_MAX, SHARD_COUNT_MAX,
-};
+use super::model::{CounterExhausted, GroupMetadata, LossEvidence, MemberState, ShardId, MEMBERS_MAX};
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
 use super::protocol::Drain;
@@ -30,6 +29,11 @@ impl<R> Decision<R> {
     fn reject(code: ErrorCode, message: impl Into<String>) -> Self {
         Self { write: Written::default(), outcome: Err(ApiError::new(code, message)) }
     }
+
+    /// A counter had no next value: nothing is written and the answer is `INTERNAL`.
+    pub(crate) fn refuse(exhausted: CounterExhausted) -> Self {
+        Self::reject(ErrorCode::Internal, exhausted.to_string())
+    }
 }
 
 /// The inputs every decision needs besides the state.
@@ -47,15 +51,27 @@ pub struct Context<'a> {
 }
 
 impl Context<'_> {
-    fn revision_after(&self, write: &Written) -> u64 {
-        self.stored_revision + u64::from(write.next.is_some())
+    /// The revision the store will give `write` (the stored one when nothing is written).
+    fn revision_after(&self, write: &Written) -> Result<u64, CounterExhausted> {
+        let revision = self.stored_revision;
+        match write.next {
+            Some(_) => revision.checked_add(1).ok_or(CounterExhausted::StoreRevision(revision)),
+            None => Ok(revision),
+        }
+    }
+
+    /// Finishes `tx`: what to write and the revision it will be recorded at, or the refusal.
+    pub(crate) fn finish(&self, tx: Transition<'_>) -> Result<(Written, u64), CounterExhausted> {
+        let write = tx.finish()?;
+        let revision = self.revision_after(&write)?;
+        Ok((write, revision))
     }
 }
 
 /// Decides a consumer heartbeat (join, steady, revoke reports, leave).
 pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<'_>) -> Decision<HeartbeatResponse> {
-    if let Err(message) = check_heartbeat(g, req) {
-        return Decision::reject(ErrorCode::BadRequest, message);
+    if let Err(refused) = check_heartbeat(g, req) {
+        return Decision::reject(ErrorCode::BadRequest, refused.to_string());
     }
     if let Some(outcome) = quiescent_view(g, req, ctx) {
         return Decision { write: Written::default(), outcome };
@@ -71,9 +87,11 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
     } else {
         steady(&mut tx, g, req)
     };
-    let write = tx.finish();
+    let (write, revision) = match ctx.finish(tx) {
+        Ok(finished) => finished,
+        Err(exhausted) => return Decision::refuse(exhausted),
+    };
     let state = write.next.as_ref().unwrap_or(g);
-    let revision = ctx.revision_after(&write);
     let outcome = step.map(|step| match step {
         Step::Left => left_response(state, &req.member_id, revision),
         Step::Member => {
@@ -190,30 +208,29 @@ fn known_member<'g>(g: &'g GroupMetadata, id: &str) -> Result<&'g super::model::
     Ok(member)
 }
 
+/// Why a heartbeat is refused before anything is decided (`BAD_REQUEST`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum HeartbeatRefused {
+    /// The request fails a check that needs no state (numbers, member id, shard lists).
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The body names another group than the one loaded.
+    #[error("heartbeat group does not match")]
+    GroupMismatch,
+    /// A new member would pass [`MEMBERS_MAX`].
+    #[error("group already has {MEMBERS_MAX} members")]
+    GroupFull,
+}
+
 /// Structural checks on a heartbeat; ownership is checked against recorded state later.
-fn check_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest) -> Result<(), String> {
+fn check_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest) -> Result<(), HeartbeatRefused> {
     if req.group != g.group {
-        return Err("heartbeat group does not match".into());
+        return Err(HeartbeatRefused::GroupMismatch);
     }
+    check_heartbeat_request(req)?;
     let id = &req.member_id;
-    if id.is_empty() || id.len() > MEMBER_ID_LEN_MAX || id.chars().any(char::is_control) {
-        return Err(format!("memberId must be 1..={MEMBER_ID_LEN_MAX} bytes without control characters"));
-    }
-    if req.leave && req.member_epoch == 0 {
-        return Err("leave needs the member's current epoch".into());
-    }
     if req.member_epoch == 0 && !g.members.contains_key(id) && g.members.len() >= MEMBERS_MAX {
-        return Err(format!("group already has {MEMBERS_MAX} members"));
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    let shards = req.owned.iter().copied().chain(req.revoking.iter().map(|r| r.shard));
-    for shard in shards {
-        if shard >= SHARD_COUNT_MAX {
-            return Err(format!("shard {shard} is out of range"));
-        }
-        if !seen.insert(shard) {
-            return Err(format!("shard {shard} is listed twice in owned/revoking"));
-        }
+        return Err(HeartbeatRefused::GroupFull);
     }
     Ok(())
 }
@@ -299,7 +316,15 @@ pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
     for member in timed_out {
         tx.fence(&member);
     }
-    Decision { write: tx.finish(), outcome: Ok(()) }
+    finished(tx)
+}
+
+/// The decision of a transition whose only outcome is its write.
+fn finished(tx: Transition<'_>) -> Decision<()> {
+    match tx.finish() {
+        Ok(write) => Decision { write, outcome: Ok(()) },
+        Err(exhausted) => Decision::refuse(exhausted),
+    }
 }
 
 /// Records evidence of lost writes seen by the coordinator itself (identity change, revision
@@ -307,7 +332,7 @@ pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
 pub fn decide_evidence(g: &GroupMetadata, evidence: LossEvidence, ctx: Context<'_>) -> Decision<()> {
     let mut tx = Transition::new(g, ctx);
     tx.start_round(evidence);
-    Decision { write: tx.finish(), outcome: Ok(()) }
+    finished(tx)
 }
 
 /// The producer routing view of a recorded state (read-only).
@@ -327,13 +352,20 @@ pub fn routing_view(g: &GroupMetadata, revision: u64) -> RoutingResponse {
 /// Decides a producer's routing refresh that reported the metadataVersion it has cached
 /// (`known_version`). A version above the stored one is evidence of lost writes, exactly like a
 /// consumer's report: it is recorded (a correction round; later versions skip past it) and the
-/// answer tells the producer its view is lost. Anything else is the read-only view.
+/// answer tells the producer its view is lost. Anything else is the read-only view. A version
+/// above [`super::model::CLIENT_NUMBER_MAX`] is `BAD_REQUEST`.
 pub fn decide_routing(g: &GroupMetadata, known_version: u64, ctx: Context<'_>) -> Decision<RoutingResponse> {
+    if let Err(refused) = check_client_number("knownVersion", known_version) {
+        return Decision::reject(ErrorCode::BadRequest, refused.to_string());
+    }
     let mut tx = Transition::new(g, ctx);
     tx.record_client_version(known_version);
-    let write = tx.finish();
+    let (write, revision) = match ctx.finish(tx) {
+        Ok(finished) => finished,
+        Err(exhausted) => return Decision::refuse(exhausted),
+    };
     let state = write.next.as_ref().unwrap_or(g);
-    let mut view = routing_view(state, ctx.revision_after(&write));
+    let mut view = routing_view(state, revision);
     view.lost_version = (known_version > state.metadata_version).then_some(known_version);
     Decision { write, outcome: Ok(view) }
 }

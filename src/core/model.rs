@@ -44,6 +44,18 @@ pub const SHARD_COUNT_MAX: u32 = 65_536;
 pub const MEMBERS_MAX: usize = 10_000;
 /// Longest member id accepted.
 pub const MEMBER_ID_LEN_MAX: usize = 256;
+/// Largest version, epoch or revision a client may send: 2^53 − 1, so every one is also exact in
+/// JavaScript clients. It is also the largest the coordinator hands out (versions, member and
+/// assignment epochs), so every number in an answer can be sent back. A larger client number is
+/// `BAD_REQUEST` at the HTTP edge and in the core's input checks ([`super::input`]).
+pub const CLIENT_NUMBER_MAX: u64 = (1 << 53) - 1;
+/// How far above the stored metadataVersion a client's report is credited as loss evidence
+/// ([`GroupMetadata::max_client_version_seen`], which later bumps go past). No store loses a
+/// million version bumps of one group; without a cap, one report of [`CLIENT_NUMBER_MAX`] would use
+/// up the version space and no later bump (so no join) could be recorded. A report above the cap
+/// still starts a correction round; only the versions between the cap and the report may be
+/// handed out again.
+pub const CLIENT_VERSION_AHEAD_MAX: u64 = 1 << 20;
 
 /// The identity of a consumer group: `{streamPrefix:consumerGroup}`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -289,7 +301,8 @@ pub struct GroupMetadata {
     /// Current assignment: who holds each shard now (absent = free).
     pub current: BTreeMap<ShardId, ShardOwner>,
     pub correction: Option<CorrectionRound>,
-    /// Highest metadataVersion any client ever reported; a later bump goes past it (no ABA).
+    /// Highest metadataVersion any client ever reported, credited at most
+    /// [`CLIENT_VERSION_AHEAD_MAX`] above the stored version; a later bump goes past it (no ABA).
     pub max_client_version_seen: u64,
     /// Next [`WaitId`] to allocate.
     pub next_wait_id: WaitId,
@@ -378,15 +391,59 @@ impl GroupMetadata {
     }
 
     /// Allocates a fresh wait id.
-    pub fn allocate_wait(&mut self) -> WaitId {
+    pub fn allocate_wait(&mut self) -> Result<WaitId, CounterExhausted> {
         let id = self.next_wait_id;
-        self.next_wait_id += 1;
-        id
+        self.next_wait_id = id.checked_add(1).ok_or(CounterExhausted::WaitId)?;
+        Ok(id)
     }
 
-    /// Bumps the client-visible version past everything recorded and every version a client ever
-    /// reported, so a version number lost in a rollback is never reused.
-    pub fn bump_metadata_version(&mut self) {
-        self.metadata_version = self.metadata_version.max(self.max_client_version_seen) + 1;
+    /// The client reports the next bump goes past: `max_client_version_seen`, credited at most
+    /// [`CLIENT_VERSION_AHEAD_MAX`] above the recorded version. Reports are credited with that
+    /// cap when recorded, so this equals `max_client_version_seen` except in a record written
+    /// before the cap existed (one unbounded report made every later bump fail): there the cap
+    /// heals the record at its next bump.
+    fn credited_client_version(&self) -> u64 {
+        self.max_client_version_seen.min(self.metadata_version.saturating_add(CLIENT_VERSION_AHEAD_MAX))
     }
+
+    /// The version the next bump records: past everything recorded and every credited client
+    /// report, so a version number lost in a rollback is never reused.
+    pub fn next_metadata_version(&self) -> Result<u64, CounterExhausted> {
+        let past = self.metadata_version.max(self.credited_client_version());
+        next_client_number(past).ok_or(CounterExhausted::MetadataVersion(past))
+    }
+
+    /// Bumps the client-visible version (see [`next_metadata_version`](Self::next_metadata_version))
+    /// and returns it. On exhaustion nothing changes.
+    pub fn bump_metadata_version(&mut self) -> Result<u64, CounterExhausted> {
+        let version = self.next_metadata_version()?;
+        self.max_client_version_seen = self.credited_client_version();
+        self.metadata_version = version;
+        Ok(version)
+    }
+}
+
+/// `value + 1` if it is still a number clients may send back ([`CLIENT_NUMBER_MAX`]).
+pub fn next_client_number(value: u64) -> Option<u64> {
+    value.checked_add(1).filter(|next| *next <= CLIENT_NUMBER_MAX)
+}
+
+/// A counter the core steps has no next value. A typed refusal, never a panic or a wrap: the
+/// decision that needed the step writes nothing and answers `INTERNAL`. Unreachable in practice
+/// (2^53 bumps, or 2^33 reports each credited [`CLIENT_VERSION_AHEAD_MAX`] ahead), but a record
+/// edited by hand or written before the bounds existed can get here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CounterExhausted {
+    /// The next metadataVersion (and member epoch) would pass [`CLIENT_NUMBER_MAX`].
+    #[error("metadataVersion cannot be bumped past {0} (the largest number clients may send back)")]
+    MetadataVersion(u64),
+    /// The next assignmentEpoch would pass [`CLIENT_NUMBER_MAX`].
+    #[error("assignmentEpoch cannot be bumped past {0} (the largest number clients may send back)")]
+    AssignmentEpoch(u64),
+    /// Every wait id has been allocated.
+    #[error("no wait id is left to allocate")]
+    WaitId,
+    /// The stored revision has no successor.
+    #[error("store revision {0} cannot be incremented")]
+    StoreRevision(u64),
 }

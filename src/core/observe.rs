@@ -188,7 +188,7 @@ mod tests {
     #[test]
     fn waits_are_measured_from_first_observation() {
         let mut g = group_with_member();
-        let wait = g.allocate_wait();
+        let wait = g.allocate_wait().expect("a fresh group has wait ids left");
         g.current.insert(0, ShardOwner::Fenced { member: "a".into(), wait });
         let mut view = LocalView::default();
         assert_eq!(view.observe(1_000, &g, None).waited_ms(wait), 0);

@@ -1,14 +1,18 @@
 //! [`Transition`]: the mutable working copy of one decision. Every rule that changes recorded
 //! state goes through it, so the bookkeeping (version bump, member epochs, target recomputation,
 //! liveness guards) is done once, in [`Transition::finish`], the same way for every input.
+//!
+//! Every counter step (metadataVersion, assignmentEpoch, wait ids) is checked arithmetic. A step
+//! with no next value is remembered as the transition's refusal ([`CounterExhausted`]) and
+//! `finish` then returns it instead of a state: the decision writes nothing.
 
 use std::collections::BTreeSet;
 
 use super::assignor::assignor_for;
 use super::engine::Context;
 use super::model::{
-    CorrectionRound, GroupMetadata, LossEvidence, Member, MemberId, MemberState, RevokeId, ShardId, ShardOwner, WaitId,
-    REVOKE_ID_MAX,
+    next_client_number, CorrectionRound, CounterExhausted, GroupMetadata, LossEvidence, Member, MemberId, MemberState,
+    RevokeId, ShardId, ShardOwner, WaitId, CLIENT_VERSION_AHEAD_MAX, REVOKE_ID_MAX,
 };
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
@@ -39,6 +43,8 @@ pub(crate) struct Transition<'a> {
     granted: BTreeSet<MemberId>,
     guards: Vec<(MemberId, u64)>,
     remove: Vec<MemberId>,
+    /// The first counter step that had no next value: `finish` refuses to produce a state.
+    refused: Option<CounterExhausted>,
 }
 
 impl<'a> Transition<'a> {
@@ -56,6 +62,24 @@ impl<'a> Transition<'a> {
             granted: BTreeSet::new(),
             guards: Vec::new(),
             remove: Vec::new(),
+            refused: None,
+        }
+    }
+
+    /// Refuses the whole decision (the first refusal wins): `finish` returns it, nothing is written.
+    pub(crate) fn refuse(&mut self, exhausted: CounterExhausted) {
+        self.refused.get_or_insert(exhausted);
+    }
+
+    /// A fresh wait id. When none is left the decision is refused, so the id returned then (the
+    /// exhausted counter's value) is never recorded.
+    pub(crate) fn allocate_wait(&mut self) -> WaitId {
+        match self.next.allocate_wait() {
+            Ok(wait) => wait,
+            Err(exhausted) => {
+                self.refuse(exhausted);
+                self.next.next_wait_id
+            }
         }
     }
 
@@ -76,6 +100,8 @@ impl<'a> Transition<'a> {
 
     /// Records a client-reported version (evidence when it is above the stored one).
     /// Versions at or below the stored one are normal (a client catching up) and record nothing.
+    /// A report is credited at most [`CLIENT_VERSION_AHEAD_MAX`] above the stored version, so no
+    /// report can use up the version space (the caller bounded it by `CLIENT_NUMBER_MAX`).
     ///
     /// During an active round, a report is *new* evidence when it names a version never reported
     /// before, or when the round's lease wait is already over (the round would otherwise end
@@ -85,9 +111,10 @@ impl<'a> Transition<'a> {
         if reported <= self.before.metadata_version {
             return;
         }
-        let never_reported = reported > self.next.max_client_version_seen;
+        let credited = reported.min(self.before.metadata_version.saturating_add(CLIENT_VERSION_AHEAD_MAX));
+        let never_reported = credited > self.next.max_client_version_seen;
         if never_reported {
-            self.next.max_client_version_seen = reported;
+            self.next.max_client_version_seen = credited;
             self.dirty = true;
         }
         let reason = LossEvidence::ClientVersionAhead { reported, stored: self.before.metadata_version };
@@ -106,7 +133,7 @@ impl<'a> Transition<'a> {
     /// a full lease after this evidence, and every member must sync again. Does not bump
     /// metadataVersion (seed).
     pub(crate) fn start_round(&mut self, reason: LossEvidence) {
-        let wait = self.next.allocate_wait();
+        let wait = self.allocate_wait();
         self.next.correction = Some(CorrectionRound { reason, wait, synced_members: BTreeSet::new() });
         self.dirty = true;
     }
@@ -185,7 +212,7 @@ impl<'a> Transition<'a> {
         if live.is_empty() {
             return;
         }
-        let wait = self.next.allocate_wait();
+        let wait = self.allocate_wait();
         for shard in live {
             self.next.current.insert(shard, ShardOwner::Fenced { member: member.to_string(), wait });
         }
@@ -193,20 +220,27 @@ impl<'a> Transition<'a> {
     }
 
     /// Applies the time-driven rules that need no input: fence waits, correction-round end,
-    /// lease-transition end, then target recomputation and reconciliation. Returns what to write.
-    pub(crate) fn finish(mut self) -> Written {
+    /// lease-transition end, then target recomputation and reconciliation. Returns what to write,
+    /// or the refusal when a counter had no next value (then nothing may be written).
+    pub(crate) fn finish(mut self) -> Result<Written, CounterExhausted> {
         self.end_waits();
         if self.retarget || self.target_is_stale() {
             self.recompute_target();
         }
         self.reconcile();
+        if let Some(exhausted) = self.refused {
+            return Err(exhausted);
+        }
         if self.visible_change || !self.granted.is_empty() || !self.joined.is_empty() {
-            if self.planted.has(PlantedBug::ReuseLostVersion) {
-                self.next.metadata_version += 1;
+            let version = if self.planted.has(PlantedBug::ReuseLostVersion) {
+                let past = self.next.metadata_version;
+                let version = next_client_number(past).ok_or(CounterExhausted::MetadataVersion(past))?;
+                self.next.metadata_version = version;
+                version
             } else {
-                self.next.bump_metadata_version();
-            }
-            let version = self.next.metadata_version;
+                self.next.bump_metadata_version()?
+            };
+            debug_assert!(version > self.before.metadata_version, "metadataVersion goes up at every bump");
             for id in &self.joined {
                 if let Some(m) = self.next.members.get_mut(id) {
                     *m = Member {
@@ -225,7 +259,7 @@ impl<'a> Transition<'a> {
         }
         debug_assert!(self.dirty || self.next == *self.before, "a change was not marked dirty");
         let changed = self.dirty;
-        Written { next: changed.then_some(self.next), liveness_guards: self.guards, liveness_remove: self.remove }
+        Ok(Written { next: changed.then_some(self.next), liveness_guards: self.guards, liveness_remove: self.remove })
     }
 
     fn end_waits(&mut self) {
@@ -259,8 +293,12 @@ impl<'a> Transition<'a> {
             )
         };
         if target != self.next.target {
+            let epoch = self.next.assignment_epoch;
+            match next_client_number(epoch) {
+                Some(next) => self.next.assignment_epoch = next,
+                None => self.refuse(CounterExhausted::AssignmentEpoch(epoch)),
+            }
             self.next.target = target;
-            self.next.assignment_epoch += 1;
             self.mark_visible();
         }
     }
@@ -284,7 +322,7 @@ impl<'a> Transition<'a> {
             let current = self.next.current.remove(&shard);
             match (step, current) {
                 (ShardStep::Revoke, Some(ShardOwner::Owned { member, .. })) => {
-                    let wait = self.next.allocate_wait();
+                    let wait = self.allocate_wait();
                     let revoke_id = Some(revoke_id(self.nonce, wait));
                     let revoking = ShardOwner::Revoking { member, since_assignment_epoch: epoch, wait, revoke_id };
                     self.next.current.insert(shard, revoking);

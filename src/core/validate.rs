@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::model::{GroupMetadata, MemberState, ShardOwner, MEMBERS_MAX, SHARD_COUNT_MAX};
+use super::model::{GroupMetadata, MemberState, ShardOwner, CLIENT_NUMBER_MAX, MEMBERS_MAX, SHARD_COUNT_MAX};
 
 /// A broken structural invariant; the message names the field and the offending value.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -24,6 +24,15 @@ impl GroupMetadata {
         self.group.validate().map_err(InvariantViolation)?;
         self.config.validate().map_err(InvariantViolation)?;
         check(self.metadata_version >= 1, || "metadataVersion must be >= 1".into())?;
+        // Clients send these numbers back, and a number above the bound is refused at the edge:
+        // members of a record beyond it could never heartbeat. (Member epochs are checked against
+        // metadataVersion below.)
+        check(self.metadata_version <= CLIENT_NUMBER_MAX, || {
+            format!("metadataVersion {} above {CLIENT_NUMBER_MAX}", self.metadata_version)
+        })?;
+        check(self.assignment_epoch <= CLIENT_NUMBER_MAX, || {
+            format!("assignmentEpoch {} above {CLIENT_NUMBER_MAX}", self.assignment_epoch)
+        })?;
         check((1..=SHARD_COUNT_MAX).contains(&self.shard_count), || {
             format!("shardCount {} outside 1..={SHARD_COUNT_MAX}", self.shard_count)
         })?;

@@ -3,8 +3,12 @@
 //! [`Coordinator`] method and answers with its result.
 //!
 //! Owns: the JSON shapes of the admin request bodies (the protocol's [`AdminRequest`] split per
-//! route). Never: decides or retries anything; the terminating gate, validation of group names and
-//! revision checks are the coordinator's (so `COORDINATOR_TERMINATING` comes through unchanged).
+//! route), and refusing requests that break the input bounds ([`crate::core::input`]: numbers
+//! above `CLIENT_NUMBER_MAX`, bad member ids or shard lists, out-of-range shard counts, invalid
+//! configs) with a 400 before the coordinator is called, so they touch nothing. Never: decides or
+//! retries anything; the terminating gate, validation of group names and revision checks are the
+//! coordinator's (so `COORDINATOR_TERMINATING` comes through unchanged). The coordinator and the
+//! core run the same input checks again: they are called without this edge too.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -14,12 +18,14 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{ApiJson, ApiPath, ApiQuery, HttpError};
 use super::router::AppState;
+use crate::core::input::{check_admin_request, check_client_number, check_heartbeat_request, InputError};
 use crate::core::model::{GroupConfig, GroupId};
-use crate::core::protocol::{AdminRequest, HeartbeatRequest};
+use crate::core::protocol::{AdminRequest, AdminResponse, HeartbeatRequest};
 use crate::store::MetadataStore;
 
 /// `GET /v1/groups/{streamPrefix}/{consumerGroup}/routing` query: the metadataVersion of the
-/// producer's cached view, if it has one (reporting it lets the coordinator detect lost writes).
+/// producer's cached view, if it has one (reporting it lets the coordinator detect lost writes);
+/// at most `CLIENT_NUMBER_MAX`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RoutingQuery {
@@ -71,6 +77,16 @@ pub struct RebuildIndexResponse {
 
 type Result<T> = std::result::Result<T, HttpError>;
 
+fn refused(error: InputError) -> HttpError {
+    HttpError::bad_request(error.to_string())
+}
+
+/// Checks an admin mutation's input and passes it to the coordinator.
+async fn admin<S: MetadataStore>(app: &AppState<S>, req: AdminRequest) -> Result<AdminResponse> {
+    check_admin_request(&req).map_err(refused)?;
+    Ok(app.coordinator.admin(req).await?)
+}
+
 /// The group named by the path, recorded in the request span.
 fn path_group((stream_prefix, consumer_group): (String, String)) -> GroupId {
     let group = GroupId::new(stream_prefix, consumer_group);
@@ -88,6 +104,7 @@ pub(super) async fn heartbeat<S: MetadataStore>(
     if req.group != group {
         return Err(HttpError::bad_request(format!("body names group {} but the path names {group}", req.group)));
     }
+    check_heartbeat_request(&req).map_err(refused)?;
     Ok(Json(app.coordinator.heartbeat(req).await?).into_response())
 }
 
@@ -98,6 +115,7 @@ pub(super) async fn routing<S: MetadataStore>(
 ) -> Result<Response> {
     let group = path_group(path);
     let known_version = query.known_version.unwrap_or(0);
+    check_client_number("knownVersion", known_version).map_err(refused)?;
     Ok(Json(app.coordinator.routing(&group, known_version).await?).into_response())
 }
 
@@ -119,7 +137,7 @@ pub(super) async fn create_group<S: MetadataStore>(
         shard_count: body.shard_count,
         config: body.config.unwrap_or_default(),
     };
-    let response = app.coordinator.admin(req).await?;
+    let response = admin(&app, req).await?;
     tracing::info!(revision = response.store_revision, "group created");
     Ok((StatusCode::CREATED, Json(response)).into_response())
 }
@@ -135,7 +153,7 @@ pub(super) async fn add_shards<S: MetadataStore>(
         expected_revision: body.expected_revision,
         new_shard_count: body.new_shard_count,
     };
-    let response = app.coordinator.admin(req).await?;
+    let response = admin(&app, req).await?;
     tracing::info!(shards = body.new_shard_count, revision = response.store_revision, "shards added");
     Ok(Json(response).into_response())
 }
@@ -147,7 +165,7 @@ pub(super) async fn change_config<S: MetadataStore>(
 ) -> Result<Response> {
     let group = path_group(path);
     let req = AdminRequest::ChangeConfig { group, expected_revision: body.expected_revision, config: body.config };
-    let response = app.coordinator.admin(req).await?;
+    let response = admin(&app, req).await?;
     tracing::info!(revision = response.store_revision, "config changed");
     Ok(Json(response).into_response())
 }
@@ -159,7 +177,7 @@ pub(super) async fn delete_group<S: MetadataStore>(
 ) -> Result<Response> {
     let group = path_group(path);
     let req = AdminRequest::DeleteGroup { group, expected_revision: query.expected_revision };
-    let response = app.coordinator.admin(req).await?;
+    let response = admin(&app, req).await?;
     tracing::info!("group deleted");
     Ok(Json(response).into_response())
 }

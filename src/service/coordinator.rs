@@ -1,9 +1,11 @@
 //! [`Coordinator`]: the workflow around the pure core (seed: "Redis-recorded state machine").
 //!
-//! Every mutation runs: local monitor -> shutdown gate -> Redis mutex -> load -> validate ->
-//! decide (pure) -> write conditioned on the loaded record's whole stamp (revision and writeId)
-//! -> respond from what was written. A heartbeat that changes nothing answers from one
-//! consistent read (the liveness touch + load script) without the mutex.
+//! Every request is first checked against the input bounds ([`crate::core::input`]: numbers,
+//! member ids, shard lists, admin counts and configs) without touching the store. Every mutation
+//! then runs: local monitor -> shutdown gate -> Redis mutex -> load -> validate -> decide (pure)
+//! -> write conditioned on the loaded record's whole stamp (revision and writeId) -> respond from
+//! what was written. A heartbeat that changes nothing answers from one consistent read (the
+//! liveness touch + load script) without the mutex.
 //! The coordinator never answers with a decision that is not in the store, never rebuilds missing
 //! metadata, and never overwrites metadata it cannot parse.
 //!
@@ -22,6 +24,7 @@ use super::cache::DecodedCache;
 use super::marks::{ReadOrder, ReadTicket, RevisionVerdict};
 use super::shutdown::ShutdownGate;
 use crate::core::engine::routing_view;
+use crate::core::input::{check_admin_request, check_client_number, check_heartbeat_request, InputError};
 use crate::core::model::{GroupId, GroupMetadata, LossEvidence, MemberId};
 use crate::core::protocol::{
     AdminRequest, AdminResponse, ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingResponse,
@@ -205,6 +208,8 @@ impl<S: MetadataStore> Coordinator<S> {
     async fn heartbeat_inner(&self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         self.inner.gate.check()?;
         req.group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
+        // Before the liveness touch: a request refused for its shape leaves no trace in the store.
+        check_heartbeat_request(req).map_err(bad_request)?;
         self.recheck_identity_if_suspect().await?;
         let ticket = self.local().reads.begin_read();
         let (g, revision) = self.heartbeat_read(req).await?;
@@ -272,9 +277,11 @@ impl<S: MetadataStore> Coordinator<S> {
 
     /// Producer routing view. `known_version` is the metadataVersion the producer has cached (0:
     /// none). One above the stored version is recorded as loss evidence and answered with
-    /// `lostVersion`; otherwise this is a read, served while terminating too.
+    /// `lostVersion`; otherwise this is a read, served while terminating too. One above
+    /// `CLIENT_NUMBER_MAX` is `BAD_REQUEST` before anything is read.
     pub async fn routing(&self, group: &GroupId, known_version: u64) -> Result<RoutingResponse, ApiError> {
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
+        check_client_number("knownVersion", known_version).map_err(bad_request)?;
         self.recheck_identity_if_suspect().await?;
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
@@ -334,6 +341,8 @@ impl<S: MetadataStore> Coordinator<S> {
     pub async fn admin(&self, req: AdminRequest) -> Result<AdminResponse, ApiError> {
         let group = req.group().clone();
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
+        // Before the mutex and the index read: a malformed mutation costs the store nothing.
+        check_admin_request(&req).map_err(bad_request)?;
         let recreate = matches!(req, AdminRequest::CreateGroup { .. }) && self.index_knows(&group).await?;
         let response =
             self.critical(&group, false, |g, rev, obs| decide_admin(g, &req, recreate, self.context(rev, obs))).await?;
@@ -536,4 +545,8 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         true
     }
+}
+
+fn bad_request(refused: InputError) -> ApiError {
+    ApiError::new(ErrorCode::BadRequest, refused.to_string())
 }

@@ -7,8 +7,10 @@
 use std::collections::BTreeMap;
 
 use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, LossEvidence, MemberId, RevokeId, ShardId};
-use rsc::core::protocol::{AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, RevokeReport};
-use rsc::core::{decide_admin, decide_evidence, decide_heartbeat, decide_tick, Context, Decision, LocalView};
+use rsc::core::protocol::{AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, RevokeReport, RoutingResponse};
+use rsc::core::{
+    decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Context, Decision, LocalView,
+};
 
 pub fn group_id() -> GroupId {
     GroupId::new("orders", "billing")
@@ -124,6 +126,16 @@ impl World {
         decision.outcome
     }
 
+    /// Processes a producer's routing refresh reporting `known_version`, as the service would.
+    pub fn routing(&mut self, known_version: u64) -> Result<RoutingResponse, ApiError> {
+        let obs = self.view.observe(self.now_ms, &self.g, None);
+        let ctx =
+            Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
+        let decision = decide_routing(&self.g, known_version, ctx);
+        self.apply(&decision);
+        decision.outcome
+    }
+
     /// The store loses its last `k` writes. `failover`: the coordinator sees the identity change,
     /// resets its windows and records a correction round.
     pub fn rollback(&mut self, k: usize, failover: bool) {
@@ -202,9 +214,15 @@ impl Client {
         HeartbeatRequest { leave: true, ..self.request() }
     }
 
-    /// Applies a response to the request sent at `sent_at_ms` (the lease counts from the send).
-    pub fn apply(&mut self, sent_at_ms: u64, result: &Result<HeartbeatResponse, ApiError>) {
+    /// Applies a response to the request sent at `sent_at_ms` (the lease counts from the send),
+    /// received at `now_ms`. Like the real consumer, shards stop when the lease ends, before any
+    /// answer is applied: REVOKE_PENDING / SYNC_METADATA keep only shards still being read, and a
+    /// late answer cannot revive a shard whose lease ran out while it was in flight.
+    pub fn apply(&mut self, now_ms: u64, sent_at_ms: u64, result: &Result<HeartbeatResponse, ApiError>) {
         use rsc::core::protocol::HeartbeatStatus;
+        if now_ms >= self.lease_end_ms {
+            self.reading.clear();
+        }
         match result {
             Ok(r) => {
                 let assigned: std::collections::BTreeSet<ShardId> = r.assigned.iter().copied().collect();
@@ -259,6 +277,6 @@ pub fn recorded_revoke_id(g: &GroupMetadata, shard: ShardId) -> Option<RevokeId>
 pub fn beat(world: &mut World, client: &mut Client) -> Result<HeartbeatResponse, ApiError> {
     let sent = world.now_ms;
     let result = world.heartbeat(&client.request());
-    client.apply(sent, &result);
+    client.apply(world.now_ms, sent, &result);
     result
 }

@@ -106,6 +106,19 @@ pub async fn contract_cas_success_and_conflict<S: MetadataStore + StreamStore + 
     assert_eq!((winners, losers), (1, 9), "{outcomes:?}");
 }
 
+/// A write whose expected revision has no successor is a `Protocol` error that writes nothing,
+/// never a wrap or a panic (RedisStore computes the new revision in Rust before the script runs).
+pub async fn contract_revision_without_successor_is_refused<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let g = group();
+    assert_eq!(store.write(&g, create("v1")).await, Ok(written(1)));
+    let before = store.load(&g).await.expect("load");
+    let mut at_max = stored(store, &g).await;
+    at_max.revision = u64::MAX;
+    let refused = store.write(&g, cas(&at_max, "wrapped")).await;
+    assert!(matches!(refused, Err(StoreError::Protocol(_))), "{refused:?}");
+    assert_eq!(store.load(&g).await.expect("load"), before, "nothing written");
+}
+
 pub async fn contract_liveness_guard_failure_writes_nothing<S: MetadataStore + StreamStore + Clone>(store: &S) {
     let g = group();
     assert_eq!(store.write(&g, create("v1")).await, Ok(written(1)));

@@ -413,8 +413,15 @@ impl MetadataStore for MemoryStore {
     }
 
     async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
-        // Refused before anything is sent, as RedisStore does: no latency, no outage applies.
+        // Refused before anything is sent, as RedisStore does: no latency, no outage applies. That
+        // includes an expected revision with no successor (RedisStore computes the new revision
+        // before it sends the script), so the keyspace's `expected + 1` never overflows.
         request.check()?;
+        if let Some(expected) = &request.expected {
+            if expected.revision.checked_add(1).is_none() {
+                return Err(StoreError::Protocol(format!("revision {} cannot be incremented", expected.revision)));
+            }
+        }
         self.call(&["EVALSHA", "EXISTS", "HGET", "HSET", "HDEL"], |inner| Ok(inner.write(group, request))).await
     }
 
