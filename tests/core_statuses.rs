@@ -221,6 +221,13 @@ fn admin_mutations_check_revisions_and_inputs() {
     let bad = GroupConfig { assignment_lease_ms: 20_000, ..GroupConfig::default() };
     let change = AdminRequest::ChangeConfig { group: group.clone(), expected_revision: w.revision, config: bad };
     assert_eq!(w.admin(&change).unwrap_err().code, ErrorCode::BadRequest, "lease above member TTL");
+    // Equal leases leave no room for clock-rate differences: the TTL must be 2% longer.
+    let equal = GroupConfig { member_lease_ttl_ms: 8_000, ..GroupConfig::default() };
+    assert!(equal.validate().is_err(), "assignment lease == member TTL");
+    let margin = GroupConfig { member_lease_ttl_ms: 8_160, ..GroupConfig::default() };
+    assert_eq!(margin.validate(), Ok(()), "8,000 ms + 2% = 8,160 ms");
+    let short = GroupConfig { member_lease_ttl_ms: 8_159, ..GroupConfig::default() };
+    assert!(short.validate().is_err());
 
     let obs = Default::default();
     let ctx = Context { stored_revision: 0, observations: &obs, planted: Default::default(), nonce: 1 };

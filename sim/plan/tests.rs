@@ -67,7 +67,7 @@ fn bad_plans_are_rejected_with_a_reason() {
         ("[[fault]]\nat_ms = 0\nkind = \"pause\"\ntarget = \"consumer-1\"\nparams = { duration = 5 }", "unknown param"),
         ("[[fault]]\nat_ms = 0\nkind = \"kill\"\ntarget = \"coordinator-1\"", "only one consumer or producer"),
         ("[[fault]]\nat_ms = 0\nkind = \"pause\"\ntarget = \"consumer-1\"", "needs a duration"),
-        ("[group]\nassignment_lease_ms = 20000", "assignmentLeaseMs must be <= memberLeaseTtlMs"),
+        ("[group]\nassignment_lease_ms = 20000", "memberLeaseTtlMs must be at least assignmentLeaseMs"),
     ];
     for (extra, expected) in cases {
         let spec = PlanSpec::parse(&format!("{base}\n{extra}"), Path::new("x.toml")).unwrap();

@@ -117,6 +117,20 @@ pub enum AssignorKind {
     Range,
 }
 
+/// The member lease TTL must exceed the assignment lease by this share of it. A consumer measures
+/// its lease on its own clock from a heartbeat's send time; a coordinator expires the member once
+/// the liveness counter stayed unchanged for the TTL on *its* clock, from a moment after that send.
+/// If the two clocks' rates differ by up to ε each way (NTP slews at most 0.05%; a VM's clock under
+/// load can be off by more), the lease L lasts up to L(1+ε) real time and the TTL T at least
+/// T(1−ε): safety needs T ≥ L(1+ε)/(1−ε) ≈ L(1+2ε). 2% covers ε = 1%. Suspended clocks are a
+/// different problem (the client must read a clock that counts suspended time).
+pub const CLOCK_RATE_MARGIN_PERCENT: u64 = 2;
+
+/// The clock-rate margin for an assignment lease of `lease_ms` (rounded up).
+pub fn clock_rate_margin_ms(lease_ms: u64) -> u64 {
+    (lease_ms.saturating_mul(CLOCK_RATE_MARGIN_PERCENT)).div_ceil(100)
+}
+
 /// Per-group timing configuration. All durations in milliseconds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -125,7 +139,7 @@ pub struct GroupConfig {
     /// clock) is expired.
     pub member_lease_ttl_ms: u64,
     /// How long a consumer may keep reading after *sending* the heartbeat whose response granted
-    /// its assignment. Must be `<= member_lease_ttl_ms`.
+    /// its assignment. `member_lease_ttl_ms` must exceed it by [`CLOCK_RATE_MARGIN_PERCENT`].
     pub assignment_lease_ms: u64,
     /// How often consumers heartbeat. Must be `< assignment_lease_ms` so a healthy consumer renews
     /// its lease before it ends.
@@ -172,8 +186,12 @@ impl GroupConfig {
                 return Err(format!("{name} must be in 1..={MS_MAX}"));
             }
         }
-        if self.assignment_lease_ms > self.member_lease_ttl_ms {
-            return Err("assignmentLeaseMs must be <= memberLeaseTtlMs".into());
+        if self.assignment_lease_ms.saturating_add(clock_rate_margin_ms(self.assignment_lease_ms))
+            > self.member_lease_ttl_ms
+        {
+            return Err(format!(
+                "memberLeaseTtlMs must be at least assignmentLeaseMs + {CLOCK_RATE_MARGIN_PERCENT}% (clock-rate margin)"
+            ));
         }
         if self.heartbeat_interval_ms >= self.assignment_lease_ms {
             return Err("heartbeatIntervalMs must be < assignmentLeaseMs".into());
