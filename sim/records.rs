@@ -116,7 +116,8 @@ impl<Req, Resp> CoordinatorCall<Req, Resp> {
 }
 
 pub type HeartbeatCall = CoordinatorCall<HeartbeatRequest, HeartbeatResponse>;
-pub type RoutingCall = CoordinatorCall<(), RoutingResponse>;
+/// A routing refresh; the request is the `knownVersion` the producer reported (0: none).
+pub type RoutingCall = CoordinatorCall<u64, RoutingResponse>;
 
 /// An operator admin call.
 #[derive(Clone, Debug, PartialEq)]

@@ -205,7 +205,7 @@ impl<T: CoordinatorTransport + Send + Sync + 'static> CoordinatorTransport for R
             |recorder, at| {
                 recorder.trace_verbose(process, || "routing ->".to_string());
                 let mut records = recorder.lock();
-                records.routings.push(new_call(process, (), at));
+                records.routings.push(new_call(process, known_version, at));
                 records.routings.len() - 1
             },
             |recorder, index, at, answer, hidden| {

@@ -231,13 +231,21 @@ impl World {
         };
         let call = CoordinatorCall {
             process: p,
-            request: (),
+            request: 0,
             sent_at_us: sent,
             received_at_us: Some(received),
             answer: Some(Ok(resp)),
             hidden: false,
         };
         self.records.routings.push(call);
+    }
+
+    /// A routing refresh that reported `known_version`, answered.
+    pub fn routing_reporting(&mut self, p: ProcessId, known_version: u64, sent: Us, received: Us) {
+        self.routing(p, sent, received, 10_000, 1);
+        if let Some(call) = self.records.routings.last_mut() {
+            call.request = known_version;
+        }
     }
 
     pub fn silent_rollback(&mut self, at_us: Us) {

@@ -18,10 +18,12 @@
 //! - *Processing* is recorded by the simulated application: from the moment it starts working on
 //!   a delivered entry until it finishes or abandons it (lease lost), or its process dies. Two
 //!   processes' processing intervals of one entry must not intersect. A process that was paused
-//!   during its interval cannot act on its lease end until it runs again (the classic GC-pause
-//!   problem no lease protocol can solve without fencing at the data); such overlaps are counted
-//!   as a measurement, not a violation, and so are overlaps that start within one assignment
-//!   lease of a silent loss of writes (see the split checker).
+//!   cannot act on its lease end until it runs again (the classic GC-pause problem no lease
+//!   protocol can solve without fencing at the data): an overlap during which, at every instant,
+//!   one side was paused (or had resumed less than [`RESUME_GRACE_US`] before) is counted as a
+//!   measurement, not a violation — any part of it outside paused time is a violation. Overlaps
+//!   that start within one assignment lease of a silent loss of writes are counted too (see the
+//!   split checker).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -189,6 +191,11 @@ fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
     (violations, backlog, stranded)
 }
 
+/// How long after a pause ends a process may still be finishing an entry before it notices its
+/// lease ended (its timers fire at the resume instant; the cancellation then needs a scheduling
+/// step or two). Overlaps outside paused time plus this grace are violations.
+const RESUME_GRACE_US: Us = 1_000;
+
 fn concurrent_processing(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
     // Per entry: (start, end, process) of every processing of it.
     type Intervals = Vec<(Us, Us, ProcessId)>;
@@ -201,12 +208,15 @@ fn concurrent_processing(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
     let (mut paused, mut silent_loss) = (0, 0);
     for ((stream, id), mut intervals) in by_entry {
         intervals.sort_unstable();
-        for (i, &(start_a, end_a, a)) in intervals.iter().enumerate() {
+        for (i, &(_, end_a, a)) in intervals.iter().enumerate() {
             for &(start_b, end_b, b) in intervals[i + 1..].iter().take_while(|(s, ..)| *s < end_a) {
                 if a == b {
                     continue;
                 }
-                if facts.paused_within(a, start_a, end_a) || facts.paused_within(b, start_b, end_b) {
+                let overlap = (start_b, end_a.min(end_b));
+                if overlap.1 > overlap.0 && facts.unpaused_us(&[a, b], overlap, RESUME_GRACE_US) == 0 {
+                    // Every instant of the overlap, one side was paused (or had just resumed and
+                    // not yet run its lease check): no lease protocol can stop that; fencing can.
                     paused += 1;
                     continue;
                 }
@@ -287,5 +297,19 @@ mod tests {
         w.pause(a, 1_200_000, 1_900_000);
         let (violations, counts) = check(&w.facts());
         assert_eq!((violations, counts.paused_overlaps), (vec![], 1));
+    }
+
+    #[test]
+    fn only_paused_time_excuses_an_overlap() {
+        let mut w = World::new();
+        let (a, b) = (w.consumer(1), w.consumer(2));
+        let id = EntryId { ms: 1, seq: 0 };
+        w.process_entry(a, 0, id, 1_000_000, Some(3_000_000));
+        w.process_entry(b, 0, id, 1_500_000, Some(2_500_000));
+        // a was paused for part of the overlap only: it kept processing 300 ms after it resumed.
+        w.pause(a, 1_100_000, 2_200_000);
+        let (violations, counts) = check(&w.facts());
+        assert!(matches!(&violations[..], [Violation::ConcurrentProcessing { .. }]), "{violations:?}");
+        assert_eq!(counts.paused_overlaps, 0);
     }
 }

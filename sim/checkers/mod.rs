@@ -60,12 +60,27 @@ impl Facts<'_> {
         self.records.lifecycles.iter().find(|l| l.process == process).and_then(|l| l.stopped_at_us)
     }
 
-    /// Whether `process` was paused at any moment in `[from, to]`.
-    pub fn paused_within(&self, process: ProcessId, from: Us, to: Us) -> bool {
-        self.records.lifecycles.iter().filter(|l| l.process == process).flat_map(|l| &l.paused).any(|(start, end)| {
-            let end = end.unwrap_or(Us::MAX);
-            *start <= to && end >= from
-        })
+    /// How much of `[from, to]` no process of `processes` was paused (each pause extended by
+    /// `grace_us` after it ended), in µs.
+    pub fn unpaused_us(&self, processes: &[ProcessId], (from, to): (Us, Us), grace_us: Us) -> Us {
+        let mut covered: Vec<(Us, Us)> = self
+            .records
+            .lifecycles
+            .iter()
+            .filter(|l| processes.contains(&l.process))
+            .flat_map(|l| &l.paused)
+            .map(|(start, end)| ((*start).max(from), end.map_or(to, |e| e.saturating_add(grace_us)).min(to)))
+            .filter(|(start, end)| start < end)
+            .collect();
+        covered.sort_unstable();
+        let (mut unpaused, mut cursor) = (0, from);
+        for (start, end) in covered {
+            if start > cursor {
+                unpaused += start - cursor;
+            }
+            cursor = cursor.max(end);
+        }
+        unpaused + to.saturating_sub(cursor)
     }
 
     /// The plan's assignment lease in µs (the longest any grant may run).

@@ -4,7 +4,10 @@
 //! is judged at the instant the producer issued it (the instant of its cache check). It needs a
 //! routing response the producer *received* before that instant whose request was *sent* no more
 //! than that response's `routing_cache_ttl_ms` earlier (the view's lease counts from the send
-//! time, like the consumer's), and the XADD's shard must exist in such a fresh view.
+//! time, like the consumer's), and the XADD's shard must exist in the *latest* view it received
+//! before that instant: a later answer replaces an earlier view (and one carrying `lostVersion`
+//! tells the producer its view was lost), so publishing by a shard only an older view had is
+//! publishing outside routing, even while the older view's TTL runs.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -20,7 +23,7 @@ pub enum Violation {
     /// Invariant 3: an XADD with no routing view fetched within its cache TTL (`last_fetch_us`:
     /// send time of the last view received before it, if any).
     PublishOnExpiredRouting { process: ProcessId, stream: String, at_us: Us, last_fetch_us: Option<Us> },
-    /// Invariant 3: an XADD to a shard no fresh routing view has.
+    /// Invariant 3: an XADD to a shard the latest routing view received before it does not have.
     PublishOutsideRouting { process: ProcessId, stream: String, at_us: Us, shard_count: u32 },
 }
 
@@ -49,7 +52,7 @@ impl fmt::Display for Violation {
                 None => write!(f, "{process} XADD {stream} without ever receiving a routing view"),
             },
             Violation::PublishOutsideRouting { process, stream, shard_count, .. } => {
-                write!(f, "{process} XADD {stream}: no fresh view has that shard (shard count {shard_count})")
+                write!(f, "{process} XADD {stream}: the latest view it received has {shard_count} shards")
             }
         }
     }
@@ -90,7 +93,9 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
             continue;
         }
         let shard: Option<ShardId> = facts.shard_of(&add.stream);
-        let shard_count = fresh.iter().map(|(.., count)| *count).max().unwrap_or(0);
+        // The view of the latest request answered so far: an answer to an older request that
+        // arrives late replaces nothing. It is the freshest view, so it is fresh when any is.
+        let shard_count = received.iter().max_by_key(|(_, sent, ..)| *sent).map_or(0, |(.., count)| *count);
         if shard.is_none_or(|s| s >= shard_count) {
             violations.push(Violation::PublishOutsideRouting { process, stream, at_us, shard_count });
         }
@@ -135,6 +140,21 @@ mod tests {
                     Violation::PublishOutsideRouting { shard_count: 4, .. },
                 ]
             ),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn a_shard_only_a_replaced_view_had_is_outside_routing_even_within_that_views_ttl() {
+        let mut w = World::new();
+        let p = w.producer(1);
+        w.routing(p, 1_000_000, 1_100_000, 10_000, 8); // 8 shards (an add-shards the store later lost)
+        w.routing(p, 4_000_000, 4_100_000, 10_000, 6); // the store's view after the loss: 6 shards
+        w.add(p, 7, 3_000_000); // shard 7 while the 8-shard view was the latest: fine
+        w.add(p, 7, 5_000_000); // after the 6-shard view replaced it: outside routing
+        let violations = check(&w.facts());
+        assert!(
+            matches!(&violations[..], [Violation::PublishOutsideRouting { shard_count: 6, at_us: 5_000_000, .. }]),
             "{violations:?}"
         );
     }

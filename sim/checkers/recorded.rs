@@ -6,11 +6,13 @@
 //! coordinator did send them), the checker looks in the store's metadata history for the states of
 //! the group's key that had that revision and were stored at or before the instant the response
 //! arrived (the question `MemoryStore::record_at` answers; a revision can be stored more than once
-//! after a rollback, so every such state is a candidate). The response must equal the view the
-//! pure core derives from one of them: `member_view` (same fields; an `OK` or `REVOKE_PENDING`
-//! status must be the state's own `status_for`; `SYNC_METADATA` also when the request reported a
-//! version above the state's), `routing_view` (whose `lostVersion`, if any, is above the state's
-//! version), or an admin result naming the state's version.
+//! after a rollback, so every such state is a candidate). The response must equal the view of one
+//! of them, as [`reference`] derives it from the spec — written here, independently of the core's
+//! own `member_view` / `status_for` / `routing_view`, so a wrong answer the core derives
+//! consistently from stored state is still caught: a member's view (an `OK` or `REVOKE_PENDING`
+//! status must be the state's own; `SYNC_METADATA` also when the request reported a version above
+//! the state's), a routing view (whose `lostVersion`, if any, is above the state's version), or an
+//! admin result naming the state's version.
 //!
 //! A write the store acknowledged but dropped (the `redis-write-drop` fault) leaves the
 //! coordinator answering from a state that was never stored, through no fault of its own: such a
@@ -19,13 +21,94 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use rsc::core::engine::{member_view, routing_view, status_for};
 use rsc::core::model::GroupMetadata;
 use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
 use rsc::store::memory::HistoryKind;
 
 use super::Facts;
 use crate::records::{fmt_us, Us};
+use reference::{member_view, routing_view, status_for};
+
+/// The spec's view of a recorded state (seed: "Heartbeat statuses", "Producer Routing"; DESIGN
+/// brief: statuses, pending shards derived from the target), written from the spec for this
+/// oracle. It shares the protocol's *types*, never its rules.
+mod reference {
+    use rsc::core::model::{GroupMetadata, ShardOwner};
+    use rsc::core::protocol::{Drain, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
+
+    /// The status the state gives `member`: during a correction round, SYNC_METADATA until the
+    /// member synced, then REVOKE_PENDING; otherwise REVOKE_PENDING while it has a shard to drain
+    /// or a target shard it does not own yet; OK only when nothing blocks it.
+    pub fn status_for(g: &GroupMetadata, member: &str) -> HeartbeatStatus {
+        if let Some(round) = &g.correction {
+            return if round.synced_members.contains(member) {
+                HeartbeatStatus::RevokePending
+            } else {
+                HeartbeatStatus::SyncMetadata
+            };
+        }
+        let draining = g.current.values().any(|o| matches!(o, ShardOwner::Revoking { member: m, .. } if m == member));
+        let waiting = g.target.iter().any(|(shard, t)| {
+            t == member && !matches!(g.current.get(shard), Some(ShardOwner::Owned { member: m, .. }) if m == member)
+        });
+        if draining || waiting {
+            HeartbeatStatus::RevokePending
+        } else {
+            HeartbeatStatus::Ok
+        }
+    }
+
+    /// What the state says to `member` under `status`: the shards it owns, the ones it waits for,
+    /// the ones it must drain (with each drain's revoke id), its epoch and the group's numbers.
+    pub fn member_view(g: &GroupMetadata, member: &str, status: HeartbeatStatus, revision: u64) -> HeartbeatResponse {
+        let mut view = HeartbeatResponse {
+            status,
+            member_id: member.to_string(),
+            member_epoch: g.members.get(member).map_or(0, |m| m.member_epoch),
+            metadata_version: g.metadata_version,
+            assignment_epoch: g.assignment_epoch,
+            shard_count: g.shard_count,
+            assigned: Vec::new(),
+            pending: Vec::new(),
+            revoke: Vec::new(),
+            drains: Vec::new(),
+            assignment_lease_ms: g.config.assignment_lease_ms,
+            heartbeat_interval_ms: g.config.heartbeat_interval_ms,
+            store_revision: revision,
+        };
+        for shard in 0..g.shard_count {
+            match g.current.get(&shard) {
+                Some(ShardOwner::Owned { member: m, .. }) if m == member => view.assigned.push(shard),
+                Some(ShardOwner::Revoking { member: m, revoke_id, .. }) if m == member => {
+                    view.revoke.push(shard);
+                    if let Some(revoke_id) = *revoke_id {
+                        view.drains.push(Drain { shard, revoke_id });
+                    }
+                }
+                _ => {}
+            }
+            let owned = matches!(g.current.get(&shard), Some(ShardOwner::Owned { member: m, .. }) if m == member);
+            if g.target.get(&shard).is_some_and(|t| t == member) && !owned {
+                view.pending.push(shard);
+            }
+        }
+        view
+    }
+
+    /// The producer's view: version, shard count, one stream key `<prefix>:<shard>` per shard.
+    pub fn routing_view(g: &GroupMetadata, revision: u64) -> RoutingResponse {
+        RoutingResponse {
+            group: g.group.clone(),
+            metadata_version: g.metadata_version,
+            shard_count: g.shard_count,
+            stream_keys: (0..g.shard_count).map(|s| format!("{}:{s}", g.group.stream_prefix)).collect(),
+            routing_cache_ttl_ms: g.config.routing_cache_ttl_ms,
+            routing_refresh_interval_ms: g.config.routing_refresh_interval_ms,
+            store_revision: revision,
+            lost_version: None,
+        }
+    }
+}
 
 /// A violation of invariant 4 (recorded responses).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,7 +224,7 @@ fn heartbeat_view(g: &GroupMetadata, req: &HeartbeatRequest, resp: &HeartbeatRes
     let view = member_view(g, member, resp.status, resp.store_revision);
     // A leave is answered with the member's empty view (epoch 0) once it is gone.
     let expected = if req.leave && !g.members.contains_key(member) {
-        HeartbeatResponse { assigned: vec![], pending: vec![], revoke: vec![], member_epoch: 0, ..view }
+        HeartbeatResponse { assigned: vec![], pending: vec![], revoke: vec![], drains: vec![], member_epoch: 0, ..view }
     } else {
         view
     };

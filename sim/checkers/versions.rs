@@ -2,17 +2,20 @@
 //! writes": "a later version bump must go *past* the highest version any client reported (never
 //! reuse a lost version number)".
 //!
-//! From the store's metadata history: each applied write is computed from the state stored right
-//! before it (the revision CAS guarantees it), so for every write that changes `metadataVersion`,
-//! the new version must be above the highest client-reported version recorded in the state it was
-//! computed from and in the state it writes (`maxClientVersionSeen`). A version a client saw but
-//! never reported cannot be protected (a silent rollback loses it without trace); a version
-//! recorded as reported can.
-
+//! Judged from the clients' transport records and the store's history, never from the
+//! coordinator's own bookkeeping (`maxClientVersionSeen`): a client *reported* version R when it
+//! sent a heartbeat with `metadataVersion` R or a routing refresh with `knownVersion` R and got an
+//! answer (so a coordinator processed it). Every later write that bumps `metadataVersion` to a
+//! number at or below R is a reuse — unless the store lost writes (a rollback that undid
+//! something, an acknowledged write it dropped, a deleted key) between the report's send and the
+//! bump: the record of the report may have been lost with them, and a version a coordinator no
+//! longer knows was reported cannot be protected (the client reports it again at its next request).
 use std::fmt;
 
 use rsc::core::model::GroupMetadata;
 use rsc::store::memory::HistoryKind;
+
+use crate::records::ProcessId;
 
 use super::Facts;
 use crate::records::Us;
@@ -21,7 +24,7 @@ use crate::records::Us;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Violation {
     /// Invariant 4: a write bumped `metadataVersion` to a number a client had already reported.
-    VersionNotPastReported { revision: u64, version: u64, reported: u64, at_us: Us },
+    VersionNotPastReported { revision: u64, version: u64, reported: u64, who: ProcessId, at_us: Us },
 }
 
 impl super::Violation for Violation {
@@ -39,28 +42,69 @@ impl super::Violation for Violation {
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Violation::VersionNotPastReported { revision, version, reported, .. } => write!(
+            Violation::VersionNotPastReported { revision, version, reported, who, .. } => write!(
                 f,
-                "revision {revision} bumped metadataVersion to {version}, but a client had reported {reported}"
+                "revision {revision} bumped metadataVersion to {version}, but {who} had reported {reported} \
+                 and the store lost nothing since"
             ),
         }
     }
 }
 
-/// Checks every version bump in the store's history.
+/// One version a client reported: (sent, answered, reported version, who).
+type Report = (Us, Us, u64, ProcessId);
+
+/// Versions clients reported in requests a coordinator answered.
+fn reports(facts: &Facts<'_>) -> Vec<Report> {
+    let heartbeats = facts.records.heartbeats.iter().filter_map(|call| {
+        let answered = call.received_at_us.filter(|_| matches!(call.answer, Some(Ok(_))))?;
+        Some((call.sent_at_us, answered, call.request.metadata_version, call.process))
+    });
+    let routings = facts.records.routings.iter().filter_map(|call| {
+        let answered = call.received_at_us.filter(|_| matches!(call.answer, Some(Ok(_))))?;
+        Some((call.sent_at_us, answered, call.request, call.process))
+    });
+    heartbeats.chain(routings).filter(|(_, _, version, _)| *version > 0).collect()
+}
+
+/// Store-clock instants (µs) at which the store lost writes of the group.
+fn losses(facts: &Facts<'_>) -> Vec<Us> {
+    facts
+        .history
+        .iter()
+        .filter(|e| match &e.kind {
+            HistoryKind::RolledBack { undone, .. } => *undone > 0,
+            HistoryKind::WriteDropped { group, .. } | HistoryKind::KeyDeleted { group } => group == facts.group,
+            _ => false,
+        })
+        .map(|e| e.at_ms * 1_000)
+        .collect()
+}
+
+/// Checks every version bump in the store's history against the versions clients reported.
 pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
+    let reports = reports(facts);
+    let losses = losses(facts);
     let mut violations = Vec::new();
     let mut stored: Option<GroupMetadata> = None;
     for event in facts.history {
         let Some((_, after)) = event.metadata_after.iter().rev().find(|(g, _)| g == facts.group) else { continue };
         let next: Option<GroupMetadata> = after.as_ref().and_then(|r| serde_json::from_str(&r.aggregate).ok());
         if let (HistoryKind::Written { revision, .. }, Some(before), Some(written)) = (&event.kind, &stored, &next) {
-            let reported = before.max_client_version_seen.max(written.max_client_version_seen);
-            if written.metadata_version != before.metadata_version && written.metadata_version <= reported {
+            // The write happened somewhere in its store millisecond.
+            let bump_us = event.at_ms * 1_000 + 999;
+            let bumped = written.metadata_version != before.metadata_version;
+            let reused = reports.iter().filter(|(sent, answered, version, _)| {
+                *answered <= event.at_ms * 1_000
+                    && written.metadata_version <= *version
+                    && !losses.iter().any(|lost| (*sent..=bump_us).contains(lost))
+            });
+            if let Some((_, _, reported, who)) = reused.max_by_key(|(_, _, version, _)| *version).filter(|_| bumped) {
                 violations.push(Violation::VersionNotPastReported {
                     revision: *revision,
                     version: written.metadata_version,
-                    reported,
+                    reported: *reported,
+                    who: *who,
                     at_us: event.at_ms * 1_000,
                 });
             }
@@ -76,24 +120,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_bump_must_go_past_every_reported_version() {
+    fn a_bump_must_go_past_every_version_a_client_reported_unless_the_store_lost_writes_since() {
         let mut w = World::new();
+        let p = w.producer(1);
         let mut g = w.group_with_member("consumer-1", &[0]);
         g.metadata_version = 12;
-        g.max_client_version_seen = 13; // a client reported 13 (lost in a rollback)
         w.store(1_000, &g, 1);
+        // The producer reports 13 at 2 s (a version the store lost before the run's history).
+        w.routing_reporting(p, 13, 2_000_000, 2_100_000);
         let mut next = g.clone();
         next.metadata_version = 14;
-        w.store(2_000, &next, 2);
+        w.store(3_000, &next, 2);
         assert_eq!(check(&w.facts()), vec![]);
         let mut reused = next.clone();
-        reused.max_client_version_seen = 16;
-        w.store(3_000, &reused, 3); // bookkeeping only: no bump, fine
-        reused.metadata_version = 15;
-        w.store(4_000, &reused, 4);
-        assert_eq!(
-            check(&w.facts()),
-            vec![Violation::VersionNotPastReported { revision: 4, version: 15, reported: 16, at_us: 4_000_000 }]
+        reused.metadata_version = 13;
+        w.store(4_000, &reused, 3);
+        let violations = check(&w.facts());
+        assert!(
+            matches!(
+                &violations[..],
+                [Violation::VersionNotPastReported { revision: 3, version: 13, reported: 13, .. }]
+            ),
+            "{violations:?}"
         );
+    }
+
+    #[test]
+    fn a_report_the_store_may_have_lost_since_protects_nothing() {
+        let mut w = World::new();
+        let p = w.producer(1);
+        let mut g = w.group_with_member("consumer-1", &[0]);
+        g.metadata_version = 12;
+        w.store(1_000, &g, 1);
+        w.routing_reporting(p, 13, 2_000_000, 2_100_000);
+        w.history.push(rsc::store::memory::HistoryEvent {
+            at_ms: 2_500,
+            kind: HistoryKind::WriteDropped { group: w.group.clone(), revision: 2 },
+            metadata_after: vec![],
+        });
+        let mut reused = g.clone();
+        reused.metadata_version = 13;
+        w.store(4_000, &reused, 2);
+        assert_eq!(check(&w.facts()), vec![]);
     }
 }
