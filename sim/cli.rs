@@ -346,6 +346,7 @@ fn planted(dir: &Path, seeds: (u64, u64)) -> Result<bool, PlanError> {
         let mut control_spec = spec.clone();
         control_spec.planted.clear();
         control_spec.expect.clear();
+        control_spec.also.clear();
         println!("--- {name}: control run (planted bugs off; must be clean)");
         let control = run_plan(&control_spec, seeds, false, false)?;
         if !control.failed.is_empty() {
@@ -353,8 +354,8 @@ fn planted(dir: &Path, seeds: (u64, u64)) -> Result<bool, PlanError> {
         }
         let missing: Vec<&str> =
             spec.expect.iter().map(String::as_str).filter(|k| !summary.kinds.contains_key(k)).collect();
-        let unexpected: Vec<&str> =
-            summary.kinds.keys().copied().filter(|k| !spec.expect.iter().any(|e| e == k)).collect();
+        let allowed = |k: &str| spec.expect.iter().chain(&spec.also).any(|e| e == k);
+        let unexpected: Vec<&str> = summary.kinds.keys().copied().filter(|k| !allowed(k)).collect();
         let ok = missing.is_empty() && unexpected.is_empty() && control.failed.is_empty();
         let verdict = match (missing.is_empty(), unexpected.is_empty(), control.failed.is_empty()) {
             (true, true, true) => "caught; control clean".to_string(),

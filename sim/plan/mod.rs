@@ -59,6 +59,11 @@ pub struct PlanSpec {
     /// Violation kinds this plan must produce (planted-bug plans); empty: it must produce none.
     #[serde(default)]
     pub expect: Vec<String>,
+    /// Kinds the planted bug may also cause on some seeds (its consequences: a response derived
+    /// from unwritten state can lead to a split, …). Not required; any kind outside `expect` and
+    /// `also` fails `cargo sim planted`.
+    #[serde(default)]
+    pub also: Vec<String>,
     #[serde(default, rename = "fault")]
     pub faults: Vec<EntrySpec>,
     #[serde(default, rename = "action")]

@@ -30,10 +30,16 @@ pub enum PlantedBug {
     /// Core: release a draining shard on any REVOKED report from its drainer, whatever revoke the
     /// report answers (a late or duplicated report then releases a later revoke).
     AcceptStaleRevoked,
+    /// Consumer: start the shards an answer lists as pending (their previous owner has not
+    /// released them yet), under any status.
+    StartPendingShards,
+    /// Consumer: a shard's setup never claims entries pending to other consumers and never
+    /// re-reads its own pending entries, so an entry whose read reply was lost stays pending.
+    SkipPendingRecovery,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 10] = [
+    pub const ALL: [PlantedBug; 12] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -44,6 +50,8 @@ impl PlantedBug {
         PlantedBug::SkipCorrectionLeaseWait,
         PlantedBug::ProcessWideRevisionMark,
         PlantedBug::AcceptStaleRevoked,
+        PlantedBug::StartPendingShards,
+        PlantedBug::SkipPendingRecovery,
     ];
 }
 

@@ -25,6 +25,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::core::model::ShardId;
+use crate::core::planted::PlantedBug;
 use crate::store::{ReadFrom, StoreError, StreamStore};
 
 pub use self::core::{AckError, ConsumerConfig, ConsumerCore, Delivery, Phase, ReadPlan, ReadStep};
@@ -234,7 +235,10 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                     if self.shared.with_core(|core| core.plan_for(now_ms, plan.shard, plan.generation)).is_none() {
                         return Ok(Vec::new());
                     }
-                    self.shared.store.claim_all_pending(&stream, &group.consumer_group, &member, 0).await?;
+                    let planted = self.shared.lock().config().planted;
+                    if !planted.has(PlantedBug::SkipPendingRecovery) {
+                        self.shared.store.claim_all_pending(&stream, &group.consumer_group, &member, 0).await?;
+                    }
                     self.shared.with_core(|core| core.setup_done(plan.shard, plan.generation));
                 }
                 ReadStep::Read(from) => {

@@ -67,6 +67,15 @@ impl ConsumerCore {
             self.revoke_one(now_ms, shard, dropped);
         }
         // OK is the only status that starts shards, and never on an already-ended lease.
+        let start_pending = self.config.planted.has(PlantedBug::StartPendingShards);
+        let pending =
+            r.pending.iter().filter(|_| start_pending && self.phase == Phase::Active && now_ms < lease_end_ms);
+        let pending: Vec<ShardId> = pending.copied().collect();
+        for shard in pending {
+            if !matches!(self.shards.get(&shard), Some(Shard { state: ShardState::Reading { .. }, .. })) {
+                self.start(now_ms, shard);
+            }
+        }
         if r.status == HeartbeatStatus::Ok && self.phase == Phase::Active && now_ms < lease_end_ms {
             for shard in &assigned {
                 if !matches!(self.shards.get(shard), Some(Shard { state: ShardState::Reading { .. }, .. })) {

@@ -387,11 +387,13 @@ impl ConsumerCore {
 
     /// Records a finished setup (group ensured, previous owner's entries claimed).
     pub fn setup_done(&mut self, shard: ShardId, generation: u64) {
-        if let Some(Shard { generation: g, state: ShardState::Reading { setup_done, .. }, .. }) =
+        let skip_pending = self.config.planted.has(crate::core::planted::PlantedBug::SkipPendingRecovery);
+        if let Some(Shard { generation: g, state: ShardState::Reading { setup_done, pending_done }, .. }) =
             self.shards.get_mut(&shard)
         {
             if *g == generation {
                 *setup_done = true;
+                *pending_done |= skip_pending;
             }
         }
     }
