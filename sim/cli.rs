@@ -379,5 +379,13 @@ fn planted(dir: &Path, seeds: (u64, u64)) -> Result<bool, PlanError> {
     for (bugs, kinds, failing, control) in rows {
         println!("{bugs:<36} {failing:>13} {control:>8}  {kinds}");
     }
+    let produced: std::collections::BTreeSet<&str> = summaries.iter().flat_map(|s| s.kinds.keys().copied()).collect();
+    let never: Vec<&str> = crate::checkers::KINDS.iter().copied().filter(|k| !produced.contains(k)).collect();
+    println!();
+    println!(
+        "violation kinds produced by a planted run: {} of {}; never produced: {never:?}",
+        crate::checkers::KINDS.len() - never.len(),
+        crate::checkers::KINDS.len()
+    );
     Ok(all_ok)
 }

@@ -114,6 +114,34 @@ impl Facts<'_> {
     }
 }
 
+/// Every violation kind the checkers can report (what `expect` / `also` name). `cargo sim planted`
+/// reports which of them no planted run produced: a kind no bug has ever tripped is a checker
+/// nobody has seen fail. Kept in sync by `every_kind_is_listed` (tests) as kinds are added.
+pub const KINDS: &[&str] = &[
+    "split-ownership",
+    "silent-rollback-split-too-long",
+    "read-after-lease",
+    "read-after-revoke",
+    "read-after-fence",
+    "started-without-ok",
+    "read-without-grant",
+    "publish-on-expired-routing",
+    "publish-outside-routing",
+    "response-not-recorded",
+    "response-inconsistent",
+    "metadata-version-reused",
+    "metadata-resurrected",
+    "group-unavailable-after-heal",
+    "no-live-consumer",
+    "shard-not-read-after-heal",
+    "no-heartbeat-after-heal",
+    "stuck-after-heal",
+    "acknowledged-not-delivered",
+    "delivered-never-processed",
+    "concurrent-processing",
+    "false-loss-evidence",
+];
+
 /// One violated invariant, as the runner reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Finding {
@@ -223,3 +251,33 @@ pub fn count_by_kind(findings: &[Finding]) -> BTreeMap<&'static str, usize> {
 
 #[cfg(test)]
 pub(crate) mod fixtures;
+
+#[cfg(test)]
+mod kinds_tests {
+    /// Every string a checker's `Violation::kind` returns is in [`super::KINDS`], and vice versa.
+    #[test]
+    fn every_kind_is_listed() {
+        let sources = [
+            include_str!("split.rs"),
+            include_str!("consumer_lease.rs"),
+            include_str!("producer_lease.rs"),
+            include_str!("recorded.rs"),
+            include_str!("versions.rs"),
+            include_str!("resurrection.rs"),
+            include_str!("liveness.rs"),
+            include_str!("messages.rs"),
+            include_str!("evidence.rs"),
+        ];
+        let mut found = std::collections::BTreeSet::new();
+        for source in sources {
+            let start = source.find("fn kind(&self)").expect("every checker has a kind fn");
+            let body = &source[start..];
+            let body = &body[..body[1..].find("\n    fn ").map_or(body.len(), |end| end + 1)];
+            for literal in body.split('"').skip(1).step_by(2) {
+                found.insert(literal);
+            }
+        }
+        let listed: std::collections::BTreeSet<&str> = super::KINDS.iter().copied().collect();
+        assert_eq!(found, listed);
+    }
+}
