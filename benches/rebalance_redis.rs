@@ -35,7 +35,9 @@
 //! Run: `cargo bench --bench rebalance_redis`. Knobs (environment): `REB_SCENARIOS`
 //! (`storm10,bounce10,storm200`), `REB_REPS` runs of storm10 and bounce10 (20), `REB_BIG_REPS`
 //! runs of storm200 (3), `REB_VARIANTS` (`before,after`), `REB_TRANSPORT` (`inprocess` | `http`),
-//! `REB_DEADLINE_S` longest wait for one rebalance (60), `REB_TIMELINE=1` to print each timed
+//! `REB_DEADLINE_S` longest wait for one rebalance of storm10 or bounce10 (60) and
+//! `REB_BIG_DEADLINE_S` of storm200 (180): a slower one is reported as unfinished, timed at the
+//! deadline (a lower bound), and ends its run; `REB_TIMELINE=1` to print each timed
 //! rebalance as 250 ms buckets (heartbeats, statuses, writes, mutex time, members done),
 //! `REB_HB_TIMEOUT_MS` the consumers' heartbeat timeout (the library's default, 2000, otherwise).
 //! Without `--bench` (how `cargo test --all-targets` and `cargo nextest` run it) a small smoke run
@@ -114,23 +116,21 @@ mod bench {
 
     fn settings() -> Result<Settings, String> {
         if !std::env::args().any(|a| a == "--bench") {
-            let scenario = |key, kind| Scenario { key, kind, shard_count: 32, reps: 1, goal_intervals: 3.0 };
+            let deadline = Duration::from_secs(30);
+            let scenario = |key, kind| Scenario { key, kind, shard_count: 32, reps: 1, goal_intervals: 3.0, deadline };
             return Ok(Settings {
                 scenarios: vec![
                     scenario("storm3", Kind::Storm { initial: 1, joiners: 3 }),
                     scenario("bounce3", Kind::Bounce { members: 3 }),
                 ],
                 variants: vec![Variant::After],
-                rig: RigSettings {
-                    http: false,
-                    deadline: Duration::from_secs(30),
-                    timeline: false,
-                    heartbeat_timeout_ms: None,
-                },
+                rig: RigSettings { http: false, deadline, timeline: false, heartbeat_timeout_ms: None },
                 smoke: true,
             });
         }
         let reps = env_number("REB_REPS", 20).max(1);
+        let deadline = Duration::from_secs(env_number("REB_DEADLINE_S", 60).max(1) as u64);
+        let big_deadline = Duration::from_secs(env_number("REB_BIG_DEADLINE_S", 180).max(1) as u64);
         let all = [
             Scenario {
                 key: "storm10",
@@ -138,6 +138,7 @@ mod bench {
                 shard_count: 900,
                 reps,
                 goal_intervals: 2.0,
+                deadline,
             },
             Scenario {
                 key: "bounce10",
@@ -145,6 +146,7 @@ mod bench {
                 shard_count: 900,
                 reps,
                 goal_intervals: 1.0,
+                deadline,
             },
             Scenario {
                 key: "storm200",
@@ -152,6 +154,7 @@ mod bench {
                 shard_count: 4096,
                 reps: env_number("REB_BIG_REPS", 3).max(1),
                 goal_intervals: 3.0,
+                deadline: big_deadline,
             },
         ];
         let scenarios = match env_list("REB_SCENARIOS") {
@@ -182,9 +185,9 @@ mod bench {
             "http" => true,
             other => return Err(format!("REB_TRANSPORT: {other:?} is neither inprocess nor http")),
         };
-        let deadline = Duration::from_secs(env_number("REB_DEADLINE_S", 60).max(1) as u64);
         let timeline = env_number("REB_TIMELINE", 0) > 0;
         let heartbeat_timeout_ms = std::env::var("REB_HB_TIMEOUT_MS").ok().and_then(|v| v.trim().parse().ok());
+        // Each scenario replaces `deadline` with its own.
         let rig = RigSettings { http, deadline, timeline, heartbeat_timeout_ms };
         Ok(Settings { scenarios, variants, rig, smoke: false })
     }
@@ -250,7 +253,13 @@ mod bench {
         }
         print_results(&settings.scenarios, &rows, interval_s);
         print_where_time_goes(&settings.scenarios, &rows);
-        println!("\ntotal bench time {:.0} s", started.elapsed().as_secs_f64());
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let load: Vec<&str> = load.split_whitespace().take(3).collect();
+        println!(
+            "\ntotal bench time {:.0} s; load average at the end {}",
+            started.elapsed().as_secs_f64(),
+            load.join(" ")
+        );
         if settings.smoke {
             check_smoke(&rows)?;
         }

@@ -17,8 +17,12 @@ pub struct Row {
 }
 
 impl Row {
-    fn seconds(&self) -> Vec<f64> {
-        self.outcomes.iter().map(|o| o.seconds).collect()
+    fn samples(&self) -> Vec<Value> {
+        self.outcomes.iter().map(|o| Value { s: o.seconds, lower_bound: !o.finished }).collect()
+    }
+
+    fn unfinished(&self) -> usize {
+        self.outcomes.iter().filter(|o| !o.finished).count()
     }
 
     fn rounds(&self) -> u64 {
@@ -38,26 +42,52 @@ impl Row {
     }
 }
 
+/// Seconds to all-OK; a rebalance that hit its deadline gives only a lower bound.
 #[derive(Clone, Copy, Debug)]
-struct Stats {
-    min: f64,
-    median: f64,
-    max: f64,
+struct Value {
+    s: f64,
+    lower_bound: bool,
 }
 
-fn stats(values: &[f64]) -> Option<Stats> {
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{:.3}", if self.lower_bound { ">= " } else { "" }, self.s)
+    }
+}
+
+/// `after / before`, marked as a bound when either side is one.
+fn ratio(after: Value, before: Value) -> String {
+    let r = after.s / before.s.max(1e-9);
+    match (after.lower_bound, before.lower_bound) {
+        (false, false) => format!("{r:.2}x"),
+        (false, true) => format!("<= {r:.2}x"),
+        (true, false) => format!(">= {r:.2}x"),
+        (true, true) => "?".into(),
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Stats {
+    min: Value,
+    median: Value,
+    p90: Value,
+    max: Value,
+}
+
+/// Order statistics (nearest rank; the median of an even count is the lower middle sample).
+fn stats(values: &[Value]) -> Option<Stats> {
     let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let median = match v.len() {
-        0 => return None,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    };
-    Some(Stats { min: v[0], median, max: v[v.len() - 1] })
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.s.total_cmp(&b.s));
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).floor() as usize];
+    Some(Stats { min: v[0], median: at(0.5), p90: at(0.9), max: v[v.len() - 1] })
 }
 
 pub fn print_run(scenario: &Scenario, variant: Variant, rep: usize, run: &RunResult) {
-    let seconds: Vec<String> = run.outcomes.iter().map(|o| format!("{:.3}", o.seconds)).collect();
+    let seconds: Vec<String> =
+        run.outcomes.iter().map(|o| Value { s: o.seconds, lower_bound: !o.finished }.to_string()).collect();
     let rounds: u64 = run.outcomes.iter().map(|o| o.rounds).sum();
     let evidence: u64 = run.outcomes.iter().map(|o| o.evidence).sum();
     let syncs: u64 = run.outcomes.iter().map(|o| o.board.status(HeartbeatStatus::SyncMetadata)).sum();
@@ -87,25 +117,26 @@ fn find(rows: &[Row], scenario: usize, variant: Variant) -> Option<&Row> {
 pub fn print_results(scenarios: &[Scenario], rows: &[Row], interval_s: f64) {
     println!("\n## Seconds from the start of the rebalance to all-OK (every member OK, every shard owned)\n");
     println!(
-        "| scenario | variant | samples | min s | median s | max s | goal for max | max met | correction rounds \
-         (samples with one) | loss evidence | SYNC_METADATA applied | errors |"
+        "| scenario | variant | samples | min s | median s | p90 s | max s | goal for max | max met | correction \
+         rounds (samples with one) | loss evidence | SYNC_METADATA applied | unfinished / errors |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (index, scenario) in scenarios.iter().enumerate() {
         let goal = scenario.goal_intervals * interval_s;
         for variant in [Variant::Before, Variant::After] {
             let Some(row) = find(rows, index, variant) else { continue };
-            let (min, median, max, met) = match stats(&row.seconds()) {
+            let (min, median, p90, max, met) = match stats(&row.samples()) {
                 Some(s) => (
-                    format!("{:.3}", s.min),
-                    format!("{:.3}", s.median),
-                    format!("{:.3}", s.max),
-                    if s.max <= goal && row.errors.is_empty() { "yes" } else { "no" },
+                    s.min.to_string(),
+                    s.median.to_string(),
+                    s.p90.to_string(),
+                    s.max.to_string(),
+                    if s.max.s <= goal && !s.max.lower_bound && row.errors.is_empty() { "yes" } else { "no" },
                 ),
-                None => ("-".into(), "-".into(), "-".into(), "no"),
+                None => ("-".into(), "-".into(), "-".into(), "-".into(), "no"),
             };
             println!(
-                "| {} | {} | {} | {min} | {median} | {max} | <= {goal:.1} s | {met} | {} ({}) | {} | {} | {} |",
+                "| {} | {} | {} | {min} | {median} | {p90} | {max} | <= {goal:.1} s | {met} | {} ({}) | {} | {} | {} / {} |",
                 scenario.title(),
                 variant.name(),
                 row.outcomes.len(),
@@ -113,7 +144,8 @@ pub fn print_results(scenarios: &[Scenario], rows: &[Row], interval_s: f64) {
                 row.samples_with_round(),
                 row.evidence(),
                 row.syncs(),
-                row.errors.len(),
+                row.unfinished(),
+                row.errors.len() - row.unfinished().min(row.errors.len()),
             );
         }
     }
@@ -137,13 +169,13 @@ fn print_ratios(scenarios: &[Scenario], rows: &[Row]) {
         else {
             continue;
         };
-        let (Some(b), Some(a)) = (stats(&before.seconds()), stats(&after.seconds())) else { continue };
+        let (Some(b), Some(a)) = (stats(&before.samples()), stats(&after.samples())) else { continue };
         println!(
-            "| {} | {:.2}x | {:.2}x | {:.2}x | {} -> {} |",
+            "| {} | {} | {} | {} | {} -> {} |",
             scenario.title(),
-            a.min / b.min.max(1e-9),
-            a.median / b.median.max(1e-9),
-            a.max / b.max.max(1e-9),
+            ratio(a.min, b.min),
+            ratio(a.median, b.median),
+            ratio(a.max, b.max),
             before.rounds(),
             after.rounds()
         );
@@ -155,9 +187,9 @@ fn print_goals(scenarios: &[Scenario], rows: &[Row], interval_s: f64) {
     for (index, scenario) in scenarios.iter().enumerate() {
         let Some(after) = find(rows, index, Variant::After) else { continue };
         let goal = scenario.goal_intervals * interval_s;
-        let line = match stats(&after.seconds()) {
+        let line = match stats(&after.samples()) {
             Some(s) if after.errors.is_empty() => {
-                format!("max {:.3} s: {}", s.max, if s.max <= goal { "met" } else { "NOT met" })
+                format!("max {} s: {}", s.max, if s.max.s <= goal { "met" } else { "NOT met" })
             }
             _ => format!("{} errors: NOT met", after.errors.len()),
         };

@@ -77,8 +77,11 @@ pub struct Window {
 /// One timed rebalance.
 #[derive(Clone, Debug)]
 pub struct Outcome {
-    /// From the window's start to the moment the last member applied its final `OK`.
+    /// From the window's start to the moment the last member applied its final `OK` (the deadline
+    /// when it did not finish: a lower bound).
     pub seconds: f64,
+    /// False when the deadline passed first.
+    pub finished: bool,
     /// `rsc_metadata_version_regressions_total` (+ identity changes + client-version-ahead reports)
     /// counted by the coordinator during the window.
     pub evidence: u64,
@@ -93,6 +96,12 @@ pub struct Outcome {
     pub final_aggregate_bytes: usize,
     /// Encode and decode ms of the settled aggregate (measured for big groups only).
     pub codec_ms: Option<(f64, f64)>,
+}
+
+/// A rebalance that did not finish by the deadline: what was counted until then, and why.
+pub struct Unfinished {
+    pub outcome: Outcome,
+    pub why: String,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -206,7 +215,8 @@ impl Rig {
 
     /// Waits until every current consumer applied `OK` with nothing pending or revoking and the
     /// coordinator's record agrees (every shard owned by its target); times it from `window`.
-    pub async fn wait_all_ok(&self, window: Window) -> Result<Outcome, String> {
+    /// At the deadline, the outcome so far comes back as [`Unfinished`], timed at the deadline.
+    pub async fn wait_all_ok(&self, window: Window) -> Result<Outcome, Unfinished> {
         let expected: BTreeSet<MemberId> = self.consumers.keys().cloned().collect();
         let deadline = window.started + self.settings.deadline;
         let mut checked: Option<(u64, Instant)> = None;
@@ -218,17 +228,18 @@ impl Rig {
             if let Some(settled) = settled.filter(due) {
                 checked = Some((settled.at_ms, Instant::now()));
                 if let Some(description) = self.agreeing_record(&settled).await {
-                    return Ok(self.outcome(window, &settled, &description));
+                    return Ok(self.outcome(window, Some((&settled, &description))));
                 }
             }
             if Instant::now() >= deadline {
-                return Err(format!(
+                let why = format!(
                     "{} {}: not all OK within {:?}; {}",
                     self.variant.name(),
                     self.group,
                     self.settings.deadline,
                     self.board.explain(&expected)
-                ));
+                );
+                return Err(Unfinished { outcome: self.outcome(window, None), why });
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -239,18 +250,26 @@ impl Rig {
         record_agrees(&description, settled).then_some(description)
     }
 
-    fn outcome(&self, window: Window, settled: &Settled, description: &GroupDescription) -> Outcome {
+    /// The window's outcome; `done` is `None` when the deadline passed first.
+    fn outcome(&self, window: Window, done: Option<(&Settled, &GroupDescription)>) -> Outcome {
         let cpu = self.cpu_times();
-        let aggregate = serde_json::to_string(&description.metadata).map_or(0, |s| s.len());
         let store = self.trace.take();
         let board = self.board.take_counts();
-        if self.settings.timeline {
-            let title = format!("{} {}", self.variant.name(), self.group);
-            let ms_at = |at: Instant| self.clock.ms_at(tokio::time::Instant::from_std(at));
-            super::timeline::print(&title, window.started_ms, &board, &store, settled, ms_at);
-        }
+        let (seconds, aggregate) = match done {
+            Some((settled, description)) => {
+                if self.settings.timeline {
+                    let title = format!("{} {}", self.variant.name(), self.group);
+                    let ms_at = |at: Instant| self.clock.ms_at(tokio::time::Instant::from_std(at));
+                    super::timeline::print(&title, window.started_ms, &board, &store, settled, ms_at);
+                }
+                let aggregate = serde_json::to_string(&description.metadata).map_or(0, |s| s.len());
+                (settled.at_ms.saturating_sub(window.started_ms) as f64 / 1000.0, aggregate)
+            }
+            None => (self.settings.deadline.as_secs_f64(), 0),
+        };
         Outcome {
-            seconds: settled.at_ms.saturating_sub(window.started_ms) as f64 / 1000.0,
+            seconds,
+            finished: done.is_some(),
             evidence: (self.evidence_total() - window.regressions).round() as u64,
             rounds: store.correction_rounds,
             board,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::rig::{Outcome, Rig, RigSettings, Variant};
+use super::rig::{Outcome, Rig, RigSettings, Unfinished, Variant};
 use crate::support::RedisServer;
 use rsc::core::model::{GroupConfig, GroupId, LAYOUT_VERSION, SCHEMA_VERSION};
 use rsc::service::codec::{decode, encode};
@@ -37,6 +37,8 @@ pub struct Scenario {
     pub reps: usize,
     /// The goal for the slowest sample, in heartbeat intervals.
     pub goal_intervals: f64,
+    /// Longest wait for one rebalance; a slower one is recorded as unfinished, at this value.
+    pub deadline: Duration,
 }
 
 impl Scenario {
@@ -69,6 +71,7 @@ pub async fn run(
     let group = GroupId::new("reb", format!("{}-{}-{rep}", scenario.key, variant.name()));
     let seed = rep as u64;
     let mut phase = Phase(SmallRng::seed_from_u64(seed));
+    let settings = RigSettings { deadline: scenario.deadline, ..settings };
     let mut rig = match Rig::start(redis, settings, variant, group, scenario.shard_count, seed).await {
         Ok(rig) => rig,
         Err(e) => return RunResult { outcomes: Vec::new(), error: Some(e) },
@@ -103,13 +106,13 @@ async fn storm(
         rig.join(&format!("m{i:04}"));
     }
     let setup = rig.window();
-    rig.wait_all_ok(setup).await.map_err(|e| format!("setup: {e}"))?;
+    rig.wait_all_ok(setup).await.map_err(|u| format!("setup: {}", u.why))?;
     phase.pause().await;
     let window = rig.window();
     for i in initial..initial + joiners {
         rig.join(&format!("m{i:04}"));
     }
-    let mut outcome = rig.wait_all_ok(window).await?;
+    let mut outcome = timed(rig.wait_all_ok(window).await, out)?;
     if rig.shard_count >= 1024 {
         codec_cost(rig, &mut outcome).await;
     }
@@ -122,15 +125,25 @@ async fn bounce(rig: &mut Rig, phase: &mut Phase, members: usize, out: &mut Vec<
         rig.join(&format!("m{i:04}"));
     }
     let setup = rig.window();
-    rig.wait_all_ok(setup).await.map_err(|e| format!("setup: {e}"))?;
+    rig.wait_all_ok(setup).await.map_err(|u| format!("setup: {}", u.why))?;
     for i in 0..members {
         phase.pause().await;
         let window = rig.window();
         rig.close(&format!("m{i:04}")).await?;
         rig.join(&format!("n{i:04}"));
-        out.push(rig.wait_all_ok(window).await?);
+        let outcome = timed(rig.wait_all_ok(window).await, out)?;
+        out.push(outcome);
     }
     Ok(())
+}
+
+/// A finished rebalance, or the unfinished one recorded in `out` (timed at the deadline) and its
+/// error, which ends the run: the group is in no state to time another change.
+fn timed(result: Result<Outcome, Unfinished>, out: &mut Vec<Outcome>) -> Result<Outcome, String> {
+    result.map_err(|unfinished| {
+        out.push(unfinished.outcome);
+        unfinished.why
+    })
 }
 
 /// Encode and decode time of the settled aggregate (mean of a few rounds): what a write pays to
