@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use rsc::core::model::{GroupId, MemberId};
 use rsc::store::{
-    MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck, TouchResult,
-    WriteOutcome, WriteRequest,
+    CasStamp, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck,
+    TouchResult, WriteOutcome, WriteRequest,
 };
 
 /// A mutex held this long without a release was abandoned by its critical section.
@@ -258,8 +258,8 @@ impl<S: MetadataStore> MetadataStore for Instrumented<S> {
         result
     }
 
-    async fn delete(&self, group: &GroupId, expected_revision: u64) -> Result<WriteOutcome, StoreError> {
-        self.inner.delete(group, expected_revision).await
+    async fn delete(&self, group: &GroupId, expected: &CasStamp) -> Result<WriteOutcome, StoreError> {
+        self.inner.delete(group, expected).await
     }
 
     async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
