@@ -32,13 +32,11 @@ impl<S: MetadataStore> Coordinator<S> {
         let _monitor = monitor.lock().await;
         let _entered = self.inner.gate.enter()?;
         self.recheck_identity_if_suspect().await?;
-        let token = self.token();
-        self.acquire_mutex(group, &token).await?;
+        // Armed before the acquire: a SET NX whose answer never arrived may still hold the mutex.
+        let held = HeldMutex { coordinator: Some(self.clone()), group: group.clone(), token: self.token() };
+        self.acquire_mutex(group, &held.token).await?;
         let result = self.attempts(group, with_liveness, &mut decide).await;
-        if let Err(e) = self.inner.store.release_mutex(group, &token).await {
-            // The mutex expires by its TTL; the CAS keeps correctness meanwhile.
-            tracing::debug!(%group, error = %e, "mutex release failed");
-        }
+        held.release().await;
         result
     }
 
@@ -309,6 +307,44 @@ impl<S: MetadataStore> Coordinator<S> {
             vec![("group", g.group.to_string())],
             ahead as f64,
         );
+    }
+}
+
+/// The group's Redis mutex while a critical section may hold it. Released when the section ends;
+/// if the section's future is dropped first (the client gave up, hyper dropped the handler, a
+/// timeout fired), the release runs in a task of its own, so the mutex is not left held until its
+/// TTL, stalling every writer of the group. The release is compare-and-delete on this token, so it
+/// is harmless when the acquire never succeeded.
+struct HeldMutex<S: MetadataStore> {
+    coordinator: Option<Coordinator<S>>,
+    group: GroupId,
+    token: String,
+}
+
+impl<S: MetadataStore> HeldMutex<S> {
+    async fn release(mut self) {
+        if let Some(coordinator) = &self.coordinator {
+            release_mutex(coordinator, &self.group, &self.token).await;
+        }
+        // Released (or tried and failed: the TTL ends it); only a release cut off mid-way is
+        // retried by `drop`.
+        self.coordinator = None;
+    }
+}
+
+impl<S: MetadataStore> Drop for HeldMutex<S> {
+    fn drop(&mut self) {
+        if let Some(coordinator) = self.coordinator.take() {
+            let (group, token) = (self.group.clone(), std::mem::take(&mut self.token));
+            tokio::spawn(async move { release_mutex(&coordinator, &group, &token).await });
+        }
+    }
+}
+
+async fn release_mutex<S: MetadataStore>(coordinator: &Coordinator<S>, group: &GroupId, token: &str) {
+    if let Err(e) = coordinator.inner.store.release_mutex(group, token).await {
+        // The mutex expires by its TTL; the stamp condition keeps correctness meanwhile.
+        tracing::debug!(%group, error = %e, "mutex release failed");
     }
 }
 

@@ -159,3 +159,24 @@ async fn a_later_read_of_a_rolled_back_revision_is_still_evidence() {
     }
     panic!("a real regression was not recorded as evidence");
 }
+
+/// A request dropped inside its critical section (the client timed out, hyper dropped the handler)
+/// must not leave the group's Redis mutex held until its TTL: every writer would stall for it.
+#[tokio::test]
+async fn a_critical_section_dropped_mid_way_releases_the_group_mutex() {
+    let store = MemoryStore::new(23);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    create(&c, 4).await;
+    c.heartbeat(join("a")).await.expect("join a");
+    // Each store call takes 40 ms: the join of b holds the mutex (acquired by 40 ms) and is
+    // reading the group when the caller gives up at 70 ms.
+    store.set_latency_ms(40);
+    let dropped = tokio::time::timeout(Duration::from_millis(70), c.heartbeat(join("b"))).await;
+    assert!(dropped.is_err(), "the join was cut off inside its critical section");
+    store.set_latency_ms(0);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The default mutex TTL is 2 s and a busy mutex is retried for about 0.3 s: a leaked mutex
+    // answers STORE_UNAVAILABLE here.
+    let joined = c.heartbeat(join("c")).await;
+    assert!(joined.is_ok(), "the next writer found the mutex still held: {joined:?}");
+}
