@@ -6,6 +6,8 @@
 
 #[path = "service/bounds.rs"]
 mod bounds;
+#[path = "service/held.rs"]
+mod held;
 #[path = "service/races.rs"]
 mod races;
 #[path = "service/sequences.rs"]

@@ -1,97 +1,12 @@
 //! Concurrent requests of one coordinator process: a read that Redis answered *before* another
 //! request's write, delivered *after* it, is concurrency and never evidence of lost writes.
 //!
-//! [`HeldStore`] runs every call on the in-memory store at once (the store answers) and, for the
-//! one call armed with [`HeldStore::hold_next_touch`], holds the *answer* until the test releases
-//! it: exactly the order a busy coordinator sees when hundreds of heartbeats overlap a join.
+//! [`HeldStore::hold_next_touch`] lets the store answer a touch and holds the answer until the test
+//! releases it: exactly the order a busy coordinator sees when hundreds of heartbeats overlap a
+//! join.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-
-use rsc::core::model::MemberId;
-use rsc::store::{
-    CasStamp, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck, TouchResult,
-    WriteOutcome, WriteRequest,
-};
-use tokio::sync::oneshot;
-
+use super::held::HeldStore;
 use super::*;
-
-/// The in-memory store with one touch answer that can be held back.
-struct HeldStore {
-    inner: MemoryStore,
-    hold: Arc<Mutex<Option<oneshot::Receiver<()>>>>,
-}
-
-impl HeldStore {
-    fn new(inner: MemoryStore) -> Self {
-        Self { inner, hold: Arc::new(Mutex::new(None)) }
-    }
-
-    /// Arms the next touch: the store executes it at once, its answer waits for the sender.
-    fn hold_next_touch(&self) -> oneshot::Sender<()> {
-        let (release, held) = oneshot::channel();
-        *self.hold.lock().expect("hold lock") = Some(held);
-        release
-    }
-
-    async fn deliver<T>(&self, answer: T) -> T {
-        let held = self.hold.lock().expect("hold lock").take();
-        if let Some(held) = held {
-            let _ = held.await;
-        }
-        answer
-    }
-}
-
-impl MetadataStore for HeldStore {
-    async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
-        self.inner.load(group).await
-    }
-    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
-        let answer = self.inner.touch_and_load(group, member).await;
-        self.deliver(answer).await
-    }
-    async fn touch_and_check(
-        &self,
-        group: &GroupId,
-        member: &str,
-        known: &RecordStamp,
-    ) -> Result<TouchCheck, StoreError> {
-        let answer = self.inner.touch_and_check(group, member, known).await;
-        self.deliver(answer).await
-    }
-    async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
-        self.inner.liveness(group).await
-    }
-    async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
-        self.inner.write(group, request).await
-    }
-    async fn delete(&self, group: &GroupId, expected: &CasStamp) -> Result<WriteOutcome, StoreError> {
-        self.inner.delete(group, expected).await
-    }
-    async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
-        self.inner.acquire_mutex(group, token, ttl_ms).await
-    }
-    async fn release_mutex(&self, group: &GroupId, token: &str) -> Result<bool, StoreError> {
-        self.inner.release_mutex(group, token).await
-    }
-    async fn index_add(&self, group: &GroupId) -> Result<(), StoreError> {
-        self.inner.index_add(group).await
-    }
-    async fn index_members(&self) -> Result<Vec<GroupId>, StoreError> {
-        self.inner.index_members().await
-    }
-    async fn rebuild_index(&self) -> Result<Vec<GroupId>, StoreError> {
-        self.inner.rebuild_index().await
-    }
-    async fn identity(&self) -> Result<ServerIdentity, StoreError> {
-        self.inner.identity().await
-    }
-    async fn probe(&self) -> Result<ProbeReport, StoreError> {
-        self.inner.probe().await
-    }
-}
 
 /// A steady heartbeat whose read Redis answered at revision r is delivered after a concurrent
 /// join wrote r+1. Returns whether the group ended up in a correction round.
@@ -113,7 +28,7 @@ async fn steady_read_overtaken_by_a_join(planted: PlantedBugs) -> bool {
         async move { c.heartbeat(steady).await }
     });
     // The held touch has executed at the store once the spawned task parks on the hold.
-    while c.store().hold.lock().expect("hold lock").is_some() {
+    while !c.store().touch_is_held() {
         tokio::task::yield_now().await;
     }
     c.heartbeat(join("b")).await.expect("join b writes while a's answer is in flight");

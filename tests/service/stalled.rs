@@ -3,110 +3,22 @@
 //! revision again with other content (ABA). Its write was computed from lost history and must be
 //! refused: the write condition is the whole stamp `(revision, writeId)`, never the revision alone.
 //!
-//! [`StalledStore`] forwards every call to the in-memory store at once, except the one mutation
-//! (write or delete) armed with [`StalledStore::stall_next_mutation`]: that request waits *before*
-//! it reaches the store until the test lets it go.
+//! [`HeldStore::stall_next_mutation`] holds the next write or delete *before* it reaches the store
+//! until the test lets it go.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use rsc::store::StoredRecord;
 
-use rsc::core::model::MemberId;
-use rsc::store::{
-    CasStamp, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck, TouchResult,
-    WriteOutcome, WriteRequest,
-};
-use tokio::sync::oneshot;
-
+use super::held::HeldStore;
 use super::*;
 
-/// The in-memory store with one mutation that can be held on its way to the server.
-struct StalledStore {
-    inner: MemoryStore,
-    stall: Arc<Mutex<Option<oneshot::Receiver<()>>>>,
-}
-
-impl StalledStore {
-    fn new(inner: MemoryStore) -> Self {
-        Self { inner, stall: Arc::new(Mutex::new(None)) }
-    }
-
-    /// Arms the next write or delete: it waits for the sender before the store sees it.
-    fn stall_next_mutation(&self) -> oneshot::Sender<()> {
-        let (resume, stalled) = oneshot::channel();
-        *self.stall.lock().expect("stall lock") = Some(stalled);
-        resume
-    }
-
-    /// True once the armed mutation has been sent and is waiting.
-    fn is_stalled(&self) -> bool {
-        self.stall.lock().expect("stall lock").is_none()
-    }
-
-    async fn on_the_wire(&self) {
-        let stalled = self.stall.lock().expect("stall lock").take();
-        if let Some(stalled) = stalled {
-            let _ = stalled.await;
-        }
-    }
-}
-
-impl MetadataStore for StalledStore {
-    async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
-        self.inner.load(group).await
-    }
-    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
-        self.inner.touch_and_load(group, member).await
-    }
-    async fn touch_and_check(
-        &self,
-        group: &GroupId,
-        member: &str,
-        known: &RecordStamp,
-    ) -> Result<TouchCheck, StoreError> {
-        self.inner.touch_and_check(group, member, known).await
-    }
-    async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
-        self.inner.liveness(group).await
-    }
-    async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
-        self.on_the_wire().await;
-        self.inner.write(group, request).await
-    }
-    async fn delete(&self, group: &GroupId, expected: &CasStamp) -> Result<WriteOutcome, StoreError> {
-        self.on_the_wire().await;
-        self.inner.delete(group, expected).await
-    }
-    async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
-        self.inner.acquire_mutex(group, token, ttl_ms).await
-    }
-    async fn release_mutex(&self, group: &GroupId, token: &str) -> Result<bool, StoreError> {
-        self.inner.release_mutex(group, token).await
-    }
-    async fn index_add(&self, group: &GroupId) -> Result<(), StoreError> {
-        self.inner.index_add(group).await
-    }
-    async fn index_members(&self) -> Result<Vec<GroupId>, StoreError> {
-        self.inner.index_members().await
-    }
-    async fn rebuild_index(&self) -> Result<Vec<GroupId>, StoreError> {
-        self.inner.rebuild_index().await
-    }
-    async fn identity(&self) -> Result<ServerIdentity, StoreError> {
-        self.inner.identity().await
-    }
-    async fn probe(&self) -> Result<ProbeReport, StoreError> {
-        self.inner.probe().await
-    }
-}
-
-/// A coordinator on a [`StalledStore`], with the 50 ms mutex TTL of [`short_mutex`]: its stall
+/// A coordinator on a [`HeldStore`], with the 50 ms mutex TTL of [`short_mutex`]: its stall
 /// outlasts its mutex, which is exactly when only the write condition keeps its write out.
-fn stalling(store: &MemoryStore, id: &str) -> Coordinator<StalledStore> {
+fn stalling(store: &MemoryStore, id: &str) -> Coordinator<HeldStore> {
     let options = CoordinatorOptions { instance_id: id.into(), mutex_ttl_ms: 50, ..CoordinatorOptions::default() };
-    Coordinator::new(StalledStore::new(store.connect()), options)
+    Coordinator::new(HeldStore::new(store.connect()), options)
 }
 
-async fn wait_until_stalled(c: &Coordinator<StalledStore>) {
+async fn wait_until_stalled(c: &Coordinator<HeldStore>) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !c.store().is_stalled() {
         assert!(tokio::time::Instant::now() < deadline, "the armed mutation was never sent");

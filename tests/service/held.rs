@@ -1,0 +1,122 @@
+//! [`HeldStore`]: the in-memory store with two gates a test can arm, to build exact interleavings
+//! of one coordinator's store calls with other requests and with store faults.
+//!
+//! - [`HeldStore::hold_next_touch`]: the next touch (`touch_and_load` / `touch_and_check`) runs on
+//!   the store at once — the store answers — and its *answer* waits until the test releases it
+//!   (a read answered before another request's write, delivered after it).
+//! - [`HeldStore::stall_next_mutation`]: the next write or delete waits *before* it reaches the
+//!   store (a coordinator stalled between its load and its write).
+//!
+//! Every other call goes straight to the in-memory store.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use rsc::core::model::{GroupId, MemberId};
+use rsc::store::memory::MemoryStore;
+use rsc::store::{
+    CasStamp, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck,
+    TouchResult, WriteOutcome, WriteRequest,
+};
+use tokio::sync::oneshot;
+
+/// One armed gate: taken (and awaited) by the call it holds.
+type Gate = Arc<Mutex<Option<oneshot::Receiver<()>>>>;
+
+pub struct HeldStore {
+    inner: MemoryStore,
+    touch_answer: Gate,
+    mutation: Gate,
+}
+
+fn arm(gate: &Gate) -> oneshot::Sender<()> {
+    let (release, held) = oneshot::channel();
+    *gate.lock().expect("gate lock") = Some(held);
+    release
+}
+
+async fn pass(gate: &Gate) {
+    let held = gate.lock().expect("gate lock").take();
+    if let Some(held) = held {
+        let _ = held.await;
+    }
+}
+
+impl HeldStore {
+    pub fn new(inner: MemoryStore) -> Self {
+        Self { inner, touch_answer: Gate::default(), mutation: Gate::default() }
+    }
+
+    /// Arms the next touch: the store executes it at once, its answer waits for the sender.
+    pub fn hold_next_touch(&self) -> oneshot::Sender<()> {
+        arm(&self.touch_answer)
+    }
+
+    /// True once the armed touch ran and its answer is waiting.
+    pub fn touch_is_held(&self) -> bool {
+        self.touch_answer.lock().expect("gate lock").is_none()
+    }
+
+    /// Arms the next write or delete: it waits for the sender before the store sees it.
+    pub fn stall_next_mutation(&self) -> oneshot::Sender<()> {
+        arm(&self.mutation)
+    }
+
+    /// True once the armed mutation has been sent and is waiting.
+    pub fn is_stalled(&self) -> bool {
+        self.mutation.lock().expect("gate lock").is_none()
+    }
+}
+
+impl MetadataStore for HeldStore {
+    async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
+        self.inner.load(group).await
+    }
+    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
+        let answer = self.inner.touch_and_load(group, member).await;
+        pass(&self.touch_answer).await;
+        answer
+    }
+    async fn touch_and_check(
+        &self,
+        group: &GroupId,
+        member: &str,
+        known: &RecordStamp,
+    ) -> Result<TouchCheck, StoreError> {
+        let answer = self.inner.touch_and_check(group, member, known).await;
+        pass(&self.touch_answer).await;
+        answer
+    }
+    async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
+        self.inner.liveness(group).await
+    }
+    async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
+        pass(&self.mutation).await;
+        self.inner.write(group, request).await
+    }
+    async fn delete(&self, group: &GroupId, expected: &CasStamp) -> Result<WriteOutcome, StoreError> {
+        pass(&self.mutation).await;
+        self.inner.delete(group, expected).await
+    }
+    async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+        self.inner.acquire_mutex(group, token, ttl_ms).await
+    }
+    async fn release_mutex(&self, group: &GroupId, token: &str) -> Result<bool, StoreError> {
+        self.inner.release_mutex(group, token).await
+    }
+    async fn index_add(&self, group: &GroupId) -> Result<(), StoreError> {
+        self.inner.index_add(group).await
+    }
+    async fn index_members(&self) -> Result<Vec<GroupId>, StoreError> {
+        self.inner.index_members().await
+    }
+    async fn rebuild_index(&self) -> Result<Vec<GroupId>, StoreError> {
+        self.inner.rebuild_index().await
+    }
+    async fn identity(&self) -> Result<ServerIdentity, StoreError> {
+        self.inner.identity().await
+    }
+    async fn probe(&self) -> Result<ProbeReport, StoreError> {
+        self.inner.probe().await
+    }
+}
