@@ -17,7 +17,8 @@ use madsim::net::Endpoint;
 use rsc::client::{CoordinatorTransport, TransportError};
 use rsc::core::model::GroupId;
 use rsc::core::protocol::{
-    AdminRequest, AdminResponse, ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingResponse,
+    AdminRequest, AdminResponse, ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingReport,
+    RoutingResponse,
 };
 use rsc::service::{Coordinator, GroupDescription};
 
@@ -32,7 +33,7 @@ const ATTEMPTS_MAX: usize = 3;
 
 enum Call {
     Heartbeat(HeartbeatRequest),
-    Routing(GroupId, u64),
+    Routing(GroupId, RoutingReport),
     Admin(AdminRequest),
     Describe(GroupId),
 }
@@ -61,7 +62,7 @@ pub async fn serve(coordinator: Coordinator<RemoteStore>, recorder: Recorder) {
             let Envelope { reply_tag, call, admin_record } = *envelope;
             let reply: Reply = match call {
                 Call::Heartbeat(req) => Box::new(coordinator.heartbeat(req).await),
-                Call::Routing(group, known_version) => Box::new(coordinator.routing(&group, known_version).await),
+                Call::Routing(group, report) => Box::new(coordinator.routing(&group, report).await),
                 Call::Admin(req) => {
                     let attempt = admin_record.map(|i| {
                         let mut records = recorder.lock();
@@ -156,7 +157,7 @@ impl CoordinatorTransport for RpcTransport {
         self.call(|| (Call::Heartbeat(req.clone()), None)).await
     }
 
-    async fn routing(&self, group: &GroupId, known_version: u64) -> Result<RoutingResponse, TransportError> {
-        self.call(|| (Call::Routing(group.clone(), known_version), None)).await
+    async fn routing(&self, group: &GroupId, report: RoutingReport) -> Result<RoutingResponse, TransportError> {
+        self.call(|| (Call::Routing(group.clone(), report), None)).await
     }
 }

@@ -20,7 +20,9 @@ use rsc::client::{
 };
 use rsc::client::{CoordinatorTransport, TransportError};
 use rsc::core::model::{GroupId, ShardId};
-use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingResponse};
+use rsc::core::protocol::{
+    AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingReport, RoutingResponse,
+};
 use rsc::core::PlantedBugs;
 use rsc::http::client::{HttpClientConfig, HttpTransport};
 use rsc::http::router::HttpOptions;
@@ -86,10 +88,10 @@ impl CoordinatorTransport for ClientTransport {
         }
     }
 
-    async fn routing(&self, group: &GroupId, known_version: u64) -> Result<RoutingResponse, TransportError> {
+    async fn routing(&self, group: &GroupId, report: RoutingReport) -> Result<RoutingResponse, TransportError> {
         match self {
-            ClientTransport::Http(t) => t.routing(group, known_version).await,
-            ClientTransport::Rpc(t) => t.routing(group, known_version).await,
+            ClientTransport::Http(t) => t.routing(group, report).await,
+            ClientTransport::Rpc(t) => t.routing(group, report).await,
         }
     }
 }

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rsc::client::TransportError;
-use rsc::core::protocol::{AdminRequest, AdminResponse, HeartbeatRequest, HeartbeatResponse, RoutingResponse};
+use rsc::core::protocol::{
+    AdminRequest, AdminResponse, HeartbeatRequest, HeartbeatResponse, RoutingReport, RoutingResponse,
+};
 use rsc::store::EntryId;
 
 use crate::plan::NodeRef;
@@ -116,8 +118,9 @@ impl<Req, Resp> CoordinatorCall<Req, Resp> {
 }
 
 pub type HeartbeatCall = CoordinatorCall<HeartbeatRequest, HeartbeatResponse>;
-/// A routing refresh; the request is the `knownVersion` the producer reported (0: none).
-pub type RoutingCall = CoordinatorCall<u64, RoutingResponse>;
+/// A routing refresh; the request is what the producer reported (`knownVersion`,
+/// `knownShardCount`; 0: none).
+pub type RoutingCall = CoordinatorCall<RoutingReport, RoutingResponse>;
 
 /// An operator admin call.
 #[derive(Clone, Debug, PartialEq)]

@@ -22,7 +22,7 @@ use rand::rngs::SmallRng;
 use rand::Rng;
 use rsc::client::{CoordinatorTransport, TransportError};
 use rsc::core::model::GroupId;
-use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, RoutingResponse};
+use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, RoutingReport, RoutingResponse};
 
 use crate::records::{CoordinatorCall, ProcessId, Recorder};
 
@@ -198,14 +198,16 @@ impl<T: CoordinatorTransport + Send + Sync + 'static> CoordinatorTransport for R
         .await
     }
 
-    async fn routing(&self, group: &GroupId, known_version: u64) -> Result<RoutingResponse, TransportError> {
+    async fn routing(&self, group: &GroupId, report: RoutingReport) -> Result<RoutingResponse, TransportError> {
         let process = self.process;
         self.recorded(
-            self.inner.routing(group, known_version),
+            self.inner.routing(group, report),
             |recorder, at| {
-                recorder.trace_verbose(process, || "routing ->".to_string());
+                recorder.trace_verbose(process, || {
+                    format!("routing -> known v{} shards={}", report.known_version, report.known_shard_count)
+                });
                 let mut records = recorder.lock();
-                records.routings.push(new_call(process, known_version, at));
+                records.routings.push(new_call(process, report, at));
                 records.routings.len() - 1
             },
             |recorder, index, at, answer, hidden| {

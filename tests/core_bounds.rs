@@ -9,7 +9,7 @@ mod core_support;
 
 use core_support::{beat, group_id, Client, World};
 use rsc::core::model::{CorrectionRound, LossEvidence, CLIENT_NUMBER_MAX, CLIENT_VERSION_AHEAD_MAX};
-use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatResponse, HeartbeatStatus};
+use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatResponse, HeartbeatStatus, RoutingReport};
 use rsc::core::{decide_heartbeat, decide_routing, Context, GroupConfig, Observations, PlantedBugs};
 
 /// Numbers just above the bound and at the top of `u64`.
@@ -161,10 +161,10 @@ fn a_stored_revision_at_the_top_refuses_writes_and_still_answers_reads() {
     let steady = decide_heartbeat(&w.g, &a.request(), ctx);
     assert_eq!(steady.outcome.map(|r| (r.status, r.store_revision)), Ok((HeartbeatStatus::Ok, u64::MAX)));
 
-    let ahead = decide_routing(&w.g, w.g.metadata_version + 1, ctx);
+    let ahead = decide_routing(&w.g, RoutingReport::version(w.g.metadata_version + 1), ctx);
     assert_eq!(ahead.outcome.map_err(|e| e.code), Err(ErrorCode::Internal));
     assert!(ahead.write.next.is_none());
-    let read = decide_routing(&w.g, w.g.metadata_version, ctx);
+    let read = decide_routing(&w.g, RoutingReport::version(w.g.metadata_version), ctx);
     assert_eq!(read.outcome.map(|r| r.store_revision), Ok(u64::MAX));
 }
 

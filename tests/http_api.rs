@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use rsc::core::model::GroupId;
-use rsc::core::protocol::{ApiError, ErrorCode};
+use rsc::core::protocol::{ApiError, ErrorCode, RoutingReport};
 use rsc::http::error::public_message;
 use rsc::http::router::{app, HttpOptions, Readiness};
 use rsc::service::{Coordinator, CoordinatorOptions};
@@ -463,7 +463,7 @@ async fn the_client_transport_reaches_the_router_over_tcp_with_encoded_group_nam
     };
     let joined = transport.heartbeat(join.clone()).await.expect("heartbeat over TCP");
     assert_eq!((joined.status, joined.assigned), (HeartbeatStatus::Ok, vec![0, 1, 2]));
-    let routing = transport.routing(&group, 0).await.expect("routing over TCP");
+    let routing = transport.routing(&group, RoutingReport::version(0)).await.expect("routing over TCP");
     assert_eq!(routing.stream_keys, ["orders/eu.v1:0", "orders/eu.v1:1", "orders/eu.v1:2"]);
 
     api.coordinator.begin_shutdown();

@@ -17,9 +17,9 @@ mod stalled;
 
 use std::time::Duration;
 
-use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, ShardOwner};
+use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, ReshardReason, ShardOwner};
 use rsc::core::protocol::{
-    AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeReport,
+    AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeReport, RoutingReport,
 };
 use rsc::core::{PlantedBug, PlantedBugs};
 use rsc::service::{Coordinator, CoordinatorOptions};
@@ -119,7 +119,7 @@ async fn a_deleted_metadata_key_fails_closed_and_is_never_rebuilt() {
 
     assert_eq!(c.heartbeat(next(&r)).await.unwrap_err().code, ErrorCode::MetadataMissing);
     assert_eq!(c.heartbeat(join("b")).await.unwrap_err().code, ErrorCode::MetadataMissing, "the index knows it");
-    assert_eq!(c.routing(&group(), 0).await.unwrap_err().code, ErrorCode::MetadataMissing);
+    assert_eq!(c.routing(&group(), RoutingReport::version(0)).await.unwrap_err().code, ErrorCode::MetadataMissing);
     c.tick_all().await;
     assert!(store.peek_record(&group()).is_none(), "nothing rebuilt from heartbeats or ticks");
     assert!(c.metrics().total("rsc_metadata_missing_total") >= 3.0);
@@ -375,9 +375,12 @@ async fn a_producer_reporting_a_lost_version_is_told_so_and_the_evidence_is_reco
     let before = store.peek_record(&group()).expect("record").revision;
     let add = AdminRequest::AddShards { group: group(), expected_revision: before, new_shard_count: 4 };
     c.admin(add).await.expect("add shards");
-    let seen = c.routing(&group(), 0).await.expect("routing");
+    let seen = c.routing(&group(), RoutingReport::version(0)).await.expect("routing");
     assert_eq!((seen.shard_count, seen.lost_version), (4, None));
-    assert_eq!(c.routing(&group(), seen.metadata_version).await.expect("same version").lost_version, None);
+    assert_eq!(
+        c.routing(&group(), RoutingReport::version(seen.metadata_version)).await.expect("same version").lost_version,
+        None
+    );
 
     while store.peek_record(&group()).expect("record").revision > before {
         store.rollback(1, RollbackMode::Silent);
@@ -385,7 +388,7 @@ async fn a_producer_reporting_a_lost_version_is_told_so_and_the_evidence_is_reco
     let stored = recorded(&store).expect("record");
     assert!(stored.metadata_version < seen.metadata_version && stored.correction.is_none());
 
-    let told = c.routing(&group(), seen.metadata_version).await.expect("routing");
+    let told = c.routing(&group(), RoutingReport::version(seen.metadata_version)).await.expect("routing");
     assert_eq!((told.shard_count, told.lost_version), (2, Some(seen.metadata_version)));
     let after = recorded(&store).expect("record");
     assert!(after.correction.is_some(), "a correction round was recorded");
@@ -394,6 +397,44 @@ async fn a_producer_reporting_a_lost_version_is_told_so_and_the_evidence_is_reco
     assert!(c.metrics().total("rsc_client_metadata_version_ahead_total") >= 1.0);
     // The same report again changes nothing (the round already covers it).
     let revision = store.peek_record(&group()).expect("record").revision;
-    assert_eq!(c.routing(&group(), seen.metadata_version).await.expect("again").lost_version, told.lost_version);
+    assert_eq!(
+        c.routing(&group(), RoutingReport::version(seen.metadata_version)).await.expect("again").lost_version,
+        told.lost_version
+    );
     assert_eq!(store.peek_record(&group()).expect("record").revision, revision);
+}
+
+/// Issue #14: the store loses an `add-shards` a producer published with; the producer's routing
+/// refresh reports the shard count, and the coordinator records the shards again (reason
+/// `recovered-lost-add-shards`, counted in a metric), once: the same report again writes nothing.
+#[tokio::test]
+async fn a_producer_reporting_the_shards_of_a_lost_add_shards_makes_the_coordinator_add_them_again() {
+    let store = MemoryStore::new(14);
+    let c = short_mutex(&store, "c1");
+    create(&c, 2).await;
+    let before = store.peek_record(&group()).expect("record").revision;
+    let add = AdminRequest::AddShards { group: group(), expected_revision: before, new_shard_count: 5 };
+    c.admin(add).await.expect("add shards");
+    let seen = c.routing(&group(), RoutingReport::NONE).await.expect("routing");
+    assert!(seen.accepts_known_shard_count, "the answer announces the parameter");
+    while store.peek_record(&group()).expect("record").revision > before {
+        store.rollback(1, RollbackMode::Silent);
+    }
+    assert_eq!(recorded(&store).expect("record").shard_count, 2, "the add-shards is lost");
+
+    let report = RoutingReport { known_version: seen.metadata_version, known_shard_count: 5 };
+    let healed = c.routing(&group(), report).await.expect("routing");
+    assert_eq!((healed.shard_count, healed.lost_version), (5, None), "{healed:?}");
+    assert!(healed.metadata_version > seen.metadata_version);
+    let after = recorded(&store).expect("record");
+    assert_eq!(after.shard_count, 5);
+    assert_eq!(after.resharding.last().map(|r| r.reason), Some(ReshardReason::RecoveredLostAddShards));
+    assert_eq!(healed.store_revision, store.peek_record(&group()).expect("record").revision, "answered from the write");
+    assert_eq!(c.metrics().total("rsc_lost_add_shards_healed_total"), 1.0);
+
+    let revision = store.peek_record(&group()).expect("record").revision;
+    let again = c.routing(&group(), report).await.expect("again");
+    assert_eq!(again.shard_count, 5);
+    assert_eq!(store.peek_record(&group()).expect("record").revision, revision, "nothing more to heal");
+    assert_eq!(c.metrics().total("rsc_lost_add_shards_healed_total"), 1.0);
 }

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use super::rig::BenchCoordinator;
 use rsc::client::{CoordinatorTransport, TransportError};
 use rsc::core::model::GroupId;
-use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, RoutingResponse};
+use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, RoutingReport, RoutingResponse};
 use rsc::http::client::{HttpClientConfig, HttpTransport};
 use rsc::http::router::{app, HttpOptions};
 
@@ -65,15 +65,13 @@ impl CoordinatorTransport for Link {
     fn routing(
         &self,
         group: &GroupId,
-        known_version: u64,
+        report: RoutingReport,
     ) -> impl Future<Output = Result<RoutingResponse, TransportError>> + Send {
         let (link, group) = (self.clone(), group.clone());
         async move {
             match link {
-                Link::InProcess(coordinator) => {
-                    coordinator.routing(&group, known_version).await.map_err(TransportError::Api)
-                }
-                Link::Http(transport) => transport.routing(&group, known_version).await,
+                Link::InProcess(coordinator) => coordinator.routing(&group, report).await.map_err(TransportError::Api),
+                Link::Http(transport) => transport.routing(&group, report).await,
             }
         }
     }

@@ -7,7 +7,7 @@ use rsc::client::TransportError;
 use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, Member, MemberState, ShardId, ShardOwner};
 use rsc::core::protocol::{
     AdminRequest, AdminResponse, ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus,
-    RoutingResponse,
+    RoutingReport, RoutingResponse,
 };
 use rsc::store::memory::{HistoryEvent, HistoryKind};
 use rsc::store::{EntryId, StoredRecord};
@@ -228,10 +228,11 @@ impl World {
             routing_refresh_interval_ms: ttl_ms / 2,
             store_revision: 1,
             lost_version: None,
+            accepts_known_shard_count: true,
         };
         let call = CoordinatorCall {
             process: p,
-            request: 0,
+            request: RoutingReport::NONE,
             sent_at_us: sent,
             received_at_us: Some(received),
             answer: Some(Ok(resp)),
@@ -244,7 +245,7 @@ impl World {
     pub fn routing_reporting(&mut self, p: ProcessId, known_version: u64, sent: Us, received: Us) {
         self.routing(p, sent, received, 10_000, 1);
         if let Some(call) = self.records.routings.last_mut() {
-            call.request = known_version;
+            call.request = RoutingReport::version(known_version);
         }
     }
 

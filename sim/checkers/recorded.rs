@@ -106,6 +106,8 @@ mod reference {
             routing_refresh_interval_ms: g.config.routing_refresh_interval_ms,
             store_revision: revision,
             lost_version: None,
+            // This coordinator reads `knownShardCount` (DESIGN §8).
+            accepts_known_shard_count: true,
         }
     }
 }

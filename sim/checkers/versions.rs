@@ -62,7 +62,7 @@ fn reports(facts: &Facts<'_>) -> Vec<Report> {
     });
     let routings = facts.records.routings.iter().filter_map(|call| {
         let answered = call.received_at_us.filter(|_| matches!(call.answer, Some(Ok(_))))?;
-        Some((call.sent_at_us, answered, call.request, call.process))
+        Some((call.sent_at_us, answered, call.request.known_version, call.process))
     });
     heartbeats.chain(routings).filter(|(_, _, version, _)| *version > 0).collect()
 }

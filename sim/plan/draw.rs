@@ -225,6 +225,7 @@ fn draw_group(spec: &PlanSpec, rng: &mut SmallRng) -> Result<GroupConfig, PlanEr
             "routing_refresh_interval_ms",
         )?,
         assignor: g.assignor.unwrap_or_default(),
+        heal_lost_add_shards: g.heal_lost_add_shards.unwrap_or(defaults.heal_lost_add_shards),
     };
     config.validate().map_err(|e| invalid(format!("group: {e}")))?;
     Ok(config)
@@ -354,14 +355,15 @@ impl Plan {
         let _ = writeln!(
             s,
             "  group: member_lease_ttl={}ms assignment_lease={}ms heartbeat={}ms rebalance_timeout={}ms \
-             routing_ttl={}ms routing_refresh={}ms assignor={:?}",
+             routing_ttl={}ms routing_refresh={}ms assignor={:?} heal_lost_add_shards={}",
             g.member_lease_ttl_ms,
             g.assignment_lease_ms,
             g.heartbeat_interval_ms,
             g.rebalance_timeout_ms,
             g.routing_cache_ttl_ms,
             g.routing_refresh_interval_ms,
-            g.assignor
+            g.assignor,
+            g.heal_lost_add_shards
         );
         let _ = writeln!(
             s,

@@ -141,6 +141,8 @@ pub struct GroupSpec {
     pub routing_refresh_interval_ms: Option<Param<u64>>,
     /// `sticky-uniform` or `range`.
     pub assignor: Option<rsc::core::model::AssignorKind>,
+    /// Re-add the shards of a lost `add-shards` a producer reports (default on).
+    pub heal_lost_add_shards: Option<bool>,
 }
 
 /// Timeouts and cadences of the simulated processes and network.

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::core::model::{GroupId, ShardId};
-use crate::core::protocol::{Drain, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
+use crate::core::protocol::{
+    ApiError, Drain, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingReport, RoutingResponse,
+};
 
 use super::transport::{CoordinatorTransport, TransportError};
 
@@ -19,6 +21,11 @@ pub(crate) struct FakeState {
     pub routing_calls: usize,
     /// The `known_version` of every routing call, in order.
     pub known_versions: Vec<u64>,
+    /// The `known_shard_count` of every routing call, in order.
+    pub known_shard_counts: Vec<u32>,
+    /// Reads `knownShardCount` (a current coordinator); `false` plays an older one, which
+    /// refuses the parameter with `BAD_REQUEST` and does not announce it.
+    pub reads_shard_count: bool,
 }
 
 pub(crate) struct FakeCoordinator {
@@ -37,6 +44,8 @@ impl FakeCoordinator {
                 heartbeats: Vec::new(),
                 routing_calls: 0,
                 known_versions: Vec::new(),
+                known_shard_counts: Vec::new(),
+                reads_shard_count: true,
             }),
         }
     }
@@ -62,6 +71,7 @@ pub(crate) fn routing(
         routing_refresh_interval_ms: interval_ms,
         store_revision: version,
         lost_version: None,
+        accepts_known_shard_count: true,
     }
 }
 
@@ -95,14 +105,20 @@ impl CoordinatorTransport for FakeCoordinator {
         })
     }
 
-    async fn routing(&self, _group: &GroupId, known_version: u64) -> Result<RoutingResponse, TransportError> {
+    async fn routing(&self, _group: &GroupId, report: RoutingReport) -> Result<RoutingResponse, TransportError> {
         self.with(|s| {
             if !s.up {
                 return Err(TransportError::Unreachable("fake coordinator is down".into()));
             }
             s.routing_calls += 1;
-            s.known_versions.push(known_version);
+            s.known_versions.push(report.known_version);
+            s.known_shard_counts.push(report.known_shard_count);
+            if !s.reads_shard_count && report.known_shard_count > 0 {
+                return Err(ApiError::new(ErrorCode::BadRequest, "unknown field `knownShardCount`").into());
+            }
+            let known_version = report.known_version;
             let mut routing = s.routing.clone();
+            routing.accepts_known_shard_count = s.reads_shard_count;
             if known_version > routing.metadata_version {
                 routing.lost_version = Some(known_version);
             }

@@ -9,7 +9,7 @@
 use std::future::Future;
 
 use crate::core::model::GroupId;
-use crate::core::protocol::{ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingResponse};
+use crate::core::protocol::{ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingReport, RoutingResponse};
 
 /// Why a coordinator call produced no successful response.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -49,12 +49,13 @@ pub trait CoordinatorTransport: Send + Sync + 'static {
         req: HeartbeatRequest,
     ) -> impl Future<Output = Result<HeartbeatResponse, TransportError>> + Send;
 
-    /// `GET /v1/groups/{streamPrefix}/{consumerGroup}/routing[?knownVersion=N]`: `known_version`
-    /// is the metadataVersion of the caller's cached view (0: none; not sent).
+    /// `GET /v1/groups/{streamPrefix}/{consumerGroup}/routing[?knownVersion=N&knownShardCount=S]`:
+    /// the metadataVersion of the caller's cached view and the highest shard count it published
+    /// with (0: none; not sent).
     fn routing(
         &self,
         group: &GroupId,
-        known_version: u64,
+        report: RoutingReport,
     ) -> impl Future<Output = Result<RoutingResponse, TransportError>> + Send;
 }
 
@@ -69,8 +70,8 @@ impl<T: CoordinatorTransport> CoordinatorTransport for std::sync::Arc<T> {
     fn routing(
         &self,
         group: &GroupId,
-        known_version: u64,
+        report: RoutingReport,
     ) -> impl Future<Output = Result<RoutingResponse, TransportError>> + Send {
-        (**self).routing(group, known_version)
+        (**self).routing(group, report)
     }
 }

@@ -5,7 +5,7 @@
 
 use super::engine::{Context, Decision};
 use super::input::check_admin_request;
-use super::model::{GroupMetadata, LeaseTransition, LossEvidence, ReshardRecord, SHARD_COUNT_MAX};
+use super::model::{GroupMetadata, LeaseTransition, LossEvidence, ReshardReason, SHARD_COUNT_MAX};
 use super::protocol::{AdminRequest, AdminResponse, ApiError, ErrorCode};
 use super::transition::{Transition, Written};
 
@@ -104,21 +104,7 @@ fn add_shards(tx: &mut Transition<'_>, new_shard_count: u32) -> Result<(), Strin
         let lowest = from.saturating_add(1);
         return Err(format!("newShardCount must be in {lowest}..={SHARD_COUNT_MAX} (shards are only added)"));
     }
-    tx.next.shard_count = new_shard_count;
-    // The record's version is the one `finish` bumps to (which refuses the same way if none is left).
-    let version = match tx.next.next_metadata_version() {
-        Ok(version) => version,
-        Err(exhausted) => {
-            tx.refuse(exhausted);
-            return Ok(());
-        }
-    };
-    tx.next.resharding.push(ReshardRecord {
-        from_shard_count: from,
-        to_shard_count: new_shard_count,
-        metadata_version: version,
-    });
-    tx.mark_retarget();
+    tx.add_shards(new_shard_count, ReshardReason::Operator);
     Ok(())
 }
 

@@ -7,13 +7,15 @@
 //! machine"). Every rule is in [`Transition`]; this module validates inputs, applies the rules in
 //! order and derives responses.
 
-use super::input::{check_client_number, check_heartbeat_request, InputError};
+use super::input::{check_heartbeat_request, check_routing_report, InputError};
 use super::model::ShardOwner;
-use super::model::{CounterExhausted, GroupMetadata, LossEvidence, MemberState, ShardId, MEMBERS_MAX};
+use super::model::{CounterExhausted, GroupMetadata, LossEvidence, MemberState, ReshardReason, ShardId, MEMBERS_MAX};
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
 use super::protocol::Drain;
-use super::protocol::{ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
+use super::protocol::{
+    ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingReport, RoutingResponse,
+};
 use super::transition::{is_quiescent, report_releases, Transition, Written};
 
 /// What one input decided.
@@ -346,28 +348,43 @@ pub fn routing_view(g: &GroupMetadata, revision: u64) -> RoutingResponse {
         routing_refresh_interval_ms: g.config.routing_refresh_interval_ms,
         store_revision: revision,
         lost_version: None,
+        accepts_known_shard_count: true,
     }
 }
 
-/// Decides a producer's routing refresh that reported the metadataVersion it has cached
-/// (`known_version`). A version above the stored one is evidence of lost writes, exactly like a
-/// consumer's report: it is recorded (a correction round; later versions skip past it) and the
-/// answer tells the producer its view is lost. Anything else is the read-only view. A version
-/// above [`super::model::CLIENT_NUMBER_MAX`] is `BAD_REQUEST`.
-pub fn decide_routing(g: &GroupMetadata, known_version: u64, ctx: Context<'_>) -> Decision<RoutingResponse> {
-    if let Err(refused) = check_client_number("knownVersion", known_version) {
+/// Decides a producer's routing refresh that reported the metadataVersion it has cached and the
+/// highest shard count it published with ([`RoutingReport`]).
+///
+/// - A version above the stored one is evidence of lost writes, exactly like a consumer's report:
+///   it is recorded (a correction round; later versions skip past it) and the answer tells the
+///   producer its view is lost (`lostVersion`).
+/// - A shard count above the recorded one is evidence of a lost `add-shards` whose new shards
+///   hold acknowledged entries: unless the group turned healing off, the shards are added again
+///   (shards are only ever added, so this cannot break exclusive ownership), recorded with reason
+///   `recovered-lost-add-shards`, at a version above every version any client reported.
+/// - Anything else is the read-only view. Numbers above their bounds are `BAD_REQUEST`.
+pub fn decide_routing(g: &GroupMetadata, report: RoutingReport, ctx: Context<'_>) -> Decision<RoutingResponse> {
+    if let Err(refused) = check_routing_report(&report) {
         return Decision::reject(ErrorCode::BadRequest, refused.to_string());
     }
     let mut tx = Transition::new(g, ctx);
-    tx.record_client_version(known_version);
+    tx.record_client_version(report.known_version);
+    if heals_lost_add_shards(g, &report) && !ctx.planted.has(PlantedBug::SkipAddShardsHealing) {
+        tx.add_shards(report.known_shard_count, ReshardReason::RecoveredLostAddShards);
+    }
     let (write, revision) = match ctx.finish(tx) {
         Ok(finished) => finished,
         Err(exhausted) => return Decision::refuse(exhausted),
     };
     let state = write.next.as_ref().unwrap_or(g);
     let mut view = routing_view(state, revision);
-    view.lost_version = (known_version > state.metadata_version).then_some(known_version);
+    view.lost_version = (report.known_version > state.metadata_version).then_some(report.known_version);
     Decision { write, outcome: Ok(view) }
+}
+
+/// Whether a routing report is evidence of a lost `add-shards` this group heals.
+pub fn heals_lost_add_shards(g: &GroupMetadata, report: &RoutingReport) -> bool {
+    g.config.heal_lost_add_shards && report.known_shard_count > g.shard_count
 }
 
 pub use super::admin::decide_admin;

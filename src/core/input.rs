@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 
 use super::model::{ShardId, CLIENT_NUMBER_MAX, MEMBER_ID_LEN_MAX, SHARD_COUNT_MAX};
-use super::protocol::{AdminRequest, HeartbeatRequest};
+use super::protocol::{AdminRequest, HeartbeatRequest, RoutingReport};
 
 /// Why a request was refused (`BAD_REQUEST`); the message names the offending field.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +44,15 @@ pub enum InputError {
 pub fn check_client_number(field: &'static str, value: u64) -> Result<(), InputError> {
     if value > CLIENT_NUMBER_MAX {
         return Err(InputError::NumberTooLarge { field, value });
+    }
+    Ok(())
+}
+
+/// Everything about a routing report that does not depend on the recorded group.
+pub fn check_routing_report(report: &RoutingReport) -> Result<(), InputError> {
+    check_client_number("knownVersion", report.known_version)?;
+    if report.known_shard_count > SHARD_COUNT_MAX {
+        return Err(InputError::ShardCount { field: "knownShardCount" });
     }
     Ok(())
 }

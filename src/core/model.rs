@@ -152,6 +152,15 @@ pub struct GroupConfig {
     pub routing_refresh_interval_ms: u64,
     #[serde(default)]
     pub assignor: AssignorKind,
+    /// When a producer reports publishing with more shards than recorded (an `add-shards` the
+    /// store lost), add them again so its acknowledged entries are read (DESIGN §8). On by
+    /// default; absent in records written before it existed (on).
+    #[serde(default = "heal_default")]
+    pub heal_lost_add_shards: bool,
+}
+
+fn heal_default() -> bool {
+    true
 }
 
 impl Default for GroupConfig {
@@ -164,6 +173,7 @@ impl Default for GroupConfig {
             routing_cache_ttl_ms: 10_000,
             routing_refresh_interval_ms: 3_000,
             assignor: AssignorKind::StickyUniform,
+            heal_lost_add_shards: true,
         }
     }
 }
@@ -271,6 +281,21 @@ pub struct ReshardRecord {
     pub from_shard_count: u32,
     pub to_shard_count: u32,
     pub metadata_version: u64,
+    /// Who asked for it. Absent in records written before it existed (an operator).
+    #[serde(default)]
+    pub reason: ReshardReason,
+}
+
+/// Why shards were added.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReshardReason {
+    /// An admin `add-shards` request.
+    #[default]
+    Operator,
+    /// A producer reported publishing with more shards than recorded: the store lost an
+    /// `add-shards`, and the coordinator added the shards again (DESIGN §8).
+    RecoveredLostAddShards,
 }
 
 /// A metadata correction round (seed: "Metadata Version Correction"). Recorded without bumping

@@ -36,10 +36,13 @@ pub enum PlantedBug {
     /// Consumer: a shard's setup never claims entries pending to other consumers and never
     /// re-reads its own pending entries, so an entry whose read reply was lost stays pending.
     SkipPendingRecovery,
+    /// Core: ignore a producer's report of publishing with more shards than recorded, so the
+    /// shards of a lost `add-shards` stay unread.
+    SkipAddShardsHealing,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 12] = [
+    pub const ALL: [PlantedBug; 13] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -52,26 +55,27 @@ impl PlantedBug {
         PlantedBug::AcceptStaleRevoked,
         PlantedBug::StartPendingShards,
         PlantedBug::SkipPendingRecovery,
+        PlantedBug::SkipAddShardsHealing,
     ];
 }
 
 /// The set of planted bugs in force (a bit set; `Default` is none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct PlantedBugs(u16);
+pub struct PlantedBugs(u32);
 
 impl PlantedBugs {
     pub const NONE: PlantedBugs = PlantedBugs(0);
 
     pub fn only(bug: PlantedBug) -> Self {
-        PlantedBugs(1 << bug as u16)
+        PlantedBugs(1 << bug as u32)
     }
 
     /// This set plus `bug`.
     pub fn with(self, bug: PlantedBug) -> Self {
-        PlantedBugs(self.0 | 1 << bug as u16)
+        PlantedBugs(self.0 | 1 << bug as u32)
     }
 
     pub fn has(self, bug: PlantedBug) -> bool {
-        self.0 & (1 << bug as u16) != 0
+        self.0 & (1 << bug as u32) != 0
     }
 }

@@ -129,6 +129,31 @@ pub struct RoutingResponse {
     /// correction round). `null` otherwise.
     #[serde(default)]
     pub lost_version: Option<u64>,
+    /// This coordinator reads `knownShardCount` in routing requests; a producer sends it only
+    /// after an answer said so, because an older coordinator refuses unknown query parameters
+    /// (DESIGN §6, rule 2). Absent (false) from older coordinators.
+    #[serde(default)]
+    pub accepts_known_shard_count: bool,
+}
+
+/// What a producer reports with a routing request (`0`: nothing to report).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutingReport {
+    /// The metadataVersion of the producer's cached view.
+    pub known_version: u64,
+    /// The highest shard count this producer published with. Above the recorded count, it is
+    /// evidence of a lost `add-shards` whose shards hold acknowledged entries (DESIGN §8).
+    pub known_shard_count: u32,
+}
+
+impl RoutingReport {
+    /// Nothing cached, nothing published.
+    pub const NONE: RoutingReport = RoutingReport { known_version: 0, known_shard_count: 0 };
+
+    pub fn version(known_version: u64) -> Self {
+        Self { known_version, known_shard_count: 0 }
+    }
 }
 
 /// Admin mutations; every one but `CreateGroup` carries the store revision it was computed from and

@@ -12,7 +12,7 @@ use super::assignor::assignor_for;
 use super::engine::Context;
 use super::model::{
     next_client_number, CorrectionRound, CounterExhausted, GroupMetadata, LossEvidence, Member, MemberId, MemberState,
-    RevokeId, ShardId, ShardOwner, WaitId, CLIENT_VERSION_AHEAD_MAX, REVOKE_ID_MAX,
+    ReshardReason, ReshardRecord, RevokeId, ShardId, ShardOwner, WaitId, CLIENT_VERSION_AHEAD_MAX, REVOKE_ID_MAX,
 };
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
@@ -96,6 +96,29 @@ impl<'a> Transition<'a> {
     pub(crate) fn mark_retarget(&mut self) {
         self.retarget = true;
         self.mark_visible();
+    }
+
+    /// Raises the shard count to `to` (the caller checked `to` is above the current count and
+    /// within `SHARD_COUNT_MAX`), recording why. The record names the version `finish` bumps to;
+    /// when none is left the decision is refused the same way.
+    pub(crate) fn add_shards(&mut self, to: u32, reason: ReshardReason) {
+        let from = self.next.shard_count;
+        debug_assert!(to > from, "shards are only added");
+        self.next.shard_count = to;
+        let metadata_version = match self.next.next_metadata_version() {
+            Ok(version) => version,
+            Err(exhausted) => {
+                self.refuse(exhausted);
+                return;
+            }
+        };
+        self.next.resharding.push(ReshardRecord {
+            from_shard_count: from,
+            to_shard_count: to,
+            metadata_version,
+            reason,
+        });
+        self.mark_retarget();
     }
 
     /// Records a client-reported version (evidence when it is above the stored one).

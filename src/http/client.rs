@@ -34,7 +34,7 @@ use serde::de::DeserializeOwned;
 use super::serve::FlushOnWrite;
 use crate::client::transport::{CoordinatorTransport, TransportError};
 use crate::core::model::GroupId;
-use crate::core::protocol::{ApiError, HeartbeatRequest, HeartbeatResponse, RoutingResponse};
+use crate::core::protocol::{ApiError, HeartbeatRequest, HeartbeatResponse, RoutingReport, RoutingResponse};
 
 /// Largest response body accepted.
 const BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
@@ -182,10 +182,18 @@ impl CoordinatorTransport for HttpTransport {
         self.call(Method::POST, group_path(&req.group, "heartbeat"), Bytes::from(body)).await
     }
 
-    async fn routing(&self, group: &GroupId, known_version: u64) -> Result<RoutingResponse, TransportError> {
+    async fn routing(&self, group: &GroupId, report: RoutingReport) -> Result<RoutingResponse, TransportError> {
+        let mut params = Vec::new();
+        if report.known_version > 0 {
+            params.push(format!("knownVersion={}", report.known_version));
+        }
+        if report.known_shard_count > 0 {
+            params.push(format!("knownShardCount={}", report.known_shard_count));
+        }
         let mut path = group_path(group, "routing");
-        if known_version > 0 {
-            path.push_str(&format!("?knownVersion={known_version}"));
+        if !params.is_empty() {
+            path.push('?');
+            path.push_str(&params.join("&"));
         }
         self.call(Method::GET, path, Bytes::new()).await
     }

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use super::*;
-use crate::core::protocol::{ErrorCode, HeartbeatStatus};
+use crate::core::protocol::{ErrorCode, HeartbeatStatus, RoutingReport};
 use crate::http::serve::{serve, serve_with, ServeConfig};
 
 /// How the test coordinator answers.
@@ -88,6 +88,7 @@ async fn routing(State(state): State<Arc<TestState>>, Path((prefix, group)): Pat
         routing_refresh_interval_ms: 3_000,
         store_revision: 9,
         lost_version: None,
+        accepts_known_shard_count: true,
     })
     .into_response()
 }
@@ -176,12 +177,12 @@ async fn heartbeat_and_routing_round_trip_with_awkward_group_names() {
     let group = GroupId::new("orders:v1/x%y", "bill?ing#");
     let response = t.heartbeat(request(&group)).await.expect("heartbeat answered");
     assert_eq!((response.member_id.as_str(), response.member_epoch, response.assigned), ("m1", 4, vec![1]));
-    let routing = t.routing(&group, 0).await.expect("routing answered");
+    let routing = t.routing(&group, RoutingReport::NONE).await.expect("routing answered");
     assert_eq!(routing.group, group);
     assert_eq!(routing.stream_keys, vec![group.stream_key(0), group.stream_key(1)]);
     // Keep-alive: many sequential requests on the pooled connection stay correct.
     for _ in 0..20 {
-        assert_eq!(t.routing(&group, 0).await.expect("routing").shard_count, 2);
+        assert_eq!(t.routing(&group, RoutingReport::NONE).await.expect("routing").shard_count, 2);
     }
     assert_eq!(server.requests(), 22);
     server.stop().await;
@@ -211,7 +212,7 @@ async fn fails_over_past_dead_and_terminating_coordinators_and_sticks_to_the_one
     let group = GroupId::new("p", "g");
     t.heartbeat(request(&group)).await.expect("third address answers");
     assert_eq!((terminating.requests(), ok.requests()), (1, 1));
-    t.routing(&group, 0).await.expect("answered");
+    t.routing(&group, RoutingReport::NONE).await.expect("answered");
     assert_eq!((terminating.requests(), ok.requests()), (1, 2), "starts with the last address that answered");
     terminating.stop().await;
     ok.stop().await;
@@ -222,7 +223,7 @@ async fn every_coordinator_terminating_returns_the_api_error() {
     let a = TestServer::start(Mode::Terminating).await;
     let b = TestServer::start(Mode::Terminating).await;
     let t = transport(vec![a.addr, b.addr], 2_000);
-    let error = t.routing(&GroupId::new("p", "g"), 0).await.expect_err("503 everywhere");
+    let error = t.routing(&GroupId::new("p", "g"), RoutingReport::NONE).await.expect_err("503 everywhere");
     assert_eq!(error.code(), Some(ErrorCode::CoordinatorTerminating));
     assert_eq!((a.requests(), b.requests()), (1, 1));
     a.stop().await;
@@ -234,7 +235,7 @@ async fn a_slow_coordinator_times_out() {
     let slow = TestServer::start(Mode::Slow).await;
     let t = transport(vec![slow.addr], 100);
     let started = tokio::time::Instant::now();
-    assert_eq!(t.routing(&GroupId::new("p", "g"), 0).await, Err(TransportError::Timeout));
+    assert_eq!(t.routing(&GroupId::new("p", "g"), RoutingReport::NONE).await, Err(TransportError::Timeout));
     assert!(started.elapsed() < Duration::from_millis(450));
     slow.stop().await;
 }
@@ -243,7 +244,10 @@ async fn a_slow_coordinator_times_out() {
 #[tokio::test]
 async fn nothing_listening_is_unreachable() {
     let t = transport(vec![dead_addr().await], 1_000);
-    assert!(matches!(t.routing(&GroupId::new("p", "g"), 0).await, Err(TransportError::Unreachable(_))));
+    assert!(matches!(
+        t.routing(&GroupId::new("p", "g"), RoutingReport::NONE).await,
+        Err(TransportError::Unreachable(_))
+    ));
 }
 
 // Real sockets only: madsim reuses a freed port at once (even for the client's own
@@ -255,12 +259,12 @@ async fn a_pooled_connection_closed_by_a_restart_is_replaced() {
     let addr = first.addr;
     let t = transport(vec![addr], 2_000);
     let group = GroupId::new("p", "g");
-    t.routing(&group, 0).await.expect("answered");
+    t.routing(&group, RoutingReport::NONE).await.expect("answered");
     first.stop().await;
     // Stopped: no longer accepting.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "shutdown stops accepting");
     let second = TestServer::start_on(addr, Mode::Ok).await;
-    t.routing(&group, 0).await.expect("answered after restart");
+    t.routing(&group, RoutingReport::NONE).await.expect("answered after restart");
     assert_eq!(second.requests(), 1);
     second.stop().await;
 }
@@ -326,7 +330,7 @@ mod sim {
                 for _ in 0..2 {
                     let started = tokio::time::Instant::now();
                     for _ in 0..300 {
-                        t.routing(&group, 0).await.expect("routing");
+                        t.routing(&group, RoutingReport::NONE).await.expect("routing");
                     }
                     batches.push(started.elapsed());
                 }
@@ -352,7 +356,7 @@ mod sim {
                     ..HttpClientConfig::new(vec![addr("10.0.0.1"), addr("10.0.0.2")])
                 });
                 let group = GroupId::new("p", "g");
-                t.routing(&group, 0).await.expect("a answers");
+                t.routing(&group, RoutingReport::NONE).await.expect("a answers");
                 Handle::current().kill(a_id);
                 let started = tokio::time::Instant::now();
                 t.heartbeat(request(&group)).await.expect("b answers");
@@ -377,10 +381,10 @@ mod sim {
                     ..HttpClientConfig::new(vec![addr("10.0.0.1"), addr("10.0.0.2")])
                 });
                 let group = GroupId::new("p", "g");
-                t.routing(&group, 0).await.expect("a answers");
+                t.routing(&group, RoutingReport::NONE).await.expect("a answers");
                 madsim::net::NetSim::current().clog_node(a_id);
                 let started = tokio::time::Instant::now();
-                t.routing(&group, 0).await.expect("b answers");
+                t.routing(&group, RoutingReport::NONE).await.expect("b answers");
                 started.elapsed()
             })
             .await

@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{ApiJson, ApiPath, ApiQuery, HttpError};
 use super::router::AppState;
-use crate::core::input::{check_admin_request, check_client_number, check_heartbeat_request, InputError};
+use crate::core::input::{check_admin_request, check_heartbeat_request, check_routing_report, InputError};
 use crate::core::model::{GroupConfig, GroupId};
-use crate::core::protocol::{AdminRequest, AdminResponse, HeartbeatRequest};
+use crate::core::protocol::{AdminRequest, AdminResponse, HeartbeatRequest, RoutingReport};
 use crate::store::MetadataStore;
 
 /// `GET /v1/groups/{streamPrefix}/{consumerGroup}/routing` query: the metadataVersion of the
@@ -31,6 +31,10 @@ use crate::store::MetadataStore;
 pub struct RoutingQuery {
     #[serde(default)]
     pub known_version: Option<u64>,
+    /// The highest shard count the producer published with (at most `SHARD_COUNT_MAX`); sent
+    /// only to coordinators whose answers carry `acceptsKnownShardCount`.
+    #[serde(default)]
+    pub known_shard_count: Option<u32>,
 }
 
 /// `POST /v1/admin/groups` body.
@@ -114,9 +118,12 @@ pub(super) async fn routing<S: MetadataStore>(
     ApiQuery(query): ApiQuery<RoutingQuery>,
 ) -> Result<Response> {
     let group = path_group(path);
-    let known_version = query.known_version.unwrap_or(0);
-    check_client_number("knownVersion", known_version).map_err(refused)?;
-    Ok(Json(app.coordinator.routing(&group, known_version).await?).into_response())
+    let report = RoutingReport {
+        known_version: query.known_version.unwrap_or(0),
+        known_shard_count: query.known_shard_count.unwrap_or(0),
+    };
+    check_routing_report(&report).map_err(refused)?;
+    Ok(Json(app.coordinator.routing(&group, report).await?).into_response())
 }
 
 pub(super) async fn describe<S: MetadataStore>(

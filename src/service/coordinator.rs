@@ -23,11 +23,12 @@ use tokio::time::{Duration, Instant};
 use super::cache::DecodedCache;
 use super::marks::{ReadOrder, ReadTicket, RevisionVerdict};
 use super::shutdown::ShutdownGate;
-use crate::core::engine::routing_view;
-use crate::core::input::{check_admin_request, check_client_number, check_heartbeat_request, InputError};
+use crate::core::engine::{heals_lost_add_shards, routing_view};
+use crate::core::input::{check_admin_request, check_heartbeat_request, check_routing_report, InputError};
 use crate::core::model::{GroupId, GroupMetadata, LossEvidence, MemberId};
 use crate::core::protocol::{
-    AdminRequest, AdminResponse, ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingResponse,
+    AdminRequest, AdminResponse, ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingReport,
+    RoutingResponse,
 };
 use crate::core::{
     decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Decision, LocalView, Observations,
@@ -275,27 +276,42 @@ impl<S: MetadataStore> Coordinator<S> {
         }
     }
 
-    /// Producer routing view. `known_version` is the metadataVersion the producer has cached (0:
-    /// none). One above the stored version is recorded as loss evidence and answered with
-    /// `lostVersion`; otherwise this is a read, served while terminating too. One above
-    /// `CLIENT_NUMBER_MAX` is `BAD_REQUEST` before anything is read.
-    pub async fn routing(&self, group: &GroupId, known_version: u64) -> Result<RoutingResponse, ApiError> {
+    /// Producer routing view. The report names the metadataVersion the producer has cached and
+    /// the highest shard count it published with (0: none). A version above the stored one is
+    /// recorded as loss evidence and answered with `lostVersion`; a shard count above the recorded
+    /// one re-adds the shards of a lost `add-shards` (unless the group turned that off); otherwise
+    /// this is a read, served while terminating too. Numbers above their bounds are `BAD_REQUEST`
+    /// before anything is read.
+    pub async fn routing(&self, group: &GroupId, report: RoutingReport) -> Result<RoutingResponse, ApiError> {
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
-        check_client_number("knownVersion", known_version).map_err(bad_request)?;
+        check_routing_report(&report).map_err(bad_request)?;
         self.recheck_identity_if_suspect().await?;
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
-            return Err(self.missing(group, known_version > 0).await);
+            return Err(self.missing(group, report.known_version > 0).await);
         };
         let g = self.decode_counted(group, &record)?;
         let view = routing_view(&g, record.revision);
-        if known_version <= g.metadata_version {
+        let ahead = report.known_version > g.metadata_version;
+        if !ahead && !heals_lost_add_shards(&g, &report) {
             return Ok(view);
         }
-        self.count_version_ahead(group);
+        if ahead {
+            self.count_version_ahead(group);
+        }
+        // The shard count the last attempt's decision healed from (attempts repeat on a conflict).
+        let mut healed_from = None;
         let recorded = self
             .critical(group, false, |g, rev, obs| match g {
-                Some(g) => decide_routing(g, known_version, self.context(rev, obs)),
+                Some(g) => {
+                    let decision = decide_routing(g, report, self.context(rev, obs));
+                    healed_from = decision
+                        .outcome
+                        .as_ref()
+                        .is_ok_and(|view| view.shard_count > g.shard_count)
+                        .then_some(g.shard_count);
+                    decision
+                }
                 None => Decision {
                     write: Default::default(),
                     outcome: Err(ApiError::new(ErrorCode::MetadataMissing, "group metadata vanished; failing closed")),
@@ -303,13 +319,28 @@ impl<S: MetadataStore> Coordinator<S> {
             })
             .await;
         match recorded {
-            Ok(view) => Ok(view),
+            Ok(view) => {
+                if let Some(from) = healed_from {
+                    self.count_healed(group, from, view.shard_count);
+                }
+                Ok(view)
+            }
             // A terminating coordinator still tells the producer; another instance records it.
             Err(e) if e.code == ErrorCode::CoordinatorTerminating => {
-                Ok(RoutingResponse { lost_version: Some(known_version), ..view })
+                Ok(RoutingResponse { lost_version: ahead.then_some(report.known_version), ..view })
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Counts a recorded heal.
+    fn count_healed(&self, group: &GroupId, from: u32, to: u32) {
+        tracing::warn!(%group, from, to, "a producer published with more shards than recorded: re-adding the shards of a lost add-shards");
+        self.inner.metrics.inc(
+            "rsc_lost_add_shards_healed_total",
+            "Routing refreshes that re-added the shards of an add-shards the store lost (a producer published with more shards than recorded).",
+            vec![("group", group.to_string())],
+        );
     }
 
     fn count_version_ahead(&self, group: &GroupId) {

@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 
 use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, LossEvidence, MemberId, RevokeId, ShardId};
-use rsc::core::protocol::{AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, RevokeReport, RoutingResponse};
+use rsc::core::protocol::{
+    AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, RevokeReport, RoutingReport, RoutingResponse,
+};
 use rsc::core::{
     decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Context, Decision, LocalView,
 };
@@ -128,10 +130,15 @@ impl World {
 
     /// Processes a producer's routing refresh reporting `known_version`, as the service would.
     pub fn routing(&mut self, known_version: u64) -> Result<RoutingResponse, ApiError> {
+        self.routing_report(RoutingReport::version(known_version))
+    }
+
+    /// Processes a producer's routing refresh reporting `report`, as the service would.
+    pub fn routing_report(&mut self, report: RoutingReport) -> Result<RoutingResponse, ApiError> {
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx =
             Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
-        let decision = decide_routing(&self.g, known_version, ctx);
+        let decision = decide_routing(&self.g, report, ctx);
         self.apply(&decision);
         decision.outcome
     }

@@ -6,7 +6,7 @@
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
-use rsc::core::model::CLIENT_NUMBER_MAX;
+use rsc::core::model::{CLIENT_NUMBER_MAX, SHARD_COUNT_MAX};
 use rsc::core::protocol::ErrorCode;
 use rsc::store::MetadataStore;
 
@@ -43,6 +43,12 @@ async fn unbounded_routing_reports_and_heartbeats_are_400_and_leave_the_record_b
         let uri = format!("{ROUTING}?knownVersion={value}");
         assert_bad_request(&api.raw("GET", &uri, None, None, "").await, "knownVersion", &uri);
     }
+    for value in [u64::from(SHARD_COUNT_MAX) + 1, u64::from(u32::MAX)] {
+        let uri = format!("{ROUTING}?knownShardCount={value}");
+        assert_bad_request(&api.raw("GET", &uri, None, None, "").await, "knownShardCount", &uri);
+    }
+    let uri = format!("{ROUTING}?knownShardCount={}", u64::MAX);
+    assert_eq!(api.raw("GET", &uri, None, None, "").await.status, StatusCode::BAD_REQUEST, "{uri}");
     for value in above {
         for field in ["memberEpoch", "metadataVersion", "assignmentEpoch"] {
             for mut body in [echo(&a), join_body("b")] {

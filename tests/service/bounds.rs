@@ -3,7 +3,7 @@
 //! group keeps answering joins, heartbeats and admin mutations afterwards.
 
 use rsc::core::model::CLIENT_NUMBER_MAX;
-use rsc::core::protocol::ApiError;
+use rsc::core::protocol::{ApiError, RoutingReport};
 
 use super::*;
 
@@ -26,7 +26,7 @@ async fn an_unbounded_routing_report_records_nothing_and_the_group_keeps_working
     let a = c.heartbeat(join("a")).await.expect("a joins");
     let before = touched(&store).await;
     for value in [CLIENT_NUMBER_MAX + 1, u64::MAX] {
-        assert_bad_request(c.routing(&group(), value).await, "knownVersion");
+        assert_bad_request(c.routing(&group(), RoutingReport::version(value)).await, "knownVersion");
     }
     assert_eq!(touched(&store).await, before, "nothing recorded");
 

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use rsc::core::model::{CLIENT_NUMBER_MAX, SHARD_COUNT_MAX};
-use rsc::core::protocol::{ApiError, RoutingResponse};
+use rsc::core::protocol::{ApiError, RoutingReport, RoutingResponse};
 use rsc::store::StoredRecord;
 
 use super::*;
@@ -233,7 +233,8 @@ impl Run {
                     Known::Value(v) => *v,
                 };
                 let before = self.touched().await;
-                let result: Result<RoutingResponse, ApiError> = self.c.routing(&group(), known).await;
+                let result: Result<RoutingResponse, ApiError> =
+                    self.c.routing(&group(), RoutingReport::version(known)).await;
                 let what = format!("routing knownVersion={known}");
                 no_server_error(&result, &what)?;
                 if known > CLIENT_NUMBER_MAX {

@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::core::model::GroupId;
 use crate::core::planted::PlantedBugs;
-use crate::core::protocol::RoutingResponse;
+use crate::core::protocol::{ErrorCode, RoutingReport, RoutingResponse};
 use crate::store::{EntryId, StoreError, StreamStore};
 
 pub use self::routing::{RefreshOutcome, Route, RouteError, RoutingCache};
@@ -206,13 +206,19 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
     async fn refresh(&self) -> Result<RefreshOutcome, TransportError> {
         let sent_ms = self.clock.now_ms();
         *self.last_attempt_ms.lock().unwrap_or_else(|p| p.into_inner()) = Some(sent_ms);
-        let known_version = self.cache().routing().map_or(0, |r| r.metadata_version);
+        let report = self.cache().report();
         let give_up = tokio::time::Instant::now() + Duration::from_millis(self.config.refresh_timeout_ms);
-        let result = tokio::select! {
-            biased;
-            result = self.transport.routing(&self.config.group, known_version) => result,
-            _ = tokio::time::sleep_until(give_up) => Err(TransportError::Timeout),
-        };
+        let mut result = self.routing_until(report, give_up).await;
+        if report.known_shard_count > 0
+            && matches!(&result, Err(TransportError::Api(e)) if e.code == ErrorCode::BadRequest)
+        {
+            // An older coordinator behind the same address refuses the parameter: ask it without.
+            self.cache().peer_refused_shard_count();
+            result = self.routing_until(RoutingReport { known_shard_count: 0, ..report }, give_up).await;
+        }
+        if matches!(&result, Err(TransportError::Api(e)) if e.code == ErrorCode::GroupNotFound) {
+            self.cache().forget_published();
+        }
         let now_ms = self.clock.now_ms();
         let producer = self.config.producer_id.clone();
         match result {
@@ -243,6 +249,18 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
                 });
                 Err(error)
             }
+        }
+    }
+
+    async fn routing_until(
+        &self,
+        report: RoutingReport,
+        give_up: tokio::time::Instant,
+    ) -> Result<RoutingResponse, TransportError> {
+        tokio::select! {
+            biased;
+            result = self.transport.routing(&self.config.group, report) => result,
+            _ = tokio::time::sleep_until(give_up) => Err(TransportError::Timeout),
         }
     }
 

@@ -14,10 +14,15 @@
 //! - Every refresh reports the cached version. When the coordinator answers that this very
 //!   version is lost (`lostVersion`), the older view replaces the valid cache at once: publishing
 //!   on to shards of a lost AddShards would strand those entries where no consumer ever reads.
+//! - The cache remembers the highest shard count any publish was routed with, and every refresh
+//!   reports it (`knownShardCount`) once a coordinator said it reads it: entries published before
+//!   the loss was detected sit on shards of a lost AddShards, and the coordinator adds those
+//!   shards again so a consumer reads them (DESIGN §8). It is forgotten only when the group is
+//!   reported deleted.
 
 use crate::core::model::ShardId;
 use crate::core::planted::{PlantedBug, PlantedBugs};
-use crate::core::protocol::RoutingResponse;
+use crate::core::protocol::{RoutingReport, RoutingResponse};
 
 use super::super::hash::shard_for_key;
 
@@ -67,12 +72,36 @@ pub struct RoutingCache {
     cached: Option<Cached>,
     /// A publish asked for a refresh before the periodic one.
     refresh_now: bool,
+    /// The highest shard count a publish was routed with (0: none yet).
+    published_shard_count: u32,
+    /// The last answer said its coordinator reads `knownShardCount`.
+    peer_reads_shard_count: bool,
     planted: PlantedBugs,
 }
 
 impl RoutingCache {
     pub fn new(planted: PlantedBugs) -> Self {
-        Self { cached: None, refresh_now: true, planted }
+        Self { cached: None, refresh_now: true, published_shard_count: 0, peer_reads_shard_count: false, planted }
+    }
+
+    /// What the next refresh reports: the cached version and, to a coordinator that reads it,
+    /// the highest shard count a publish was routed with.
+    pub fn report(&self) -> RoutingReport {
+        RoutingReport {
+            known_version: self.routing().map_or(0, |r| r.metadata_version),
+            known_shard_count: if self.peer_reads_shard_count { self.published_shard_count } else { 0 },
+        }
+    }
+
+    /// A coordinator refused a report naming a shard count (an older binary behind the same
+    /// address): stop sending it until an answer says otherwise.
+    pub fn peer_refused_shard_count(&mut self) {
+        self.peer_reads_shard_count = false;
+    }
+
+    /// The group was deleted: shards published to before belong to an incarnation that is gone.
+    pub fn forget_published(&mut self) {
+        self.published_shard_count = 0;
     }
 
     /// The cached view, valid or not.
@@ -112,6 +141,7 @@ impl RoutingCache {
         let expires_ms = sent_ms.saturating_add(routing.routing_cache_ttl_ms);
         let refresh_due_ms = sent_ms.saturating_add(routing.routing_refresh_interval_ms);
         let valid = self.is_valid(now_ms);
+        self.peer_reads_shard_count = routing.accepts_known_shard_count;
         let outcome = match &mut self.cached {
             Some(c) if routing.metadata_version == c.routing.metadata_version && same_view(&c.routing, &routing) => {
                 // Refreshes may be answered out of order: never shorten the lease.
@@ -137,8 +167,9 @@ impl RoutingCache {
         outcome
     }
 
-    /// The route of `key` at `now_ms`, or why there is none. The caller must write at `now_ms`.
-    pub fn route(&self, now_ms: u64, key: &[u8]) -> Result<Route, RouteError> {
+    /// The route of `key` at `now_ms`, or why there is none. The caller must write at `now_ms`;
+    /// the view's shard count is remembered as published with.
+    pub fn route(&mut self, now_ms: u64, key: &[u8]) -> Result<Route, RouteError> {
         let cached = self.cached.as_ref().ok_or(RouteError::NoRouting)?;
         let routing = &cached.routing;
         if now_ms >= cached.expires_ms && !self.planted.has(PlantedBug::PublishOnExpiredCache) {
@@ -148,6 +179,7 @@ impl RoutingCache {
             });
         }
         let shard = shard_for_key(key, routing.shard_count);
+        self.published_shard_count = self.published_shard_count.max(routing.shard_count);
         let stream = match routing.stream_keys.get(shard as usize) {
             Some(stream) => stream.clone(),
             None => routing.group.stream_key(shard),
@@ -180,12 +212,13 @@ mod tests {
             routing_refresh_interval_ms: INTERVAL_MS,
             store_revision: 1,
             lost_version: None,
+            accepts_known_shard_count: true,
         }
     }
 
     #[test]
     fn empty_cache_refreshes_at_once_and_refuses_to_route() {
-        let cache = RoutingCache::new(PlantedBugs::NONE);
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
         assert!(cache.needs_refresh(0));
         assert_eq!(cache.route(0, b"k"), Err(RouteError::NoRouting));
     }

@@ -131,3 +131,52 @@ async fn a_cached_version_the_coordinator_reports_lost_is_dropped_at_the_next_re
     let stream = group().stream_key(shard_for_key(key.as_bytes(), 4));
     assert!(store.peek_stream_ids(&stream).contains(&id), "written to one of the 4 real shards");
 }
+
+/// The shard count a producer published with outlives the view it came from: after the lost view
+/// (16 shards) is replaced by the store's (4 shards), every refresh still reports 16, so a
+/// coordinator can re-add the shards that hold this producer's entries.
+#[tokio::test]
+async fn refreshes_report_the_highest_shard_count_published_with() {
+    let (store, coordinator, sink) = setup();
+    let p = producer(&coordinator, &store, &sink);
+    p.refresh().await.expect("first view");
+    assert_eq!(p.shared.cache().report().known_shard_count, 0, "nothing published yet");
+    p.publish(b"k", b"1".to_vec()).await.expect("publish on 4 shards");
+    assert_eq!(p.shared.cache().report().known_shard_count, 4);
+    coordinator.with(|s| s.routing = routing(&group(), 2, 16, 60_000, INTERVAL_MS));
+    p.refresh().await.expect("16 shards");
+    p.publish(b"k", b"2".to_vec()).await.expect("publish on 16 shards");
+    coordinator.with(|s| s.routing = routing(&group(), 1, 4, 60_000, INTERVAL_MS));
+    p.refresh().await.expect("told v2 is lost");
+    assert_eq!(p.routing().map(|r| r.shard_count), Some(4), "the lost view is dropped");
+    p.refresh().await.expect("again");
+    let counts = coordinator.with(|s| s.known_shard_counts.clone());
+    assert_eq!(counts.last(), Some(&16), "still reported after the view changed: {counts:?}");
+}
+
+/// A coordinator that does not announce `acceptsKnownShardCount` (an older binary) is never sent
+/// the parameter; one that announces it but refuses it (a downgrade behind the same address) is
+/// asked again without it, in the same refresh.
+#[tokio::test]
+async fn the_shard_count_goes_only_to_coordinators_that_read_it() {
+    let (store, coordinator, sink) = setup();
+    coordinator.with(|s| s.reads_shard_count = false);
+    let p = producer(&coordinator, &store, &sink);
+    p.refresh().await.expect("view from an old coordinator");
+    p.publish(b"k", b"1".to_vec()).await.expect("publish");
+    p.refresh().await.expect("refresh");
+    assert!(coordinator.with(|s| s.known_shard_counts.iter().all(|c| *c == 0)), "never sent to an old coordinator");
+
+    coordinator.with(|s| s.reads_shard_count = true);
+    p.refresh().await.expect("a new coordinator announces it");
+    p.refresh().await.expect("refresh");
+    assert_eq!(coordinator.with(|s| s.known_shard_counts.last().copied()), Some(4));
+
+    coordinator.with(|s| s.reads_shard_count = false);
+    let calls = coordinator.with(|s| s.routing_calls);
+    p.refresh().await.expect("the refused report is resent without the count");
+    let counts = coordinator.with(|s| s.known_shard_counts[calls..].to_vec());
+    assert_eq!(counts, vec![4, 0]);
+    p.refresh().await.expect("refresh");
+    assert_eq!(coordinator.with(|s| s.known_shard_counts.last().copied()), Some(0));
+}
