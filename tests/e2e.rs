@@ -38,6 +38,8 @@ mod bad_input;
 mod corruption;
 #[path = "e2e/crash.rs"]
 mod crash;
+#[path = "e2e/lost_add_shards.rs"]
+mod lost_add_shards;
 #[path = "e2e/reshard.rs"]
 mod reshard;
 #[path = "e2e/rolling_update.rs"]

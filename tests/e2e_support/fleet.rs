@@ -364,6 +364,11 @@ impl EventSink for PublishSink {
 }
 
 impl ProducerApp {
+    /// The producer's cached routing view, valid or not.
+    pub fn routing(&self) -> Option<rsc::core::protocol::RoutingResponse> {
+        self.producer.routing()
+    }
+
     /// Publishes message `i` (key `key-<i>`, payload `msg-<i>`); records the outcome.
     pub async fn publish(&self, i: usize) -> bool {
         let key = format!("key-{i}");
