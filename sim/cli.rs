@@ -255,9 +255,10 @@ fn print_table(summaries: &[PlanSummary]) {
         if s.from_dropped_writes > 0 {
             println!("{:<36} responses derived from dropped writes (measured): {}", "", s.from_dropped_writes);
         }
-        if s.stranded > 0 {
-            println!("{:<36} entries stranded on shards beyond the final shard count (measured): {}", "", s.stranded);
-        }
+        println!(
+            "{:<36} stranded entries (acknowledged, never delivered, shard beyond the recorded count after the ack): {}",
+            "", s.stranded
+        );
         if s.delivered_never_processed_max > 0 {
             println!(
                 "{:<36} entries Redis delivered in the last 45 s that no consumer processed (measured, max per seed): {}",

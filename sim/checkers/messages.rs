@@ -8,6 +8,13 @@
 //!   undelivered tail of a stream is backlog the consumers had not reached when the run ended (a
 //!   workload faster than its consumers): it is measured, not failed — whether the shard was still
 //!   being read at the end is the liveness checker's question.
+//! - *Stranded*: an acknowledged entry on a shard that, at some instant after it was acknowledged,
+//!   lay at or beyond the group's recorded shard count (an `add-shards` the store lost, judged from
+//!   the store's own history, never from the coordinator's answers). No consumer is assigned such a
+//!   shard until the count is raised again, so the coordinator must heal it and consumers must
+//!   then read it: every stranded entry undelivered at the end is a violation
+//!   (`acknowledged-stranded`), whatever its place in the stream — the tail of a healed shard is
+//!   not excused as backlog. The plan's faults heal before the end, so there is time.
 //! - *Delivered* is not enough: an entry some read returned at Redis must also reach a consumer
 //!   that processes it. A reply can be lost, or a read can run at Redis after its caller gave up;
 //!   the entry then sits pending to that consumer name until an owner sweeps it up (consumers
@@ -42,6 +49,10 @@ pub enum Violation {
     /// Invariant 7: acknowledged entries of a stream delivered at Redis (first at `at_us`, more
     /// than [`SWEEP_GRACE_US`] before the end) that no consumer ever processed.
     DeliveredNeverProcessed { stream: String, first_id: EntryId, count: usize, at_us: Us },
+    /// Invariant 7: acknowledged entries of a stream whose shard lay beyond the recorded shard
+    /// count after they were acknowledged (a lost `add-shards`) were never delivered (`count` of
+    /// them; the first is named, acknowledged at `at_us`).
+    Stranded { stream: String, first_id: EntryId, count: usize, at_us: Us },
     /// Invariant 7: two processes processed one entry at the same time.
     ConcurrentProcessing { stream: String, id: EntryId, first: ProcessId, second: ProcessId, at_us: Us, overlap_us: Us },
 }
@@ -51,6 +62,7 @@ impl super::Violation for Violation {
         match self {
             Violation::NotDelivered { .. } => "acknowledged-not-delivered",
             Violation::DeliveredNeverProcessed { .. } => "delivered-never-processed",
+            Violation::Stranded { .. } => "acknowledged-stranded",
             Violation::ConcurrentProcessing { .. } => "concurrent-processing",
         }
     }
@@ -59,6 +71,7 @@ impl super::Violation for Violation {
         match self {
             Violation::NotDelivered { at_us, .. }
             | Violation::DeliveredNeverProcessed { at_us, .. }
+            | Violation::Stranded { at_us, .. }
             | Violation::ConcurrentProcessing { at_us, .. } => *at_us,
         }
     }
@@ -72,6 +85,9 @@ impl fmt::Display for Violation {
             }
             Violation::DeliveredNeverProcessed { stream, first_id, count, .. } => {
                 write!(f, "{count} acknowledged entries of {stream} were delivered at Redis but never processed (first: {first_id})")
+            }
+            Violation::Stranded { stream, first_id, count, .. } => {
+                write!(f, "{count} acknowledged entries of {stream} were never delivered; their shard lay beyond the recorded shard count after they were acknowledged (first: {first_id})")
             }
             Violation::ConcurrentProcessing { stream, id, first, second, overlap_us, .. } => {
                 write!(f, "{stream} {id} processed by {first} and {second} at once for {overlap_us} us")
@@ -89,7 +105,7 @@ pub struct MessageCounts {
     pub silent_loss_overlaps: usize,
     /// Acknowledged entries in undelivered stream tails at the end (backlog).
     pub backlog: usize,
-    /// Acknowledged, undelivered entries on shards beyond the final shard count.
+    /// Acknowledged, undelivered, stranded entries (each is also in a violation).
     pub stranded: usize,
     /// Acknowledged entries first delivered at Redis within [`SWEEP_GRACE_US`] of the end that no
     /// consumer processed (older ones are violations).
@@ -152,7 +168,7 @@ fn delivered_never_processed(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
 }
 
 fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
-    let shard_count = facts.final_state().map_or(u32::MAX, |g| g.shard_count);
+    let shard_counts = RecordedShardCounts::new(facts);
     let delivered: BTreeSet<(&str, EntryId)> =
         facts.records.reads.iter().flat_map(|r| r.ids.iter().map(move |id| (r.stream.as_str(), *id))).collect();
     let mut last_delivered: BTreeMap<&str, EntryId> = BTreeMap::new();
@@ -161,24 +177,26 @@ fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
         *last = (*last).max(*id);
     }
     let mut missing: BTreeMap<&str, (EntryId, usize, Us)> = BTreeMap::new();
-    let (mut backlog, mut stranded) = (0, 0);
+    let mut stranded: BTreeMap<&str, (EntryId, usize, Us)> = BTreeMap::new();
+    let mut backlog = 0;
     for add in &facts.records.adds {
         let Some(acknowledged_at_us) = add.acknowledged_at_us else { continue };
         let stream = add.stream.as_str();
         if delivered.contains(&(stream, add.id)) {
             continue;
         }
-        if facts.shard_of(stream).is_some_and(|s| s >= shard_count) {
-            stranded += 1;
-            continue;
-        }
-        if last_delivered.get(stream).is_some_and(|last| *last > add.id) {
+        let beyond = facts.shard_of(stream).is_some_and(|s| s >= shard_counts.lowest_since(acknowledged_at_us));
+        if beyond {
+            let entry = stranded.entry(stream).or_insert((add.id, 0, acknowledged_at_us));
+            entry.1 += 1;
+        } else if last_delivered.get(stream).is_some_and(|last| *last > add.id) {
             let entry = missing.entry(stream).or_insert((add.id, 0, acknowledged_at_us));
             entry.1 += 1;
         } else {
             backlog += 1;
         }
     }
+    let stranded_count = stranded.values().map(|(_, count, _)| count).sum();
     let violations = missing
         .into_iter()
         .map(|(stream, (first_id, count, at_us))| Violation::NotDelivered {
@@ -187,8 +205,55 @@ fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
             count,
             at_us,
         })
+        .chain(stranded.into_iter().map(|(stream, (first_id, count, at_us))| Violation::Stranded {
+            stream: stream.to_string(),
+            first_id,
+            count,
+            at_us,
+        }))
         .collect();
-    (violations, backlog, stranded)
+    (violations, backlog, stranded_count)
+}
+
+/// The group's recorded shard count over time, from the store's history (ground truth). A key
+/// absent or unreadable says nothing about the count (the liveness checker judges availability).
+struct RecordedShardCounts {
+    /// (µs, shard count from then on), in time order.
+    changes: Vec<(Us, u32)>,
+    /// `lowest_from[i]`: the lowest count in `changes[i..]` (`u32::MAX` past the end).
+    lowest_from: Vec<u32>,
+}
+
+impl RecordedShardCounts {
+    fn new(facts: &Facts<'_>) -> Self {
+        let mut changes = Vec::new();
+        for event in facts.history {
+            for (group, record) in &event.metadata_after {
+                if group != facts.group {
+                    continue;
+                }
+                let recorded = record
+                    .as_ref()
+                    .and_then(|r| serde_json::from_str::<rsc::core::model::GroupMetadata>(&r.aggregate).ok());
+                if let Some(g) = recorded {
+                    changes.push((event.at_ms * 1_000, g.shard_count));
+                }
+            }
+        }
+        let mut lowest_from = vec![u32::MAX; changes.len() + 1];
+        for i in (0..changes.len()).rev() {
+            lowest_from[i] = lowest_from[i + 1].min(changes[i].1);
+        }
+        Self { changes, lowest_from }
+    }
+
+    /// The lowest recorded shard count from `at_us` (the count in force then) to the end. A shard
+    /// at or above it lay beyond the recorded count at some instant after `at_us`.
+    fn lowest_since(&self, at_us: Us) -> u32 {
+        let first_later = self.changes.partition_point(|(t, _)| *t <= at_us);
+        let in_force = first_later.checked_sub(1).map_or(u32::MAX, |i| self.changes[i].1);
+        in_force.min(self.lowest_from[first_later])
+    }
 }
 
 /// How long after a pause ends a process may still be finishing an entry before it notices its
@@ -260,6 +325,51 @@ mod tests {
         let (violations, counts) = check(&w.facts());
         assert!(matches!(&violations[..], [Violation::NotDelivered { first_id, count: 1, .. }] if *first_id == e2));
         assert_eq!(counts.backlog, 1, "the entry after the last delivered one is backlog");
+    }
+
+    /// Shard 3 exists (4 shards), then a rollback takes the count back to 2 and, later, a heal
+    /// raises it to 4 again. An undelivered entry on shard 3 is stranded whatever its place in the
+    /// stream and whether or not the count was healed; one on shard 1 is backlog as usual.
+    #[test]
+    fn an_undelivered_entry_whose_shard_left_the_recorded_count_after_its_ack_is_stranded() {
+        let mut w = World::new();
+        let (p, a) = (w.producer(1), w.consumer(1));
+        let mut g = w.group_with_member("consumer-1", &[0, 1]);
+        g.shard_count = 4;
+        w.store(1_000, &g, 1);
+        let on_lost_shard = w.add(p, 3, 2_000_000);
+        w.add(p, 1, 2_000_000);
+        g.shard_count = 2;
+        w.store(3_000, &g, 1); // the add-shards is lost
+        let (violations, counts) = check(&w.facts());
+        assert!(
+            matches!(&violations[..], [Violation::Stranded { first_id, count: 1, .. }] if *first_id == on_lost_shard),
+            "{violations:?}"
+        );
+        assert_eq!((counts.stranded, counts.backlog), (1, 1));
+
+        g.shard_count = 4;
+        w.store(4_000, &g, 2); // healed, but nobody read shard 3: still stranded
+        assert_eq!(check(&w.facts()).1.stranded, 1);
+        w.read_ids(a, 3, 5_000_000, &[on_lost_shard]);
+        w.process_entry(a, 3, on_lost_shard, 5_000_000, Some(5_001_000));
+        let (violations, counts) = check(&w.facts());
+        assert_eq!((violations, counts.stranded), (vec![], 0));
+    }
+
+    /// An entry acknowledged after the count went back up was never beyond it: backlog, not stranded.
+    #[test]
+    fn an_entry_acknowledged_after_the_heal_is_not_stranded() {
+        let mut w = World::new();
+        let p = w.producer(1);
+        let mut g = w.group_with_member("consumer-1", &[0, 1]);
+        g.shard_count = 2;
+        w.store(1_000, &g, 1);
+        g.shard_count = 4;
+        w.store(2_000, &g, 2);
+        w.add(p, 3, 3_000_000);
+        let (violations, counts) = check(&w.facts());
+        assert_eq!((violations, counts.stranded, counts.backlog), (vec![], 0, 1));
     }
 
     #[test]

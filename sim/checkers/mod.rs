@@ -138,6 +138,7 @@ pub const KINDS: &[&str] = &[
     "stuck-after-heal",
     "acknowledged-not-delivered",
     "delivered-never-processed",
+    "acknowledged-stranded",
     "concurrent-processing",
     "false-loss-evidence",
 ];
@@ -182,8 +183,9 @@ pub struct Measurements {
     pub paused_processing_overlaps: usize,
     /// Acknowledged entries not yet delivered at the end, in stream tails (consumer backlog).
     pub backlog_entries: usize,
-    /// Acknowledged, undelivered entries on shards beyond the final shard count (stranded when a
-    /// lost write took back a resharding the producer had already used).
+    /// Acknowledged entries never delivered whose shard lay beyond the recorded shard count after
+    /// they were acknowledged (a lost `add-shards`); each is in an `acknowledged-stranded`
+    /// violation too.
     pub stranded_entries: usize,
     /// Overlapping processing of one entry that started within a lease of a silent loss.
     pub silent_loss_processing_overlaps: usize,
