@@ -25,7 +25,13 @@ fn settled(members: usize, shards: u32) -> GroupMetadata {
     for id in &ids {
         g.members.insert(
             id.clone(),
-            Member { member_epoch: 10, incarnation_epoch: 5, state: MemberState::Active, joined_at_version: 5 },
+            Member {
+                member_epoch: 10,
+                incarnation_epoch: 5,
+                state: MemberState::Active,
+                joined_at_version: 5,
+                session: None,
+            },
         );
     }
     g.target = StickyUniform.assign(shards, &ids, &BTreeMap::new(), &BTreeMap::new());
@@ -46,6 +52,7 @@ fn request(g: &GroupMetadata, member: &str, epoch: u64) -> HeartbeatRequest {
         owned: g.owned_shards(member),
         revoking: Vec::new(),
         leave: false,
+        member_session: None,
     }
 }
 

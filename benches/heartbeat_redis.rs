@@ -263,6 +263,7 @@ mod bench {
                 owned: Vec::new(),
                 revoking: Vec::new(),
                 leave: false,
+                member_session: Some(rsc::core::protocol::MemberSession::generate()),
             })
             .collect();
         for member in &mut members {

@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, ReshardReason, ShardOwner};
 use rsc::core::protocol::{
-    AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeReport, RoutingReport,
+    AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberSession, RevokeReport,
+    RoutingReport,
 };
 use rsc::core::{PlantedBug, PlantedBugs};
 use rsc::service::{Coordinator, CoordinatorOptions};
@@ -63,7 +64,14 @@ fn join(member: &str) -> HeartbeatRequest {
         owned: vec![],
         revoking: vec![],
         leave: false,
+        member_session: Some(session_of(member)),
     }
+}
+
+/// The session secret of the test's client process `member` (deterministic).
+fn session_of(member: &str) -> MemberSession {
+    let hex: String = member.bytes().map(|b| format!("{b:02x}")).collect();
+    MemberSession(format!("{hex:0>32}").chars().take(64).collect())
 }
 
 /// The next heartbeat of a client that applied `r` (drains finish at once).
@@ -77,6 +85,7 @@ fn next(r: &HeartbeatResponse) -> HeartbeatRequest {
         owned: r.assigned.clone(),
         revoking: r.revoked_reports(),
         leave: false,
+        member_session: Some(session_of(&r.member_id)),
     }
 }
 
@@ -437,4 +446,37 @@ async fn a_producer_reporting_the_shards_of_a_lost_add_shards_makes_the_coordina
     assert_eq!(again.shard_count, 5);
     assert_eq!(store.peek_record(&group()).expect("record").revision, revision, "nothing more to heal");
     assert_eq!(c.metrics().total("rsc_lost_add_shards_healed_total"), 1.0);
+}
+
+/// Issue #9: a heartbeat without the member's session is refused before the liveness touch, on
+/// a warm decoded cache and on a cold one (a fresh coordinator): a forger can neither make the
+/// member leave nor keep a dead member from expiring. The real member's next heartbeat works.
+#[tokio::test]
+async fn a_forged_heartbeat_is_refused_before_it_touches_liveness() {
+    let store = MemoryStore::new(9);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    create(&c, 2).await;
+    let a = c.heartbeat(join("a")).await.expect("a joins");
+    let record = store.peek_record(&group()).expect("record");
+    let liveness = store.liveness(&group()).await.expect("liveness");
+    for fresh in [false, true] {
+        let c = if fresh { coordinator(&store, "c2", PlantedBugs::NONE) } else { c.clone() };
+        for session in [None, Some(session_of("mallory"))] {
+            let forged = [
+                HeartbeatRequest { member_session: session.clone(), ..next(&a) },
+                HeartbeatRequest { leave: true, member_session: session.clone(), ..next(&a) },
+            ];
+            for req in forged {
+                let refused = c.heartbeat(req).await.expect_err("refused");
+                assert_eq!(refused.code, ErrorCode::SessionMismatch, "fresh coordinator: {fresh}");
+            }
+            let impostor = HeartbeatRequest { member_session: session, ..join("a") };
+            assert_eq!(c.heartbeat(impostor).await.expect_err("refused").code, ErrorCode::MemberIdInUse);
+        }
+        assert_eq!(store.peek_record(&group()), Some(record.clone()), "nothing recorded");
+        assert_eq!(store.liveness(&group()).await.expect("liveness"), liveness, "liveness untouched");
+        assert!(c.metrics().total("rsc_member_session_refused_total") >= 6.0);
+    }
+    let steady = c.heartbeat(next(&a)).await.expect("the real member is unaffected");
+    assert_eq!(steady.status, HeartbeatStatus::Ok);
 }

@@ -106,6 +106,7 @@ impl World {
             owned: vec![],
             revoking: vec![],
             leave: false,
+            member_session: None,
         };
         let call = CoordinatorCall {
             process: p,
@@ -258,7 +259,13 @@ impl World {
         let mut g = GroupMetadata::new(self.group.clone(), 4, GroupConfig::default());
         g.members.insert(
             member.to_string(),
-            Member { member_epoch: 1, incarnation_epoch: 1, state: MemberState::Active, joined_at_version: 1 },
+            Member {
+                member_epoch: 1,
+                incarnation_epoch: 1,
+                state: MemberState::Active,
+                joined_at_version: 1,
+                session: None,
+            },
         );
         for &shard in shards {
             g.target.insert(shard, member.to_string());

@@ -12,10 +12,10 @@ use super::model::ShardOwner;
 use super::model::{CounterExhausted, GroupMetadata, LossEvidence, MemberState, ReshardReason, ShardId, MEMBERS_MAX};
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
-use super::protocol::Drain;
 use super::protocol::{
     ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingReport, RoutingResponse,
 };
+use super::protocol::{Drain, MemberSession};
 use super::transition::{is_quiescent, report_releases, Transition, Written};
 
 /// What one input decided.
@@ -75,6 +75,9 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
     if let Err(refused) = check_heartbeat(g, req) {
         return Decision::reject(ErrorCode::BadRequest, refused.to_string());
     }
+    if let Err(refused) = check_session(g, req, ctx.planted) {
+        return Decision { write: Written::default(), outcome: Err(refused) };
+    }
     if let Some(outcome) = quiescent_view(g, req, ctx) {
         return Decision { write: Written::default(), outcome };
     }
@@ -82,7 +85,7 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
     tx.record_client_version(req.metadata_version);
     let ahead = req.metadata_version > g.metadata_version;
     let step = if req.member_epoch == 0 {
-        tx.join(&req.member_id);
+        tx.join(&req.member_id, req.member_session.as_ref().map(MemberSession::digest));
         Ok(Step::Member)
     } else if ahead {
         sync_ahead(&mut tx, g, req)
@@ -197,6 +200,29 @@ fn accept_acks(tx: &mut Transition<'_>, req: &HeartbeatRequest) {
     for report in &req.revoking {
         tx.accept_revoked(&req.member_id, report, req.leave);
     }
+}
+
+/// Whether `req` may act for the member incarnation it names (DESIGN §9): a member recorded with
+/// a session digest accepts only heartbeats carrying that secret. A join with another (or no)
+/// secret is another process claiming a live member's id: `MEMBER_ID_IN_USE` until that
+/// incarnation leaves or expires; any other heartbeat is `SESSION_MISMATCH`. Members recorded
+/// without a digest (older records and clients) and unknown members pass; the rest of the
+/// decision judges them. Pure: the service calls it before the liveness touch as well, so a
+/// refused request leaves no trace.
+pub fn check_session(g: &GroupMetadata, req: &HeartbeatRequest, planted: PlantedBugs) -> Result<(), ApiError> {
+    let Some(digest) = g.members.get(&req.member_id).and_then(|m| m.session.as_ref()) else { return Ok(()) };
+    if digest.admits(req.member_session.as_ref()) || (req.leave && planted.has(PlantedBug::AcceptForgedLeave)) {
+        return Ok(());
+    }
+    let id = &req.member_id;
+    Err(if req.member_epoch == 0 {
+        ApiError::new(
+            ErrorCode::MemberIdInUse,
+            format!("member id {id} belongs to a live incarnation of another process; retry once it leaves or expires"),
+        )
+    } else {
+        ApiError::new(ErrorCode::SessionMismatch, format!("the heartbeat does not carry the session of member {id}"))
+    })
 }
 
 fn known_member<'g>(g: &'g GroupMetadata, id: &str) -> Result<&'g super::model::Member, ApiError> {

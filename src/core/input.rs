@@ -23,6 +23,9 @@ pub enum InputError {
     /// A member id that is empty, too long, or contains control characters.
     #[error("memberId must be 1..={MEMBER_ID_LEN_MAX} bytes without control characters")]
     MemberId,
+    /// A member session that is not 32..=128 lowercase hex digits.
+    #[error("memberSession must be 32..=128 lowercase hex digits")]
+    MemberSession,
     /// A leave heartbeat with epoch 0 (a leave names the incarnation that leaves).
     #[error("leave needs the member's current epoch")]
     LeaveWithoutEpoch,
@@ -62,6 +65,9 @@ pub fn check_heartbeat_request(req: &HeartbeatRequest) -> Result<(), InputError>
     check_client_number("memberEpoch", req.member_epoch)?;
     check_client_number("metadataVersion", req.metadata_version)?;
     check_client_number("assignmentEpoch", req.assignment_epoch)?;
+    if req.member_session.as_ref().is_some_and(|s| !s.is_well_formed()) {
+        return Err(InputError::MemberSession);
+    }
     let id = &req.member_id;
     if id.is_empty() || id.len() > MEMBER_ID_LEN_MAX || id.chars().any(char::is_control) {
         return Err(InputError::MemberId);
@@ -126,6 +132,7 @@ mod tests {
             owned: vec![0],
             revoking: vec![RevokeReport { shard: 1, in_flight: 0, revoked: true, revoke_id: None }],
             leave: false,
+            member_session: None,
         }
     }
 

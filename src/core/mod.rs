@@ -13,7 +13,9 @@ pub mod protocol;
 pub mod transition;
 pub mod validate;
 
-pub use engine::{decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Context, Decision};
+pub use engine::{
+    check_session, decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Context, Decision,
+};
 pub use model::{GroupConfig, GroupId, GroupMetadata, MemberId, ShardId};
 pub use observe::{LocalView, Observations};
 pub use planted::{PlantedBug, PlantedBugs};

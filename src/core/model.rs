@@ -239,6 +239,11 @@ pub struct Member {
     pub state: MemberState,
     /// metadataVersion at which the member joined (diagnostics).
     pub joined_at_version: u64,
+    /// Digest of the session secret of the process behind this incarnation (DESIGN §9). Absent
+    /// in records written before sessions existed, or for a client that sent none: such a
+    /// member's heartbeats are accepted without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<super::protocol::SessionDigest>,
 }
 
 /// The recorded current owner of a shard.

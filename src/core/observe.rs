@@ -154,7 +154,13 @@ mod tests {
         let mut g = GroupMetadata::new(GroupId::new("s", "g"), 4, GroupConfig::default());
         g.members.insert(
             "a".into(),
-            Member { member_epoch: 1, incarnation_epoch: 1, state: MemberState::Active, joined_at_version: 1 },
+            Member {
+                member_epoch: 1,
+                incarnation_epoch: 1,
+                state: MemberState::Active,
+                joined_at_version: 1,
+                session: None,
+            },
         );
         g
     }

@@ -39,10 +39,13 @@ pub enum PlantedBug {
     /// Core: ignore a producer's report of publishing with more shards than recorded, so the
     /// shards of a lost `add-shards` stay unread.
     SkipAddShardsHealing,
+    /// Core: accept a leave heartbeat without the member's session secret (a forged leave then
+    /// releases a live member's shards while it still reads them).
+    AcceptForgedLeave,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 13] = [
+    pub const ALL: [PlantedBug; 14] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -56,6 +59,7 @@ impl PlantedBug {
         PlantedBug::StartPendingShards,
         PlantedBug::SkipPendingRecovery,
         PlantedBug::SkipAddShardsHealing,
+        PlantedBug::AcceptForgedLeave,
     ];
 }
 

@@ -27,6 +27,59 @@ pub struct RevokeReport {
     pub revoke_id: Option<RevokeId>,
 }
 
+/// A member session secret: 32 to 128 lowercase hex digits, drawn by the client process from the
+/// OS (`MemberSession::generate`: 128 bits). Never logged: `Debug` shows only its length.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct MemberSession(pub String);
+
+impl MemberSession {
+    /// Shortest and longest accepted secret, in hex digits.
+    pub const LEN_MIN: usize = 32;
+    pub const LEN_MAX: usize = 128;
+
+    /// A fresh secret from the OS's random source (madsim's deterministic one in the simulation).
+    pub fn generate() -> Self {
+        let mut bytes = [0u8; 16];
+        // safe: getrandom fails only when the OS has no random source at all; a coordinator
+        // client without one cannot run safely, and says so.
+        getrandom::fill(&mut bytes).expect("the OS random source is available");
+        Self(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// True for 32..=128 lowercase hex digits.
+    pub fn is_well_formed(&self) -> bool {
+        (Self::LEN_MIN..=Self::LEN_MAX).contains(&self.0.len())
+            && self.0.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    }
+
+    /// The digest the coordinator records (SHA-256, hex): the secret itself is never stored.
+    pub fn digest(&self) -> SessionDigest {
+        use sha2::{Digest, Sha256};
+        let hash = Sha256::digest(self.0.as_bytes());
+        SessionDigest(hash.iter().map(|b| format!("{b:02x}")).collect())
+    }
+}
+
+impl std::fmt::Debug for MemberSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemberSession(<{} hex digits>)", self.0.len())
+    }
+}
+
+/// The recorded SHA-256 digest of a member session secret (hex).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SessionDigest(pub String);
+
+impl SessionDigest {
+    /// Whether `session` is the secret behind this digest, compared in constant time.
+    pub fn admits(&self, session: Option<&MemberSession>) -> bool {
+        use subtle::ConstantTimeEq;
+        session.is_some_and(|s| bool::from(s.digest().0.as_bytes().ct_eq(self.0.as_bytes())))
+    }
+}
+
 /// A consumer heartbeat: join (`memberEpoch == 0`), steady, revoke reports, or leave.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -47,6 +100,11 @@ pub struct HeartbeatRequest {
     /// True on the final heartbeat of a clean leave (after every shard was reported REVOKED).
     #[serde(default)]
     pub leave: bool,
+    /// The member session secret this client process drew (hex, see [`MemberSession`]): sent with
+    /// every heartbeat, the join included. The coordinator records only its digest; a heartbeat of
+    /// a member whose record holds one must present the secret (DESIGN §9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_session: Option<MemberSession>,
 }
 
 /// Status of a successful heartbeat.
@@ -217,8 +275,16 @@ pub enum ErrorCode {
     RevisionConflict,
     /// The group already exists (create).
     GroupExists,
-    /// Missing or wrong admin token.
+    /// Missing or wrong admin token, or a data-plane request without a valid client token.
     Unauthorized,
+    /// A valid client token that may not touch this group.
+    Forbidden,
+    /// The heartbeat does not carry the session secret of the member incarnation it names (a
+    /// forged or misdirected request): nothing was recorded, liveness included.
+    SessionMismatch,
+    /// A join names a member id whose live incarnation belongs to another process (another
+    /// session): retry once that incarnation has left or expired (at most `memberLeaseTtlMs`).
+    MemberIdInUse,
     /// A bug in the coordinator (e.g. it refused to record a state that failed validation).
     /// Nothing was written; the body never carries internals.
     Internal,
@@ -232,6 +298,8 @@ impl ErrorCode {
             ErrorCode::RevisionConflict | ErrorCode::GroupExists => 409,
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden | ErrorCode::SessionMismatch => 403,
+            ErrorCode::MemberIdInUse => 409,
             ErrorCode::MetadataMissing | ErrorCode::MetadataIncompatible | ErrorCode::Internal => 500,
             ErrorCode::StoreUnavailable | ErrorCode::CoordinatorTerminating => 503,
         }
@@ -239,7 +307,13 @@ impl ErrorCode {
 
     /// True when the client should retry the same request later (possibly elsewhere).
     pub fn retryable(self) -> bool {
-        matches!(self, ErrorCode::StoreUnavailable | ErrorCode::CoordinatorTerminating | ErrorCode::RevisionConflict)
+        matches!(
+            self,
+            ErrorCode::StoreUnavailable
+                | ErrorCode::CoordinatorTerminating
+                | ErrorCode::RevisionConflict
+                | ErrorCode::MemberIdInUse
+        )
     }
 }
 

@@ -16,7 +16,7 @@ use super::model::{
 };
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
-use super::protocol::RevokeReport;
+use super::protocol::{RevokeReport, SessionDigest};
 
 /// The result of [`Transition::finish`]: what to write (if anything) and the store conditions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -163,7 +163,8 @@ impl<'a> Transition<'a> {
 
     /// Adds (or re-adds, as a new incarnation) a member. A previous incarnation's shards are fenced:
     /// it may still be reading them until its lease surely ran out.
-    pub(crate) fn join(&mut self, member: &str) {
+    /// `session` is the digest of the joining process's session secret (recorded on the member).
+    pub(crate) fn join(&mut self, member: &str, session: Option<SessionDigest>) {
         if self.next.members.contains_key(member) {
             self.fence_shards_of(member);
             if let Some(round) = self.next.correction.as_mut() {
@@ -172,7 +173,7 @@ impl<'a> Transition<'a> {
         }
         self.next.members.insert(
             member.to_string(),
-            Member { member_epoch: 0, incarnation_epoch: 0, state: MemberState::Active, joined_at_version: 0 },
+            Member { member_epoch: 0, incarnation_epoch: 0, state: MemberState::Active, joined_at_version: 0, session },
         );
         self.joined.insert(member.to_string());
         self.mark_retarget();
@@ -271,6 +272,7 @@ impl<'a> Transition<'a> {
                         incarnation_epoch: version,
                         state: MemberState::Active,
                         joined_at_version: version,
+                        session: m.session.take(),
                     };
                 }
             }

@@ -146,6 +146,7 @@ fn request(group: &GroupId) -> HeartbeatRequest {
         owned: vec![1],
         revoking: vec![],
         leave: false,
+        member_session: None,
     }
 }
 

@@ -110,7 +110,10 @@ pub fn public_message(code: ErrorCode) -> &'static str {
         | ErrorCode::BadRequest
         | ErrorCode::RevisionConflict
         | ErrorCode::GroupExists
-        | ErrorCode::Unauthorized => "request failed",
+        | ErrorCode::Unauthorized
+        | ErrorCode::Forbidden
+        | ErrorCode::SessionMismatch
+        | ErrorCode::MemberIdInUse => "request failed",
     }
 }
 

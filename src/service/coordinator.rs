@@ -31,8 +31,8 @@ use crate::core::protocol::{
     RoutingResponse,
 };
 use crate::core::{
-    decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Decision, LocalView, Observations,
-    PlantedBug, PlantedBugs,
+    check_session, decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Decision, LocalView,
+    Observations, PlantedBug, PlantedBugs,
 };
 use crate::metrics::Metrics;
 use crate::store::{MetadataStore, ProbeReport, ServerIdentity, TouchCheck, WriteOutcome};
@@ -240,8 +240,25 @@ impl<S: MetadataStore> Coordinator<S> {
     /// The heartbeat's one read: liveness touch plus the group's metadata, from the decoded cache
     /// when Redis still holds the cached write (two commands, no aggregate transfer), else read
     /// and decoded in full.
+    ///
+    /// Before the touch, the member session is checked against the cached state (a cold cache
+    /// reads the record first: one more round trip, once per group and process): a heartbeat
+    /// refused for its session leaves no trace, so a forger cannot keep a dead member from
+    /// expiring. The decision checks it again against the state it decides on.
     async fn heartbeat_read(&self, req: &HeartbeatRequest) -> Result<(Arc<GroupMetadata>, u64), ApiError> {
         let store = &self.inner.store;
+        let known = match self.inner.cache.get(&req.group) {
+            Some(cached) => Arc::clone(&cached.metadata),
+            None => {
+                let record = store.load(&req.group).await.map_err(|e| self.group_store_error(&req.group, e))?;
+                let Some(record) = record else {
+                    let client_knows = req.member_epoch > 0 || req.metadata_version > 0;
+                    return Err(self.missing(&req.group, client_knows).await);
+                };
+                self.decode_counted(&req.group, &record)?
+            }
+        };
+        check_session(&known, req, self.inner.options.planted).inspect_err(|e| self.count_session_refused(e))?;
         let touched = match self.inner.cache.get(&req.group) {
             Some(cached) => match store.touch_and_check(&req.group, &req.member_id, &cached.stamp).await {
                 Ok(TouchCheck::Unchanged { .. }) => return Ok((Arc::clone(&cached.metadata), cached.stamp.revision)),
@@ -340,6 +357,14 @@ impl<S: MetadataStore> Coordinator<S> {
             "rsc_lost_add_shards_healed_total",
             "Routing refreshes that re-added the shards of an add-shards the store lost (a producer published with more shards than recorded).",
             vec![("group", group.to_string())],
+        );
+    }
+
+    fn count_session_refused(&self, error: &ApiError) {
+        self.inner.metrics.inc(
+            "rsc_member_session_refused_total",
+            "Heartbeats refused before any effect because they lack the member's session (SESSION_MISMATCH) or claim a live member's id (MEMBER_ID_IN_USE).",
+            vec![("code", serde_json::to_value(error.code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default())],
         );
     }
 

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 
 use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, LossEvidence, MemberId, RevokeId, ShardId};
 use rsc::core::protocol::{
-    AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, RevokeReport, RoutingReport, RoutingResponse,
+    AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, MemberSession, RevokeReport, RoutingReport,
+    RoutingResponse,
 };
 use rsc::core::{
     decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Context, Decision, LocalView,
@@ -180,6 +181,14 @@ pub struct Client {
     /// The revoke instruction behind each draining shard, named in its REVOKED report.
     pub drains: BTreeMap<ShardId, RevokeId>,
     pub lease_end_ms: u64,
+    /// This client process's member session secret (derived from its id: deterministic).
+    pub session: MemberSession,
+}
+
+/// A well-formed session secret derived from `id` (the tests need no randomness).
+pub fn session_of(id: &str) -> MemberSession {
+    let hex: String = id.bytes().map(|b| format!("{b:02x}")).collect();
+    MemberSession(format!("{hex:0>32}").chars().take(64).collect())
 }
 
 impl Client {
@@ -193,6 +202,7 @@ impl Client {
             revoking: Default::default(),
             drains: BTreeMap::new(),
             lease_end_ms: 0,
+            session: session_of(id),
         }
     }
 
@@ -214,6 +224,7 @@ impl Client {
                 })
                 .collect(),
             leave: false,
+            member_session: Some(self.session.clone()),
         }
     }
 

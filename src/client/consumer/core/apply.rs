@@ -107,10 +107,14 @@ impl ConsumerCore {
     /// resume a revoking shard) and retry.
     pub(super) fn apply_failure(&mut self, now_ms: u64, sent: &Outstanding, error: TransportError) {
         let code = error.code();
+        // serde's and the HTTP edge's wording for a field an older coordinator does not know.
+        let refuses_sessions =
+            matches!(&error, TransportError::Api(e) if e.message.contains("unknown field `memberSession`"));
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::HeartbeatFailed { at_ms: now_ms, member, sent_at_ms: sent.sent_ms, error });
         match code {
-            Some(ErrorCode::UnknownMember | ErrorCode::FencedMemberEpoch) => {
+            // `SESSION_MISMATCH`: the member id now belongs to another process's incarnation.
+            Some(ErrorCode::UnknownMember | ErrorCode::FencedMemberEpoch | ErrorCode::SessionMismatch) => {
                 self.stop_all(now_ms, StopReason::Fenced, true);
                 self.shards.clear();
                 self.lease_end_ms = None;
@@ -126,6 +130,11 @@ impl ConsumerCore {
                 self.stop_all(now_ms, StopReason::GroupUnavailable, true);
                 self.lease_end_ms = None;
                 self.next_heartbeat_ms = now_ms.saturating_add(self.config.slow_retry_ms);
+            }
+            Some(ErrorCode::BadRequest) if refuses_sessions && !self.session_refused => {
+                // An older coordinator: it checks no session, so sending none loses nothing there.
+                self.session_refused = true;
+                self.next_heartbeat_ms = now_ms.saturating_add(self.config.prompt_ms);
             }
             Some(ErrorCode::BadRequest) => {
                 // A bug on one side; retrying fast would not help.

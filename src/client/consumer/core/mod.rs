@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::core::model::{GroupId, MemberId, RevokeId, ShardId};
 use crate::core::planted::PlantedBugs;
-use crate::core::protocol::{HeartbeatRequest, HeartbeatResponse, RevokeReport};
+use crate::core::protocol::{HeartbeatRequest, HeartbeatResponse, MemberSession, RevokeReport};
 use crate::store::{EntryId, ReadFrom, StreamEntry};
 
 use super::super::events::{ClientEvent, StopReason};
@@ -50,6 +50,10 @@ pub struct ConsumerConfig {
     /// it, entries whose read reply never reached this consumer — a lost reply, or a read that
     /// timed out here but ran at Redis later — stay pending until the shard changes owner.
     pub pending_sweep_interval_ms: u64,
+    /// This process's member session secret (drawn from the OS by [`ConsumerConfig::new`]): sent
+    /// with every heartbeat, so only this process can act for the incarnations it joins, and it
+    /// can rejoin its own member id at once (DESIGN §9). Never logged.
+    pub member_session: MemberSession,
     /// Deliberate mistakes for the simulation's negative tests; `NONE` everywhere else.
     pub planted: PlantedBugs,
 }
@@ -67,6 +71,7 @@ impl ConsumerConfig {
             close_timeout_ms: 30_000,
             poll_idle_ms: 50,
             pending_sweep_interval_ms: 30_000,
+            member_session: MemberSession::generate(),
             planted: PlantedBugs::NONE,
         }
     }
@@ -179,6 +184,8 @@ pub struct ConsumerCore {
     /// drained only when it has none: a read still travelling to Redis could otherwise execute
     /// after the next owner started, and its entries would land behind the next owner's claim.
     calls: BTreeMap<ShardId, u32>,
+    /// A coordinator refused the `memberSession` field (an older binary): heartbeats go without it.
+    session_refused: bool,
     events: Vec<ClientEvent>,
 }
 
@@ -198,6 +205,7 @@ impl ConsumerCore {
             outstanding: None,
             next_generation: 1,
             calls: BTreeMap::new(),
+            session_refused: false,
             events: Vec::new(),
         }
     }
@@ -301,6 +309,7 @@ impl ConsumerCore {
             owned: owned.clone(),
             revoking: revoking.clone(),
             leave,
+            member_session: (!self.session_refused).then(|| self.config.member_session.clone()),
         };
         self.outstanding = Some(Outstanding { sent_ms: now_ms, reported_revoked, leave });
         self.emit(ClientEvent::HeartbeatSent {

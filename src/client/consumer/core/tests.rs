@@ -443,3 +443,48 @@ fn an_owned_shard_resweeps_pending_entries_so_a_lost_read_reply_is_redelivered()
     deliver(&mut c, 10, 2, &[1]);
     assert_eq!(step(&mut c, 900), Some(ReadStep::Read(ReadFrom::New)), "0: no sweep");
 }
+
+#[test]
+fn every_heartbeat_carries_the_process_session_the_join_included() {
+    let mut c = core();
+    let session = c.config().member_session.clone();
+    assert!(session.is_well_formed());
+    let join = exchange(&mut c, 0, 5, Ok(ok(&[0])));
+    assert_eq!(join.member_session.as_ref(), Some(&session));
+    let steady = exchange(&mut c, 210, 215, Ok(ok(&[0])));
+    assert_eq!(steady.member_session.as_ref(), Some(&session));
+    assert_ne!(ConsumerConfig::new(GroupId::new("orders", "billing"), "m1").member_session, session, "per process");
+}
+
+#[test]
+fn session_mismatch_stops_every_shard_and_rejoins_and_member_id_in_use_retries() {
+    let mut c = core();
+    exchange(&mut c, 0, 5, Ok(ok(&[0, 1])));
+    assert_eq!(c.readable_shards(10), vec![0, 1]);
+    let sent = exchange(&mut c, 210, 215, Err(api(ErrorCode::SessionMismatch)));
+    assert!(sent.member_epoch > 0);
+    assert!(c.readable_shards(216).is_empty(), "stops reading at once");
+    let prompt_ms = c.config().prompt_ms;
+    let rejoin = exchange(&mut c, 215 + prompt_ms, 230, Err(api(ErrorCode::MemberIdInUse)));
+    assert_eq!(rejoin.member_epoch, 0);
+    assert_eq!(c.next_deadline_ms(), Some(230 + c.config().retry_ms), "retries after the pause");
+    let retry = c.poll_heartbeat(230 + c.config().retry_ms).expect("retries");
+    assert_eq!(retry.member_epoch, 0);
+}
+
+#[test]
+fn an_older_coordinator_that_refuses_the_session_field_gets_heartbeats_without_it() {
+    let mut c = core();
+    let refused = TransportError::Api(ApiError::new(
+        ErrorCode::BadRequest,
+        "invalid request body: unknown field `memberSession`, expected one of ...",
+    ));
+    let first = exchange(&mut c, 0, 5, Err(refused));
+    assert!(first.member_session.is_some());
+    let again = c.poll_heartbeat(5 + c.config().prompt_ms).expect("resent promptly");
+    assert_eq!(again.member_session, None);
+    // Any other BAD_REQUEST keeps the session (it is not the old coordinator's refusal).
+    let mut c = core();
+    exchange(&mut c, 0, 5, Err(api(ErrorCode::BadRequest)));
+    assert!(c.poll_heartbeat(5 + c.config().slow_retry_ms).expect("later").member_session.is_some());
+}
