@@ -11,6 +11,8 @@
 
 #[path = "http_api/bounds.rs"]
 mod bounds;
+#[path = "http_api/client_auth.rs"]
+mod client_auth;
 #[path = "http_api/fuzz.rs"]
 mod fuzz;
 #[path = "http_api/openapi.rs"]
@@ -83,12 +85,18 @@ pub struct Snapshot {
 
 impl Api {
     pub async fn new(token: Option<&str>) -> Self {
+        Self::with_client_tokens(token, &[]).await
+    }
+
+    /// [`Api::new`] whose data plane requires one of `client_tokens` (`[SCOPE=]TOKEN`).
+    pub async fn with_client_tokens(token: Option<&str>, client_tokens: &[&str]) -> Self {
         let store = MemoryStore::new(7);
         let coordinator = Coordinator::new(store.connect(), CoordinatorOptions::default());
         let readiness = Readiness::default();
         readiness.probe(&coordinator).await.expect("the memory store passes the probe");
         let options = HttpOptions {
             admin_token: token.map(str::to_owned),
+            client_tokens: rsc::http::auth::ClientTokens::parse(client_tokens).expect("valid client tokens"),
             readiness: readiness.clone(),
             ..HttpOptions::default()
         };

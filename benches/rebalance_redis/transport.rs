@@ -43,6 +43,7 @@ impl Link {
             addrs: vec![addr],
             request_timeout: Duration::from_secs(2),
             idle_per_address_max: HTTP_IDLE_MAX,
+            client_token: None,
         });
         Ok((Link::Http(Arc::new(transport)), server))
     }

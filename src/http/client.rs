@@ -40,7 +40,7 @@ use crate::core::protocol::{ApiError, HeartbeatRequest, HeartbeatResponse, Routi
 const BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 /// Settings of [`HttpTransport`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct HttpClientConfig {
     /// Coordinator base addresses (at least one).
     pub addrs: Vec<SocketAddr>,
@@ -48,11 +48,30 @@ pub struct HttpClientConfig {
     pub request_timeout: Duration,
     /// Idle keep-alive connections kept per address (0 disables reuse).
     pub idle_per_address_max: usize,
+    /// The client token sent as `Authorization: Bearer` (coordinators started with
+    /// `--client-token` require one). Never printed.
+    pub client_token: Option<String>,
 }
 
 impl HttpClientConfig {
     pub fn new(addrs: Vec<SocketAddr>) -> Self {
-        Self { addrs, request_timeout: Duration::from_secs(2), idle_per_address_max: 2 }
+        Self { addrs, request_timeout: Duration::from_secs(2), idle_per_address_max: 2, client_token: None }
+    }
+
+    /// These settings with `token` as the client token.
+    pub fn with_client_token(self, token: impl Into<String>) -> Self {
+        Self { client_token: Some(token.into()), ..self }
+    }
+}
+
+impl std::fmt::Debug for HttpClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClientConfig")
+            .field("addrs", &self.addrs)
+            .field("request_timeout", &self.request_timeout)
+            .field("idle_per_address_max", &self.idle_per_address_max)
+            .field("client_token", &self.client_token.as_ref().map(|_| "<set>"))
+            .finish()
     }
 }
 
@@ -93,7 +112,8 @@ impl HttpTransport {
         for offset in 0..count {
             let index = (first + offset) % count;
             let addr = self.config.addrs[index];
-            let request = || build_request(&method, &path, addr, body.clone());
+            let token = self.config.client_token.as_deref();
+            let request = || build_request(&method, &path, addr, token, body.clone());
             let give_up = tokio::time::Instant::now() + self.config.request_timeout;
             let attempt = tokio::select! {
                 biased;
@@ -228,15 +248,23 @@ fn classify(addr: SocketAddr, status: StatusCode, body: Bytes) -> Attempt {
     }
 }
 
-fn build_request(method: &Method, path: &str, addr: SocketAddr, body: Bytes) -> Result<Request<Full<Bytes>>, String> {
-    Request::builder()
+fn build_request(
+    method: &Method,
+    path: &str,
+    addr: SocketAddr,
+    token: Option<&str>,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, String> {
+    let mut builder = Request::builder()
         .method(method.clone())
         .uri(path)
         .header(hyper::header::HOST, addr.to_string())
         .header(hyper::header::CONTENT_TYPE, "application/json")
-        .header(hyper::header::ACCEPT, "application/json")
-        .body(Full::new(body))
-        .map_err(|e| e.to_string())
+        .header(hyper::header::ACCEPT, "application/json");
+    if let Some(token) = token {
+        builder = builder.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    builder.body(Full::new(body)).map_err(|e| e.to_string())
 }
 
 fn bad_request() -> TransportError {

@@ -155,6 +155,7 @@ fn transport(addrs: Vec<SocketAddr>, timeout_ms: u64) -> HttpTransport {
         addrs,
         request_timeout: Duration::from_millis(timeout_ms),
         idle_per_address_max: 2,
+        client_token: None,
     })
 }
 

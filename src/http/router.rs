@@ -14,8 +14,9 @@
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::rejection::RawPathParamsRejection;
+use axum::extract::{DefaultBodyLimit, RawPathParams, Request, State};
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{on, MethodFilter, MethodRouter};
@@ -24,10 +25,11 @@ use tokio::time::Instant;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tracing::Instrument;
 
+use super::auth::{check_admin_token, ClientTokens};
 use super::error::HttpError;
-use super::routes::{HttpMethod, RouteId, RouteSpec, ROUTES};
+use super::routes::{HttpMethod, RouteAuth, RouteId, RouteSpec, ROUTES};
 use super::{handlers, health};
-use crate::core::protocol::{ApiError, ErrorCode};
+use crate::core::model::GroupId;
 use crate::metrics::Metrics;
 use crate::service::Coordinator;
 use crate::store::MetadataStore;
@@ -54,6 +56,8 @@ pub struct HttpOptions {
     pub concurrency_max: usize,
     /// Bearer token required by admin routes; `None`: admin routes are open.
     pub admin_token: Option<String>,
+    /// Bearer tokens of the data plane (heartbeat, routing); empty: the data plane is open.
+    pub client_tokens: ClientTokens,
     /// The startup probe outcome and operator warnings `/readyz` reports.
     pub readiness: Readiness,
 }
@@ -64,6 +68,7 @@ impl Default for HttpOptions {
             body_bytes_max: BODY_BYTES_MAX_DEFAULT,
             concurrency_max: CONCURRENCY_MAX_DEFAULT,
             admin_token: None,
+            client_tokens: ClientTokens::default(),
             readiness: Readiness::default(),
         }
     }
@@ -76,6 +81,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("body_bytes_max", &self.body_bytes_max)
             .field("concurrency_max", &self.concurrency_max)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
+            .field("client_tokens", &self.client_tokens)
             .field("readiness", &self.readiness)
             .finish()
     }
@@ -181,6 +187,7 @@ const DURATION_HELP: &str = "Time to answer an HTTP request, by route template."
 /// Runs one matched request inside its span: the admin check, the handler, metrics.
 async fn around_request<S: MetadataStore>(
     State(context): State<RouteContext<S>>,
+    params: Result<RawPathParams, RawPathParamsRejection>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -195,10 +202,18 @@ async fn around_request<S: MetadataStore>(
     );
     let started = Instant::now();
     let response = async {
-        if spec.admin {
-            if let Err(error) = check_admin_token(context.state.options.admin_token.as_deref(), request.headers()) {
-                return error.into_response();
-            }
+        let options = &context.state.options;
+        let refused = match spec.auth {
+            RouteAuth::Open => Ok(()),
+            RouteAuth::Admin => check_admin_token(options.admin_token.as_deref(), request.headers()),
+            RouteAuth::Client => match params.ok().as_ref().and_then(path_group) {
+                Some(group) => options.client_tokens.check(request.headers(), &group),
+                // No group in the path: the handler's own path check answers it.
+                None => Ok(()),
+            },
+        };
+        if let Err(error) = refused {
+            return HttpError::from(error).into_response();
         }
         next.run(request).await
     }
@@ -212,35 +227,24 @@ async fn around_request<S: MetadataStore>(
     response
 }
 
+/// The group named by the matched path's `{streamPrefix}` and `{consumerGroup}` (percent-decoded,
+/// as the handlers see them).
+fn path_group(params: &RawPathParams) -> Option<GroupId> {
+    let (mut prefix, mut group) = (None, None);
+    for (key, value) in params {
+        match key {
+            "streamPrefix" => prefix = Some(value.to_owned()),
+            "consumerGroup" => group = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+    Some(GroupId::new(prefix?, group?))
+}
+
 fn record(metrics: &Metrics, method: &str, route: &'static str, status: StatusCode, elapsed_s: f64) {
     let labels = vec![("method", method.to_owned()), ("route", route.to_owned()), ("status", status.as_str().into())];
     metrics.inc(REQUESTS, REQUESTS_HELP, labels);
     metrics.observe(DURATION, DURATION_HELP, vec![("route", route.to_owned())], elapsed_s);
-}
-
-/// `Ok` when no token is configured or the request carries `Authorization: Bearer <token>`.
-fn check_admin_token(expected: Option<&str>, headers: &HeaderMap) -> Result<(), HttpError> {
-    let Some(expected) = expected else { return Ok(()) };
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    match presented {
-        Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::new(ErrorCode::Unauthorized, "admin token is wrong").into()),
-        None => Err(ApiError::new(ErrorCode::Unauthorized, "admin routes need Authorization: Bearer <token>").into()),
-    }
-}
-
-/// Compares in time that depends only on `expected`'s length, never on where the inputs differ.
-fn constant_time_eq(presented: &[u8], expected: &[u8]) -> bool {
-    let mut diff = u8::from(presented.len() != expected.len());
-    for (i, byte) in expected.iter().enumerate() {
-        diff |= byte ^ presented.get(i).copied().unwrap_or(0);
-    }
-    diff == 0
 }
 
 /// Any path not in the route table: 404 `BAD_REQUEST`.
@@ -283,32 +287,6 @@ fn template_matches(template: &str, path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn token_comparison() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secreT", b"secret"));
-        assert!(!constant_time_eq(b"secret-longer", b"secret"));
-        assert!(!constant_time_eq(b"sec", b"secret"));
-        assert!(!constant_time_eq(b"", b"secret"));
-    }
-
-    #[test]
-    fn bearer_header_parsing() {
-        let headers = |value: &str| {
-            let mut h = HeaderMap::new();
-            h.insert(header::AUTHORIZATION, value.parse().expect("header"));
-            h
-        };
-        assert!(check_admin_token(None, &HeaderMap::new()).is_ok());
-        assert!(check_admin_token(Some("t0k"), &headers("Bearer t0k")).is_ok());
-        assert!(check_admin_token(Some("t0k"), &headers("bearer t0k")).is_ok());
-        for bad in ["Bearer t0K", "Basic t0k", "t0k", "Bearer"] {
-            let error = check_admin_token(Some("t0k"), &headers(bad)).unwrap_err();
-            assert_eq!((error.status, error.error.code), (StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized), "{bad}");
-        }
-        assert!(check_admin_token(Some("t0k"), &HeaderMap::new()).is_err());
-    }
 
     #[test]
     fn method_labels_are_bounded() {

@@ -77,8 +77,19 @@ pub struct RouteSpec {
     pub method: HttpMethod,
     /// Path template in axum / OpenAPI syntax (`{streamPrefix}`).
     pub path: &'static str,
-    /// True when the route requires the admin bearer token (if one is configured).
-    pub admin: bool,
+    /// The credential the route requires (when one is configured).
+    pub auth: RouteAuth,
+}
+
+/// Which credential a route requires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteAuth {
+    /// None (health, metrics, the API description).
+    Open,
+    /// A client token whose scope admits the path's group (data plane).
+    Client,
+    /// The admin token.
+    Admin,
 }
 
 const GROUP: &str = "/v1/groups/{streamPrefix}/{consumerGroup}";
@@ -86,22 +97,37 @@ const ADMIN_GROUP: &str = "/v1/admin/groups/{streamPrefix}/{consumerGroup}";
 
 /// Every route the coordinator serves.
 pub const ROUTES: &[RouteSpec] = &[
-    route(RouteId::Heartbeat, HttpMethod::Post, "/v1/groups/{streamPrefix}/{consumerGroup}/heartbeat", false),
-    route(RouteId::Routing, HttpMethod::Get, "/v1/groups/{streamPrefix}/{consumerGroup}/routing", false),
-    route(RouteId::Describe, HttpMethod::Get, GROUP, true),
-    route(RouteId::CreateGroup, HttpMethod::Post, "/v1/admin/groups", true),
-    route(RouteId::AddShards, HttpMethod::Post, "/v1/admin/groups/{streamPrefix}/{consumerGroup}/shards", true),
-    route(RouteId::ChangeConfig, HttpMethod::Put, "/v1/admin/groups/{streamPrefix}/{consumerGroup}/config", true),
-    route(RouteId::DeleteGroup, HttpMethod::Delete, ADMIN_GROUP, true),
-    route(RouteId::RebuildIndex, HttpMethod::Post, "/v1/admin/index/rebuild", true),
-    route(RouteId::Healthz, HttpMethod::Get, "/healthz", false),
-    route(RouteId::Readyz, HttpMethod::Get, "/readyz", false),
-    route(RouteId::Metrics, HttpMethod::Get, "/metrics", false),
-    route(RouteId::OpenApi, HttpMethod::Get, "/v1/openapi.json", false),
+    route(
+        RouteId::Heartbeat,
+        HttpMethod::Post,
+        "/v1/groups/{streamPrefix}/{consumerGroup}/heartbeat",
+        RouteAuth::Client,
+    ),
+    route(RouteId::Routing, HttpMethod::Get, "/v1/groups/{streamPrefix}/{consumerGroup}/routing", RouteAuth::Client),
+    route(RouteId::Describe, HttpMethod::Get, GROUP, RouteAuth::Admin),
+    route(RouteId::CreateGroup, HttpMethod::Post, "/v1/admin/groups", RouteAuth::Admin),
+    route(
+        RouteId::AddShards,
+        HttpMethod::Post,
+        "/v1/admin/groups/{streamPrefix}/{consumerGroup}/shards",
+        RouteAuth::Admin,
+    ),
+    route(
+        RouteId::ChangeConfig,
+        HttpMethod::Put,
+        "/v1/admin/groups/{streamPrefix}/{consumerGroup}/config",
+        RouteAuth::Admin,
+    ),
+    route(RouteId::DeleteGroup, HttpMethod::Delete, ADMIN_GROUP, RouteAuth::Admin),
+    route(RouteId::RebuildIndex, HttpMethod::Post, "/v1/admin/index/rebuild", RouteAuth::Admin),
+    route(RouteId::Healthz, HttpMethod::Get, "/healthz", RouteAuth::Open),
+    route(RouteId::Readyz, HttpMethod::Get, "/readyz", RouteAuth::Open),
+    route(RouteId::Metrics, HttpMethod::Get, "/metrics", RouteAuth::Open),
+    route(RouteId::OpenApi, HttpMethod::Get, "/v1/openapi.json", RouteAuth::Open),
 ];
 
-const fn route(id: RouteId, method: HttpMethod, path: &'static str, admin: bool) -> RouteSpec {
-    RouteSpec { id, method, path, admin }
+const fn route(id: RouteId, method: HttpMethod, path: &'static str, auth: RouteAuth) -> RouteSpec {
+    RouteSpec { id, method, path, auth }
 }
 
 /// The row of `id`.

@@ -40,6 +40,8 @@ pub struct Fleet {
     pub events: Arc<VecSink>,
     pub reads: ReadLog,
     pub ledger: Ledger,
+    /// The client token the fleet's clients send (coordinators started with client tokens).
+    pub client_token: Option<String>,
 }
 
 impl Fleet {
@@ -52,6 +54,7 @@ impl Fleet {
             events: Arc::new(VecSink::new()),
             reads: ReadLog::new(),
             ledger: Ledger::default(),
+            client_token: None,
         }
     }
 
@@ -65,6 +68,7 @@ impl Fleet {
             addrs: self.coordinators.clone(),
             request_timeout: Duration::from_millis(500),
             idle_per_address_max: 2,
+            client_token: self.client_token.clone(),
         })
     }
 

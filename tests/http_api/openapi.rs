@@ -48,13 +48,14 @@ fn the_document_lists_exactly_the_route_table() {
     assert_eq!(documented, served, "docs/openapi.json and rsc::http::routes::ROUTES disagree");
     for route in ROUTES {
         let security = operation(&doc, route.method, route.path)["security"].as_array().expect("security declared");
-        assert_eq!(
-            !security.is_empty(),
-            route.admin,
-            "{} {}: documented security vs admin flag",
-            route.method.as_str(),
-            route.path
-        );
+        let schemes: BTreeSet<&str> =
+            security.iter().flat_map(|s| s.as_object().expect("requirement").keys()).map(String::as_str).collect();
+        let expected: BTreeSet<&str> = match route.auth {
+            rsc::http::routes::RouteAuth::Open => BTreeSet::new(),
+            rsc::http::routes::RouteAuth::Client => ["clientToken"].into(),
+            rsc::http::routes::RouteAuth::Admin => ["adminToken"].into(),
+        };
+        assert_eq!(schemes, expected, "{} {}: documented security vs the route's", route.method.as_str(), route.path);
     }
 }
 

@@ -61,6 +61,17 @@ pub struct ServeArgs {
     /// Bearer token required by admin routes. Without one, admin routes are open.
     #[arg(long, env = "COORDINATOR_ADMIN_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     pub admin_token: Option<String>,
+    /// A client token the data plane (heartbeat, routing) accepts; repeat for several (rotation).
+    /// `TOKEN` admits every group, `PREFIX:GROUP=TOKEN` one scope (`*` for any part). Without any,
+    /// the data plane is open and accepts loss evidence from any client.
+    #[arg(
+        long = "client-token",
+        env = "COORDINATOR_CLIENT_TOKENS",
+        value_delimiter = ',',
+        hide_env_values = true,
+        value_name = "[SCOPE=]TOKEN"
+    )]
+    pub client_tokens: Vec<String>,
     /// Names this instance in Redis mutex tokens and logs [default: $HOSTNAME or coordinator-<pid>].
     #[arg(long, value_name = "ID")]
     pub instance_id: Option<String>,

@@ -41,6 +41,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::cli::ServeArgs;
+use rsc::http::auth::ClientTokens;
 use rsc::http::router::{BODY_BYTES_MAX_DEFAULT, CONCURRENCY_MAX_DEFAULT};
 use rsc::service::CoordinatorOptions;
 use rsc::store::redis::{parse_sentinel_address, url_names_master, RedisSentinelOptions, RedisTlsOptions};
@@ -84,6 +85,8 @@ pub struct FileConfig {
     pub concurrency_max: Option<usize>,
     pub header_read_timeout_ms: Option<u64>,
     pub shutdown_timeout_ms: Option<u64>,
+    /// Client tokens (`[SCOPE=]TOKEN`), added to those of the flags and environment.
+    pub client_tokens: Option<Vec<String>>,
 }
 
 impl FileConfig {
@@ -104,6 +107,7 @@ pub struct Settings {
     /// Find the master through Sentinel (`redis_url` then names the master).
     pub redis_sentinel: Option<RedisSentinelOptions>,
     pub admin_token: Option<String>,
+    pub client_tokens: ClientTokens,
     pub coordinator: CoordinatorOptions,
     pub redis_timeout_ms: u64,
     pub body_bytes_max: usize,
@@ -121,6 +125,7 @@ impl std::fmt::Debug for Settings {
             .field("redis_tls", &self.redis_tls)
             .field("redis_sentinel", &self.redis_sentinel)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
+            .field("client_tokens", &self.client_tokens)
             .field("instance_id", &self.coordinator.instance_id)
             .field("tick_interval_ms", &self.coordinator.tick_interval_ms)
             .field("body_bytes_max", &self.body_bytes_max)
@@ -167,6 +172,12 @@ impl Settings {
             },
             redis_sentinel,
             admin_token: non_empty(args.admin_token.clone()),
+            client_tokens: {
+                let specs: Vec<&String> =
+                    args.client_tokens.iter().chain(file.client_tokens.iter().flatten()).collect();
+                ClientTokens::parse(&specs)
+                    .map_err(|e| ConfigError::Invalid { key: "client_tokens", message: e.to_string() })?
+            },
             coordinator,
             redis_timeout_ms: file.redis_timeout_ms.unwrap_or(2_000),
             body_bytes_max: args.body_bytes_max.or(file.body_bytes_max).unwrap_or(BODY_BYTES_MAX_DEFAULT),

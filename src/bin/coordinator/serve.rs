@@ -109,6 +109,12 @@ async fn serve_store<S: MetadataStore>(store: S, settings: &Settings, readiness:
     if settings.admin_token.is_none() {
         tracing::warn!("no admin token configured (COORDINATOR_ADMIN_TOKEN): admin routes are open");
     }
+    if settings.client_tokens.is_empty() {
+        tracing::warn!(
+            "no client token configured (--client-token / COORDINATOR_CLIENT_TOKENS): the data plane is open, and \
+             any client that reaches it can report loss evidence or add shards of a lost add-shards"
+        );
+    }
     let listener = TcpListener::bind(settings.listen)
         .await
         .map_err(|source| ServeError::Bind { addr: settings.listen, source })?;
@@ -117,6 +123,7 @@ async fn serve_store<S: MetadataStore>(store: S, settings: &Settings, readiness:
         body_bytes_max: settings.body_bytes_max,
         concurrency_max: settings.concurrency_max,
         admin_token: settings.admin_token.clone(),
+        client_tokens: settings.client_tokens.clone(),
         readiness,
     };
     let router = app(coordinator.clone(), options);
