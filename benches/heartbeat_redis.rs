@@ -196,6 +196,7 @@ mod bench {
             addrs: vec![addr],
             request_timeout: Duration::from_secs(5),
             idle_per_address_max: max_concurrency,
+            client_token: None,
         }));
         let loopback = move |req: HeartbeatRequest| {
             let transport = Arc::clone(&transport);
@@ -204,9 +205,40 @@ mod bench {
                 transport.heartbeat(req).await.map_err(|e| e.to_string())
             }
         };
+        // The same server with client tokens configured (four valid, as during a rotation: every
+        // one is compared), and a transport that sends the last: credentials on vs off.
+        let tokens: Vec<String> = (0..4).map(|i| format!("bench-client-token-{i:04}")).collect();
+        let options = HttpOptions {
+            client_tokens: rsc::http::auth::ClientTokens::parse(&tokens).map_err(|e| e.to_string())?,
+            ..HttpOptions::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+        let token_addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let token_server =
+            tokio::spawn(rsc::http::serve::serve(listener, app(coordinator.clone(), options), std::future::pending()));
+        let token_transport = Arc::new(HttpTransport::new(
+            HttpClientConfig {
+                addrs: vec![token_addr],
+                request_timeout: Duration::from_secs(5),
+                idle_per_address_max: max_concurrency,
+                client_token: None,
+            }
+            .with_client_token(tokens[3].clone()),
+        ));
+        let with_token = move |req: HeartbeatRequest| {
+            let transport = Arc::clone(&token_transport);
+            async move {
+                use rsc::client::CoordinatorTransport;
+                transport.heartbeat(req).await.map_err(|e| e.to_string())
+            }
+        };
         for &n in &settings.concurrency {
             rows.push(measure(server, "HTTP loopback, HttpTransport", n, settings, &members, loopback.clone()).await?);
+            rows.push(
+                measure(server, "HTTP loopback, client token on", n, settings, &members, with_token.clone()).await?,
+            );
         }
+        token_server.abort();
         http_server.abort();
         ticker.abort();
         print_rows(&rows);

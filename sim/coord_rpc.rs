@@ -20,6 +20,7 @@ use rsc::core::protocol::{
     AdminRequest, AdminResponse, ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingReport,
     RoutingResponse,
 };
+use rsc::http::auth::ClientTokens;
 use rsc::service::{Coordinator, GroupDescription};
 
 use crate::records::Recorder;
@@ -41,6 +42,8 @@ enum Call {
 struct Envelope {
     reply_tag: u64,
     call: Call,
+    /// The client token, checked like the HTTP edge checks `Authorization: Bearer`.
+    client_token: Option<String>,
     /// The operator's record of this admin call (`Recorder::admins` index), so the server can note
     /// when it worked on it.
     admin_record: Option<usize>,
@@ -49,7 +52,8 @@ struct Envelope {
 type Reply = Box<dyn Any + Send + Sync>;
 
 /// Serves `coordinator` on this node until the node dies.
-pub async fn serve(coordinator: Coordinator<RemoteStore>, recorder: Recorder) {
+pub async fn serve(coordinator: Coordinator<RemoteStore>, recorder: Recorder, client_tokens: ClientTokens) {
+    let client_tokens = Arc::new(client_tokens);
     let endpoint = match Endpoint::bind(("0.0.0.0", COORDINATOR_PORT)).await {
         Ok(endpoint) => Arc::new(endpoint),
         Err(e) => panic!("coordinator cannot bind port {COORDINATOR_PORT}: {e}"),
@@ -58,11 +62,19 @@ pub async fn serve(coordinator: Coordinator<RemoteStore>, recorder: Recorder) {
         let Ok((payload, from)) = endpoint.recv_from_raw(REQUEST_TAG).await else { return };
         let Ok(envelope) = payload.downcast::<Envelope>() else { continue };
         let (endpoint, coordinator, recorder) = (Arc::clone(&endpoint), coordinator.clone(), recorder.clone());
+        let client_tokens = Arc::clone(&client_tokens);
         tokio::spawn(async move {
-            let Envelope { reply_tag, call, admin_record } = *envelope;
+            let Envelope { reply_tag, call, admin_record, client_token } = *envelope;
+            let token = client_token.as_deref();
             let reply: Reply = match call {
-                Call::Heartbeat(req) => Box::new(coordinator.heartbeat(req).await),
-                Call::Routing(group, report) => Box::new(coordinator.routing(&group, report).await),
+                Call::Heartbeat(req) => match client_tokens.check_presented(token, &req.group) {
+                    Ok(()) => Box::new(coordinator.heartbeat(req).await),
+                    Err(refused) => Box::new(Err::<HeartbeatResponse, _>(refused)),
+                },
+                Call::Routing(group, report) => match client_tokens.check_presented(token, &group) {
+                    Ok(()) => Box::new(coordinator.routing(&group, report).await),
+                    Err(refused) => Box::new(Err::<RoutingResponse, _>(refused)),
+                },
                 Call::Admin(req) => {
                     let attempt = admin_record.map(|i| {
                         let mut records = recorder.lock();
@@ -91,16 +103,22 @@ pub struct RpcTransport {
     service: SocketAddr,
     timeout: Duration,
     recorder: Recorder,
+    client_token: Option<String>,
 }
 
 impl RpcTransport {
+    /// This transport sending `token` as its client token.
+    pub fn with_client_token(self, token: impl Into<String>) -> Self {
+        Self { client_token: Some(token.into()), ..self }
+    }
+
     /// Binds this process's endpoint (call on the process's node).
     pub async fn connect(service: SocketAddr, timeout_ms: u64, recorder: Recorder) -> Self {
         let endpoint = match Endpoint::bind("0.0.0.0:0").await {
             Ok(endpoint) => Arc::new(endpoint),
             Err(e) => panic!("cannot bind a client endpoint: {e}"),
         };
-        Self { endpoint, service, timeout: Duration::from_millis(timeout_ms), recorder }
+        Self { endpoint, service, timeout: Duration::from_millis(timeout_ms), recorder, client_token: None }
     }
 
     async fn call<T: Send + Sync + 'static>(
@@ -113,7 +131,7 @@ impl RpcTransport {
             let reply_tag = self.recorder.next_id();
             let exchange = async {
                 let (call, admin_record) = make();
-                let envelope = Envelope { reply_tag, call, admin_record };
+                let envelope = Envelope { reply_tag, call, admin_record, client_token: self.client_token.clone() };
                 self.endpoint
                     .send_to_raw(self.service, REQUEST_TAG, Box::new(envelope))
                     .await

@@ -49,6 +49,8 @@ enum Step {
     },
     /// The operator's monitoring: see [`RUNBOOK_REACTION_MS`].
     Runbook,
+    /// The forger sends its `n`-th forged request.
+    Forge(u64),
 }
 
 /// The operator's runbook for a group whose metadata is missing or unreadable (alerted by
@@ -77,6 +79,8 @@ pub struct Injector {
     base_latency_ms: (u64, u64),
     /// Since when the group's metadata has been missing or unreadable (and whether unreadable).
     unhealthy_since: Option<(Us, bool)>,
+    /// Forged requests scheduled so far (numbers them: the forger varies its attack by number).
+    forged: u64,
 }
 
 impl Injector {
@@ -89,6 +93,7 @@ impl Injector {
             losses: BTreeMap::new(),
             base_latency_ms,
             unhealthy_since: None,
+            forged: 0,
         };
         injector.at(RUNBOOK_PERIOD_MS * 1_000, Step::Runbook);
         for f in faults {
@@ -217,6 +222,7 @@ impl Injector {
                 world.store.set_latency_jitter_ms(0);
             }
             Step::RedisSupported(command) => world.store.set_supported(&command),
+            Step::Forge(n) => world.command(OperatorCommand::Forge(n)),
             Step::RedisWriteDropEnd => world.store.set_write_drop_probability(0.0),
             Step::RedisUp { writes_lost } => {
                 let lost = rollback_metadata_writes(world, writes_lost);
@@ -395,6 +401,12 @@ impl Injector {
             Fault::RedisRestart { down_ms, writes_lost } => {
                 world.kill(NodeRef::REDIS);
                 self.at(later(down_ms), Step::RedisUp { writes_lost });
+            }
+            Fault::ForgedRequests { interval_ms, duration_ms } => {
+                for k in 0..duration_ms / interval_ms.max(1) {
+                    self.forged += 1;
+                    self.at(later(k * interval_ms), Step::Forge(self.forged));
+                }
             }
         }
     }

@@ -27,6 +27,8 @@ mod cli;
 mod coord_rpc;
 #[cfg(madsim)]
 mod faults;
+#[cfg(madsim)]
+mod forger;
 mod plan;
 #[cfg(madsim)]
 mod programs;

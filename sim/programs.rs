@@ -24,6 +24,7 @@ use rsc::core::protocol::{
     AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingReport, RoutingResponse,
 };
 use rsc::core::PlantedBugs;
+use rsc::http::auth::ClientTokens;
 use rsc::http::client::{HttpClientConfig, HttpTransport};
 use rsc::http::router::HttpOptions;
 use rsc::service::{Coordinator, CoordinatorOptions};
@@ -34,6 +35,15 @@ use crate::plan::{Plan, Protocol};
 use crate::records::{AdminCall, ProcessId, Processing, Recorder};
 use crate::redis_node::RemoteStore;
 use crate::transport::{RecordingTransport, TransportKnob};
+
+/// The client token of every simulated client: the simulation runs with credentials on.
+pub const SIM_CLIENT_TOKEN: &str = "simulated-client-token";
+
+/// What the coordinators accept: [`SIM_CLIENT_TOKEN`] only.
+fn sim_client_tokens() -> ClientTokens {
+    // safe: a constant that parses (every run would fail at once otherwise).
+    ClientTokens::parse(&[SIM_CLIENT_TOKEN]).expect("the simulation's client token is well-formed")
+}
 
 /// What every program of a run needs.
 #[derive(Clone)]
@@ -60,17 +70,29 @@ impl Env {
 
     async fn transport(&self, process: ProcessId, loss: TransportKnob) -> RecordingTransport<ClientTransport> {
         let timeout_ms = self.plan.tuning.http_timeout_ms;
-        let inner = match self.plan.tuning.protocol {
+        let inner = self.raw_transport(Some(SIM_CLIENT_TOKEN)).await;
+        RecordingTransport::new(inner, process, self.recorder.clone(), loss, self.rng(process, 1), timeout_ms)
+    }
+
+    /// A client of the Service by the run's protocol, sending `token` (call on the process's
+    /// node). Unrecorded: only the forger uses it bare.
+    pub async fn raw_transport(&self, token: Option<&str>) -> ClientTransport {
+        let timeout_ms = self.plan.tuning.http_timeout_ms;
+        match self.plan.tuning.protocol {
             Protocol::Http => {
                 let mut config = HttpClientConfig::new(vec![self.service]);
                 config.request_timeout = Duration::from_millis(timeout_ms);
+                config.client_token = token.map(str::to_owned);
                 ClientTransport::Http(HttpTransport::new(config))
             }
             Protocol::Rpc => {
-                ClientTransport::Rpc(RpcTransport::connect(self.service, timeout_ms, self.recorder.clone()).await)
+                let rpc = RpcTransport::connect(self.service, timeout_ms, self.recorder.clone()).await;
+                ClientTransport::Rpc(match token {
+                    Some(token) => rpc.with_client_token(token),
+                    None => rpc,
+                })
             }
-        };
-        RecordingTransport::new(inner, process, self.recorder.clone(), loss, self.rng(process, 1), timeout_ms)
+        }
     }
 }
 
@@ -134,9 +156,10 @@ pub async fn coordinator(env: Env, process: ProcessId, registry: CoordinatorRegi
         Ok(listener) => listener,
         Err(e) => panic!("{process}: cannot listen on port {COORDINATOR_PORT}: {e}"),
     };
-    let router = rsc::http::router::app(coordinator.clone(), HttpOptions::default());
+    let options = HttpOptions { client_tokens: sim_client_tokens(), ..HttpOptions::default() };
+    let router = rsc::http::router::app(coordinator.clone(), options);
     tokio::spawn(rsc::http::serve::serve(listener, router, std::future::pending()));
-    let server = tokio::spawn(coord_rpc::serve(coordinator, env.recorder.clone()));
+    let server = tokio::spawn(coord_rpc::serve(coordinator, env.recorder.clone(), sim_client_tokens()));
     ready();
     let _ = server.await;
 }
@@ -325,6 +348,8 @@ pub enum OperatorCommand {
     CreateGroup,
     /// Read the group and add shards with that revision.
     AddShards(u32),
+    /// The forger's `n`-th forged request ([`crate::forger`]); it shares the operator's node.
+    Forge(u64),
 }
 
 /// Attempts to read the group for an `AddShards` before the operator gives up on it.
@@ -338,6 +363,10 @@ pub async fn operator(env: Env, process: ProcessId, mut commands: mpsc::Unbounde
     let admin = RpcTransport::connect(env.service, env.plan.tuning.http_timeout_ms, env.recorder.clone()).await;
     while let Some(command) = commands.recv().await {
         env.recorder.trace(process, format!("{command:?}"));
+        if let OperatorCommand::Forge(n) = command {
+            tokio::spawn(crate::forger::forge(env.clone(), process, n));
+            continue;
+        }
         for attempt in 0u32.. {
             let request = match command {
                 OperatorCommand::CreateGroup => AdminRequest::CreateGroup {
@@ -345,6 +374,7 @@ pub async fn operator(env: Env, process: ProcessId, mut commands: mpsc::Unbounde
                     shard_count: env.plan.topology.shards,
                     config: env.plan.group.clone(),
                 },
+                OperatorCommand::Forge(_) => break,
                 OperatorCommand::AddShards(add) => match admin.describe(&env.group).await {
                     Ok(d) => AdminRequest::AddShards {
                         group: env.group.clone(),

@@ -71,6 +71,11 @@ pub enum Fault {
     RedisWriteDrop { probability: f64, duration_ms: u64 },
     /// The Redis process restarts (identity change, connections reset) after `down_ms` down.
     RedisRestart { down_ms: u64, writes_lost: u64 },
+    /// A malicious client with a valid client token forges a request every `interval_ms` for
+    /// `duration_ms`: leaves (every shard reported REVOKED, revoke ids included), steady
+    /// heartbeats and joins naming a live consumer's member id and epoch (it knows everything
+    /// but the victim's session secret), and loss evidence without a token.
+    ForgedRequests { interval_ms: u64, duration_ms: u64 },
 }
 
 /// Every fault kind name, as written in plans.
@@ -99,6 +104,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "redis-write-drop",
     "redis-restart",
     "stale-delivery",
+    "forged-requests",
 ];
 
 /// The default target of a kind when a random fault (or a plan entry without `target`) needs one.
@@ -195,6 +201,10 @@ impl Fault {
                 joins: p.u64("joins", Some(Param::Fixed(1)), rng)? != 0,
                 duration_ms: p.u64("duration_ms", d, rng)?,
             },
+            "forged-requests" => Fault::ForgedRequests {
+                interval_ms: p.u64("interval_ms", Some(Param::Range([100, 1_000])), rng)?,
+                duration_ms: p.u64("duration_ms", d, rng)?,
+            },
             "rolling-update" => Fault::RollingUpdate {
                 overlap_ms: p.u64("overlap_ms", Some(Param::Range([1_000, 10_000])), rng)?,
                 propagation_ms: p.u64("propagation_ms", Some(Param::Range([0, 3_000])), rng)?,
@@ -257,6 +267,7 @@ impl Fault {
             }
             Fault::RedisFailover { loss: Loss::LastWrites(0) }
             | Fault::RedisSilentRollback { loss: Loss::LastWrites(0) } => bad("writes must be >= 1"),
+            Fault::ForgedRequests { interval_ms: 0, .. } => bad("interval_ms must be >= 1"),
             _ => Ok(()),
         }
     }
@@ -287,6 +298,7 @@ impl Fault {
             Fault::RedisFutureSchema { .. } => "redis-future-schema",
             Fault::RedisUnsupported { .. } => "redis-unsupported",
             Fault::RedisWriteDrop { .. } => "redis-write-drop",
+            Fault::ForgedRequests { .. } => "forged-requests",
             Fault::RedisRestart { .. } => "redis-restart",
         }
     }
@@ -308,7 +320,8 @@ impl Fault {
             | Fault::RedisOutage { duration_ms, .. }
             | Fault::RedisLatency { duration_ms, .. }
             | Fault::RedisUnsupported { duration_ms, .. }
-            | Fault::RedisWriteDrop { duration_ms, .. } => *duration_ms,
+            | Fault::RedisWriteDrop { duration_ms, .. }
+            | Fault::ForgedRequests { duration_ms, .. } => *duration_ms,
             Fault::Restart { down_ms, .. }
             | Fault::CoordinatorLoss { down_ms }
             | Fault::RedisRestart { down_ms, .. } => *down_ms,
@@ -392,6 +405,9 @@ impl fmt::Display for Fault {
             }
             Fault::RedisUnsupported { command, duration_ms } => write!(f, "{command} for {duration_ms}ms"),
             Fault::RedisWriteDrop { probability, duration_ms } => write!(f, "p={probability:.2} for {duration_ms}ms"),
+            Fault::ForgedRequests { interval_ms, duration_ms } => {
+                write!(f, "every {interval_ms}ms for {duration_ms}ms")
+            }
             Fault::RedisRestart { down_ms, writes_lost } => write!(f, "down {down_ms}ms, {writes_lost} writes lost"),
         }
     }

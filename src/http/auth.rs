@@ -113,10 +113,16 @@ impl ClientTokens {
     /// scope admits `group`. Every configured token is compared (in constant time each), so the
     /// time taken does not tell which one matched.
     pub fn check(&self, headers: &HeaderMap, group: &GroupId) -> Result<(), ApiError> {
+        self.check_presented(bearer(headers), group)
+    }
+
+    /// [`check`](Self::check) for a token presented outside HTTP headers (the simulation's
+    /// datagram protocol).
+    pub fn check_presented(&self, presented: Option<&str>, group: &GroupId) -> Result<(), ApiError> {
         if self.tokens.is_empty() {
             return Ok(());
         }
-        let Some(presented) = bearer(headers) else {
+        let Some(presented) = presented else {
             return Err(ApiError::new(
                 ErrorCode::Unauthorized,
                 "data-plane routes need Authorization: Bearer <client token>",
