@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Start two or three in separate terminals and watch the shards move between them.
-//! Environment: `COORDINATOR_ADDR` (default `127.0.0.1:7420`), `REDIS_URL` (default
+//! Environment: `COORDINATOR_ADDR` (default `127.0.0.1:7420`), `COORDINATOR_CLIENT_TOKEN` (the
+//! client token, when the coordinator requires one), `REDIS_URL` (default
 //! `redis://127.0.0.1:6379`), `STREAM_PREFIX` (default `orders`), `CONSUMER_GROUP` (default
 //! `billing`). The group must exist: `coordinator admin create-group --prefix orders --group
 //! billing --shards 8`.
@@ -51,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     use rsc::client::events::MetricsSink;
     use rsc::client::{ClientEnv, Clock, Consumer, ConsumerConfig};
     use rsc::core::model::GroupId;
-    use rsc::http::client::HttpTransport;
+    use rsc::http::client::{HttpClientConfig, HttpTransport};
     use rsc::metrics::Metrics;
     use rsc::store::redis::{RedisStore, RedisStoreOptions};
 
@@ -59,7 +60,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let member = std::env::args().nth(1).unwrap_or_else(|| format!("consumer-{}", std::process::id()));
 
     let group = GroupId::new(env("STREAM_PREFIX", "orders"), env("CONSUMER_GROUP", "billing"));
-    let transport = HttpTransport::with_addrs(vec![env("COORDINATOR_ADDR", "127.0.0.1:7420").parse()?]);
+    // A coordinator started with `--client-token` needs one (`COORDINATOR_CLIENT_TOKEN`).
+    let mut http = HttpClientConfig::new(vec![env("COORDINATOR_ADDR", "127.0.0.1:7420").parse()?]);
+    http.client_token = std::env::var("COORDINATOR_CLIENT_TOKEN").ok().filter(|t| !t.is_empty());
+    let transport = HttpTransport::new(http);
     let store = RedisStore::connect(&env("REDIS_URL", "redis://127.0.0.1:6379"), RedisStoreOptions::default()).await?;
     // Client-side metrics (heartbeat outcomes, lease end, shard stops); a real application serves
     // `metrics.render()` on its own /metrics endpoint.

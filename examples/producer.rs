@@ -10,7 +10,8 @@
 //! cargo run --example producer -- [messages] [interval_ms]     # defaults: 20 messages, 200 ms apart
 //! ```
 //!
-//! Environment: `COORDINATOR_ADDR` (default `127.0.0.1:7420`), `REDIS_URL` (default
+//! Environment: `COORDINATOR_ADDR` (default `127.0.0.1:7420`), `COORDINATOR_CLIENT_TOKEN` (the
+//! client token, when the coordinator requires one), `REDIS_URL` (default
 //! `redis://127.0.0.1:6379`), `STREAM_PREFIX` (default `orders`), `CONSUMER_GROUP` (default
 //! `billing`). The group must exist: `coordinator admin create-group --prefix orders --group
 //! billing --shards 8`.
@@ -31,7 +32,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     use rsc::client::hash::shard_for_key;
     use rsc::client::{ClientEnv, Clock, Producer, ProducerConfig};
     use rsc::core::model::GroupId;
-    use rsc::http::client::HttpTransport;
+    use rsc::http::client::{HttpClientConfig, HttpTransport};
     use rsc::metrics::Metrics;
     use rsc::store::redis::{RedisStore, RedisStoreOptions};
 
@@ -41,7 +42,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let interval = Duration::from_millis(args.next().map_or(Ok(200), |a| a.parse())?);
 
     let group = GroupId::new(env("STREAM_PREFIX", "orders"), env("CONSUMER_GROUP", "billing"));
-    let transport = HttpTransport::with_addrs(vec![env("COORDINATOR_ADDR", "127.0.0.1:7420").parse()?]);
+    // A coordinator started with `--client-token` needs one (`COORDINATOR_CLIENT_TOKEN`).
+    let mut http = HttpClientConfig::new(vec![env("COORDINATOR_ADDR", "127.0.0.1:7420").parse()?]);
+    http.client_token = std::env::var("COORDINATOR_CLIENT_TOKEN").ok().filter(|t| !t.is_empty());
+    let transport = HttpTransport::new(http);
     let store = RedisStore::connect(&env("REDIS_URL", "redis://127.0.0.1:6379"), RedisStoreOptions::default()).await?;
     // Client-side metrics (publish outcomes, routing refresh failures).
     let metrics = Arc::new(Metrics::new());
