@@ -100,3 +100,86 @@ async fn the_served_document_is_the_repository_file() {
     assert_eq!(answer.body, OPENAPI_JSON.as_bytes());
     assert_eq!(answer.json(), document());
 }
+
+/// Every documented body schema lists exactly the fields the serde type writes (every optional
+/// field set in the sample), so the document cannot drift from the types a client generates from.
+#[test]
+fn the_body_schemas_name_exactly_the_fields_of_the_types() {
+    use rsc::core::model::{GroupConfig, GroupId};
+    use rsc::core::protocol::{
+        AdminResponse, ApiError, Drain, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberSession, RevokeReport,
+        RoutingResponse,
+    };
+    let group = GroupId::new("orders", "billing");
+    let report = RevokeReport { shard: 1, in_flight: 0, revoked: true, revoke_id: Some(7) };
+    let samples: Vec<(&str, Value)> = vec![
+        ("ApiError", serde_json::to_value(ApiError::new(ErrorCode::BadRequest, "m")).expect("json")),
+        ("GroupId", serde_json::to_value(&group).expect("json")),
+        ("GroupConfig", serde_json::to_value(GroupConfig::default()).expect("json")),
+        ("RevokeReport", serde_json::to_value(&report).expect("json")),
+        (
+            "HeartbeatRequest",
+            serde_json::to_value(HeartbeatRequest {
+                group: group.clone(),
+                member_id: "a".into(),
+                member_epoch: 1,
+                metadata_version: 1,
+                assignment_epoch: 1,
+                owned: vec![0],
+                revoking: vec![report],
+                leave: false,
+                member_session: Some(MemberSession("0".repeat(32))),
+            })
+            .expect("json"),
+        ),
+        (
+            "HeartbeatResponse",
+            serde_json::to_value(HeartbeatResponse {
+                status: HeartbeatStatus::Ok,
+                member_id: "a".into(),
+                member_epoch: 1,
+                metadata_version: 1,
+                assignment_epoch: 1,
+                shard_count: 2,
+                assigned: vec![0],
+                pending: vec![],
+                revoke: vec![1],
+                drains: vec![Drain { shard: 1, revoke_id: 7 }],
+                assignment_lease_ms: 1,
+                heartbeat_interval_ms: 1,
+                store_revision: 1,
+            })
+            .expect("json"),
+        ),
+        (
+            "RoutingResponse",
+            serde_json::to_value(RoutingResponse {
+                group: group.clone(),
+                metadata_version: 1,
+                shard_count: 1,
+                stream_keys: vec!["orders:0".into()],
+                routing_cache_ttl_ms: 1,
+                routing_refresh_interval_ms: 1,
+                store_revision: 1,
+                lost_version: Some(2),
+                accepts_known_shard_count: true,
+            })
+            .expect("json"),
+        ),
+        (
+            "AdminResponse",
+            serde_json::to_value(AdminResponse { group, store_revision: 1, metadata_version: 1 }).expect("json"),
+        ),
+    ];
+    let doc = document();
+    for (name, sample) in samples {
+        let written: BTreeSet<&str> = sample.as_object().expect("an object").keys().map(String::as_str).collect();
+        let documented: BTreeSet<&str> = doc["components"]["schemas"][name]["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("schema {name} documented"))
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(documented, written, "docs/openapi.json schema {name} vs the serde type");
+    }
+}
