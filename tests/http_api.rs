@@ -441,6 +441,31 @@ async fn server_errors_carry_a_fixed_message_and_never_store_details() {
     );
 }
 
+/// Group names are restricted to a safe set (issue #9): `..`, `a/b`, spaces, percent signs,
+/// non-ASCII and a ':' in the group name are refused at create with a typed 400 naming the field,
+/// and nothing is created.
+#[tokio::test]
+async fn unsafe_group_names_are_refused_at_create() {
+    let api = Api::new(None).await;
+    for (prefix, group, field) in [
+        ("..", "billing", "streamPrefix"),
+        (".", "billing", "streamPrefix"),
+        ("a/b", "billing", "streamPrefix"),
+        ("orders", "..", "consumerGroup"),
+        ("orders", "bill/ing", "consumerGroup"),
+        ("orders", "bill:ing", "consumerGroup"),
+        ("or ders", "billing", "streamPrefix"),
+        ("orders%2F", "billing", "streamPrefix"),
+        ("ordérs", "billing", "streamPrefix"),
+    ] {
+        let body = json!({"group": {"streamPrefix": prefix, "consumerGroup": group}, "shardCount": 2});
+        let answer = api.json("POST", CREATE, Some(body)).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{prefix:?}/{group:?}: {:?}", answer.body);
+        assert!(answer.error().message.contains(field), "{prefix:?}/{group:?}: {:?}", answer.error());
+    }
+    assert_eq!(api.store.history().len(), 0, "nothing was created");
+}
+
 #[tokio::test]
 async fn the_client_transport_reaches_the_router_over_tcp_with_encoded_group_names() {
     use rsc::client::transport::{CoordinatorTransport, TransportError};
@@ -448,8 +473,8 @@ async fn the_client_transport_reaches_the_router_over_tcp_with_encoded_group_nam
     use rsc::http::client::HttpTransport;
 
     let api = Api::new(None).await;
-    let group = GroupId::new("orders/eu.v1", "billing");
-    let create = json!({"group": {"streamPrefix": "orders/eu.v1", "consumerGroup": "billing"}, "shardCount": 3});
+    let group = GroupId::new("orders:eu.v1", "billing_2-b");
+    let create = json!({"group": {"streamPrefix": "orders:eu.v1", "consumerGroup": "billing_2-b"}, "shardCount": 3});
     assert_eq!(api.json("POST", CREATE, Some(create)).await.status, StatusCode::CREATED);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -473,7 +498,7 @@ async fn the_client_transport_reaches_the_router_over_tcp_with_encoded_group_nam
     let joined = transport.heartbeat(join.clone()).await.expect("heartbeat over TCP");
     assert_eq!((joined.status, joined.assigned), (HeartbeatStatus::Ok, vec![0, 1, 2]));
     let routing = transport.routing(&group, RoutingReport::version(0)).await.expect("routing over TCP");
-    assert_eq!(routing.stream_keys, ["orders/eu.v1:0", "orders/eu.v1:1", "orders/eu.v1:2"]);
+    assert_eq!(routing.stream_keys, ["orders:eu.v1:0", "orders:eu.v1:1", "orders:eu.v1:2"]);
 
     api.coordinator.begin_shutdown();
     let refused = transport.heartbeat(join).await.unwrap_err();

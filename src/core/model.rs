@@ -40,6 +40,9 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub const LAYOUT_VERSION: u32 = 1;
 /// Largest shard count a group may have. Bounds memory and response sizes.
 pub const SHARD_COUNT_MAX: u32 = 65_536;
+
+/// Longest stream prefix or consumer group name, in bytes.
+pub const GROUP_NAME_LEN_MAX: usize = 200;
 /// Largest number of members a group may have.
 pub const MEMBERS_MAX: usize = 10_000;
 /// Longest member id accepted.
@@ -80,21 +83,28 @@ impl GroupId {
         format!("{}:{}", self.stream_prefix, shard)
     }
 
-    /// Checks the id is usable in Redis keys: non-empty, bounded, no braces (they would break the
-    /// hash tag) and no whitespace or control characters.
+    /// Checks the id is safe everywhere it goes (Redis keys and hash tags, URL path segments,
+    /// metric labels, logs): 1..=200 bytes of ASCII letters, digits, `.`, `_` and `-`, and `:`
+    /// in the stream prefix only (stream keys are `<prefix>:<shard>`, and the group name ends the
+    /// hash tag `{prefix:group}`, so a ':' in it would make keys unparseable when the index is
+    /// rebuilt from a SCAN). Names made only of dots (`.`, `..`) are refused: they mean something
+    /// in paths.
     pub fn validate(&self) -> Result<(), String> {
-        for (name, value) in [("streamPrefix", &self.stream_prefix), ("consumerGroup", &self.consumer_group)] {
-            if value.is_empty() || value.len() > 200 {
-                return Err(format!("{name} must be 1..=200 bytes"));
+        for (name, value, colon) in
+            [("streamPrefix", &self.stream_prefix, true), ("consumerGroup", &self.consumer_group, false)]
+        {
+            if value.is_empty() || value.len() > GROUP_NAME_LEN_MAX {
+                return Err(format!("{name} must be 1..={GROUP_NAME_LEN_MAX} bytes"));
             }
-            if value.chars().any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control()) {
-                return Err(format!("{name} must not contain braces, whitespace or control characters"));
+            let allowed =
+                |b: u8| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-' || (colon && b == b':');
+            if !value.bytes().all(allowed) {
+                let extra = if colon { ", ':'" } else { "" };
+                return Err(format!("{name} may contain only ASCII letters, digits, '.', '_', '-'{extra}"));
             }
-        }
-        // The group name ends the hash tag `{prefix:group}`; forbidding ':' in it keeps the key
-        // parseable when the index is rebuilt from a SCAN (prefixes may contain ':').
-        if self.consumer_group.contains(':') {
-            return Err("consumerGroup must not contain ':'".into());
+            if value.bytes().all(|b| b == b'.') {
+                return Err(format!("{name} must not be made of dots only"));
+            }
         }
         Ok(())
     }

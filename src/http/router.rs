@@ -140,6 +140,17 @@ async fn limit_request_head<S: MetadataStore>(
         record(&state.coordinator.metrics(), method_label(request.method()), "head_too_large", status, 0.0);
         return HttpError::rejected(status, message).into_response();
     }
+    // A declared body over the limit is refused before anything reads it: with `Expect:
+    // 100-continue` the client is then told 413 at once instead of being invited to send it.
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if let Some(bytes) = declared.filter(|bytes| *bytes > state.options.body_bytes_max as u64) {
+        let status = StatusCode::PAYLOAD_TOO_LARGE;
+        record(&state.coordinator.metrics(), method_label(request.method()), "body_too_large", status, 0.0);
+        let message =
+            format!("request body of {bytes} bytes is over the limit of {} bytes", state.options.body_bytes_max);
+        return HttpError::rejected(status, message).into_response();
+    }
     next.run(request).await
 }
 

@@ -163,3 +163,31 @@ async fn stalled_request_bodies_are_cut_off_and_do_not_starve_other_clients() {
         assert_eq!(answer.error().code, ErrorCode::BadRequest);
     }
 }
+
+/// `Expect: 100-continue` with a declared body far over the limit: the coordinator answers 413
+/// with the typed JSON error at once, without inviting the client to send 50 MiB (before, it
+/// answered "100 Continue" and then 408 after the header read timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_announced_with_expect_100_continue_is_refused_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start();
+    let coordinator = CoordinatorProcess::start(&redis.url(), "e2e-expect").await;
+    let group = group("expect");
+    coordinator.create_group(&group, 2, &fast_config()).await;
+    let path = group_path(RouteId::Heartbeat, &group);
+    let mut stream = tokio::net::TcpStream::connect(coordinator.addr()).await.expect("connect");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 52428800\r\n\
+         Expect: 100-continue\r\nConnection: close\r\n\r\n"
+    );
+    let asked = Instant::now();
+    stream.write_all(head.as_bytes()).await.expect("write the head");
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut received)).await;
+    assert!(read.is_ok(), "no answer within 3 s");
+    let answer = parse_answer(&received).expect("an HTTP answer");
+    assert_eq!(answer.status, 413, "{}", String::from_utf8_lossy(&received));
+    assert!(!String::from_utf8_lossy(&received).contains("100 Continue"), "the body was not invited");
+    assert_eq!(answer.error().code, ErrorCode::BadRequest);
+    assert!(asked.elapsed() < Duration::from_secs(2), "answered at once: {:?}", asked.elapsed());
+}

@@ -107,8 +107,8 @@ async fn the_served_document_is_the_repository_file() {
 fn the_body_schemas_name_exactly_the_fields_of_the_types() {
     use rsc::core::model::{GroupConfig, GroupId};
     use rsc::core::protocol::{
-        AdminResponse, ApiError, Drain, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberSession, RevokeReport,
-        RoutingResponse,
+        AdminResponse, ApiError, Drain, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberSession,
+        RevokeReport, RoutingResponse,
     };
     let group = GroupId::new("orders", "billing");
     let report = RevokeReport { shard: 1, in_flight: 0, revoked: true, revoke_id: Some(7) };
