@@ -400,8 +400,14 @@ impl<S: MetadataStore> Coordinator<S> {
         // Before the mutex and the index read: a malformed mutation costs the store nothing.
         check_admin_request(&req).map_err(bad_request)?;
         let recreate = matches!(req, AdminRequest::CreateGroup { .. }) && self.index_knows(&group).await?;
-        let response =
-            self.critical(&group, false, |g, rev, obs| decide_admin(g, &req, recreate, self.context(rev, obs))).await?;
+        let decided =
+            self.critical(&group, false, |g, rev, obs| decide_admin(g, &req, recreate, self.context(rev, obs))).await;
+        let response = match decided {
+            // A mutation of a group whose metadata key is gone: METADATA_MISSING when the group is
+            // known to have existed, as every other request answers, else GROUP_NOT_FOUND.
+            Err(e) if e.code == ErrorCode::GroupNotFound => return Err(self.missing(&group, false).await),
+            other => other?,
+        };
         match &req {
             AdminRequest::CreateGroup { .. } => {
                 // The index is rebuildable, never truth: a failure here is repaired by rebuild.

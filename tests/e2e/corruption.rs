@@ -76,4 +76,26 @@ async fn hand_edited_metadata_fails_closed_is_never_overwritten_and_recovers_aft
         assert_eq!(repaired.status, 200, "{field} repaired: {repaired:?}");
         eprintln!("{field}={bad}: failed closed after {took:?}, recovered after repair");
     }
+
+    // The metadata key replaced by another Redis type: METADATA_INCOMPATIBLE (fail closed, not a
+    // retryable 503), never overwritten. Then the key deleted: METADATA_MISSING everywhere,
+    // admin mutations included (the index still names the group).
+    redis.cmd(&["DEL", &meta]);
+    redis.cmd(&["SET", &meta, "a string, not a hash"]);
+    fails_closed_within(&coordinator, &group, &steady, Duration::from_secs(2)).await;
+    let join = heartbeat(&coordinator, &group, heartbeat_json(&group, "beta", None)).await;
+    assert_eq!(join.error().code, ErrorCode::MetadataIncompatible, "{join:?}");
+    let (prefix, name) = (group.stream_prefix.as_str(), group.consumer_group.as_str());
+    let add = ["add-shards", "--prefix", prefix, "--group", name, "--expected-revision", "1", "--shards", "4"];
+    let (status, _, stderr) = coordinator.admin(&add).await;
+    assert!(!status.success() && stderr.contains("METADATA_INCOMPATIBLE"), "{stderr}");
+    assert_eq!(redis.cmd(&["TYPE", &meta]), redis::Value::SimpleString("string".into()), "never overwritten");
+    redis.cmd(&["DEL", &meta]);
+    let answer = heartbeat(&coordinator, &group, steady.clone()).await;
+    assert_eq!(answer.error().code, ErrorCode::MetadataMissing, "{answer:?}");
+    let (status, _, stderr) = coordinator.admin(&add).await;
+    assert!(!status.success() && stderr.contains("METADATA_MISSING"), "add-shards: {stderr}");
+    let set = ["set-config", "--prefix", prefix, "--group", name, "--expected-revision", "1", "--config-json", "{}"];
+    let (status, _, stderr) = coordinator.admin(&set).await;
+    assert!(!status.success() && stderr.contains("METADATA_MISSING"), "set-config: {stderr}");
 }

@@ -45,6 +45,13 @@ pub(crate) fn map_error(command: &str, err: &RedisError, redactor: &Redactor) ->
         Some(code) if !detail.is_empty() => redactor.clean(format!("{code} {detail} ({command})")),
         _ => redactor.clean(format!("{command}: {err}")),
     };
+    // A key of this layout holds another Redis type (an out-of-band write): not in this layout,
+    // so a metadata call fails closed as METADATA_INCOMPATIBLE, not as a retryable outage. A
+    // pipeline reports it inside its own error (`Pipeline failure: [(Index 1, error: "WRONGTYPE"
+    // ...)]`), so the text is matched as well as the code.
+    if code == "WRONGTYPE" || err.to_string().contains("\"WRONGTYPE\"") {
+        return StoreError::Layout(text);
+    }
     match err.kind() {
         ErrorKind::Io => StoreError::Unavailable(text),
         ErrorKind::AuthenticationFailed => {
