@@ -44,6 +44,8 @@ mod lost_add_shards;
 mod reshard;
 #[path = "e2e/rolling_update.rs"]
 mod rolling_update;
+#[path = "e2e/shutdown.rs"]
+mod shutdown;
 #[path = "e2e/slow_reads.rs"]
 mod slow_reads;
 #[path = "e2e/write_loss.rs"]
