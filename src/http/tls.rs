@@ -8,10 +8,11 @@
 //! Never: turns certificate or host name verification off, or falls back to plain TCP when TLS is
 //! configured. Both sides offer only HTTP/1.1 over ALPN, the only protocol the edge serves.
 //!
-//! Not compiled under `--cfg madsim` (see `super`): the simulation exercises the coordination
-//! protocol over simulated TCP inside one process, where TLS would protect nothing, would cost
-//! every simulated connection a handshake, and would bring the operating system's random number
-//! generator (ring's key exchange) into runs that must replay from one seed.
+//! Not compiled under `--cfg madsim`: the coordinator binary, the only place a listener gets TLS,
+//! is not built for the simulation, and the simulation checks the coordination protocol inside one
+//! process over simulated TCP, where TLS would protect nothing, would cost every simulated
+//! connection a handshake, and would put a second source of randomness (the key exchange) into runs
+//! that must replay from one seed. TLS is tested on real sockets instead (`tests/e2e/https.rs`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -180,3 +181,7 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError> {
     let bytes = read("key file", path)?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| invalid("key file", path, pem_problem(&e)))
 }
+
+#[cfg(test)]
+#[path = "tls_tests.rs"]
+mod tests;

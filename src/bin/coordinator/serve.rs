@@ -248,4 +248,11 @@ mod tests {
         assert_eq!(ServeError::Connect(bad_url).exit_code(), 2);
         assert_eq!(ServeError::Connect(StoreError::Unavailable("refused".into())).exit_code(), 3);
     }
+
+    #[test]
+    fn an_unreadable_listener_tls_file_exits_2() {
+        let missing = std::path::Path::new("/nonexistent/rsc/coordinator.pem");
+        let error = tls::server_config(missing, missing, None).expect_err("no such file");
+        assert_eq!(ServeError::Tls(error).exit_code(), 2);
+    }
 }
