@@ -438,3 +438,33 @@ async fn a_producer_reporting_the_shards_of_a_lost_add_shards_makes_the_coordina
     assert_eq!(store.peek_record(&group()).expect("record").revision, revision, "nothing more to heal");
     assert_eq!(c.metrics().total("rsc_lost_add_shards_healed_total"), 1.0);
 }
+
+// --- What the registry exports about members (issue 9 part 4) ---
+
+#[tokio::test]
+async fn the_tick_exports_per_group_aggregates_and_per_member_series_only_when_opted_in() {
+    let store = MemoryStore::new(1);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    c.start().await.expect("probe");
+    create(&c, 4).await;
+    let a = c.heartbeat(join("a")).await.expect("join a");
+    c.heartbeat(join("b")).await.expect("join b");
+    c.heartbeat(next(&a)).await.expect("a hears of the rebalance");
+    let recorded = c.describe(&group()).await.expect("describe").metadata;
+    let revoking = recorded.shards_where(|o| matches!(o, ShardOwner::Revoking { .. })).len();
+    assert!(revoking > 0, "b's join leaves some of a's shards revoking: {recorded:?}");
+
+    c.tick_all().await;
+    let by_group = vec![("group", group().to_string())];
+    let metrics = c.metrics();
+    assert_eq!(metrics.value("rsc_group_revoking_shards", &by_group), revoking as f64);
+    let text = metrics.render();
+    assert!(text.contains("rsc_group_member_heartbeat_age_max_seconds{group=\"orders:billing\"}"), "{text}");
+    assert!(!text.contains("member=\""), "no member label by default:\n{text}");
+
+    metrics.set_member_series(true);
+    c.tick_all().await;
+    let of_a = vec![("group", group().to_string()), ("member", "a".to_string())];
+    assert_eq!(metrics.value("rsc_member_revoking_shards", &of_a), revoking as f64);
+    assert!(metrics.render().contains("rsc_member_heartbeat_age_seconds{group=\"orders:billing\",member=\"b\"}"));
+}
