@@ -105,7 +105,21 @@ async fn mutual_tls_serves_only_clients_with_a_certificate_from_the_client_ca() 
     let coordinator = CoordinatorProcess::start_with_listener(&redis.url(), "e2e-mtls", "", listener).await;
     let addr = coordinator.addr();
     let group = group("mtls");
-    create_group(&coordinator, &group).await;
+    // The admin CLI over mutual TLS (`coordinator.url()` is https://...).
+    let (ca_file, cert_file, key_file) = (
+        ca.ca_file().display().to_string(),
+        member.cert_file.display().to_string(),
+        member.key_file.display().to_string(),
+    );
+    let create = ["create-group", "--prefix", &group.stream_prefix, "--group", &group.consumer_group, "--shards", "4"];
+    let tls_flags = ["--tls-ca-file", ca_file.as_str()];
+    let no_cert: Vec<&str> = create.iter().chain(&tls_flags).copied().collect();
+    let (status, stdout, stderr) = coordinator.admin(&no_cert).await;
+    assert_eq!(status.code(), Some(1), "the CLI without a client certificate is refused: {stdout}{stderr}");
+    let identity_flags = ["--tls-client-cert-file", cert_file.as_str(), "--tls-client-key-file", key_file.as_str()];
+    let cli_with_cert: Vec<&str> = no_cert.iter().chain(&identity_flags).copied().collect();
+    let (status, stdout, stderr) = coordinator.admin(&cli_with_cert).await;
+    assert!(status.success(), "create-group over mutual TLS: {stdout}{stderr}");
 
     assert_eq!(coordinator.get("/healthz").await.status, 200, "a client with a certificate from the CA");
     let library = transport(&coordinator).with_tls(with_cert);

@@ -116,6 +116,18 @@ pub struct AdminArgs {
     /// Request timeout.
     #[arg(long, default_value_t = 10_000, value_name = "MS", global = true)]
     pub timeout_ms: u64,
+    // --- TLS to the coordinator's listener (issue 9 part 3) ---
+    /// PEM file of the CA that signed the coordinator's certificate (needed for an https:// --url).
+    #[arg(long, env = "COORDINATOR_TLS_CA_FILE", value_name = "FILE", global = true)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM file of this client's certificate, for a coordinator that requires mutual TLS (needs
+    /// --tls-client-key-file).
+    #[arg(long, env = "COORDINATOR_TLS_CLIENT_CERT_FILE", value_name = "FILE", global = true)]
+    pub tls_client_cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[arg(long, env = "COORDINATOR_TLS_CLIENT_KEY_FILE", value_name = "FILE", global = true)]
+    pub tls_client_key_file: Option<PathBuf>,
+    // --- end of TLS ---
     #[command(subcommand)]
     pub command: AdminCommand,
 }
