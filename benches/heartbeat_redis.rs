@@ -239,6 +239,8 @@ mod bench {
     }
 
     const LOOPBACK: &str = "HTTP loopback, HttpTransport";
+    /// What the TLS row's sender returns (boxed: the closure's async block has no nameable type).
+    type SendFuture = std::pin::Pin<Box<dyn Future<Output = Result<HeartbeatResponse, String>> + Send>>;
     const LOOPBACK_TLS: &str = "HTTPS loopback, HttpTransport";
 
     /// A TLS listener serving the router on loopback (a CA and a server certificate for 127.0.0.1
@@ -247,14 +249,7 @@ mod bench {
         coordinator: &Coordinator<S>,
         idle_per_address_max: usize,
     ) -> Result<
-        (
-            tokio::task::JoinHandle<()>,
-            impl Fn(HeartbeatRequest) -> std::pin::Pin<Box<dyn Future<Output = Result<HeartbeatResponse, String>> + Send>>
-                + Clone
-                + Send
-                + Sync
-                + 'static,
-        ),
+        (tokio::task::JoinHandle<()>, impl Fn(HeartbeatRequest) -> SendFuture + Clone + Send + Sync + 'static),
         String,
     > {
         use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
@@ -299,7 +294,7 @@ mod bench {
             Box::pin(async move {
                 use rsc::client::CoordinatorTransport;
                 transport.heartbeat(req).await.map_err(|e| e.to_string())
-            }) as std::pin::Pin<Box<dyn Future<Output = Result<HeartbeatResponse, String>> + Send>>
+            }) as SendFuture
         };
         Ok((server, send))
     }
