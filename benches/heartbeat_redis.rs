@@ -6,7 +6,9 @@
 //! what a healthy group sends all day — with N concurrent tasks for a fixed number of heartbeats:
 //! 1. `Coordinator<RedisStore>` in-process (no HTTP);
 //! 2. the HTTP router in-process (`tower::ServiceExt::oneshot`: routing, middleware, JSON);
-//! 3. loopback TCP: the clients' `HttpTransport` against `rsc::http::serve`.
+//! 3. loopback TCP: the clients' `HttpTransport` against `rsc::http::serve`;
+//! 4. the same over TLS (`rsc::http::serve::serve_tls_with`, certificates made at start with
+//!    rcgen, keep-alive connections as the clients use them), printed next to row 3 as a ratio.
 //!
 //! Per run: heartbeats/s, p50/p99/max latency (µs) and Redis work per heartbeat from
 //! `INFO commandstats` deltas, which count every command the server executed, including the ones
@@ -233,15 +235,20 @@ mod bench {
             }
         };
         for &n in &settings.concurrency {
-            rows.push(measure(server, "HTTP loopback, HttpTransport", n, settings, &members, loopback.clone()).await?);
-            rows.push(
-                measure(server, "HTTP loopback, client token on", n, settings, &members, with_token.clone()).await?,
-            );
+            rows.push(measure(server, LOOPBACK, n, settings, &members, loopback.clone()).await?);
+            rows.push(measure(server, LOOPBACK_TOKEN, n, settings, &members, with_token.clone()).await?);
         }
         token_server.abort();
         http_server.abort();
+        let (tls_server, tls_loopback) = tls_loopback(&coordinator, max_concurrency).await?;
+        for &n in &settings.concurrency {
+            rows.push(measure(server, LOOPBACK_TLS, n, settings, &members, tls_loopback.clone()).await?);
+        }
+        tls_server.abort();
         ticker.abort();
         print_rows(&rows);
+        print_tls_ratios(&rows);
+        print_ratios(&rows, LOOPBACK_TOKEN, "Client token on vs off (HTTP loopback, same run; 4 tokens configured)");
 
         let trips = count_round_trips(server, &store, &members, settings).await?;
         print_summary(&rows, &trips);
@@ -260,6 +267,69 @@ mod bench {
             ));
         }
         Ok(())
+    }
+
+    const LOOPBACK: &str = "HTTP loopback, HttpTransport";
+    const LOOPBACK_TOKEN: &str = "HTTP loopback, client token on";
+    /// What the TLS row's sender returns (boxed: the closure's async block has no nameable type).
+    type SendFuture = std::pin::Pin<Box<dyn Future<Output = Result<HeartbeatResponse, String>> + Send>>;
+    const LOOPBACK_TLS: &str = "HTTPS loopback, HttpTransport";
+
+    /// A TLS listener serving the router on loopback (a CA and a server certificate for 127.0.0.1
+    /// made now with rcgen) and the heartbeat sender of an `HttpTransport` trusting that CA.
+    async fn tls_loopback<S: MetadataStore>(
+        coordinator: &Coordinator<S>,
+        idle_per_address_max: usize,
+    ) -> Result<
+        (tokio::task::JoinHandle<()>, impl Fn(HeartbeatRequest) -> SendFuture + Clone + Send + Sync + 'static),
+        String,
+    > {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let err = |e: rcgen::Error| e.to_string();
+        let ca_key = KeyPair::generate().map_err(err)?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).map_err(err)?;
+        let key = KeyPair::generate().map_err(err)?;
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_string()]).map_err(err)?.signed_by(&key, &ca, &ca_key);
+        let cert = cert.map_err(err)?;
+        let dir = std::env::temp_dir().join(format!("rsc-heartbeat-bench-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let (ca_file, cert_file, key_file) = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
+        for (path, pem) in [(&ca_file, ca.pem()), (&cert_file, cert.pem()), (&key_file, key.serialize_pem())] {
+            std::fs::write(path, pem).map_err(|e| e.to_string())?;
+        }
+        let server_tls = rsc::http::tls::server_config(&cert_file, &key_file, None).map_err(|e| e.to_string())?;
+        let client_tls = rsc::http::tls::ClientTls::new(&ca_file, None, None).map_err(|e| e.to_string())?;
+        let _ = std::fs::remove_dir_all(&dir);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let router = app(coordinator.clone(), HttpOptions::default());
+        let config = rsc::http::serve::ServeConfig::default();
+        let server = tokio::spawn(rsc::http::serve::serve_tls_with(
+            listener,
+            router,
+            config,
+            server_tls,
+            std::future::pending(),
+        ));
+        let transport = Arc::new(
+            HttpTransport::new(HttpClientConfig {
+                addrs: vec![addr],
+                request_timeout: Duration::from_secs(5),
+                idle_per_address_max,
+                client_token: None,
+            })
+            .with_tls(client_tls),
+        );
+        let send = move |req: HeartbeatRequest| {
+            let transport = Arc::clone(&transport);
+            Box::pin(async move {
+                use rsc::client::CoordinatorTransport;
+                transport.heartbeat(req).await.map_err(|e| e.to_string())
+            }) as SendFuture
+        };
+        Ok((server, send))
     }
 
     /// The request a member sends next, and whether its last answer left nothing to do.
@@ -659,6 +729,44 @@ mod bench {
                 row.max_us,
                 parts.join(" + "),
                 if row.errors > 0 { format!("  ({} of {} FAILED)", row.errors, row.heartbeats) } else { String::new() },
+            );
+        }
+    }
+
+    /// TLS against plain loopback HTTP at each concurrency, from the same run.
+    fn print_tls_ratios(rows: &[Row]) {
+        let at = |path: &str, n: usize| rows.iter().find(|r| r.path == path && r.concurrency == n);
+        println!("\nTLS on vs off (HTTPS / HTTP loopback, same run, keep-alive connections):");
+        for plain in rows.iter().filter(|r| r.path == LOOPBACK) {
+            let Some(tls) = at(LOOPBACK_TLS, plain.concurrency) else { continue };
+            println!(
+                "  concurrency {:>3}: throughput x{:.2} ({:.0} vs {:.0} hb/s), p50 x{:.2} ({} vs {} us), p99 x{:.2}",
+                plain.concurrency,
+                tls.per_second / plain.per_second,
+                tls.per_second,
+                plain.per_second,
+                f64::from(tls.p50_us) / f64::from(plain.p50_us.max(1)),
+                tls.p50_us,
+                plain.p50_us,
+                f64::from(tls.p99_us) / f64::from(plain.p99_us.max(1)),
+            );
+        }
+    }
+
+    /// Rows of `path` against the plain loopback rows of the same concurrency, as ratios.
+    fn print_ratios(rows: &[Row], path: &str, title: &str) {
+        println!("\n{title}:");
+        for plain in rows.iter().filter(|r| r.path == LOOPBACK) {
+            let Some(on) = rows.iter().find(|r| r.path == path && r.concurrency == plain.concurrency) else { continue };
+            println!(
+                "  concurrency {:>3}: throughput x{:.2} ({:.0} vs {:.0} hb/s), p50 x{:.2} ({} vs {} us)",
+                plain.concurrency,
+                on.per_second / plain.per_second,
+                on.per_second,
+                plain.per_second,
+                f64::from(on.p50_us) / f64::from(plain.p50_us.max(1)),
+                on.p50_us,
+                plain.p50_us,
             );
         }
     }

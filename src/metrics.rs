@@ -5,6 +5,7 @@
 //! the client libraries; names follow Prometheus conventions (`_total`, `_seconds`, base units).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use tokio::time::Instant;
@@ -53,6 +54,11 @@ struct Families {
 #[derive(Debug, Default)]
 pub struct Metrics {
     inner: Mutex<Families>,
+    /// Whether producers of per-member series (a `member` label) should record them. Off by
+    /// default: member ids are identifiers an unauthenticated scraper should not learn, and one
+    /// series per member is unbounded in cardinality. A policy the producers read
+    /// ([`Self::member_series`]); the registry itself records whatever it is given.
+    member_series: AtomicBool,
 }
 
 impl Metrics {
@@ -64,6 +70,16 @@ impl Metrics {
         // A poisoned lock only means another thread panicked mid-update; the map is still usable.
         let mut guard = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         f(&mut guard)
+    }
+
+    /// Opts in to (or out of) per-member series; see [`Self::member_series`].
+    pub fn set_member_series(&self, enabled: bool) {
+        self.member_series.store(enabled, Ordering::Relaxed);
+    }
+
+    /// True when per-member series (`member` label) should be recorded.
+    pub fn member_series(&self) -> bool {
+        self.member_series.load(Ordering::Relaxed)
     }
 
     /// Adds `by` to a counter.

@@ -13,8 +13,10 @@
 //!
 //! 6. metadata edited behind the coordinator's back fails closed and is never overwritten;
 //!
-//! plus shards added under traffic through the admin CLI (`reshard`), and a read still on its way
-//! to Redis when its shard is revoked (`slow_reads`).
+//! plus shards added under traffic through the admin CLI (`reshard`), a read still on its way
+//! to Redis when its shard is revoked (`slow_reads`), new connections after SIGTERM getting the
+//! documented answers (`shutdown`), TLS and mutual TLS on the listener (`https`), and what
+//! `/metrics` exposes (`metrics_exposure`).
 //!
 //! Safety is checked against ground truth (`e2e_support::ground_truth`): every XREADGROUP and
 //! XAUTOCLAIM each consumer issued, with its time span. Leases are short (assignment lease 1.5 s,
@@ -38,14 +40,20 @@ mod bad_input;
 mod corruption;
 #[path = "e2e/crash.rs"]
 mod crash;
+#[path = "e2e/https.rs"]
+mod https;
 #[path = "e2e/lost_add_shards.rs"]
 mod lost_add_shards;
+#[path = "e2e/metrics_exposure.rs"]
+mod metrics_exposure;
 #[path = "e2e/reshard.rs"]
 mod reshard;
 #[path = "e2e/rolling_update.rs"]
 mod rolling_update;
 #[path = "e2e/security.rs"]
 mod security;
+#[path = "e2e/shutdown.rs"]
+mod shutdown;
 #[path = "e2e/slow_reads.rs"]
 mod slow_reads;
 #[path = "e2e/write_loss.rs"]

@@ -480,3 +480,33 @@ async fn a_forged_heartbeat_is_refused_before_it_touches_liveness() {
     let steady = c.heartbeat(next(&a)).await.expect("the real member is unaffected");
     assert_eq!(steady.status, HeartbeatStatus::Ok);
 }
+
+// --- What the registry exports about members (issue 9 part 4) ---
+
+#[tokio::test]
+async fn the_tick_exports_per_group_aggregates_and_per_member_series_only_when_opted_in() {
+    let store = MemoryStore::new(1);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    c.start().await.expect("probe");
+    create(&c, 4).await;
+    let a = c.heartbeat(join("a")).await.expect("join a");
+    c.heartbeat(join("b")).await.expect("join b");
+    c.heartbeat(next(&a)).await.expect("a hears of the rebalance");
+    let recorded = c.describe(&group()).await.expect("describe").metadata;
+    let revoking = recorded.shards_where(|o| matches!(o, ShardOwner::Revoking { .. })).len();
+    assert!(revoking > 0, "b's join leaves some of a's shards revoking: {recorded:?}");
+
+    c.tick_all().await;
+    let by_group = vec![("group", group().to_string())];
+    let metrics = c.metrics();
+    assert_eq!(metrics.value("rsc_group_revoking_shards", &by_group), revoking as f64);
+    let text = metrics.render();
+    assert!(text.contains("rsc_group_member_heartbeat_age_max_seconds{group=\"orders:billing\"}"), "{text}");
+    assert!(!text.contains("member=\""), "no member label by default:\n{text}");
+
+    metrics.set_member_series(true);
+    c.tick_all().await;
+    let of_a = vec![("group", group().to_string()), ("member", "a".to_string())];
+    assert_eq!(metrics.value("rsc_member_revoking_shards", &of_a), revoking as f64);
+    assert!(metrics.render().contains("rsc_member_heartbeat_age_seconds{group=\"orders:billing\",member=\"b\"}"));
+}

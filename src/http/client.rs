@@ -13,6 +13,10 @@
 //! `STORE_UNAVAILABLE`) moves on to the next address; other answers are final. Both requests are
 //! idempotent (seed: "Idempotent Retry"), so sending one again elsewhere is safe.
 //!
+//! TLS (`https://`, not in the simulation): [`HttpTransport::with_tls`] makes every connection a
+//! TLS connection verified against [`ClientTls`]'s CA file (optionally presenting a client
+//! certificate for mutual TLS); a transport with TLS never falls back to plain HTTP.
+//!
 //! Connection reuse: at most `idle_per_address_max` idle keep-alive connections per address. A
 //! request on a reused connection that fails is retried once on a fresh connection (the pooled one
 //! may have been closed by the server). A connection goes back to the pool only after its response
@@ -82,6 +86,9 @@ pub struct HttpTransport {
     /// Index into `addrs` of the last address that answered.
     preferred: AtomicUsize,
     idle: Mutex<BTreeMap<SocketAddr, Vec<SendRequest<Full<Bytes>>>>>,
+    /// `Some`: speak `https://` (every connection is TLS).
+    #[cfg(not(madsim))]
+    tls: Option<super::tls::ClientTls>,
 }
 
 /// How one attempt on one address ended.
@@ -94,7 +101,20 @@ enum Attempt {
 
 impl HttpTransport {
     pub fn new(config: HttpClientConfig) -> Self {
-        Self { config, preferred: AtomicUsize::new(0), idle: Mutex::new(BTreeMap::new()) }
+        Self {
+            config,
+            preferred: AtomicUsize::new(0),
+            idle: Mutex::new(BTreeMap::new()),
+            #[cfg(not(madsim))]
+            tls: None,
+        }
+    }
+
+    /// Speaks `https://` to every address: TLS verified by `tls` (see [`super::tls::ClientTls`]).
+    #[cfg(not(madsim))]
+    pub fn with_tls(mut self, tls: super::tls::ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// A transport with default settings for `addrs`.
@@ -143,7 +163,7 @@ impl HttpTransport {
                 return attempt;
             }
         }
-        let sender = match connect(addr).await {
+        let sender = match self.connect(addr).await {
             Ok(sender) => sender,
             Err(error) => return Attempt::Next(TransportError::Unreachable(format!("{addr}: {error}"))),
         };
@@ -219,10 +239,25 @@ impl CoordinatorTransport for HttpTransport {
     }
 }
 
-/// Opens a connection and spawns its driver task (it ends when the `SendRequest` is dropped or
-/// the peer closes).
-async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, String> {
-    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+impl HttpTransport {
+    /// Opens a connection (TLS when configured) and spawns its driver task.
+    async fn connect(&self, addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, String> {
+        let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+        #[cfg(not(madsim))]
+        if let Some(tls) = &self.tls {
+            let stream = tls.connect(addr, stream).await.map_err(|e| format!("TLS handshake: {e}"))?;
+            return start_http1(stream).await;
+        }
+        start_http1(stream).await
+    }
+}
+
+/// Runs the HTTP/1 client handshake on `stream` and spawns the connection's driver task (it ends
+/// when the `SendRequest` is dropped or the peer closes).
+async fn start_http1<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
     let (sender, connection) =
         http1::handshake(TokioIo::new(FlushOnWrite::new(stream))).await.map_err(|e| format!("handshake: {e}"))?;
     tokio::spawn(async move {

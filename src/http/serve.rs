@@ -66,6 +66,50 @@ pub async fn serve_with(
     config: ServeConfig,
     shutdown: impl Future<Output = ()>,
 ) {
+    let drain_timeout = config.drain_timeout;
+    accept_until(listener, drain_timeout, shutdown, |stream, stop, open| {
+        tokio::spawn(serve_connection(stream, router.clone(), config.clone(), stop, open));
+    })
+    .await;
+}
+
+/// [`serve_with`] over TLS: every accepted connection first completes a TLS handshake with `tls`
+/// (within `header_read_timeout`, so a client that stalls it holds nothing for long); one that
+/// fails (plain HTTP, an untrusted or missing client certificate under mutual TLS) is closed
+/// without an HTTP answer. Not in the simulation (see [`super::tls`]).
+#[cfg(not(madsim))]
+pub async fn serve_tls_with(
+    listener: TcpListener,
+    router: Router,
+    config: ServeConfig,
+    tls: std::sync::Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let drain_timeout = config.drain_timeout;
+    accept_until(listener, drain_timeout, shutdown, |stream, stop, open| {
+        let (acceptor, router, config) = (acceptor.clone(), router.clone(), config.clone());
+        tokio::spawn(async move {
+            match tokio::time::timeout(config.header_read_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => serve_connection(stream, router, config, stop, open).await,
+                Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                Err(_) => tracing::debug!("TLS handshake timed out"),
+            }
+        });
+    })
+    .await;
+}
+
+/// The accept loop shared by plain and TLS serving: hands every accepted stream to `spawn` with
+/// the stop signal and a liveness token (an `mpsc::Sender` clone the connection task holds until
+/// it ends), and after `shutdown` completes, stops accepting, signals stop and waits for the
+/// tokens to be dropped, at most `drain_timeout`.
+async fn accept_until(
+    listener: TcpListener,
+    drain_timeout: Duration,
+    shutdown: impl Future<Output = ()>,
+    mut spawn: impl FnMut(tokio::net::TcpStream, watch::Receiver<bool>, mpsc::Sender<()>),
+) {
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection task holds a clone of `open_tx`; `recv` returns `None` once all are gone.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
@@ -75,10 +119,7 @@ pub async fn serve_with(
             biased;
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let task = serve_connection(stream, router.clone(), config.clone(), stop_rx.clone(), open_tx.clone());
-                    tokio::spawn(task);
-                }
+                Ok((stream, _peer)) => spawn(stream, stop_rx.clone(), open_tx.clone()),
                 Err(error) => {
                     // Typically out of file descriptors: back off instead of spinning.
                     tracing::warn!(%error, "accept failed");
@@ -93,7 +134,7 @@ pub async fn serve_with(
     tokio::select! {
         biased;
         _ = open_rx.recv() => {}
-        _ = tokio::time::sleep(config.drain_timeout) => {}
+        _ = tokio::time::sleep(drain_timeout) => {}
     }
 }
 

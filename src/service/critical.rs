@@ -13,7 +13,7 @@ use tokio::time::{Duration, Instant};
 
 use super::codec::{decode, encode};
 use super::coordinator::{Coordinator, LocalState};
-use crate::core::model::{GroupId, GroupMetadata, MemberId, LAYOUT_VERSION, SCHEMA_VERSION};
+use crate::core::model::{GroupId, GroupMetadata, MemberId, ShardOwner, LAYOUT_VERSION, SCHEMA_VERSION};
 use crate::core::protocol::{ApiError, ErrorCode};
 use crate::core::{Context, Decision, Observations, PlantedBug};
 use crate::store::{MetadataStore, StoreError, StoredRecord, WriteOutcome, WriteRequest};
@@ -282,9 +282,29 @@ impl<S: MetadataStore> Coordinator<S> {
         Ok(groups.contains(group))
     }
 
-    /// Per-member gauges from one tick's observations.
+    /// Per-group gauges from one tick's observations, and per-member ones when opted in
+    /// ([`crate::metrics::Metrics::member_series`]: off by default, because `/metrics` is not
+    /// authenticated and member ids must not leak through it).
     pub(super) fn export_group_gauges(&self, g: &GroupMetadata, obs: &Observations) {
         let metrics = &self.inner.metrics;
+        let group_labels = || vec![("group", g.group.to_string())];
+        let age_max_ms = obs.liveness.values().map(|seen| seen.unchanged_ms).max().unwrap_or(0);
+        metrics.set(
+            "rsc_group_member_heartbeat_age_max_seconds",
+            "The longest any member of the group has gone without a heartbeat, as this coordinator saw it.",
+            group_labels(),
+            age_max_ms as f64 / 1000.0,
+        );
+        let revoking = g.shards_where(|owner| matches!(owner, ShardOwner::Revoking { .. })).len();
+        metrics.set(
+            "rsc_group_revoking_shards",
+            "Shards members of the group were told to drain and have not released yet.",
+            group_labels(),
+            revoking as f64,
+        );
+        if !metrics.member_series() {
+            return;
+        }
         for (member, seen) in &obs.liveness {
             let labels = vec![("group", g.group.to_string()), ("member", member.clone())];
             metrics.set(

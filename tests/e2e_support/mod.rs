@@ -15,6 +15,7 @@
 
 #![allow(dead_code)] // Each story uses a different part of the harness.
 
+pub mod certs;
 pub mod checks;
 pub mod faults;
 pub mod fleet;

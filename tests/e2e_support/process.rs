@@ -5,7 +5,11 @@
 //! stderr in a file for assertions and failure messages, sends SIGTERM with `kill -TERM <pid>`,
 //! and SIGKILLs and reaps the process on drop. The admin token is always set, so admin routes are
 //! exercised with authentication. [`http`] speaks HTTP/1.1 over a plain socket (one request per
-//! connection), so malformed and oversized requests can be sent exactly as written.
+//! connection), so malformed and oversized requests can be sent exactly as written; [`https`] does
+//! the same over TLS, for a coordinator started with listener TLS ([`Listener`]).
+//!
+//! Every coordinator keeps accepting for [`SHUTDOWN_ACCEPT_MS_E2E`] after SIGTERM unless its
+//! [`Listener`] arguments set `--shutdown-accept-ms` themselves.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -20,9 +24,13 @@ use tokio::time::Instant;
 use rsc::core::model::GroupId;
 use rsc::core::protocol::ApiError;
 use rsc::http::routes::{group_path, RouteId};
+use rsc::http::tls::ClientTls;
 
 /// The admin bearer token every coordinator of these tests is started with.
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
+/// The shutdown accept window of these tests' coordinators (shorter than the 5 s default, so
+/// SIGTERM stories stay quick).
+pub const SHUTDOWN_ACCEPT_MS_E2E: u64 = 1_000;
 /// How long a coordinator may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Attempts to find a free listen port.
@@ -49,12 +57,23 @@ fn fresh_dir() -> PathBuf {
     dir
 }
 
-/// `coordinator serve` arguments for `redis_url` on `port`: a fast tick and a short shutdown.
-fn serve_command(redis_url: &str, name: &str, port: u16, log: &Path) -> Command {
+/// `coordinator serve` arguments for `redis_url` on `port`: a fast tick and a short shutdown,
+/// then `extra` (which may set its own `--shutdown-accept-ms`).
+fn serve_command(redis_url: &str, name: &str, port: u16, log: &Path, extra: &[String]) -> Command {
     let mut command = Command::new(binary());
+    command.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis-url", redis_url]).args([
+        "--instance-id",
+        name,
+        "--tick-interval-ms",
+        "100",
+        "--shutdown-timeout-ms",
+        "5000",
+    ]);
+    if !extra.iter().any(|arg| arg == "--shutdown-accept-ms") {
+        command.args(["--shutdown-accept-ms", &SHUTDOWN_ACCEPT_MS_E2E.to_string()]);
+    }
     command
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis-url", redis_url])
-        .args(["--instance-id", name, "--tick-interval-ms", "100", "--shutdown-timeout-ms", "5000"])
+        .args(extra)
         .env_remove("REDIS_URL")
         .env("COORDINATOR_ADMIN_TOKEN", ADMIN_TOKEN)
         .env("RUST_LOG", "info")
@@ -78,7 +97,7 @@ pub async fn serve_expecting_exit(redis_url: &str, timeout: Duration) -> FailedS
     let dir = fresh_dir();
     let log = dir.join("coordinator.log");
     let started = Instant::now();
-    let mut child = serve_command(redis_url, "e2e-doomed", free_port(), &log).spawn().expect("spawn coordinator");
+    let mut child = serve_command(redis_url, "e2e-doomed", free_port(), &log, &[]).spawn().expect("spawn coordinator");
     let status = loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
             break status;
@@ -97,6 +116,15 @@ pub async fn serve_expecting_exit(redis_url: &str, timeout: Duration) -> FailedS
     FailedStart { status, stderr, elapsed: started.elapsed() }
 }
 
+/// How a coordinator's listener is started beyond the defaults: extra `serve` arguments (e.g.
+/// `--shutdown-accept-ms`, `--metrics-member-labels`, `--tls-cert-file ...`) and, for a TLS
+/// listener, the client TLS the harness probes it with.
+#[derive(Clone, Debug, Default)]
+pub struct Listener {
+    pub args: Vec<String>,
+    pub tls: Option<ClientTls>,
+}
+
 /// One running `coordinator serve` process. SIGKILLed and reaped on drop.
 pub struct CoordinatorProcess {
     name: String,
@@ -106,6 +134,7 @@ pub struct CoordinatorProcess {
     incarnation: u32,
     child: Option<Child>,
     exit: Option<ExitStatus>,
+    listener: Listener,
 }
 
 impl CoordinatorProcess {
@@ -117,8 +146,14 @@ impl CoordinatorProcess {
     /// [`Self::start`] with a `--config` TOML file holding `config_toml` (serve settings that have
     /// no flag, e.g. `concurrency_max`).
     pub async fn start_with_config(redis_url: &str, name: &str, config_toml: &str) -> Self {
+        Self::start_with_listener(redis_url, name, config_toml, Listener::default()).await
+    }
+
+    /// [`Self::start_with_config`] with extra listener arguments (and TLS to probe it with).
+    pub async fn start_with_listener(redis_url: &str, name: &str, config_toml: &str, listener: Listener) -> Self {
         let addr: SocketAddr = ([127, 0, 0, 1], 0).into();
-        let mut process = Self { name: name.into(), addr, dir: fresh_dir(), incarnation: 0, child: None, exit: None };
+        let dir = fresh_dir();
+        let mut process = Self { name: name.into(), addr, dir, incarnation: 0, child: None, exit: None, listener };
         std::fs::write(process.dir.join("serve.toml"), config_toml).expect("write the serve config");
         for attempt in 1..=PORT_ATTEMPTS_MAX {
             process.addr.set_port(free_port());
@@ -150,7 +185,7 @@ impl CoordinatorProcess {
 
     /// Spawns on `self.addr` and waits for `/readyz`. Err: the log, if it exited or never got ready.
     async fn launch(&mut self, redis_url: &str) -> Result<(), String> {
-        let mut command = serve_command(redis_url, &self.name, self.addr.port(), &self.log_path());
+        let mut command = serve_command(redis_url, &self.name, self.addr.port(), &self.log_path(), &self.listener.args);
         let config = self.dir.join("serve.toml");
         if config.exists() {
             command.arg("--config").arg(config);
@@ -163,7 +198,7 @@ impl CoordinatorProcess {
                 self.child = None;
                 return Err(format!("exited with {status}:\n{}", self.log()));
             }
-            if let Ok(answer) = http(self.addr, "GET", "/readyz", &[], Vec::new()).await {
+            if let Ok(answer) = self.request("GET", "/readyz", &[], Vec::new()).await {
                 if answer.status == 200 {
                     return Ok(());
                 }
@@ -187,7 +222,23 @@ impl CoordinatorProcess {
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.listener.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// One request on a fresh connection: [`https`] with the listener's client TLS if it has one,
+    /// else [`http`].
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> std::io::Result<HttpAnswer> {
+        match &self.listener.tls {
+            Some(tls) => https(tls, self.addr, method, path, headers, body).await,
+            None => http(self.addr, method, path, headers, body).await,
+        }
     }
 
     /// Everything the current incarnation wrote to stderr so far.
@@ -241,7 +292,7 @@ impl CoordinatorProcess {
 
     /// `GET path` without authentication.
     pub async fn get(&self, path: &str) -> HttpAnswer {
-        http(self.addr, "GET", path, &[], Vec::new())
+        self.request("GET", path, &[], Vec::new())
             .await
             .unwrap_or_else(|e| panic!("GET {path} on {}: {e}\n{}", self.name, self.log()))
     }
@@ -264,7 +315,7 @@ impl CoordinatorProcess {
     pub async fn try_describe(&self, group: &GroupId) -> HttpAnswer {
         let auth = format!("Bearer {ADMIN_TOKEN}");
         let path = group_path(RouteId::Describe, group);
-        http(self.addr, "GET", &path, &[("Authorization", &auth)], Vec::new())
+        self.request("GET", &path, &[("Authorization", &auth)], Vec::new())
             .await
             .unwrap_or_else(|e| panic!("describe on {}: {e}", self.name))
     }
@@ -346,10 +397,47 @@ pub async fn http(
     headers: &[(&str, &str)],
     body: Vec<u8>,
 ) -> std::io::Result<HttpAnswer> {
-    let stream = tokio::time::timeout(HTTP_TIMEOUT, tokio::net::TcpStream::connect(addr))
+    let stream = connect(addr).await?;
+    exchange(stream, addr, method, path, headers, body).await
+}
+
+/// [`http`] over TLS: the handshake with `tls` (the library's client TLS), then the same exchange.
+/// Any failure — handshake, a server refusing the client's certificate (under TLS 1.3 seen only at
+/// the first read), no answer — is an `Err`.
+pub async fn https(
+    tls: &ClientTls,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> std::io::Result<HttpAnswer> {
+    let stream = connect(addr).await?;
+    let stream = tokio::time::timeout(HTTP_TIMEOUT, tls.connect(addr, stream))
         .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-    let (mut reader, mut writer) = stream.into_split();
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+    exchange(stream, addr, method, path, headers, body).await
+}
+
+async fn connect(addr: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
+    tokio::time::timeout(HTTP_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))?
+}
+
+/// One request written exactly as given on `stream`, and its answer.
+async fn exchange<S>(
+    stream: S,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> std::io::Result<HttpAnswer>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+{
+    let (mut reader, mut writer) = tokio::io::split(stream);
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     head.push_str(&format!("Content-Length: {}\r\n", body.len()));
     for (name, value) in headers {

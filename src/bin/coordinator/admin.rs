@@ -2,6 +2,10 @@
 //! hyper client connection (the same stack as `rsc::http::client`). Paths come from the route
 //! table (`rsc::http::routes`), so the CLI and the router cannot drift apart.
 //!
+//! `--url https://...` speaks TLS, trusting only `--tls-ca-file` and presenting
+//! `--tls-client-cert-file` / `--tls-client-key-file` to a coordinator that requires mutual TLS;
+//! the coordinator's certificate must name the URL's host.
+//!
 //! Success prints the answer's JSON to stdout (exit 0). An error answer prints its code and
 //! message to stderr (exit 1); so does an unreachable coordinator. Bad arguments exit 2.
 
@@ -18,6 +22,7 @@ use super::cli::{AdminArgs, AdminCommand, GroupArgs};
 use rsc::core::model::{GroupConfig, GroupId};
 use rsc::core::protocol::ApiError;
 use rsc::http::routes::{group_path, spec, RouteId};
+use rsc::http::tls::ClientTls;
 
 /// Largest answer read.
 const BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -66,7 +71,7 @@ pub async fn main(args: AdminArgs) -> u8 {
 }
 
 async fn run(args: AdminArgs) -> Result<Value, AdminError> {
-    let client = Client::new(&args.url, args.token.clone(), Duration::from_millis(args.timeout_ms))?;
+    let client = Client::new(&args.url, args.token.clone(), Duration::from_millis(args.timeout_ms))?.with_tls(&args)?;
     match args.command {
         AdminCommand::CreateGroup { group, shards, config_json } => {
             let config = merged_config(default_config()?, config_json.as_deref())?;
@@ -146,21 +151,51 @@ struct Client {
     port: u16,
     token: Option<String>,
     timeout: Duration,
+    /// `https://` URL.
+    https: bool,
+    tls: Option<ClientTls>,
 }
 
 impl Client {
     fn new(url: &str, token: Option<String>, timeout: Duration) -> Result<Self, AdminError> {
         let uri: Uri = url.parse().map_err(|e| AdminError::Usage(format!("invalid --url {url:?}: {e}")))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(AdminError::Usage(format!(
-                "--url must be http://host:port (got {url:?}); TLS is not supported"
-            )));
-        }
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => {
+                return Err(AdminError::Usage(format!(
+                    "--url must be http://host:port or https://host:port (got {url:?})"
+                )))
+            }
+        };
         let authority = uri.authority().ok_or_else(|| AdminError::Usage(format!("--url {url:?} has no host")))?;
         let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_owned();
-        let port = authority.port_u16().unwrap_or(80);
+        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
         let token = token.filter(|t| !t.trim().is_empty());
-        Ok(Self { url: url.to_owned(), authority: authority.to_string(), host, port, token, timeout })
+        let authority = authority.to_string();
+        Ok(Self { url: url.to_owned(), authority, host, port, token, timeout, https, tls: None })
+    }
+
+    /// TLS for an `https://` URL from the `--tls-*` files: a CA is required (the coordinator's
+    /// certificate is checked against it and the URL's host), a client certificate is optional;
+    /// TLS files with an `http://` URL are refused rather than silently unused.
+    fn with_tls(mut self, args: &AdminArgs) -> Result<Self, AdminError> {
+        let usage = |message: &str| Err(AdminError::Usage(message.into()));
+        let identity = match (&args.tls_client_cert_file, &args.tls_client_key_file) {
+            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+            (None, None) => None,
+            _ => return usage("--tls-client-cert-file and --tls-client-key-file go together"),
+        };
+        match (self.https, &args.tls_ca_file) {
+            (false, None) if identity.is_none() => Ok(self),
+            (false, _) => usage("TLS files are set, so --url must be https://..."),
+            (true, None) => usage("an https:// --url needs --tls-ca-file (the CA of the coordinator's certificate)"),
+            (true, Some(ca_file)) => {
+                let tls = ClientTls::new(ca_file, identity, Some(&self.host));
+                self.tls = Some(tls.map_err(|e| AdminError::Usage(e.to_string()))?);
+                Ok(self)
+            }
+        }
     }
 
     /// Sends one request; `Ok` only for a 2xx with a JSON body.
@@ -189,6 +224,26 @@ impl Client {
     async fn exchange(&self, method: Method, path: &str, body: Option<Value>) -> Result<(StatusCode, Bytes), String> {
         let stream =
             tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await.map_err(|e| e.to_string())?;
+        match &self.tls {
+            None => self.exchange_on(stream, method, path, body).await,
+            Some(tls) => {
+                let peer = stream.peer_addr().map_err(|e| e.to_string())?;
+                let stream = tls.connect(peer, stream).await.map_err(|e| format!("TLS handshake: {e}"))?;
+                self.exchange_on(stream, method, path, body).await
+            }
+        }
+    }
+
+    async fn exchange_on<S>(
+        &self,
+        stream: S,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, Bytes), String>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
         let (mut sender, connection) = http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
@@ -240,9 +295,38 @@ mod tests {
     fn urls() {
         let client = Client::new("http://[::1]:7420", None, Duration::from_secs(1)).expect("ipv6");
         assert_eq!((client.host.as_str(), client.port), ("::1", 7420));
-        assert!(matches!(Client::new("https://x:1", None, Duration::from_secs(1)), Err(AdminError::Usage(_))));
+        assert!(matches!(Client::new("ftp://x:1", None, Duration::from_secs(1)), Err(AdminError::Usage(_))));
+        let https = Client::new("https://coordinator.internal", None, Duration::from_secs(1)).expect("https");
+        assert_eq!((https.port, https.https), (443, true));
         assert!(matches!(Client::new("not a url", None, Duration::from_secs(1)), Err(AdminError::Usage(_))));
         let client = Client::new("http://localhost", Some(" ".into()), Duration::from_secs(1)).expect("default port");
         assert_eq!((client.port, client.token.is_none()), (80, true));
+    }
+
+    #[test]
+    fn https_needs_a_ca_file_and_tls_files_need_https() {
+        use clap::Parser;
+
+        let usage = |args: &[&str]| {
+            let mut argv = vec!["coordinator", "admin", "rebuild-index"];
+            argv.extend_from_slice(args);
+            let cli = super::super::cli::Cli::try_parse_from(argv).expect("parses");
+            let super::super::cli::Command::Admin(admin) = cli.command else { panic!("admin") };
+            let client = Client::new(&admin.url, None, Duration::from_secs(1)).expect("url");
+            match client.with_tls(&admin) {
+                Ok(client) => Ok(client.tls.is_some()),
+                Err(AdminError::Usage(message)) => Err(message),
+                Err(other) => panic!("{other}"),
+            }
+        };
+        assert_eq!(usage(&["--url", "http://127.0.0.1:7420"]), Ok(false));
+        let https = usage(&["--url", "https://127.0.0.1:7420"]).unwrap_err();
+        assert!(https.contains("--tls-ca-file"), "{https}");
+        let plain = usage(&["--url", "http://127.0.0.1:7420", "--tls-ca-file", "/ca.pem"]).unwrap_err();
+        assert!(plain.contains("https://"), "{plain}");
+        let half = usage(&["--url", "https://h:1", "--tls-ca-file", "/ca.pem", "--tls-client-cert-file", "/c.pem"]);
+        assert!(half.unwrap_err().contains("together"));
+        let missing = usage(&["--url", "https://h:1", "--tls-ca-file", "/nonexistent/ca.pem"]).unwrap_err();
+        assert!(missing.contains("/nonexistent/ca.pem"), "the unreadable file is named: {missing}");
     }
 }

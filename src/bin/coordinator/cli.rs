@@ -15,6 +15,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at startup and moved out at once: the size of `Serve` costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the coordinator HTTP API until SIGTERM/SIGINT.
@@ -85,6 +87,32 @@ pub struct ServeArgs {
     /// [default: 10000].
     #[arg(long, value_name = "MS")]
     pub shutdown_timeout_ms: Option<u64>,
+
+    // --- Listener: shutdown accept window, /metrics exposure, TLS (issue 9 parts 3, 4, 7) ---
+    /// On SIGTERM, how long to keep accepting new connections (answering as a terminating
+    /// instance: 503 COORDINATOR_TERMINATING for mutations, routing served, /readyz 503) before
+    /// closing the listener, so load balancers and Kubernetes endpoints can stop sending traffic
+    /// first [default: 5000; at most 300000].
+    #[arg(long, env = "COORDINATOR_SHUTDOWN_ACCEPT_MS", value_name = "MS")]
+    pub shutdown_accept_ms: Option<u64>,
+    /// Export per-member series (`rsc_member_*{group,member}`) on /metrics. Off by default: they
+    /// name every member id (which /metrics serves without authentication) and grow with the
+    /// member count; per-group aggregates are always exported.
+    #[arg(long, env = "COORDINATOR_METRICS_MEMBER_LABELS", value_name = "BOOL", num_args = 0..=1,
+          default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub metrics_member_labels: Option<bool>,
+    /// PEM file of the certificate chain the HTTP listener presents (TLS: serve https://; needs
+    /// --tls-key-file).
+    #[arg(long, env = "COORDINATOR_TLS_CERT_FILE", value_name = "FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM file of the listener certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "COORDINATOR_TLS_KEY_FILE", value_name = "FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM file of the CA certificate(s) client certificates must chain to (mutual TLS: a client
+    /// without such a certificate cannot connect). Needs --tls-cert-file.
+    #[arg(long, env = "COORDINATOR_TLS_CLIENT_CA_FILE", value_name = "FILE")]
+    pub tls_client_ca_file: Option<PathBuf>,
+    // --- end of listener settings ---
 }
 
 /// `coordinator admin`.
@@ -99,6 +127,18 @@ pub struct AdminArgs {
     /// Request timeout.
     #[arg(long, default_value_t = 10_000, value_name = "MS", global = true)]
     pub timeout_ms: u64,
+    // --- TLS to the coordinator's listener (issue 9 part 3) ---
+    /// PEM file of the CA that signed the coordinator's certificate (needed for an https:// --url).
+    #[arg(long, env = "COORDINATOR_TLS_CA_FILE", value_name = "FILE", global = true)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM file of this client's certificate, for a coordinator that requires mutual TLS (needs
+    /// --tls-client-key-file).
+    #[arg(long, env = "COORDINATOR_TLS_CLIENT_CERT_FILE", value_name = "FILE", global = true)]
+    pub tls_client_cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[arg(long, env = "COORDINATOR_TLS_CLIENT_KEY_FILE", value_name = "FILE", global = true)]
+    pub tls_client_key_file: Option<PathBuf>,
+    // --- end of TLS ---
     #[command(subcommand)]
     pub command: AdminCommand,
 }
@@ -228,6 +268,48 @@ mod tests {
             ("redis_sentinels", "REDIS_SENTINELS"),
             ("redis_sentinel_master", "REDIS_SENTINEL_MASTER"),
             ("redis_sentinel_password", "REDIS_SENTINEL_PASSWORD"),
+        ] {
+            let arg = serve.get_arguments().find(|a| a.get_id() == flag).expect("the flag exists");
+            assert_eq!(arg.get_env().and_then(|e| e.to_str()), Some(env), "{flag}");
+        }
+    }
+
+    // --- Listener flags (issue 9: accept window, /metrics exposure, TLS) ---
+
+    #[test]
+    fn listener_flags_parse_and_each_has_its_environment_variable() {
+        let cli = Cli::try_parse_from([
+            "coordinator",
+            "serve",
+            "--shutdown-accept-ms",
+            "2500",
+            "--metrics-member-labels",
+            "--tls-cert-file",
+            "/etc/rsc/coordinator.pem",
+            "--tls-key-file",
+            "/etc/rsc/coordinator.key",
+            "--tls-client-ca-file",
+            "/etc/rsc/clients-ca.pem",
+        ])
+        .expect("parses");
+        let Command::Serve(serve) = cli.command else { panic!("serve") };
+        assert_eq!(serve.shutdown_accept_ms, Some(2_500));
+        assert_eq!(serve.metrics_member_labels, Some(true), "the bare flag turns it on");
+        assert_eq!(serve.tls_cert_file, Some(PathBuf::from("/etc/rsc/coordinator.pem")));
+        assert_eq!(serve.tls_key_file, Some(PathBuf::from("/etc/rsc/coordinator.key")));
+        assert_eq!(serve.tls_client_ca_file, Some(PathBuf::from("/etc/rsc/clients-ca.pem")));
+        let off = Cli::try_parse_from(["coordinator", "serve", "--metrics-member-labels", "false"]).expect("parses");
+        let Command::Serve(off) = off.command else { panic!("serve") };
+        assert_eq!(off.metrics_member_labels, Some(false));
+
+        let command = Cli::command();
+        let serve = command.find_subcommand("serve").expect("serve subcommand");
+        for (flag, env) in [
+            ("shutdown_accept_ms", "COORDINATOR_SHUTDOWN_ACCEPT_MS"),
+            ("metrics_member_labels", "COORDINATOR_METRICS_MEMBER_LABELS"),
+            ("tls_cert_file", "COORDINATOR_TLS_CERT_FILE"),
+            ("tls_key_file", "COORDINATOR_TLS_KEY_FILE"),
+            ("tls_client_ca_file", "COORDINATOR_TLS_CLIENT_CA_FILE"),
         ] {
             let arg = serve.get_arguments().find(|a| a.get_id() == flag).expect("the flag exists");
             assert_eq!(arg.get_env().and_then(|e| e.to_str()), Some(env), "{flag}");

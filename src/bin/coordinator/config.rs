@@ -25,6 +25,12 @@
 //! concurrency_max = 1024
 //! header_read_timeout_ms = 10000
 //! shutdown_timeout_ms = 10000
+//! # Listener: shutdown accept window, /metrics exposure, TLS (issue 9)
+//! shutdown_accept_ms = 5000                               # keep accepting this long after SIGTERM
+//! metrics_member_labels = false                           # per-member series on /metrics (off: no member ids)
+//! tls_cert_file = "/etc/rsc/coordinator.pem"              # serve https:// (certificate chain, PEM)
+//! tls_key_file = "/etc/rsc/coordinator.key"
+//! tls_client_ca_file = "/etc/rsc/clients-ca.pem"          # mutual TLS: require a client certificate from this CA
 //! ```
 //!
 //! The admin token and the sentinel password are not read from the file: pass them as
@@ -87,6 +93,12 @@ pub struct FileConfig {
     pub shutdown_timeout_ms: Option<u64>,
     /// Client tokens (`[SCOPE=]TOKEN`), added to those of the flags and environment.
     pub client_tokens: Option<Vec<String>>,
+    // Listener: shutdown accept window, /metrics exposure, TLS (issue 9).
+    pub shutdown_accept_ms: Option<u64>,
+    pub metrics_member_labels: Option<bool>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub tls_client_ca_file: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -114,6 +126,64 @@ pub struct Settings {
     pub concurrency_max: usize,
     pub header_read_timeout_ms: u64,
     pub shutdown_timeout_ms: u64,
+    /// The listener's own settings (accept window, /metrics exposure, TLS).
+    pub listener: ListenerSettings,
+}
+
+/// Default of `shutdown_accept_ms`: a few seconds, long enough for a Kubernetes Service's
+/// endpoints (kube-proxy, ingress controllers) to drop a terminating pod in a typical cluster.
+pub const SHUTDOWN_ACCEPT_MS_DEFAULT: u64 = 5_000;
+/// Upper bound of `shutdown_accept_ms`, so a shutdown always ends.
+pub const SHUTDOWN_ACCEPT_MS_MAX: u64 = 300_000;
+
+/// How the HTTP listener behaves beyond routing requests: how long it keeps accepting after
+/// SIGTERM, whether /metrics names members, and TLS.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListenerSettings {
+    /// After SIGTERM, keep accepting new connections this long before closing the listener.
+    pub shutdown_accept_ms: u64,
+    /// Export per-member series on /metrics.
+    pub metrics_member_labels: bool,
+    /// `None`: plain HTTP.
+    pub tls: Option<ListenerTlsFiles>,
+}
+
+/// PEM files of the listener's TLS (read and checked at startup by `rsc::http::tls`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenerTlsFiles {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// Mutual TLS: clients must present a certificate chaining to this CA.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// The listener settings from flags/environment (which win), the file and defaults.
+fn resolve_listener(args: &ServeArgs, file: &FileConfig) -> Result<ListenerSettings, ConfigError> {
+    let path = |flag: &Option<PathBuf>, key: &Option<PathBuf>| {
+        flag.clone().or(key.clone()).filter(|p| !p.as_os_str().is_empty())
+    };
+    let cert_file = path(&args.tls_cert_file, &file.tls_cert_file);
+    let key_file = path(&args.tls_key_file, &file.tls_key_file);
+    let client_ca_file = path(&args.tls_client_ca_file, &file.tls_client_ca_file);
+    let invalid = |key, message: &str| Err(ConfigError::Invalid { key, message: message.into() });
+    let tls = match (cert_file, key_file, client_ca_file) {
+        (None, None, None) => None,
+        (Some(cert_file), Some(key_file), client_ca_file) => {
+            Some(ListenerTlsFiles { cert_file, key_file, client_ca_file })
+        }
+        (Some(_), None, _) => return invalid("tls_key_file", "the TLS certificate needs its key"),
+        (None, Some(_), _) => return invalid("tls_cert_file", "the TLS key needs its certificate"),
+        (None, None, Some(_)) => {
+            return invalid("tls_cert_file", "client certificate verification needs TLS (a certificate and key)")
+        }
+    };
+    let shutdown_accept_ms = args.shutdown_accept_ms.or(file.shutdown_accept_ms).unwrap_or(SHUTDOWN_ACCEPT_MS_DEFAULT);
+    if shutdown_accept_ms > SHUTDOWN_ACCEPT_MS_MAX {
+        let message = format!("must be at most {SHUTDOWN_ACCEPT_MS_MAX} (a shutdown must end)");
+        return Err(ConfigError::Invalid { key: "shutdown_accept_ms", message });
+    }
+    let metrics_member_labels = args.metrics_member_labels.or(file.metrics_member_labels).unwrap_or(false);
+    Ok(ListenerSettings { shutdown_accept_ms, metrics_member_labels, tls })
 }
 
 impl std::fmt::Debug for Settings {
@@ -130,6 +200,7 @@ impl std::fmt::Debug for Settings {
             .field("tick_interval_ms", &self.coordinator.tick_interval_ms)
             .field("body_bytes_max", &self.body_bytes_max)
             .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
+            .field("listener", &self.listener)
             .finish_non_exhaustive()
     }
 }
@@ -140,6 +211,7 @@ impl Settings {
     pub fn resolve(args: &ServeArgs, file: FileConfig, rng_seed: u64) -> Result<Self, ConfigError> {
         let defaults = CoordinatorOptions::default();
         let redis_sentinel = resolve_sentinel(args, &file)?;
+        let listener = resolve_listener(args, &file)?;
         let listen = match args.listen.or(file.listen) {
             Some(listen) => listen,
             // safe: a constant that parses (checked by a unit test).
@@ -184,6 +256,7 @@ impl Settings {
             concurrency_max: file.concurrency_max.unwrap_or(CONCURRENCY_MAX_DEFAULT),
             header_read_timeout_ms: file.header_read_timeout_ms.unwrap_or(10_000),
             shutdown_timeout_ms: args.shutdown_timeout_ms.or(file.shutdown_timeout_ms).unwrap_or(10_000),
+            listener,
         };
         settings.validate()?;
         Ok(settings)
@@ -455,5 +528,65 @@ mod tests {
         let file = FileConfig { tick_interval_ms: Some(0), ..FileConfig::default() };
         let error = Settings::resolve(&ServeArgs::default(), file, 1).unwrap_err();
         assert!(matches!(error, ConfigError::Invalid { key: "tick_interval_ms", .. }), "{error}");
+    }
+
+    // --- Listener settings (issue 9: accept window, /metrics exposure, TLS) ---
+
+    #[test]
+    fn listener_defaults_accept_for_five_seconds_hide_member_ids_and_serve_plain_http() {
+        let settings = Settings::resolve(&ServeArgs::default(), FileConfig::default(), 1).expect("resolves");
+        let expected = ListenerSettings {
+            shutdown_accept_ms: SHUTDOWN_ACCEPT_MS_DEFAULT,
+            metrics_member_labels: false,
+            tls: None,
+        };
+        assert_eq!(settings.listener, expected);
+        assert_eq!(SHUTDOWN_ACCEPT_MS_DEFAULT, 5_000);
+    }
+
+    #[test]
+    fn listener_flags_win_over_the_file() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            shutdown_accept_ms = 2000
+            metrics_member_labels = true
+            tls_cert_file = "/file/cert.pem"
+            tls_key_file = "/file/key.pem"
+            tls_client_ca_file = "/file/ca.pem"
+            "#,
+        )
+        .expect("valid TOML");
+        let from_file = Settings::resolve(&ServeArgs::default(), file.clone(), 1).expect("resolves").listener;
+        let tls = ListenerTlsFiles {
+            cert_file: "/file/cert.pem".into(),
+            key_file: "/file/key.pem".into(),
+            client_ca_file: Some("/file/ca.pem".into()),
+        };
+        let expected = ListenerSettings { shutdown_accept_ms: 2_000, metrics_member_labels: true, tls: Some(tls) };
+        assert_eq!(from_file, expected);
+        let args = ServeArgs {
+            shutdown_accept_ms: Some(0),
+            metrics_member_labels: Some(false),
+            tls_cert_file: Some("/flag/cert.pem".into()),
+            ..ServeArgs::default()
+        };
+        let listener = Settings::resolve(&args, file, 1).expect("resolves").listener;
+        assert_eq!((listener.shutdown_accept_ms, listener.metrics_member_labels), (0, false));
+        assert_eq!(listener.tls.expect("tls").cert_file, PathBuf::from("/flag/cert.pem"));
+    }
+
+    #[test]
+    fn half_a_tls_setting_and_an_unbounded_accept_window_are_rejected() {
+        let reject = |args: ServeArgs, expected_key: &str| {
+            let error = Settings::resolve(&args, FileConfig::default(), 1).unwrap_err();
+            assert!(matches!(&error, ConfigError::Invalid { key, .. } if *key == expected_key), "{error}");
+        };
+        reject(ServeArgs { tls_cert_file: Some("/c.pem".into()), ..ServeArgs::default() }, "tls_key_file");
+        reject(ServeArgs { tls_key_file: Some("/k.pem".into()), ..ServeArgs::default() }, "tls_cert_file");
+        reject(ServeArgs { tls_client_ca_file: Some("/ca.pem".into()), ..ServeArgs::default() }, "tls_cert_file");
+        let too_long = ServeArgs { shutdown_accept_ms: Some(SHUTDOWN_ACCEPT_MS_MAX + 1), ..ServeArgs::default() };
+        reject(too_long, "shutdown_accept_ms");
+        let longest = ServeArgs { shutdown_accept_ms: Some(SHUTDOWN_ACCEPT_MS_MAX), ..ServeArgs::default() };
+        assert!(Settings::resolve(&longest, FileConfig::default(), 1).is_ok());
     }
 }

@@ -2,10 +2,17 @@
 //! `rsc::http::serve` (never `axum::serve`), run the ticker, and shut down gracefully.
 //!
 //! Shutdown on SIGTERM or SIGINT: enter terminating mode (new mutations get 503
-//! `COORDINATOR_TERMINATING`, `/readyz` turns 503, ticks stop), wait up to `shutdown_timeout_ms`
-//! for entered critical sections to finish their write and mutex release, then stop accepting,
-//! let open connections finish (bounded by the same timeout), and exit 0. A second signal exits
-//! at once with code 1.
+//! `COORDINATOR_TERMINATING`, `/readyz` turns 503, ticks stop) while the listener keeps accepting
+//! new connections for `shutdown_accept_ms` (routing, `/healthz`, `/readyz` and `/metrics` are
+//! answered as usual), so clients and load balancers that have not yet seen the instance leave
+//! the endpoints get a typed answer instead of a refused connection. Meanwhile wait up to
+//! `shutdown_timeout_ms` for entered critical sections to finish their write and mutex release.
+//! When both are over, stop accepting, let open connections finish (bounded by
+//! `shutdown_timeout_ms` again), and exit 0. A second signal exits at once with code 1.
+//!
+//! With `tls_cert_file` / `tls_key_file` the listener speaks only TLS (`https://`), and with
+//! `tls_client_ca_file` only to clients presenting a certificate from that CA; the files are read
+//! and checked before the listener binds (a bad file exits with code 2).
 //!
 //! With Sentinel settings the store asks the sentinels for the master at every connection (the
 //! URL then only names the master). Without a Redis URL or Sentinel the store is in memory: the
@@ -21,7 +28,8 @@ use super::cli::ServeArgs;
 use super::config::{ConfigError, FileConfig, Settings};
 use rsc::core::protocol::ApiError;
 use rsc::http::router::{app, HttpOptions, Readiness};
-use rsc::http::serve::{serve_with, ServeConfig};
+use rsc::http::serve::{serve_tls_with, serve_with, ServeConfig};
+use rsc::http::tls;
 use rsc::service::Coordinator;
 use rsc::store::memory::MemoryStore;
 use rsc::store::redis::{RedisStore, RedisStoreOptions};
@@ -47,6 +55,9 @@ pub enum ServeError {
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
+    /// A TLS file of the listener is unreadable or invalid.
+    #[error("cannot set up the listener's TLS: {0}")]
+    Tls(#[from] rsc::http::tls::TlsSetupError),
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
@@ -56,7 +67,7 @@ impl ServeError {
     /// The process exit code (see main.rs).
     pub fn exit_code(&self) -> u8 {
         match self {
-            ServeError::Config(_) | ServeError::Connect(StoreError::Config(_)) => 2,
+            ServeError::Config(_) | ServeError::Connect(StoreError::Config(_)) | ServeError::Tls(_) => 2,
             ServeError::Connect(_) | ServeError::Probe(_) => 3,
             ServeError::Bind { .. } | ServeError::Signals(_) => 1,
         }
@@ -104,6 +115,11 @@ async fn run(args: ServeArgs) -> Result<(), ServeError> {
 
 async fn serve_store<S: MetadataStore>(store: S, settings: &Settings, readiness: Readiness) -> Result<(), ServeError> {
     let coordinator = Coordinator::new(store, settings.coordinator.clone());
+    coordinator.metrics().set_member_series(settings.listener.metrics_member_labels);
+    let tls = match &settings.listener.tls {
+        None => None,
+        Some(files) => Some(tls::server_config(&files.cert_file, &files.key_file, files.client_ca_file.as_deref())?),
+    };
     let report = readiness.probe(&coordinator).await.map_err(ServeError::Probe)?;
     tracing::info!(server_version = %report.server_version, "store probe passed");
     if settings.admin_token.is_none() {
@@ -134,18 +150,28 @@ async fn serve_store<S: MetadataStore>(store: S, settings: &Settings, readiness:
         ..ServeConfig::default()
     };
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(serve_with(listener, router, config, async {
+    let stopped = async {
         let _ = stop_rx.await;
-    }));
+    };
+    let server = match tls {
+        None => tokio::spawn(serve_with(listener, router, config, stopped)),
+        Some(tls) => tokio::spawn(serve_tls_with(listener, router, config, tls, stopped)),
+    };
     let ticker = tokio::spawn({
         let coordinator = coordinator.clone();
         async move { coordinator.run_ticker().await }
     });
-    tracing::info!(listen = %settings.listen, instance = %settings.coordinator.instance_id, "coordinator serving");
+    let scheme = if settings.listener.tls.is_some() { "https" } else { "http" };
+    tracing::info!(listen = %settings.listen, scheme, instance = %settings.coordinator.instance_id, "coordinator serving");
 
     let mut signals = signals;
     let signal = signals.next().await;
-    tracing::info!(signal, "shutting down: new mutations get 503 COORDINATOR_TERMINATING");
+    let accept_ms = settings.listener.shutdown_accept_ms;
+    let accept_until = tokio::time::Instant::now() + Duration::from_millis(accept_ms);
+    tracing::info!(
+        signal,
+        "shutting down: new mutations get 503 COORDINATOR_TERMINATING; accepting new connections for {accept_ms} ms"
+    );
     tokio::spawn(async move {
         let signal = signals.next().await;
         tracing::warn!(signal, "second signal: exiting at once");
@@ -155,6 +181,11 @@ async fn serve_store<S: MetadataStore>(store: S, settings: &Settings, readiness:
     if tokio::time::timeout(shutdown_timeout, coordinator.drained()).await.is_err() {
         tracing::warn!(?shutdown_timeout, "critical sections still running at the shutdown timeout; stopping anyway");
     }
+    // Keep the listener open until endpoints had time to drop this instance: a connection refused
+    // now would be an error a client cannot tell from a crash, whereas the 503s and routing
+    // answers it gets meanwhile say exactly what to do.
+    tokio::time::sleep_until(accept_until).await;
+    tracing::info!("accept window over: closing the listener and draining open connections");
     let _ = stop_tx.send(());
     if let Err(error) = server.await {
         tracing::warn!(%error, "server task failed");
@@ -223,5 +254,12 @@ mod tests {
         assert!(matches!(bad_url, StoreError::Config(_)), "{bad_url:?}");
         assert_eq!(ServeError::Connect(bad_url).exit_code(), 2);
         assert_eq!(ServeError::Connect(StoreError::Unavailable("refused".into())).exit_code(), 3);
+    }
+
+    #[test]
+    fn an_unreadable_listener_tls_file_exits_2() {
+        let missing = std::path::Path::new("/nonexistent/rsc/coordinator.pem");
+        let error = tls::server_config(missing, missing, None).expect_err("no such file");
+        assert_eq!(ServeError::Tls(error).exit_code(), 2);
     }
 }
