@@ -221,6 +221,20 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_is_counted_on_the_consumers_own_drifting_clock() {
+        let mut w = World::new();
+        let a = w.consumer(1);
+        // From 0.5 s the clock runs 1% slow: 8 s of it from 1 s end at 9.0808... s true time.
+        w.clock_rate(a, 500_000, 990_000);
+        w.grant(a, 1_000_000, &[0], 8_000);
+        w.reads(a, 0, 9_080_000..=9_080_000, 1);
+        assert_eq!(check(&w.facts()), vec![], "inside the lease on the consumer's clock");
+        // Back to nominal at 5 s: 3.96 s of clock time passed, 4.04 s remain, ending at 9.04 s.
+        w.clock_rate(a, 5_000_000, 1_000_000);
+        assert!(matches!(check(&w.facts())[..], [Violation::ReadAfterLease { lease_end_us: 9_040_000, .. }]));
+    }
+
+    #[test]
     fn the_lease_counts_from_the_send_time_not_the_receive_time() {
         let mut w = World::new();
         let a = w.consumer(1);
