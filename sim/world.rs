@@ -189,9 +189,7 @@ impl World {
                 let (loss, clock) = (TransportKnob::default(), ClockFaults::new());
                 self.loss.insert(node, loss.clone());
                 self.clocks.insert(node, clock.clone());
-                self.create(node, move |process| {
-                    programs::producer(env.clone(), process, loss.clone(), clock.clone())
-                });
+                self.create(node, move |process| programs::producer(env.clone(), process, loss.clone(), clock.clone()));
             }
             Role::Redis | Role::Operator => unreachable!("created once by World::start"),
         }

@@ -69,7 +69,12 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
             // The view's lease ends when the producer's own clock advanced the TTL (a drifting
             // clock moves that instant; see `Facts::clock_deadline_us`).
             let ttl_us = resp.routing_cache_ttl_ms * 1_000;
-            let view = (received, call.sent_at_us, facts.clock_deadline_us(call.process.node, call.sent_at_us, ttl_us), resp.shard_count);
+            let view = (
+                received,
+                call.sent_at_us,
+                facts.clock_deadline_us(call.process.node, call.sent_at_us, ttl_us),
+                resp.shard_count,
+            );
             views.entry(call.process).or_default().push(view);
         }
     }

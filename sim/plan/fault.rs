@@ -207,7 +207,11 @@ impl Fault {
             },
             "clock-drift" => Fault::ClockDrift {
                 target: client_target(what, kind, target(rng)?)?,
-                drift_percent: p.f64("drift_percent", Some(Param::Range([-DRIFT_PERCENT_MAX, DRIFT_PERCENT_MAX])), rng)?,
+                drift_percent: p.f64(
+                    "drift_percent",
+                    Some(Param::Range([-DRIFT_PERCENT_MAX, DRIFT_PERCENT_MAX])),
+                    rng,
+                )?,
                 duration_ms: p.u64("duration_ms", d, rng)?,
             },
             "response-loss" => Fault::ResponseLoss {
@@ -286,11 +290,15 @@ impl Fault {
             {
                 bad("probabilities are in [0, 1]")
             }
-            Fault::ClockDrift { drift_percent, .. } if !(drift_percent.abs() <= DRIFT_PERCENT_MAX) => bad(&format!(
-                "drift_percent = {drift_percent} is beyond ±{DRIFT_PERCENT_MAX}% (half the documented clock-rate \
+            Fault::ClockDrift { drift_percent, .. }
+                if !(-DRIFT_PERCENT_MAX..=DRIFT_PERCENT_MAX).contains(drift_percent) =>
+            {
+                bad(&format!(
+                    "drift_percent = {drift_percent} is beyond ±{DRIFT_PERCENT_MAX}% (half the documented clock-rate \
                  margin CLOCK_RATE_MARGIN_PERCENT = {CLOCK_RATE_MARGIN_PERCENT}%): outside the model, leases are not \
                  safe there"
-            )),
+                ))
+            }
             Fault::RedisFailover { loss: Loss::LastWrites(0) }
             | Fault::RedisSilentRollback { loss: Loss::LastWrites(0) } => bad("writes must be >= 1"),
             Fault::ForgedRequests { interval_ms: 0, .. } => bad("interval_ms must be >= 1"),
