@@ -69,7 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `metrics.render()` on its own /metrics endpoint.
     let metrics = Arc::new(Metrics::new());
     let clock = Clock::new();
-    let client_env = ClientEnv::new(clock, Arc::new(MetricsSink::new(Arc::clone(&metrics), clock)));
+    let client_env = ClientEnv::new(clock.clone(), Arc::new(MetricsSink::new(Arc::clone(&metrics), clock)));
     let config = ConsumerConfig::new(group, member.clone());
     let consumer = Consumer::join_with(config, transport, store, client_env, Arc::new(PrintAssignments));
     println!("{member} joined; Ctrl-C to leave");

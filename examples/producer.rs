@@ -50,7 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Client-side metrics (publish outcomes, routing refresh failures).
     let metrics = Arc::new(Metrics::new());
     let clock = Clock::new();
-    let client_env = ClientEnv::new(clock, Arc::new(MetricsSink::new(Arc::clone(&metrics), clock)));
+    let client_env = ClientEnv::new(clock.clone(), Arc::new(MetricsSink::new(Arc::clone(&metrics), clock)));
     let config = ProducerConfig::new(group, format!("producer-{}", std::process::id()));
     let producer = Producer::new_with(config, transport, store, client_env);
 

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use madsim::net::NetSim;
+use rsc::client::clock::RATE_NOMINAL_PPM;
 use rsc::core::model::SCHEMA_VERSION;
 use rsc::service::codec::decode;
 use rsc::store::memory::{HistoryKind, OutageMode, RollbackMode};
@@ -29,6 +30,10 @@ enum Step {
     Unclog(Clog),
     Restart(NodeRef),
     Resume(NodeRef),
+    /// The end of a `clock-stop`: the machine wakes up.
+    Wake(NodeRef),
+    /// The end of one `clock-drift` (its id).
+    EndDrift(NodeRef, u64),
     Kill(NodeRef),
     StartCoordinator,
     BeginShutdown(NodeRef),
@@ -76,6 +81,8 @@ pub struct Injector {
     clogs: BTreeMap<Clog, u32>,
     delays: BTreeMap<u64, (u64, u64)>,
     losses: BTreeMap<u64, f64>,
+    /// Active `clock-drift` faults per node, by id: the newest one sets the node's rate.
+    drifts: BTreeMap<NodeRef, BTreeMap<u64, u64>>,
     base_latency_ms: (u64, u64),
     /// Since when the group's metadata has been missing or unreadable (and whether unreadable).
     unhealthy_since: Option<(Us, bool)>,
@@ -91,6 +98,7 @@ impl Injector {
             clogs: BTreeMap::new(),
             delays: BTreeMap::new(),
             losses: BTreeMap::new(),
+            drifts: BTreeMap::new(),
             base_latency_ms,
             unhealthy_since: None,
             forged: 0,
@@ -191,6 +199,13 @@ impl Injector {
             Step::Unclog(clog) => self.unclog(world, clog),
             Step::Restart(node) => world.restart(node),
             Step::Resume(node) => world.resume(node),
+            Step::Wake(node) => world.wake(node),
+            Step::EndDrift(node, id) => {
+                if let Some(active) = self.drifts.get_mut(&node) {
+                    active.remove(&id);
+                }
+                self.set_rate(world, now, node);
+            }
             Step::Kill(node) => world.kill(node),
             Step::StartCoordinator => {
                 let node = world.spawn(Role::Coordinator);
@@ -323,6 +338,23 @@ impl Injector {
                     self.at(later(duration_ms), Step::Resume(node));
                 }
             }
+            Fault::ClockStop { target, duration_ms } => {
+                for node in Self::nodes(world, target) {
+                    if world.suspend(node) {
+                        self.at(later(duration_ms), Step::Wake(node));
+                    }
+                }
+            }
+            Fault::ClockDrift { target, drift_percent, duration_ms } => {
+                // ±1% is ±10,000 ppm: rounding to whole ppm is far below any lease's margin.
+                let rate_ppm = (RATE_NOMINAL_PPM as f64 * (1.0 + drift_percent / 100.0)).round() as u64;
+                for node in Self::nodes(world, target) {
+                    self.seq += 1;
+                    self.drifts.entry(node).or_default().insert(self.seq, rate_ppm);
+                    self.set_rate(world, now, node);
+                    self.at(later(duration_ms), Step::EndDrift(node, self.seq));
+                }
+            }
             Fault::ResponseLoss { target, probability, duration_ms } => {
                 for node in Self::nodes(world, target) {
                     self.at(now, Step::ResponseLoss(node, probability));
@@ -408,6 +440,23 @@ impl Injector {
                     self.at(later(k * interval_ms), Step::Forge(self.forged));
                 }
             }
+        }
+    }
+}
+
+impl Injector {
+    /// Sets `node`'s clock rate to its newest active drift (nominal when none) and records the
+    /// change for the lease checkers.
+    fn set_rate(&self, world: &World, now: Us, node: NodeRef) {
+        let rate_ppm = self
+            .drifts
+            .get(&node)
+            .and_then(|active| active.last_key_value())
+            .map_or(RATE_NOMINAL_PPM, |(_, rate)| *rate);
+        if let Some(clock) = world.clocks.get(&node) {
+            clock.set_rate_ppm(rate_ppm);
+            world.env.recorder.lock().marks.push(Mark::ClockRate { node, at_us: now, rate_ppm });
+            world.env.recorder.trace("faults", format!("{node}: clock rate {rate_ppm} ppm"));
         }
     }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use rsc::client::clock::ClockFaults;
 use rsc::client::consumer::AckError;
 use rsc::client::{
     ClientEnv, Clock, Consumer, ConsumerConfig, Delivery, NoopSink, Producer, ProducerConfig, RebalanceListener,
@@ -193,7 +194,7 @@ impl RebalanceListener for LostShards {
 
 /// Runs one consumer application: poll, process each delivery for its drawn time (concurrently),
 /// ack, repeat; on `leave`, close cleanly and end the process.
-pub async fn consumer(env: Env, process: ProcessId, loss: TransportKnob, leave: Arc<Notify>) {
+pub async fn consumer(env: Env, process: ProcessId, loss: TransportKnob, leave: Arc<Notify>, clock: ClockFaults) {
     let w = env.plan.workload;
     let store = env.store(process).await;
     let transport = env.transport(process, loss).await;
@@ -203,7 +204,8 @@ pub async fn consumer(env: Env, process: ProcessId, loss: TransportKnob, leave: 
     config.poll_idle_ms = w.poll_interval_ms;
     config.planted = env.planted;
     let listener = Arc::new(LostShards::default());
-    let client_env = ClientEnv::new(Clock::new(), Arc::new(NoopSink));
+    // The production client clock over this machine's simulated clock (suspensions, drift).
+    let client_env = ClientEnv::new(Clock::with_faults(clock), Arc::new(NoopSink));
     let consumer = Arc::new(Consumer::join_with(config, transport, store, client_env, listener.clone()));
     let mut rng = env.rng(process, 3);
     let read_count = usize::try_from(w.read_count).unwrap_or(1);
@@ -319,14 +321,15 @@ const ACK_RETRY_MS: u64 = 100;
 
 /// Runs one producer application: publish a random key every `publish_interval_ms` until the
 /// plan's publishing window ends.
-pub async fn producer(env: Env, process: ProcessId, loss: TransportKnob) {
+pub async fn producer(env: Env, process: ProcessId, loss: TransportKnob, clock: ClockFaults) {
     let w = env.plan.workload;
     let store = env.store(process).await;
     let transport = env.transport(process, loss).await;
     let mut config = ProducerConfig::new(env.group.clone(), process.node.to_string());
     config.refresh_timeout_ms = env.plan.tuning.http_timeout_ms;
     config.planted = env.planted;
-    let producer = Producer::new_with(config, transport, store, ClientEnv::new(Clock::new(), Arc::new(NoopSink)));
+    let client_env = ClientEnv::new(Clock::with_faults(clock), Arc::new(NoopSink));
+    let producer = Producer::new_with(config, transport, store, client_env);
     let mut rng = env.rng(process, 4);
     let until_us = env.plan.durations.publish_until_ms() * 1_000;
     let mut sequence = 0u64;

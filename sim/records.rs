@@ -167,6 +167,9 @@ pub enum Mark {
     WriteDrop { from_us: Us, to_us: Us },
     /// The metadata key was deleted (or removed for a repair) by a fault or the operator's repair.
     KeyDeleted { at_us: Us },
+    /// From `at_us` on, `node`'s clocks run at `rate_ppm` parts per million of true time (a
+    /// `clock-drift` fault began or ended). Leases are the clients' own: measured on this clock.
+    ClockRate { node: NodeRef, at_us: Us, rate_ppm: u64 },
 }
 
 /// One line of the event trace.

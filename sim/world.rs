@@ -15,6 +15,7 @@ use madsim::net::ipvs::{Scheduler, ServiceAddr};
 use madsim::net::NetSim;
 use madsim::runtime::Handle;
 use madsim::task::NodeId;
+use rsc::client::clock::ClockFaults;
 use rsc::store::memory::MemoryStore;
 use tokio::sync::{mpsc, Notify};
 
@@ -51,6 +52,9 @@ pub struct World {
     pub slots: BTreeMap<NodeRef, Slot>,
     pub registry: CoordinatorRegistry,
     pub loss: BTreeMap<NodeRef, TransportKnob>,
+    /// The clock of each consumer and producer node (shared by its incarnations: it is the
+    /// machine's), where `clock-stop` and `clock-drift` are injected.
+    pub clocks: BTreeMap<NodeRef, ClockFaults>,
     leave: BTreeMap<NodeRef, Arc<Notify>>,
     operator: mpsc::UnboundedSender<OperatorCommand>,
     next_index: BTreeMap<Role, u32>,
@@ -94,6 +98,7 @@ impl World {
             slots: BTreeMap::new(),
             registry: Arc::default(),
             loss: BTreeMap::new(),
+            clocks: BTreeMap::new(),
             leave: BTreeMap::new(),
             operator,
             next_index: BTreeMap::new(),
@@ -172,17 +177,19 @@ impl World {
                 });
             }
             Role::Consumer => {
-                let (loss, leave) = (TransportKnob::default(), Arc::new(Notify::new()));
+                let (loss, leave, clock) = (TransportKnob::default(), Arc::new(Notify::new()), ClockFaults::new());
                 self.loss.insert(node, loss.clone());
                 self.leave.insert(node, Arc::clone(&leave));
+                self.clocks.insert(node, clock.clone());
                 self.create(node, move |process| {
-                    programs::consumer(env.clone(), process, loss.clone(), Arc::clone(&leave))
+                    programs::consumer(env.clone(), process, loss.clone(), Arc::clone(&leave), clock.clone())
                 });
             }
             Role::Producer => {
-                let loss = TransportKnob::default();
+                let (loss, clock) = (TransportKnob::default(), ClockFaults::new());
                 self.loss.insert(node, loss.clone());
-                self.create(node, move |process| programs::producer(env.clone(), process, loss.clone()));
+                self.clocks.insert(node, clock.clone());
+                self.create(node, move |process| programs::producer(env.clone(), process, loss.clone(), clock.clone()));
             }
             Role::Redis | Role::Operator => unreachable!("created once by World::start"),
         }
@@ -284,6 +291,29 @@ impl World {
         }
         drop(records);
         self.env.recorder.trace(process, "resumed");
+    }
+
+    /// Suspends a consumer's or producer's machine: the process is paused and its monotonic clock
+    /// stops; its suspend-aware clock runs on. A node that is dead or already paused is left as
+    /// it is (returns false: there is nothing to wake).
+    pub fn suspend(&mut self, node: NodeRef) -> bool {
+        if self.slots.get(&node).is_none_or(|s| !s.alive || s.paused) {
+            return false;
+        }
+        if let Some(clock) = self.clocks.get(&node) {
+            clock.suspend();
+        }
+        self.pause(node);
+        self.env.recorder.trace("faults", format!("{node}: clock stopped (suspend)"));
+        true
+    }
+
+    /// Ends a suspension: the monotonic clock runs again and the process is resumed.
+    pub fn wake(&mut self, node: NodeRef) {
+        if let Some(clock) = self.clocks.get(&node) {
+            clock.resume();
+        }
+        self.resume(node);
     }
 
     /// Takes a coordinator out of the Service (endpoint removal).

@@ -185,7 +185,7 @@ impl Rig {
         if let Some(timeout_ms) = self.settings.heartbeat_timeout_ms {
             config.heartbeat_timeout_ms = timeout_ms;
         }
-        let env = ClientEnv::new(self.clock, self.board.clone());
+        let env = ClientEnv::new(self.clock.clone(), self.board.clone());
         let consumer =
             Consumer::join_with(config, self.link.clone(), self.consumer_store.clone(), env, Arc::new(NoopListener));
         self.consumers.insert(member.to_string(), consumer);

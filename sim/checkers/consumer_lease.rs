@@ -4,7 +4,8 @@
 //! The checker recomputes each consumer process's permission from what its transport handed it
 //! (see [`super::grants`]), never from the consumer's own state:
 //! - A successful heartbeat response received at `r`, for a heartbeat *sent* at `s`, that lists a
-//!   shard in `assigned` grants it until `s + assignment_lease_ms` (of that response) — if the
+//!   shard in `assigned` grants it until `s + assignment_lease_ms` (of that response, counted on the process's own clock
+//!   when a `clock-drift` fault changed its rate) — if the
 //!   status is `OK`, or if the shard was already granted and its lease still ran at `r` (the
 //!   `REVOKE_PENDING` / `SYNC_METADATA` "keep what you are already reading" rule). Under any other
 //!   status a shard the process was not reading is not granted: only `OK` starts a shard.
@@ -112,8 +113,9 @@ fn set(perms: &mut Permissions, shard: ShardId, next: Permission) {
     }
 }
 
-/// Applies one answer to the permissions of a process.
-fn apply(perms: &mut Permissions, received_at_us: Us, sent_at_us: Us, said: &Said) {
+/// Applies one answer to the permissions of a process. `lease_end` maps a lease length to the true
+/// instant it ends when counted from the heartbeat's send time on the process's own clock.
+fn apply(perms: &mut Permissions, received_at_us: Us, lease_end: impl Fn(Us) -> Us, said: &Said) {
     match said {
         Said::Granted { status, assigned, lease_us } => {
             let current: Vec<(ShardId, Permission)> = perms.iter().map(|(s, (p, _))| (*s, *p)).collect();
@@ -128,7 +130,7 @@ fn apply(perms: &mut Permissions, received_at_us: Us, sent_at_us: Us, said: &Sai
                     Some((Permission::Granted { lease_end_us }, _)) if *lease_end_us >= received_at_us
                 );
                 if *status == HeartbeatStatus::Ok || reading {
-                    set(perms, shard, Permission::Granted { lease_end_us: sent_at_us + lease_us });
+                    set(perms, shard, Permission::Granted { lease_end_us: lease_end(*lease_us) });
                 } else if !matches!(perms.get(&shard), Some((Permission::Withdrawn { .. }, _))) {
                     set(perms, shard, Permission::NotStarted(*status));
                 }
@@ -167,7 +169,9 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
             // response is recorded off the wire, before the consumer processed it), and such
             // events have no order. The split-ownership checker still guards the real property.
             while next < told.len() && told[next].received_at_us < at_us {
-                apply(&mut perms, told[next].received_at_us, told[next].sent_at_us, &told[next].what);
+                let sent_at_us = told[next].sent_at_us;
+                let lease_end = |lease_us| facts.clock_deadline_us(process.node, sent_at_us, lease_us);
+                apply(&mut perms, told[next].received_at_us, lease_end, &told[next].what);
                 next += 1;
             }
             let (permission, episode) = perms.get(&shard).copied().unwrap_or((Permission::Never, 0));
@@ -214,6 +218,20 @@ mod tests {
             violations,
             vec![Violation::ReadAfterLease { process: a, shard: 0, at_us: 9_050_000, lease_end_us: 9_000_000 }]
         );
+    }
+
+    #[test]
+    fn a_lease_is_counted_on_the_consumers_own_drifting_clock() {
+        let mut w = World::new();
+        let a = w.consumer(1);
+        // From 0.5 s the clock runs 1% slow: 8 s of it from 1 s end at 9.0808... s true time.
+        w.clock_rate(a, 500_000, 990_000);
+        w.grant(a, 1_000_000, &[0], 8_000);
+        w.reads(a, 0, 9_080_000..=9_080_000, 1);
+        assert_eq!(check(&w.facts()), vec![], "inside the lease on the consumer's clock");
+        // Back to nominal at 5 s: 3.96 s of clock time passed, 4.04 s remain, ending at 9.04 s.
+        w.clock_rate(a, 5_000_000, 1_000_000);
+        assert!(matches!(check(&w.facts())[..], [Violation::ReadAfterLease { lease_end_us: 9_040_000, .. }]));
     }
 
     #[test]

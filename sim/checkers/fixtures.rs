@@ -250,6 +250,11 @@ impl World {
         }
     }
 
+    /// From `at_us` on, `p`'s node's clock runs at `rate_ppm` (a `clock-drift` fault).
+    pub fn clock_rate(&mut self, p: ProcessId, at_us: Us, rate_ppm: u64) {
+        self.records.marks.push(Mark::ClockRate { node: p.node, at_us, rate_ppm });
+    }
+
     pub fn silent_rollback(&mut self, at_us: Us) {
         self.records.marks.push(Mark::SilentRollback { at_us });
     }

@@ -34,7 +34,7 @@ use std::fmt;
 use rsc::core::model::{GroupId, GroupMetadata, ShardId};
 use rsc::store::memory::HistoryEvent;
 
-use crate::plan::Plan;
+use crate::plan::{NodeRef, Plan};
 use crate::records::{fmt_us, Mark, ProcessId, Records, Us};
 
 /// Everything the checkers read.
@@ -83,6 +83,32 @@ impl Facts<'_> {
         unpaused + to.saturating_sub(cursor)
     }
 
+    /// The true instant at which `node`'s clock has advanced `span_us` since the true instant
+    /// `from_us`: `from_us + span_us` unless a `clock-drift` fault changed the node's clock rate
+    /// (the clients measure leases on their own clock; the group's clock-rate margin covers the
+    /// difference, and the split-ownership checker judges true time).
+    pub fn clock_deadline_us(&self, node: NodeRef, from_us: Us, span_us: Us) -> Us {
+        let nominal = rsc::client::clock::RATE_NOMINAL_PPM;
+        let changes = self.records.marks.iter().filter_map(|m| match m {
+            Mark::ClockRate { node: n, at_us, rate_ppm } if *n == node => Some((*at_us, (*rate_ppm).max(1))),
+            _ => None,
+        });
+        let (mut at, mut rate, mut left) = (from_us, nominal, u128::from(span_us));
+        for (change_us, next_rate) in changes {
+            if change_us > at {
+                let advanced = u128::from(change_us - at) * u128::from(rate) / u128::from(nominal);
+                if advanced >= left {
+                    break;
+                }
+                left -= advanced;
+                at = change_us;
+            }
+            rate = next_rate;
+        }
+        let rest = (left * u128::from(nominal)).div_ceil(u128::from(rate));
+        at.saturating_add(u64::try_from(rest).unwrap_or(u64::MAX))
+    }
+
     /// The plan's assignment lease in µs (the longest any grant may run).
     pub fn assignment_lease_us(&self) -> Us {
         self.plan.group.assignment_lease_ms * 1_000
@@ -107,7 +133,7 @@ impl Facts<'_> {
             let (from, to) = match m {
                 Mark::SilentRollback { at_us } => (*at_us, *at_us),
                 Mark::WriteDrop { from_us, to_us } => (*from_us, *to_us),
-                Mark::KeyDeleted { .. } => return false,
+                Mark::KeyDeleted { .. } | Mark::ClockRate { .. } => return false,
             };
             at_us + lease_us >= from && at_us <= to + lease_us
         })

@@ -58,7 +58,7 @@ impl fmt::Display for Violation {
     }
 }
 
-/// A routing view a producer received: (received, sent, ttl, shard count), by receive time.
+/// A routing view a producer received: (received, sent, lease end, shard count), by receive time.
 type View = (Us, Us, Us, u32);
 
 /// Checks invariant 3 for every producer process.
@@ -66,7 +66,15 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
     let mut views: BTreeMap<ProcessId, Vec<View>> = BTreeMap::new();
     for call in &facts.records.routings {
         if let Some((resp, received)) = call.seen_ok() {
-            let view = (received, call.sent_at_us, resp.routing_cache_ttl_ms * 1_000, resp.shard_count);
+            // The view's lease ends when the producer's own clock advanced the TTL (a drifting
+            // clock moves that instant; see `Facts::clock_deadline_us`).
+            let ttl_us = resp.routing_cache_ttl_ms * 1_000;
+            let view = (
+                received,
+                call.sent_at_us,
+                facts.clock_deadline_us(call.process.node, call.sent_at_us, ttl_us),
+                resp.shard_count,
+            );
             views.entry(call.process).or_default().push(view);
         }
     }
@@ -81,7 +89,7 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
             let end = v.partition_point(|(received, ..)| *received <= at_us);
             &v[..end]
         });
-        let fresh: Vec<&View> = received.iter().filter(|(_, sent, ttl, _)| at_us <= sent + ttl).collect();
+        let fresh: Vec<&View> = received.iter().filter(|(_, _, ends, _)| at_us <= *ends).collect();
         let process = add.process;
         let stream = add.stream.clone();
         if fresh.is_empty() {

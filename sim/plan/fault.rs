@@ -7,6 +7,7 @@
 use std::fmt;
 
 use rand::rngs::SmallRng;
+use rsc::core::model::CLOCK_RATE_MARGIN_PERCENT;
 
 use super::node::{resolve_target, InitialCounts, NodeRef, Role, Target};
 use super::param::{Param, Params};
@@ -34,8 +35,16 @@ pub enum Fault {
     Kill { target: Target },
     /// The process dies and comes back after `down_ms` (a new incarnation).
     Restart { target: Target, down_ms: u64 },
-    /// The process stops being scheduled for `duration_ms` (a GC pause / SIGSTOP).
+    /// The process stops being scheduled for `duration_ms` (a GC pause / SIGSTOP); its clocks run on.
     Pause { target: Target, duration_ms: u64 },
+    /// The machine is suspended for `duration_ms` (VM or laptop suspend): the process is paused
+    /// *and* its monotonic clock (CLOCK_MONOTONIC, tokio's timers) stops, while its suspend-aware
+    /// clock (CLOCK_BOOTTIME) runs on. Consumers and producers only (the clients' clock layer).
+    ClockStop { target: Target, duration_ms: u64 },
+    /// The process's clocks run `drift_percent` faster (or slower, negative) than true time for
+    /// `duration_ms`. At most `CLOCK_RATE_MARGIN_PERCENT / 2` each way: beyond that the group's
+    /// lease margins no longer hold, so such a plan is refused. Consumers and producers only.
+    ClockDrift { target: Target, drift_percent: f64, duration_ms: u64 },
     /// The client's transport drops each coordinator response with `probability` after the
     /// coordinator produced it (the request was processed; the client sees a timeout).
     ResponseLoss { target: Target, probability: f64, duration_ms: u64 },
@@ -105,6 +114,8 @@ pub const FAULT_KINDS: &[&str] = &[
     "redis-restart",
     "stale-delivery",
     "forged-requests",
+    "clock-stop",
+    "clock-drift",
 ];
 
 /// The default target of a kind when a random fault (or a plan entry without `target`) needs one.
@@ -116,6 +127,7 @@ pub fn default_target(kind: &str) -> Option<&'static str> {
         "kill" => Some("consumer-?"),
         "response-loss" => Some("consumer-?|producer-?"),
         "stale-delivery" => Some("consumer-?"),
+        "clock-stop" | "clock-drift" => Some("consumer-?|consumer-?|producer-?"),
         "clog-link" | "partition-link" => Some("consumer-?|coordinator-?|producer-?"),
         _ => None,
     }
@@ -189,6 +201,19 @@ impl Fault {
             }
             "restart" => Fault::Restart { target: target(rng)?, down_ms: p.u64("down_ms", d, rng)? },
             "pause" => Fault::Pause { target: target(rng)?, duration_ms: p.u64("duration_ms", d, rng)? },
+            "clock-stop" => Fault::ClockStop {
+                target: client_target(what, kind, target(rng)?)?,
+                duration_ms: p.u64("duration_ms", d, rng)?,
+            },
+            "clock-drift" => Fault::ClockDrift {
+                target: client_target(what, kind, target(rng)?)?,
+                drift_percent: p.f64(
+                    "drift_percent",
+                    Some(Param::Range([-DRIFT_PERCENT_MAX, DRIFT_PERCENT_MAX])),
+                    rng,
+                )?,
+                duration_ms: p.u64("duration_ms", d, rng)?,
+            },
             "response-loss" => Fault::ResponseLoss {
                 target: target(rng)?,
                 probability: p.f64("probability", Some(Param::Fixed(1.0)), rng)?,
@@ -265,6 +290,15 @@ impl Fault {
             {
                 bad("probabilities are in [0, 1]")
             }
+            Fault::ClockDrift { drift_percent, .. }
+                if !(-DRIFT_PERCENT_MAX..=DRIFT_PERCENT_MAX).contains(drift_percent) =>
+            {
+                bad(&format!(
+                    "drift_percent = {drift_percent} is beyond ±{DRIFT_PERCENT_MAX}% (half the documented clock-rate \
+                 margin CLOCK_RATE_MARGIN_PERCENT = {CLOCK_RATE_MARGIN_PERCENT}%): outside the model, leases are not \
+                 safe there"
+                ))
+            }
             Fault::RedisFailover { loss: Loss::LastWrites(0) }
             | Fault::RedisSilentRollback { loss: Loss::LastWrites(0) } => bad("writes must be >= 1"),
             Fault::ForgedRequests { interval_ms: 0, .. } => bad("interval_ms must be >= 1"),
@@ -285,6 +319,8 @@ impl Fault {
             Fault::Kill { .. } => "kill",
             Fault::Restart { .. } => "restart",
             Fault::Pause { .. } => "pause",
+            Fault::ClockStop { .. } => "clock-stop",
+            Fault::ClockDrift { .. } => "clock-drift",
             Fault::ResponseLoss { .. } => "response-loss",
             Fault::StaleDelivery { .. } => "stale-delivery",
             Fault::RollingUpdate { .. } => "rolling-update",
@@ -315,6 +351,8 @@ impl Fault {
             | Fault::ClogOut { duration_ms, .. }
             | Fault::ClogLink { duration_ms, .. }
             | Fault::Pause { duration_ms, .. }
+            | Fault::ClockStop { duration_ms, .. }
+            | Fault::ClockDrift { duration_ms, .. }
             | Fault::ResponseLoss { duration_ms, .. }
             | Fault::StaleDelivery { duration_ms, .. }
             | Fault::RedisOutage { duration_ms, .. }
@@ -357,6 +395,24 @@ impl Loss {
     }
 }
 
+/// The largest clock-rate drift a plan may inject, in percent each way: half the group's documented
+/// margin (a consumer's clock may run slow by this much while a coordinator's runs fast by as much).
+pub const DRIFT_PERCENT_MAX: f64 = CLOCK_RATE_MARGIN_PERCENT as f64 / 2.0;
+
+/// Clock faults live in the clients' clock layer ([`rsc::client::clock::ClockFaults`]): only
+/// consumers and producers have one (coordinators read tokio time directly; `DESIGN.md` §7).
+fn client_target(what: &str, kind: &str, target: Target) -> Result<Target, PlanError> {
+    let role = match target {
+        Target::Node(node) => node.role,
+        Target::All(role) => role,
+    };
+    if matches!(role, Role::Consumer | Role::Producer) {
+        Ok(target)
+    } else {
+        Err(PlanError::Invalid(format!("{what} {kind}: only consumers and producers have a simulated clock")))
+    }
+}
+
 fn single(what: &str, kind: &str, target: Target) -> Result<NodeRef, PlanError> {
     match target {
         Target::Node(node) => Ok(node),
@@ -375,7 +431,11 @@ impl fmt::Display for Fault {
             Fault::Partition { target, duration_ms }
             | Fault::ClogIn { target, duration_ms }
             | Fault::ClogOut { target, duration_ms }
-            | Fault::Pause { target, duration_ms } => write!(f, "{target} for {duration_ms}ms"),
+            | Fault::Pause { target, duration_ms }
+            | Fault::ClockStop { target, duration_ms } => write!(f, "{target} for {duration_ms}ms"),
+            Fault::ClockDrift { target, drift_percent, duration_ms } => {
+                write!(f, "{target} {drift_percent:+.3}% for {duration_ms}ms")
+            }
             Fault::PartitionLink { a, b, duration_ms } => write!(f, "{a} <-> {b} for {duration_ms}ms"),
             Fault::ClogLink { from, to, duration_ms } => write!(f, "{from} -> {to} for {duration_ms}ms"),
             Fault::Kill { target } => write!(f, "{target}"),

@@ -77,3 +77,26 @@ fn bad_plans_are_rejected_with_a_reason() {
     let unknown_field = PlanSpec::parse(&format!("{base}\n[workload]\nspeed = 1"), Path::new("x.toml"));
     assert!(unknown_field.is_err());
 }
+
+#[test]
+fn clock_drift_beyond_half_the_clock_rate_margin_is_refused_and_clock_faults_need_a_client() {
+    let plan = |fault: &str| {
+        let text = format!(
+            "name = \"x\"\ndescription = \"x\"\n[topology]\ncoordinators = 1\nconsumers = 1\nproducers = 1\nshards = 1\n\
+             [durations]\nrun_ms = 60000\nheal_ms = 20000\nliveness_bound_ms = 20000\n[[fault]]\nat_ms = 1000\n{fault}\n"
+        );
+        toml::from_str::<PlanSpec>(&text).unwrap().draw(1)
+    };
+    let drift = |percent: &str| {
+        plan(&format!(
+            "kind = \"clock-drift\"\ntarget = \"consumer-1\"\nparams = {{ drift_percent = {percent}, duration_ms = 1000 }}"
+        ))
+    };
+    assert!(drift("-1.0").is_ok() && drift("0.5").is_ok());
+    let refused = drift("1.5").unwrap_err().to_string();
+    assert!(refused.contains("outside the model"), "{refused}");
+    assert!(drift("[-2.0, -1.5]").is_err());
+    let coordinator = plan("kind = \"clock-stop\"\ntarget = \"coordinator-1\"\nparams = { duration_ms = 1000 }");
+    assert!(coordinator.unwrap_err().to_string().contains("only consumers and producers"));
+    assert!(plan("kind = \"clock-stop\"\ntarget = \"producer-1\"\nparams = { duration_ms = 1000 }").is_ok());
+}

@@ -210,7 +210,7 @@ impl MetricsSink {
     }
 
     fn instant(&self, ms: u64) -> tokio::time::Instant {
-        self.clock.origin() + std::time::Duration::from_millis(ms)
+        self.clock.instant_at(ms)
     }
 }
 
@@ -285,7 +285,7 @@ mod tests {
     async fn metrics_sink_exports_lease_remaining_and_routing_cache_age_as_seconds() {
         let metrics = Arc::new(Metrics::new());
         let clock = Clock::new();
-        let sink = MetricsSink::new(Arc::clone(&metrics), clock);
+        let sink = MetricsSink::new(Arc::clone(&metrics), clock.clone());
         let now_ms = clock.now_ms();
         let member = |m: &str| vec![("member", m.to_string())];
 

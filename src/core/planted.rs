@@ -42,10 +42,13 @@ pub enum PlantedBug {
     /// Core: accept a leave heartbeat without the member's session secret (a forged leave then
     /// releases a live member's shards while it still reads them).
     AcceptForgedLeave,
+    /// Consumer: measure the lease on the clock that stops while the machine is suspended
+    /// (CLOCK_MONOTONIC, tokio's `Instant`), so a resumed consumer reads on a lease that ended.
+    LeaseOnStoppingClock,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 14] = [
+    pub const ALL: [PlantedBug; 15] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -60,6 +63,7 @@ impl PlantedBug {
         PlantedBug::SkipPendingRecovery,
         PlantedBug::SkipAddShardsHealing,
         PlantedBug::AcceptForgedLeave,
+        PlantedBug::LeaseOnStoppingClock,
     ];
 }
 

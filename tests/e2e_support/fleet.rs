@@ -59,7 +59,7 @@ impl Fleet {
     }
 
     fn env(&self) -> ClientEnv {
-        ClientEnv::new(self.clock, self.events.clone())
+        ClientEnv::new(self.clock.clone(), self.events.clone())
     }
 
     /// The clients' transport: every coordinator address, short per-attempt timeouts.
@@ -99,7 +99,7 @@ impl Fleet {
 
     pub async fn producer(&self, name: &str) -> ProducerApp {
         let sink = Arc::new(PublishSink { inner: self.events.clone(), last_ok: Mutex::new(None) });
-        let env = ClientEnv::new(self.clock, sink.clone());
+        let env = ClientEnv::new(self.clock.clone(), sink.clone());
         let producer = Producer::new_with(
             ProducerConfig::new(self.group.clone(), name),
             self.transport(),

@@ -10,8 +10,11 @@
 //! except through [`Clock`], and nothing draws randomness.
 //!
 //! Safety rules enforced here rather than in the core: the lease is checked immediately before
-//! every store call (no `.await` between the check and the call), and results of a call are
-//! handed back to the core, which drops them if the shard stopped meanwhile.
+//! every store call that reads, claims or acks entries (XREADGROUP, XAUTOCLAIM, XACK; no `.await`
+//! between the check and the call) and on every wake of the heartbeat task, always against the
+//! [`Clock`], which counts time the machine spent suspended (tokio's timers do not: they only
+//! wake the task); results of a call are handed back to the core, which drops them if the shard
+//! stopped meanwhile.
 
 pub mod core;
 #[cfg(test)]
@@ -121,11 +124,14 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         env: ClientEnv,
         listener: Arc<dyn RebalanceListener>,
     ) -> Self {
+        // The planted bug measures the lease on the clock that stops while the machine is
+        // suspended: a resumed consumer then keeps reading on a lease that ended long ago.
+        let clock = if config.planted.has(PlantedBug::LeaseOnStoppingClock) { env.clock.stopping() } else { env.clock };
         let shared = Arc::new(Shared {
             core: Mutex::new(ConsumerCore::new(config)),
             transport,
             store,
-            clock: env.clock,
+            clock,
             sink: env.events,
             listener,
             wake: Notify::new(),
@@ -458,11 +464,13 @@ async fn heartbeat_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Sha
             shared.with_core(|core| core.handle_heartbeat(now_ms, result));
             continue;
         }
-        let deadline = shared.clock.instant_at(deadline_ms.unwrap_or(now_ms.saturating_add(60_000)));
+        // Woken early or late (a suspension), the next turn re-reads the clock and re-checks the
+        // lease (`poll_heartbeat` starts with `handle_timeout`).
+        let deadline_ms = deadline_ms.unwrap_or(now_ms.saturating_add(60_000));
         tokio::select! {
             biased;
             _ = shared.wake.notified() => {}
-            _ = tokio::time::sleep_until(deadline) => {}
+            _ = shared.clock.sleep_until_ms(deadline_ms) => {}
         }
     }
 }
@@ -479,13 +487,11 @@ async fn exchange<T: CoordinatorTransport, S: StreamStore>(
     tokio::pin!(call);
     loop {
         let lease_end_ms = shared.lock().lease_end_ms();
-        // Any valid instant when there is no lease (the branch is disabled then).
-        let lease_end = shared.clock.instant_at(lease_end_ms.unwrap_or(0));
         tokio::select! {
             biased;
             result = &mut call => return result,
             _ = tokio::time::sleep_until(give_up) => return Err(TransportError::Timeout),
-            _ = tokio::time::sleep_until(lease_end), if lease_end_ms.is_some() => {
+            _ = shared.clock.sleep_until_ms(lease_end_ms.unwrap_or(u64::MAX)), if lease_end_ms.is_some() => {
                 let now_ms = shared.clock.now_ms();
                 shared.with_core(|core| core.handle_timeout(now_ms));
             }

@@ -276,3 +276,54 @@ async fn pending_entries_trimmed_from_the_stream_are_not_delivered_again() {
     assert!(store.peek_pending("orders:0", "billing").is_empty(), "trimmed entries left the pending list");
     assert!(consumer.poll(10).await.expect("poll").is_empty());
 }
+
+/// Joins `m1` on a clock with injectable suspensions, optionally with the planted stopping clock.
+fn join_on(
+    faults: &crate::client::clock::ClockFaults,
+    planted: crate::core::planted::PlantedBugs,
+    coordinator: &Arc<FakeCoordinator>,
+    store: &MemoryStore,
+    sink: &Arc<VecSink>,
+) -> TestConsumer {
+    let env = ClientEnv::new(Clock::with_faults(faults.clone()), Arc::clone(sink) as Arc<dyn EventSink>);
+    let mut config = config("m1");
+    config.planted = planted;
+    Consumer::join_with(config, Arc::clone(coordinator), store.connect(), env, Arc::new(NoopListener))
+}
+
+/// Suspends the machine (as far as the clocks can tell) for ten leases while the coordinator is
+/// unreachable, then returns how many store calls a poll and an ack made afterwards.
+async fn store_calls_after_a_suspension(planted: crate::core::planted::PlantedBugs) -> (usize, Result<(), AckError>) {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    publish(&store, 0, 1).await;
+    let faults = crate::client::clock::ClockFaults::new();
+    let consumer = join_on(&faults, planted, &coordinator, &store, &sink);
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    let delivery = poll_n(&consumer, 1).await.remove(0);
+    // No heartbeat can extend the lease from here on; the lease still runs (< 400 ms left).
+    coordinator.with(|s| s.up = false);
+    publish(&store, 0, 2).await;
+    let (reads, acks) = (store.read_log().len(), store.ack_log().len());
+    faults.suspended_for(Duration::from_millis(10 * LEASE_MS));
+    let polled = consumer.poll(10).await.expect("poll");
+    let acked = consumer.ack(&delivery).await;
+    assert_eq!(polled.is_empty(), store.read_log().len() == reads);
+    (store.read_log().len() - reads + store.ack_log().len() - acks, acked)
+}
+
+#[tokio::test]
+async fn a_lease_that_ended_during_a_suspension_is_refused_before_the_next_read_and_ack() {
+    let (calls, acked) = store_calls_after_a_suspension(crate::core::planted::PlantedBugs::NONE).await;
+    assert_eq!(calls, 0, "no XREADGROUP, XAUTOCLAIM or XACK after the lease ended during the suspension");
+    assert!(acked.is_err(), "the in-flight entry was abandoned at the lease end: {acked:?}");
+}
+
+/// The planted twin: measured on the clock that stops during the suspension, the lease seems to
+/// run on, and the consumer reads and acks on a lease that ended long ago.
+#[tokio::test]
+async fn planted_lease_on_a_stopping_clock_reads_after_a_suspension() {
+    let planted = crate::core::planted::PlantedBugs::only(PlantedBug::LeaseOnStoppingClock);
+    let (calls, acked) = store_calls_after_a_suspension(planted).await;
+    assert!(calls >= 2, "reads and the ack went to the store: {calls}");
+    assert_eq!(acked, Ok(()));
+}

@@ -6,7 +6,8 @@
 //! simulation) that refreshes routing every `routingRefreshIntervalMs` (counted from the last
 //! refresh's send time) and retries failures every `refresh_retry_ms`. A publish that finds no
 //! valid cache refreshes inline once, then fails closed. The lease is checked immediately before
-//! the XADD, with no `.await` in between. Time comes only from [`Clock`].
+//! the XADD, with no `.await` in between. Time comes only from [`Clock`], which counts time the
+//! machine spent suspended: a view whose lease ended during a suspension is never published on.
 
 pub mod routing;
 #[cfg(test)]
@@ -282,6 +283,6 @@ async fn refresh_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Share
             let _ = shared.refresh().await;
             continue;
         }
-        tokio::time::sleep_until(shared.clock.instant_at(next_ms)).await;
+        shared.clock.sleep_until_ms(next_ms).await;
     }
 }

@@ -180,3 +180,21 @@ async fn the_shard_count_goes_only_to_coordinators_that_read_it() {
     p.refresh().await.expect("refresh");
     assert_eq!(coordinator.with(|s| s.known_shard_counts.last().copied()), Some(0));
 }
+
+#[tokio::test]
+async fn a_routing_lease_that_ended_during_a_suspension_is_refused_before_the_next_xadd() {
+    let (store, coordinator, sink) = setup();
+    let faults = crate::client::clock::ClockFaults::new();
+    let mut config = ProducerConfig::new(group(), "p1");
+    config.refresh_retry_ms = 20;
+    let env = ClientEnv::new(Clock::with_faults(faults.clone()), Arc::clone(&sink) as Arc<dyn EventSink>);
+    let p = Producer::new_with(config, Arc::clone(&coordinator), store.connect(), env);
+    p.publish(b"k", b"1".to_vec()).await.expect("publish");
+    coordinator.with(|s| s.up = false);
+    // Within the lease by tokio's (monotonic) clock, long past it by the suspend-aware one.
+    faults.suspended_for(Duration::from_millis(10 * TTL_MS));
+    let adds = store.add_log().len();
+    let error = p.publish(b"k", b"2".to_vec()).await.expect_err("the view expired during the suspension");
+    assert!(matches!(error, PublishError::CacheExpired { .. }), "{error:?}");
+    assert_eq!(store.add_log().len(), adds, "no XADD after the routing lease ended");
+}
