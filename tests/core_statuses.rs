@@ -255,6 +255,9 @@ fn lowering_the_lease_keeps_the_old_one_in_force_for_one_old_lease() {
     w.tick();
     w.advance(8_000);
     w.tick();
-    assert!(w.g.lease_transition.is_none(), "over after one old lease");
+    assert!(w.g.lease_transition.is_some(), "one old lease is not enough: a slower client clock holds it 2% longer");
+    w.advance(160);
+    w.tick();
+    assert!(w.g.lease_transition.is_none(), "over after one old lease plus the clock-rate margin");
     assert_eq!(w.g.effective_assignment_lease_ms(), 3_000);
 }

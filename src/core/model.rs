@@ -442,6 +442,15 @@ impl GroupMetadata {
         self.config.assignment_lease_ms.max(old)
     }
 
+    /// How long a lease wait lasts on the deciding coordinator's clock: the longest assignment
+    /// lease a live grant may run under, plus the clock-rate margin ([`CLOCK_RATE_MARGIN_PERCENT`]):
+    /// a consumer whose clock runs slower than the coordinator's holds its grant that much longer
+    /// in the coordinator's time.
+    pub fn lease_wait_ms(&self) -> u64 {
+        let lease = self.effective_assignment_lease_ms();
+        lease.saturating_add(clock_rate_margin_ms(lease))
+    }
+
     /// The member lease TTL expiry must wait for.
     pub fn effective_member_lease_ttl_ms(&self) -> u64 {
         let old = self.lease_transition.as_ref().map_or(0, |t| t.member_lease_ttl_ms);

@@ -11,8 +11,9 @@ use std::collections::BTreeSet;
 use super::assignor::assignor_for;
 use super::engine::Context;
 use super::model::{
-    next_client_number, CorrectionRound, CounterExhausted, GroupMetadata, LossEvidence, Member, MemberId, MemberState,
-    ReshardReason, ReshardRecord, RevokeId, ShardId, ShardOwner, WaitId, CLIENT_VERSION_AHEAD_MAX, REVOKE_ID_MAX,
+    clock_rate_margin_ms, next_client_number, CorrectionRound, CounterExhausted, GroupMetadata, LossEvidence, Member,
+    MemberId, MemberState, ReshardReason, ReshardRecord, RevokeId, ShardId, ShardOwner, WaitId,
+    CLIENT_VERSION_AHEAD_MAX, REVOKE_ID_MAX,
 };
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
@@ -145,7 +146,7 @@ impl<'a> Transition<'a> {
             .next
             .correction
             .as_ref()
-            .is_some_and(|round| self.obs.waited_ms(round.wait) >= self.next.effective_assignment_lease_ms());
+            .is_some_and(|round| self.obs.waited_ms(round.wait) >= self.next.lease_wait_ms());
         if self.next.correction.is_none() || never_reported || wait_over {
             self.start_round(reason);
         }
@@ -332,7 +333,7 @@ impl<'a> Transition<'a> {
     /// revoke when the target returns, free a fenced shard once its wait is over, grant a free
     /// shard to its target. Never grants a shard someone else may still be reading.
     fn reconcile(&mut self) {
-        let lease = self.next.effective_assignment_lease_ms();
+        let lease = self.next.lease_wait_ms();
         let epoch = self.next.assignment_epoch;
         let mut steps = Vec::new();
         for_each_shard(&self.next, |shard, current, target| {
@@ -468,7 +469,7 @@ fn shard_step(
 /// True when no time-driven rule or reconciliation step is due: a decision that reports nothing
 /// new would write nothing. Allocation-free, so steady heartbeats stay cheap.
 pub(crate) fn is_quiescent(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {
-    let lease = g.effective_assignment_lease_ms();
+    let lease = g.lease_wait_ms();
     let has_active = g.active_members().next().is_some();
     if has_active != (g.target.len() == g.shard_count as usize) {
         return false;
@@ -481,12 +482,13 @@ pub(crate) fn is_quiescent(g: &GroupMetadata, obs: &Observations, planted: Plant
 
 fn round_over(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {
     g.correction.as_ref().is_some_and(|round| {
-        let waited = obs.waited_ms(round.wait) >= g.effective_assignment_lease_ms()
-            || planted.has(PlantedBug::SkipCorrectionLeaseWait);
+        let waited = obs.waited_ms(round.wait) >= g.lease_wait_ms() || planted.has(PlantedBug::SkipCorrectionLeaseWait);
         waited && g.active_members().all(|m| round.synced_members.contains(m))
     })
 }
 
 fn transition_over(g: &GroupMetadata, obs: &Observations) -> bool {
-    g.lease_transition.as_ref().is_some_and(|t| obs.waited_ms(t.wait) >= t.assignment_lease_ms)
+    g.lease_transition.as_ref().is_some_and(|t| {
+        obs.waited_ms(t.wait) >= t.assignment_lease_ms.saturating_add(clock_rate_margin_ms(t.assignment_lease_ms))
+    })
 }
