@@ -17,6 +17,8 @@ mod client_auth;
 mod fuzz;
 #[path = "http_api/openapi.rs"]
 mod openapi;
+#[path = "http_api/schema.rs"]
+mod schema;
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, Request, StatusCode};

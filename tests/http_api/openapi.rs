@@ -183,3 +183,56 @@ fn the_body_schemas_name_exactly_the_fields_of_the_types() {
         assert_eq!(documented, written, "docs/openapi.json schema {name} vs the serde type");
     }
 }
+
+/// Real answers of the router, over a group's life and its error paths, validated against the
+/// schema `docs/openapi.json` documents for their operation and status.
+#[tokio::test]
+async fn real_answers_match_the_documented_schemas() {
+    use super::schema::validate;
+    use super::{create_body, join_body, CONFIG, CREATE, DESCRIBE, HEARTBEAT, ROUTING, SHARDS};
+
+    let api = Api::new(Some(TOKEN)).await;
+    let doc = document();
+    let mut checked = 0;
+    let mut check = |method: HttpMethod, template: &str, answer: &super::Answer| {
+        let status = answer.status.as_u16().to_string();
+        let schema = &operation(&doc, method, template)["responses"][&status]["content"]["application/json"]["schema"];
+        assert!(!schema.is_null(), "{} {template} {status}: undocumented", method.as_str());
+        let value: Value = serde_json::from_slice(&answer.body).expect("a JSON body");
+        let errors = validate(&doc, schema, &value, "$");
+        assert!(errors.is_empty(), "{} {template} {status}: {errors:?}\n{value}", method.as_str());
+        checked += 1;
+    };
+    let group_route = "/v1/groups/{streamPrefix}/{consumerGroup}";
+    let heartbeat = "/v1/groups/{streamPrefix}/{consumerGroup}/heartbeat";
+    let routing = "/v1/groups/{streamPrefix}/{consumerGroup}/routing";
+    let shards = "/v1/admin/groups/{streamPrefix}/{consumerGroup}/shards";
+    let config = "/v1/admin/groups/{streamPrefix}/{consumerGroup}/config";
+
+    check(HttpMethod::Post, "/v1/admin/groups", &api.json("POST", CREATE, Some(create_body(2))).await);
+    check(HttpMethod::Post, "/v1/admin/groups", &api.json("POST", CREATE, Some(create_body(2))).await);
+    let a = api.json("POST", HEARTBEAT, Some(join_body("a"))).await;
+    check(HttpMethod::Post, heartbeat, &a);
+    check(HttpMethod::Post, heartbeat, &api.json("POST", HEARTBEAT, Some(join_body("b"))).await);
+    let mut unknown = join_body("ghost");
+    unknown["memberEpoch"] = serde_json::json!(5);
+    check(HttpMethod::Post, heartbeat, &api.json("POST", HEARTBEAT, Some(unknown)).await);
+    check(HttpMethod::Post, heartbeat, &api.json("POST", HEARTBEAT, Some(serde_json::json!({"x": 1}))).await);
+    check(HttpMethod::Get, routing, &api.json("GET", ROUTING, None).await);
+    check(HttpMethod::Get, routing, &api.json("GET", &format!("{ROUTING}?knownVersion=99"), None).await);
+    check(HttpMethod::Get, routing, &api.json("GET", "/v1/groups/none/such/routing", None).await);
+    let described = api.json("GET", DESCRIBE, None).await;
+    check(HttpMethod::Get, group_route, &described);
+    let revision = described.json()["storeRevision"].as_u64().expect("revision");
+    let add = serde_json::json!({"expectedRevision": revision, "newShardCount": 4});
+    check(HttpMethod::Post, shards, &api.json("POST", SHARDS, Some(add.clone())).await);
+    check(HttpMethod::Post, shards, &api.json("POST", SHARDS, Some(add)).await);
+    let set = serde_json::json!({"expectedRevision": 1, "config": {}});
+    check(HttpMethod::Put, config, &api.json("PUT", CONFIG, Some(set)).await);
+    let unauthenticated = api.raw("GET", DESCRIBE, None, None, "").await;
+    check(HttpMethod::Get, group_route, &unauthenticated);
+    check(HttpMethod::Get, "/healthz", &api.json("GET", "/healthz", None).await);
+    check(HttpMethod::Get, "/readyz", &api.json("GET", "/readyz", None).await);
+    assert_eq!(checked, 16, "every answer above was checked");
+    assert_eq!(a.status, StatusCode::OK);
+}
