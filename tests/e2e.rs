@@ -30,6 +30,8 @@
 #![cfg(not(madsim))]
 
 mod e2e_support;
+#[path = "http_api/schema.rs"]
+mod schema;
 mod support;
 
 #[path = "e2e/acl.rs"]

@@ -77,6 +77,18 @@ async fn forged_leaves_impersonating_joins_and_unauthenticated_evidence_are_refu
         "memberSession": "fedcba9876543210fedcba9876543210",
     });
 
+    // Every answer of the real binary below is checked against docs/openapi.json as well.
+    let doc: serde_json::Value =
+        serde_json::from_str(include_str!("../../docs/openapi.json")).expect("docs/openapi.json is JSON");
+    let documented = |template: &str, method: &str, answer: &crate::e2e_support::process::HttpAnswer| {
+        let status = answer.status.to_string();
+        let schema = &doc["paths"][template][method]["responses"][&status]["content"]["application/json"]["schema"];
+        assert!(!schema.is_null(), "{method} {template} {status} is undocumented");
+        let errors = crate::schema::validate(&doc, schema, &answer.json(), "$");
+        assert!(errors.is_empty(), "{method} {template} {status}: {errors:?}");
+    };
+    let heartbeat_template = "/v1/groups/{streamPrefix}/{consumerGroup}/heartbeat";
+    let routing_template = "/v1/groups/{streamPrefix}/{consumerGroup}/routing";
     for _ in 0..3 {
         let before_metadata = redis.cmd(&["HGETALL", &metadata_key]);
         for body in [&forged_leave, &without_session] {
@@ -85,6 +97,7 @@ async fn forged_leaves_impersonating_joins_and_unauthenticated_evidence_are_refu
                 .expect("answer");
             assert_eq!(answer.status, 403, "{}", String::from_utf8_lossy(&answer.body));
             assert_eq!(answer.error().code, rsc::core::protocol::ErrorCode::SessionMismatch);
+            documented(heartbeat_template, "post", &answer);
         }
         let answer =
             http(coordinator.addr(), "POST", &heartbeat, &[json, auth], impostor_join.to_string().into_bytes())
@@ -92,10 +105,12 @@ async fn forged_leaves_impersonating_joins_and_unauthenticated_evidence_are_refu
                 .expect("answer");
         assert_eq!(answer.status, 409, "{}", String::from_utf8_lossy(&answer.body));
         assert_eq!(answer.error().code, rsc::core::protocol::ErrorCode::MemberIdInUse);
+        documented(heartbeat_template, "post", &answer);
         // Forged evidence: no token, a token of another scope, then no token on a heartbeat.
         let lost = format!("{routing}?knownVersion={}", version + 5);
         let answer = http(coordinator.addr(), "GET", &lost, &[], Vec::new()).await.expect("answer");
         assert_eq!(answer.status, 401);
+        documented(routing_template, "get", &answer);
         let other = format!("Bearer {OTHER_SCOPE_TOKEN}");
         let answer =
             http(coordinator.addr(), "GET", &lost, &[("Authorization", &other)], Vec::new()).await.expect("answer");
@@ -124,6 +139,9 @@ async fn forged_leaves_impersonating_joins_and_unauthenticated_evidence_are_refu
         .await
         .expect("answer");
     assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    documented(heartbeat_template, "post", &answer);
+    let routed = http(coordinator.addr(), "GET", &routing, &[auth], Vec::new()).await.expect("answer");
+    documented(routing_template, "get", &routed);
     assert_no_split(&fleet.reads);
     coordinator.assert_no_error_logged();
     drop((bravo, producer));
