@@ -147,3 +147,30 @@ fn the_secret_is_never_stored_or_printed() {
     assert!(stored.contains(&a.session.digest().0));
     assert!(!format!("{:?}", a.request()).contains(&a.session.0), "Debug hides the secret");
 }
+
+/// A join repeated by the same process that never saw the incarnation it created — a retry after
+/// a lost join answer, or a late duplicate from a retrying proxy — is answered with that
+/// incarnation's view and records nothing: no new incarnation fences the member's own shards
+/// (the liveness hole of duplicated joins).
+#[test]
+fn a_repeated_join_is_answered_from_the_incarnation_it_created_and_records_nothing() {
+    let mut w = World::new(4);
+    let mut a = Client::new("a");
+    let first_join = a.request();
+    let joined = beat(&mut w, &mut a).expect("joins");
+    beat(&mut w, &mut a).expect("steady");
+    let before = (w.g.clone(), w.revision);
+    let repeated = w.heartbeat(&first_join).expect("the repeat is answered");
+    assert_eq!(repeated.member_epoch, joined.member_epoch, "the same incarnation");
+    assert_eq!(repeated.assigned, w.g.owned_shards("a"));
+    assert_eq!((w.g.clone(), w.revision), before, "nothing recorded, no shard fenced");
+    assert_eq!(beat(&mut w, &mut a).expect("a keeps working").status, HeartbeatStatus::Ok);
+    // Another process's join is still refused, and the same process that saw its incarnation
+    // and joins again still gets a new one.
+    let mut impostor = first_join.clone();
+    impostor.member_session = Some(session_of("another process"));
+    assert_eq!(w.heartbeat(&impostor).expect_err("refused").code, ErrorCode::MemberIdInUse);
+    a.epoch = 0;
+    let rejoined = beat(&mut w, &mut a).expect("rejoined");
+    assert!(rejoined.member_epoch > joined.member_epoch);
+}

@@ -56,8 +56,11 @@ fn stale_future_and_previous_incarnation_epochs_are_fenced() {
     assert_eq!(w.heartbeat(&future).unwrap_err().code, ErrorCode::FencedMemberEpoch);
 
     let old_incarnation = a.request();
-    let mut restarted = Client::new("a");
-    beat(&mut w, &mut restarted).expect("rejoin as a new incarnation");
+    // The same process joins again after seeing its incarnation (e.g. after FENCED): a new one.
+    let mut rejoining = a.clone();
+    rejoining.epoch = 0;
+    beat(&mut w, &mut rejoining).expect("rejoin as a new incarnation");
+    assert!(rejoining.epoch > a.epoch);
     let err = w.heartbeat(&old_incarnation).expect_err("old incarnation");
     assert_eq!(err.code, ErrorCode::FencedMemberEpoch);
 }

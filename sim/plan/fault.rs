@@ -51,8 +51,8 @@ pub enum Fault {
     /// The client's heartbeats reach a coordinator late with `probability`: duplicated (delivered
     /// again up to `delay_max_ms` later) or deferred (delivered only then; the client times out),
     /// as behind a retrying L7 proxy or load balancer.
-    /// `joins = false` spares joins (epoch 0): a late duplicate join re-incarnates the member,
-    /// which then sees FENCED for as long as the fault lasts (joins carry no idempotency id yet).
+    /// `joins = false` spares joins (epoch 0); a late duplicate join is a repeat of the join that
+    /// created the incarnation (same session, never saw it): answered from it, nothing recorded.
     StaleDelivery { target: Target, probability: f64, delay_max_ms: u64, joins: bool, duration_ms: u64 },
     /// 1 -> 2 -> 1: a new coordinator starts; after `overlap_ms` the oldest one enters terminating
     /// mode; after `propagation_ms` it leaves the Service; after `drain_ms` it is killed.

@@ -85,7 +85,9 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
     tx.record_client_version(req.metadata_version);
     let ahead = req.metadata_version > g.metadata_version;
     let step = if req.member_epoch == 0 {
-        tx.join(&req.member_id, req.member_session.as_ref().map(MemberSession::digest));
+        if !repeats_a_join(g, req) {
+            tx.join(&req.member_id, req.member_session.as_ref().map(MemberSession::digest));
+        }
         Ok(Step::Member)
     } else if ahead {
         sync_ahead(&mut tx, g, req)
@@ -222,6 +224,21 @@ pub fn check_session(g: &GroupMetadata, req: &HeartbeatRequest, planted: Planted
         )
     } else {
         ApiError::new(ErrorCode::SessionMismatch, format!("the heartbeat does not carry the session of member {id}"))
+    })
+}
+
+/// True when a join is a repeat of the join that created the member's current incarnation: the
+/// same process (its session admits it) and a sender that never saw this incarnation (its
+/// `metadataVersion` is below the incarnation's epoch, which is the version the incarnation was
+/// created at). That is a retry after a lost join answer, or a late duplicate delivered by a
+/// retrying proxy: it is answered with the current incarnation's view and records nothing, where
+/// re-incarnating would fence the member's own shards. A process that saw the incarnation and
+/// joins again (after FENCED, UNKNOWN_MEMBER or SESSION_MISMATCH) gets a new one, as before.
+fn repeats_a_join(g: &GroupMetadata, req: &HeartbeatRequest) -> bool {
+    g.members.get(&req.member_id).is_some_and(|member| {
+        member.state == MemberState::Active
+            && member.session.as_ref().is_some_and(|digest| digest.admits(req.member_session.as_ref()))
+            && req.metadata_version < member.incarnation_epoch
     })
 }
 
