@@ -13,9 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::core::model::{GroupId, MemberId};
 use crate::store::keys;
-use crate::store::{
-    CasStamp, RecordStamp, StoreError, StoredRecord, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
-};
+use crate::store::{CasStamp, RecordStamp, StoreError, StoredRecord, TouchResult, WriteOutcome, WriteRequest};
 
 use super::history::HistoryKind;
 use super::Inner;
@@ -190,29 +188,35 @@ impl Inner {
         TouchResult { liveness, record: self.load(group) }
     }
 
-    /// HINCRBY liveness member 1 and HMGET metadata revision writeId schemaVersion layoutVersion, as RedisStore pipelines
-    /// them. When the metadata key is absent, RedisStore then deletes the liveness hash (its
-    /// HINCRBY may have created it; liveness without metadata means nothing), so no key is left.
-    pub(super) fn touch_and_check(&mut self, group: &GroupId, member: &str, known: &RecordStamp) -> TouchCheck {
+    /// HINCRBY liveness member 1: one command, which creates the liveness hash if it is absent
+    /// (as Redis does; RedisStore deletes it afterwards when the metadata key is gone).
+    pub(super) fn touch_liveness(&mut self, group: &GroupId, member: &str) -> u64 {
         let mut change = Change::default();
-        let Some(record) = self.keys.metadata.get(group) else {
-            let members: Vec<MemberId> =
-                self.keys.liveness.get(group).map(|fields| fields.keys().cloned().collect()).unwrap_or_default();
-            for stale in members {
-                self.keys.put_liveness(&mut change, group, &stale, None);
-            }
-            self.journal.push(change);
-            return TouchCheck::Changed(TouchResult { liveness: 0, record: None });
-        };
-        let unchanged = known.matches(record.revision, &record.write_id, record.schema_version, record.layout_version);
         let liveness = self.keys.liveness_of(group, member).saturating_add(1);
         self.keys.put_liveness(&mut change, group, member, Some(liveness));
         self.journal.push(change);
-        if unchanged {
-            TouchCheck::Unchanged { liveness }
-        } else {
-            TouchCheck::Changed(TouchResult { liveness, record: self.load(group) })
+        liveness
+    }
+
+    /// HMGET metadata revision writeId schemaVersion layoutVersion: whether the stored record is
+    /// the one `known` stamps (`None`: the key is absent).
+    pub(super) fn stamp_matches(&self, group: &GroupId, known: &RecordStamp) -> Option<bool> {
+        let record = self.keys.metadata.get(group)?;
+        Some(known.matches(record.revision, &record.write_id, record.schema_version, record.layout_version))
+    }
+
+    /// The forget-liveness script: deletes the liveness hash if the metadata key is still absent.
+    pub(super) fn forget_liveness_if_absent(&mut self, group: &GroupId) {
+        if self.keys.metadata.contains_key(group) {
+            return;
         }
+        let mut change = Change::default();
+        let members: Vec<MemberId> =
+            self.keys.liveness.get(group).map(|fields| fields.keys().cloned().collect()).unwrap_or_default();
+        for stale in members {
+            self.keys.put_liveness(&mut change, group, &stale, None);
+        }
+        self.journal.push(change);
     }
 
     pub(super) fn liveness(&self, group: &GroupId) -> BTreeMap<MemberId, u64> {

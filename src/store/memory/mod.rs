@@ -264,6 +264,33 @@ impl MemoryStore {
         result
     }
 
+    /// One round trip carrying two pipelined commands: each executes atomically, and the task
+    /// yields between them so whatever else is ready at that instant (another client's command)
+    /// may run in between, as it may on Redis.
+    async fn call_pipeline<A, B>(
+        &self,
+        first: (&[&str], impl FnOnce(&mut Inner) -> A),
+        second: (&[&str], impl FnOnce(&mut Inner) -> B),
+    ) -> Result<(A, B), StoreError> {
+        let admission = self.admit();
+        let latency_ms = match admission {
+            Admission::Refused => return Err(StoreError::Unavailable("connection refused (store outage)".into())),
+            Admission::TimesOut { after_ms } => {
+                sleep_ms(after_ms).await;
+                return Err(StoreError::Unavailable("timeout".into()));
+            }
+            Admission::Proceeds { latency_ms } => latency_ms,
+        };
+        let request_ms = latency_ms / 2;
+        sleep_ms(request_ms).await;
+        // A connection-level failure (outage, reset) fails the whole pipeline: nothing after it runs.
+        let a = self.execute(first.0, |inner| Ok(first.1(inner)))??;
+        tokio::task::yield_now().await;
+        let b = self.execute(second.0, |inner| Ok(second.1(inner)))??;
+        sleep_ms(latency_ms - request_ms).await;
+        Ok((a, b))
+    }
+
     async fn call<T>(
         &self,
         commands: &[&str],
@@ -405,7 +432,31 @@ impl MetadataStore for MemoryStore {
         member: &str,
         known: &RecordStamp,
     ) -> Result<TouchCheck, StoreError> {
-        self.call(&["HINCRBY", "HMGET"], |inner| Ok(inner.touch_and_check(group, member, known))).await
+        // As RedisStore runs it: one round trip carrying a pipeline of two commands, each atomic,
+        // that other clients' commands may interleave (never one step under one lock: the fake
+        // is never stronger than Redis); a changed stamp then costs a second round trip (the full
+        // read) and an absent key the forget-liveness script.
+        let (liveness, stamp) = self
+            .call_pipeline(
+                (&["HINCRBY"], |inner: &mut Inner| inner.touch_liveness(group, member)),
+                (&["HMGET"], |inner: &mut Inner| inner.stamp_matches(group, known)),
+            )
+            .await?;
+        match stamp {
+            None => {
+                self.call(&["EVALSHA", "EXISTS", "DEL"], |inner| {
+                    inner.forget_liveness_if_absent(group);
+                    Ok(())
+                })
+                .await?;
+                Ok(TouchCheck::Changed(TouchResult { liveness: 0, record: None }))
+            }
+            Some(true) => Ok(TouchCheck::Unchanged { liveness }),
+            Some(false) => {
+                let record = self.call(&["HMGET"], |inner| Ok(inner.load(group))).await?;
+                Ok(TouchCheck::Changed(TouchResult { liveness, record }))
+            }
+        }
     }
 
     async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {

@@ -221,3 +221,29 @@ async fn record_at_answers_which_aggregate_had_a_revision_at_a_time() {
     assert!(history.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "history is in time order");
     assert_eq!(history[2].metadata_after, vec![(g.clone(), store.history()[0].metadata_after[0].1.clone())]);
 }
+
+/// `touch_and_check` is what RedisStore sends: a pipeline of HINCRBY and HMGET, each atomic, that
+/// another client's command can interleave. A write landing between the two is seen by the HMGET
+/// (the check answers `Changed` with the new record), after the increment was applied. Run as
+/// one step under one lock, the fake was stronger than Redis: the write could never land there.
+#[tokio::test]
+async fn a_write_can_land_between_the_touch_and_the_stamp_check() {
+    use crate::store::TouchCheck;
+    let store = MemoryStore::new(1);
+    let g = group();
+    put(&store, &g, "a").await;
+    let known = store.load(&g).await.expect("load").expect("record").stamp().expect("stamp");
+    let writer = store.connect();
+    let (checked, written) = tokio::join!(store.touch_and_check(&g, "m1", &known), async {
+        // Ready while the pipeline is between its two commands.
+        writer.write(&g, request(Some(stamp(1, "a")), "b")).await
+    });
+    assert_eq!(written, Ok(WriteOutcome::Written { revision: 2 }));
+    match checked.expect("answered") {
+        TouchCheck::Changed(touched) => {
+            assert_eq!(touched.liveness, 1, "the HINCRBY ran");
+            assert_eq!(touched.record.map(|r| r.aggregate), Some("b".to_string()), "the HMGET saw the write");
+        }
+        TouchCheck::Unchanged { .. } => panic!("the write could not interleave the pipeline"),
+    }
+}
