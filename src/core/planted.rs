@@ -45,10 +45,24 @@ pub enum PlantedBug {
     /// Consumer: measure the lease on the clock that stops while the machine is suspended
     /// (CLOCK_MONOTONIC, tokio's `Instant`), so a resumed consumer reads on a lease that ended.
     LeaseOnStoppingClock,
+    /// Producer: jump-hash a key over one bucket more than the cached view's shard count (an
+    /// off-by-one: the count taken for the highest shard id), so some keys go to a shard the view
+    /// does not have.
+    RouteOverOneShardTooMany,
+    /// Consumer: on `FENCED_MEMBER_EPOCH`, keep reading the shards it holds until its lease ends
+    /// ("the lease is still ours") while it rejoins, instead of stopping them at once.
+    ReadOnAfterFence,
+    /// Consumer driver: the heartbeat task returns after a run of consecutive failed heartbeats
+    /// (a retry budget meant for one request applied to the whole task), so a long coordinator
+    /// outage leaves a running consumer that never heartbeats again.
+    HeartbeatTaskGivesUp,
+    /// Consumer: treat `UNKNOWN_MEMBER` as terminal and give up (the application then exits)
+    /// instead of rejoining with epoch 0, so every member expired in an outage is gone for good.
+    GiveUpOnUnknownMember,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 15] = [
+    pub const ALL: [PlantedBug; 19] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -64,6 +78,10 @@ impl PlantedBug {
         PlantedBug::SkipAddShardsHealing,
         PlantedBug::AcceptForgedLeave,
         PlantedBug::LeaseOnStoppingClock,
+        PlantedBug::RouteOverOneShardTooMany,
+        PlantedBug::ReadOnAfterFence,
+        PlantedBug::HeartbeatTaskGivesUp,
+        PlantedBug::GiveUpOnUnknownMember,
     ];
 }
 

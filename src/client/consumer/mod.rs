@@ -448,7 +448,12 @@ impl<T, S> Shared<T, S> {
 }
 
 /// The background heartbeat task; ends when the member has left.
+/// How many failed heartbeats in a row the planted `HeartbeatTaskGivesUp` tolerates.
+const PLANTED_HEARTBEAT_FAILURES_MAX: u32 = 10;
+
 async fn heartbeat_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Shared<T, S>>) {
+    let gives_up = shared.lock().config().planted.has(PlantedBug::HeartbeatTaskGivesUp);
+    let mut failures_in_a_row: u32 = 0;
     loop {
         let now_ms = shared.clock.now_ms();
         let (request, deadline_ms, phase, timeout_ms) = shared.with_core(|core| {
@@ -460,8 +465,12 @@ async fn heartbeat_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Sha
         }
         if let Some(request) = request {
             let result = exchange(&shared, request, timeout_ms).await;
+            failures_in_a_row = if result.is_err() { failures_in_a_row.saturating_add(1) } else { 0 };
             let now_ms = shared.clock.now_ms();
             shared.with_core(|core| core.handle_heartbeat(now_ms, result));
+            if gives_up && failures_in_a_row >= PLANTED_HEARTBEAT_FAILURES_MAX {
+                return;
+            }
             continue;
         }
         // Woken early or late (a suspension), the next turn re-reads the clock and re-checks the

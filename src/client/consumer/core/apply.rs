@@ -113,6 +113,20 @@ impl ConsumerCore {
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::HeartbeatFailed { at_ms: now_ms, member, sent_at_ms: sent.sent_ms, error });
         match code {
+            Some(ErrorCode::UnknownMember)
+                if self.config.planted.has(PlantedBug::GiveUpOnUnknownMember) && self.phase == Phase::Active =>
+            {
+                self.finish_leave(now_ms);
+            }
+            Some(ErrorCode::FencedMemberEpoch)
+                if self.config.planted.has(PlantedBug::ReadOnAfterFence)
+                    && self.phase == Phase::Active
+                    && self.lease_end_ms.is_some_and(|end| now_ms < end) =>
+            {
+                // Rejoins, but leaves its shards reading on the lease it still holds.
+                self.member_epoch = 0;
+                self.next_heartbeat_ms = now_ms.saturating_add(self.config.prompt_ms);
+            }
             // `SESSION_MISMATCH`: the member id now belongs to another process's incarnation.
             Some(ErrorCode::UnknownMember | ErrorCode::FencedMemberEpoch | ErrorCode::SessionMismatch) => {
                 self.stop_all(now_ms, StopReason::Fenced, true);
