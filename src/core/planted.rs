@@ -59,10 +59,13 @@ pub enum PlantedBug {
     /// Consumer: treat `UNKNOWN_MEMBER` as terminal and give up (the application then exits)
     /// instead of rejoining with epoch 0, so every member expired in an outage is gone for good.
     GiveUpOnUnknownMember,
+    /// Consumer: create a shard's consumer group at `$` (only new entries) instead of `0`, so
+    /// entries published before the first consumer set the shard up are never delivered.
+    CreateGroupAtLatest,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 19] = [
+    pub const ALL: [PlantedBug; 20] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -82,6 +85,7 @@ impl PlantedBug {
         PlantedBug::ReadOnAfterFence,
         PlantedBug::HeartbeatTaskGivesUp,
         PlantedBug::GiveUpOnUnknownMember,
+        PlantedBug::CreateGroupAtLatest,
     ];
 }
 

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 
 use crate::core::model::ShardId;
 use crate::core::planted::PlantedBug;
-use crate::store::{ReadFrom, StoreError, StreamStore};
+use crate::store::{GroupStart, ReadFrom, StoreError, StreamStore};
 
 pub use self::core::{AckError, ConsumerConfig, ConsumerCore, Delivery, Phase, ReadPlan, ReadStep};
 use super::clock::Clock;
@@ -235,13 +235,17 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             let _call = CallGuard { shared: &self.shared, shard: plan.shard };
             match plan.step {
                 ReadStep::Setup => {
-                    self.shared.store.ensure_group(&stream, &group.consumer_group).await?;
+                    let planted = self.shared.lock().config().planted;
+                    if planted.has(PlantedBug::CreateGroupAtLatest) {
+                        self.shared.store.create_group(&stream, &group.consumer_group, GroupStart::Latest).await?;
+                    } else {
+                        self.shared.store.ensure_group(&stream, &group.consumer_group).await?;
+                    }
                     // Re-checked: the claim moves entries, so it is as sensitive as a read.
                     let now_ms = self.shared.clock.now_ms();
                     if self.shared.with_core(|core| core.plan_for(now_ms, plan.shard, plan.generation)).is_none() {
                         return Ok(Vec::new());
                     }
-                    let planted = self.shared.lock().config().planted;
                     if !planted.has(PlantedBug::SkipPendingRecovery) {
                         self.shared.store.claim_all_pending(&stream, &group.consumer_group, &member, 0).await?;
                     }
