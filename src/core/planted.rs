@@ -62,10 +62,14 @@ pub enum PlantedBug {
     /// Consumer: create a shard's consumer group at `$` (only new entries) instead of `0`, so
     /// entries published before the first consumer set the shard up are never delivered.
     CreateGroupAtLatest,
+    /// Consumer: a heartbeat that failed in transit (timeout, connection refused, 5xx) extends
+    /// the lease from its send time as if answered ("the coordinator is only unreachable"), so
+    /// a consumer cut off from every coordinator reads on while its shards are granted again.
+    ExtendLeaseOnFailedHeartbeat,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 20] = [
+    pub const ALL: [PlantedBug; 21] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -86,6 +90,7 @@ impl PlantedBug {
         PlantedBug::HeartbeatTaskGivesUp,
         PlantedBug::GiveUpOnUnknownMember,
         PlantedBug::CreateGroupAtLatest,
+        PlantedBug::ExtendLeaseOnFailedHeartbeat,
     ];
 }
 

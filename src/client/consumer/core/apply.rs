@@ -39,6 +39,7 @@ impl ConsumerCore {
         let lease_from_ms =
             if self.config.planted.has(PlantedBug::LeaseFromReceiveTime) { now_ms } else { sent.sent_ms };
         let lease_end_ms = lease_from_ms.saturating_add(r.assignment_lease_ms);
+        self.last_lease_ms = r.assignment_lease_ms;
         self.lease_end_ms = Some(lease_end_ms);
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::LeaseExtended { at_ms: now_ms, member, lease_end_ms });
@@ -159,6 +160,12 @@ impl ConsumerCore {
                 {
                     for shard in self.revoking_shards() {
                         self.start(now_ms, shard);
+                    }
+                }
+                if self.config.planted.has(PlantedBug::ExtendLeaseOnFailedHeartbeat) && self.phase == Phase::Active {
+                    if let Some(end) = self.lease_end_ms.filter(|end| now_ms < *end) {
+                        let lease_ms = self.last_lease_ms;
+                        self.lease_end_ms = Some(end.max(sent.sent_ms.saturating_add(lease_ms)));
                     }
                 }
                 self.next_heartbeat_ms = now_ms.saturating_add(self.config.retry_ms);
