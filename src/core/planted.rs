@@ -66,10 +66,13 @@ pub enum PlantedBug {
     /// the lease from its send time as if answered ("the coordinator is only unreachable"), so
     /// a consumer cut off from every coordinator reads on while its shards are granted again.
     ExtendLeaseOnFailedHeartbeat,
+    /// Service: garbage-collect a group whose last member the tick expired, deleting its
+    /// metadata (an empty group looks abandoned; it is the operator's, with its config).
+    DeleteGroupOfLastExpiredMember,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 21] = [
+    pub const ALL: [PlantedBug; 22] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -91,6 +94,7 @@ impl PlantedBug {
         PlantedBug::GiveUpOnUnknownMember,
         PlantedBug::CreateGroupAtLatest,
         PlantedBug::ExtendLeaseOnFailedHeartbeat,
+        PlantedBug::DeleteGroupOfLastExpiredMember,
     ];
 }
 
