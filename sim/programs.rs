@@ -15,7 +15,7 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rsc::client::clock::ClockFaults;
-use rsc::client::consumer::AckError;
+use rsc::client::consumer::{AckError, Phase};
 use rsc::client::{
     ClientEnv, Clock, Consumer, ConsumerConfig, Delivery, NoopSink, Producer, ProducerConfig, RebalanceListener,
 };
@@ -216,6 +216,9 @@ pub async fn consumer(env: Env, process: ProcessId, loss: TransportKnob, leave: 
             polled = consumer.poll_wait(read_count, Duration::from_millis(w.poll_interval_ms)) => polled,
         };
         let deliveries = match polled {
+            // The library gave up on the group (it never does unless a bug makes it): the
+            // application ends, as a real one would rather than poll a consumer that left.
+            Ok(deliveries) if deliveries.is_empty() && consumer.status().phase == Phase::Left => break,
             Ok(deliveries) => deliveries,
             Err(_) => {
                 tokio::time::sleep(Duration::from_millis(w.poll_interval_ms)).await;

@@ -24,8 +24,8 @@ use madsim::net::Endpoint;
 use rsc::core::model::{GroupId, MemberId};
 use rsc::store::memory::MemoryStore;
 use rsc::store::{
-    CasStamp, EntryId, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError, StoredRecord,
-    StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, EntryId, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError,
+    StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 
 use crate::records::{AckEvent, AddEvent, ProcessId, ReadEvent, ReadKind, Recorder, Us};
@@ -52,7 +52,7 @@ pub enum Command {
     Identity,
     Probe,
     XAdd { stream: String, fields: Vec<(String, Vec<u8>)>, maxlen: Option<u64> },
-    EnsureGroup { stream: String, group: String },
+    EnsureGroup { stream: String, group: String, start: GroupStart },
     XReadGroup { group: String, consumer: String, streams: Vec<(String, ReadFrom)>, count: usize },
     XAck { stream: String, group: String, ids: Vec<EntryId> },
     Claim { stream: String, group: String, consumer: String, min_idle_ms: u64 },
@@ -162,7 +162,7 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
             }
             Box::new(result)
         }
-        Command::EnsureGroup { stream, group } => Box::new(store.ensure_group(&stream, &group).await),
+        Command::EnsureGroup { stream, group, start } => Box::new(store.create_group(&stream, &group, start).await),
         Command::XReadGroup { group, consumer, streams, count } => {
             let result = store.xreadgroup(&group, &consumer, &streams, count, None).await;
             if let Ok(read) = &result {
@@ -337,8 +337,8 @@ impl StreamStore for RemoteStore {
         result
     }
 
-    async fn ensure_group(&self, stream: &str, group: &str) -> Result<(), StoreError> {
-        self.call(Command::EnsureGroup { stream: stream.to_string(), group: group.to_string() }).await
+    async fn create_group(&self, stream: &str, group: &str, start: GroupStart) -> Result<(), StoreError> {
+        self.call(Command::EnsureGroup { stream: stream.to_string(), group: group.to_string(), start }).await
     }
 
     async fn xreadgroup(

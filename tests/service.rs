@@ -331,6 +331,33 @@ async fn the_planted_rebuild_bug_really_rebuilds_so_the_checkers_have_something_
     assert!(store.peek_record(&group()).is_some(), "the planted bug resurrects the group");
 }
 
+/// The tick expires a silent member; the group (the operator's) stays, empty. The planted
+/// `DeleteGroupOfLastExpiredMember` deletes it instead, so the liveness checker has something to
+/// catch.
+#[tokio::test]
+async fn expiring_the_last_member_keeps_the_group_unless_the_planted_bug_deletes_it() {
+    for (seed, planted, kept) in
+        [(31, PlantedBugs::NONE, true), (32, PlantedBugs::only(PlantedBug::DeleteGroupOfLastExpiredMember), false)]
+    {
+        let store = MemoryStore::new(seed);
+        let c = coordinator(&store, "c1", planted);
+        create(&c, 2).await;
+        c.heartbeat(join("a")).await.expect("join");
+        for _ in 0..20 {
+            c.tick_all().await;
+            if recorded(&store).is_none_or(|g| g.members.is_empty()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let record = store.peek_record(&group());
+        assert_eq!(record.is_some(), kept, "planted {planted:?}");
+        if kept {
+            assert!(recorded(&store).expect("group").members.is_empty(), "the member expired");
+        }
+    }
+}
+
 /// The decoded-aggregate cache: a steady heartbeat answers from the cached decode only while Redis
 /// holds that very write. Another coordinator's write, and a silent rollback followed by a
 /// *different* write of the same revision (ABA), are both seen by the next heartbeat.

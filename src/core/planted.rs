@@ -45,10 +45,34 @@ pub enum PlantedBug {
     /// Consumer: measure the lease on the clock that stops while the machine is suspended
     /// (CLOCK_MONOTONIC, tokio's `Instant`), so a resumed consumer reads on a lease that ended.
     LeaseOnStoppingClock,
+    /// Producer: jump-hash a key over one bucket more than the cached view's shard count (an
+    /// off-by-one: the count taken for the highest shard id), so some keys go to a shard the view
+    /// does not have.
+    RouteOverOneShardTooMany,
+    /// Consumer: on `FENCED_MEMBER_EPOCH`, keep reading the shards it holds until its lease ends
+    /// ("the lease is still ours") while it rejoins, instead of stopping them at once.
+    ReadOnAfterFence,
+    /// Consumer driver: the heartbeat task returns after a run of consecutive failed heartbeats
+    /// (a retry budget meant for one request applied to the whole task), so a long coordinator
+    /// outage leaves a running consumer that never heartbeats again.
+    HeartbeatTaskGivesUp,
+    /// Consumer: treat `UNKNOWN_MEMBER` as terminal and give up (the application then exits)
+    /// instead of rejoining with epoch 0, so every member expired in an outage is gone for good.
+    GiveUpOnUnknownMember,
+    /// Consumer: create a shard's consumer group at `$` (only new entries) instead of `0`, so
+    /// entries published before the first consumer set the shard up are never delivered.
+    CreateGroupAtLatest,
+    /// Consumer: a heartbeat that failed in transit (timeout, connection refused, 5xx) extends
+    /// the lease from its send time as if answered ("the coordinator is only unreachable"), so
+    /// a consumer cut off from every coordinator reads on while its shards are granted again.
+    ExtendLeaseOnFailedHeartbeat,
+    /// Service: garbage-collect a group whose last member the tick expired, deleting its
+    /// metadata (an empty group looks abandoned; it is the operator's, with its config).
+    DeleteGroupOfLastExpiredMember,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 15] = [
+    pub const ALL: [PlantedBug; 22] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -64,6 +88,13 @@ impl PlantedBug {
         PlantedBug::SkipAddShardsHealing,
         PlantedBug::AcceptForgedLeave,
         PlantedBug::LeaseOnStoppingClock,
+        PlantedBug::RouteOverOneShardTooMany,
+        PlantedBug::ReadOnAfterFence,
+        PlantedBug::HeartbeatTaskGivesUp,
+        PlantedBug::GiveUpOnUnknownMember,
+        PlantedBug::CreateGroupAtLatest,
+        PlantedBug::ExtendLeaseOnFailedHeartbeat,
+        PlantedBug::DeleteGroupOfLastExpiredMember,
     ];
 }
 

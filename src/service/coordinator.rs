@@ -512,11 +512,32 @@ impl<S: MetadataStore> Coordinator<S> {
         if probe.write.next.is_none() {
             return Ok(());
         }
+        let empties = !g.members.is_empty() && probe.write.next.as_ref().is_some_and(|n| n.members.is_empty());
         self.critical(group, true, |g, rev, obs| match g {
             Some(g) => decide_tick(g, self.context(rev, obs)),
             None => Decision { write: Default::default(), outcome: Ok(()) },
         })
-        .await
+        .await?;
+        if empties && self.inner.options.planted.has(PlantedBug::DeleteGroupOfLastExpiredMember) {
+            self.delete_empty_group(group).await?;
+        }
+        Ok(())
+    }
+
+    /// The planted `DeleteGroupOfLastExpiredMember`: deletes the group's metadata if it still has
+    /// no member (conditioned on the stamp just read).
+    async fn delete_empty_group(&self, group: &GroupId) -> Result<(), ApiError> {
+        let loaded = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
+        let Some(record) = loaded else { return Ok(()) };
+        let g = self.decode_counted(group, &record)?;
+        if g.members.is_empty() {
+            self.inner.store.delete(group, &record.cas_stamp()).await.map_err(|e| self.group_store_error(group, e))?;
+            self.inner.cache.forget(group);
+            let mut local = self.local();
+            local.view.reset(group);
+            local.reads.forget(group);
+        }
+        Ok(())
     }
 
     /// Records a correction round for evidence this process found (identity change, regression).

@@ -357,6 +357,16 @@ pub enum ReadFrom {
     OwnPending,
 }
 
+/// Where a new consumer group starts (the id argument of `XGROUP CREATE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupStart {
+    /// `0`: every entry of the stream, including those published before the group existed.
+    Beginning,
+    /// `$`: only entries added after the group was created. Never right for a shard stream:
+    /// entries published before the first consumer set the shard up would be skipped.
+    Latest,
+}
+
 /// The consumer and producer libraries' view of the shard streams.
 pub trait StreamStore: Send + Sync + 'static {
     /// XADD with an optional approximate MAXLEN; returns the new entry's id.
@@ -370,7 +380,18 @@ pub trait StreamStore: Send + Sync + 'static {
     /// XGROUP CREATE <stream> <group> 0 MKSTREAM unless the group exists (then a no-op). New groups
     /// start at the stream's beginning (`0`) so nothing published before the first consumer is
     /// skipped.
-    fn ensure_group(&self, stream: &str, group: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn ensure_group(&self, stream: &str, group: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.create_group(stream, group, GroupStart::Beginning)
+    }
+
+    /// XGROUP CREATE <stream> <group> <start> MKSTREAM unless the group exists (then a no-op).
+    /// Callers use [`StreamStore::ensure_group`]; only a planted bug starts elsewhere.
+    fn create_group(
+        &self,
+        stream: &str,
+        group: &str,
+        start: GroupStart,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// XREADGROUP GROUP group consumer COUNT count [BLOCK block_ms] STREAMS ... Returns entries per
     /// stream (streams with none are omitted). The in-memory fake never blocks.

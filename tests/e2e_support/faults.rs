@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rsc::store::{EntryId, ReadFrom, StoreError, StreamEntry, StreamStore};
+use rsc::store::{EntryId, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// A [`StreamStore`] that delays XREADGROUP on `slow_streams` by `delay` (nothing else).
 #[derive(Clone)]
@@ -49,8 +49,8 @@ impl<S: StreamStore> StreamStore for SlowPath<S> {
         self.inner.xadd(stream, fields, maxlen).await
     }
 
-    async fn ensure_group(&self, stream: &str, group: &str) -> Result<(), StoreError> {
-        self.inner.ensure_group(stream, group).await
+    async fn create_group(&self, stream: &str, group: &str, start: GroupStart) -> Result<(), StoreError> {
+        self.inner.create_group(stream, group, start).await
     }
 
     async fn xreadgroup(

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rsc::store::{EntryId, ReadFrom, StoreError, StreamEntry, StreamStore};
+use rsc::store::{EntryId, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// One read-like call on one shard stream.
 #[derive(Clone, Debug)]
@@ -204,8 +204,8 @@ impl<S: StreamStore> StreamStore for RecordingStore<S> {
         self.inner.xadd(stream, fields, maxlen).await
     }
 
-    async fn ensure_group(&self, stream: &str, group: &str) -> Result<(), StoreError> {
-        self.inner.ensure_group(stream, group).await
+    async fn create_group(&self, stream: &str, group: &str, start: GroupStart) -> Result<(), StoreError> {
+        self.inner.create_group(stream, group, start).await
     }
 
     async fn xreadgroup(

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 
 use crate::core::model::ShardId;
 use crate::core::planted::PlantedBug;
-use crate::store::{ReadFrom, StoreError, StreamStore};
+use crate::store::{GroupStart, ReadFrom, StoreError, StreamStore};
 
 pub use self::core::{AckError, ConsumerConfig, ConsumerCore, Delivery, Phase, ReadPlan, ReadStep};
 use super::clock::Clock;
@@ -235,13 +235,17 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             let _call = CallGuard { shared: &self.shared, shard: plan.shard };
             match plan.step {
                 ReadStep::Setup => {
-                    self.shared.store.ensure_group(&stream, &group.consumer_group).await?;
+                    let planted = self.shared.lock().config().planted;
+                    if planted.has(PlantedBug::CreateGroupAtLatest) {
+                        self.shared.store.create_group(&stream, &group.consumer_group, GroupStart::Latest).await?;
+                    } else {
+                        self.shared.store.ensure_group(&stream, &group.consumer_group).await?;
+                    }
                     // Re-checked: the claim moves entries, so it is as sensitive as a read.
                     let now_ms = self.shared.clock.now_ms();
                     if self.shared.with_core(|core| core.plan_for(now_ms, plan.shard, plan.generation)).is_none() {
                         return Ok(Vec::new());
                     }
-                    let planted = self.shared.lock().config().planted;
                     if !planted.has(PlantedBug::SkipPendingRecovery) {
                         self.shared.store.claim_all_pending(&stream, &group.consumer_group, &member, 0).await?;
                     }
@@ -448,7 +452,12 @@ impl<T, S> Shared<T, S> {
 }
 
 /// The background heartbeat task; ends when the member has left.
+/// How many failed heartbeats in a row the planted `HeartbeatTaskGivesUp` tolerates.
+const PLANTED_HEARTBEAT_FAILURES_MAX: u32 = 10;
+
 async fn heartbeat_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Shared<T, S>>) {
+    let gives_up = shared.lock().config().planted.has(PlantedBug::HeartbeatTaskGivesUp);
+    let mut failures_in_a_row: u32 = 0;
     loop {
         let now_ms = shared.clock.now_ms();
         let (request, deadline_ms, phase, timeout_ms) = shared.with_core(|core| {
@@ -460,8 +469,12 @@ async fn heartbeat_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Sha
         }
         if let Some(request) = request {
             let result = exchange(&shared, request, timeout_ms).await;
+            failures_in_a_row = if result.is_err() { failures_in_a_row.saturating_add(1) } else { 0 };
             let now_ms = shared.clock.now_ms();
             shared.with_core(|core| core.handle_heartbeat(now_ms, result));
+            if gives_up && failures_in_a_row >= PLANTED_HEARTBEAT_FAILURES_MAX {
+                return;
+            }
             continue;
         }
         // Woken early or late (a suspension), the next turn re-reads the clock and re-checks the

@@ -178,7 +178,12 @@ impl RoutingCache {
                 metadata_version: routing.metadata_version,
             });
         }
-        let shard = shard_for_key(key, routing.shard_count);
+        let buckets = if self.planted.has(PlantedBug::RouteOverOneShardTooMany) {
+            routing.shard_count.saturating_add(1)
+        } else {
+            routing.shard_count
+        };
+        let shard = shard_for_key(key, buckets);
         self.published_shard_count = self.published_shard_count.max(routing.shard_count);
         let stream = match routing.stream_keys.get(shard as usize) {
             Some(stream) => stream.clone(),
@@ -317,6 +322,14 @@ mod tests {
         let mut cache = RoutingCache::new(PlantedBugs::only(PlantedBug::PublishOnExpiredCache));
         cache.apply_refresh(0, 5, routing(2, 4));
         assert!(cache.route(TTL_MS + 1, b"k").is_ok());
+    }
+
+    #[test]
+    fn planted_route_over_one_shard_too_many_is_observable() {
+        let mut cache = RoutingCache::new(PlantedBugs::only(PlantedBug::RouteOverOneShardTooMany));
+        cache.apply_refresh(0, 5, routing(1, 4));
+        let outside = (0..100).filter_map(|k| cache.route(6, format!("k{k}").as_bytes()).ok()).filter(|r| r.shard >= 4);
+        assert!(outside.count() > 0, "some keys land on shard 4, outside the view");
     }
 
     #[test]

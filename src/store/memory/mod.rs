@@ -94,8 +94,8 @@ use tokio::time::Instant;
 
 use crate::core::model::{GroupId, MemberId};
 use crate::store::{
-    CasStamp, EntryId, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError, StoredRecord,
-    StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, EntryId, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError,
+    StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 
 pub use faults::{OutageMode, RollbackMode, CORRUPT_AGGREGATE};
@@ -529,9 +529,9 @@ impl StreamStore for MemoryStore {
         .await
     }
 
-    async fn ensure_group(&self, stream: &str, group: &str) -> Result<(), StoreError> {
+    async fn create_group(&self, stream: &str, group: &str, start: GroupStart) -> Result<(), StoreError> {
         self.call(&["XGROUP"], |inner| {
-            inner.streams.ensure_group(stream, group);
+            inner.streams.create_group(stream, group, start);
             Ok(())
         })
         .await

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::store::{EntryId, ReadFrom, StoreError, StreamEntry};
+use crate::store::{EntryId, GroupStart, ReadFrom, StoreError, StreamEntry};
 
 type Fields = Vec<(String, Vec<u8>)>;
 
@@ -102,10 +102,15 @@ impl Streams {
         Ok(id)
     }
 
-    /// `XGROUP CREATE stream group 0 MKSTREAM`; an existing group (BUSYGROUP) is left untouched.
-    pub(super) fn ensure_group(&mut self, stream: &str, group: &str) {
+    /// `XGROUP CREATE stream group <0|$> MKSTREAM`; an existing group (BUSYGROUP) is left
+    /// untouched.
+    pub(super) fn create_group(&mut self, stream: &str, group: &str, start: GroupStart) {
         let log = self.logs.entry(stream.to_string()).or_default();
-        log.groups.entry(group.to_string()).or_default();
+        let last_delivered = match start {
+            GroupStart::Beginning => None,
+            GroupStart::Latest => log.last_id,
+        };
+        log.groups.entry(group.to_string()).or_insert_with(|| ConsumerGroup { last_delivered, ..Default::default() });
     }
 
     /// `XREADGROUP GROUP group consumer COUNT count STREAMS …`. Every stream and group is checked

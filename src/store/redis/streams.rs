@@ -10,7 +10,7 @@ use ::redis::Value;
 use super::conn::Lane;
 use super::scripts::text;
 use super::RedisStore;
-use crate::store::{EntryId, ReadFrom, StoreError, StreamEntry, StreamStore};
+use crate::store::{EntryId, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// Upper bound on XAUTOCLAIM pages of one `claim_all_pending`.
 const CLAIM_PAGES_MAX: u64 = 100_000;
@@ -101,9 +101,13 @@ impl StreamStore for RedisStore {
         entry_id(&reply).ok_or_else(|| protocol("XADD", &reply))
     }
 
-    async fn ensure_group(&self, stream: &str, group: &str) -> Result<(), StoreError> {
+    async fn create_group(&self, stream: &str, group: &str, start: GroupStart) -> Result<(), StoreError> {
+        let id = match start {
+            GroupStart::Beginning => "0",
+            GroupStart::Latest => "$",
+        };
         let mut cmd = ::redis::cmd("XGROUP");
-        cmd.arg("CREATE").arg(stream).arg(group).arg("0").arg("MKSTREAM");
+        cmd.arg("CREATE").arg(stream).arg(group).arg(id).arg("MKSTREAM");
         self.inner
             .conn
             .run(Lane::Shared, "XGROUP CREATE", 0, |mut c: MultiplexedConnection| async move {

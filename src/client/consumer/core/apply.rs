@@ -39,6 +39,7 @@ impl ConsumerCore {
         let lease_from_ms =
             if self.config.planted.has(PlantedBug::LeaseFromReceiveTime) { now_ms } else { sent.sent_ms };
         let lease_end_ms = lease_from_ms.saturating_add(r.assignment_lease_ms);
+        self.last_lease_ms = r.assignment_lease_ms;
         self.lease_end_ms = Some(lease_end_ms);
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::LeaseExtended { at_ms: now_ms, member, lease_end_ms });
@@ -113,6 +114,20 @@ impl ConsumerCore {
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::HeartbeatFailed { at_ms: now_ms, member, sent_at_ms: sent.sent_ms, error });
         match code {
+            Some(ErrorCode::UnknownMember)
+                if self.config.planted.has(PlantedBug::GiveUpOnUnknownMember) && self.phase == Phase::Active =>
+            {
+                self.finish_leave(now_ms);
+            }
+            Some(ErrorCode::FencedMemberEpoch)
+                if self.config.planted.has(PlantedBug::ReadOnAfterFence)
+                    && self.phase == Phase::Active
+                    && self.lease_end_ms.is_some_and(|end| now_ms < end) =>
+            {
+                // Rejoins, but leaves its shards reading on the lease it still holds.
+                self.member_epoch = 0;
+                self.next_heartbeat_ms = now_ms.saturating_add(self.config.prompt_ms);
+            }
             // `SESSION_MISMATCH`: the member id now belongs to another process's incarnation.
             Some(ErrorCode::UnknownMember | ErrorCode::FencedMemberEpoch | ErrorCode::SessionMismatch) => {
                 self.stop_all(now_ms, StopReason::Fenced, true);
@@ -145,6 +160,12 @@ impl ConsumerCore {
                 {
                     for shard in self.revoking_shards() {
                         self.start(now_ms, shard);
+                    }
+                }
+                if self.config.planted.has(PlantedBug::ExtendLeaseOnFailedHeartbeat) && self.phase == Phase::Active {
+                    if let Some(end) = self.lease_end_ms.filter(|end| now_ms < *end) {
+                        let lease_ms = self.last_lease_ms;
+                        self.lease_end_ms = Some(end.max(sent.sent_ms.saturating_add(lease_ms)));
                     }
                 }
                 self.next_heartbeat_ms = now_ms.saturating_add(self.config.retry_ms);

@@ -176,6 +176,9 @@ pub struct ConsumerCore {
     heartbeat_interval_ms: u64,
     /// End of the assignment lease; `None`: no lease (nothing may be read).
     lease_end_ms: Option<u64>,
+    /// The assignment lease the last successful answer granted (only the planted
+    /// `ExtendLeaseOnFailedHeartbeat` reuses it).
+    last_lease_ms: u64,
     shards: BTreeMap<ShardId, Shard>,
     next_heartbeat_ms: u64,
     outstanding: Option<Outstanding>,
@@ -200,6 +203,7 @@ impl ConsumerCore {
             metadata_version: 0,
             assignment_epoch: 0,
             lease_end_ms: None,
+            last_lease_ms: 0,
             shards: BTreeMap::new(),
             next_heartbeat_ms: 0,
             outstanding: None,

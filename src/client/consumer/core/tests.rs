@@ -488,3 +488,43 @@ fn an_older_coordinator_that_refuses_the_session_field_gets_heartbeats_without_i
     exchange(&mut c, 0, 5, Err(api(ErrorCode::BadRequest)));
     assert!(c.poll_heartbeat(5 + c.config().slow_retry_ms).expect("later").member_session.is_some());
 }
+
+#[test]
+fn planted_extend_lease_on_failed_heartbeat_is_observable() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1])));
+    exchange(&mut c, 210, 215, Err(TransportError::Timeout));
+    assert_eq!(c.lease_end_ms(), Some(LEASE_MS), "a failure never extends the lease");
+
+    let mut bad = planted(PlantedBug::ExtendLeaseOnFailedHeartbeat);
+    exchange(&mut bad, 0, 10, Ok(ok(&[1])));
+    exchange(&mut bad, 210, 215, Err(TransportError::Timeout));
+    assert_eq!(bad.lease_end_ms(), Some(210 + LEASE_MS), "the planted bug is observable");
+}
+
+#[test]
+fn planted_read_on_after_fence_is_observable() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+    exchange(&mut c, 210, 215, Err(api(ErrorCode::FencedMemberEpoch)));
+    assert!(c.readable_shards(220).is_empty(), "a fence stops every shard");
+
+    let mut bad = planted(PlantedBug::ReadOnAfterFence);
+    exchange(&mut bad, 0, 10, Ok(ok(&[1, 2])));
+    exchange(&mut bad, 210, 215, Err(api(ErrorCode::FencedMemberEpoch)));
+    assert_eq!(bad.readable_shards(220), vec![1, 2], "the planted bug is observable");
+    assert_eq!(bad.member_epoch(), 0, "it rejoins all the same");
+}
+
+#[test]
+fn planted_give_up_on_unknown_member_is_observable() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1])));
+    exchange(&mut c, 210, 215, Err(api(ErrorCode::UnknownMember)));
+    assert_eq!(c.phase(), Phase::Active, "an unknown member rejoins");
+
+    let mut bad = planted(PlantedBug::GiveUpOnUnknownMember);
+    exchange(&mut bad, 0, 10, Ok(ok(&[1])));
+    exchange(&mut bad, 210, 215, Err(api(ErrorCode::UnknownMember)));
+    assert_eq!(bad.phase(), Phase::Left, "the planted bug is observable");
+}

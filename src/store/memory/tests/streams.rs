@@ -2,7 +2,7 @@
 
 use super::sleep_ms;
 use crate::store::memory::{MemoryStore, ReadSource, RollbackMode};
-use crate::store::{EntryId, ReadFrom, StoreError, StreamEntry, StreamStore};
+use crate::store::{EntryId, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 fn fields(value: &str) -> Vec<(String, Vec<u8>)> {
     vec![("payload".to_string(), value.as_bytes().to_vec())]
@@ -75,6 +75,16 @@ async fn ensure_group_starts_at_the_beginning_and_is_idempotent() {
 
     store.ensure_group("fresh", "cg").await.expect("MKSTREAM");
     assert!(read(&store, "c1", "fresh", ReadFrom::New, 10).await.is_empty());
+}
+
+/// `$` (only the planted `create-group-at-latest` asks for it) skips what the stream already had.
+#[tokio::test]
+async fn a_group_created_at_latest_skips_earlier_entries() {
+    let store = MemoryStore::new(1);
+    add(&store, "s:0", "before the group").await;
+    store.create_group("s:0", "cg", GroupStart::Latest).await.expect("group");
+    let late = add(&store, "s:0", "after").await;
+    assert_eq!(read(&store, "c1", "s:0", ReadFrom::New, 10).await, vec![late]);
 }
 
 #[tokio::test]
