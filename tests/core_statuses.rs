@@ -264,3 +264,30 @@ fn lowering_the_lease_keeps_the_old_one_in_force_for_one_old_lease() {
     assert!(w.g.lease_transition.is_none(), "over after one old lease plus the clock-rate margin");
     assert_eq!(w.g.effective_assignment_lease_ms(), 3_000);
 }
+
+/// A lease *increase* the store lost in a rollback: grants made under the longer lease may still
+/// run, so the correction round's wait lasts the longest lease this coordinator saw recorded (plus
+/// the clock-rate margin), not the shorter one the store went back to.
+#[test]
+fn a_lease_increase_lost_in_a_rollback_still_governs_the_correction_wait() {
+    let mut w = World::new(2);
+    let mut a = Client::new("a");
+    beat(&mut w, &mut a).expect("join");
+    let longer = GroupConfig { member_lease_ttl_ms: 40_000, assignment_lease_ms: 30_000, ..w.g.config.clone() };
+    let change = AdminRequest::ChangeConfig { group: group_id(), expected_revision: w.revision, config: longer };
+    w.admin(&change).expect("raise the lease");
+    let granted = beat(&mut w, &mut a).expect("a heartbeat under the longer lease");
+    assert_eq!(granted.assignment_lease_ms, 30_000);
+    w.rollback(1, true);
+    assert_eq!(w.g.config.assignment_lease_ms, 8_000, "the increase is lost");
+    assert!(w.g.correction.is_some(), "the failover starts a correction round");
+    // Every member syncs at once; only the wait remains.
+    beat(&mut w, &mut a).expect("sync");
+    w.advance(8_000 * 103 / 100);
+    let r = beat(&mut w, &mut a).expect("still waiting");
+    assert_ne!(r.status, HeartbeatStatus::Ok, "a grant under the lost 30 s lease may still run");
+    w.advance(30_000 * 102 / 100 - 8_000 * 103 / 100 + 1);
+    w.tick();
+    let r = beat(&mut w, &mut a).expect("after the longest lease");
+    assert_eq!(r.status, HeartbeatStatus::Ok, "{r:?}");
+}

@@ -446,8 +446,12 @@ impl GroupMetadata {
     /// lease a live grant may run under, plus the clock-rate margin ([`CLOCK_RATE_MARGIN_PERCENT`]):
     /// a consumer whose clock runs slower than the coordinator's holds its grant that much longer
     /// in the coordinator's time.
-    pub fn lease_wait_ms(&self) -> u64 {
-        let lease = self.effective_assignment_lease_ms();
+    ///
+    /// `longest_seen_ms` is the longest lease the deciding process has seen recorded
+    /// ([`crate::core::Observations::longest_lease_seen_ms`]): a lease increase the store lost in
+    /// a rollback still governs the grants made under it.
+    pub fn lease_wait_ms(&self, longest_seen_ms: u64) -> u64 {
+        let lease = self.effective_assignment_lease_ms().max(longest_seen_ms);
         lease.saturating_add(clock_rate_margin_ms(lease))
     }
 

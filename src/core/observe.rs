@@ -21,6 +21,10 @@ pub struct Observations {
     pub liveness: BTreeMap<MemberId, LivenessObservation>,
     /// Per recorded wait: how long (ms) this process has observed it.
     pub waits: BTreeMap<WaitId, u64>,
+    /// The longest assignment lease this process has seen recorded for the group, kept across
+    /// evidence of lost writes: a lease *increase* the store then lost may still govern grants
+    /// clients hold, so lease waits last at least this long (0: none seen).
+    pub longest_lease_seen_ms: u64,
 }
 
 /// One member's liveness observation.
@@ -56,6 +60,9 @@ struct GroupWindows {
 #[derive(Clone, Debug, Default)]
 pub struct LocalView {
     groups: BTreeMap<GroupId, GroupWindows>,
+    /// Per group, the longest effective assignment lease seen recorded. Not cleared by
+    /// [`reset`](Self::reset) or [`reset_all`](Self::reset_all): it must outlive a rollback.
+    longest_lease_ms: BTreeMap<GroupId, u64>,
 }
 
 impl LocalView {
@@ -68,6 +75,7 @@ impl LocalView {
         metadata: &GroupMetadata,
         liveness: Option<&BTreeMap<MemberId, u64>>,
     ) -> Observations {
+        let longest_lease_seen_ms = self.note_lease(metadata);
         let windows = self.groups.entry(metadata.group.clone()).or_default();
         // Windows are per incarnation: a member removed and rejoined gets a fresh liveness counter,
         // which may repeat a value seen for its previous incarnation (ABA). Keying by the
@@ -102,7 +110,22 @@ impl LocalView {
                 })
                 .collect(),
             waits: windows.waits.iter().map(|(&w, &since)| (w, now_ms.saturating_sub(since))).collect(),
+            longest_lease_seen_ms,
         }
+    }
+
+    /// Records `metadata`'s effective lease and returns the longest seen for its group.
+    fn note_lease(&mut self, metadata: &GroupMetadata) -> u64 {
+        let lease = metadata.effective_assignment_lease_ms();
+        let longest = self.longest_lease_ms.entry(metadata.group.clone()).or_insert(lease);
+        *longest = (*longest).max(lease);
+        *longest
+    }
+
+    /// Forgets everything about a group that was deleted.
+    pub fn forget(&mut self, group: &GroupId) {
+        self.groups.remove(group);
+        self.longest_lease_ms.remove(group);
     }
 
     /// A heartbeat's observations: records every wait `metadata` records that this process had not
@@ -111,6 +134,7 @@ impl LocalView {
     /// and nothing is pruned (the next [`observe`](Self::observe) does that). Allocates nothing
     /// on a group with no recorded wait, which is the steady state.
     pub fn observe_waits(&mut self, now_ms: u64, metadata: &GroupMetadata) -> Observations {
+        let longest_lease_seen_ms = self.note_lease(metadata);
         let windows = match self.groups.get_mut(&metadata.group) {
             Some(windows) => windows,
             None => self.groups.entry(metadata.group.clone()).or_default(),
@@ -120,7 +144,7 @@ impl LocalView {
             let since = *windows.waits.entry(wait).or_insert(now_ms);
             waits.insert(wait, now_ms.saturating_sub(since));
         }
-        Observations { liveness: BTreeMap::new(), waits }
+        Observations { liveness: BTreeMap::new(), waits, longest_lease_seen_ms }
     }
 
     /// Forgets every window of `group`: evidence of lost writes restarts all waits.

@@ -142,11 +142,9 @@ impl<'a> Transition<'a> {
             self.dirty = true;
         }
         let reason = LossEvidence::ClientVersionAhead { reported, stored: self.before.metadata_version };
-        let wait_over = self
-            .next
-            .correction
-            .as_ref()
-            .is_some_and(|round| self.obs.waited_ms(round.wait) >= self.next.lease_wait_ms());
+        let wait_over = self.next.correction.as_ref().is_some_and(|round| {
+            self.obs.waited_ms(round.wait) >= self.next.lease_wait_ms(self.obs.longest_lease_seen_ms)
+        });
         if self.next.correction.is_none() || never_reported || wait_over {
             self.start_round(reason);
         }
@@ -333,7 +331,7 @@ impl<'a> Transition<'a> {
     /// revoke when the target returns, free a fenced shard once its wait is over, grant a free
     /// shard to its target. Never grants a shard someone else may still be reading.
     fn reconcile(&mut self) {
-        let lease = self.next.lease_wait_ms();
+        let lease = self.next.lease_wait_ms(self.obs.longest_lease_seen_ms);
         let epoch = self.next.assignment_epoch;
         let mut steps = Vec::new();
         for_each_shard(&self.next, |shard, current, target| {
@@ -469,7 +467,7 @@ fn shard_step(
 /// True when no time-driven rule or reconciliation step is due: a decision that reports nothing
 /// new would write nothing. Allocation-free, so steady heartbeats stay cheap.
 pub(crate) fn is_quiescent(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {
-    let lease = g.lease_wait_ms();
+    let lease = g.lease_wait_ms(obs.longest_lease_seen_ms);
     let has_active = g.active_members().next().is_some();
     if has_active != (g.target.len() == g.shard_count as usize) {
         return false;
@@ -482,7 +480,8 @@ pub(crate) fn is_quiescent(g: &GroupMetadata, obs: &Observations, planted: Plant
 
 fn round_over(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {
     g.correction.as_ref().is_some_and(|round| {
-        let waited = obs.waited_ms(round.wait) >= g.lease_wait_ms() || planted.has(PlantedBug::SkipCorrectionLeaseWait);
+        let waited = obs.waited_ms(round.wait) >= g.lease_wait_ms(obs.longest_lease_seen_ms)
+            || planted.has(PlantedBug::SkipCorrectionLeaseWait);
         waited && g.active_members().all(|m| round.synced_members.contains(m))
     })
 }

@@ -431,7 +431,7 @@ impl<S: MetadataStore> Coordinator<S> {
                     WriteOutcome::Written { .. } => {
                         self.inner.cache.forget(&group);
                         let mut local = self.local();
-                        local.view.reset(&group);
+                        local.view.forget(&group);
                         local.reads.forget(&group);
                     }
                     WriteOutcome::RevisionConflict { current } => {
@@ -534,7 +534,7 @@ impl<S: MetadataStore> Coordinator<S> {
             self.inner.store.delete(group, &record.cas_stamp()).await.map_err(|e| self.group_store_error(group, e))?;
             self.inner.cache.forget(group);
             let mut local = self.local();
-            local.view.reset(group);
+            local.view.forget(group);
             local.reads.forget(group);
         }
         Ok(())
