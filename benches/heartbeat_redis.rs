@@ -247,7 +247,7 @@ mod bench {
         tls_server.abort();
         ticker.abort();
         print_rows(&rows);
-        print_tls_ratios(&rows);
+        print_ratios(&rows, LOOPBACK_TLS, "TLS on vs off (HTTPS / HTTP loopback, same run, keep-alive connections)");
         print_ratios(&rows, LOOPBACK_TOKEN, "Client token on vs off (HTTP loopback, same run; 4 tokens configured)");
 
         let trips = count_round_trips(server, &store, &members, settings).await?;
@@ -733,33 +733,13 @@ mod bench {
         }
     }
 
-    /// TLS against plain loopback HTTP at each concurrency, from the same run.
-    fn print_tls_ratios(rows: &[Row]) {
-        let at = |path: &str, n: usize| rows.iter().find(|r| r.path == path && r.concurrency == n);
-        println!("\nTLS on vs off (HTTPS / HTTP loopback, same run, keep-alive connections):");
-        for plain in rows.iter().filter(|r| r.path == LOOPBACK) {
-            let Some(tls) = at(LOOPBACK_TLS, plain.concurrency) else { continue };
-            println!(
-                "  concurrency {:>3}: throughput x{:.2} ({:.0} vs {:.0} hb/s), p50 x{:.2} ({} vs {} us), p99 x{:.2}",
-                plain.concurrency,
-                tls.per_second / plain.per_second,
-                tls.per_second,
-                plain.per_second,
-                f64::from(tls.p50_us) / f64::from(plain.p50_us.max(1)),
-                tls.p50_us,
-                plain.p50_us,
-                f64::from(tls.p99_us) / f64::from(plain.p99_us.max(1)),
-            );
-        }
-    }
-
     /// Rows of `path` against the plain loopback rows of the same concurrency, as ratios.
     fn print_ratios(rows: &[Row], path: &str, title: &str) {
         println!("\n{title}:");
         for plain in rows.iter().filter(|r| r.path == LOOPBACK) {
             let Some(on) = rows.iter().find(|r| r.path == path && r.concurrency == plain.concurrency) else { continue };
             println!(
-                "  concurrency {:>3}: throughput x{:.2} ({:.0} vs {:.0} hb/s), p50 x{:.2} ({} vs {} us)",
+                "  concurrency {:>3}: throughput x{:.2} ({:.0} vs {:.0} hb/s), p50 x{:.2} ({} vs {} us), p99 x{:.2}",
                 plain.concurrency,
                 on.per_second / plain.per_second,
                 on.per_second,
@@ -767,6 +747,7 @@ mod bench {
                 f64::from(on.p50_us) / f64::from(plain.p50_us.max(1)),
                 on.p50_us,
                 plain.p50_us,
+                f64::from(on.p99_us) / f64::from(plain.p99_us.max(1)),
             );
         }
     }

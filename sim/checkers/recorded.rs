@@ -7,7 +7,7 @@
 //! the group's key that had that revision and were stored at or before the instant the response
 //! arrived (the question `MemoryStore::record_at` answers; a revision can be stored more than once
 //! after a rollback, so every such state is a candidate). The response must equal the view of one
-//! of them, as [`reference`] derives it from the spec — written here, independently of the core's
+//! of them, as [`spec`] derives it from the spec — written here, independently of the core's
 //! own `member_view` / `status_for` / `routing_view`, so a wrong answer the core derives
 //! consistently from stored state is still caught: a member's view (an `OK` or `REVOKE_PENDING`
 //! status must be the state's own; `SYNC_METADATA` also when the request reported a version above
@@ -27,19 +27,19 @@ use rsc::store::memory::HistoryKind;
 
 use super::Facts;
 use crate::records::{fmt_us, Us};
-use reference::{member_view, routing_view, status_for};
+use spec::{spec_member_view, spec_routing_view, spec_status};
 
 /// The spec's view of a recorded state (seed: "Heartbeat statuses", "Producer Routing"; DESIGN
 /// brief: statuses, pending shards derived from the target), written from the spec for this
 /// oracle. It shares the protocol's *types*, never its rules.
-mod reference {
+mod spec {
     use rsc::core::model::{GroupMetadata, ShardOwner};
     use rsc::core::protocol::{Drain, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
 
     /// The status the state gives `member`: during a correction round, SYNC_METADATA until the
     /// member synced, then REVOKE_PENDING; otherwise REVOKE_PENDING while it has a shard to drain
     /// or a target shard it does not own yet; OK only when nothing blocks it.
-    pub fn status_for(g: &GroupMetadata, member: &str) -> HeartbeatStatus {
+    pub fn spec_status(g: &GroupMetadata, member: &str) -> HeartbeatStatus {
         if let Some(round) = &g.correction {
             return if round.synced_members.contains(member) {
                 HeartbeatStatus::RevokePending
@@ -60,7 +60,12 @@ mod reference {
 
     /// What the state says to `member` under `status`: the shards it owns, the ones it waits for,
     /// the ones it must drain (with each drain's revoke id), its epoch and the group's numbers.
-    pub fn member_view(g: &GroupMetadata, member: &str, status: HeartbeatStatus, revision: u64) -> HeartbeatResponse {
+    pub fn spec_member_view(
+        g: &GroupMetadata,
+        member: &str,
+        status: HeartbeatStatus,
+        revision: u64,
+    ) -> HeartbeatResponse {
         let mut view = HeartbeatResponse {
             status,
             member_id: member.to_string(),
@@ -96,7 +101,7 @@ mod reference {
     }
 
     /// The producer's view: version, shard count, one stream key `<prefix>:<shard>` per shard.
-    pub fn routing_view(g: &GroupMetadata, revision: u64) -> RoutingResponse {
+    pub fn spec_routing_view(g: &GroupMetadata, revision: u64) -> RoutingResponse {
         RoutingResponse {
             group: g.group.clone(),
             metadata_version: g.metadata_version,
@@ -223,7 +228,7 @@ impl States {
 /// Whether `resp` is the view of `g` for the heartbeat `req`.
 fn heartbeat_view(g: &GroupMetadata, req: &HeartbeatRequest, resp: &HeartbeatResponse) -> Result<(), String> {
     let member = &req.member_id;
-    let view = member_view(g, member, resp.status, resp.store_revision);
+    let view = spec_member_view(g, member, resp.status, resp.store_revision);
     // A leave is answered with the member's empty view (epoch 0) once it is gone.
     let expected = if req.leave && !g.members.contains_key(member) {
         HeartbeatResponse { assigned: vec![], pending: vec![], revoke: vec![], drains: vec![], member_epoch: 0, ..view }
@@ -233,7 +238,7 @@ fn heartbeat_view(g: &GroupMetadata, req: &HeartbeatRequest, resp: &HeartbeatRes
     if &expected != resp {
         return Err(format!("expected {expected:?}, got {resp:?}"));
     }
-    let recorded = status_for(g, member);
+    let recorded = spec_status(g, member);
     let status_ok = match resp.status {
         HeartbeatStatus::SyncMetadata => {
             recorded == HeartbeatStatus::SyncMetadata || req.metadata_version > g.metadata_version
@@ -274,7 +279,7 @@ pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
                 // `lostVersion` echoes the producer's report; it must name a version above the
                 // state's (a version the store does not have).
                 let lost_version = resp.lost_version.filter(|&v| v > g.metadata_version);
-                let expected = RoutingResponse { lost_version, ..routing_view(g, resp.store_revision) };
+                let expected = RoutingResponse { lost_version, ..spec_routing_view(g, resp.store_revision) };
                 if &expected == resp {
                     Ok(())
                 } else {
@@ -315,7 +320,7 @@ mod tests {
         let mut w = World::new();
         let a = w.consumer(1);
         let g = w.store_group_with_member(1_000, "consumer-1", &[0, 1]);
-        w.heartbeat_answer(a, 1_500_000, member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
+        w.heartbeat_answer(a, 1_500_000, spec_member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
         assert_eq!(check(&w.facts()).0, vec![]);
     }
 
@@ -324,7 +329,7 @@ mod tests {
         let mut w = World::new();
         let a = w.consumer(1);
         let g = w.store_group_with_member(2_000, "consumer-1", &[0]);
-        w.heartbeat_answer(a, 1_500_000, member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
+        w.heartbeat_answer(a, 1_500_000, spec_member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
         assert!(matches!(check(&w.facts()).0[..], [Violation::NotRecorded { revision: 1, at_us: 1_500_000, .. }]));
     }
 
@@ -333,7 +338,7 @@ mod tests {
         let mut w = World::new();
         let a = w.consumer(1);
         let g = w.store_group_with_member(1_000, "consumer-1", &[0]);
-        let mut resp = member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1);
+        let mut resp = spec_member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1);
         resp.assigned.push(3);
         w.heartbeat_answer(a, 1_500_000, resp);
         assert!(matches!(check(&w.facts()).0[..], [Violation::Inconsistent { revision: 1, .. }]));
@@ -346,7 +351,7 @@ mod tests {
         let mut g = w.group_with_member("consumer-1", &[0]);
         g.target.insert(1, "consumer-1".into()); // pending shard: the state gives REVOKE_PENDING
         w.store(1_000, &g, 1);
-        w.heartbeat_answer(a, 1_500_000, member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
+        w.heartbeat_answer(a, 1_500_000, spec_member_view(&g, "consumer-1", HeartbeatStatus::Ok, 1));
         assert!(
             matches!(&check(&w.facts()).0[..], [Violation::Inconsistent { detail, .. }] if detail.contains("RevokePending"))
         );
@@ -364,7 +369,7 @@ mod tests {
             kind: HistoryKind::WriteDropped { group: w.group.clone(), revision: 2 },
             metadata_after: vec![],
         });
-        w.heartbeat_answer(a, 1_500_000, member_view(&next, "consumer-1", HeartbeatStatus::Ok, 2));
+        w.heartbeat_answer(a, 1_500_000, spec_member_view(&next, "consumer-1", HeartbeatStatus::Ok, 2));
         assert_eq!(check(&w.facts()), (vec![], 1));
     }
 }

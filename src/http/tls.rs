@@ -18,13 +18,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
+
+use crate::store::redis::tls::pem_problem;
 
 /// Why a TLS configuration could not be built from its files.
 #[derive(Debug, thiserror::Error)]
@@ -141,18 +143,6 @@ fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsSetupError> {
 
 fn invalid(what: &'static str, path: &Path, problem: impl std::fmt::Display) -> TlsSetupError {
     TlsSetupError::Invalid { what, path: path.into(), problem: problem.to_string() }
-}
-
-/// A PEM error without echoing file contents (some variants carry a line of the file, which may
-/// be part of a private key).
-fn pem_problem(err: &pem::Error) -> &'static str {
-    match err {
-        pem::Error::NoItemsFound => "no PEM block of the expected type",
-        pem::Error::MissingSectionEnd { .. } => "a PEM block has no END line",
-        pem::Error::IllegalSectionStart { .. } => "malformed PEM BEGIN line",
-        pem::Error::Base64Decode(_) => "a PEM block is not valid base64",
-        _ => "not valid PEM",
-    }
 }
 
 /// Every certificate in the PEM file at `path`; at least one.

@@ -241,6 +241,19 @@ impl MemoryStore {
         self.shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Admits one round trip under the outage and latency knobs: its latency, or the failure a
+    /// client would see (refused at once, or after the timeout).
+    async fn admitted(&self) -> Result<u64, StoreError> {
+        match self.admit() {
+            Admission::Refused => Err(StoreError::Unavailable("connection refused (store outage)".into())),
+            Admission::TimesOut { after_ms } => {
+                sleep_ms(after_ms).await;
+                Err(StoreError::Unavailable("timeout".into()))
+            }
+            Admission::Proceeds { latency_ms } => Ok(latency_ms),
+        }
+    }
+
     /// Runs one call; the outer error is a failure before the server ran `op` (outage, broken
     /// connection, rejected command), the inner one is `op`'s own.
     async fn call_raw<T>(
@@ -248,15 +261,7 @@ impl MemoryStore {
         commands: &[&str],
         op: impl FnOnce(&mut Inner) -> Result<T, StoreError>,
     ) -> Result<Result<T, StoreError>, StoreError> {
-        let admission = self.admit();
-        let latency_ms = match admission {
-            Admission::Refused => return Err(StoreError::Unavailable("connection refused (store outage)".into())),
-            Admission::TimesOut { after_ms } => {
-                sleep_ms(after_ms).await;
-                return Err(StoreError::Unavailable("timeout".into()));
-            }
-            Admission::Proceeds { latency_ms } => latency_ms,
-        };
+        let latency_ms = self.admitted().await?;
         let request_ms = latency_ms / 2;
         sleep_ms(request_ms).await;
         let result = self.execute(commands, op);
@@ -272,15 +277,7 @@ impl MemoryStore {
         first: (&[&str], impl FnOnce(&mut Inner) -> A),
         second: (&[&str], impl FnOnce(&mut Inner) -> B),
     ) -> Result<(A, B), StoreError> {
-        let admission = self.admit();
-        let latency_ms = match admission {
-            Admission::Refused => return Err(StoreError::Unavailable("connection refused (store outage)".into())),
-            Admission::TimesOut { after_ms } => {
-                sleep_ms(after_ms).await;
-                return Err(StoreError::Unavailable("timeout".into()));
-            }
-            Admission::Proceeds { latency_ms } => latency_ms,
-        };
+        let latency_ms = self.admitted().await?;
         let request_ms = latency_ms / 2;
         sleep_ms(request_ms).await;
         // A connection-level failure (outage, reset) fails the whole pipeline: nothing after it runs.

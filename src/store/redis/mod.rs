@@ -63,7 +63,7 @@ mod probe;
 mod scripts;
 mod sentinel;
 mod streams;
-mod tls;
+pub(crate) mod tls;
 
 use std::sync::Arc;
 

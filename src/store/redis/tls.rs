@@ -89,8 +89,9 @@ fn invalid(what: &str, path: &Path, problem: impl std::fmt::Display) -> StoreErr
     StoreError::Config(format!("invalid TLS {what} {}: {problem}", path.display()))
 }
 
-/// A PEM error without echoing file contents (some variants carry a line of the file).
-fn pem_problem(err: &pem::Error) -> &'static str {
+/// A PEM error without echoing file contents (some variants carry a line of the file, which may
+/// be part of a private key). Shared with the listener's TLS set-up (`crate::http::tls`).
+pub(crate) fn pem_problem(err: &pem::Error) -> &'static str {
     match err {
         pem::Error::NoItemsFound => "no PEM block of the expected type",
         pem::Error::MissingSectionEnd { .. } => "a PEM block has no END line",
