@@ -254,7 +254,9 @@ mod bench {
                 Ok(Rig::Raw { publishers, subscribers, trips })
             }
             Row::Library { fencing, poll_idle_ms } => {
-                let group = GroupId::new("dp", row.key());
+                // Streams are `<prefix>:<shard>`: every row needs its own prefix, or one row's
+                // consumer group would also read what the other rows publish.
+                let group = GroupId::new(format!("dp-{}", row.key()), "bench");
                 let rig = LibRig::start(&url, coordinator, group, fencing, workload, poll_idle_ms).await?;
                 println!("  {}: group settled in {} ms", row.title(), rig.settle.as_millis());
                 Ok(Rig::Library(rig))

@@ -4,8 +4,9 @@
 //! Publishing is one `XADD <prefix>:<shard> * key <k> payload <p>` per message, the shard chosen
 //! with the producers' hash (`rsc::client::hash::shard_for_key`). Consumer `i` of `C` reads the
 //! shards `s` with `s % C == i` (the static version of the coordinator's assignment) with one
-//! `XREADGROUP ... COUNT n BLOCK w STREAMS <its shards> > ...` per read and acks what it got
-//! with one XACK per stream, pipelined: two round trips per busy read, one per idle wait.
+//! `XREADGROUP ... COUNT n/k BLOCK w STREAMS <its k shards> > ...` per read (at most `n` entries,
+//! like the library's `poll(n)`) and acks what it got with one XACK per stream, pipelined: two
+//! round trips per busy read, one per idle wait.
 //! Every publisher and subscriber has its own multiplexed connection, as each library client has
 //! its own `RedisStore`. Never parses more of a reply than the payload field.
 
@@ -109,8 +110,11 @@ impl Subscriber for RawSubscriber {
             tokio::time::sleep(wait).await;
             return Ok(0);
         }
+        // COUNT is per stream: split `max` so one read returns at most `max` entries in all, as
+        // the library's `poll(max)` does.
+        let count = max.div_ceil(self.streams.len()).max(1);
         let mut read = redis::cmd("XREADGROUP");
-        read.arg("GROUP").arg(&self.group.group).arg(&self.name).arg("COUNT").arg(max);
+        read.arg("GROUP").arg(&self.group.group).arg(&self.name).arg("COUNT").arg(count);
         read.arg("BLOCK").arg(wait.as_millis().max(1) as u64).arg("STREAMS").arg(&self.streams);
         read.arg(vec![">"; self.streams.len()]);
         let mut conn = self.conn.clone();
