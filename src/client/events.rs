@@ -29,6 +29,9 @@ pub enum StopReason {
     Fenced,
     /// `GROUP_NOT_FOUND` / `METADATA_MISSING` / `METADATA_INCOMPATIBLE`: fail closed.
     GroupUnavailable,
+    /// Redis refused a stream operation on the shard as `FENCED` (DESIGN §10): a newer grant's
+    /// fence is in force. The shard stops at once (lost); its in-flight entries are abandoned.
+    FencedAtStore,
     /// The application closed the consumer.
     Closing,
     /// Entries only: the application abandoned the entry explicitly.

@@ -7,6 +7,7 @@
 //! machine"). Every rule is in [`Transition`]; this module validates inputs, applies the rules in
 //! order and derives responses.
 
+use super::fence::fences_for;
 use super::input::{check_heartbeat_request, check_routing_report, InputError};
 use super::model::ShardOwner;
 use super::model::{CounterExhausted, GroupMetadata, LossEvidence, MemberState, ReshardReason, ShardId, MEMBERS_MAX};
@@ -16,7 +17,7 @@ use super::protocol::{
     ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingReport, RoutingResponse,
 };
 use super::protocol::{Drain, MemberSession};
-use super::transition::{is_quiescent, report_releases, Transition, Written};
+use super::transition::{is_quiescent, refence_applies, report_releases, Transition, Written};
 
 /// What one input decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,10 +133,11 @@ fn quiescent_view(
     let stale_ok = ctx.planted.has(PlantedBug::AcceptStaleRevoked);
     let acks_due =
         req.revoking.iter().any(|r| report_releases(g.current.get(&r.shard), &req.member_id, r, false, stale_ok));
+    let refence_due = req.fenced.iter().any(|r| refence_applies(g.current.get(&r.shard), &req.member_id, r));
     let sync_mark_due = g.correction.as_ref().is_some_and(|round| {
         req.metadata_version == g.metadata_version && !round.synced_members.contains(&req.member_id)
     });
-    if acks_due || sync_mark_due || !is_quiescent(g, ctx.observations, ctx.planted) {
+    if acks_due || refence_due || sync_mark_due || !is_quiescent(g, ctx.observations, ctx.planted) {
         return None;
     }
     let status = status_for(g, &req.member_id);
@@ -184,6 +186,9 @@ fn steady(tx: &mut Transition<'_>, g: &GroupMetadata, req: &HeartbeatRequest) ->
         ));
     }
     accept_acks(tx, req);
+    for report in &req.fenced {
+        tx.refence(&req.member_id, report);
+    }
     if req.metadata_version == g.metadata_version {
         // Bookkeeping only: written, but no version bump.
         let newly_synced = tx.next.correction.as_mut().is_some_and(|r| r.synced_members.insert(req.member_id.clone()));
@@ -322,6 +327,7 @@ pub fn member_view(g: &GroupMetadata, member: &str, status: HeartbeatStatus, rev
         assignment_lease_ms: g.config.assignment_lease_ms,
         heartbeat_interval_ms: g.config.heartbeat_interval_ms,
         store_revision: revision,
+        fences: fences_for(g, member),
     }
 }
 

@@ -35,6 +35,9 @@ pub enum InputError {
     /// A shard listed twice across `owned` and `revoking`.
     #[error("shard {0} is listed twice in owned/revoking")]
     ShardListedTwice(ShardId),
+    /// A shard listed twice in `fenced`.
+    #[error("shard {0} is listed twice in fenced")]
+    FencedListedTwice(ShardId),
     /// A shard count outside `1..=SHARD_COUNT_MAX`.
     #[error("{field} must be in 1..={SHARD_COUNT_MAX}")]
     ShardCount { field: &'static str },
@@ -83,6 +86,16 @@ pub fn check_heartbeat_request(req: &HeartbeatRequest) -> Result<(), InputError>
         }
         if !seen.insert(shard) {
             return Err(InputError::ShardListedTwice(shard));
+        }
+    }
+    // A fenced report names a shard the member reads (`owned`) or stopped reading because of it.
+    let mut fenced = BTreeSet::new();
+    for report in &req.fenced {
+        if report.shard >= SHARD_COUNT_MAX {
+            return Err(InputError::ShardOutOfRange(report.shard));
+        }
+        if !fenced.insert(report.shard) {
+            return Err(InputError::FencedListedTwice(report.shard));
         }
     }
     Ok(())

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod assignor;
 pub mod engine;
+pub mod fence;
 pub mod input;
 pub mod model;
 pub mod observe;

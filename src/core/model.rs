@@ -19,6 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+pub use super::fence::Fence;
+
 /// Index of a shard stream, `0..shard_count`.
 pub type ShardId = u32;
 /// A consumer's id, chosen by the client at join (e.g. a UUID).
@@ -167,6 +169,17 @@ pub struct GroupConfig {
     /// default; absent in records written before it existed (on).
     #[serde(default = "heal_default")]
     pub heal_lost_add_shards: bool,
+    /// Fence every stream operation of a consumer at Redis (DESIGN §10): a grant is recorded only
+    /// after its shard's fence was raised, and the consumer library reads, acks and claims through
+    /// scripts that refuse any other grant's value. On by default; absent in records written before
+    /// it existed (on). Turn it off only for applications that read the streams with their own
+    /// code: then a consumer paused past its lease can still read and ack at Redis.
+    #[serde(default = "fencing_default")]
+    pub fencing: bool,
+}
+
+fn fencing_default() -> bool {
+    true
 }
 
 fn heal_default() -> bool {
@@ -184,6 +197,7 @@ impl Default for GroupConfig {
             routing_refresh_interval_ms: 3_000,
             assignor: AssignorKind::StickyUniform,
             heal_lost_add_shards: true,
+            fencing: true,
         }
     }
 }
@@ -261,7 +275,16 @@ pub struct Member {
 #[serde(tag = "kind", rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum ShardOwner {
     /// `member` may read the shard (once it receives `OK` listing it).
-    Owned { member: MemberId, since_assignment_epoch: u64 },
+    Owned {
+        member: MemberId,
+        since_assignment_epoch: u64,
+        /// The fence raised for this grant before it was recorded (DESIGN §10). Absent with
+        /// fencing off, in records written before fences existed, and between a refence and the
+        /// write that records the new value: with fencing on, such a grant is fenced before it
+        /// is answered again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fence: Option<Fence>,
+    },
     /// `member` was told to drain; it may still be reading until it reports REVOKED for this very
     /// revoke (`revoke_id`), expires, or is fenced by the rebalance timeout (`wait` measures that
     /// timeout). `revoke_id` is absent in records written before revoke ids existed (or rewritten
@@ -273,10 +296,20 @@ pub enum ShardOwner {
         wait: WaitId,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         revoke_id: Option<RevokeId>,
+        /// The fence of the grant being drained (the member acks with it until it reports).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fence: Option<Fence>,
     },
     /// `member` was fenced while it may still hold a lease; the shard is free once the deciding
     /// coordinator has observed `wait` for a full assignment lease.
-    Fenced { member: MemberId, wait: WaitId },
+    Fenced {
+        member: MemberId,
+        wait: WaitId,
+        /// The fence of the grant this member held (it stays in force at Redis until the shard's
+        /// next grant raises a newer one).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fence: Option<Fence>,
+    },
 }
 
 impl ShardOwner {

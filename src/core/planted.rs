@@ -69,10 +69,17 @@ pub enum PlantedBug {
     /// Service: garbage-collect a group whose last member the tick expired, deleting its
     /// metadata (an empty group looks abandoned; it is the operator's, with its config).
     DeleteGroupOfLastExpiredMember,
+    /// Store (the fenced XACK script): acknowledge without checking the fence, so a consumer whose
+    /// shard moved can still ack entries the new owner is processing.
+    NoFenceCheckInAck,
+    /// Service: record and answer a grant with the fence the shard's key will have next (its
+    /// counter plus one), without raising it first; the key is raised only when the new owner
+    /// first uses it, so until then the previous owner's reads and acks still pass.
+    FenceAfterAnswer,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 22] = [
+    pub const ALL: [PlantedBug; 24] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -95,6 +102,8 @@ impl PlantedBug {
         PlantedBug::CreateGroupAtLatest,
         PlantedBug::ExtendLeaseOnFailedHeartbeat,
         PlantedBug::DeleteGroupOfLastExpiredMember,
+        PlantedBug::NoFenceCheckInAck,
+        PlantedBug::FenceAfterAnswer,
     ];
 }
 

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::fence::ShardFence;
 use super::model::{GroupConfig, GroupId, MemberId, RevokeId, ShardId};
 
 /// A consumer's report on one shard it is draining.
@@ -105,6 +106,14 @@ pub struct HeartbeatRequest {
     /// a member whose record holds one must present the secret (DESIGN §9).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_session: Option<MemberSession>,
+    /// Shards whose stream operations Redis refused as `FENCED` although the member held them
+    /// with exactly this fence (DESIGN §10): the recorded fence is no longer the one at Redis (a
+    /// newer value whose grant was never recorded, or a rollback), so the coordinator raises a new
+    /// one for the same owner. A report whose fence is not the recorded one changes nothing. Sent
+    /// only when non-empty, and only to coordinators whose answers carry fences (older ones refuse
+    /// unknown fields).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fenced: Vec<ShardFence>,
 }
 
 /// Status of a successful heartbeat.
@@ -144,6 +153,12 @@ pub struct HeartbeatResponse {
     pub heartbeat_interval_ms: u64,
     /// The store revision this response was derived from.
     pub store_revision: u64,
+    /// The fence of every shard in `assigned` and `revoke` that has one (DESIGN §10), in shard
+    /// order: the member's stream operations on that shard must present it. A shard without one
+    /// is read unfenced (fencing off for the group, or granted by a binary that predates fences).
+    /// Absent from older coordinators.
+    #[serde(default)]
+    pub fences: Vec<ShardFence>,
 }
 
 impl HeartbeatResponse {

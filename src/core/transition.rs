@@ -17,6 +17,7 @@ use super::model::{
 };
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
+use super::fence::ShardFence;
 use super::protocol::{RevokeReport, SessionDigest};
 
 /// The result of [`Transition::finish`]: what to write (if anything) and the store conditions.
@@ -191,6 +192,20 @@ impl<'a> Transition<'a> {
     }
 
     /// Removes a member that left: whatever it still holds is fenced for a lease.
+    /// A `fenced` report: `member` presented exactly the recorded fence of a shard it owns and Redis
+    /// refused it. Clears the recorded fence so the coordinator raises a new one for the same owner
+    /// before recording (the stale value at Redis belongs to no recorded grant). Anything else —
+    /// another fence, another owner, a draining or fenced shard — changes nothing.
+    pub(crate) fn refence(&mut self, member: &str, report: &ShardFence) {
+        if !refence_applies(self.next.current.get(&report.shard), member, report) {
+            return;
+        }
+        if let Some(ShardOwner::Owned { fence, .. }) = self.next.current.get_mut(&report.shard) {
+            *fence = None;
+            self.dirty = true;
+        }
+    }
+
     pub(crate) fn leave(&mut self, member: &str) {
         self.fence_shards_of(member);
         self.drop_member(member);
@@ -237,7 +252,12 @@ impl<'a> Transition<'a> {
         }
         let wait = self.allocate_wait();
         for shard in live {
-            self.next.current.insert(shard, ShardOwner::Fenced { member: member.to_string(), wait });
+            let fence = match self.next.current.get(&shard) {
+                Some(ShardOwner::Owned { fence, .. } | ShardOwner::Revoking { fence, .. }) => *fence,
+                Some(ShardOwner::Fenced { fence, .. }) => *fence,
+                None => None,
+            };
+            self.next.current.insert(shard, ShardOwner::Fenced { member: member.to_string(), wait, fence });
         }
         self.mark_visible();
     }
@@ -335,7 +355,7 @@ impl<'a> Transition<'a> {
         let epoch = self.next.assignment_epoch;
         let mut steps = Vec::new();
         for_each_shard(&self.next, |shard, current, target| {
-            let step = shard_step(current, target, self.obs, lease, self.planted);
+            let step = shard_step(current, target, self.obs, lease, self.planted, self.next.config.fencing);
             if step != ShardStep::Keep {
                 steps.push((shard, step));
             }
@@ -345,15 +365,16 @@ impl<'a> Transition<'a> {
             self.dirty = true;
             let current = self.next.current.remove(&shard);
             match (step, current) {
-                (ShardStep::Revoke, Some(ShardOwner::Owned { member, .. })) => {
+                (ShardStep::Revoke, Some(ShardOwner::Owned { member, fence, .. })) => {
                     let wait = self.allocate_wait();
                     let revoke_id = Some(revoke_id(self.nonce, wait));
-                    let revoking = ShardOwner::Revoking { member, since_assignment_epoch: epoch, wait, revoke_id };
+                    let revoking =
+                        ShardOwner::Revoking { member, since_assignment_epoch: epoch, wait, revoke_id, fence };
                     self.next.current.insert(shard, revoking);
                     self.mark_visible();
                 }
-                (ShardStep::CancelRevoke, Some(ShardOwner::Revoking { member, since_assignment_epoch, .. })) => {
-                    self.next.current.insert(shard, ShardOwner::Owned { member, since_assignment_epoch });
+                (ShardStep::CancelRevoke, Some(ShardOwner::Revoking { member, since_assignment_epoch, fence, .. })) => {
+                    self.next.current.insert(shard, ShardOwner::Owned { member, since_assignment_epoch, fence });
                     self.mark_visible();
                 }
                 (ShardStep::Release, _) => self.mark_visible(),
@@ -365,9 +386,9 @@ impl<'a> Transition<'a> {
             if !self.next.current.contains_key(&shard) {
                 if let Some(member) = self.next.target.get(&shard) {
                     let member = member.clone();
-                    self.next
-                        .current
-                        .insert(shard, ShardOwner::Owned { member: member.clone(), since_assignment_epoch: epoch });
+                    // No fence yet: the coordinator raises one at Redis before recording the grant.
+                    let grant = ShardOwner::Owned { member: member.clone(), since_assignment_epoch: epoch, fence: None };
+                    self.next.current.insert(shard, grant);
                     self.granted.insert(member);
                 }
             }
@@ -401,6 +422,12 @@ pub(crate) fn report_releases(
         Some(ShardOwner::Owned { member: m, .. }) => leaving && m == member,
         _ => false,
     }
+}
+
+/// Whether a `fenced` report from `member` clears the recorded fence of a shard recorded as `owner`
+/// (see [`Transition::refence`]): only the owner's own report of exactly the recorded value.
+pub(crate) fn refence_applies(owner: Option<&ShardOwner>, member: &str, report: &ShardFence) -> bool {
+    matches!(owner, Some(ShardOwner::Owned { member: m, fence: Some(f), .. }) if m == member && *f == report.fence)
 }
 
 /// The id of a revoke recorded with `wait` by a decision whose fresh randomness is `nonce`: a
@@ -444,6 +471,9 @@ enum ShardStep {
     Release,
     /// Free shard with a target: grant it.
     Grant,
+    /// Owned by its target without a fence while fencing is on: record it again so the
+    /// coordinator raises one first (a grant written by an older binary, or a refence).
+    Fence,
 }
 
 fn shard_step(
@@ -452,11 +482,13 @@ fn shard_step(
     obs: &Observations,
     lease_ms: u64,
     planted: PlantedBugs,
+    fencing: bool,
 ) -> ShardStep {
     match current {
         None if target.is_some() => ShardStep::Grant,
         None => ShardStep::Keep,
         Some(ShardOwner::Owned { member, .. }) if target != Some(member) => ShardStep::Revoke,
+        Some(ShardOwner::Owned { fence: None, .. }) if fencing => ShardStep::Fence,
         Some(ShardOwner::Revoking { member, .. }) if target == Some(member) => ShardStep::CancelRevoke,
         Some(ShardOwner::Fenced { wait, .. }) if obs.waited_ms(*wait) >= lease_ms => ShardStep::Release,
         Some(ShardOwner::Revoking { .. }) if planted.has(PlantedBug::AssignBeforeRelease) => ShardStep::Release,
@@ -475,7 +507,9 @@ pub(crate) fn is_quiescent(g: &GroupMetadata, obs: &Observations, planted: Plant
     if round_over(g, obs, planted) || transition_over(g, obs) {
         return false;
     }
-    for_each_shard(g, |_, current, target| shard_step(current, target, obs, lease, planted) == ShardStep::Keep)
+    for_each_shard(g, |_, current, target| {
+        shard_step(current, target, obs, lease, planted, g.config.fencing) == ShardStep::Keep
+    })
 }
 
 fn round_over(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {

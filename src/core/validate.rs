@@ -80,7 +80,7 @@ impl GroupMetadata {
         for (shard, owner) in &self.current {
             check(*shard < self.shard_count, || format!("current shard {shard} >= shardCount"))?;
             match owner {
-                ShardOwner::Owned { member, since_assignment_epoch }
+                ShardOwner::Owned { member, since_assignment_epoch, .. }
                 | ShardOwner::Revoking { member, since_assignment_epoch, .. } => {
                     let active = self.members.get(member).is_some_and(|m| m.state == MemberState::Active);
                     check(active, || format!("shard {shard} held by non-active member {member}"))?;

@@ -13,16 +13,19 @@ use tokio::time::{Duration, Instant};
 
 use super::codec::{decode, encode};
 use super::coordinator::{Coordinator, LocalState};
-use crate::core::model::{GroupId, GroupMetadata, MemberId, ShardOwner, LAYOUT_VERSION, SCHEMA_VERSION};
+use crate::core::fence::{attach_fences, unfenced_grants, CarriesFences};
+use crate::core::model::{
+    Fence, GroupId, GroupMetadata, MemberId, ShardId, ShardOwner, LAYOUT_VERSION, SCHEMA_VERSION,
+};
 use crate::core::protocol::{ApiError, ErrorCode};
 use crate::core::{Context, Decision, Observations, PlantedBug};
-use crate::store::{MetadataStore, StoreError, StoredRecord, WriteOutcome, WriteRequest};
+use crate::store::{keys, FenceRaise, MetadataStore, StoreError, StoredRecord, WriteOutcome, WriteRequest};
 
 impl<S: MetadataStore> Coordinator<S> {
     /// Runs one critical section: `decide(state, revision, observations)` against fresh state,
     /// writes its next state conditioned on the loaded record's stamp, and returns its outcome
     /// only once written.
-    pub(super) async fn critical<R>(
+    pub(super) async fn critical<R: CarriesFences>(
         &self,
         group: &GroupId,
         with_liveness: bool,
@@ -40,7 +43,7 @@ impl<S: MetadataStore> Coordinator<S> {
         result
     }
 
-    async fn attempts<R>(
+    async fn attempts<R: CarriesFences>(
         &self,
         group: &GroupId,
         with_liveness: bool,
@@ -65,9 +68,15 @@ impl<S: MetadataStore> Coordinator<S> {
                 None => Observations::default(),
             };
             let mut decision = decide(state.as_deref(), revision, &obs);
-            let Some(next) = decision.write.next.take() else {
+            let Some(mut next) = decision.write.next.take() else {
                 return decision.outcome;
             };
+            // Fence first, then record the grant with its value, then answer (DESIGN §10).
+            if self.fence_grants(&mut next).await? {
+                if let Ok(answer) = decision.outcome.as_mut() {
+                    answer.refresh_fences(&next);
+                }
+            }
             if let Err(violation) = next.validate() {
                 tracing::error!(%group, %violation, "refusing to record an invalid state");
                 return Err(ApiError::new(ErrorCode::Internal, "refused to record an invalid state"));
@@ -123,6 +132,44 @@ impl<S: MetadataStore> Coordinator<S> {
             vec![("group", group.to_string())],
         );
         Err(ApiError::new(ErrorCode::StoreUnavailable, "group metadata kept changing; retry"))
+    }
+
+    /// Raises the fence of every grant in `next` that needs one ([`unfenced_grants`]) and records
+    /// the values in it; true when it attached any. One pipelined round trip for all of them. If
+    /// the write then fails, the raised fences guard shards whose new grant was never recorded:
+    /// nobody may read them (a shard is granted only once its previous owner can no longer), and
+    /// a recorded owner refused by such a raise reports it and gets a new fence (`fenced`).
+    async fn fence_grants(&self, next: &mut GroupMetadata) -> Result<bool, ApiError> {
+        let shards = unfenced_grants(next);
+        if shards.is_empty() {
+            return Ok(false);
+        }
+        let raises: Vec<FenceRaise> = {
+            let mut local = self.local();
+            let keys = shards.iter().map(|shard| keys::fence_key(&next.group, *shard));
+            keys.map(|key| FenceRaise { key, nonce: local.write_rng.gen() }).collect()
+        };
+        let fences = if self.inner.options.planted.has(PlantedBug::FenceAfterAnswer) {
+            // The planted mistake: predict the next value and record it without raising the key.
+            let keys: Vec<String> = raises.iter().map(|r| r.key.clone()).collect();
+            let current = self.inner.store.read_fences(&keys).await.map_err(|e| self.store_error(e))?;
+            let predicted = current.iter().zip(&raises);
+            predicted.map(|(c, r)| Fence { counter: c.map_or(0, |c| c.counter) + 1, nonce: r.nonce }).collect()
+        } else {
+            self.inner.store.raise_fences(&raises).await.map_err(|e| self.group_store_error(&next.group, e))?
+        };
+        if fences.len() != shards.len() {
+            return Err(self.store_error(StoreError::Protocol("fence raise answered the wrong count".into())));
+        }
+        let raised: BTreeMap<ShardId, Fence> = shards.into_iter().zip(fences).collect();
+        attach_fences(next, &raised);
+        self.inner.metrics.inc_by(
+            "rsc_fences_raised_total",
+            "Shard fences raised at Redis before recording a grant (DESIGN §10).",
+            vec![("group", next.group.to_string())],
+            raised.len() as f64,
+        );
+        Ok(true)
     }
 
     async fn acquire_mutex(&self, group: &GroupId, token: &str) -> Result<(), ApiError> {

@@ -1,7 +1,7 @@
 //! Redis key names (seed: "Redis Metadata Volatility and Corruption"). Every per-group key shares
 //! the hash tag `{streamPrefix:consumerGroup}` so multi-key scripts are Redis Cluster safe.
 
-use crate::core::model::GroupId;
+use crate::core::model::{GroupId, ShardId};
 
 /// The rebuildable group index (a set of hash-tag bodies `streamPrefix:consumerGroup`).
 pub const INDEX_KEY: &str = "redis-stream:coord:groups";
@@ -31,6 +31,18 @@ pub fn mutex_key(group: &GroupId) -> String {
 pub fn liveness_key(group: &GroupId) -> String {
     format!("redis-stream:coord:{}:liveness", group.hash_tag())
 }
+
+/// `redis-stream:coord:{<streamPrefix>:<shard>}:fence:<consumerGroup>` — the fence of one shard
+/// for one consumer group (a hash: `counter`, `nonce`). Its hash tag is the shard's stream key,
+/// which contains no braces (stream prefixes may not), so the key hashes to the stream's own Redis
+/// Cluster slot and one script can check the fence and touch the stream. Never has a TTL.
+pub fn fence_key(group: &GroupId, shard: ShardId) -> String {
+    format!("redis-stream:coord:{{{}}}:fence:{}", group.stream_key(shard), group.consumer_group)
+}
+
+/// The fence hash's fields.
+pub const FENCE_FIELD_COUNTER: &str = "counter";
+pub const FENCE_FIELD_NONCE: &str = "nonce";
 
 /// The index entry of a group: the hash-tag body `streamPrefix:consumerGroup`.
 pub fn index_entry(group: &GroupId) -> String {
@@ -64,5 +76,8 @@ mod tests {
         assert_eq!(parse_index_entry(&index_entry(&group)), Some(group));
         assert_eq!(parse_metadata_key("redis-stream:coord:{nogroup}:metadata"), None);
         assert_eq!(parse_metadata_key("other:{a:b}:metadata"), None);
+        assert_eq!(fence_key(&group, 7), "redis-stream:coord:{orders:v1:7}:fence:billing");
+        // Not a metadata key: a SCAN for metadata keys never mistakes a fence for a group.
+        assert_eq!(parse_metadata_key(&fence_key(&group, 7)), None);
     }
 }

@@ -22,7 +22,7 @@ use std::future::Future;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::model::{GroupId, MemberId};
+use crate::core::model::{Fence, GroupId, MemberId};
 
 /// A store failure. Never carries secrets (URLs with passwords are not included).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +41,11 @@ pub enum StoreError {
     /// file, TLS files without `rediss://`): nothing was sent. Fix the configuration.
     #[error("invalid store configuration: {0}")]
     Config(String),
+    /// A fenced stream operation presented a fence that is not the shard's (DESIGN §10): another
+    /// grant of the shard is newer. Nothing was read, acknowledged or claimed. The consumer stops
+    /// the shard at once (`on_lost`).
+    #[error("fenced: {key} holds {current}, not the presented fence")]
+    Fenced { key: String, current: String },
     /// The metadata hash exists but is not in this layout: a required field is missing or does not
     /// parse (an out-of-band edit). The coordinator fails closed as `METADATA_INCOMPATIBLE`.
     #[error("metadata hash not in this layout: {0}")]
@@ -317,6 +322,31 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Startup compatibility probe: server version and every command the layout needs. Fails with
     /// `Unsupported` naming the first missing command.
     fn probe(&self) -> impl Future<Output = Result<ProbeReport, StoreError>> + Send;
+
+    /// Raises each fence key: increments its counter and stores the raise's nonce with it, one
+    /// atomic step per key (a script), all keys in one round trip per node (pipelined; the steps
+    /// of different keys may interleave with other clients' commands). Returns the new fence of
+    /// each key, in order. A key that does not exist starts at counter 1.
+    fn raise_fences(&self, raises: &[FenceRaise]) -> impl Future<Output = Result<Vec<Fence>, StoreError>> + Send;
+
+    /// The fence each key holds now (`None`: never raised), in order. For operators and tests.
+    fn read_fences(&self, keys: &[String]) -> impl Future<Output = Result<Vec<Option<Fence>>, StoreError>> + Send;
+}
+
+/// One fence to raise ([`MetadataStore::raise_fences`]): the shard's fence key and the random
+/// nonce the coordinator drew for this grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceRaise {
+    pub key: String,
+    pub nonce: u64,
+}
+
+/// The fence a stream operation presents ([`StreamStore::fenced_xreadgroup`] and friends).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceCheck {
+    /// The shard's fence key ([`keys::fence_key`]), in the stream's own hash slot.
+    pub key: String,
+    pub fence: Fence,
 }
 
 /// A stream entry id `<ms>-<seq>`.
@@ -412,6 +442,41 @@ pub trait StreamStore: Send + Sync + 'static {
     /// returns them (the new owner of a shard redelivers what the previous owner never acked).
     fn claim_all_pending(
         &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> impl Future<Output = Result<Vec<StreamEntry>, StoreError>> + Send;
+
+    /// `XREADGROUP … COUNT count STREAMS stream <from>` (never `BLOCK`) if `fence` is the shard's
+    /// fence, in one atomic step with the check. The check accepts exactly the fence the key
+    /// holds, or a fence with a strictly larger counter, which then replaces it (a raise a
+    /// failover lost heals on first use by the newer grant); anything else is
+    /// [`StoreError::Fenced`] and nothing is read.
+    fn fenced_xreadgroup(
+        &self,
+        fence: &FenceCheck,
+        group: &str,
+        consumer: &str,
+        stream: &str,
+        from: ReadFrom,
+        count: usize,
+    ) -> impl Future<Output = Result<Vec<StreamEntry>, StoreError>> + Send;
+
+    /// `XACK` under the same fence check as [`StreamStore::fenced_xreadgroup`].
+    fn fenced_xack(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        ids: &[EntryId],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// [`StreamStore::claim_all_pending`] under the same fence check, every XAUTOCLAIM page in
+    /// one atomic step with it.
+    fn fenced_claim_all_pending(
+        &self,
+        fence: &FenceCheck,
         stream: &str,
         group: &str,
         consumer: &str,

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 
 use crate::core::model::ShardId;
 use crate::core::planted::PlantedBug;
-use crate::store::{GroupStart, ReadFrom, StoreError, StreamStore};
+use crate::store::{keys, FenceCheck, GroupStart, ReadFrom, StoreError, StreamStore};
 
 pub use self::core::{AckError, ConsumerConfig, ConsumerCore, Delivery, Phase, ReadPlan, ReadStep};
 use super::clock::Clock;
@@ -233,6 +233,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             };
             // Held until the call's result is registered (dropped on error or cancellation too).
             let _call = CallGuard { shared: &self.shared, shard: plan.shard };
+            let fence = plan.fence.map(|fence| FenceCheck { key: keys::fence_key(&group, plan.shard), fence });
             match plan.step {
                 ReadStep::Setup => {
                     let planted = self.shared.lock().config().planted;
@@ -247,16 +248,49 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                         return Ok(Vec::new());
                     }
                     if !planted.has(PlantedBug::SkipPendingRecovery) {
-                        self.shared.store.claim_all_pending(&stream, &group.consumer_group, &member, 0).await?;
+                        let claim = match &fence {
+                            Some(check) => {
+                                let claimed = self.shared.store.fenced_claim_all_pending(
+                                    check,
+                                    &stream,
+                                    &group.consumer_group,
+                                    &member,
+                                    0,
+                                );
+                                claimed.await.map(drop)
+                            }
+                            None => {
+                                let claimed =
+                                    self.shared.store.claim_all_pending(&stream, &group.consumer_group, &member, 0);
+                                claimed.await.map(drop)
+                            }
+                        };
+                        if let Err(error) = claim {
+                            return self.refused(plan, error);
+                        }
                     }
                     self.shared.with_core(|core| core.setup_done(plan.shard, plan.generation));
                 }
                 ReadStep::Read(from) => {
                     let count = if from == ReadFrom::OwnPending { plan.in_flight + max } else { max };
-                    let streams = [(stream.clone(), from)];
-                    let replies =
-                        self.shared.store.xreadgroup(&group.consumer_group, &member, &streams, count, None).await?;
-                    let entries = replies.into_iter().filter(|(s, _)| *s == stream).flat_map(|(_, e)| e).collect();
+                    let read = match &fence {
+                        Some(check) => {
+                            let (group, member) = (&group.consumer_group, &member);
+                            self.shared.store.fenced_xreadgroup(check, group, member, &stream, from, count).await
+                        }
+                        None => {
+                            let streams = [(stream.clone(), from)];
+                            let read =
+                                self.shared.store.xreadgroup(&group.consumer_group, &member, &streams, count, None);
+                            read.await.map(|replies| {
+                                replies.into_iter().filter(|(s, _)| *s == stream).flat_map(|(_, e)| e).collect()
+                            })
+                        }
+                    };
+                    let entries = match read {
+                        Ok(entries) => entries,
+                        Err(error) => return self.refused(plan, error),
+                    };
                     let now_ms = self.shared.clock.now_ms();
                     let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
                     if !delivered.is_empty() || from == ReadFrom::New {
@@ -266,6 +300,19 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             }
         }
         Ok(Vec::new())
+    }
+
+    /// A read or claim on `plan`'s shard failed: a `FENCED` refusal loses the shard at once (see
+    /// [`ConsumerCore::fenced_at_store`]) and reads nothing; any other error is the caller's.
+    fn refused(&self, plan: ReadPlan, error: StoreError) -> Result<Vec<Delivery>, StoreError> {
+        match (error, plan.fence) {
+            (StoreError::Fenced { .. }, Some(fence)) => {
+                let now_ms = self.shared.clock.now_ms();
+                self.shared.with_core(|core| core.fenced_at_store(now_ms, plan.shard, fence));
+                Ok(Vec::new())
+            }
+            (error, _) => Err(error),
+        }
     }
 
     /// Pending entries trimmed from the stream (MAXLEN) come back from an own-pending read with no
@@ -289,12 +336,29 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     pub async fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
         let now_ms = self.shared.clock.now_ms();
         self.shared.with_core(|core| core.check_ack(now_ms, delivery))?;
-        let group = self.shared.lock().config().group.consumer_group.clone();
-        self.shared
-            .store
-            .xack(&delivery.stream, &group, &[delivery.entry.id])
-            .await
-            .map_err(|e| AckError::Store(e.to_string()))?;
+        let (group, fence) = {
+            let core = self.shared.lock();
+            (core.config().group.clone(), core.fence_of(delivery.shard))
+        };
+        let ids = [delivery.entry.id];
+        let acked = match fence {
+            Some(fence) => {
+                let check = FenceCheck { key: keys::fence_key(&group, delivery.shard), fence };
+                self.shared.store.fenced_xack(&check, &delivery.stream, &group.consumer_group, &ids).await
+            }
+            None => self.shared.store.xack(&delivery.stream, &group.consumer_group, &ids).await,
+        };
+        match acked {
+            Ok(_) => {}
+            Err(StoreError::Fenced { .. }) => {
+                let now_ms = self.shared.clock.now_ms();
+                if let Some(fence) = fence {
+                    self.shared.with_core(|core| core.fenced_at_store(now_ms, delivery.shard, fence));
+                }
+                return Err(AckError::Fenced { shard: delivery.shard, entry: delivery.entry.id });
+            }
+            Err(e) => return Err(AckError::Store(e.to_string())),
+        }
         let now_ms = self.shared.clock.now_ms();
         if self.shared.with_core(|core| core.acked(now_ms, delivery)) {
             self.shared.wake.notify_one();

@@ -6,7 +6,7 @@
 //! milliseconds since the store was created). Invariant: events are appended in time order, so
 //! `at_ms` never decreases along [`History::events`].
 
-use crate::core::model::GroupId;
+use crate::core::model::{Fence, GroupId};
 use crate::store::{EntryId, ReadFrom, ServerIdentity, StoreError, StoredRecord};
 
 use super::faults::RollbackMode;
@@ -92,6 +92,11 @@ pub struct ReadRecord {
     pub ids: Vec<EntryId>,
     /// Why the call failed, if it did.
     pub error: Option<StoreError>,
+    /// The fence the call presented (`None`: an unfenced call).
+    pub fence: Option<Fence>,
+    /// How many [`HistoryEvent`]s had happened when the server ran the call: the call came after
+    /// exactly those metadata changes (finer than `at_ms`, which several steps may share).
+    pub history_len: usize,
 }
 
 /// An acknowledged XADD.
@@ -110,6 +115,10 @@ pub struct AckRecord {
     pub group: String,
     /// The ids that were pending and are now acknowledged (ids not pending are left out).
     pub ids: Vec<EntryId>,
+    /// The fence the XACK presented (`None`: an unfenced call).
+    pub fence: Option<Fence>,
+    /// As [`ReadRecord::history_len`].
+    pub history_len: usize,
 }
 
 /// Everything recorded. Grows without bound on purpose: checkers need all of it; a long run can

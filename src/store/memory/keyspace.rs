@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use crate::core::model::{GroupId, MemberId};
+use crate::core::model::{Fence, GroupId, MemberId};
 use crate::store::keys;
 use crate::store::{CasStamp, RecordStamp, StoreError, StoredRecord, TouchResult, WriteOutcome, WriteRequest};
 
@@ -36,6 +36,7 @@ enum Prior {
     Liveness(GroupId, MemberId, Option<u64>),
     Mutex(GroupId, Option<MutexEntry>),
     Index(String, bool),
+    Fence(String, Option<Fence>),
 }
 
 /// One journaled write: the prior values of everything one call changed, in change order.
@@ -51,7 +52,7 @@ pub(super) struct Journal {
 }
 
 impl Journal {
-    fn push(&mut self, change: Change) {
+    pub(super) fn push(&mut self, change: Change) {
         if change.priors.is_empty() {
             return;
         }
@@ -73,6 +74,8 @@ pub(super) struct Keyspace {
     mutexes: BTreeMap<GroupId, MutexEntry>,
     /// The `redis-stream:coord:groups` set of index entries.
     index: BTreeSet<String>,
+    /// Per-shard fence hashes (`…:fence:<group>`), by key.
+    pub(super) fences: BTreeMap<String, Fence>,
 }
 
 impl Keyspace {
@@ -128,6 +131,12 @@ impl Keyspace {
         change.priors.push(Prior::Index(entry.to_string(), was_present));
     }
 
+    /// Sets a fence key (journaled, so a rollback can lose a raise like any other write).
+    pub(super) fn put_fence(&mut self, change: &mut Change, key: &str, value: Fence) {
+        let prior = self.fences.insert(key.to_string(), value);
+        change.priors.push(Prior::Fence(key.to_string(), prior));
+    }
+
     /// Lazy expiry, as Redis does on access. Not a journaled write.
     fn expire_mutex(&mut self, group: &GroupId, now_ms: u64) {
         if self.mutexes.get(group).is_some_and(|m| now_ms > m.expires_at_ms) {
@@ -154,6 +163,12 @@ impl Keyspace {
                     match value {
                         Some(entry) => self.mutexes.insert(group, entry),
                         None => self.mutexes.remove(&group),
+                    };
+                }
+                Prior::Fence(key, value) => {
+                    match value {
+                        Some(fence) => self.fences.insert(key, fence),
+                        None => self.fences.remove(&key),
                     };
                 }
                 Prior::Index(entry, present) => {

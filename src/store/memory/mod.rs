@@ -78,6 +78,7 @@
 //! - Shard streams are never rolled back (see [`MemoryStore::rollback`]).
 
 mod faults;
+mod fences;
 mod history;
 mod keyspace;
 mod streams;
@@ -92,10 +93,12 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tokio::time::Instant;
 
-use crate::core::model::{GroupId, MemberId};
+use crate::core::model::{Fence, GroupId, MemberId};
+use crate::core::PlantedBugs;
 use crate::store::{
-    CasStamp, EntryId, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError,
-    StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, EntryId, FenceCheck, FenceRaise, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp,
+    ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome,
+    WriteRequest,
 };
 
 pub use faults::{OutageMode, RollbackMode, CORRUPT_AGGREGATE};
@@ -152,6 +155,8 @@ struct Inner {
     journal: Journal,
     streams: Streams,
     history: History,
+    /// Planted bugs in the fake's scripts (simulation only).
+    planted: PlantedBugs,
 }
 
 impl Inner {
@@ -191,8 +196,18 @@ impl Inner {
                 from: *from,
                 ids,
                 error,
+                fence: call.fence,
+                history_len: self.history.events.len(),
             });
         }
+    }
+
+    /// Logs one executed XACK.
+    fn log_ack(&mut self, stream: &str, group: &str, acked: Vec<EntryId>, fence: Option<Fence>) {
+        let at_ms = self.now_ms();
+        let history_len = self.history.events.len();
+        let ack = AckRecord { at_ms, stream: stream.to_string(), group: group.to_string(), ids: acked, fence, history_len };
+        self.history.acks.push(ack);
     }
 }
 
@@ -225,6 +240,7 @@ impl MemoryStore {
             journal: Journal::default(),
             streams: Streams::default(),
             history: History::default(),
+            planted: PlantedBugs::NONE,
         };
         Self { shared: Arc::new(Mutex::new(inner)), connected_generation: AtomicU64::new(0) }
     }
@@ -348,6 +364,16 @@ impl MemoryStore {
         Ok(op(&mut inner))
     }
 
+    /// Switches planted bugs of the fake's scripts on (the simulation's negative tests only).
+    pub fn set_planted(&self, planted: PlantedBugs) {
+        self.lock().planted = planted;
+    }
+
+    /// Peek without faults: the fence a key holds.
+    pub fn peek_fence(&self, key: &str) -> Option<Fence> {
+        self.lock().read_fence(key)
+    }
+
     /// Store-clock milliseconds since the store was created (the time base of every record).
     pub fn now_ms(&self) -> u64 {
         self.lock().now_ms()
@@ -412,6 +438,7 @@ struct ReadCall<'a> {
     group: &'a str,
     consumer: &'a str,
     streams: &'a [(String, ReadSource)],
+    fence: Option<Fence>,
 }
 
 impl MetadataStore for MemoryStore {
@@ -508,6 +535,27 @@ impl MetadataStore for MemoryStore {
     async fn probe(&self) -> Result<ProbeReport, StoreError> {
         self.call(&[], |inner| inner.probe()).await
     }
+
+    async fn raise_fences(&self, raises: &[FenceRaise]) -> Result<Vec<Fence>, StoreError> {
+        // One round trip carrying one script call per key: each call is atomic, and other
+        // clients' commands may run between them (a pipeline, never one step).
+        let latency_ms = self.admitted().await?;
+        let request_ms = latency_ms / 2;
+        sleep_ms(request_ms).await;
+        let mut fences = Vec::with_capacity(raises.len());
+        for (i, raise) in raises.iter().enumerate() {
+            if i > 0 {
+                tokio::task::yield_now().await;
+            }
+            fences.push(self.execute(&["EVALSHA", "HINCRBY", "HSET"], |inner| Ok(inner.raise_fence(&raise.key, raise.nonce)))??);
+        }
+        sleep_ms(latency_ms - request_ms).await;
+        Ok(fences)
+    }
+
+    async fn read_fences(&self, keys: &[String]) -> Result<Vec<Option<Fence>>, StoreError> {
+        self.call(&["HMGET"], |inner| Ok(keys.iter().map(|key| inner.read_fence(key)).collect())).await
+    }
 }
 
 impl StreamStore for MemoryStore {
@@ -543,7 +591,7 @@ impl StreamStore for MemoryStore {
         _block_ms: Option<u64>,
     ) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
         let sources: Vec<(String, ReadSource)> = streams.iter().map(|(s, from)| (s.clone(), (*from).into())).collect();
-        let call = ReadCall { issued_at_ms: self.now_ms(), group, consumer, streams: &sources };
+        let call = ReadCall { issued_at_ms: self.now_ms(), group, consumer, streams: &sources, fence: None };
         let read = self
             .logged_read(&call, "XREADGROUP", |inner, now_ms| {
                 let read = inner.streams.xreadgroup(now_ms, group, consumer, streams, count)?;
@@ -558,14 +606,62 @@ impl StreamStore for MemoryStore {
         self.call(&["XACK"], |inner| {
             let acked = inner.streams.xack(stream, group, ids);
             let count = acked.len() as u64;
-            let at_ms = inner.now_ms();
-            inner.history.acks.push(AckRecord {
-                at_ms,
-                stream: stream.to_string(),
-                group: group.to_string(),
-                ids: acked,
-            });
+            inner.log_ack(stream, group, acked, None);
             Ok(count)
+        })
+        .await
+    }
+
+    async fn fenced_xreadgroup(
+        &self,
+        fence: &FenceCheck,
+        group: &str,
+        consumer: &str,
+        stream: &str,
+        from: ReadFrom,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let sources = [(stream.to_string(), ReadSource::from(from))];
+        let call =
+            ReadCall { issued_at_ms: self.now_ms(), group, consumer, streams: &sources, fence: Some(fence.fence) };
+        let streams = [(stream.to_string(), from)];
+        self.fenced_read(fence, &call, "XREADGROUP", |inner, now_ms| {
+            let read = inner.streams.xreadgroup(now_ms, group, consumer, &streams, count)?;
+            Ok(read.into_iter().flat_map(|(_, _, entries)| entries).collect())
+        })
+        .await
+    }
+
+    async fn fenced_xack(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        ids: &[EntryId],
+    ) -> Result<u64, StoreError> {
+        self.call(&["EVALSHA", "HMGET", "HSET", "XACK"], |inner| {
+            inner.check_ack_fence(fence)?;
+            let acked = inner.streams.xack(stream, group, ids);
+            let count = acked.len() as u64;
+            inner.log_ack(stream, group, acked, Some(fence.fence));
+            Ok(count)
+        })
+        .await
+    }
+
+    async fn fenced_claim_all_pending(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let sources = [(stream.to_string(), ReadSource::Claim { min_idle_ms })];
+        let call =
+            ReadCall { issued_at_ms: self.now_ms(), group, consumer, streams: &sources, fence: Some(fence.fence) };
+        self.fenced_read(fence, &call, "XAUTOCLAIM", |inner, now_ms| {
+            inner.streams.claim_all_pending(now_ms, stream, group, consumer, min_idle_ms)
         })
         .await
     }
@@ -578,13 +674,39 @@ impl StreamStore for MemoryStore {
         min_idle_ms: u64,
     ) -> Result<Vec<StreamEntry>, StoreError> {
         let sources = [(stream.to_string(), ReadSource::Claim { min_idle_ms })];
-        let call = ReadCall { issued_at_ms: self.now_ms(), group, consumer, streams: &sources };
+        let call = ReadCall { issued_at_ms: self.now_ms(), group, consumer, streams: &sources, fence: None };
         self.logged_read(&call, "XAUTOCLAIM", |inner, now_ms| {
             let claimed = inner.streams.claim_all_pending(now_ms, stream, group, consumer, min_idle_ms)?;
             let delivered = vec![(stream.to_string(), ids(&claimed))];
             Ok((claimed, delivered))
         })
         .await
+    }
+}
+
+impl MemoryStore {
+    /// The fenced scripts' XREADGROUP / XAUTOCLAIM: the fence check and the read in one step.
+    async fn fenced_read(
+        &self,
+        fence: &FenceCheck,
+        call: &ReadCall<'_>,
+        command: &str,
+        read: impl FnOnce(&mut Inner, u64) -> Result<Vec<StreamEntry>, StoreError>,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let stream = call.streams.first().map(|(s, _)| s.clone()).unwrap_or_default();
+        let result = self
+            .call_raw(&["EVALSHA", "HMGET", "HSET", command], |inner| {
+                let now_ms = inner.now_ms();
+                let outcome = inner.check_fence(fence).and_then(|()| read(inner, now_ms));
+                let logged = outcome.as_ref().map(|entries| vec![(stream.clone(), ids(entries))]).map_err(Clone::clone);
+                inner.log_reads(call, &logged);
+                outcome
+            })
+            .await;
+        if let Err(e) = &result {
+            self.lock().log_reads(call, &Err(e.clone()));
+        }
+        result?
     }
 }
 

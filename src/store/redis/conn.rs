@@ -215,6 +215,7 @@ impl Connector {
             StoreError::Protocol(text) => StoreError::Protocol(clean(text)),
             StoreError::Config(text) => StoreError::Config(clean(text)),
             StoreError::Layout(text) => StoreError::Layout(clean(text)),
+            StoreError::Fenced { key, current } => StoreError::Fenced { key: clean(key), current },
         }
     }
 

@@ -10,10 +10,10 @@ use ::redis::Value;
 
 use super::scripts::{number, parse_delete, parse_record, parse_touch, parse_write, text};
 use super::RedisStore;
-use crate::core::model::{GroupId, MemberId};
+use crate::core::model::{Fence, GroupId, MemberId};
 use crate::store::keys;
 use crate::store::{
-    CasStamp, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck,
+    CasStamp, FenceRaise, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck,
     TouchResult, WriteOutcome, WriteRequest,
 };
 
@@ -219,6 +219,16 @@ impl MetadataStore for RedisStore {
 
     async fn probe(&self) -> Result<ProbeReport, StoreError> {
         self.run_probe().await
+    }
+
+    async fn raise_fences(&self, raises: &[FenceRaise]) -> Result<Vec<Fence>, StoreError> {
+        let _ = raises;
+        Err(StoreError::Unsupported { command: "fence scripts".into(), detail: "not implemented yet".into() })
+    }
+
+    async fn read_fences(&self, keys: &[String]) -> Result<Vec<Option<Fence>>, StoreError> {
+        let _ = keys;
+        Err(StoreError::Unsupported { command: "fence scripts".into(), detail: "not implemented yet".into() })
     }
 }
 

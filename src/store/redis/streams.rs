@@ -10,7 +10,7 @@ use ::redis::Value;
 use super::conn::Lane;
 use super::scripts::text;
 use super::RedisStore;
-use crate::store::{EntryId, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use crate::store::{EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// Upper bound on XAUTOCLAIM pages of one `claim_all_pending`.
 const CLAIM_PAGES_MAX: u64 = 100_000;
@@ -82,6 +82,42 @@ fn parse_read_reply(reply: &Value) -> Result<Vec<(String, Vec<StreamEntry>)>, St
 }
 
 impl StreamStore for RedisStore {
+    async fn fenced_xreadgroup(
+        &self,
+        fence: &FenceCheck,
+        group: &str,
+        consumer: &str,
+        stream: &str,
+        from: ReadFrom,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let _ = (fence, group, consumer, stream, from, count);
+        Err(StoreError::Unsupported { command: "fence scripts".into(), detail: "not implemented yet".into() })
+    }
+
+    async fn fenced_xack(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        ids: &[EntryId],
+    ) -> Result<u64, StoreError> {
+        let _ = (fence, stream, group, ids);
+        Err(StoreError::Unsupported { command: "fence scripts".into(), detail: "not implemented yet".into() })
+    }
+
+    async fn fenced_claim_all_pending(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let _ = (fence, stream, group, consumer, min_idle_ms);
+        Err(StoreError::Unsupported { command: "fence scripts".into(), detail: "not implemented yet".into() })
+    }
+
     async fn xadd(
         &self,
         stream: &str,

@@ -1,9 +1,9 @@
 //! How [`ConsumerCore`] applies heartbeat results: one function per outcome, each a direct
 //! transcription of the rules in the module docs of [`super`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::core::model::ShardId;
+use crate::core::model::{Fence, ShardId};
 use crate::core::planted::PlantedBug;
 use crate::core::protocol::{ErrorCode, HeartbeatResponse, HeartbeatStatus};
 
@@ -46,6 +46,17 @@ impl ConsumerCore {
 
         let assigned: BTreeSet<ShardId> = r.assigned.iter().copied().collect();
         let revoke: BTreeSet<ShardId> = r.revoke.iter().copied().collect();
+        let fences: BTreeMap<ShardId, Fence> = r.fences.iter().map(|f| (f.shard, f.fence)).collect();
+        if !fences.is_empty() {
+            self.reports_fenced = true;
+        }
+        // A shard refused at Redis stays stopped while answers give it the refused fence.
+        self.fenced.retain(|shard, fence| fences.get(shard) == Some(fence));
+        for (shard, s) in self.shards.iter_mut() {
+            if assigned.contains(shard) || revoke.contains(shard) {
+                s.fence = fences.get(shard).copied();
+            }
+        }
         self.release_answered(now_ms, sent, &revoke);
         for shard in &revoke {
             self.revoke_one(now_ms, *shard, StopReason::Revoked);
@@ -74,13 +85,14 @@ impl ConsumerCore {
         let pending: Vec<ShardId> = pending.copied().collect();
         for shard in pending {
             if !matches!(self.shards.get(&shard), Some(Shard { state: ShardState::Reading { .. }, .. })) {
-                self.start(now_ms, shard);
+                self.start(now_ms, shard, None);
             }
         }
         if r.status == HeartbeatStatus::Ok && self.phase == Phase::Active && now_ms < lease_end_ms {
             for shard in &assigned {
-                if !matches!(self.shards.get(shard), Some(Shard { state: ShardState::Reading { .. }, .. })) {
-                    self.start(now_ms, *shard);
+                let reading = matches!(self.shards.get(shard), Some(Shard { state: ShardState::Reading { .. }, .. }));
+                if !reading && !self.fenced.contains_key(shard) {
+                    self.start(now_ms, *shard, fences.get(shard).copied());
                 }
             }
         }
@@ -111,6 +123,7 @@ impl ConsumerCore {
         // serde's and the HTTP edge's wording for a field an older coordinator does not know.
         let refuses_sessions =
             matches!(&error, TransportError::Api(e) if e.message.contains("unknown field `memberSession`"));
+        let refuses_fenced = matches!(&error, TransportError::Api(e) if e.message.contains("unknown field `fenced`"));
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::HeartbeatFailed { at_ms: now_ms, member, sent_at_ms: sent.sent_ms, error });
         match code {
@@ -146,6 +159,11 @@ impl ConsumerCore {
                 self.lease_end_ms = None;
                 self.next_heartbeat_ms = now_ms.saturating_add(self.config.slow_retry_ms);
             }
+            Some(ErrorCode::BadRequest) if refuses_fenced && self.reports_fenced => {
+                // An older coordinator: it records no fences, so it has none to raise again.
+                self.reports_fenced = false;
+                self.next_heartbeat_ms = now_ms.saturating_add(self.config.prompt_ms);
+            }
             Some(ErrorCode::BadRequest) if refuses_sessions && !self.session_refused => {
                 // An older coordinator: it checks no session, so sending none loses nothing there.
                 self.session_refused = true;
@@ -159,7 +177,8 @@ impl ConsumerCore {
                 if self.config.planted.has(PlantedBug::ResumeRevokingOnHeartbeatFailure) && self.phase == Phase::Active
                 {
                     for shard in self.revoking_shards() {
-                        self.start(now_ms, shard);
+                        let fence = self.fence_of(shard);
+                        self.start(now_ms, shard, fence);
                     }
                 }
                 if self.config.planted.has(PlantedBug::ExtendLeaseOnFailedHeartbeat) && self.phase == Phase::Active {
@@ -206,6 +225,7 @@ impl ConsumerCore {
                         in_flight: BTreeSet::new(),
                         setup_at_ms: 0,
                         revoke_id: None,
+                        fence: None,
                     },
                 );
             }
@@ -214,7 +234,7 @@ impl ConsumerCore {
 
     /// Lets `shard` be read (again): setup and the own-pending re-read run first. In-flight
     /// entries of a shard that was revoking and is assigned back stay in flight.
-    pub(super) fn start(&mut self, now_ms: u64, shard: ShardId) {
+    pub(super) fn start(&mut self, now_ms: u64, shard: ShardId, fence: Option<Fence>) {
         let generation = self.allocate_generation();
         let state = ShardState::Reading { setup_done: false, pending_done: false };
         let fresh = Shard {
@@ -223,12 +243,14 @@ impl ConsumerCore {
             in_flight: BTreeSet::new(),
             setup_at_ms: now_ms,
             revoke_id: None,
+            fence,
         };
         let entry = self.shards.entry(shard).or_insert(fresh);
         entry.generation = generation;
         entry.state = state;
         entry.setup_at_ms = now_ms;
         entry.revoke_id = None;
+        entry.fence = fence;
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::ShardStarted { at_ms: now_ms, member, shard });
     }

@@ -17,7 +17,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::core::model::{GroupId, MemberId, RevokeId, ShardId};
+use crate::core::fence::ShardFence;
+use crate::core::model::{Fence, GroupId, MemberId, RevokeId, ShardId};
 use crate::core::planted::PlantedBugs;
 use crate::core::protocol::{HeartbeatRequest, HeartbeatResponse, MemberSession, RevokeReport};
 use crate::store::{EntryId, ReadFrom, StreamEntry};
@@ -110,6 +111,9 @@ struct Shard {
     /// The revoke instruction this shard is draining for (`HeartbeatResponse::drains`), named in
     /// its REVOKED report; `None` when the consumer stopped it on its own (unassigned, fenced).
     revoke_id: Option<RevokeId>,
+    /// The fence the latest answer gave this shard (`HeartbeatResponse::fences`): every stream
+    /// operation on it presents this value. `None`: operations go unfenced.
+    fence: Option<Fence>,
 }
 
 /// The heartbeat in flight (at most one).
@@ -139,6 +143,8 @@ pub struct ReadPlan {
     pub step: ReadStep,
     /// Entries in flight on the shard (an own-pending read asks for this many more, to skip them).
     pub in_flight: usize,
+    /// The fence the call must present (`None`: unfenced).
+    pub fence: Option<Fence>,
 }
 
 /// An entry handed to the application. Ack it with [`super::Consumer::ack`].
@@ -148,6 +154,10 @@ pub struct Delivery {
     /// The shard's stream key `<streamPrefix>:<shard>`.
     pub stream: String,
     pub entry: StreamEntry,
+    /// The fence of the grant this entry was read under (DESIGN §10): a fencing token the
+    /// application can store with its side effects and compare (a larger `counter` is a newer
+    /// grant), like Kafka's leader epoch. `None` when the shard is read unfenced.
+    pub fence: Option<Fence>,
 }
 
 /// Why an ack (or abandon) is refused.
@@ -159,6 +169,10 @@ pub enum AckError {
     /// The assignment lease ended; acking now could race the shard's next owner.
     #[error("assignment lease ended; entry {entry} of shard {shard} was abandoned")]
     LeaseExpired { shard: ShardId, entry: EntryId },
+    /// Redis refused the XACK as `FENCED`: a newer grant of the shard is in force. The shard was
+    /// lost at once and the entry abandoned (its next owner redelivers it).
+    #[error("shard {shard} is fenced at Redis (a newer grant owns it); entry {entry} was abandoned")]
+    Fenced { shard: ShardId, entry: EntryId },
     /// The XACK itself failed; the entry stays in flight and may be acked again.
     #[error("XACK failed: {0}")]
     Store(String),
@@ -189,6 +203,12 @@ pub struct ConsumerCore {
     calls: BTreeMap<ShardId, u32>,
     /// A coordinator refused the `memberSession` field (an older binary): heartbeats go without it.
     session_refused: bool,
+    /// Shards Redis refused as `FENCED` while they held exactly the fence recorded for them: not
+    /// started again while answers still give that fence, and reported (`fenced`) so the
+    /// coordinator raises a new one (DESIGN §10).
+    fenced: BTreeMap<ShardId, Fence>,
+    /// Some answer carried fences (the coordinator knows `fenced` reports), and none refused them.
+    reports_fenced: bool,
     events: Vec<ClientEvent>,
 }
 
@@ -210,6 +230,8 @@ impl ConsumerCore {
             next_generation: 1,
             calls: BTreeMap::new(),
             session_refused: false,
+            fenced: BTreeMap::new(),
+            reports_fenced: false,
             events: Vec::new(),
         }
     }
@@ -314,6 +336,7 @@ impl ConsumerCore {
             revoking: revoking.clone(),
             leave,
             member_session: (!self.session_refused).then(|| self.config.member_session.clone()),
+            fenced: self.fenced_reports(),
         };
         self.outstanding = Some(Outstanding { sent_ms: now_ms, reported_revoked, leave });
         self.emit(ClientEvent::HeartbeatSent {
@@ -388,7 +411,13 @@ impl ConsumerCore {
                     ShardState::Reading { setup_done: true, pending_done: true } => ReadStep::Read(ReadFrom::New),
                     ShardState::Revoking => return None,
                 };
-                Some(ReadPlan { shard: *shard, generation: s.generation, step, in_flight: s.in_flight.len() })
+                Some(ReadPlan {
+                    shard: *shard,
+                    generation: s.generation,
+                    step,
+                    in_flight: s.in_flight.len(),
+                    fence: s.fence,
+                })
             })
             .collect()
     }
@@ -437,7 +466,7 @@ impl ConsumerCore {
         let mut out = Vec::with_capacity(fresh.len());
         for entry in fresh {
             shard.in_flight.insert(entry.id);
-            out.push(Delivery { shard: plan.shard, stream: stream.clone(), entry });
+            out.push(Delivery { shard: plan.shard, stream: stream.clone(), entry, fence: plan.fence });
         }
         for d in &out {
             let event = ClientEvent::EntryDelivered {
@@ -483,6 +512,47 @@ impl ConsumerCore {
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::EntryAbandoned { at_ms: now_ms, member, shard, entry, reason: StopReason::Application });
         Ok(self.remove_in_flight(now_ms, delivery))
+    }
+
+    /// The fence an operation on `shard` presents now (acks use the shard's current one).
+    pub fn fence_of(&self, shard: ShardId) -> Option<Fence> {
+        self.shards.get(&shard).and_then(|s| s.fence)
+    }
+
+    /// Redis refused an operation on `shard` that presented `fence` as `FENCED`. If that is still
+    /// the shard's fence, the shard is lost at once: it stops, its in-flight entries are abandoned
+    /// (the next owner claims them), and it is not started again until an answer gives it another
+    /// fence; the next heartbeats report it so a coordinator still recording this fence for this
+    /// member raises a new one. A refusal of an older fence (the answer already replaced it) changes
+    /// nothing: the next call presents the new one.
+    pub fn fenced_at_store(&mut self, now_ms: u64, shard: ShardId, fence: Fence) {
+        if self.shards.get(&shard).and_then(|s| s.fence) != Some(fence) {
+            return;
+        }
+        let Some(s) = self.shards.remove(&shard) else { return };
+        let member = self.config.member_id.clone();
+        if matches!(s.state, ShardState::Reading { .. }) {
+            self.emit(ClientEvent::ShardStopped {
+                at_ms: now_ms,
+                member: member.clone(),
+                shard,
+                reason: StopReason::FencedAtStore,
+            });
+        }
+        for entry in s.in_flight {
+            let reason = StopReason::FencedAtStore;
+            self.emit(ClientEvent::EntryAbandoned { at_ms: now_ms, member: member.clone(), shard, entry, reason });
+        }
+        self.fenced.insert(shard, fence);
+        self.next_heartbeat_ms = self.next_heartbeat_ms.min(now_ms.saturating_add(self.config.prompt_ms));
+    }
+
+    /// The `fenced` reports of the next heartbeat (only to coordinators that read them).
+    fn fenced_reports(&self) -> Vec<ShardFence> {
+        if !self.reports_fenced {
+            return Vec::new();
+        }
+        self.fenced.iter().map(|(shard, fence)| ShardFence { shard: *shard, fence: *fence }).collect()
     }
 
     /// A call on `shard` is about to be issued (the caller holds the permission of a [`ReadPlan`]).

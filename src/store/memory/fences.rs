@@ -1,0 +1,56 @@
+//! Fence keys in the fake (DESIGN §10): the raise the coordinator runs before it records a grant,
+//! and the check every fenced stream operation runs first, each one atomic step as the Lua scripts
+//! of `RedisStore` are.
+//!
+//! Owns the check's rule, shared with the scripts: accept exactly the fence the key holds, or a
+//! fence with a strictly larger counter (which replaces it: a raise lost in a rollback heals on
+//! the newer grant's first use); refuse anything else as `StoreError::Fenced`. A raise and a
+//! healing replacement are journaled writes, so a rollback can lose them like any other write.
+
+use crate::core::model::Fence;
+use crate::core::PlantedBug;
+use crate::store::{FenceCheck, StoreError};
+
+use super::keyspace::Change;
+use super::Inner;
+
+impl Inner {
+    /// The raise script: `counter + 1` (1 for a new key) stored with `nonce`.
+    pub(super) fn raise_fence(&mut self, key: &str, nonce: u64) -> Fence {
+        let counter = self.keys.fences.get(key).map_or(0, |f| f.counter).saturating_add(1);
+        let fence = Fence { counter, nonce };
+        let mut change = Change::default();
+        self.keys.put_fence(&mut change, key, fence);
+        self.journal.push(change);
+        fence
+    }
+
+    /// The fence a key holds (`None`: never raised, or lost).
+    pub(super) fn read_fence(&self, key: &str) -> Option<Fence> {
+        self.keys.fences.get(key).copied()
+    }
+
+    /// The check every fenced operation runs before it touches the stream.
+    pub(super) fn check_fence(&mut self, check: &FenceCheck) -> Result<(), StoreError> {
+        match self.keys.fences.get(&check.key) {
+            Some(current) if *current == check.fence => Ok(()),
+            Some(current) if current.counter >= check.fence.counter => {
+                Err(StoreError::Fenced { key: check.key.clone(), current: current.to_string() })
+            }
+            _ => {
+                let mut change = Change::default();
+                self.keys.put_fence(&mut change, &check.key, check.fence);
+                self.journal.push(change);
+                Ok(())
+            }
+        }
+    }
+
+    /// The fenced XACK script's check (skipped by the planted `NoFenceCheckInAck`).
+    pub(super) fn check_ack_fence(&mut self, check: &FenceCheck) -> Result<(), StoreError> {
+        if self.planted.has(PlantedBug::NoFenceCheckInAck) {
+            return Ok(());
+        }
+        self.check_fence(check)
+    }
+}
