@@ -3,12 +3,14 @@
 //!
 //! Owns only counters (atomics: no lock on the data path). Never changes, retries or reorders a
 //! call. Each `RedisStore` stream method is one round trip except `claim_all_pending`, which pages
-//! XAUTOCLAIM (one page per call at the sizes this bench runs; counted as one).
+//! XAUTOCLAIM (one page per call at the sizes this bench runs; counted as one). The fenced
+//! variants (one script call each) count under the same names as the plain ones, so the rows
+//! with fencing on and off compare directly.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rsc::store::{EntryId, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use rsc::store::{EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// Round trips by kind, since the counters were made.
 #[derive(Default)]
@@ -120,6 +122,43 @@ impl<S: StreamStore> StreamStore for Counted<S> {
     async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {
         TripCounters::hit(&self.trips.xack);
         self.inner.xack(stream, group, ids).await
+    }
+
+    async fn fenced_xreadgroup(
+        &self,
+        fence: &FenceCheck,
+        group: &str,
+        consumer: &str,
+        stream: &str,
+        from: ReadFrom,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let result = self.inner.fenced_xreadgroup(fence, group, consumer, stream, from, count).await;
+        self.trips.read(matches!(&result, Ok(entries) if !entries.is_empty()));
+        result
+    }
+
+    async fn fenced_xack(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        ids: &[EntryId],
+    ) -> Result<u64, StoreError> {
+        TripCounters::hit(&self.trips.xack);
+        self.inner.fenced_xack(fence, stream, group, ids).await
+    }
+
+    async fn fenced_claim_all_pending(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        TripCounters::hit(&self.trips.setup);
+        self.inner.fenced_claim_all_pending(fence, stream, group, consumer, min_idle_ms).await
     }
 
     async fn claim_all_pending(

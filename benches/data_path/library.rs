@@ -27,7 +27,7 @@ use rsc::service::Coordinator;
 use rsc::store::redis::{RedisStore, RedisStoreOptions};
 
 /// How long a fresh group may take until every shard is read by exactly one consumer.
-const SETTLE_DEADLINE: Duration = Duration::from_secs(60);
+const SETTLE_DEADLINE: Duration = Duration::from_secs(20);
 
 /// The clients' way to the in-process coordinator.
 #[derive(Clone)]
@@ -52,24 +52,16 @@ impl CoordinatorTransport for InProcess {
     }
 }
 
-/// Whether the group's consumers fence their reads and acks.
+/// Whether the group's consumers fence their reads, acks and claims (`GroupConfig::fencing`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fencing {
-    /// The group config's default, whatever it is.
-    Default,
     On,
     Off,
 }
 
-/// The config of a library row's group.
-fn group_config(fencing: Fencing) -> Result<GroupConfig, String> {
-    let config = GroupConfig::default();
-    match fencing {
-        Fencing::Default => Ok(config),
-        // FENCING ROWS PLUG IN HERE: once `GroupConfig.fencing` exists, set it
-        // (`config.fencing = fencing == Fencing::On`) and list both rows in `Row::all`.
-        Fencing::On | Fencing::Off => Err("GroupConfig has no `fencing` flag yet".to_string()),
-    }
+/// The config of a library row's group: the default, with the row's fencing.
+fn group_config(fencing: Fencing) -> GroupConfig {
+    GroupConfig { fencing: fencing == Fencing::On, ..GroupConfig::default() }
 }
 
 type Store = Counted<RedisStore>;
@@ -159,7 +151,7 @@ impl LibRig {
         workload: &Workload,
         poll_idle_ms: Option<u64>,
     ) -> Result<LibRig, String> {
-        let config = group_config(fencing)?;
+        let config = group_config(fencing);
         let create = AdminRequest::CreateGroup { group: group.clone(), shard_count: workload.shards, config };
         coordinator.admin(create).await.map_err(|e| format!("create group: {e}"))?;
         let trips = Arc::new(TripCounters::default());
