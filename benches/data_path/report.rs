@@ -212,33 +212,56 @@ pub fn print_tables(rows: &[RowSamples], workload: &Workload) {
     }
 }
 
-/// The issue's goals, for the fencing=on row (fencing=off when that row was left out).
+/// The issue's goals, for the fencing=on row (fencing=off when that row was left out): against
+/// `raw` (what the libraries cost) and against fencing=off (what fencing adds), side by side.
 pub fn print_goals(rows: &[RowSamples], workload: &Workload) {
     let Some(raw) = rows.iter().find(|r| r.row == Row::Raw) else { return };
     let pick = |fencing| rows.iter().find(|r| r.row == Row::Library { fencing, poll_idle_ms: None });
     let Some(lib) = pick(Fencing::On).or_else(|| pick(Fencing::Off)) else { return };
+    let off = pick(Fencing::Off).filter(|off| off.row != lib.row);
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!("\ngoals ({}):", lib.row.title());
     let ratio = lib.paired_ratio(raw, |s| s.consume_per_s);
-    println!("\ngoals ({} vs raw):", lib.row.title());
     let drain = lib.paired_ratio(raw, |s| s.drain_per_s);
     println!(
         "  consume throughput >= 0.8x raw: {ratio:.2}x while publishing ({}); {drain:.2}x draining a backlog ({})",
         met(ratio >= 0.8),
         met(drain >= 0.8)
     );
-    let ((lib_reads, lib_msgs), (raw_reads, raw_msgs)) = (lib.per_busy_read(), raw.per_busy_read());
+    let per_msg = |r: &RowSamples| {
+        let t = r.trips();
+        ((t.read_busy + t.read_empty) as f64 / r.messages(), t.xack as f64 / r.messages())
+    };
+    let (lib_reads, lib_msgs) = lib.per_busy_read();
+    let (raw_reads, raw_msgs) = raw.per_busy_read();
+    let ((lib_rpm, lib_apm), (raw_rpm, raw_apm)) = (per_msg(lib), per_msg(raw));
     println!(
-        "  no extra round trip per busy read: {lib_reads:.2} XREADGROUP per read that delivered ({lib_msgs:.1} msgs) \
-         vs raw {raw_reads:.2} ({raw_msgs:.1} msgs); acks: {:.3} vs {:.3} XACK round trips per message ({})",
-        lib.trips().xack as f64 / lib.messages(),
-        raw.trips().xack as f64 / raw.messages(),
+        "  no extra round trip per busy read: {lib_reads:.2} read round trips per read that delivered ({lib_msgs:.1} \
+         msgs), {lib_rpm:.4} per message, {lib_apm:.3} ack round trips per message; raw {raw_reads:.2} ({raw_msgs:.1} \
+         msgs), {raw_rpm:.4}, {raw_apm:.3}: vs raw {}",
         met(lib_reads <= raw_reads + 1e-9)
     );
+    if let Some(off) = off {
+        let (off_reads, off_msgs) = off.per_busy_read();
+        let (off_rpm, off_apm) = per_msg(off);
+        println!(
+            "    fencing=off: {off_reads:.2} ({off_msgs:.1} msgs), {off_rpm:.4}, {off_apm:.3}: what fencing adds per busy \
+             read {:+.2} ({}), per message {:+.4} reads {:+.3} acks",
+            lib_reads - off_reads,
+            met(lib_reads <= off_reads + 0.05),
+            lib_rpm - off_rpm,
+            lib_apm - off_apm
+        );
+    }
     let extra = lib.idle_trips_per_wait() - raw.idle_trips_per_wait();
-    println!(
-        "  at most one extra round trip per idle wait ({} ms): {:+.2} ({})",
+    print!(
+        "  at most one extra round trip per idle wait ({} ms): {:.2} per wait, {extra:+.2} vs raw ({})",
         workload.idle_wait_ms,
-        extra,
+        lib.idle_trips_per_wait(),
         met(extra <= 1.0 + 1e-9)
     );
+    match off {
+        Some(off) => println!(", {:+.2} vs fencing=off", lib.idle_trips_per_wait() - off.idle_trips_per_wait()),
+        None => println!(),
+    }
 }
