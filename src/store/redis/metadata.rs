@@ -13,8 +13,8 @@ use super::RedisStore;
 use crate::core::model::{Fence, GroupId, MemberId};
 use crate::store::keys;
 use crate::store::{
-    CasStamp, FenceRaise, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck,
-    TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, FenceRaise, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord,
+    TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 
 /// Upper bound on SCAN round trips of one `rebuild_index` (a limit on everything; at COUNT 1000
