@@ -96,9 +96,17 @@ impl Subscriber for LibSubscriber {
 #[derive(Default)]
 pub struct Disruptions {
     counts: Mutex<BTreeMap<String, u64>>,
+    /// The first failed heartbeat's error, for a group that never settles.
+    first_heartbeat_error: Mutex<Option<String>>,
 }
 
 impl Disruptions {
+    /// Failed heartbeats so far, and the first one's error.
+    fn heartbeat_failures(&self) -> (u64, Option<String>) {
+        let failed = self.snapshot().get("heartbeat failed").copied().unwrap_or(0);
+        (failed, self.first_heartbeat_error.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
     pub fn snapshot(&self) -> BTreeMap<String, u64> {
         self.counts.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -120,7 +128,10 @@ impl EventSink for Disruptions {
     fn emit(&self, event: ClientEvent) {
         let name = match &event {
             ClientEvent::ShardStopped { reason, .. } => format!("shard stopped {reason:?}"),
-            ClientEvent::HeartbeatFailed { .. } => "heartbeat failed".into(),
+            ClientEvent::HeartbeatFailed { error, .. } => {
+                self.first_heartbeat_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error.to_string());
+                "heartbeat failed".into()
+            }
             ClientEvent::RoutingRefreshFailed { .. } => "routing refresh failed".into(),
             ClientEvent::PublishFailed { .. } => "publish failed".into(),
             ClientEvent::EntryAbandoned { .. } => "entry abandoned".into(),
@@ -169,7 +180,7 @@ impl LibRig {
             let consumer = Consumer::join_with(config, link.clone(), store, env.clone(), Arc::new(NoopListener));
             subscribers.push(Arc::new(LibSubscriber(consumer)));
         }
-        settle(&subscribers, workload.shards).await?;
+        settle(&subscribers, workload.shards, &disruptions).await?;
         let settle = started.elapsed();
         for subscriber in &subscribers {
             let early = subscriber.0.poll(workload.batch).await.map_err(|e| format!("setup poll: {e}"))?;
@@ -200,9 +211,14 @@ async fn connect(url: &str) -> Result<RedisStore, String> {
     RedisStore::connect(url, RedisStoreOptions::default()).await.map_err(|e| e.to_string())
 }
 
+/// Heartbeats that may fail while nothing is readable before the group is given up on.
+const SETTLE_FAILURES_MAX: u64 = 10;
+
 /// Waits until every shard is readable by exactly one consumer, none is revoking, and (with no
-/// more consumers than shards) every consumer reads at least one.
-async fn settle(subscribers: &[Arc<LibSubscriber>], shards: u32) -> Result<(), String> {
+/// more consumers than shards) every consumer reads at least one. Gives up early when heartbeats
+/// keep failing and no shard is readable (a coordinator that cannot grant, e.g. without fence
+/// scripts).
+async fn settle(subscribers: &[Arc<LibSubscriber>], shards: u32, disruptions: &Disruptions) -> Result<(), String> {
     let deadline = Instant::now() + SETTLE_DEADLINE;
     loop {
         let statuses: Vec<_> = subscribers.iter().map(|s| s.0.status()).collect();
@@ -218,6 +234,13 @@ async fn settle(subscribers: &[Arc<LibSubscriber>], shards: u32) -> Result<(), S
         let none_revoking = statuses.iter().all(|s| s.revoking.is_empty());
         if readers.iter().all(|n| *n == 1) && everyone_reads && none_revoking {
             return Ok(());
+        }
+        let (failed, first_error) = disruptions.heartbeat_failures();
+        if failed >= SETTLE_FAILURES_MAX && readers.iter().all(|n| *n == 0) {
+            return Err(format!(
+                "{failed} heartbeats failed, no shard granted; first: {}",
+                first_error.unwrap_or_default()
+            ));
         }
         if Instant::now() >= deadline {
             return Err(format!("assignment did not settle within {SETTLE_DEADLINE:?}: readers per shard {readers:?}"));
