@@ -1,7 +1,7 @@
 //! The `sim` command line: run plans over seed ranges, replay one seed with a full trace, show a
 //! drawn plan, run the planted-bug and regression suites. Prints the summary table and, for every
 //! failing seed, its drawn parameters, its findings, where its trace was written and
-//! `REPRODUCE WITH: cargo sim replay <plan> <seed>`.
+//! `REPRODUCE WITH: cargo sim replay <plan> <seed>`. Draws one run as an HTML timeline.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,9 +12,10 @@ use clap::{Parser, Subcommand};
 
 use crate::checkers::{count_by_kind, Finding};
 use crate::plan::{default_plan_dir, load_plan, plan_names, Plan, PlanError, PlanSpec};
-use crate::records::{fmt_us, render_trace};
+use crate::records::{fmt_us, render_trace, Records};
 use crate::regressions;
-use crate::runner::{run_seed, SeedOutcome};
+use crate::runner::{run_seed, sim_group, SeedOutcome};
+use crate::timeline::{self, TimelineInput};
 
 #[derive(Parser)]
 #[command(name = "sim", about = "Deterministic simulation of the Redis Stream Coordinator (madsim)")]
@@ -48,6 +49,14 @@ enum Command {
     Replay { plan: String, seed: u64 },
     /// Print the parameters a plan draws for a seed.
     Show { plan: String, seed: u64 },
+    /// Run one seed and draw it as one HTML page: target/sim-timelines/<plan>-<seed>.html.
+    Timeline {
+        plan: String,
+        seed: u64,
+        /// Switch the plan's planted bugs off.
+        #[arg(long)]
+        without_planted: bool,
+    },
     /// Run every planted-bug plan; each must be caught on at least one seed.
     Planted {
         #[arg(long, default_value = "0..20", value_parser = parse_seeds)]
@@ -86,6 +95,7 @@ pub fn main() -> ExitCode {
             run_plans(&cli.plans, &plan, seeds, RunFlags { check_determinism, verbose, without_planted })
         }
         Command::Replay { plan, seed } => replay(&cli.plans, &plan, seed),
+        Command::Timeline { plan, seed, without_planted } => timeline(&cli.plans, &plan, seed, without_planted),
         Command::Show { plan, seed } => load_plan(&cli.plans, &plan).and_then(|s| s.draw(seed)).map(|p| {
             print!("{}", p.describe());
             true
@@ -330,6 +340,43 @@ fn replay(dir: &Path, name: &str, seed: u64) -> Result<bool, PlanError> {
         outcome.simulated.as_secs_f64(),
         outcome.wall.as_secs_f64()
     );
+    Ok(outcome.findings.is_empty())
+}
+
+/// Where `timeline` writes its pages.
+fn timeline_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/sim-timelines"))
+}
+
+/// Runs one seed with the full trace and writes its timeline page; prints the page's path.
+fn timeline(dir: &Path, name: &str, seed: u64, without_planted: bool) -> Result<bool, PlanError> {
+    let mut spec = load_plan(dir, name)?;
+    if without_planted {
+        spec.planted.clear();
+        spec.expect.clear();
+    }
+    let plan = spec.draw(seed)?;
+    let outcome = run_seed(plan.clone(), true);
+    for finding in &outcome.findings {
+        println!("  {finding}");
+    }
+    // A run that panicked has no records; its page still shows the plan and the panic.
+    let empty = Records::default();
+    let input = TimelineInput {
+        plan: &plan,
+        group: &sim_group(),
+        records: outcome.records.as_ref().unwrap_or(&empty),
+        findings: &outcome.findings,
+        end_us: plan.durations.run_ms * 1_000,
+        planted_on: !without_planted,
+    };
+    let html = timeline::render(&input);
+    let out = timeline_dir();
+    let path = out.join(format!("{name}-{seed}.html"));
+    std::fs::create_dir_all(&out)
+        .and_then(|()| std::fs::write(&path, html))
+        .map_err(|e| PlanError::Io { path: path.clone(), message: e.to_string() })?;
+    println!("{}", path.display());
     Ok(outcome.findings.is_empty())
 }
 
