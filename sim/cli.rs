@@ -15,6 +15,7 @@ use crate::plan::{default_plan_dir, load_plan, plan_names, Plan, PlanError, Plan
 use crate::records::{fmt_us, render_trace, Records};
 use crate::regressions;
 use crate::runner::{run_seed, sim_group, SeedOutcome};
+use crate::sweep;
 use crate::timeline::{self, TimelineInput};
 
 #[derive(Parser)]
@@ -42,6 +43,25 @@ enum Command {
         #[arg(long)]
         verbose: bool,
         /// Switch the plan's planted bugs off (the control run of a planted plan: it must pass).
+        #[arg(long)]
+        without_planted: bool,
+        /// Run seeds in this many child processes (1: in this process, one after the other).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        jobs: u16,
+        /// Also print one machine-readable `SIMPLAN {json}` line per plan (for `bench`).
+        #[arg(long, hide = true)]
+        json: bool,
+    },
+    /// A child of `run --jobs N`: run one chunk of seeds, one `SIMSEED {json}` line per seed.
+    #[command(hide = true)]
+    Chunk {
+        plan: String,
+        #[arg(long, value_parser = parse_seeds)]
+        seeds: (u64, u64),
+        #[arg(long)]
+        check_determinism: bool,
+        #[arg(long)]
+        verbose: bool,
         #[arg(long)]
         without_planted: bool,
     },
@@ -91,8 +111,13 @@ fn trace_dir() -> PathBuf {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { plan, seeds, check_determinism, verbose, without_planted } => {
-            run_plans(&cli.plans, &plan, seeds, RunFlags { check_determinism, verbose, without_planted })
+        Command::Run { plan, seeds, check_determinism, verbose, without_planted, jobs, json } => {
+            let flags = RunFlags { check_determinism, verbose, without_planted };
+            run_plans(&cli.plans, &plan, seeds, flags, usize::from(jobs), json)
+        }
+        Command::Chunk { plan, seeds, check_determinism, verbose, without_planted } => {
+            let flags = RunFlags { check_determinism, verbose, without_planted };
+            load_spec(&cli.plans, &plan, flags).and_then(|spec| sweep::run_chunk(&spec, seeds, flags))
         }
         Command::Replay { plan, seed } => replay(&cli.plans, &plan, seed),
         Command::Timeline { plan, seed, without_planted } => timeline(&cli.plans, &plan, seed, without_planted),
@@ -140,7 +165,7 @@ pub struct PlanSummary {
 }
 
 impl PlanSummary {
-    fn add(&mut self, outcome: &SeedOutcome) {
+    pub(crate) fn add(&mut self, outcome: &SeedOutcome) {
         if !outcome.findings.is_empty() {
             self.failed.push(outcome.seed);
         }
@@ -173,6 +198,17 @@ pub fn run_plan(
     check_determinism: bool,
     verbose: bool,
 ) -> Result<PlanSummary, PlanError> {
+    run_plan_with(spec, seeds, check_determinism, verbose, &mut |_| {})
+}
+
+/// [`run_plan`], handing every seed's outcome to `on_seed` once it is checked and reported.
+pub fn run_plan_with(
+    spec: &PlanSpec,
+    seeds: (u64, u64),
+    check_determinism: bool,
+    verbose: bool,
+    on_seed: &mut dyn FnMut(&SeedOutcome),
+) -> Result<PlanSummary, PlanError> {
     let mut summary = PlanSummary { name: spec.name.clone(), seeds, ..PlanSummary::default() };
     for seed in seeds.0..seeds.1 {
         let plan = spec.draw(seed)?;
@@ -197,6 +233,7 @@ pub fn run_plan(
         if !outcome.findings.is_empty() && spec.expect.is_empty() {
             report_failure(&spec.name, &plan, &description, &outcome);
         }
+        on_seed(&outcome);
     }
     Ok(summary)
 }
@@ -247,7 +284,7 @@ fn write_trace(name: &str, seed: u64, outcome: &SeedOutcome) -> std::io::Result<
     Ok(path)
 }
 
-fn print_table(summaries: &[PlanSummary]) {
+pub(crate) fn print_table(summaries: &[PlanSummary]) {
     println!();
     println!("{:<36} {:>10} {:>6}  {:<48} {:>9}", "plan", "seeds", "failed", "violations by kind", "sim/wall");
     for s in summaries {
@@ -302,22 +339,43 @@ pub struct RunFlags {
     pub without_planted: bool,
 }
 
-fn run_plans(dir: &Path, which: &str, seeds: (u64, u64), flags: RunFlags) -> Result<bool, PlanError> {
+/// Loads a plan, its planted bugs switched off under `--without-planted`.
+fn load_spec(dir: &Path, name: &str, flags: RunFlags) -> Result<PlanSpec, PlanError> {
+    let mut spec = load_plan(dir, name)?;
+    if flags.without_planted {
+        spec.planted.clear();
+        spec.expect.clear();
+    }
+    Ok(spec)
+}
+
+fn run_plans(
+    dir: &Path,
+    which: &str,
+    seeds: (u64, u64),
+    flags: RunFlags,
+    jobs: usize,
+    json: bool,
+) -> Result<bool, PlanError> {
     let names: Vec<String> = if which == "all" {
         plan_names(dir)?.into_iter().filter(|n| !n.starts_with("planted-")).collect()
     } else {
         vec![which.to_string()]
     };
+    let specs = names.iter().map(|name| load_spec(dir, name, flags)).collect::<Result<Vec<_>, _>>()?;
+    if jobs > 1 {
+        return sweep::run_parallel(dir, &specs, seeds, flags, jobs);
+    }
     let mut summaries = Vec::new();
-    for name in &names {
-        let mut spec = load_plan(dir, name)?;
-        if flags.without_planted {
-            spec.planted.clear();
-            spec.expect.clear();
-        }
-        summaries.push(run_plan(&spec, seeds, flags.check_determinism, flags.verbose)?);
+    for spec in &specs {
+        summaries.push(run_plan(spec, seeds, flags.check_determinism, flags.verbose)?);
     }
     print_table(&summaries);
+    if json {
+        for s in &summaries {
+            println!("{}", sweep::plan_line(s));
+        }
+    }
     Ok(summaries.iter().all(|s| s.failed.is_empty()))
 }
 
@@ -350,12 +408,7 @@ fn timeline_dir() -> PathBuf {
 
 /// Runs one seed with the full trace and writes its timeline page; prints the page's path.
 fn timeline(dir: &Path, name: &str, seed: u64, without_planted: bool) -> Result<bool, PlanError> {
-    let mut spec = load_plan(dir, name)?;
-    if without_planted {
-        spec.planted.clear();
-        spec.expect.clear();
-    }
-    let plan = spec.draw(seed)?;
+    let plan = load_spec(dir, name, RunFlags { without_planted, ..RunFlags::default() })?.draw(seed)?;
     let outcome = run_seed(plan.clone(), true);
     for finding in &outcome.findings {
         println!("  {finding}");

@@ -8,14 +8,15 @@
 //! cargo sim planted --seeds A..B       # every planted bug must be caught
 //! cargo sim regressions                # fault-plans/regressions.toml
 //! cargo sim timeline <plan> <seed>     # one run as an HTML timeline in target/sim-timelines/
+//! cargo sim run all --seeds A..B --jobs 4   # seeds in 4 child processes, progress on stderr
 //! ```
 //!
 //! The lab's rooms: `plan` (the TOML format, drawing every parameter from the seed), `world` and
 //! `programs` (the simulated deployment running the production code), `redis_node` (the in-memory
 //! Redis on its own node), `faults` (the fault injector), `records` (ground truth and the trace),
-//! `checkers` (one file per invariant), `runner` and `cli`; the developer's tool `timeline` (one run
-//! drawn as an HTML page). The format and the checked properties are documented in
-//! `fault-plans/README.md`.
+//! `checkers` (one file per invariant), `runner` and `cli`; the developer's tools: `timeline` (one
+//! run drawn as an HTML page) and `sweep` (seeds in child processes). The format and the checked
+//! properties are documented in `fault-plans/README.md`.
 //!
 //! Under a normal build this file compiles to a stub that explains how to run it, so
 //! `cargo build --all-targets` and clippy work in both modes. The pure parts (plans, checkers) are
@@ -40,6 +41,8 @@ mod redis_node;
 mod regressions;
 #[cfg(madsim)]
 mod runner;
+#[cfg(madsim)]
+mod sweep;
 mod timeline;
 mod transport;
 #[cfg(madsim)]
