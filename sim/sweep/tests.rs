@@ -9,10 +9,12 @@ use crate::checkers::{Finding, Measurements};
 use crate::runner::SeedOutcome;
 
 fn outcome() -> SeedOutcome {
-    let mut measurements = Measurements::default();
-    measurements.silent_rollback_split_us = Some(1_234);
-    measurements.stranded_entries = 2;
-    measurements.correction_rounds_by_cause = BTreeMap::from([("identity-change", 3)]);
+    let measurements = Measurements {
+        silent_rollback_split_us: Some(1_234),
+        stranded_entries: 2,
+        correction_rounds_by_cause: BTreeMap::from([("identity-change", 3)]),
+        ..Measurements::default()
+    };
     SeedOutcome {
         seed: 42,
         findings: vec![Finding { checker: "split", kind: "split-ownership", at_us: 7, detail: "a \"b\"\nc".into() }],
