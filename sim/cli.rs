@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use crate::bench;
 use crate::checkers::{count_by_kind, Finding};
 use crate::plan::{default_plan_dir, load_plan, plan_names, Plan, PlanError, PlanSpec};
 use crate::records::{fmt_us, render_trace, Records};
@@ -84,6 +85,17 @@ enum Command {
     },
     /// Replay every seed listed in regressions.toml.
     Regressions,
+    /// Time the simulator (sim/wall) on some plans, against another sim binary if given.
+    Bench {
+        /// Plans to time, comma-separated.
+        #[arg(value_name = "PLANS", default_value = "standard,swarm")]
+        which: String,
+        #[arg(long, default_value = "0..10", value_parser = parse_seeds)]
+        seeds: (u64, u64),
+        /// Another build of this simulator (e.g. from an older commit) to compare with.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+    },
     /// List the plans.
     List,
 }
@@ -127,6 +139,7 @@ pub fn main() -> ExitCode {
         }),
         Command::Planted { seeds } => planted(&cli.plans, seeds),
         Command::Regressions => regressions::run(&cli.plans),
+        Command::Bench { which, seeds, baseline } => bench::bench(&cli.plans, &which, seeds, baseline),
         Command::List => plan_names(&cli.plans).map(|names| {
             names.iter().for_each(|n| println!("{n}"));
             true
