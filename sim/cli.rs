@@ -70,7 +70,8 @@ enum Command {
     Replay { plan: String, seed: u64 },
     /// Print the parameters a plan draws for a seed.
     Show { plan: String, seed: u64 },
-    /// Run one seed and draw it as one HTML page: target/sim-timelines/<plan>-<seed>.html.
+    /// Run one seed and draw it as one HTML page: target/sim-timelines/<plan>-<seed>.html
+    /// (`-without-planted.html` for a control run).
     Timeline {
         plan: String,
         seed: u64,
@@ -438,7 +439,9 @@ fn timeline(dir: &Path, name: &str, seed: u64, without_planted: bool) -> Result<
     };
     let html = timeline::render(&input);
     let out = timeline_dir();
-    let path = out.join(format!("{name}-{seed}.html"));
+    // A control run gets its own page, so it never overwrites the planted run's.
+    let control = if without_planted { "-without-planted" } else { "" };
+    let path = out.join(format!("{name}-{seed}{control}.html"));
     std::fs::create_dir_all(&out)
         .and_then(|()| std::fs::write(&path, html))
         .map_err(|e| PlanError::Io { path: path.clone(), message: e.to_string() })?;
