@@ -58,6 +58,7 @@
 
 mod conn;
 mod errors;
+mod fences;
 mod metadata;
 mod probe;
 mod scripts;
