@@ -236,3 +236,25 @@ pub async fn contract_fenced_operations_map_missing_groups_as_unfenced_ones<S: M
     assert_fenced(store.fenced_xreadgroup(&c, GROUP, "c1", &s, ReadFrom::New, 10).await, 0, newer);
     assert_fenced(store.fenced_claim_all_pending(&c, &s, GROUP, "c1", 0).await, 0, newer);
 }
+
+/// Real Redis only: a server that lost its script cache (restart, failover, SCRIPT FLUSH) answers
+/// the pipelined raise with NOSCRIPT; the store loads the script and sends only the calls that
+/// did not run, so no key is raised twice.
+#[tokio::test]
+async fn redis_store_raises_fences_once_after_the_script_cache_was_flushed() {
+    let server = crate::support::RedisServer::start();
+    let options = rsc::store::redis::RedisStoreOptions::default();
+    let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
+    assert_eq!(raise_one(&store, &fence_key(0), 1).await.counter, 1);
+    server.cmd(&["SCRIPT", "FLUSH"]);
+    let raises: Vec<FenceRaise> = (0..3).map(|shard| FenceRaise { key: fence_key(shard), nonce: 2 }).collect();
+    let raised = store.raise_fences(&raises).await.expect("raise after a flush");
+    assert_eq!(raised.iter().map(|f| f.counter).collect::<Vec<_>>(), vec![2, 1, 1]);
+    server.cmd(&["SCRIPT", "FLUSH"]);
+    let s = stream(0);
+    store.ensure_group(&s, GROUP).await.expect("ensure");
+    let added = add(&store, &s, 1).await;
+    let read = store.fenced_xreadgroup(&check(0, raised[0]), GROUP, "c1", &s, ReadFrom::New, 1).await;
+    assert_eq!(read.map(|e| ids(&e)), Ok(added));
+    assert_eq!(store.read_fences(&[fence_key(0)]).await, Ok(vec![Some(raised[0])]));
+}
