@@ -36,7 +36,7 @@ fn settled(members: usize, shards: u32) -> GroupMetadata {
     }
     g.target = StickyUniform.assign(shards, &ids, &BTreeMap::new(), &BTreeMap::new());
     for (shard, member) in &g.target {
-        g.current.insert(*shard, ShardOwner::Owned { member: member.clone(), since_assignment_epoch: 1 });
+        g.current.insert(*shard, ShardOwner::Owned { member: member.clone(), since_assignment_epoch: 1, fence: None });
     }
     g.validate().expect("settled state is valid");
     g
@@ -53,6 +53,7 @@ fn request(g: &GroupMetadata, member: &str, epoch: u64) -> HeartbeatRequest {
         revoking: Vec::new(),
         leave: false,
         member_session: None,
+        fenced: Vec::new(),
     }
 }
 

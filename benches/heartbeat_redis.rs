@@ -58,7 +58,7 @@ mod bench {
     use tower::ServiceExt;
 
     use crate::support::RedisServer;
-    use rsc::core::model::{GroupConfig, GroupId, MemberId};
+    use rsc::core::model::{Fence, GroupConfig, GroupId, MemberId};
     use rsc::core::protocol::{AdminRequest, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus};
     use rsc::core::{decide_heartbeat, Context, LocalView, PlantedBugs};
     use rsc::http::client::{HttpClientConfig, HttpTransport};
@@ -68,8 +68,8 @@ mod bench {
     use rsc::service::{Coordinator, CoordinatorOptions};
     use rsc::store::redis::{RedisStore, RedisStoreOptions};
     use rsc::store::{
-        CasStamp, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck,
-        TouchResult, WriteOutcome, WriteRequest,
+        CasStamp, FenceRaise, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord,
+        TouchCheck, TouchResult, WriteOutcome, WriteRequest,
     };
 
     /// What one invocation measures.
@@ -366,6 +366,7 @@ mod bench {
                 revoking: Vec::new(),
                 leave: false,
                 member_session: Some(rsc::core::protocol::MemberSession::generate()),
+                fenced: Vec::new(),
             })
             .collect();
         for member in &mut members {
@@ -650,6 +651,8 @@ mod bench {
         rebuild_index() -> Vec<GroupId>;
         identity() -> ServerIdentity;
         probe() -> ProbeReport;
+        raise_fences(raises: &[FenceRaise]) -> Vec<Fence>;
+        read_fences(keys: &[String]) -> Vec<Option<Fence>>;
     }
 
     /// The coordinator's own CPU per steady heartbeat, besides Redis: the observation update (wait

@@ -125,6 +125,8 @@ pub struct PlanSummary {
     pub lost_version_answers: usize,
     pub delivered_never_processed_max: usize,
     pub correction_rounds_by_cause: BTreeMap<&'static str, usize>,
+    /// Fenced operations that ran, stale ones refused (`FENCED`), stale ones that ran after a loss.
+    pub fences: (usize, u64, usize),
     /// The first seed (in run order) that produced each violation kind.
     pub first_seed_by_kind: BTreeMap<&'static str, u64>,
 }
@@ -149,6 +151,9 @@ impl PlanSummary {
         self.stranded += m.stranded_entries;
         self.lost_version_answers += m.lost_version_answers;
         self.delivered_never_processed_max = self.delivered_never_processed_max.max(m.delivered_never_processed);
+        self.fences.0 += m.fences.fenced_ok;
+        self.fences.1 += m.fences.refused;
+        self.fences.2 += m.fences.stale_after_loss;
         for (cause, n) in &m.correction_rounds_by_cause {
             *self.correction_rounds_by_cause.entry(cause).or_insert(0) += n;
         }
@@ -275,6 +280,12 @@ fn print_table(summaries: &[PlanSummary]) {
             let causes: Vec<String> = s.correction_rounds_by_cause.iter().map(|(c, n)| format!("{c}:{n}")).collect();
             println!("{:<36} correction rounds by ground-truth cause: {}", "", causes.join(" "));
         }
+        let (fenced_ok, refused, stale_after_loss) = s.fences;
+        println!(
+            "{:<36} fences: {fenced_ok} fenced operations ran; stale operations refused by the fence: {refused}; \
+             stale successes after a store loss (measured): {stale_after_loss}",
+            ""
+        );
         if s.silent_loss_overlaps > 0 {
             println!("{:<36} processing overlaps after silent write loss (measured): {}", "", s.silent_loss_overlaps);
         }

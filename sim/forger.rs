@@ -67,6 +67,7 @@ fn forged_heartbeat(env: &Env, victim: &HeartbeatResponse, n: u64, wrong: Member
         revoking: Vec::new(),
         leave: false,
         member_session: Some(wrong),
+        fenced: Vec::new(),
     };
     match n % 5 {
         0 => HeartbeatRequest { owned: Vec::new(), revoking: released, leave: true, member_session: None, ..steady },

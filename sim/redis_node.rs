@@ -21,11 +21,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use madsim::net::Endpoint;
-use rsc::core::model::{GroupId, MemberId};
+use rsc::core::model::{Fence, GroupId, MemberId};
 use rsc::store::memory::MemoryStore;
 use rsc::store::{
-    CasStamp, EntryId, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp, ServerIdentity, StoreError,
-    StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, EntryId, FenceCheck, FenceRaise, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp,
+    ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome,
+    WriteRequest,
 };
 
 use crate::records::{AckEvent, AddEvent, ProcessId, ReadEvent, ReadKind, Recorder, Us};
@@ -51,11 +52,38 @@ pub enum Command {
     RebuildIndex,
     Identity,
     Probe,
-    XAdd { stream: String, fields: Vec<(String, Vec<u8>)>, maxlen: Option<u64> },
-    EnsureGroup { stream: String, group: String, start: GroupStart },
-    XReadGroup { group: String, consumer: String, streams: Vec<(String, ReadFrom)>, count: usize },
-    XAck { stream: String, group: String, ids: Vec<EntryId> },
-    Claim { stream: String, group: String, consumer: String, min_idle_ms: u64 },
+    XAdd {
+        stream: String,
+        fields: Vec<(String, Vec<u8>)>,
+        maxlen: Option<u64>,
+    },
+    EnsureGroup {
+        stream: String,
+        group: String,
+        start: GroupStart,
+    },
+    XReadGroup {
+        group: String,
+        consumer: String,
+        streams: Vec<(String, ReadFrom)>,
+        count: usize,
+        fence: Option<FenceCheck>,
+    },
+    XAck {
+        stream: String,
+        group: String,
+        ids: Vec<EntryId>,
+        fence: Option<FenceCheck>,
+    },
+    Claim {
+        stream: String,
+        group: String,
+        consumer: String,
+        min_idle_ms: u64,
+        fence: Option<FenceCheck>,
+    },
+    RaiseFences(Vec<FenceRaise>),
+    ReadFences(Vec<String>),
 }
 
 impl Command {
@@ -80,14 +108,22 @@ impl Command {
             Command::Probe => "PROBE".into(),
             Command::XAdd { stream, .. } => format!("XADD {stream}"),
             Command::EnsureGroup { stream, .. } => format!("XGROUP CREATE {stream}"),
-            Command::XReadGroup { consumer, streams, .. } => {
+            Command::XReadGroup { consumer, streams, fence, .. } => {
                 let s: Vec<String> = streams.iter().map(|(s, f)| format!("{s}{}", from_mark(*f))).collect();
-                format!("XREADGROUP {consumer} {}", s.join(","))
+                format!("XREADGROUP {consumer} {}{}", s.join(","), fenced(fence))
             }
-            Command::XAck { stream, ids, .. } => format!("XACK {stream} {}", ids.len()),
-            Command::Claim { stream, consumer, .. } => format!("XAUTOCLAIM {stream} -> {consumer}"),
+            Command::XAck { stream, ids, fence, .. } => format!("XACK {stream} {}{}", ids.len(), fenced(fence)),
+            Command::Claim { stream, consumer, fence, .. } => {
+                format!("XAUTOCLAIM {stream} -> {consumer}{}", fenced(fence))
+            }
+            Command::RaiseFences(raises) => format!("RAISE {} fences", raises.len()),
+            Command::ReadFences(keys) => format!("READ {} fences", keys.len()),
         }
     }
+}
+
+fn fenced(fence: &Option<FenceCheck>) -> String {
+    fence.as_ref().map_or_else(String::new, |f| format!(" fence={}", f.fence))
 }
 
 fn from_mark(from: ReadFrom) -> &'static str {
@@ -163,8 +199,17 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
             Box::new(result)
         }
         Command::EnsureGroup { stream, group, start } => Box::new(store.create_group(&stream, &group, start).await),
-        Command::XReadGroup { group, consumer, streams, count } => {
-            let result = store.xreadgroup(&group, &consumer, &streams, count, None).await;
+        Command::RaiseFences(raises) => Box::new(store.raise_fences(&raises).await),
+        Command::ReadFences(keys) => Box::new(store.read_fences(&keys).await),
+        Command::XReadGroup { group, consumer, streams, count, fence } => {
+            let result = match (&fence, streams.as_slice()) {
+                (Some(check), [(stream, from)]) => store
+                    .fenced_xreadgroup(check, &group, &consumer, stream, *from, count)
+                    .await
+                    .map(|entries| vec![(stream.clone(), entries)]),
+                (Some(_), _) => Err(StoreError::Protocol("a fenced read names exactly one stream".into())),
+                (None, _) => store.xreadgroup(&group, &consumer, &streams, count, None).await,
+            };
             if let Ok(read) = &result {
                 let served_at_us = recorder.now_us();
                 let mut records = recorder.lock();
@@ -184,16 +229,22 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
             }
             Box::new(result)
         }
-        Command::XAck { stream, group, ids } => {
-            let result = store.xack(&stream, &group, &ids).await;
+        Command::XAck { stream, group, ids, fence } => {
+            let result = match &fence {
+                Some(check) => store.fenced_xack(check, &stream, &group, &ids).await,
+                None => store.xack(&stream, &group, &ids).await,
+            };
             if result.is_ok() {
                 let ack = AckEvent { process: client, stream, served_at_us: recorder.now_us(), ids };
                 recorder.lock().acks.push(ack);
             }
             Box::new(result)
         }
-        Command::Claim { stream, group, consumer, min_idle_ms } => {
-            let result = store.claim_all_pending(&stream, &group, &consumer, min_idle_ms).await;
+        Command::Claim { stream, group, consumer, min_idle_ms, fence } => {
+            let result = match &fence {
+                Some(check) => store.fenced_claim_all_pending(check, &stream, &group, &consumer, min_idle_ms).await,
+                None => store.claim_all_pending(&stream, &group, &consumer, min_idle_ms).await,
+            };
             if let Ok(entries) = &result {
                 let read = ReadEvent {
                     process: client,
@@ -315,6 +366,14 @@ impl MetadataStore for RemoteStore {
     async fn probe(&self) -> Result<ProbeReport, StoreError> {
         self.call(Command::Probe).await
     }
+
+    async fn raise_fences(&self, raises: &[FenceRaise]) -> Result<Vec<Fence>, StoreError> {
+        self.call(Command::RaiseFences(raises.to_vec())).await
+    }
+
+    async fn read_fences(&self, keys: &[String]) -> Result<Vec<Option<Fence>>, StoreError> {
+        self.call(Command::ReadFences(keys.to_vec())).await
+    }
 }
 
 impl StreamStore for RemoteStore {
@@ -354,12 +413,15 @@ impl StreamStore for RemoteStore {
             consumer: consumer.to_string(),
             streams: streams.to_vec(),
             count,
+            fence: None,
         };
         self.call(command).await
     }
 
     async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {
-        self.call(Command::XAck { stream: stream.to_string(), group: group.to_string(), ids: ids.to_vec() }).await
+        let command =
+            Command::XAck { stream: stream.to_string(), group: group.to_string(), ids: ids.to_vec(), fence: None };
+        self.call(command).await
     }
 
     async fn claim_all_pending(
@@ -374,6 +436,56 @@ impl StreamStore for RemoteStore {
             group: group.to_string(),
             consumer: consumer.to_string(),
             min_idle_ms,
+            fence: None,
+        };
+        self.call(command).await
+    }
+
+    async fn fenced_xreadgroup(
+        &self,
+        fence: &FenceCheck,
+        group: &str,
+        consumer: &str,
+        stream: &str,
+        from: ReadFrom,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let command = Command::XReadGroup {
+            group: group.to_string(),
+            consumer: consumer.to_string(),
+            streams: vec![(stream.to_string(), from)],
+            count,
+            fence: Some(fence.clone()),
+        };
+        let read: Vec<(String, Vec<StreamEntry>)> = self.call(command).await?;
+        Ok(read.into_iter().flat_map(|(_, entries)| entries).collect())
+    }
+
+    async fn fenced_xack(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        ids: &[EntryId],
+    ) -> Result<u64, StoreError> {
+        let (stream, group, ids) = (stream.to_string(), group.to_string(), ids.to_vec());
+        self.call(Command::XAck { stream, group, ids, fence: Some(fence.clone()) }).await
+    }
+
+    async fn fenced_claim_all_pending(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let command = Command::Claim {
+            stream: stream.to_string(),
+            group: group.to_string(),
+            consumer: consumer.to_string(),
+            min_idle_ms,
+            fence: Some(fence.clone()),
         };
         self.call(command).await
     }

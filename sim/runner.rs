@@ -18,7 +18,7 @@ use std::time::Duration;
 use madsim::runtime::Runtime;
 use rsc::core::model::GroupId;
 use rsc::core::PlantedBugs;
-use rsc::store::memory::{HistoryEvent, MemoryStore};
+use rsc::store::memory::{AckRecord, HistoryEvent, MemoryStore, ReadRecord};
 
 use crate::checkers::{self, Facts, Finding, Measurements};
 use crate::coord_rpc::COORDINATOR_PORT;
@@ -50,6 +50,9 @@ struct Run {
     records: Records,
     history: Vec<HistoryEvent>,
     end_us: Us,
+    store_reads: Vec<ReadRecord>,
+    store_acks: Vec<AckRecord>,
+    fence_refusals: u64,
 }
 
 /// The group every run uses.
@@ -67,6 +70,7 @@ async fn simulate(plan: Arc<Plan>, verbose: bool) -> Run {
     // The recorder's origin and the store clock start at the same simulated instant.
     let recorder = Recorder::new(verbose);
     let store = MemoryStore::new(plan.seed ^ 0x5354_4f52_4500_0000);
+    store.set_planted(planted(&plan));
     let env = Env {
         plan: Arc::clone(&plan),
         group: sim_group(),
@@ -89,7 +93,14 @@ async fn simulate(plan: Arc<Plan>, verbose: bool) -> Run {
         injector.apply_due(&mut world, recorder.now_us());
     }
     recorder.trace("runner", "end of run");
-    Run { records: recorder.take(), history: world.store.history(), end_us }
+    Run {
+        records: recorder.take(),
+        history: world.store.history(),
+        end_us,
+        store_reads: world.store.read_log(),
+        store_acks: world.store.ack_log(),
+        fence_refusals: world.store.fence_refusals().values().sum(),
+    }
 }
 
 fn madsim_config(plan: &Plan) -> madsim::Config {
@@ -135,7 +146,16 @@ pub fn run_seed(plan: Plan, verbose: bool) -> SeedOutcome {
         Err(payload) => return panicked(seed, payload, wall),
     };
     let group = sim_group();
-    let facts = Facts { plan: &plan, group: &group, records: &run.records, history: &run.history, end_us: run.end_us };
+    let facts = Facts {
+        plan: &plan,
+        group: &group,
+        records: &run.records,
+        history: &run.history,
+        end_us: run.end_us,
+        store_reads: &run.store_reads,
+        store_acks: &run.store_acks,
+        fence_refusals: run.fence_refusals,
+    };
     let verdict = checkers::check_all(&facts);
     SeedOutcome {
         seed,

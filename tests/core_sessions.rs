@@ -37,6 +37,7 @@ fn forged_leave(w: &World, victim: &Client, session: Option<MemberSession>) -> H
             .collect(),
         leave: true,
         member_session: session,
+        fenced: Vec::new(),
     }
 }
 

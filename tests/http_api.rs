@@ -496,6 +496,7 @@ async fn the_client_transport_reaches_the_router_over_tcp_with_encoded_group_nam
         revoking: vec![],
         leave: false,
         member_session: None,
+        fenced: Vec::new(),
     };
     let joined = transport.heartbeat(join.clone()).await.expect("heartbeat over TCP");
     assert_eq!((joined.status, joined.assigned), (HeartbeatStatus::Ok, vec![0, 1, 2]));

@@ -65,6 +65,7 @@ fn join(member: &str) -> HeartbeatRequest {
         revoking: vec![],
         leave: false,
         member_session: Some(session_of(member)),
+        fenced: Vec::new(),
     }
 }
 
@@ -86,6 +87,7 @@ fn next(r: &HeartbeatResponse) -> HeartbeatRequest {
         revoking: r.revoked_reports(),
         leave: false,
         member_session: Some(session_of(&r.member_id)),
+        fenced: Vec::new(),
     }
 }
 

@@ -12,10 +12,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rsc::core::model::{GroupId, MemberId};
+use rsc::core::model::{Fence, GroupId, MemberId};
 use rsc::store::{
-    CasStamp, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck,
-    TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, FenceRaise, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord,
+    TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 
 /// A mutex held this long without a release was abandoned by its critical section.
@@ -323,5 +323,16 @@ impl<S: MetadataStore> MetadataStore for Instrumented<S> {
 
     async fn probe(&self) -> Result<ProbeReport, StoreError> {
         self.inner.probe().await
+    }
+
+    async fn raise_fences(&self, raises: &[FenceRaise]) -> Result<Vec<Fence>, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.raise_fences(raises).await;
+        self.trace.record("raise_fences", started, 0);
+        result
+    }
+
+    async fn read_fences(&self, keys: &[String]) -> Result<Vec<Option<Fence>>, StoreError> {
+        self.inner.read_fences(keys).await
     }
 }

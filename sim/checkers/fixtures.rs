@@ -59,6 +59,9 @@ impl World {
             records: &self.records,
             history: &self.history,
             end_us: 60_000_000,
+            store_reads: &[],
+            store_acks: &[],
+            fence_refusals: 0,
         }
     }
 
@@ -107,6 +110,7 @@ impl World {
             revoking: vec![],
             leave: false,
             member_session: None,
+            fenced: Vec::new(),
         };
         let call = CoordinatorCall {
             process: p,
@@ -134,6 +138,7 @@ impl World {
             assignment_lease_ms: lease_ms,
             heartbeat_interval_ms: 1_000,
             store_revision: 1,
+            fences: Vec::new(),
         }
     }
 
@@ -274,7 +279,10 @@ impl World {
         );
         for &shard in shards {
             g.target.insert(shard, member.to_string());
-            g.current.insert(shard, ShardOwner::Owned { member: member.to_string(), since_assignment_epoch: 0 });
+            g.current.insert(
+                shard,
+                ShardOwner::Owned { member: member.to_string(), since_assignment_epoch: 0, fence: None },
+            );
         }
         g
     }

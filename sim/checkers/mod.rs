@@ -16,9 +16,11 @@
 //! | [`liveness`] | 6. liveness after the faults heal |
 //! | [`messages`] | 7. every acknowledged XADD delivered; no entry processed twice at once |
 //! | [`evidence`] | every correction round has a ground-truth cause (no false loss evidence) |
+//! | [`fences`] | fencing at the resource: what ran at Redis presented the latest recorded grant's fence |
 
 pub mod consumer_lease;
 pub mod evidence;
+pub mod fences;
 mod grants;
 pub mod liveness;
 pub mod messages;
@@ -32,7 +34,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use rsc::core::model::{GroupId, GroupMetadata, ShardId};
-use rsc::store::memory::HistoryEvent;
+use rsc::store::memory::{AckRecord, HistoryEvent, ReadRecord};
 
 use crate::plan::{NodeRef, Plan};
 use crate::records::{fmt_us, Mark, ProcessId, Records, Us};
@@ -47,6 +49,11 @@ pub struct Facts<'a> {
     pub history: &'a [HistoryEvent],
     /// Simulated time the run ended.
     pub end_us: Us,
+    /// The store's own execution logs of delivery calls and XACKs (with the fence each presented).
+    pub store_reads: &'a [ReadRecord],
+    pub store_acks: &'a [AckRecord],
+    /// Fenced operations the store refused as `FENCED`.
+    pub fence_refusals: u64,
 }
 
 impl Facts<'_> {
@@ -167,6 +174,8 @@ pub const KINDS: &[&str] = &[
     "acknowledged-stranded",
     "concurrent-processing",
     "false-loss-evidence",
+    "stale-fence-succeeded",
+    "unfenced-operation",
 ];
 
 /// One violated invariant, as the runner reports it.
@@ -224,6 +233,9 @@ pub struct Measurements {
     pub delivered_never_processed: usize,
     /// Correction rounds started, by the ground-truth cause that preceded them (`evidence`).
     pub correction_rounds_by_cause: BTreeMap<&'static str, usize>,
+    /// What the fences did (`fences`): stale operations refused, and stale successes whose grant
+    /// the store later lost (measured).
+    pub fences: fences::FenceCounts,
 }
 
 /// The result of checking one run.
@@ -254,6 +266,8 @@ pub fn check_all(facts: &Facts<'_>) -> Verdict {
         .count();
     let (evidence, rounds) = evidence::check(facts);
     measurements.correction_rounds_by_cause = rounds;
+    let (fenced, fence_counts) = fences::check(facts);
+    measurements.fences = fence_counts;
     let mut all: Vec<Finding> = findings("split", split)
         .chain(findings("consumer-lease", consumer_lease::check(facts)))
         .chain(findings("producer-lease", producer_lease::check(facts)))
@@ -263,6 +277,7 @@ pub fn check_all(facts: &Facts<'_>) -> Verdict {
         .chain(findings("liveness", liveness::check(facts)))
         .chain(findings("messages", messages))
         .chain(findings("evidence", evidence))
+        .chain(findings("fences", fenced))
         .collect();
     all.sort_by(|a, b| (a.at_us, a.checker, &a.detail).cmp(&(b.at_us, b.checker, &b.detail)));
     Verdict { findings: all, measurements }
@@ -295,6 +310,7 @@ mod kinds_tests {
             include_str!("liveness.rs"),
             include_str!("messages.rs"),
             include_str!("evidence.rs"),
+            include_str!("fences.rs"),
         ];
         let mut found = std::collections::BTreeSet::new();
         for source in sources {

@@ -33,6 +33,7 @@ use spec::{spec_member_view, spec_routing_view, spec_status};
 /// brief: statuses, pending shards derived from the target), written from the spec for this
 /// oracle. It shares the protocol's *types*, never its rules.
 mod spec {
+    use rsc::core::fence::ShardFence;
     use rsc::core::model::{GroupMetadata, ShardOwner};
     use rsc::core::protocol::{Drain, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
 
@@ -80,15 +81,20 @@ mod spec {
             assignment_lease_ms: g.config.assignment_lease_ms,
             heartbeat_interval_ms: g.config.heartbeat_interval_ms,
             store_revision: revision,
+            fences: Vec::new(),
         };
         for shard in 0..g.shard_count {
             match g.current.get(&shard) {
-                Some(ShardOwner::Owned { member: m, .. }) if m == member => view.assigned.push(shard),
-                Some(ShardOwner::Revoking { member: m, revoke_id, .. }) if m == member => {
+                Some(ShardOwner::Owned { member: m, fence, .. }) if m == member => {
+                    view.assigned.push(shard);
+                    view.fences.extend(fence.map(|fence| ShardFence { shard, fence }));
+                }
+                Some(ShardOwner::Revoking { member: m, revoke_id, fence, .. }) if m == member => {
                     view.revoke.push(shard);
                     if let Some(revoke_id) = *revoke_id {
                         view.drains.push(Drain { shard, revoke_id });
                     }
+                    view.fences.extend(fence.map(|fence| ShardFence { shard, fence }));
                 }
                 _ => {}
             }
@@ -231,7 +237,15 @@ fn heartbeat_view(g: &GroupMetadata, req: &HeartbeatRequest, resp: &HeartbeatRes
     let view = spec_member_view(g, member, resp.status, resp.store_revision);
     // A leave is answered with the member's empty view (epoch 0) once it is gone.
     let expected = if req.leave && !g.members.contains_key(member) {
-        HeartbeatResponse { assigned: vec![], pending: vec![], revoke: vec![], drains: vec![], member_epoch: 0, ..view }
+        HeartbeatResponse {
+            assigned: vec![],
+            pending: vec![],
+            revoke: vec![],
+            drains: vec![],
+            fences: vec![],
+            member_epoch: 0,
+            ..view
+        }
     } else {
         view
     };

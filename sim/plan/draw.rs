@@ -226,6 +226,7 @@ fn draw_group(spec: &PlanSpec, rng: &mut SmallRng) -> Result<GroupConfig, PlanEr
         )?,
         assignor: g.assignor.unwrap_or_default(),
         heal_lost_add_shards: g.heal_lost_add_shards.unwrap_or(defaults.heal_lost_add_shards),
+        fencing: g.fencing.unwrap_or(defaults.fencing),
     };
     config.validate().map_err(|e| invalid(format!("group: {e}")))?;
     Ok(config)

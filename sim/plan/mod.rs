@@ -143,6 +143,9 @@ pub struct GroupSpec {
     pub assignor: Option<rsc::core::model::AssignorKind>,
     /// Re-add the shards of a lost `add-shards` a producer reports (default on).
     pub heal_lost_add_shards: Option<bool>,
+    /// `GroupConfig::fencing` (default on). Off only in plans that measure what leases alone
+    /// give, or whose planted bug fencing would hide.
+    pub fencing: Option<bool>,
 }
 
 /// Timeouts and cadences of the simulated processes and network.

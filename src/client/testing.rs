@@ -101,6 +101,7 @@ impl CoordinatorTransport for FakeCoordinator {
                 assignment_lease_ms: s.assignment_lease_ms,
                 heartbeat_interval_ms: s.heartbeat_interval_ms,
                 store_revision: 1,
+                fences: Vec::new(),
             })
         })
     }

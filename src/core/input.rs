@@ -146,6 +146,7 @@ mod tests {
             revoking: vec![RevokeReport { shard: 1, in_flight: 0, revoked: true, revoke_id: None }],
             leave: false,
             member_session: None,
+            fenced: Vec::new(),
         }
     }
 

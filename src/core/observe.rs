@@ -219,7 +219,7 @@ mod tests {
     fn waits_are_measured_from_first_observation() {
         let mut g = group_with_member();
         let wait = g.allocate_wait().expect("a fresh group has wait ids left");
-        g.current.insert(0, ShardOwner::Fenced { member: "a".into(), wait });
+        g.current.insert(0, ShardOwner::Fenced { member: "a".into(), wait, fence: None });
         let mut view = LocalView::default();
         assert_eq!(view.observe(1_000, &g, None).waited_ms(wait), 0);
         assert_eq!(view.observe(3_500, &g, None).waited_ms(wait), 2_500);

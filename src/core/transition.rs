@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 
 use super::assignor::assignor_for;
 use super::engine::Context;
+use super::fence::ShardFence;
 use super::model::{
     clock_rate_margin_ms, next_client_number, CorrectionRound, CounterExhausted, GroupMetadata, LossEvidence, Member,
     MemberId, MemberState, ReshardReason, ReshardRecord, RevokeId, ShardId, ShardOwner, WaitId,
@@ -17,7 +18,6 @@ use super::model::{
 };
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
-use super::fence::ShardFence;
 use super::protocol::{RevokeReport, SessionDigest};
 
 /// The result of [`Transition::finish`]: what to write (if anything) and the store conditions.
@@ -387,7 +387,8 @@ impl<'a> Transition<'a> {
                 if let Some(member) = self.next.target.get(&shard) {
                     let member = member.clone();
                     // No fence yet: the coordinator raises one at Redis before recording the grant.
-                    let grant = ShardOwner::Owned { member: member.clone(), since_assignment_epoch: epoch, fence: None };
+                    let grant =
+                        ShardOwner::Owned { member: member.clone(), since_assignment_epoch: epoch, fence: None };
                     self.next.current.insert(shard, grant);
                     self.granted.insert(member);
                 }

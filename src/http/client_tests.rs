@@ -70,6 +70,7 @@ async fn heartbeat(
         assignment_lease_ms: 8_000,
         heartbeat_interval_ms: 1_000,
         store_revision: 9,
+        fences: Vec::new(),
     })
     .into_response()
 }
@@ -147,6 +148,7 @@ fn request(group: &GroupId) -> HeartbeatRequest {
         revoking: vec![],
         leave: false,
         member_session: None,
+        fenced: Vec::new(),
     }
 }
 

@@ -73,7 +73,7 @@ mod tests {
         assert_eq!(metadata_key(&group), "redis-stream:coord:{orders:v1:billing}:metadata");
         assert_eq!(mutex_key(&group), "redis-stream:coord:{orders:v1:billing}:mutex");
         assert_eq!(parse_metadata_key(&metadata_key(&group)), Some(group.clone()));
-        assert_eq!(parse_index_entry(&index_entry(&group)), Some(group));
+        assert_eq!(parse_index_entry(&index_entry(&group)), Some(group.clone()));
         assert_eq!(parse_metadata_key("redis-stream:coord:{nogroup}:metadata"), None);
         assert_eq!(parse_metadata_key("other:{a:b}:metadata"), None);
         assert_eq!(fence_key(&group, 7), "redis-stream:coord:{orders:v1:7}:fence:billing");

@@ -225,6 +225,7 @@ impl Client {
                 .collect(),
             leave: false,
             member_session: Some(self.session.clone()),
+            fenced: Vec::new(),
         }
     }
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rsc::store::{EntryId, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use rsc::store::{EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// A [`StreamStore`] that delays XREADGROUP on `slow_streams` by `delay` (nothing else).
 #[derive(Clone)]
@@ -80,5 +80,42 @@ impl<S: StreamStore> StreamStore for SlowPath<S> {
         min_idle_ms: u64,
     ) -> Result<Vec<StreamEntry>, StoreError> {
         self.inner.claim_all_pending(stream, group, consumer, min_idle_ms).await
+    }
+
+    async fn fenced_xreadgroup(
+        &self,
+        fence: &FenceCheck,
+        group: &str,
+        consumer: &str,
+        stream: &str,
+        from: ReadFrom,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        if self.slow_streams.contains(stream) {
+            self.slow_started.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.fenced_xreadgroup(fence, group, consumer, stream, from, count).await
+    }
+
+    async fn fenced_xack(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        ids: &[EntryId],
+    ) -> Result<u64, StoreError> {
+        self.inner.fenced_xack(fence, stream, group, ids).await
+    }
+
+    async fn fenced_claim_all_pending(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        self.inner.fenced_claim_all_pending(fence, stream, group, consumer, min_idle_ms).await
     }
 }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rsc::store::{EntryId, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use rsc::store::{EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// One read-like call on one shard stream.
 #[derive(Clone, Debug)]
@@ -165,10 +165,15 @@ struct CallGuard<'a> {
     command: &'static str,
     start: Instant,
     entries: Option<usize>,
+    /// Redis refused the call as `FENCED`: it read nothing, so it is no tenure.
+    refused: bool,
 }
 
 impl Drop for CallGuard<'_> {
     fn drop(&mut self) {
+        if self.refused {
+            return;
+        }
         self.log.push(ReadCall {
             member: std::mem::take(&mut self.member),
             stream: std::mem::take(&mut self.stream),
@@ -226,6 +231,7 @@ impl<S: StreamStore> StreamStore for RecordingStore<S> {
             command: "XREADGROUP",
             start: Instant::now(),
             entries: None,
+            refused: false,
         };
         let result = self.inner.xreadgroup(group, consumer, streams, count, block_ms).await;
         guard.entries = Some(result.as_ref().map_or(0, |r| r.iter().map(|(_, e)| e.len()).sum()));
@@ -250,9 +256,67 @@ impl<S: StreamStore> StreamStore for RecordingStore<S> {
             command: "XAUTOCLAIM",
             start: Instant::now(),
             entries: None,
+            refused: false,
         };
         let result = self.inner.claim_all_pending(stream, group, consumer, min_idle_ms).await;
         guard.entries = Some(result.as_ref().map_or(0, Vec::len));
+        result
+    }
+
+    async fn fenced_xreadgroup(
+        &self,
+        fence: &FenceCheck,
+        group: &str,
+        consumer: &str,
+        stream: &str,
+        from: ReadFrom,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let mut guard = CallGuard {
+            log: &self.log,
+            member: consumer.to_string(),
+            stream: stream.to_string(),
+            command: "XREADGROUP",
+            start: Instant::now(),
+            entries: None,
+            refused: false,
+        };
+        let result = self.inner.fenced_xreadgroup(fence, group, consumer, stream, from, count).await;
+        guard.entries = Some(result.as_ref().map_or(0, Vec::len));
+        guard.refused = matches!(result, Err(StoreError::Fenced { .. }));
+        result
+    }
+
+    async fn fenced_xack(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        ids: &[EntryId],
+    ) -> Result<u64, StoreError> {
+        self.inner.fenced_xack(fence, stream, group, ids).await
+    }
+
+    async fn fenced_claim_all_pending(
+        &self,
+        fence: &FenceCheck,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let mut guard = CallGuard {
+            log: &self.log,
+            member: consumer.to_string(),
+            stream: stream.to_string(),
+            command: "XAUTOCLAIM",
+            start: Instant::now(),
+            entries: None,
+            refused: false,
+        };
+        let result = self.inner.fenced_claim_all_pending(fence, stream, group, consumer, min_idle_ms).await;
+        guard.entries = Some(result.as_ref().map_or(0, Vec::len));
+        guard.refused = matches!(result, Err(StoreError::Fenced { .. }));
         result
     }
 }

@@ -129,6 +129,7 @@ fn the_body_schemas_name_exactly_the_fields_of_the_types() {
                 revoking: vec![report],
                 leave: false,
                 member_session: Some(MemberSession("0".repeat(32))),
+                fenced: Vec::new(),
             })
             .expect("json"),
         ),
@@ -148,6 +149,7 @@ fn the_body_schemas_name_exactly_the_fields_of_the_types() {
                 assignment_lease_ms: 1,
                 heartbeat_interval_ms: 1,
                 store_revision: 1,
+                fences: Vec::new(),
             })
             .expect("json"),
         ),

@@ -12,11 +12,11 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use rsc::core::model::{GroupId, MemberId};
+use rsc::core::model::{Fence, GroupId, MemberId};
 use rsc::store::memory::MemoryStore;
 use rsc::store::{
-    CasStamp, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord, TouchCheck,
-    TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, FenceRaise, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord,
+    TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 use tokio::sync::oneshot;
 
@@ -118,5 +118,11 @@ impl MetadataStore for HeldStore {
     }
     async fn probe(&self) -> Result<ProbeReport, StoreError> {
         self.inner.probe().await
+    }
+    async fn raise_fences(&self, raises: &[FenceRaise]) -> Result<Vec<Fence>, StoreError> {
+        self.inner.raise_fences(raises).await
+    }
+    async fn read_fences(&self, keys: &[String]) -> Result<Vec<Option<Fence>>, StoreError> {
+        self.inner.read_fences(keys).await
     }
 }

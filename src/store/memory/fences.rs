@@ -30,12 +30,14 @@ impl Inner {
         self.keys.fences.get(key).copied()
     }
 
-    /// The check every fenced operation runs before it touches the stream.
-    pub(super) fn check_fence(&mut self, check: &FenceCheck) -> Result<(), StoreError> {
+    /// The check every fenced operation (`op`) runs before it touches the stream.
+    pub(super) fn check_fence(&mut self, check: &FenceCheck, op: &'static str) -> Result<(), StoreError> {
         match self.keys.fences.get(&check.key) {
             Some(current) if *current == check.fence => Ok(()),
             Some(current) if current.counter >= check.fence.counter => {
-                Err(StoreError::Fenced { key: check.key.clone(), current: current.to_string() })
+                let refused = StoreError::Fenced { key: check.key.clone(), current: current.to_string() };
+                *self.history.fence_refusals.entry(op).or_default() += 1;
+                Err(refused)
             }
             _ => {
                 let mut change = Change::default();
@@ -51,6 +53,6 @@ impl Inner {
         if self.planted.has(PlantedBug::NoFenceCheckInAck) {
             return Ok(());
         }
-        self.check_fence(check)
+        self.check_fence(check, "XACK")
     }
 }

@@ -129,6 +129,8 @@ pub(super) struct History {
     pub(super) reads: Vec<ReadRecord>,
     pub(super) adds: Vec<AddRecord>,
     pub(super) acks: Vec<AckRecord>,
+    /// Fenced operations refused as `FENCED`, by operation (`XREADGROUP`, `XACK`, `XAUTOCLAIM`).
+    pub(super) fence_refusals: std::collections::BTreeMap<&'static str, u64>,
 }
 
 impl History {

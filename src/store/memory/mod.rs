@@ -206,7 +206,8 @@ impl Inner {
     fn log_ack(&mut self, stream: &str, group: &str, acked: Vec<EntryId>, fence: Option<Fence>) {
         let at_ms = self.now_ms();
         let history_len = self.history.events.len();
-        let ack = AckRecord { at_ms, stream: stream.to_string(), group: group.to_string(), ids: acked, fence, history_len };
+        let ack =
+            AckRecord { at_ms, stream: stream.to_string(), group: group.to_string(), ids: acked, fence, history_len };
         self.history.acks.push(ack);
     }
 }
@@ -367,6 +368,11 @@ impl MemoryStore {
     /// Switches planted bugs of the fake's scripts on (the simulation's negative tests only).
     pub fn set_planted(&self, planted: PlantedBugs) {
         self.lock().planted = planted;
+    }
+
+    /// Fenced operations refused as `FENCED` so far, by operation.
+    pub fn fence_refusals(&self) -> BTreeMap<&'static str, u64> {
+        self.lock().history.fence_refusals.clone()
     }
 
     /// Peek without faults: the fence a key holds.
@@ -547,7 +553,9 @@ impl MetadataStore for MemoryStore {
             if i > 0 {
                 tokio::task::yield_now().await;
             }
-            fences.push(self.execute(&["EVALSHA", "HINCRBY", "HSET"], |inner| Ok(inner.raise_fence(&raise.key, raise.nonce)))??);
+            fences.push(
+                self.execute(&["EVALSHA", "HINCRBY", "HSET"], |inner| Ok(inner.raise_fence(&raise.key, raise.nonce)))??,
+            );
         }
         sleep_ms(latency_ms - request_ms).await;
         Ok(fences)
@@ -690,14 +698,14 @@ impl MemoryStore {
         &self,
         fence: &FenceCheck,
         call: &ReadCall<'_>,
-        command: &str,
+        command: &'static str,
         read: impl FnOnce(&mut Inner, u64) -> Result<Vec<StreamEntry>, StoreError>,
     ) -> Result<Vec<StreamEntry>, StoreError> {
         let stream = call.streams.first().map(|(s, _)| s.clone()).unwrap_or_default();
         let result = self
             .call_raw(&["EVALSHA", "HMGET", "HSET", command], |inner| {
                 let now_ms = inner.now_ms();
-                let outcome = inner.check_fence(fence).and_then(|()| read(inner, now_ms));
+                let outcome = inner.check_fence(fence, command).and_then(|()| read(inner, now_ms));
                 let logged = outcome.as_ref().map(|entries| vec![(stream.clone(), ids(entries))]).map_err(Clone::clone);
                 inner.log_reads(call, &logged);
                 outcome

@@ -87,6 +87,7 @@ fn response(status: HeartbeatStatus, assigned: &BTreeSet<ShardId>, revoke: &BTre
         assignment_lease_ms: LEASE_MS,
         heartbeat_interval_ms: 100,
         store_revision: 1,
+        fences: Vec::new(),
     }
 }
 

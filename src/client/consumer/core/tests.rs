@@ -33,6 +33,7 @@ fn response(status: HeartbeatStatus, assigned: &[ShardId], revoke: &[ShardId]) -
         assignment_lease_ms: LEASE_MS,
         heartbeat_interval_ms: INTERVAL_MS,
         store_revision: 11,
+        fences: Vec::new(),
     }
 }
 

@@ -1,0 +1,244 @@
+//! Fencing at the resource (DESIGN §10), judged from ground truth: every read, claim and ack that
+//! *succeeded at Redis* on a shard of a group with fencing on must have presented the fence of
+//! that shard's latest grant recorded in the store at that instant. No exemption for pauses, clock
+//! faults or calls that timed out client-side and ran later: that is the point of fencing.
+//!
+//! Ground truth, not the fake's fence key: the store's execution logs (which fence each call
+//! presented, and after which metadata change it ran: `history_len`) against the store's metadata
+//! history. "Latest grant" of a shard at an instant: the fence recorded in the shard's entry of the
+//! group's state then (owned, revoking or fenced), or, for a shard with no entry, the fence of its
+//! last entry in that timeline.
+//!
+//! What no protocol prevents is measured, not failed: a call presenting a fence that was recorded
+//! only in writes the store later lost (a rollback undid them, or an acknowledged write was
+//! dropped) — its grant was answered, then forgotten. Those are counted as stale successes after
+//! loss. Refusals (`FENCED`) are counted too: each is a stale operation the fence stopped.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use rsc::core::model::{Fence, GroupMetadata, ShardId, ShardOwner};
+use rsc::store::memory::{AckRecord, HistoryEvent, HistoryKind, ReadRecord, ReadSource};
+
+use super::{Facts, Violation};
+use crate::records::{fmt_us, Us};
+
+/// A violated fencing invariant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FenceViolation {
+    /// A call presented a fence other than the shard's latest recorded grant's, and Redis ran it.
+    StaleFenceSucceeded {
+        at_us: Us,
+        op: &'static str,
+        consumer: String,
+        shard: ShardId,
+        presented: Fence,
+        latest: Option<Fence>,
+    },
+    /// A call presented no fence on a shard whose grant is fenced, and Redis ran it.
+    UnfencedOperation { at_us: Us, op: &'static str, consumer: String, shard: ShardId, latest: Fence },
+}
+
+impl Violation for FenceViolation {
+    fn kind(&self) -> &'static str {
+        match self {
+            FenceViolation::StaleFenceSucceeded { .. } => "stale-fence-succeeded",
+            FenceViolation::UnfencedOperation { .. } => "unfenced-operation",
+        }
+    }
+
+    fn at_us(&self) -> Us {
+        match self {
+            FenceViolation::StaleFenceSucceeded { at_us, .. } | FenceViolation::UnfencedOperation { at_us, .. } => {
+                *at_us
+            }
+        }
+    }
+}
+
+impl fmt::Display for FenceViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FenceViolation::StaleFenceSucceeded { at_us, op, consumer, shard, presented, latest } => {
+                let latest = latest.map_or_else(|| "none".to_string(), |l| l.to_string());
+                write!(
+                    f,
+                    "{op} by {consumer} on shard {shard} at {}s ran at Redis with fence {presented}, but the shard's \
+                     latest recorded grant has fence {latest}",
+                    fmt_us(*at_us).trim()
+                )
+            }
+            FenceViolation::UnfencedOperation { at_us, op, consumer, shard, latest } => write!(
+                f,
+                "{op} by {consumer} on shard {shard} at {}s ran at Redis without a fence, but the shard's grant is \
+                 fenced ({latest})",
+                fmt_us(*at_us).trim()
+            ),
+        }
+    }
+}
+
+/// What fencing did in one run (measured).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FenceCounts {
+    /// Operations Redis refused as `FENCED`.
+    pub refused: u64,
+    /// Operations that presented the fence of a grant the store later lost, and ran (no protocol
+    /// prevents these; DESIGN §7).
+    pub stale_after_loss: usize,
+    /// Fenced operations that ran (the denominator).
+    pub fenced_ok: usize,
+}
+
+/// The group's fencing state after one metadata change.
+#[derive(Clone, Debug, Default)]
+struct Snapshot {
+    fencing: bool,
+    /// The latest grant's fence per shard, in this timeline.
+    latest: BTreeMap<ShardId, Fence>,
+}
+
+/// One operation that ran at Redis.
+struct Op<'a> {
+    op: &'static str,
+    consumer: &'a str,
+    stream: &'a str,
+    at_ms: u64,
+    history_len: usize,
+    fence: Option<Fence>,
+}
+
+pub fn check(facts: &Facts<'_>) -> (Vec<FenceViolation>, FenceCounts) {
+    let (reads, acks): (&[ReadRecord], &[AckRecord]) = (facts.store_reads, facts.store_acks);
+    let timeline = Timeline::build(facts);
+    let mut counts = FenceCounts { refused: facts.fence_refusals, ..FenceCounts::default() };
+    let mut violations = Vec::new();
+    let ops = reads
+        .iter()
+        .filter(|r| r.error.is_none() && r.group == facts.group.consumer_group)
+        .map(|r| Op {
+            op: match r.from {
+                ReadSource::Claim { .. } => "XAUTOCLAIM",
+                _ => "XREADGROUP",
+            },
+            consumer: &r.consumer,
+            stream: &r.stream,
+            at_ms: r.at_ms,
+            history_len: r.history_len,
+            fence: r.fence,
+        })
+        .chain(acks.iter().filter(|a| a.group == facts.group.consumer_group).map(|a| Op {
+            op: "XACK",
+            consumer: "(ack)",
+            stream: &a.stream,
+            at_ms: a.at_ms,
+            history_len: a.history_len,
+            fence: a.fence,
+        }));
+    for op in ops {
+        let Some(shard) = facts.shard_of(op.stream) else { continue };
+        let snapshot = timeline.at(op.history_len);
+        if !snapshot.fencing {
+            continue;
+        }
+        let latest = snapshot.latest.get(&shard).copied();
+        let at_us = op.at_ms * 1_000;
+        match (op.fence, latest) {
+            (Some(presented), Some(latest)) if presented == latest => counts.fenced_ok += 1,
+            (Some(presented), latest) => {
+                if timeline.lost.contains(&presented)
+                    || (timeline.dropped_writes && !timeline.recorded.contains(&presented))
+                {
+                    counts.stale_after_loss += 1;
+                } else {
+                    let consumer = op.consumer.to_string();
+                    violations.push(FenceViolation::StaleFenceSucceeded {
+                        at_us,
+                        op: op.op,
+                        consumer,
+                        shard,
+                        presented,
+                        latest,
+                    });
+                }
+            }
+            (None, Some(latest)) => {
+                let consumer = op.consumer.to_string();
+                violations.push(FenceViolation::UnfencedOperation { at_us, op: op.op, consumer, shard, latest });
+            }
+            (None, None) => {}
+        }
+    }
+    (violations, counts)
+}
+
+/// The group's fencing state after every history event, and which fences were lost.
+struct Timeline {
+    /// `(history index, snapshot after it)`, for the events that changed the group's record.
+    snapshots: Vec<(usize, Snapshot)>,
+    /// Fences recorded in some state that a later rollback undid (their grants were forgotten).
+    lost: BTreeSet<Fence>,
+    /// Every fence any recorded state held.
+    recorded: BTreeSet<Fence>,
+    /// Whether the store dropped acknowledged writes (their grants' fences were never recorded).
+    dropped_writes: bool,
+}
+
+impl Timeline {
+    fn build(facts: &Facts<'_>) -> Self {
+        let mut snapshots: Vec<(usize, Snapshot)> = Vec::new();
+        let mut lost = BTreeSet::new();
+        let mut recorded = BTreeSet::new();
+        let mut dropped_writes = false;
+        let mut current = Snapshot::default();
+        for (index, event) in facts.history.iter().enumerate() {
+            if matches!(event.kind, HistoryKind::WriteDropped { .. }) {
+                dropped_writes = true;
+            }
+            let Some((_, record)) = event.metadata_after.iter().rev().find(|(g, _)| g == facts.group) else {
+                continue;
+            };
+            let state: Option<GroupMetadata> = record.as_ref().and_then(|r| serde_json::from_str(&r.aggregate).ok());
+            let before = current.clone();
+            match &state {
+                Some(g) => {
+                    current.fencing = g.config.fencing;
+                    for (shard, owner) in &g.current {
+                        let fence = match owner {
+                            ShardOwner::Owned { fence, .. }
+                            | ShardOwner::Revoking { fence, .. }
+                            | ShardOwner::Fenced { fence, .. } => *fence,
+                        };
+                        match fence {
+                            Some(fence) => {
+                                current.latest.insert(*shard, fence);
+                                recorded.insert(fence);
+                            }
+                            None => {
+                                current.latest.remove(shard);
+                            }
+                        }
+                    }
+                }
+                None => current = Snapshot::default(),
+            }
+            if is_loss(event) {
+                let kept: BTreeSet<Fence> = current.latest.values().copied().collect();
+                lost.extend(before.latest.values().filter(|f| !kept.contains(f)));
+            }
+            snapshots.push((index, current.clone()));
+        }
+        Timeline { snapshots, lost, recorded, dropped_writes }
+    }
+
+    /// The snapshot after the first `history_len` events.
+    fn at(&self, history_len: usize) -> Snapshot {
+        let i = self.snapshots.partition_point(|(index, _)| *index < history_len);
+        i.checked_sub(1).map(|i| self.snapshots[i].1.clone()).unwrap_or_default()
+    }
+}
+
+/// A change that loses writes: a rollback, or a deletion of the key behind everyone's back.
+fn is_loss(event: &HistoryEvent) -> bool {
+    matches!(event.kind, HistoryKind::RolledBack { .. } | HistoryKind::KeyDeleted { .. })
+}
