@@ -161,7 +161,7 @@ pub(crate) fn parse_raise(reply: &Value, nonce: u64) -> Result<Fence, StoreError
 
 /// Parses one HMGET `counter nonce` of a fence key. Both absent: never raised.
 pub(crate) fn parse_fence(key: &str, fields: &[Value]) -> Result<Option<Fence>, StoreError> {
-    let bad = || StoreError::Layout(format!("fence key {key:?} is not a fence (counter {fields:?})"));
+    let bad = || StoreError::Layout(format!("fence key {key:?} is not a fence (fields {fields:?})"));
     match fields {
         [Value::Nil, Value::Nil] => Ok(None),
         [counter, nonce] => {
