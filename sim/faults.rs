@@ -41,6 +41,7 @@ enum Step {
     EndDelay(u64),
     EndLoss(u64),
     ResponseLoss(NodeRef, f64),
+    StoreDelay(NodeRef, u64),
     StaleDelivery(NodeRef, f64, u64, bool),
     RedisOutageEnd,
     RedisLatencyEnd,
@@ -226,6 +227,11 @@ impl Injector {
                     knob.set_loss(p);
                 }
             }
+            Step::StoreDelay(node, delay_max_ms) => {
+                if let Some(knob) = world.loss.get(&node) {
+                    knob.set_store_delay(delay_max_ms);
+                }
+            }
             Step::StaleDelivery(node, p, delay_max_ms, joins) => {
                 if let Some(knob) = world.loss.get(&node) {
                     knob.set_stale(p, delay_max_ms, joins);
@@ -359,6 +365,12 @@ impl Injector {
                 for node in Self::nodes(world, target) {
                     self.at(now, Step::ResponseLoss(node, probability));
                     self.at(later(duration_ms), Step::ResponseLoss(node, 0.0));
+                }
+            }
+            Fault::StoreDelay { target, delay_max_ms, duration_ms } => {
+                for node in Self::nodes(world, target) {
+                    self.at(now, Step::StoreDelay(node, delay_max_ms));
+                    self.at(later(duration_ms), Step::StoreDelay(node, 0));
                 }
             }
             Fault::StaleDelivery { target, probability, delay_max_ms, joins, duration_ms } => {

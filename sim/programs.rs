@@ -196,7 +196,7 @@ impl RebalanceListener for LostShards {
 /// ack, repeat; on `leave`, close cleanly and end the process.
 pub async fn consumer(env: Env, process: ProcessId, loss: TransportKnob, leave: Arc<Notify>, clock: ClockFaults) {
     let w = env.plan.workload;
-    let store = env.store(process).await;
+    let store = env.store(process).await.with_delay(loss.clone(), env.rng(process, 7));
     let transport = env.transport(process, loss).await;
     let mut config = ConsumerConfig::new(env.group.clone(), process.node.to_string());
     config.heartbeat_interval_ms = env.plan.group.heartbeat_interval_ms;

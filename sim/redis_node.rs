@@ -29,7 +29,11 @@ use rsc::store::{
     WriteRequest,
 };
 
+use rand::rngs::SmallRng;
+use rand::Rng;
+
 use crate::records::{AckEvent, AddEvent, ProcessId, ReadEvent, ReadKind, Recorder, Us};
+use crate::transport::TransportKnob;
 
 /// The port the Redis node listens on.
 pub const REDIS_PORT: u16 = 6379;
@@ -271,6 +275,9 @@ pub struct RemoteStore {
     process: ProcessId,
     timeout: Duration,
     recorder: Recorder,
+    /// The `store-delay` fault of this process: requests leave late (a congested path to Redis),
+    /// while the caller's timeout runs from the call; a request that outlives it still executes.
+    delay: Option<(TransportKnob, Arc<Mutex<SmallRng>>)>,
 }
 
 impl RemoteStore {
@@ -280,18 +287,49 @@ impl RemoteStore {
             Ok(endpoint) => Arc::new(endpoint),
             Err(e) => panic!("{process}: cannot bind a client endpoint: {e}"),
         };
-        Self { endpoint, server, process, timeout: Duration::from_millis(timeout_ms), recorder }
+        Self { endpoint, server, process, timeout: Duration::from_millis(timeout_ms), recorder, delay: None }
+    }
+
+    /// Lets the `store-delay` fault (set on `knob`) hold this connection's requests; `rng` draws
+    /// each request's delay.
+    pub fn with_delay(mut self, knob: TransportKnob, rng: SmallRng) -> Self {
+        self.delay = Some((knob, Arc::new(Mutex::new(rng))));
+        self
+    }
+
+    /// How long the next request waits before it leaves (0 unless `store-delay` is on).
+    fn draw_delay_ms(&self) -> u64 {
+        let Some((knob, rng)) = &self.delay else { return 0 };
+        let max = knob.store_delay_max_ms();
+        if max == 0 {
+            return 0;
+        }
+        rng.lock().unwrap_or_else(std::sync::PoisonError::into_inner).gen_range(0..=max)
     }
 
     /// Sends one command and waits for its reply or the timeout.
     async fn call<T: Send + Sync + 'static>(&self, command: Command) -> Result<T, StoreError> {
         let call_id = self.recorder.next_id();
         let envelope = Envelope { call_id, client: self.process, issued_at_us: self.recorder.now_us(), command };
+        let delay_ms = self.draw_delay_ms();
+        let mut now = Some(envelope);
+        if delay_ms > 0 {
+            // The request leaves late on its own task: the caller may time out and move on first.
+            let (endpoint, server, late) = (Arc::clone(&self.endpoint), self.server, now.take());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                if let Some(envelope) = late {
+                    let _ = endpoint.send_to_raw(server, REQUEST_TAG, Box::new(envelope)).await;
+                }
+            });
+        }
         let exchange = async {
-            self.endpoint
-                .send_to_raw(self.server, REQUEST_TAG, Box::new(envelope))
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("send: {e}")))?;
+            if let Some(envelope) = now {
+                self.endpoint
+                    .send_to_raw(self.server, REQUEST_TAG, Box::new(envelope))
+                    .await
+                    .map_err(|e| StoreError::Unavailable(format!("send: {e}")))?;
+            }
             let (reply, _) = self
                 .endpoint
                 .recv_from_raw(call_id)

@@ -34,9 +34,19 @@ pub struct TransportKnob {
     stale: Arc<AtomicU64>,
     stale_delay_max_ms: Arc<AtomicU64>,
     stale_spares_joins: Arc<std::sync::atomic::AtomicBool>,
+    store_delay_max_ms: Arc<AtomicU64>,
 }
 
 impl TransportKnob {
+    /// `store-delay`: each request to Redis leaves up to this long after it was issued (0 = off).
+    pub fn set_store_delay(&self, delay_max_ms: u64) {
+        self.store_delay_max_ms.store(delay_max_ms, Ordering::Relaxed);
+    }
+
+    pub fn store_delay_max_ms(&self) -> u64 {
+        self.store_delay_max_ms.load(Ordering::Relaxed)
+    }
+
     pub fn set_loss(&self, probability: f64) {
         self.loss.store(probability.to_bits(), Ordering::Relaxed);
     }

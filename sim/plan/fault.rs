@@ -48,6 +48,10 @@ pub enum Fault {
     /// The client's transport drops each coordinator response with `probability` after the
     /// coordinator produced it (the request was processed; the client sees a timeout).
     ResponseLoss { target: Target, probability: f64, duration_ms: u64 },
+    /// A consumer's requests to Redis leave up to `delay_max_ms` after it issued them (a congested
+    /// path); its store timeout runs from the call, so a request can time out at the client, which
+    /// moves on (a drain completes, the shard moves), and still execute at Redis later.
+    StoreDelay { target: Target, delay_max_ms: u64, duration_ms: u64 },
     /// The client's heartbeats reach a coordinator late with `probability`: duplicated (delivered
     /// again up to `delay_max_ms` later) or deferred (delivered only then; the client times out),
     /// as behind a retrying L7 proxy or load balancer.
@@ -100,6 +104,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "restart",
     "pause",
     "response-loss",
+    "store-delay",
     "rolling-update",
     "coordinator-loss",
     "redis-outage",
@@ -126,7 +131,7 @@ pub fn default_target(kind: &str) -> Option<&'static str> {
         }
         "kill" => Some("consumer-?"),
         "response-loss" => Some("consumer-?|producer-?"),
-        "stale-delivery" => Some("consumer-?"),
+        "stale-delivery" | "store-delay" => Some("consumer-?"),
         "clock-stop" | "clock-drift" => Some("consumer-?|consumer-?|producer-?"),
         "clog-link" | "partition-link" => Some("consumer-?|coordinator-?|producer-?"),
         _ => None,
@@ -212,6 +217,11 @@ impl Fault {
                     Some(Param::Range([-DRIFT_PERCENT_MAX, DRIFT_PERCENT_MAX])),
                     rng,
                 )?,
+                duration_ms: p.u64("duration_ms", d, rng)?,
+            },
+            "store-delay" => Fault::StoreDelay {
+                target: target(rng)?,
+                delay_max_ms: p.u64("delay_max_ms", Some(Param::Range([1_000, 5_000])), rng)?,
                 duration_ms: p.u64("duration_ms", d, rng)?,
             },
             "response-loss" => Fault::ResponseLoss {
@@ -322,6 +332,7 @@ impl Fault {
             Fault::ClockStop { .. } => "clock-stop",
             Fault::ClockDrift { .. } => "clock-drift",
             Fault::ResponseLoss { .. } => "response-loss",
+            Fault::StoreDelay { .. } => "store-delay",
             Fault::StaleDelivery { .. } => "stale-delivery",
             Fault::RollingUpdate { .. } => "rolling-update",
             Fault::CoordinatorLoss { .. } => "coordinator-loss",
@@ -354,6 +365,7 @@ impl Fault {
             | Fault::ClockStop { duration_ms, .. }
             | Fault::ClockDrift { duration_ms, .. }
             | Fault::ResponseLoss { duration_ms, .. }
+            | Fault::StoreDelay { duration_ms, .. }
             | Fault::StaleDelivery { duration_ms, .. }
             | Fault::RedisOutage { duration_ms, .. }
             | Fault::RedisLatency { duration_ms, .. }
@@ -442,6 +454,9 @@ impl fmt::Display for Fault {
             Fault::Restart { target, down_ms } => write!(f, "{target} down {down_ms}ms"),
             Fault::ResponseLoss { target, probability, duration_ms } => {
                 write!(f, "{target} p={probability:.2} for {duration_ms}ms")
+            }
+            Fault::StoreDelay { target, delay_max_ms, duration_ms } => {
+                write!(f, "{target} requests up to {delay_max_ms}ms late for {duration_ms}ms")
             }
             Fault::StaleDelivery { target, probability, delay_max_ms, joins, duration_ms } => {
                 let joins = if *joins { "" } else { " (not joins)" };

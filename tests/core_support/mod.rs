@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, LossEvidence, MemberId, RevokeId, ShardId};
+use rsc::core::fence::{attach_fences, unfenced_grants, CarriesFences};
+use rsc::core::model::{Fence, GroupConfig, GroupId, GroupMetadata, LossEvidence, MemberId, RevokeId, ShardId};
 use rsc::core::protocol::{
     AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, MemberSession, RevokeReport, RoutingReport,
     RoutingResponse,
@@ -38,6 +39,8 @@ pub struct World {
     pub planted: rsc::core::PlantedBugs,
     /// Source of each decision's nonce: a counter never repeats, which is all the core needs of it.
     pub nonces: u64,
+    /// The shards' fence counters (the fence keys at "Redis").
+    pub fence_counters: BTreeMap<ShardId, u64>,
 }
 
 impl World {
@@ -62,6 +65,7 @@ impl World {
             guard_failures: 0,
             planted: Default::default(),
             nonces: 1,
+            fence_counters: BTreeMap::new(),
         }
     }
 
@@ -74,8 +78,24 @@ impl World {
         self.now_ms += ms;
     }
 
-    /// Applies a decision's write (if its guards hold) and returns whether it was recorded.
-    fn apply<R>(&mut self, decision: &Decision<R>) -> bool {
+    /// Applies a decision's write (if its guards hold) and returns whether it was recorded. Like the
+    /// coordinator, it first raises a fence for every grant that needs one (a per-shard counter
+    /// here, with the decision counter as nonce) and derives the answer again from the result.
+    fn apply<R: CarriesFences>(&mut self, decision: &mut Decision<R>) -> bool {
+        if let Some(next) = decision.write.next.as_mut() {
+            let mut raised = BTreeMap::new();
+            for shard in unfenced_grants(next) {
+                let counter = self.fence_counters.entry(shard).or_default();
+                *counter += 1;
+                raised.insert(shard, Fence { counter: *counter, nonce: self.nonces });
+            }
+            if !raised.is_empty() {
+                attach_fences(next, &raised);
+                if let Ok(answer) = decision.outcome.as_mut() {
+                    answer.refresh_fences(next);
+                }
+            }
+        }
         let Some(next) = &decision.write.next else { return false };
         for (member, value) in &decision.write.liveness_guards {
             if self.liveness.get(member).copied().unwrap_or(0) != *value {
@@ -101,9 +121,9 @@ impl World {
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx =
             Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
-        let decision = decide_heartbeat(&self.g, req, ctx);
+        let mut decision = decide_heartbeat(&self.g, req, ctx);
         let decided_write = decision.write.next.is_some();
-        let recorded = self.apply(&decision);
+        let recorded = self.apply(&mut decision);
         assert!(!decided_write || recorded, "heartbeat decisions carry no liveness guards: they always record");
         if let Ok(response) = &decision.outcome {
             assert_eq!(response.store_revision, self.revision, "the response names the recorded revision");
@@ -116,16 +136,16 @@ impl World {
         let obs = self.view.observe(self.now_ms, &self.g, Some(&self.liveness));
         let ctx =
             Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
-        let decision = decide_tick(&self.g, ctx);
-        self.apply(&decision);
+        let mut decision = decide_tick(&self.g, ctx);
+        self.apply(&mut decision);
     }
 
     pub fn admin(&mut self, req: &AdminRequest) -> Result<rsc::core::protocol::AdminResponse, ApiError> {
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx =
             Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
-        let decision = decide_admin(Some(&self.g), req, false, ctx);
-        self.apply(&decision);
+        let mut decision = decide_admin(Some(&self.g), req, false, ctx);
+        self.apply(&mut decision);
         decision.outcome
     }
 
@@ -139,8 +159,8 @@ impl World {
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx =
             Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
-        let decision = decide_routing(&self.g, report, ctx);
-        self.apply(&decision);
+        let mut decision = decide_routing(&self.g, report, ctx);
+        self.apply(&mut decision);
         decision.outcome
     }
 
@@ -161,8 +181,8 @@ impl World {
                 planted: self.planted,
                 nonce: self.nonce(),
             };
-            let decision = decide_evidence(&self.g, LossEvidence::StoreIdentityChanged, ctx);
-            self.apply(&decision);
+            let mut decision = decide_evidence(&self.g, LossEvidence::StoreIdentityChanged, ctx);
+            self.apply(&mut decision);
         }
     }
 }

@@ -1,0 +1,250 @@
+//! The library rows: the project's producer and consumer libraries, unchanged, against a real
+//! coordinator (`Coordinator<RedisStore>` in this process, its ticker running; clients reach it
+//! through [`InProcess`], which moves requests and responses without serializing them — the data
+//! path never touches the coordinator, only heartbeats and routing refreshes do).
+//!
+//! Owns one group per library row (its config decides fencing), the consumers that joined it and
+//! the producers publishing to it, kept across rounds so each row settles once. Every client has
+//! its own `RedisStore` (one multiplexed connection), wrapped in [`Counted`] so the row's round
+//! trips are counted at the store boundary. Never calls the stream store itself: everything on
+//! the data path goes through `Producer::publish`, `Consumer::poll_wait` and `Consumer::ack`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::counted::{Counted, TripCounters};
+use crate::workload::{payload_of, Board, Publisher, Subscriber, Workload};
+use rsc::client::consumer::NoopListener;
+use rsc::client::{
+    ClientEnv, ClientEvent, Clock, Consumer, ConsumerConfig, CoordinatorTransport, EventSink, Producer, ProducerConfig,
+    TransportError,
+};
+use rsc::core::model::{GroupConfig, GroupId};
+use rsc::core::protocol::{AdminRequest, HeartbeatRequest, HeartbeatResponse, RoutingReport, RoutingResponse};
+use rsc::service::Coordinator;
+use rsc::store::redis::{RedisStore, RedisStoreOptions};
+
+/// How long a fresh group may take until every shard is read by exactly one consumer.
+const SETTLE_DEADLINE: Duration = Duration::from_secs(20);
+
+/// The clients' way to the in-process coordinator.
+#[derive(Clone)]
+pub struct InProcess(pub Coordinator<RedisStore>);
+
+impl CoordinatorTransport for InProcess {
+    fn heartbeat(
+        &self,
+        req: HeartbeatRequest,
+    ) -> impl Future<Output = Result<HeartbeatResponse, TransportError>> + Send {
+        let coordinator = self.0.clone();
+        async move { coordinator.heartbeat(req).await.map_err(TransportError::Api) }
+    }
+
+    fn routing(
+        &self,
+        group: &GroupId,
+        report: RoutingReport,
+    ) -> impl Future<Output = Result<RoutingResponse, TransportError>> + Send {
+        let (coordinator, group) = (self.0.clone(), group.clone());
+        async move { coordinator.routing(&group, report).await.map_err(TransportError::Api) }
+    }
+}
+
+/// Whether the group's consumers fence their reads, acks and claims (`GroupConfig::fencing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fencing {
+    On,
+    Off,
+}
+
+/// The config of a library row's group: the default, with the row's fencing.
+fn group_config(fencing: Fencing) -> GroupConfig {
+    GroupConfig { fencing: fencing == Fencing::On, ..GroupConfig::default() }
+}
+
+type Store = Counted<RedisStore>;
+
+pub struct LibPublisher(Producer<InProcess, Store>);
+
+impl Publisher for LibPublisher {
+    async fn publish(&self, key: Vec<u8>, payload: Vec<u8>) -> Result<(), String> {
+        self.0.publish(&key, payload).await.map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+pub struct LibSubscriber(Consumer<InProcess, Store>);
+
+impl Subscriber for LibSubscriber {
+    /// What an application does: `poll_wait`, then ack each delivery as it is done with it.
+    async fn consume(&self, board: &Board, max: usize, wait: Duration) -> Result<usize, String> {
+        let deliveries = self.0.poll_wait(max, wait).await.map_err(|e| e.to_string())?;
+        let mut acked = 0;
+        for delivery in &deliveries {
+            self.0.ack(delivery).await.map_err(|e| e.to_string())?;
+            board.acked(payload_of(&delivery.entry.fields));
+            acked += 1;
+        }
+        Ok(acked)
+    }
+}
+
+/// Counts the events that disturb the data path (a shard stopping for any reason but a clean
+/// close, a failed heartbeat or routing refresh, a failed publish): a run with any of them
+/// measured a rebalance, not the steady data path. Per-entry events cost one match.
+#[derive(Default)]
+pub struct Disruptions {
+    counts: Mutex<BTreeMap<String, u64>>,
+    /// The first failed heartbeat's error, for a group that never settles.
+    first_heartbeat_error: Mutex<Option<String>>,
+}
+
+impl Disruptions {
+    /// Failed heartbeats so far, and the first one's error.
+    fn heartbeat_failures(&self) -> (u64, Option<String>) {
+        let failed = self.snapshot().get("heartbeat failed").copied().unwrap_or(0);
+        (failed, self.first_heartbeat_error.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<String, u64> {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Counts since `earlier`, as `name n, ...` (empty when nothing happened).
+    pub fn since(&self, earlier: &BTreeMap<String, u64>) -> String {
+        let now = self.snapshot();
+        let parts: Vec<String> = now
+            .iter()
+            .map(|(name, n)| (name, n - earlier.get(name).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect();
+        parts.join(", ")
+    }
+}
+
+impl EventSink for Disruptions {
+    fn emit(&self, event: ClientEvent) {
+        let name = match &event {
+            ClientEvent::ShardStopped { reason, .. } => format!("shard stopped {reason:?}"),
+            ClientEvent::HeartbeatFailed { error, .. } => {
+                self.first_heartbeat_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error.to_string());
+                "heartbeat failed".into()
+            }
+            ClientEvent::RoutingRefreshFailed { .. } => "routing refresh failed".into(),
+            ClientEvent::PublishFailed { .. } => "publish failed".into(),
+            ClientEvent::EntryAbandoned { .. } => "entry abandoned".into(),
+            _ => return,
+        };
+        *self.counts.lock().unwrap_or_else(|p| p.into_inner()).entry(name).or_insert(0) += 1;
+    }
+}
+
+/// One library row's group and clients.
+pub struct LibRig {
+    pub trips: Arc<TripCounters>,
+    pub disruptions: Arc<Disruptions>,
+    pub publishers: Vec<Arc<LibPublisher>>,
+    pub subscribers: Vec<Arc<LibSubscriber>>,
+    /// Time from the first join to every shard read by exactly one consumer.
+    pub settle: Duration,
+}
+
+impl LibRig {
+    /// Creates `group`, joins the consumers, waits until the assignment settled, sets every shard
+    /// up (one poll per consumer, before any message exists) and fetches the producers' routing.
+    pub async fn start(
+        url: &str,
+        coordinator: &Coordinator<RedisStore>,
+        group: GroupId,
+        fencing: Fencing,
+        workload: &Workload,
+        poll_idle_ms: Option<u64>,
+    ) -> Result<LibRig, String> {
+        let config = group_config(fencing);
+        let create = AdminRequest::CreateGroup { group: group.clone(), shard_count: workload.shards, config };
+        coordinator.admin(create).await.map_err(|e| format!("create group: {e}"))?;
+        let trips = Arc::new(TripCounters::default());
+        let disruptions = Arc::new(Disruptions::default());
+        let env = ClientEnv::new(Clock::new(), disruptions.clone());
+        let link = InProcess(coordinator.clone());
+        let started = Instant::now();
+        let mut subscribers = Vec::with_capacity(workload.consumers);
+        for i in 0..workload.consumers {
+            let mut config = ConsumerConfig::new(group.clone(), format!("lib-consumer-{i}"));
+            if let Some(ms) = poll_idle_ms {
+                config.poll_idle_ms = ms;
+            }
+            let store = Counted::new(connect(url).await?, Arc::clone(&trips));
+            let consumer = Consumer::join_with(config, link.clone(), store, env.clone(), Arc::new(NoopListener));
+            subscribers.push(Arc::new(LibSubscriber(consumer)));
+        }
+        settle(&subscribers, workload.shards, &disruptions).await?;
+        let settle = started.elapsed();
+        for subscriber in &subscribers {
+            let early = subscriber.0.poll(workload.batch).await.map_err(|e| format!("setup poll: {e}"))?;
+            if !early.is_empty() {
+                return Err(format!("setup poll of a fresh group delivered {} entries", early.len()));
+            }
+        }
+        let mut publishers = Vec::with_capacity(workload.producers);
+        for i in 0..workload.producers {
+            let store = Counted::new(connect(url).await?, Arc::clone(&trips));
+            let producer =
+                Producer::new(ProducerConfig::new(group.clone(), format!("lib-producer-{i}")), link.clone(), store);
+            producer.refresh().await.map_err(|e| format!("routing: {e}"))?;
+            publishers.push(Arc::new(LibPublisher(producer)));
+        }
+        Ok(LibRig { trips, disruptions, publishers, subscribers, settle })
+    }
+
+    /// Clean leaves (drain, REVOKED, leave heartbeat).
+    pub async fn close(self) {
+        for subscriber in &self.subscribers {
+            let _ = subscriber.0.close().await;
+        }
+    }
+}
+
+async fn connect(url: &str) -> Result<RedisStore, String> {
+    RedisStore::connect(url, RedisStoreOptions::default()).await.map_err(|e| e.to_string())
+}
+
+/// Heartbeats that may fail while nothing is readable before the group is given up on.
+const SETTLE_FAILURES_MAX: u64 = 10;
+
+/// Waits until every shard is readable by exactly one consumer, none is revoking, and (with no
+/// more consumers than shards) every consumer reads at least one. Gives up early when heartbeats
+/// keep failing and no shard is readable (a coordinator that cannot grant, e.g. without fence
+/// scripts).
+async fn settle(subscribers: &[Arc<LibSubscriber>], shards: u32, disruptions: &Disruptions) -> Result<(), String> {
+    let deadline = Instant::now() + SETTLE_DEADLINE;
+    loop {
+        let statuses: Vec<_> = subscribers.iter().map(|s| s.0.status()).collect();
+        let mut readers = vec![0usize; shards as usize];
+        for status in &statuses {
+            for shard in &status.readable {
+                if let Some(n) = readers.get_mut(*shard as usize) {
+                    *n += 1;
+                }
+            }
+        }
+        let everyone_reads = subscribers.len() > shards as usize || statuses.iter().all(|s| !s.readable.is_empty());
+        let none_revoking = statuses.iter().all(|s| s.revoking.is_empty());
+        if readers.iter().all(|n| *n == 1) && everyone_reads && none_revoking {
+            return Ok(());
+        }
+        let (failed, first_error) = disruptions.heartbeat_failures();
+        if failed >= SETTLE_FAILURES_MAX && readers.iter().all(|n| *n == 0) {
+            return Err(format!(
+                "{failed} heartbeats failed, no shard granted; first: {}",
+                first_error.unwrap_or_default()
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("assignment did not settle within {SETTLE_DEADLINE:?}: readers per shard {readers:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

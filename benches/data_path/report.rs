@@ -1,0 +1,267 @@
+//! What the data-path bench prints: a line per run, then per row the medians and their ratios to
+//! `raw`, round trips and Redis commands per message, what an idle wait costs, and the issue's
+//! goals with met / NOT met. Never measures anything itself; it only summarizes [`Sample`]s.
+
+use std::collections::BTreeMap;
+
+use crate::bench::Row;
+use crate::counted::Trips;
+use crate::library::Fencing;
+use crate::workload::{Sample, Workload};
+
+/// Every sample of one row, one per round, in round order.
+pub struct RowSamples {
+    pub row: Row,
+    pub samples: Vec<Sample>,
+}
+
+/// Data-path commands, shown first; everything else (heartbeats, the ticker) is summed as control.
+const DATA_COMMANDS: [&str; 8] =
+    ["xadd", "xreadgroup", "xack", "evalsha", "eval", "xautoclaim", "xgroup|create", "xgroup"];
+
+fn median(mut values: Vec<f64>) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+impl RowSamples {
+    fn median_of(&self, f: impl Fn(&Sample) -> f64) -> f64 {
+        median(self.samples.iter().map(f).collect())
+    }
+
+    /// Median over rounds of this row's value divided by `raw`'s value of the same round.
+    fn paired_ratio(&self, raw: &RowSamples, f: impl Fn(&Sample) -> f64) -> f64 {
+        let ratios = self.samples.iter().zip(&raw.samples).map(|(a, b)| f(a) / f(b).max(f64::MIN_POSITIVE));
+        median(ratios.collect())
+    }
+
+    fn messages(&self) -> f64 {
+        self.samples.iter().map(|s| s.messages as f64).sum::<f64>().max(1.0)
+    }
+
+    fn trips(&self) -> Trips {
+        self.samples.iter().fold(Trips::default(), |a, s| add(&a, &s.trips))
+    }
+
+    fn idle_trips_per_wait(&self) -> f64 {
+        let trips = self.samples.iter().fold(Trips::default(), |a, s| add(&a, &s.idle_trips));
+        let waits: usize = self.samples.iter().map(|s| s.idle_waits).sum();
+        trips.total() as f64 / waits.max(1) as f64
+    }
+
+    /// XREADGROUP round trips per read that acked something, and messages per such read.
+    fn per_busy_read(&self) -> (f64, f64) {
+        let trips = self.trips();
+        let busy: usize = self.samples.iter().map(|s| s.busy_reads).sum();
+        let busy = busy.max(1) as f64;
+        ((trips.read_busy + trips.read_empty) as f64 / busy, self.messages() / busy)
+    }
+
+    fn commands(&self) -> BTreeMap<String, u64> {
+        let mut total = BTreeMap::new();
+        for sample in &self.samples {
+            for (name, calls) in &sample.commands {
+                *total.entry(name.clone()).or_insert(0) += calls;
+            }
+        }
+        total
+    }
+}
+
+fn add(a: &Trips, b: &Trips) -> Trips {
+    Trips {
+        xadd: a.xadd + b.xadd,
+        read_busy: a.read_busy + b.read_busy,
+        read_empty: a.read_empty + b.read_empty,
+        xack: a.xack + b.xack,
+        setup: a.setup + b.setup,
+    }
+}
+
+pub fn print_run(round: usize, row: Row, s: &Sample) {
+    let per = |n: u64| n as f64 / s.messages.max(1) as f64;
+    println!(
+        "round {round} {:<40} publish {:>7.0}/s consume {:>7.0}/s drain {:>7.0}/s  pub p99 {:>6} us  e2e p99 {:>7.1} ms  round \
+         trips/msg {:.3}  idle wait {:.1} trips{}",
+        row.title(),
+        s.publish_per_s,
+        s.consume_per_s,
+        s.drain_per_s,
+        s.publish_p99_us,
+        f64::from(s.e2e_p99_us) / 1e3,
+        per(s.trips.total()),
+        s.idle_trips.total() as f64 / s.idle_waits.max(1) as f64,
+        if s.errors + s.missing + s.duplicates > 0 {
+            format!(
+                "  ({} errors, first: {}; {} missing, {} duplicates)",
+                s.errors,
+                s.first_error.as_deref().unwrap_or("-"),
+                s.missing,
+                s.duplicates
+            )
+        } else {
+            String::new()
+        }
+    );
+}
+
+pub fn print_tables(rows: &[RowSamples], workload: &Workload) {
+    let Some(raw) = rows.iter().find(|r| r.row == Row::Raw) else {
+        println!("\n(no raw row: no ratios)");
+        return;
+    };
+    println!("\nmedians over {} rounds; ratios are medians of same-round ratios to raw:", raw.samples.len());
+    println!(
+        "{:<40} {:>10} {:>6} {:>10} {:>6} {:>8} {:>8} {:>9} {:>9} {:>6} {:>9} {:>6}",
+        "row",
+        "publish/s",
+        "x raw",
+        "consume/s",
+        "x raw",
+        "pub p50",
+        "pub p99",
+        "e2e p50",
+        "e2e p99",
+        "x raw",
+        "drain/s",
+        "x raw"
+    );
+    println!(
+        "{:<40} {:>10} {:>6} {:>10} {:>6} {:>8} {:>8} {:>9} {:>9} {:>6} {:>9} {:>6}",
+        "", "", "", "", "", "us", "us", "ms", "ms", "p99", "", ""
+    );
+    for r in rows {
+        println!(
+            "{:<40} {:>10.0} {:>6.2} {:>10.0} {:>6.2} {:>8.0} {:>8.0} {:>9.1} {:>9.1} {:>6.2} {:>9.0} {:>6.2}",
+            r.row.title(),
+            r.median_of(|s| s.publish_per_s),
+            r.paired_ratio(raw, |s| s.publish_per_s),
+            r.median_of(|s| s.consume_per_s),
+            r.paired_ratio(raw, |s| s.consume_per_s),
+            r.median_of(|s| f64::from(s.publish_p50_us)),
+            r.median_of(|s| f64::from(s.publish_p99_us)),
+            r.median_of(|s| f64::from(s.e2e_p50_us)) / 1e3,
+            r.median_of(|s| f64::from(s.e2e_p99_us)) / 1e3,
+            r.paired_ratio(raw, |s| f64::from(s.e2e_p99_us)),
+            r.median_of(|s| s.drain_per_s),
+            r.paired_ratio(raw, |s| s.drain_per_s),
+        );
+    }
+
+    println!(
+        "\nclient round trips per message during the timed runs (all rounds; heartbeats and routing not counted):"
+    );
+    println!(
+        "{:<40} {:>7} {:>10} {:>10} {:>7} {:>7} {:>7} {:>6} | {:>14} {:>12}",
+        "row", "xadd", "read busy", "read empty", "xack", "setup", "total", "x raw", "reads/busy rd", "msgs/busy rd"
+    );
+    let raw_total = raw.trips().total() as f64 / raw.messages();
+    for r in rows {
+        let (t, m) = (r.trips(), r.messages());
+        let (reads, msgs) = r.per_busy_read();
+        println!(
+            "{:<40} {:>7.3} {:>10.4} {:>10.4} {:>7.3} {:>7.4} {:>7.3} {:>6.2} | {:>14.2} {:>12.1}",
+            r.row.title(),
+            t.xadd as f64 / m,
+            t.read_busy as f64 / m,
+            t.read_empty as f64 / m,
+            t.xack as f64 / m,
+            t.setup as f64 / m,
+            t.total() as f64 / m,
+            (t.total() as f64 / m) / raw_total.max(f64::MIN_POSITIVE),
+            reads,
+            msgs,
+        );
+    }
+
+    println!("\nRedis commands per message (INFO commandstats, all rounds; `control` = the coordinator's heartbeat and ticker commands):");
+    for r in rows {
+        let m = r.messages();
+        let commands = r.commands();
+        let data: Vec<String> = DATA_COMMANDS
+            .iter()
+            .filter_map(|name| commands.get(*name).map(|calls| format!("{name} {:.3}", *calls as f64 / m)))
+            .collect();
+        let control: Vec<(&String, &u64)> =
+            commands.iter().filter(|(name, _)| !DATA_COMMANDS.contains(&name.as_str())).collect();
+        let control_total: u64 = control.iter().map(|(_, c)| **c).sum();
+        let all: u64 = commands.values().sum();
+        println!(
+            "  {:<40} {:.3} = {} + control {:.4} ({})",
+            r.row.title(),
+            all as f64 / m,
+            data.join(" + "),
+            control_total as f64 / m,
+            control.iter().map(|(n, c)| format!("{n} {c}")).collect::<Vec<_>>().join(", ")
+        );
+    }
+
+    println!("\nidle waits ({} ms each, nothing published): client round trips per wait", workload.idle_wait_ms);
+    let raw_idle = raw.idle_trips_per_wait();
+    for r in rows {
+        let per = r.idle_trips_per_wait();
+        println!("  {:<40} {:>6.2}  ({:+.2} vs raw)", r.row.title(), per, per - raw_idle);
+    }
+}
+
+/// The issue's goals, for the fencing=on row (fencing=off when that row was left out): against
+/// `raw` (what the libraries cost) and against fencing=off (what fencing adds), side by side.
+pub fn print_goals(rows: &[RowSamples], workload: &Workload) {
+    let Some(raw) = rows.iter().find(|r| r.row == Row::Raw) else { return };
+    let pick = |fencing| rows.iter().find(|r| r.row == Row::Library { fencing, poll_idle_ms: None });
+    let Some(lib) = pick(Fencing::On).or_else(|| pick(Fencing::Off)) else { return };
+    let off = pick(Fencing::Off).filter(|off| off.row != lib.row);
+    let met = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!("\ngoals ({}):", lib.row.title());
+    let ratio = lib.paired_ratio(raw, |s| s.consume_per_s);
+    let drain = lib.paired_ratio(raw, |s| s.drain_per_s);
+    println!(
+        "  consume throughput >= 0.8x raw: {ratio:.2}x while publishing ({}); {drain:.2}x draining a backlog ({})",
+        met(ratio >= 0.8),
+        met(drain >= 0.8)
+    );
+    let per_msg = |r: &RowSamples| {
+        let t = r.trips();
+        ((t.read_busy + t.read_empty) as f64 / r.messages(), t.xack as f64 / r.messages())
+    };
+    let (lib_reads, lib_msgs) = lib.per_busy_read();
+    let (raw_reads, raw_msgs) = raw.per_busy_read();
+    let ((lib_rpm, lib_apm), (raw_rpm, raw_apm)) = (per_msg(lib), per_msg(raw));
+    println!(
+        "  no extra round trip per busy read: {lib_reads:.2} read round trips per read that delivered ({lib_msgs:.1} \
+         msgs), {lib_rpm:.4} per message, {lib_apm:.3} ack round trips per message; raw {raw_reads:.2} ({raw_msgs:.1} \
+         msgs), {raw_rpm:.4}, {raw_apm:.3}: vs raw {}",
+        met(lib_reads <= raw_reads + 1e-9)
+    );
+    if let Some(off) = off {
+        let (off_reads, off_msgs) = off.per_busy_read();
+        let (off_rpm, off_apm) = per_msg(off);
+        println!(
+            "    fencing=off: {off_reads:.2} ({off_msgs:.1} msgs), {off_rpm:.4}, {off_apm:.3}: what fencing adds per busy \
+             read {:+.2} ({}), per message {:+.4} reads {:+.3} acks",
+            lib_reads - off_reads,
+            met(lib_reads <= off_reads + 0.05),
+            lib_rpm - off_rpm,
+            lib_apm - off_apm
+        );
+    }
+    let extra = lib.idle_trips_per_wait() - raw.idle_trips_per_wait();
+    print!(
+        "  at most one extra round trip per idle wait ({} ms): {:.2} per wait, {extra:+.2} vs raw ({})",
+        workload.idle_wait_ms,
+        lib.idle_trips_per_wait(),
+        met(extra <= 1.0 + 1e-9)
+    );
+    match off {
+        Some(off) => println!(", {:+.2} vs fencing=off", lib.idle_trips_per_wait() - off.idle_trips_per_wait()),
+        None => println!(),
+    }
+}
