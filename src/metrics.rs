@@ -4,7 +4,7 @@
 //! rendering is deterministic (the simulation hashes traces). Shared by the coordinator service and
 //! the client libraries; names follow Prometheus conventions (`_total`, `_seconds`, base units).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -144,6 +144,23 @@ impl Metrics {
         });
     }
 
+    /// Every value the label `key` has in some series (of any kind), leaving out the metrics
+    /// named in `except`.
+    pub fn label_values(&self, key: &str, except: &[&str]) -> BTreeSet<String> {
+        let mut values = BTreeSet::new();
+        let mut add = |name: &'static str, labels: &Labels| {
+            if !except.contains(&name) {
+                values.extend(labels.iter().filter(|(k, _)| *k == key).map(|(_, v)| v.clone()));
+            }
+        };
+        self.with(|f| {
+            f.values.keys().for_each(|(n, l)| add(n, l));
+            f.clocks.keys().for_each(|(n, l)| add(n, l));
+            f.histograms.keys().for_each(|(n, l)| add(n, l));
+        });
+        values
+    }
+
     /// How many series (of any kind) carry a label named `key`.
     pub fn labelled_series(&self, key: &str) -> usize {
         let has = |labels: &Labels| labels.iter().any(|(k, _)| *k == key);
@@ -264,8 +281,12 @@ mod tests {
         m.inc("a_total", "h", of("stays"));
         m.inc("e_total", "h", vec![]);
         assert_eq!(m.labelled_series("group"), 6);
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(m.label_values("group", &[]), names(&["gone", "stays"]));
+        assert_eq!(m.label_values("member", &[]), names(&["x"]));
         m.forget_labelled("group", "gone", &["kept_total"]);
         assert_eq!(m.labelled_series("group"), 2);
+        assert_eq!(m.label_values("group", &["kept_total"]), names(&["stays"]));
         let text = m.render();
         assert!(
             !text.contains("a_total{group=\"gone\"}") && !text.contains("d_seconds_count{group=\"gone\"}"),

@@ -12,7 +12,7 @@
 //! Loss evidence it detects itself (server identity change, revision regression) starts a
 //! correction round and resets this process's observation windows, so every wait restarts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use rand::rngs::SmallRng;
@@ -98,6 +98,9 @@ pub(super) struct LocalState {
     /// from a read issued *after* it is evidence of lost writes (concurrency is not).
     pub(super) reads: ReadOrder,
     pub(super) regressed: BTreeMap<GroupId, LossEvidence>,
+    /// Indexed groups the last tick found without a metadata key (see
+    /// [`missing_at_tick`](Coordinator::missing_at_tick)).
+    pub(super) missing_at_tick: BTreeSet<GroupId>,
     /// Set by any `Unavailable` store error (a failover or restart breaks connections): the next
     /// request re-checks the server identity before answering from what it reads.
     pub(super) identity_suspect: bool,
@@ -143,6 +146,7 @@ impl<S: MetadataStore> Coordinator<S> {
             evidence_recorded: BTreeMap::new(),
             reads: ReadOrder::default(),
             regressed: BTreeMap::new(),
+            missing_at_tick: BTreeSet::new(),
             identity_suspect: false,
             rng: SmallRng::seed_from_u64(options.rng_seed),
             write_rng: SmallRng::seed_from_u64(options.rng_seed ^ WRITE_ID_SALT),
@@ -498,10 +502,9 @@ impl<S: MetadataStore> Coordinator<S> {
         let ticket = self.local().reads.begin_read();
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
-            // The index listed it, but a delete may have run since: the index is asked again, so
-            // a group deleted meanwhile is forgotten (GROUP_NOT_FOUND), not counted as missing.
-            return Err(self.missing(group, false).await);
+            return Err(self.missing_at_tick(group).await);
         };
+        self.local().missing_at_tick.remove(group);
         let g = self.decode_counted(group, &record)?;
         if self.record_pending_evidence(&g, record.revision, ticket).await? {
             // The state moved on; the next tick starts from a fresh read.

@@ -17,6 +17,8 @@
 use std::collections::BTreeSet;
 
 use crate::core::model::GroupId;
+use crate::core::protocol::{ApiError, ErrorCode};
+use crate::store::keys::parse_index_entry;
 use crate::store::MetadataStore;
 
 use super::coordinator::Coordinator;
@@ -51,6 +53,8 @@ pub struct LocalSizes {
     pub evidence_recorded: usize,
     /// Groups with a regression still to record.
     pub regressed: usize,
+    /// Indexed groups the last tick found without a metadata key.
+    pub missing_at_tick: usize,
     /// `/metrics` series with a `group` label.
     pub group_series: usize,
 }
@@ -64,6 +68,7 @@ impl LocalSizes {
             + self.marks
             + self.evidence_recorded
             + self.regressed
+            + self.missing_at_tick
             + self.group_series
     }
 }
@@ -78,6 +83,7 @@ impl<S: MetadataStore> Coordinator<S> {
             local.reads.forget(group);
             local.evidence_recorded.remove(group);
             local.regressed.remove(group);
+            local.missing_at_tick.remove(group);
         }
         let except: &[&str] = match why {
             Forget::Deleted => &[],
@@ -86,14 +92,20 @@ impl<S: MetadataStore> Coordinator<S> {
         self.inner.metrics.forget_labelled("group", &group.to_string(), except);
     }
 
-    /// Every group some per-group map of this process names (metrics aside: their series are
-    /// forgotten with the group).
+    /// Every group some per-group map of this process names, `/metrics` series included (a tick
+    /// that read the group just before its delete may export its gauges after it was forgotten).
     fn locally_known_groups(&self) -> BTreeSet<GroupId> {
-        let local = self.local();
-        let mut groups = local.view.groups();
-        groups.extend(local.reads.groups().cloned());
-        groups.extend(local.evidence_recorded.keys().cloned());
-        groups.extend(local.regressed.keys().cloned());
+        let mut groups = {
+            let local = self.local();
+            let mut groups = local.view.groups();
+            groups.extend(local.reads.groups().cloned());
+            groups.extend(local.evidence_recorded.keys().cloned());
+            groups.extend(local.regressed.keys().cloned());
+            groups.extend(local.missing_at_tick.iter().cloned());
+            groups
+        };
+        let labelled = self.inner.metrics.label_values("group", &[MISSING_TOTAL]);
+        groups.extend(labelled.iter().filter_map(|label| parse_index_entry(label)));
         groups
     }
 
@@ -117,12 +129,28 @@ impl<S: MetadataStore> Coordinator<S> {
         }
     }
 
+    /// A tick found `group` listed in the index but without a metadata key. An admin delete
+    /// leaves exactly that state for a moment (the key goes first, then the index entry, in two
+    /// commands), so only a second tick in a row that finds it so counts it as missing
+    /// (`rsc_metadata_missing_total`, whose increase pages the operator); a delete meanwhile
+    /// takes the group out of the index, and the next tick's sweep forgets it.
+    pub(super) async fn missing_at_tick(&self, group: &GroupId) -> ApiError {
+        let first = self.local().missing_at_tick.insert(group.clone());
+        if !first {
+            // Asks the index again: a group deleted since is forgotten (GROUP_NOT_FOUND).
+            return self.missing(group, false).await;
+        }
+        self.inner.cache.forget(group);
+        ApiError::new(ErrorCode::MetadataMissing, format!("metadata of group {group} is missing; failing closed"))
+    }
+
     /// The sizes of this process's per-group structures.
     #[doc(hidden)]
     pub fn debug_sizes(&self) -> LocalSizes {
-        let (view, marks, evidence_recorded, regressed) = {
+        let (view, marks, evidence_recorded, regressed, missing_at_tick) = {
             let local = self.local();
-            (local.view.groups().len(), local.reads.len(), local.evidence_recorded.len(), local.regressed.len())
+            let view = local.view.groups().len();
+            (view, local.reads.len(), local.evidence_recorded.len(), local.regressed.len(), local.missing_at_tick.len())
         };
         LocalSizes {
             monitors: self.inner.monitors.len(),
@@ -131,6 +159,7 @@ impl<S: MetadataStore> Coordinator<S> {
             marks,
             evidence_recorded,
             regressed,
+            missing_at_tick,
             group_series: self.inner.metrics.labelled_series("group"),
         }
     }

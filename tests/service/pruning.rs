@@ -158,3 +158,41 @@ async fn concurrent_sections_share_a_monitor_and_leave_none_behind() {
     assert_eq!(store.liveness(&group).await.expect("liveness").len(), 8, "every join was recorded");
     assert_eq!(c.debug_sizes().monitors, 0);
 }
+
+#[tokio::test]
+async fn a_series_exported_after_the_group_was_forgotten_goes_at_the_next_tick() {
+    let store = MemoryStore::new(38);
+    let (c1, c2) = (coordinator(&store, "c1", PlantedBugs::NONE), coordinator(&store, "c2", PlantedBugs::NONE));
+    let group = named(1);
+    use_group(&c1, &group).await;
+    delete(&c2, &store, &group).await;
+    c1.tick_all().await;
+    assert_eq!(c1.debug_sizes(), LocalSizes::default());
+    // A tick that read the group just before the delete exports its gauges after it was forgotten.
+    c1.metrics().set("rsc_group_revoking_shards", "h", vec![("group", group.to_string())], 0.0);
+    assert_eq!(c1.debug_sizes().group_series, 1);
+    c1.tick_all().await;
+    assert_eq!(c1.debug_sizes(), LocalSizes::default());
+}
+
+#[tokio::test]
+async fn a_tick_counts_a_missing_key_only_when_the_next_tick_still_finds_it_missing() {
+    let store = MemoryStore::new(39);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    let group = named(1);
+    use_group(&c, &group).await;
+    // An admin delete removes the key, then the index entry: a tick in between sees what a lost
+    // key looks like, once. A lost key is still missing at the next tick.
+    assert!(store.delete_metadata_key(&group));
+    c.tick_all().await;
+    assert_eq!(c.metrics().total("rsc_metadata_missing_total"), 0.0);
+    assert_eq!(c.debug_sizes().missing_at_tick, 1);
+    c.tick_all().await;
+    c.tick_all().await;
+    assert_eq!(c.metrics().total("rsc_metadata_missing_total"), 2.0);
+    // Recreated: found again, no longer pending.
+    let create = AdminRequest::CreateGroup { group: group.clone(), shard_count: 4, config: fast_config() };
+    c.admin(create).await.expect("recreate");
+    c.tick_all().await;
+    assert_eq!(c.debug_sizes().missing_at_tick, 0);
+}
