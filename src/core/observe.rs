@@ -127,6 +127,11 @@ impl LocalView {
         self.groups.keys().chain(self.longest_lease_ms.keys()).cloned().collect()
     }
 
+    /// Whether this view holds anything for `group`.
+    pub fn holds(&self, group: &GroupId) -> bool {
+        self.groups.contains_key(group) || self.longest_lease_ms.contains_key(group)
+    }
+
     /// Forgets everything about a group that was deleted.
     pub fn forget(&mut self, group: &GroupId) {
         self.groups.remove(group);

@@ -256,7 +256,7 @@ impl<S: MetadataStore> Coordinator<S> {
             );
             ApiError::new(ErrorCode::MetadataMissing, format!("metadata of group {group} is missing; failing closed"))
         } else {
-            self.forget_group(group, super::pruning::Forget::FoundAbsent);
+            self.forget_if_held(group);
             ApiError::new(ErrorCode::GroupNotFound, format!("group {group} does not exist"))
         }
     }

@@ -106,6 +106,11 @@ impl ReadOrder {
         self.marks.keys()
     }
 
+    /// Whether `group` has a mark.
+    pub(super) fn holds(&self, group: &GroupId) -> bool {
+        self.marks.contains_key(group)
+    }
+
     /// How many groups have a mark.
     pub(super) fn len(&self) -> usize {
         self.marks.len()

@@ -92,6 +92,23 @@ impl<S: MetadataStore> Coordinator<S> {
         self.inner.metrics.forget_labelled("group", &group.to_string(), except);
     }
 
+    /// [`forget_group`](Self::forget_group) for a group reported `GROUP_NOT_FOUND`, when this
+    /// process holds state for it: a look-up per map, so requests naming groups that never existed
+    /// cost no walk over the metrics (series only the tick left behind go at the next sweep).
+    pub(super) fn forget_if_held(&self, group: &GroupId) {
+        let held = {
+            let local = self.local();
+            local.view.holds(group)
+                || local.reads.holds(group)
+                || local.evidence_recorded.contains_key(group)
+                || local.regressed.contains_key(group)
+                || local.missing_at_tick.contains(group)
+        };
+        if held || self.inner.cache.get(group).is_some() {
+            self.forget_group(group, Forget::FoundAbsent);
+        }
+    }
+
     /// Every group some per-group map of this process names, `/metrics` series included (a tick
     /// that read the group just before its delete may export its gauges after it was forgotten).
     fn locally_known_groups(&self) -> BTreeSet<GroupId> {
