@@ -195,8 +195,9 @@ fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
         let read_since_heal = shard.and_then(|s| shard_counts.healed_at(s)).is_some_and(|healed_us| {
             facts.records.reads.iter().any(|r| r.stream == stream && r.served_at_us >= healed_us && !r.ids.is_empty())
         });
-        let in_tail = !last_delivered.get(stream).is_some_and(|last| *last > add.id);
-        if beyond && !(read_since_heal && in_tail) {
+        let behind_a_delivery = last_delivered.get(stream).is_some_and(|last| *last > add.id);
+        let excused_as_backlog = read_since_heal && !behind_a_delivery;
+        if beyond && !excused_as_backlog {
             let entry = stranded.entry(stream).or_insert((add.id, 0, acknowledged_at_us));
             entry.1 += 1;
         } else if last_delivered.get(stream).is_some_and(|last| *last > add.id) {
