@@ -57,6 +57,7 @@
 //! `run_id` / replication id, which the coordinator treats as evidence of lost writes.
 
 mod conn;
+mod doorbell;
 mod errors;
 mod metadata;
 mod probe;

@@ -10,7 +10,7 @@ use ::redis::Value;
 use super::conn::Lane;
 use super::scripts::text;
 use super::RedisStore;
-use crate::store::{EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use crate::store::{Doorbell, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// Upper bound on XAUTOCLAIM pages of one `claim_all_pending`.
 const CLAIM_PAGES_MAX: u64 = 100_000;
@@ -116,6 +116,15 @@ impl StreamStore for RedisStore {
     ) -> Result<Vec<StreamEntry>, StoreError> {
         let _ = (fence, stream, group, consumer, min_idle_ms);
         Err(StoreError::Unsupported { command: "fence scripts".into(), detail: "not implemented yet".into() })
+    }
+
+    async fn wait_for_entries(
+        &self,
+        group: &str,
+        streams: &[(String, Option<EntryId>)],
+        block_ms: u64,
+    ) -> Result<Doorbell, StoreError> {
+        self.doorbell(group, streams, block_ms).await
     }
 
     async fn xadd(
