@@ -55,6 +55,13 @@ enum Command {
     },
     /// Replay every seed listed in regressions.toml.
     Regressions,
+    /// Run every plan (not planted-*) over the seeds and print what the runs reached, per plan:
+    /// statuses, error codes, decision rules recorded, faults, rare situations. Fails when an item
+    /// of fault-plans/must-reach.toml is never reached.
+    Coverage {
+        #[arg(long, default_value = "0..5", value_parser = parse_seeds)]
+        seeds: (u64, u64),
+    },
     /// List the plans.
     List,
 }
@@ -92,6 +99,7 @@ pub fn main() -> ExitCode {
         }),
         Command::Planted { seeds } => planted(&cli.plans, seeds),
         Command::Regressions => regressions::run(&cli.plans),
+        Command::Coverage { seeds } => coverage(&cli.plans, seeds),
         Command::List => plan_names(&cli.plans).map(|names| {
             names.iter().for_each(|n| println!("{n}"));
             true
@@ -127,6 +135,8 @@ pub struct PlanSummary {
     pub correction_rounds_by_cause: BTreeMap<&'static str, usize>,
     /// Fenced operations that ran, stale ones refused (`FENCED`), stale ones that ran after a loss.
     pub fences: (usize, u64, usize),
+    /// What the seeds reached, summed (`coverage`).
+    pub coverage: crate::coverage::Coverage,
     /// The first seed (in run order) that produced each violation kind.
     pub first_seed_by_kind: BTreeMap<&'static str, u64>,
 }
@@ -151,6 +161,9 @@ impl PlanSummary {
         self.stranded += m.stranded_entries;
         self.lost_version_answers += m.lost_version_answers;
         self.delivered_never_processed_max = self.delivered_never_processed_max.max(m.delivered_never_processed);
+        for (item, n) in &outcome.coverage {
+            *self.coverage.entry(item.clone()).or_insert(0) += n;
+        }
         self.fences.0 += m.fences.fenced_ok;
         self.fences.1 += m.fences.refused;
         self.fences.2 += m.fences.stale_after_loss;
@@ -301,6 +314,39 @@ pub struct RunFlags {
     pub check_determinism: bool,
     pub verbose: bool,
     pub without_planted: bool,
+}
+
+/// `sim coverage`: every plan but planted-*, then the must-reach check over all of them.
+fn coverage(dir: &Path, seeds: (u64, u64)) -> Result<bool, PlanError> {
+    let must = crate::coverage::load_must_reach(dir).map_err(PlanError::Invalid)?;
+    let names: Vec<String> = plan_names(dir)?.into_iter().filter(|n| !n.starts_with("planted-")).collect();
+    let mut total = crate::coverage::Coverage::new();
+    for name in &names {
+        let summary = run_plan(&load_plan(dir, name)?, seeds, false, false)?;
+        println!("{name} (seeds {}..{}):", seeds.0, seeds.1);
+        let mut line = String::new();
+        for (item, n) in &summary.coverage {
+            *total.entry(item.clone()).or_insert(0) += n;
+            line.push_str(&format!(" {item}={n}"));
+            if line.len() > 100 {
+                println!("   {line}");
+                line.clear();
+            }
+        }
+        if !line.is_empty() {
+            println!("   {line}");
+        }
+    }
+    let unreached: Vec<&String> = must.items.iter().filter(|item| !total.contains_key(*item)).collect();
+    println!("\nmust-reach (fault-plans/must-reach.toml): {} items, {} unreached", must.items.len(), unreached.len());
+    for item in &must.items {
+        let n = total.get(item).copied().unwrap_or(0);
+        println!("  {:<44} {n}", item);
+    }
+    for item in &unreached {
+        println!("NEVER REACHED: {item}");
+    }
+    Ok(unreached.is_empty())
 }
 
 fn run_plans(dir: &Path, which: &str, seeds: (u64, u64), flags: RunFlags) -> Result<bool, PlanError> {

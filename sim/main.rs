@@ -25,6 +25,8 @@ mod checkers;
 mod cli;
 #[cfg(madsim)]
 mod coord_rpc;
+/// What runs reached (statuses, errors, rules, faults, rare situations).
+mod coverage;
 #[cfg(madsim)]
 mod faults;
 #[cfg(madsim)]

@@ -35,6 +35,8 @@ const OVERRUN_MS: u64 = 120_000;
 /// The outcome of one seed.
 pub struct SeedOutcome {
     pub seed: u64,
+    /// What the run reached (`coverage`).
+    pub coverage: crate::coverage::Coverage,
     pub findings: Vec<Finding>,
     pub measurements: Measurements,
     pub trace_hash: u64,
@@ -157,8 +159,10 @@ pub fn run_seed(plan: Plan, verbose: bool) -> SeedOutcome {
         fence_refusals: run.fence_refusals,
     };
     let verdict = checkers::check_all(&facts);
+    let coverage = crate::coverage::of_run(&facts);
     SeedOutcome {
         seed,
+        coverage,
         findings: verdict.findings,
         measurements: verdict.measurements,
         trace_hash: trace_hash(&run.records.trace),
@@ -178,6 +182,7 @@ fn panicked(seed: u64, payload: Box<dyn std::any::Any + Send>, wall: Duration) -
     let finding = Finding { checker: "runner", kind: "panic", at_us: 0, detail: message };
     SeedOutcome {
         seed,
+        coverage: Default::default(),
         findings: vec![finding],
         measurements: Measurements::default(),
         trace_hash: 0,

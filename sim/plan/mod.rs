@@ -358,7 +358,7 @@ pub fn default_plan_dir() -> PathBuf {
 }
 
 /// Files that live in the plan directory but are not plans.
-const NOT_PLANS: &[&str] = &["regressions"];
+const NOT_PLANS: &[&str] = &["regressions", "must-reach"];
 
 /// Every plan name in `dir`, sorted.
 pub fn plan_names(dir: &Path) -> Result<Vec<String>, PlanError> {

@@ -129,7 +129,10 @@ fn the_body_schemas_name_exactly_the_fields_of_the_types() {
                 revoking: vec![report],
                 leave: false,
                 member_session: Some(MemberSession("0".repeat(32))),
-                fenced: Vec::new(),
+                fenced: vec![rsc::core::fence::ShardFence {
+                    shard: 0,
+                    fence: rsc::core::model::Fence { counter: 1, nonce: 2 },
+                }],
             })
             .expect("json"),
         ),

@@ -2,6 +2,7 @@
 //! exact heartbeat sent and what may be read.
 
 use super::*;
+use crate::core::fence::ShardFence;
 use crate::core::planted::PlantedBug;
 use crate::core::protocol::{ApiError, Drain, ErrorCode, HeartbeatStatus};
 
@@ -528,4 +529,73 @@ fn planted_give_up_on_unknown_member_is_observable() {
     exchange(&mut bad, 0, 10, Ok(ok(&[1])));
     exchange(&mut bad, 210, 215, Err(api(ErrorCode::UnknownMember)));
     assert_eq!(bad.phase(), Phase::Left, "the planted bug is observable");
+}
+
+fn fence(counter: u64) -> Fence {
+    Fence { counter, nonce: 0xfeed + counter }
+}
+
+fn with_fences(mut r: HeartbeatResponse, fences: &[(ShardId, Fence)]) -> HeartbeatResponse {
+    r.fences = fences.iter().map(|&(shard, fence)| ShardFence { shard, fence }).collect();
+    r
+}
+
+#[test]
+fn reads_and_deliveries_carry_the_fence_the_answer_gave_the_shard() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(with_fences(ok(&[1, 2]), &[(1, fence(4))])));
+    let plans = c.read_plans(20);
+    let fence_of = |shard| plans.iter().find(|p| p.shard == shard).map(|p| p.fence);
+    assert_eq!(fence_of(1), Some(Some(fence(4))));
+    assert_eq!(fence_of(2), Some(None), "a shard without a fence is read unfenced");
+    let delivered = deliver(&mut c, 20, 1, &[5]);
+    assert_eq!(delivered[0].fence, Some(fence(4)), "the application sees the fencing token");
+    assert_eq!(c.fence_of(1), Some(fence(4)));
+}
+
+#[test]
+fn a_store_refusal_of_the_current_fence_loses_the_shard_until_an_answer_gives_another() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(with_fences(ok(&[1, 2]), &[(1, fence(4)), (2, fence(6))])));
+    let delivered = deliver(&mut c, 20, 1, &[5, 6]);
+    assert_eq!(delivered.len(), 2);
+    c.drain_events();
+    // A refusal of a fence the shard no longer has changes nothing.
+    c.fenced_at_store(30, 1, fence(3));
+    assert_eq!(c.readable_shards(30), vec![1, 2]);
+    // A refusal of the current one: stopped at once, in-flight entries abandoned, reported.
+    c.fenced_at_store(30, 1, fence(4));
+    assert_eq!(c.readable_shards(30), vec![2]);
+    assert_eq!(c.in_flight(1), 0);
+    let events = c.drain_events();
+    let stopped = events
+        .iter()
+        .any(|e| matches!(e, ClientEvent::ShardStopped { shard: 1, reason: StopReason::FencedAtStore, .. }));
+    assert!(stopped, "{events:?}");
+    let abandoned = events.iter().filter(|e| matches!(e, ClientEvent::EntryAbandoned { shard: 1, .. })).count();
+    assert_eq!(abandoned, 2);
+    // The next heartbeat is prompt and reports the refused fence; an answer with the same fence
+    // starts nothing.
+    let req = exchange(&mut c, 40, 50, Ok(with_fences(ok(&[1, 2]), &[(1, fence(4)), (2, fence(6))])));
+    assert_eq!(req.fenced, vec![ShardFence { shard: 1, fence: fence(4) }]);
+    assert_eq!(c.readable_shards(50), vec![2], "the refused fence does not start the shard again");
+    // An answer with a new fence starts it with that fence.
+    exchange(&mut c, 300, 310, Ok(with_fences(ok(&[1, 2]), &[(1, fence(7)), (2, fence(6))])));
+    assert_eq!(c.readable_shards(310), vec![1, 2]);
+    assert_eq!(c.fence_of(1), Some(fence(7)));
+    let req = c.poll_heartbeat(600).expect("due");
+    assert!(req.fenced.is_empty(), "nothing is reported once the fence changed");
+}
+
+#[test]
+fn fenced_reports_go_only_to_coordinators_that_read_them() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(with_fences(ok(&[1]), &[(1, fence(4))])));
+    c.fenced_at_store(20, 1, fence(4));
+    // An older coordinator answers 400 to the unknown field: the next heartbeats go without it.
+    let refused = TransportError::Api(ApiError::new(ErrorCode::BadRequest, "unknown field `fenced`, expected one of"));
+    let req = exchange(&mut c, 30, 40, Err(refused));
+    assert_eq!(req.fenced.len(), 1);
+    let req = c.poll_heartbeat(60).expect("prompt retry");
+    assert!(req.fenced.is_empty());
 }
