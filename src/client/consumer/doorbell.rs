@@ -2,9 +2,11 @@
 //!
 //! An empty poll is followed by one [`StreamStore::wait_for_entries`] (an unfenced
 //! `XREAD BLOCK` on every readable shard after its last-seen id), then by one more poll when it
-//! rang: an idle wait costs one round trip more than a raw `XREADGROUP BLOCK` (which a fenced
-//! read cannot use: the fence check runs as a script, and scripts must never block), and a busy
-//! read none.
+//! rang. A raw consumer would wait in one `XREADGROUP BLOCK`, which a fenced read cannot do: the
+//! fence check runs as a script, and scripts must never block. Costs: a busy read (the previous
+//! wait delivered) sends no doorbell; the first idle wait after busy ones costs its empty poll
+//! (one read per shard) plus one doorbell; every further idle wait rings first, before any read
+//! (the ids are known by then), and costs the doorbell alone, plus the poll when it rings.
 //!
 //! The last-seen id of a shard is the group's last-delivered id, which this module keeps per
 //! shard start (shard, generation) from the read path at no cost: a read of `>` that delivered
@@ -18,6 +20,7 @@
 //! the fenced or unfenced read); never holds the core's lock across an `.await`; never waits past
 //! the lease end or the caller's deadline.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Consumer, Delivery, PollError, ReadStep, Shared};
@@ -33,40 +36,57 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// Like [`Consumer::poll`], but waits up to `wait` for at least one entry: after an empty
     /// poll, one doorbell wait on the readable shards (up to the deadline, the lease end, or
     /// [`DOORBELL_BLOCK_MS_MAX`]; cut short when the assignment changes), then a poll again if
-    /// it rang. When no doorbell can be used (no readable shard, a shard still being set up, or a
+    /// it rang. When the previous wait ended empty, the doorbell goes first (see the module
+    /// docs). When no doorbell can be used (no readable shard, a shard still being set up, or a
     /// store error), it pauses `poll_idle_ms` between polls as before. Cancel-safe like `poll`:
     /// dropping it (e.g. in a `tokio::select!` with a shutdown signal) loses no entry and leaves
     /// no shard undrainable.
     pub async fn poll_wait(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, PollError> {
         let deadline = tokio::time::Instant::now() + wait;
         let idle = Duration::from_millis(self.shared.lock().config().poll_idle_ms.max(1));
+        // After an empty wait the doorbell goes first: with every last-seen id known it returns at
+        // once if anything undelivered exists, so an idle consumer's next wait costs that one call
+        // and a busy one's (its last wait delivered) none.
+        let mut ring_first = self.shared.idle.load(Ordering::Relaxed);
         let mut rang = false;
         loop {
-            // Registered before the poll reads the assignment, so a change after it is not missed.
+            // Registered before the assignment is read, so a change after it is not missed.
             let changed = self.shared.reads_changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let delivered = self.poll(max).await?;
-            if rang && delivered.is_empty() {
-                // The doorbell rang for entries no read of `>` found: the group's last-delivered
-                // ids moved without this consumer (someone else read the group). Forget them, so
-                // the next wait watches after the group's own.
-                self.shared.lock_last_seen().clear();
+            if !ring_first {
+                let delivered = self.poll(max).await?;
+                if rang && delivered.is_empty() {
+                    // The doorbell rang for entries no read of `>` found: the group's last-delivered
+                    // ids moved without this consumer (someone else read the group). Forget them, so
+                    // the next wait watches after the group's own.
+                    self.shared.lock_last_seen().clear();
+                }
+                if !delivered.is_empty() || tokio::time::Instant::now() >= deadline || max == 0 {
+                    self.shared.idle.store(delivered.is_empty(), Ordering::Relaxed);
+                    return Ok(delivered);
+                }
             }
             let now = tokio::time::Instant::now();
-            if !delivered.is_empty() || now >= deadline || max == 0 {
-                return Ok(delivered);
+            if now >= deadline {
+                self.shared.idle.store(true, Ordering::Relaxed);
+                return Ok(Vec::new());
             }
             // Rounded up: a wait never ends before the deadline.
             let remaining_ms = u64::try_from((deadline - now).as_micros().div_ceil(1_000)).unwrap_or(u64::MAX);
-            let bell = self.ring(remaining_ms, changed).await;
+            let bell = self.ring(remaining_ms, ring_first, changed).await;
             rang = matches!(bell, Bell::Rang);
+            ring_first = false;
             match bell {
                 // Poll again at once.
-                Bell::Rang | Bell::Changed => {}
+                Bell::Rang | Bell::Changed | Bell::PollFirst => {}
                 // The full wait passed with nothing newer: the wait is over without another poll.
-                Bell::Silent { waited_to_deadline: true } => return Ok(Vec::new()),
-                Bell::Silent { waited_to_deadline: false } => {}
+                Bell::Silent { waited_to_deadline: true } => {
+                    self.shared.idle.store(true, Ordering::Relaxed);
+                    return Ok(Vec::new());
+                }
+                // Nothing newer, so a poll would find nothing: ring again.
+                Bell::Silent { waited_to_deadline: false } => ring_first = true,
                 Bell::Unusable => {
                     let now = tokio::time::Instant::now();
                     tokio::time::sleep(idle.min(deadline.saturating_duration_since(now))).await;
@@ -75,15 +95,26 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         }
     }
 
-    /// One doorbell wait of up to `remaining_ms` on every readable shard.
-    async fn ring(&self, remaining_ms: u64, changed: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>) -> Bell {
+    /// One doorbell wait of up to `remaining_ms` on every readable shard. `known_only`: only if
+    /// every shard's last-seen id is known (else [`Bell::PollFirst`]): the wait comes before any
+    /// read, so no empty read of `>` vouches for the group's last-delivered id being current.
+    async fn ring(
+        &self,
+        remaining_ms: u64,
+        known_only: bool,
+        changed: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+    ) -> Bell {
         let now_ms = self.shared.clock.now_ms();
         let (group, plans, lease_end_ms) = self.shared.with_core(|core| {
             (core.config().group.clone(), core.read_plans(now_ms), core.lease_end_ms().unwrap_or(now_ms))
         });
         // A shard being set up or re-reading its own pending entries has work the next poll
         // does; a doorbell would only delay it.
-        if plans.is_empty() || plans.iter().any(|p| p.step != ReadStep::Read(ReadFrom::New)) {
+        let busy = plans.iter().any(|p| p.step != ReadStep::Read(ReadFrom::New));
+        if known_only && (busy || plans.iter().any(|p| self.shared.last_seen(p.shard, p.generation).is_none())) {
+            return Bell::PollFirst;
+        }
+        if plans.is_empty() || busy {
             return Bell::Unusable;
         }
         let block_ms = remaining_ms.min(lease_end_ms.saturating_sub(now_ms)).min(DOORBELL_BLOCK_MS_MAX);
@@ -129,6 +160,9 @@ enum Bell {
     Silent { waited_to_deadline: bool },
     /// No doorbell could be used: pause and poll.
     Unusable,
+    /// Asked to ring before polling, but a shard needs the poll first (its last-seen id is not
+    /// known, or it has other work): poll now.
+    PollFirst,
 }
 
 impl<T, S> Shared<T, S> {

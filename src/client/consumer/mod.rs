@@ -23,7 +23,7 @@ mod doorbell;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -110,6 +110,8 @@ struct Shared<T, S> {
     /// watches after it (see `doorbell.rs`). Entries of shards no longer read are pruned at each
     /// doorbell wait.
     last_seen: Mutex<BTreeMap<ShardId, (u64, EntryId)>>,
+    /// The last `poll_wait` ended empty: the next one rings the doorbell before polling.
+    idle: AtomicBool,
 }
 
 /// A consumer group member. Dropping it without `close` stops its heartbeats at once (the
@@ -148,6 +150,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             cursor: AtomicUsize::new(0),
             reads_changed: Notify::new(),
             last_seen: Mutex::new(BTreeMap::new()),
+            idle: AtomicBool::new(false),
         });
         let heartbeats = tokio::spawn(heartbeat_loop(Arc::clone(&shared)));
         Self { shared, heartbeats: Mutex::new(Some(heartbeats)) }

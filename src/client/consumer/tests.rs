@@ -409,6 +409,10 @@ async fn poll_wait_sleeps_on_the_doorbell_and_wakes_when_an_entry_arrives() {
     assert!(idle.is_empty());
     assert!(start.elapsed() >= Duration::from_millis(300), "waited the whole time");
     assert_eq!(store.read_log().len() - reads_before, 1, "one read for a whole idle wait");
+    // The next idle wait rings first and reads nothing at all.
+    let idle = consumer.poll_wait(10, Duration::from_millis(100)).await.expect("poll_wait");
+    assert!(idle.is_empty());
+    assert_eq!(store.read_log().len() - reads_before, 1, "no read in a second idle wait");
     // An entry published during the wait wakes it well before its end.
     let publisher = {
         let store = store.connect();
