@@ -19,6 +19,8 @@
 
 mod support;
 
+#[path = "store_contract/doorbell.rs"]
+mod doorbell;
 #[path = "store_contract/metadata.rs"]
 mod metadata;
 #[path = "store_contract/redis_only.rs"]
@@ -34,6 +36,7 @@ mod tls;
 #[path = "store_contract/touch_check.rs"]
 mod touch_check;
 
+pub use doorbell::*;
 pub use metadata::*;
 pub use stamp::*;
 pub use streams::*;
@@ -100,6 +103,7 @@ contract_suite!(
     contract_claim_all_pending,
     contract_maxlen,
     contract_missing_group_errors,
+    contract_wait_for_entries,
 );
 
 /// Instantiates every case that needs a lost-and-rewritten revision once per store, with that
