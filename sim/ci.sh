@@ -16,4 +16,7 @@ cargo sim run standard --seeds 0..3 --check-determinism
 cargo sim run swarm --seeds 0..3 --check-determinism
 
 echo "--- every plan over seeds ${seeds}"
-cargo sim run all --seeds "${seeds}"
+cargo sim run all --seeds "${seeds}" --jobs 2
+
+echo "--- coverage: every item of fault-plans/must-reach.toml reached over seeds 0..2"
+cargo sim coverage --seeds 0..2

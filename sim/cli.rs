@@ -1,7 +1,7 @@
 //! The `sim` command line: run plans over seed ranges, replay one seed with a full trace, show a
 //! drawn plan, run the planted-bug and regression suites. Prints the summary table and, for every
 //! failing seed, its drawn parameters, its findings, where its trace was written and
-//! `REPRODUCE WITH: cargo sim replay <plan> <seed>`.
+//! `REPRODUCE WITH: cargo sim replay <plan> <seed>`. Draws one run as an HTML timeline.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,11 +10,14 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use crate::bench;
 use crate::checkers::{count_by_kind, Finding};
 use crate::plan::{default_plan_dir, load_plan, plan_names, Plan, PlanError, PlanSpec};
-use crate::records::{fmt_us, render_trace};
+use crate::records::{fmt_us, render_trace, Records};
 use crate::regressions;
-use crate::runner::{run_seed, SeedOutcome};
+use crate::runner::{run_seed, sim_group, SeedOutcome};
+use crate::sweep;
+use crate::timeline::{self, TimelineInput};
 
 #[derive(Parser)]
 #[command(name = "sim", about = "Deterministic simulation of the Redis Stream Coordinator (madsim)")]
@@ -43,11 +46,39 @@ enum Command {
         /// Switch the plan's planted bugs off (the control run of a planted plan: it must pass).
         #[arg(long)]
         without_planted: bool,
+        /// Run seeds in this many child processes (1: in this process, one after the other).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        jobs: u16,
+        /// Also print one machine-readable `SIMPLAN {json}` line per plan (for `bench`).
+        #[arg(long, hide = true)]
+        json: bool,
+    },
+    /// A child of `run --jobs N`: run one chunk of seeds, one `SIMSEED {json}` line per seed.
+    #[command(hide = true)]
+    Chunk {
+        plan: String,
+        #[arg(long, value_parser = parse_seeds)]
+        seeds: (u64, u64),
+        #[arg(long)]
+        check_determinism: bool,
+        #[arg(long)]
+        verbose: bool,
+        #[arg(long)]
+        without_planted: bool,
     },
     /// Run one seed with the full trace, written to target/sim-traces/<plan>-<seed>.log.
     Replay { plan: String, seed: u64 },
     /// Print the parameters a plan draws for a seed.
     Show { plan: String, seed: u64 },
+    /// Run one seed and draw it as one HTML page: target/sim-timelines/<plan>-<seed>.html
+    /// (`-without-planted.html` for a control run).
+    Timeline {
+        plan: String,
+        seed: u64,
+        /// Switch the plan's planted bugs off.
+        #[arg(long)]
+        without_planted: bool,
+    },
     /// Run every planted-bug plan; each must be caught on at least one seed.
     Planted {
         #[arg(long, default_value = "0..20", value_parser = parse_seeds)]
@@ -61,6 +92,17 @@ enum Command {
     Coverage {
         #[arg(long, default_value = "0..5", value_parser = parse_seeds)]
         seeds: (u64, u64),
+    },
+    /// Time the simulator (sim/wall) on some plans, against another sim binary if given.
+    Bench {
+        /// Plans to time, comma-separated.
+        #[arg(value_name = "PLANS", default_value = "standard,swarm")]
+        which: String,
+        #[arg(long, default_value = "0..10", value_parser = parse_seeds)]
+        seeds: (u64, u64),
+        /// Another build of this simulator (e.g. from an older commit) to compare with.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// List the plans.
     List,
@@ -89,10 +131,16 @@ fn trace_dir() -> PathBuf {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { plan, seeds, check_determinism, verbose, without_planted } => {
-            run_plans(&cli.plans, &plan, seeds, RunFlags { check_determinism, verbose, without_planted })
+        Command::Run { plan, seeds, check_determinism, verbose, without_planted, jobs, json } => {
+            let flags = RunFlags { check_determinism, verbose, without_planted };
+            run_plans(&cli.plans, &plan, seeds, flags, usize::from(jobs), json)
+        }
+        Command::Chunk { plan, seeds, check_determinism, verbose, without_planted } => {
+            let flags = RunFlags { check_determinism, verbose, without_planted };
+            load_spec(&cli.plans, &plan, flags).and_then(|spec| sweep::run_chunk(&spec, seeds, flags))
         }
         Command::Replay { plan, seed } => replay(&cli.plans, &plan, seed),
+        Command::Timeline { plan, seed, without_planted } => timeline(&cli.plans, &plan, seed, without_planted),
         Command::Show { plan, seed } => load_plan(&cli.plans, &plan).and_then(|s| s.draw(seed)).map(|p| {
             print!("{}", p.describe());
             true
@@ -100,6 +148,7 @@ pub fn main() -> ExitCode {
         Command::Planted { seeds } => planted(&cli.plans, seeds),
         Command::Regressions => regressions::run(&cli.plans),
         Command::Coverage { seeds } => coverage(&cli.plans, seeds),
+        Command::Bench { which, seeds, baseline } => bench::bench(&cli.plans, &which, seeds, baseline),
         Command::List => plan_names(&cli.plans).map(|names| {
             names.iter().for_each(|n| println!("{n}"));
             true
@@ -142,7 +191,7 @@ pub struct PlanSummary {
 }
 
 impl PlanSummary {
-    fn add(&mut self, outcome: &SeedOutcome) {
+    pub(crate) fn add(&mut self, outcome: &SeedOutcome) {
         if !outcome.findings.is_empty() {
             self.failed.push(outcome.seed);
         }
@@ -181,6 +230,17 @@ pub fn run_plan(
     check_determinism: bool,
     verbose: bool,
 ) -> Result<PlanSummary, PlanError> {
+    run_plan_with(spec, seeds, check_determinism, verbose, &mut |_| {})
+}
+
+/// [`run_plan`], handing every seed's outcome to `on_seed` once it is checked and reported.
+pub fn run_plan_with(
+    spec: &PlanSpec,
+    seeds: (u64, u64),
+    check_determinism: bool,
+    verbose: bool,
+    on_seed: &mut dyn FnMut(&SeedOutcome),
+) -> Result<PlanSummary, PlanError> {
     let mut summary = PlanSummary { name: spec.name.clone(), seeds, ..PlanSummary::default() };
     for seed in seeds.0..seeds.1 {
         let plan = spec.draw(seed)?;
@@ -205,6 +265,7 @@ pub fn run_plan(
         if !outcome.findings.is_empty() && spec.expect.is_empty() {
             report_failure(&spec.name, &plan, &description, &outcome);
         }
+        on_seed(&outcome);
     }
     Ok(summary)
 }
@@ -255,7 +316,7 @@ fn write_trace(name: &str, seed: u64, outcome: &SeedOutcome) -> std::io::Result<
     Ok(path)
 }
 
-fn print_table(summaries: &[PlanSummary]) {
+pub(crate) fn print_table(summaries: &[PlanSummary]) {
     println!();
     println!("{:<36} {:>10} {:>6}  {:<48} {:>9}", "plan", "seeds", "failed", "violations by kind", "sim/wall");
     for s in summaries {
@@ -349,22 +410,43 @@ fn coverage(dir: &Path, seeds: (u64, u64)) -> Result<bool, PlanError> {
     Ok(unreached.is_empty())
 }
 
-fn run_plans(dir: &Path, which: &str, seeds: (u64, u64), flags: RunFlags) -> Result<bool, PlanError> {
+/// Loads a plan, its planted bugs switched off under `--without-planted`.
+fn load_spec(dir: &Path, name: &str, flags: RunFlags) -> Result<PlanSpec, PlanError> {
+    let mut spec = load_plan(dir, name)?;
+    if flags.without_planted {
+        spec.planted.clear();
+        spec.expect.clear();
+    }
+    Ok(spec)
+}
+
+fn run_plans(
+    dir: &Path,
+    which: &str,
+    seeds: (u64, u64),
+    flags: RunFlags,
+    jobs: usize,
+    json: bool,
+) -> Result<bool, PlanError> {
     let names: Vec<String> = if which == "all" {
         plan_names(dir)?.into_iter().filter(|n| !n.starts_with("planted-")).collect()
     } else {
         vec![which.to_string()]
     };
+    let specs = names.iter().map(|name| load_spec(dir, name, flags)).collect::<Result<Vec<_>, _>>()?;
+    if jobs > 1 {
+        return sweep::run_parallel(dir, &specs, seeds, flags, jobs);
+    }
     let mut summaries = Vec::new();
-    for name in &names {
-        let mut spec = load_plan(dir, name)?;
-        if flags.without_planted {
-            spec.planted.clear();
-            spec.expect.clear();
-        }
-        summaries.push(run_plan(&spec, seeds, flags.check_determinism, flags.verbose)?);
+    for spec in &specs {
+        summaries.push(run_plan(spec, seeds, flags.check_determinism, flags.verbose)?);
     }
     print_table(&summaries);
+    if json {
+        for s in &summaries {
+            println!("{}", sweep::plan_line(s));
+        }
+    }
     Ok(summaries.iter().all(|s| s.failed.is_empty()))
 }
 
@@ -387,6 +469,40 @@ fn replay(dir: &Path, name: &str, seed: u64) -> Result<bool, PlanError> {
         outcome.simulated.as_secs_f64(),
         outcome.wall.as_secs_f64()
     );
+    Ok(outcome.findings.is_empty())
+}
+
+/// Where `timeline` writes its pages.
+fn timeline_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/sim-timelines"))
+}
+
+/// Runs one seed with the full trace and writes its timeline page; prints the page's path.
+fn timeline(dir: &Path, name: &str, seed: u64, without_planted: bool) -> Result<bool, PlanError> {
+    let plan = load_spec(dir, name, RunFlags { without_planted, ..RunFlags::default() })?.draw(seed)?;
+    let outcome = run_seed(plan.clone(), true);
+    for finding in &outcome.findings {
+        println!("  {finding}");
+    }
+    // A run that panicked has no records; its page still shows the plan and the panic.
+    let empty = Records::default();
+    let input = TimelineInput {
+        plan: &plan,
+        group: &sim_group(),
+        records: outcome.records.as_ref().unwrap_or(&empty),
+        findings: &outcome.findings,
+        end_us: plan.durations.run_ms * 1_000,
+        planted_on: !without_planted,
+    };
+    let html = timeline::render(&input);
+    let out = timeline_dir();
+    // A control run gets its own page, so it never overwrites the planted run's.
+    let control = if without_planted { "-without-planted" } else { "" };
+    let path = out.join(format!("{name}-{seed}{control}.html"));
+    std::fs::create_dir_all(&out)
+        .and_then(|()| std::fs::write(&path, html))
+        .map_err(|e| PlanError::Io { path: path.clone(), message: e.to_string() })?;
+    println!("{}", path.display());
     Ok(outcome.findings.is_empty())
 }
 

@@ -7,19 +7,25 @@
 //! cargo sim show <plan> <seed>         # the drawn parameters only
 //! cargo sim planted --seeds A..B       # every planted bug must be caught
 //! cargo sim regressions                # fault-plans/regressions.toml
+//! cargo sim timeline <plan> <seed>     # one run as an HTML timeline in target/sim-timelines/
+//! cargo sim run all --seeds A..B --jobs 4   # seeds in 4 child processes, progress on stderr
+//! cargo sim bench [standard,swarm] [--seeds 0..10] [--baseline <other sim binary>]
 //! ```
 //!
 //! The lab's rooms: `plan` (the TOML format, drawing every parameter from the seed), `world` and
 //! `programs` (the simulated deployment running the production code), `redis_node` (the in-memory
 //! Redis on its own node), `faults` (the fault injector), `records` (ground truth and the trace),
-//! `checkers` (one file per invariant), `runner` and `cli`. The format and the checked properties
-//! are documented in `fault-plans/README.md`.
+//! `checkers` (one file per invariant), `runner` and `cli`; the developer's tools: `timeline` (one
+//! run drawn as an HTML page), `sweep` (seeds in child processes) and `bench` (sim/wall against
+//! another build). The format and the checked properties are documented in `fault-plans/README.md`.
 //!
 //! Under a normal build this file compiles to a stub that explains how to run it, so
 //! `cargo build --all-targets` and clippy work in both modes. The pure parts (plans, checkers) are
 //! built and unit-tested in both modes (`cargo test --bin sim`).
 #![cfg_attr(not(madsim), allow(dead_code))]
 
+#[cfg(madsim)]
+mod bench;
 mod checkers;
 #[cfg(madsim)]
 mod cli;
@@ -40,6 +46,9 @@ mod redis_node;
 mod regressions;
 #[cfg(madsim)]
 mod runner;
+#[cfg(madsim)]
+mod sweep;
+mod timeline;
 mod transport;
 #[cfg(madsim)]
 mod world;

@@ -43,6 +43,9 @@ pub struct SeedOutcome {
     pub trace: Vec<TraceLine>,
     /// The store's metadata history (kept for traced runs only).
     pub history: Vec<HistoryEvent>,
+    /// The run's ground truth, its trace moved to `trace` (kept for traced runs only: the
+    /// timeline draws it).
+    pub records: Option<Records>,
     pub simulated: Duration,
     pub wall: Duration,
 }
@@ -160,14 +163,17 @@ pub fn run_seed(plan: Plan, verbose: bool) -> SeedOutcome {
     };
     let verdict = checkers::check_all(&facts);
     let coverage = crate::coverage::of_run(&facts);
+    let mut records = run.records;
+    let trace = std::mem::take(&mut records.trace);
     SeedOutcome {
         seed,
         coverage,
         findings: verdict.findings,
         measurements: verdict.measurements,
-        trace_hash: trace_hash(&run.records.trace),
-        trace: run.records.trace,
+        trace_hash: trace_hash(&trace),
+        trace,
         history: if verbose { run.history } else { Vec::new() },
+        records: verbose.then_some(records),
         simulated: Duration::from_micros(run.end_us),
         wall,
     }
@@ -188,6 +194,7 @@ fn panicked(seed: u64, payload: Box<dyn std::any::Any + Send>, wall: Duration) -
         trace_hash: 0,
         trace: Vec::new(),
         history: Vec::new(),
+        records: None,
         simulated: Duration::ZERO,
         wall,
     }

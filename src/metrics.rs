@@ -4,7 +4,7 @@
 //! rendering is deterministic (the simulation hashes traces). Shared by the coordinator service and
 //! the client libraries; names follow Prometheus conventions (`_total`, `_seconds`, base units).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -130,6 +130,47 @@ impl Metrics {
         });
     }
 
+    /// Removes every series of every metric (counters, gauges, histograms) whose labels contain
+    /// `(key, value)`, except the metrics named in `except`: a deleted group's or member's series
+    /// must not outlive it, or the registry grows with every id that ever came and went.
+    pub fn forget_labelled(&self, key: &'static str, value: &str, except: &[&str]) {
+        let other = |n: &&'static str, labels: &Labels| {
+            except.contains(n) || !labels.iter().any(|(k, v)| *k == key && v == value)
+        };
+        self.with(|f| {
+            f.values.retain(|(n, labels), _| other(n, labels));
+            f.clocks.retain(|(n, labels), _| other(n, labels));
+            f.histograms.retain(|(n, labels), _| other(n, labels));
+        });
+    }
+
+    /// Every value the label `key` has in some series (of any kind), leaving out the metrics
+    /// named in `except`.
+    pub fn label_values(&self, key: &str, except: &[&str]) -> BTreeSet<String> {
+        let mut values = BTreeSet::new();
+        let mut add = |name: &'static str, labels: &Labels| {
+            if !except.contains(&name) {
+                values.extend(labels.iter().filter(|(k, _)| *k == key).map(|(_, v)| v.clone()));
+            }
+        };
+        self.with(|f| {
+            f.values.keys().for_each(|(n, l)| add(n, l));
+            f.clocks.keys().for_each(|(n, l)| add(n, l));
+            f.histograms.keys().for_each(|(n, l)| add(n, l));
+        });
+        values
+    }
+
+    /// How many series (of any kind) carry a label named `key`.
+    pub fn labelled_series(&self, key: &str) -> usize {
+        let has = |labels: &Labels| labels.iter().any(|(k, _)| *k == key);
+        self.with(|f| {
+            f.values.keys().filter(|(_, l)| has(l)).count()
+                + f.clocks.keys().filter(|(_, l)| has(l)).count()
+                + f.histograms.keys().filter(|(_, l)| has(l)).count()
+        })
+    }
+
     /// Records one observation (seconds) in a histogram.
     pub fn observe(&self, name: &'static str, help: &'static str, labels: Labels, seconds: f64) {
         self.with(|f| {
@@ -226,6 +267,33 @@ mod tests {
         assert_eq!(m.total("b_total"), 2.0);
         m.forget("b_total", "status", "OK");
         assert_eq!(m.total("b_total"), 0.0);
+    }
+
+    #[test]
+    fn forget_labelled_removes_every_kind_of_series_of_that_label_value_except_the_named_ones() {
+        let m = Metrics::new();
+        let of = |g: &str| vec![("group", g.to_string())];
+        m.inc("a_total", "h", of("gone"));
+        m.inc("kept_total", "h", of("gone"));
+        m.set("b_gauge", "h", vec![("group", "gone".into()), ("member", "x".into())], 1.0);
+        m.set_since("c_seconds", "h", of("gone"), Instant::now());
+        m.observe("d_seconds", "h", of("gone"), 0.1);
+        m.inc("a_total", "h", of("stays"));
+        m.inc("e_total", "h", vec![]);
+        assert_eq!(m.labelled_series("group"), 6);
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(m.label_values("group", &[]), names(&["gone", "stays"]));
+        assert_eq!(m.label_values("member", &[]), names(&["x"]));
+        m.forget_labelled("group", "gone", &["kept_total"]);
+        assert_eq!(m.labelled_series("group"), 2);
+        assert_eq!(m.label_values("group", &["kept_total"]), names(&["stays"]));
+        let text = m.render();
+        assert!(
+            !text.contains("a_total{group=\"gone\"}") && !text.contains("d_seconds_count{group=\"gone\"}"),
+            "{text}"
+        );
+        assert!(text.contains("kept_total{group=\"gone\"} 1"), "{text}");
+        assert!(text.contains("a_total{group=\"stays\"} 1") && text.contains("e_total 1"), "{text}");
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //! 6. metadata edited behind the coordinator's back fails closed and is never overwritten;
 //!
 //! plus shards added under traffic through the admin CLI (`reshard`), a read still on its way
-//! to Redis when its shard is revoked (`slow_reads`), new connections after SIGTERM getting the
+//! to Redis when its shard is revoked (`slow_reads`), a consumer process stopped past its lease
+//! whose reads, acks and claims after its shards moved are all refused at Redis (`fencing`), new connections after SIGTERM getting the
 //! documented answers (`shutdown`), TLS and mutual TLS on the listener (`https`), and what
 //! `/metrics` exposes (`metrics_exposure`).
 //!
@@ -42,6 +43,8 @@ mod bad_input;
 mod corruption;
 #[path = "e2e/crash.rs"]
 mod crash;
+#[path = "e2e/fencing.rs"]
+mod fencing;
 #[path = "e2e/https.rs"]
 mod https;
 #[path = "e2e/lost_add_shards.rs"]

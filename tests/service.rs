@@ -8,6 +8,8 @@
 mod bounds;
 #[path = "service/held.rs"]
 mod held;
+#[path = "service/pruning.rs"]
+mod pruning;
 #[path = "service/races.rs"]
 mod races;
 #[path = "service/sequences.rs"]

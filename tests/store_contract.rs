@@ -1,5 +1,5 @@
 //! The store contract: one generic case per behaviour (`contract_<case>` in
-//! `store_contract/{metadata,stamp,streams,touch_check}.rs`), each run unchanged against
+//! `store_contract/{fences,metadata,stamp,streams,touch_check}.rs`), each run unchanged against
 //! - `RedisStore` on its own freshly spawned `redis-server` (module `redis_store`),
 //! - `RedisStore` as an ACL user without FLUSHDB/FLUSHALL (module `redis_acl_store`), which
 //!   proves the least-privilege user the seed recommends can run everything the store needs,
@@ -21,6 +21,8 @@ mod support;
 
 #[path = "store_contract/doorbell.rs"]
 mod doorbell;
+#[path = "store_contract/fences.rs"]
+mod fences;
 #[path = "store_contract/metadata.rs"]
 mod metadata;
 #[path = "store_contract/redis_only.rs"]
@@ -37,6 +39,7 @@ mod tls;
 mod touch_check;
 
 pub use doorbell::*;
+pub use fences::*;
 pub use metadata::*;
 pub use stamp::*;
 pub use streams::*;
@@ -104,6 +107,13 @@ contract_suite!(
     contract_maxlen,
     contract_missing_group_errors,
     contract_wait_for_entries,
+    contract_fence_raise_counts_up_and_stores_the_nonce,
+    contract_fenced_operations_accept_the_exact_fence,
+    contract_an_older_fence_is_refused_and_touches_nothing,
+    contract_the_same_counter_with_another_nonce_is_refused,
+    contract_a_newer_fence_is_accepted_and_replaces_the_key,
+    contract_a_missing_fence_key_accepts_any_fence,
+    contract_fenced_operations_map_missing_groups_as_unfenced_ones,
 );
 
 /// Instantiates every case that needs a lost-and-rewritten revision once per store, with that

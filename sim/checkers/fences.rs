@@ -7,7 +7,8 @@
 //! presented, and after which metadata change it ran: `history_len`) against the store's metadata
 //! history. "Latest grant" of a shard at an instant: the fence recorded in the shard's entry of the
 //! group's state then (owned, revoking or fenced), or, for a shard with no entry, the fence of its
-//! last entry in that timeline.
+//! last entry in that timeline (a record deleted, corrupted or recreated empty grants nothing
+//! newer: the last recorded grant stays the latest).
 //!
 //! What no protocol prevents is measured, not failed: a call presenting a fence that was recorded
 //! only in writes the store later lost (a rollback undid them, or an acknowledged write was
@@ -200,27 +201,26 @@ impl Timeline {
             };
             let state: Option<GroupMetadata> = record.as_ref().and_then(|r| serde_json::from_str(&r.aggregate).ok());
             let before = current.clone();
-            match &state {
-                Some(g) => {
-                    current.fencing = g.config.fencing;
-                    for (shard, owner) in &g.current {
-                        let fence = match owner {
-                            ShardOwner::Owned { fence, .. }
-                            | ShardOwner::Revoking { fence, .. }
-                            | ShardOwner::Fenced { fence, .. } => *fence,
-                        };
-                        match fence {
-                            Some(fence) => {
-                                current.latest.insert(*shard, fence);
-                                recorded.insert(fence);
-                            }
-                            None => {
-                                current.latest.remove(shard);
-                            }
+            // A key deleted, corrupted or recreated empty records no newer grant: each shard's
+            // latest grant stays the last one recorded (the fence keys outlive the record too).
+            if let Some(g) = &state {
+                current.fencing = g.config.fencing;
+                for (shard, owner) in &g.current {
+                    let fence = match owner {
+                        ShardOwner::Owned { fence, .. }
+                        | ShardOwner::Revoking { fence, .. }
+                        | ShardOwner::Fenced { fence, .. } => *fence,
+                    };
+                    match fence {
+                        Some(fence) => {
+                            current.latest.insert(*shard, fence);
+                            recorded.insert(fence);
+                        }
+                        None => {
+                            current.latest.remove(shard);
                         }
                     }
                 }
-                None => current = Snapshot::default(),
             }
             if is_loss(event) {
                 let kept: BTreeSet<Fence> = current.latest.values().copied().collect();

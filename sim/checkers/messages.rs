@@ -12,9 +12,10 @@
 //!   lay at or beyond the group's recorded shard count (an `add-shards` the store lost, judged from
 //!   the store's own history, never from the coordinator's answers). No consumer is assigned such a
 //!   shard until the count is raised again, so the coordinator must heal it and consumers must
-//!   then read it: every stranded entry undelivered at the end is a violation
-//!   (`acknowledged-stranded`), whatever its place in the stream — the tail of a healed shard is
-//!   not excused as backlog. The plan's faults heal before the end, so there is time.
+//!   then read it: a stranded entry undelivered at the end is a violation
+//!   (`acknowledged-stranded`) unless its shard was healed *and* read again since (with the entry
+//!   in its undelivered tail: consumers are back on the shard and behind, which is backlog). The
+//!   plan's faults heal before the end, so there is time.
 //! - *Delivered* is not enough: an entry some read returned at Redis must also reach a consumer
 //!   that processes it. A reply can be lost, or a read can run at Redis after its caller gave up;
 //!   the entry then sits pending to that consumer name until an owner sweeps it up (consumers
@@ -185,8 +186,17 @@ fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
         if delivered.contains(&(stream, add.id)) {
             continue;
         }
-        let beyond = facts.shard_of(stream).is_some_and(|s| s >= shard_counts.lowest_since(acknowledged_at_us));
-        if beyond {
+        let shard = facts.shard_of(stream);
+        let beyond = shard.is_some_and(|s| s >= shard_counts.lowest_since(acknowledged_at_us));
+        // A healed shard that consumers read again after the heal, with this entry in its
+        // undelivered tail, is backlog: the coordinator and the consumers did their part and the
+        // workload is faster than the consumers (measured below). Never healed, or never read
+        // since: stranded.
+        let read_since_heal = shard.and_then(|s| shard_counts.healed_at(s)).is_some_and(|healed_us| {
+            facts.records.reads.iter().any(|r| r.stream == stream && r.served_at_us >= healed_us && !r.ids.is_empty())
+        });
+        let in_tail = !last_delivered.get(stream).is_some_and(|last| *last > add.id);
+        if beyond && !(read_since_heal && in_tail) {
             let entry = stranded.entry(stream).or_insert((add.id, 0, acknowledged_at_us));
             entry.1 += 1;
         } else if last_delivered.get(stream).is_some_and(|last| *last > add.id) {
@@ -245,6 +255,17 @@ impl RecordedShardCounts {
             lowest_from[i] = lowest_from[i + 1].min(changes[i].1);
         }
         Self { changes, lowest_from }
+    }
+
+    /// When the recorded count last rose above `shard` and stayed there to the end (`None`: it is
+    /// at or below `shard` at the end, or was never recorded).
+    fn healed_at(&self, shard: u32) -> Option<Us> {
+        let (_, last) = self.changes.last()?;
+        if *last <= shard {
+            return None;
+        }
+        let below = self.changes.iter().rposition(|(_, count)| *count <= shard);
+        Some(below.map_or(self.changes[0].0, |i| self.changes[i + 1].0))
     }
 
     /// The lowest recorded shard count from `at_us` (the count in force then) to the end. A shard

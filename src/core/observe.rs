@@ -9,7 +9,7 @@
 //!
 //! Pure: the caller passes `now_ms`; nothing here reads a clock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::model::{GroupId, GroupMetadata, MemberId, ShardOwner, WaitId};
 
@@ -120,6 +120,16 @@ impl LocalView {
         let longest = self.longest_lease_ms.entry(metadata.group.clone()).or_insert(lease);
         *longest = (*longest).max(lease);
         *longest
+    }
+
+    /// Every group this view holds anything for (windows or the longest lease seen).
+    pub fn groups(&self) -> BTreeSet<GroupId> {
+        self.groups.keys().chain(self.longest_lease_ms.keys()).cloned().collect()
+    }
+
+    /// Whether this view holds anything for `group`.
+    pub fn holds(&self, group: &GroupId) -> bool {
+        self.groups.contains_key(group) || self.longest_lease_ms.contains_key(group)
     }
 
     /// Forgets everything about a group that was deleted.

@@ -94,6 +94,11 @@ impl DecodedCache {
         self.lock().keys().cloned().collect()
     }
 
+    /// How many groups have an entry.
+    pub(super) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
     /// Forgets every entry (the store's identity changed).
     pub(super) fn clear(&self) {
         self.lock().clear();

@@ -12,7 +12,7 @@
 //! Loss evidence it detects itself (server identity change, revision regression) starts a
 //! correction round and resets this process's observation windows, so every wait restarts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use rand::rngs::SmallRng;
@@ -22,6 +22,8 @@ use tokio::time::{Duration, Instant};
 
 use super::cache::DecodedCache;
 use super::marks::{ReadOrder, ReadTicket, RevisionVerdict};
+use super::monitors::GroupMonitors;
+use super::pruning::Forget;
 use super::shutdown::ShutdownGate;
 use crate::core::engine::{heals_lost_add_shards, routing_view};
 use crate::core::input::{check_admin_request, check_heartbeat_request, check_routing_report, InputError};
@@ -89,11 +91,16 @@ pub(super) struct LocalState {
     identity: Option<ServerIdentity>,
     /// Bumped on every identity change: groups must record evidence once per generation.
     identity_generation: u64,
-    evidence_recorded: BTreeMap<GroupId, u64>,
+    /// Per group, the identity generation it recorded evidence in. Only entries of the current
+    /// generation mean anything (an older one reads as absent), so a generation bump clears it.
+    pub(super) evidence_recorded: BTreeMap<GroupId, u64>,
     /// Highest revision observed per group, ordered against when each read was issued: a lower one
     /// from a read issued *after* it is evidence of lost writes (concurrency is not).
     pub(super) reads: ReadOrder,
-    regressed: BTreeMap<GroupId, LossEvidence>,
+    pub(super) regressed: BTreeMap<GroupId, LossEvidence>,
+    /// Indexed groups the last tick found without a metadata key (see
+    /// [`missing_at_tick`](Coordinator::missing_at_tick)).
+    pub(super) missing_at_tick: BTreeSet<GroupId>,
     /// Set by any `Unavailable` store error (a failover or restart breaks connections): the next
     /// request re-checks the server identity before answering from what it reads.
     pub(super) identity_suspect: bool,
@@ -110,7 +117,7 @@ pub(super) struct Inner<S> {
     pub(super) started: Instant,
     pub(super) local: Mutex<LocalState>,
     pub(super) cache: DecodedCache,
-    pub(super) monitors: Mutex<BTreeMap<GroupId, Arc<tokio::sync::Mutex<()>>>>,
+    pub(super) monitors: GroupMonitors,
 }
 
 /// A coordinator process's handle; cheap to clone.
@@ -139,6 +146,7 @@ impl<S: MetadataStore> Coordinator<S> {
             evidence_recorded: BTreeMap::new(),
             reads: ReadOrder::default(),
             regressed: BTreeMap::new(),
+            missing_at_tick: BTreeSet::new(),
             identity_suspect: false,
             rng: SmallRng::seed_from_u64(options.rng_seed),
             write_rng: SmallRng::seed_from_u64(options.rng_seed ^ WRITE_ID_SALT),
@@ -151,7 +159,7 @@ impl<S: MetadataStore> Coordinator<S> {
             started: Instant::now(),
             local: Mutex::new(local),
             cache: DecodedCache::default(),
-            monitors: Mutex::new(BTreeMap::new()),
+            monitors: GroupMonitors::default(),
         };
         inner.metrics.set("rsc_coordinator_terminating", TERMINATING_HELP, vec![], 0.0);
         Self { inner: Arc::new(inner) }
@@ -428,12 +436,7 @@ impl<S: MetadataStore> Coordinator<S> {
                     other => Ok(WriteOutcome::RevisionConflict { current: other.map(|r| r.revision) }),
                 };
                 match deleted.map_err(|e| self.group_store_error(&group, e))? {
-                    WriteOutcome::Written { .. } => {
-                        self.inner.cache.forget(&group);
-                        let mut local = self.local();
-                        local.view.forget(&group);
-                        local.reads.forget(&group);
-                    }
+                    WriteOutcome::Written { .. } => self.forget_group(&group, Forget::Deleted),
                     WriteOutcome::RevisionConflict { current } => {
                         let rewritten = if current == Some(*expected_revision) { " (rewritten meanwhile)" } else { "" };
                         return Err(ApiError::new(
@@ -475,6 +478,7 @@ impl<S: MetadataStore> Coordinator<S> {
         // one decode at its next heartbeat).
         self.inner.cache.retain(|group| groups.contains(group));
         self.local().reads.retain(|group| groups.contains(group));
+        self.forget_unindexed_absent_groups(&groups).await;
         for group in groups {
             if self.is_terminating() {
                 return;
@@ -498,8 +502,9 @@ impl<S: MetadataStore> Coordinator<S> {
         let ticket = self.local().reads.begin_read();
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
-            return Err(self.missing(group, true).await);
+            return Err(self.missing_at_tick(group).await);
         };
+        self.local().missing_at_tick.remove(group);
         let g = self.decode_counted(group, &record)?;
         if self.record_pending_evidence(&g, record.revision, ticket).await? {
             // The state moved on; the next tick starts from a fresh read.
@@ -532,10 +537,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let g = self.decode_counted(group, &record)?;
         if g.members.is_empty() {
             self.inner.store.delete(group, &record.cas_stamp()).await.map_err(|e| self.group_store_error(group, e))?;
-            self.inner.cache.forget(group);
-            let mut local = self.local();
-            local.view.forget(group);
-            local.reads.forget(group);
+            self.forget_group(group, Forget::Deleted);
         }
         Ok(())
     }
@@ -620,6 +622,8 @@ impl<S: MetadataStore> Coordinator<S> {
                 );
                 local.identity = Some(identity);
                 local.identity_generation += 1;
+                // Every entry now names an older generation, which reads as "not recorded".
+                local.evidence_recorded.clear();
                 local.view.reset_all();
                 self.inner.cache.clear();
             }

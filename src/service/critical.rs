@@ -31,7 +31,7 @@ impl<S: MetadataStore> Coordinator<S> {
         with_liveness: bool,
         mut decide: impl FnMut(Option<&GroupMetadata>, u64, &Observations) -> Decision<R>,
     ) -> Result<R, ApiError> {
-        let monitor = self.monitor(group);
+        let monitor = self.inner.monitors.enter(group);
         let _monitor = monitor.lock().await;
         let _entered = self.inner.gate.enter()?;
         self.recheck_identity_if_suspect().await?;
@@ -207,11 +207,6 @@ impl<S: MetadataStore> Coordinator<S> {
         self.inner.local.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn monitor(&self, group: &GroupId) -> Arc<tokio::sync::Mutex<()>> {
-        let mut monitors = self.inner.monitors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        Arc::clone(monitors.entry(group.clone()).or_default())
-    }
-
     /// A fresh `writeId`: the instance id and 64 bits from this process's own RNG (seeded per
     /// process like the mutex tokens, but a separate sequence so neither disturbs the other). Two
     /// instances that share a seed still differ by instance id.
@@ -308,6 +303,7 @@ impl<S: MetadataStore> Coordinator<S> {
             );
             ApiError::new(ErrorCode::MetadataMissing, format!("metadata of group {group} is missing; failing closed"))
         } else {
+            self.forget_if_held(group);
             ApiError::new(ErrorCode::GroupNotFound, format!("group {group} does not exist"))
         }
     }

@@ -101,6 +101,21 @@ impl ReadOrder {
         self.marks.retain(|group, _| keep(group));
     }
 
+    /// The groups with a mark.
+    pub(super) fn groups(&self) -> impl Iterator<Item = &GroupId> {
+        self.marks.keys()
+    }
+
+    /// Whether `group` has a mark.
+    pub(super) fn holds(&self, group: &GroupId) -> bool {
+        self.marks.contains_key(group)
+    }
+
+    /// How many groups have a mark.
+    pub(super) fn len(&self) -> usize {
+        self.marks.len()
+    }
+
     /// True when an identity read issued at `ticket` is newer than the one that set the known
     /// identity; an older read answered late must not flip the identity back (a false change).
     /// Records `ticket` as the newest when it is.

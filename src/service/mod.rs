@@ -7,6 +7,10 @@ pub mod codec;
 mod coordinator;
 mod critical;
 mod marks;
+mod monitors;
+mod pruning;
 pub mod shutdown;
 
 pub use coordinator::{Coordinator, CoordinatorOptions, GroupDescription};
+#[doc(hidden)]
+pub use pruning::LocalSizes;

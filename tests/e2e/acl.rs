@@ -1,5 +1,6 @@
 //! Story 4: least privilege. The coordinator and its clients run under ACL users without FLUSHDB /
-//! FLUSHALL; a server with a command renamed away makes `coordinator serve` fail fast.
+//! FLUSHALL — among them the two users the README documents, read from its text — and a server
+//! with a command renamed away makes `coordinator serve` fail fast.
 
 use std::time::Duration;
 
@@ -47,6 +48,10 @@ enum AclUser {
     /// Only [`PROBED_COMMANDS`]: proves the probe's list is complete for the coordinator and the
     /// clients (a command missing from it would pass the probe and fail in production).
     ProbedCommandsOnly,
+    /// The two users the README documents, taken from its text: `rsc-coordinator` for the
+    /// coordinator, `rsc-client` (its shard streams and their fence keys only) for the consumers
+    /// and the producer, with fencing on.
+    Documented,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -59,34 +64,99 @@ async fn an_acl_user_with_only_the_probed_commands_runs_the_whole_flow_and_nothi
     acl_story(AclUser::ProbedCommandsOnly).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_readme_users_run_the_whole_fenced_flow_and_nothing_is_denied() {
+    acl_story(AclUser::Documented).await;
+}
+
+/// The `redis-cli ACL SETUSER` commands of the README's Redis section, as argument lists (shell
+/// quoting and line continuations undone), with the README's password and stream prefix replaced.
+fn readme_acl_commands(password: &str, stream_prefix: &str) -> Vec<Vec<String>> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let joined = readme.replace("\\\n", " ");
+    let commands: Vec<Vec<String>> = joined
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("redis-cli ACL SETUSER "))
+        .map(|rest| {
+            let mut args = vec!["ACL".to_string(), "SETUSER".to_string()];
+            args.extend(shell_words(rest).into_iter().map(|arg| {
+                arg.replace(">CHANGE-ME", &format!(">{password}"))
+                    .replace("~orders:", &format!("~{stream_prefix}:"))
+                    .replace("{orders:", &format!("{{{stream_prefix}:"))
+            }));
+            args
+        })
+        .collect();
+    assert_eq!(commands.len(), 2, "the README documents a coordinator user and a client user");
+    commands
+}
+
+/// Splits a shell command line on blanks, honouring single quotes (all the README uses).
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
+    for c in line.chars() {
+        match c {
+            '\'' => (quoted, any) = (!quoted, true),
+            c if c.is_whitespace() && !quoted => {
+                if any {
+                    words.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            c => {
+                word.push(c);
+                any = true;
+            }
+        }
+    }
+    if any {
+        words.push(word);
+    }
+    words
+}
+
 async fn acl_story(user: AclUser) {
     const SHARDS: u32 = 4;
     const MESSAGES: usize = 1_000;
     let redis = RedisServer::start();
     let password = "e2e-acl-secret";
-    let url = match user {
-        AclUser::AllButFlush => redis.create_acl_user("coordinator", password),
+    let group = group("acl");
+    let user_url = |name: &str| format!("redis://{name}:{password}@127.0.0.1:{}", redis.port());
+    let (url, client_url) = match user {
+        AclUser::AllButFlush => {
+            let url = redis.create_acl_user("coordinator", password);
+            (url.clone(), url)
+        }
         AclUser::ProbedCommandsOnly => {
             let secret = format!(">{password}");
             let mut args = vec!["ACL", "SETUSER", "coordinator", "reset", "on", &secret, "~*", "-@all"];
             let grants: Vec<String> = PROBED_COMMANDS.iter().map(|c| format!("+{c}")).collect();
             args.extend(grants.iter().map(String::as_str));
             redis.cmd(&args);
-            format!("redis://coordinator:{password}@127.0.0.1:{}", redis.port())
+            (user_url("coordinator"), user_url("coordinator"))
+        }
+        AclUser::Documented => {
+            for args in readme_acl_commands(password, &group.stream_prefix) {
+                redis.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            }
+            (user_url("rsc-coordinator"), user_url("rsc-client"))
         }
     };
-    let client = redis::Client::open(url.as_str()).expect("ACL URL");
-    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).expect("ACL user connects");
-    for command in ["FLUSHALL", "FLUSHDB"] {
-        let denied = redis::cmd(command).query::<redis::Value>(&mut conn).unwrap_err();
-        assert_eq!(denied.code(), Some("NOPERM"), "{command}: {denied}");
+    for user_url in [&url, &client_url] {
+        let client = redis::Client::open(user_url.as_str()).expect("ACL URL");
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).expect("ACL user connects");
+        for command in ["FLUSHALL", "FLUSHDB"] {
+            let denied = redis::cmd(command).query::<redis::Value>(&mut conn).unwrap_err();
+            assert_eq!(denied.code(), Some("NOPERM"), "{command}: {denied}");
+        }
     }
     redis.cmd(&["ACL", "LOG", "RESET"]);
 
     let coordinator = CoordinatorProcess::start(&url, "e2e-acl").await;
-    let group = group("acl");
-    coordinator.create_group(&group, SHARDS, &fast_config()).await;
-    let fleet = Fleet::new(group.clone(), vec![coordinator.addr()], url.clone());
+    let config = fast_config();
+    assert!(config.fencing, "the story runs with fencing on (the default)");
+    coordinator.create_group(&group, SHARDS, &config).await;
+    let fleet = Fleet::new(group.clone(), vec![coordinator.addr()], client_url.clone());
     let a = fleet.consumer("alpha", AppSettings::default()).await;
     let b = fleet.consumer("bravo", AppSettings::default()).await;
     wait_until("two consumers share the shards", Duration::from_secs(15), || shares_all(&[&a, &b], SHARDS)).await;
@@ -109,6 +179,12 @@ async fn acl_story(user: AclUser) {
     let denials = redis.cmd(&["ACL", "LOG"]);
     assert_eq!(denials, redis::Value::Array(vec![]), "no command of the coordinator or the clients was denied");
     assert!(!coordinator.log().contains(password), "the password never reaches the log");
+    // Fencing ran: every shard's fence key was raised (by the coordinator) and used (by clients
+    // whose reads, acks and claims all went through the fenced scripts).
+    let fence_keys: Vec<String> = (0..SHARDS).map(|s| rsc::store::keys::fence_key(&group, s)).collect();
+    for key in &fence_keys {
+        assert_ne!(redis.cmd(&["HGET", key, "counter"]), redis::Value::Nil, "{key} was raised");
+    }
     coordinator.assert_no_error_logged();
     eprintln!("ACL user {user:?}: {summary}");
 }

@@ -40,8 +40,13 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 
 static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-fn binary() -> &'static str {
-    env!("CARGO_BIN_EXE_coordinator")
+/// `coordinator serve` with this URL serves from its embedded in-memory store (no `--redis-url`).
+pub const EMBEDDED_STORE: &str = "";
+
+/// The `coordinator` binary this build made, or the one `E2E_COORDINATOR_BIN` names (to run a
+/// story against another build, e.g. an older commit's, for a before/after comparison).
+fn binary() -> String {
+    std::env::var("E2E_COORDINATOR_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_coordinator").to_string())
 }
 
 fn free_port() -> u16 {
@@ -61,14 +66,11 @@ fn fresh_dir() -> PathBuf {
 /// then `extra` (which may set its own `--shutdown-accept-ms`).
 fn serve_command(redis_url: &str, name: &str, port: u16, log: &Path, extra: &[String]) -> Command {
     let mut command = Command::new(binary());
-    command.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis-url", redis_url]).args([
-        "--instance-id",
-        name,
-        "--tick-interval-ms",
-        "100",
-        "--shutdown-timeout-ms",
-        "5000",
-    ]);
+    command.args(["serve", "--listen", &format!("127.0.0.1:{port}")]);
+    if redis_url != EMBEDDED_STORE {
+        command.args(["--redis-url", redis_url]);
+    }
+    command.args(["--instance-id", name, "--tick-interval-ms", "100", "--shutdown-timeout-ms", "5000"]);
     if !extra.iter().any(|arg| arg == "--shutdown-accept-ms") {
         command.args(["--shutdown-accept-ms", &SHUTDOWN_ACCEPT_MS_E2E.to_string()]);
     }
@@ -215,6 +217,11 @@ impl CoordinatorProcess {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The process id of the running incarnation.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the coordinator is running").id()
     }
 
     pub fn addr(&self) -> SocketAddr {

@@ -98,7 +98,7 @@ async fn run(args: ServeArgs) -> Result<(), ServeError> {
         None => {
             tracing::warn!("{NOT_DURABLE}");
             readiness.add_warning(NOT_DURABLE);
-            serve_store(MemoryStore::new(settings.coordinator.rng_seed), &settings, readiness).await
+            serve_store(MemoryStore::new_serving(settings.coordinator.rng_seed), &settings, readiness).await
         }
         Some(url) => {
             let options = RedisStoreOptions {

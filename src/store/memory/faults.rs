@@ -216,7 +216,7 @@ impl MemoryStore {
         let mut inner = self.lock();
         let metadata_after = inner.keys.metadata.keys().map(|group| (group.clone(), None)).collect();
         inner.keys = Default::default();
-        inner.journal = Default::default();
+        inner.journal.clear();
         inner.streams = Default::default();
         inner.change_identity(IdentityCause::FlushAll, metadata_after);
     }

@@ -5,6 +5,12 @@
 //! never reads a clock: every time stamp is passed in by the caller (the store clock, in
 //! milliseconds since the store was created). Invariant: events are appended in time order, so
 //! `at_ms` never decreases along [`History::events`].
+//!
+//! The simulation keeps everything ([`HistoryLimits::UNBOUNDED`]); a store serving real clients
+//! (`coordinator serve` without Redis) has no checker to read it and keeps only the newest
+//! records ([`HistoryLimits::SERVING`]), so its memory does not grow with every write.
+
+use std::collections::VecDeque;
 
 use crate::core::model::{Fence, GroupId};
 use crate::store::{EntryId, ReadFrom, ServerIdentity, StoreError, StoredRecord};
@@ -121,27 +127,107 @@ pub struct AckRecord {
     pub history_len: usize,
 }
 
-/// Everything recorded. Grows without bound on purpose: checkers need all of it; a long run can
-/// drop the stream logs with `clear_logs`.
+/// How many records each part of the [`History`] keeps; the oldest are dropped beyond that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryLimits {
+    /// Metadata events ([`HistoryEvent`]).
+    pub events_max: usize,
+    /// Records of each stream log (reads, adds, acks).
+    pub log_len_max: usize,
+}
+
+impl HistoryLimits {
+    /// Keep everything: the simulation's checkers read all of it.
+    pub const UNBOUNDED: Self = Self { events_max: usize::MAX, log_len_max: usize::MAX };
+    /// Keep a short tail for debugging: nothing reads more of it in a serving process.
+    pub const SERVING: Self = Self { events_max: 256, log_len_max: 256 };
+}
+
+impl Default for HistoryLimits {
+    fn default() -> Self {
+        Self::UNBOUNDED
+    }
+}
+
+/// Everything recorded, up to its [`HistoryLimits`]. Unbounded in the simulation on purpose:
+/// checkers need all of it; a long run can drop the stream logs with `clear_logs`.
 #[derive(Debug, Default)]
 pub(super) struct History {
-    pub(super) events: Vec<HistoryEvent>,
-    pub(super) reads: Vec<ReadRecord>,
-    pub(super) adds: Vec<AddRecord>,
-    pub(super) acks: Vec<AckRecord>,
+    limits: HistoryLimits,
+    events: VecDeque<HistoryEvent>,
+    reads: VecDeque<ReadRecord>,
+    adds: VecDeque<AddRecord>,
+    acks: VecDeque<AckRecord>,
+    /// Metadata events ever recorded (kept or dropped): the `history_len` of a stream call.
+    events_total: usize,
     /// Fenced operations refused as `FENCED`, by operation (`XREADGROUP`, `XACK`, `XAUTOCLAIM`).
     pub(super) fence_refusals: std::collections::BTreeMap<&'static str, u64>,
 }
 
+/// Appends `record`, dropping the oldest beyond `len_max`.
+fn push_capped<T>(log: &mut VecDeque<T>, len_max: usize, record: T) {
+    if len_max == 0 {
+        return;
+    }
+    if log.len() >= len_max {
+        log.pop_front();
+    }
+    log.push_back(record);
+}
+
 impl History {
+    pub(super) fn new(limits: HistoryLimits) -> Self {
+        Self { limits, ..Self::default() }
+    }
+
     pub(super) fn push_event(
         &mut self,
         at_ms: u64,
         kind: HistoryKind,
         metadata_after: Vec<(GroupId, Option<StoredRecord>)>,
     ) {
-        debug_assert!(self.events.last().is_none_or(|last| last.at_ms <= at_ms), "history goes back in time");
-        self.events.push(HistoryEvent { at_ms, kind, metadata_after });
+        debug_assert!(self.events.back().is_none_or(|last| last.at_ms <= at_ms), "history goes back in time");
+        push_capped(&mut self.events, self.limits.events_max, HistoryEvent { at_ms, kind, metadata_after });
+        self.events_total += 1;
+    }
+
+    /// Metadata events recorded so far, dropped ones included.
+    pub(super) fn events_total(&self) -> usize {
+        self.events_total
+    }
+
+    pub(super) fn push_read(&mut self, record: ReadRecord) {
+        push_capped(&mut self.reads, self.limits.log_len_max, record);
+    }
+
+    pub(super) fn push_add(&mut self, record: AddRecord) {
+        push_capped(&mut self.adds, self.limits.log_len_max, record);
+    }
+
+    pub(super) fn push_ack(&mut self, record: AckRecord) {
+        push_capped(&mut self.acks, self.limits.log_len_max, record);
+    }
+
+    /// Copies of the logs, oldest first.
+    pub(super) fn events(&self) -> Vec<HistoryEvent> {
+        self.events.iter().cloned().collect()
+    }
+
+    pub(super) fn reads(&self) -> Vec<ReadRecord> {
+        self.reads.iter().cloned().collect()
+    }
+
+    pub(super) fn adds(&self) -> Vec<AddRecord> {
+        self.adds.iter().cloned().collect()
+    }
+
+    pub(super) fn acks(&self) -> Vec<AckRecord> {
+        self.acks.iter().cloned().collect()
+    }
+
+    /// How many records are kept: (events, reads, adds, acks).
+    pub(super) fn lens(&self) -> (usize, usize, usize, usize) {
+        (self.events.len(), self.reads.len(), self.adds.len(), self.acks.len())
     }
 
     /// The aggregate of the latest state of `group`'s metadata key that had `revision` and was set

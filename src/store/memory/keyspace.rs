@@ -46,18 +46,30 @@ pub(super) struct Change {
 }
 
 /// The bounded journal of applied writes, oldest first.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Journal {
     changes: VecDeque<Change>,
+    /// How many writes it remembers: [`JOURNAL_LEN_MAX`], or 0 in a store that is never rolled
+    /// back (one serving real clients).
+    len_max: usize,
 }
 
 impl Journal {
+    pub(super) fn with_len_max(len_max: usize) -> Self {
+        Self { changes: VecDeque::new(), len_max }
+    }
+
+    /// Forgets every change (the server restarted empty); the length limit stays.
+    pub(super) fn clear(&mut self) {
+        self.changes.clear();
+    }
+
     pub(super) fn push(&mut self, change: Change) {
         if change.priors.is_empty() {
             return;
         }
         self.changes.push_back(change);
-        if self.changes.len() > JOURNAL_LEN_MAX {
+        if self.changes.len() > self.len_max {
             self.changes.pop_front();
         }
     }

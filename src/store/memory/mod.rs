@@ -102,7 +102,9 @@ use crate::store::{
 };
 
 pub use faults::{OutageMode, RollbackMode, CORRUPT_AGGREGATE};
-pub use history::{AckRecord, AddRecord, HistoryEvent, HistoryKind, IdentityCause, ReadRecord, ReadSource};
+pub use history::{
+    AckRecord, AddRecord, HistoryEvent, HistoryKind, HistoryLimits, IdentityCause, ReadRecord, ReadSource,
+};
 pub use keyspace::JOURNAL_LEN_MAX;
 
 use faults::Faults;
@@ -187,7 +189,7 @@ impl Inner {
                 }
                 Err(e) => (Vec::new(), Some(e.clone())),
             };
-            self.history.reads.push(ReadRecord {
+            self.history.push_read(ReadRecord {
                 issued_at_ms: call.issued_at_ms,
                 at_ms,
                 group: call.group.to_string(),
@@ -197,7 +199,7 @@ impl Inner {
                 ids,
                 error,
                 fence: call.fence,
-                history_len: self.history.events.len(),
+                history_len: self.history.events_total(),
             });
         }
     }
@@ -205,10 +207,10 @@ impl Inner {
     /// Logs one executed XACK.
     fn log_ack(&mut self, stream: &str, group: &str, acked: Vec<EntryId>, fence: Option<Fence>) {
         let at_ms = self.now_ms();
-        let history_len = self.history.events.len();
+        let history_len = self.history.events_total();
         let ack =
             AckRecord { at_ms, stream: stream.to_string(), group: group.to_string(), ids: acked, fence, history_len };
-        self.history.acks.push(ack);
+        self.history.push_ack(ack);
     }
 }
 
@@ -230,8 +232,27 @@ async fn sleep_ms(ms: u64) {
 
 impl MemoryStore {
     /// A new, empty, fault-free server; `seed` drives its identities, latency jitter and write
-    /// drops. Must be called inside the runtime (the store clock starts now).
+    /// drops. Must be called inside the runtime (the store clock starts now). Keeps its whole
+    /// history for the checkers ([`HistoryLimits::UNBOUNDED`]).
     pub fn new(seed: u64) -> Self {
+        Self::with_history_limits(seed, HistoryLimits::UNBOUNDED)
+    }
+
+    /// [`MemoryStore::new`] for a process serving real clients (`coordinator serve` without
+    /// Redis): no checker reads its history, so it keeps only the newest records
+    /// ([`HistoryLimits::SERVING`]), and nothing rolls it back, so it keeps no rollback journal
+    /// ([`MemoryStore::rollback`] then undoes nothing). Its memory stays flat however many writes
+    /// it serves.
+    pub fn new_serving(seed: u64) -> Self {
+        Self::build(seed, HistoryLimits::SERVING, 0)
+    }
+
+    /// [`MemoryStore::new`] keeping at most `limits` history records (the oldest are dropped).
+    pub fn with_history_limits(seed: u64, limits: HistoryLimits) -> Self {
+        Self::build(seed, limits, JOURNAL_LEN_MAX)
+    }
+
+    fn build(seed: u64, limits: HistoryLimits, journal_len_max: usize) -> Self {
         let mut rng = SmallRng::seed_from_u64(seed);
         let identity = faults::random_identity(&mut rng);
         let inner = Inner {
@@ -241,9 +262,9 @@ impl MemoryStore {
             generation: 0,
             faults: Faults::default(),
             keys: Keyspace::default(),
-            journal: Journal::default(),
+            journal: Journal::with_len_max(journal_len_max),
             streams: Streams::default(),
-            history: History::default(),
+            history: History::new(limits),
             planted: PlantedBugs::NONE,
         };
         Self { shared: Arc::new(Mutex::new(inner)), connected_generation: AtomicU64::new(0) }
@@ -397,22 +418,27 @@ impl MemoryStore {
 
     /// Every metadata change, raw edit, dropped write, rollback and identity change so far.
     pub fn history(&self) -> Vec<HistoryEvent> {
-        self.lock().history.events.clone()
+        self.lock().history.events()
     }
 
     /// Every XREADGROUP and XAUTOCLAIM call so far, one record per stream of a call.
     pub fn read_log(&self) -> Vec<ReadRecord> {
-        self.lock().history.reads.clone()
+        self.lock().history.reads()
     }
 
     /// Every acknowledged XADD so far.
     pub fn add_log(&self) -> Vec<AddRecord> {
-        self.lock().history.adds.clone()
+        self.lock().history.adds()
     }
 
     /// Every executed XACK so far.
     pub fn ack_log(&self) -> Vec<AckRecord> {
-        self.lock().history.acks.clone()
+        self.lock().history.acks()
+    }
+
+    /// How many records the history keeps now: (metadata events, reads, adds, acks).
+    pub fn history_lens(&self) -> (usize, usize, usize, usize) {
+        self.lock().history.lens()
     }
 
     /// Empties the read, add and ack logs (the metadata history is kept: `record_at` needs it).
@@ -579,7 +605,7 @@ impl StreamStore for MemoryStore {
         self.call(&["XADD"], |inner| {
             let at_ms = inner.now_ms();
             let id = inner.streams.xadd(at_ms, stream, fields, maxlen)?;
-            inner.history.adds.push(AddRecord { at_ms, stream: stream.to_string(), id });
+            inner.history.push_add(AddRecord { at_ms, stream: stream.to_string(), id });
             Ok(id)
         })
         .await

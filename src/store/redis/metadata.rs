@@ -6,8 +6,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ::redis::Value;
+use ::redis::aio::MultiplexedConnection;
+use ::redis::{ServerErrorKind, Value};
 
+use super::conn::Lane;
+use super::fences::{parse_fence, parse_raise};
 use super::scripts::{number, parse_delete, parse_record, parse_touch, parse_write, text};
 use super::RedisStore;
 use crate::core::model::{Fence, GroupId, MemberId};
@@ -222,17 +225,76 @@ impl MetadataStore for RedisStore {
     }
 
     async fn raise_fences(&self, raises: &[FenceRaise]) -> Result<Vec<Fence>, StoreError> {
-        let _ = raises;
-        Err(StoreError::Unsupported { command: "fence scripts".into(), detail: "not implemented yet".into() })
+        if raises.is_empty() {
+            return Ok(Vec::new());
+        }
+        let replies = self.raise_pipelined(raises).await?;
+        raises.iter().zip(&replies).map(|(raise, reply)| parse_raise(reply, raise.nonce)).collect()
     }
 
     async fn read_fences(&self, keys: &[String]) -> Result<Vec<Option<Fence>>, StoreError> {
-        let _ = keys;
-        Err(StoreError::Unsupported { command: "fence scripts".into(), detail: "not implemented yet".into() })
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = ::redis::pipe();
+        for key in keys {
+            pipe.cmd("HMGET").arg(key).arg(keys::FENCE_FIELD_COUNTER).arg(keys::FENCE_FIELD_NONCE);
+        }
+        let replies: Vec<Vec<Value>> = self.pipeline("HMGET", pipe).await?;
+        if replies.len() != keys.len() {
+            return Err(StoreError::Protocol(format!("fence read: {} replies for {} keys", replies.len(), keys.len())));
+        }
+        keys.iter().zip(&replies).map(|(key, fields)| parse_fence(key, fields)).collect()
     }
 }
 
 impl RedisStore {
+    /// One EVALSHA of the raise script per key, all in one pipeline (one round trip). A key whose
+    /// call found the script missing (NOSCRIPT: a restarted or failed-over server) did not run, so
+    /// after SCRIPT LOAD only those calls are sent again, once: no key is raised twice. Any other
+    /// error reply fails the whole call (keys raised before it stay raised, which is harmless:
+    /// values never repeat, and a raise nobody records fences nobody).
+    async fn raise_pipelined(&self, raises: &[FenceRaise]) -> Result<Vec<Value>, StoreError> {
+        let script = &self.inner.scripts.fences.raise;
+        self.inner
+            .conn
+            .run(Lane::Shared, "fence raise script", 0, |mut c: MultiplexedConnection| async move {
+                let mut replies: Vec<Option<Value>> = vec![None; raises.len()];
+                for attempt in 0..2 {
+                    let todo: Vec<usize> = (0..raises.len()).filter(|i| replies[*i].is_none()).collect();
+                    let mut pipe = ::redis::pipe();
+                    pipe.ignore_errors();
+                    for &i in &todo {
+                        pipe.cmd("EVALSHA")
+                            .arg(script.get_hash())
+                            .arg(1)
+                            .arg(&raises[i].key)
+                            .arg(format!("{:016x}", raises[i].nonce));
+                    }
+                    let values: Vec<Value> = pipe.query_async(&mut c).await?;
+                    let mut missing = false;
+                    for (&i, value) in todo.iter().zip(values) {
+                        match value {
+                            Value::ServerError(e) if attempt == 0 && e.kind() == Some(ServerErrorKind::NoScript) => {
+                                missing = true;
+                            }
+                            Value::ServerError(e) => return Err(e.into()),
+                            value => replies[i] = Some(value),
+                        }
+                    }
+                    if !missing {
+                        break;
+                    }
+                    script.load_async(&mut c).await?;
+                }
+                // A call still unanswered here means the server sent fewer replies than calls.
+                let replies: Option<Vec<Value>> = replies.into_iter().collect();
+                Ok((replies, c))
+            })
+            .await?
+            .ok_or_else(|| StoreError::Protocol("fence raise script: fewer replies than calls".into()))
+    }
+
     /// Every group with a metadata key, from a full SCAN (each round trip has its own deadline).
     async fn scan_metadata_groups(&self) -> Result<BTreeSet<GroupId>, StoreError> {
         let mut found = BTreeSet::new();

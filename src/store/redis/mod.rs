@@ -2,14 +2,16 @@
 //! [`StreamStore`](crate::store::StreamStore) on a real Redis server (the `redis` crate, tokio).
 //!
 //! Owns: the wire form of the layout in `keys.rs` — the metadata hash, the liveness hash and the
-//! mutex of each group (all under the group's hash tag), the rebuildable index set, and the shard
-//! streams — plus connection handling, deadlines and error mapping.
+//! mutex of each group (all under the group's hash tag), the rebuildable index set, the shard
+//! streams and their fence keys (each in its stream's slot) — plus connection handling, deadlines
+//! and error mapping.
 //! Never: parses the aggregate, sets a TTL on metadata, reconstructs a missing metadata key,
 //! waits without a deadline, or puts a password into an error. Never built under `--cfg madsim`
 //! (the simulation uses `MemoryStore`).
-//! Invariant: each metadata method is one atomic server-side step (one command or one Lua
-//! script), so the write condition — the whole stamp `(revision, writeId)` — is the safety even
-//! when two coordinators race or a stalled one writes after a rollback.
+//! Invariant: each metadata method but `raise_fences` and `read_fences` (pipelines of per-key
+//! steps) is one atomic server-side step (one command or one Lua script), so the write
+//! condition — the whole stamp `(revision, writeId)` — is the safety even when two coordinators
+//! race or a stalled one writes after a rollback.
 //!
 //! Decisions (the same as `MemoryStore`'s; the contract suite in `tests/store_contract.rs` pins
 //! them for both stores):
@@ -40,6 +42,13 @@
 //!   `block_ms: Some(0)` is treated as no BLOCK (Redis would block forever). A pending entry
 //!   trimmed away by MAXLEN comes back from `ReadFrom::OwnPending` with no fields (so it can be
 //!   acknowledged) and is not returned by `claim_all_pending`.
+//! - Fences (`fences.rs`, DESIGN §10): `raise_fences` sends one raise script per key in one
+//!   pipeline (each key one atomic step, the keys not one step together; after NOSCRIPT only the
+//!   calls that did not run are sent again, so no key is raised twice). Each fenced stream method
+//!   is one script: the fence check, then the command (never BLOCK); a refusal is `Fenced` naming
+//!   the stored `<counter>.<nonce>` and touches nothing. The command's own errors keep their codes
+//!   (`NOGROUP` as unfenced). A fenced claim longer than `CLAIM_PAGES_PER_CALL` pages takes several
+//!   script calls, each re-checking the fence.
 //! - Server errors keep their wire form in the text (`NOGROUP ...`, `ERR ...`), followed by the
 //!   command in parentheses.
 //!
@@ -59,6 +68,7 @@
 mod conn;
 mod doorbell;
 mod errors;
+mod fences;
 mod metadata;
 mod probe;
 mod scripts;

@@ -194,14 +194,39 @@ impl RedisStore {
         let mut release = scripts.release.prepare_invoke();
         release.key(&mutex).arg("token");
         let reply = self.invoke("mutex release script", release).await?;
-        expect("mutex release script", &reply, number(&reply) == Some(1))
+        expect("mutex release script", &reply, number(&reply) == Some(1))?;
+        self.exercise_fence_scripts(base).await
+    }
+
+    /// Raises a probe fence and runs each fenced script with it on the probe stream (group `g`,
+    /// created by [`exercise`](Self::exercise)), so an ACL user that may not run a command inside
+    /// them (HINCRBY, HMGET, HSET, the stream commands) is refused now, naming it.
+    async fn exercise_fence_scripts(&self, base: &str) -> Result<(), StoreError> {
+        use crate::store::{FenceCheck, FenceRaise, MetadataStore, ReadFrom, StreamStore};
+        let key = format!("{base}:probe-fence");
+        let stream = format!("{base}:probe-stream");
+        let raised = self.raise_fences(&[FenceRaise { key: key.clone(), nonce: nonce() }]).await?;
+        let fence = match raised.as_slice() {
+            [fence] if fence.counter == 1 => *fence,
+            other => return Err(StoreError::Protocol(format!("probe: fence raise script replied {other:?}"))),
+        };
+        if self.read_fences(std::slice::from_ref(&key)).await? != vec![Some(fence)] {
+            return Err(StoreError::Protocol("probe: the raised fence does not read back".into()));
+        }
+        let check = FenceCheck { key, fence };
+        self.fenced_xreadgroup(&check, "g", "c", &stream, ReadFrom::New, 1).await?;
+        self.fenced_xack(&check, &stream, "g", &[]).await?;
+        self.fenced_claim_all_pending(&check, &stream, "g", "c", 0).await?;
+        Ok(())
     }
 }
 
 /// DEL of every key the probe may have created.
 fn probe_keys(base: &str) -> Cmd {
     let mut del = ::redis::cmd("DEL");
-    for suffix in ["probe-hash", "probe-set", "probe-mutex", "probe-stream", "probe-metadata", "probe-liveness"] {
+    let suffixes =
+        ["probe-hash", "probe-set", "probe-mutex", "probe-stream", "probe-metadata", "probe-liveness", "probe-fence"];
+    for suffix in suffixes {
         del.arg(format!("{base}:{suffix}"));
     }
     del

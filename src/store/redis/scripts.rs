@@ -1,7 +1,8 @@
 //! The Lua scripts that make each metadata operation one atomic server-side step, and the parsing
 //! of their replies.
 //!
-//! Owns: the script texts and their reply shapes. Every script touches only keys of one group,
+//! Owns: the metadata script texts and their reply shapes (the fence scripts are in `fences.rs`),
+//! and the store's set of scripts ([`Scripts`]). Every metadata script touches only keys of one group,
 //! which share the hash tag `{streamPrefix:consumerGroup}`, so each is Redis Cluster safe; the
 //! index key has no hash tag and is never touched from a script.
 //! Never: sets a TTL on metadata, writes anything when a check fails, or compares revisions as
@@ -13,6 +14,7 @@
 
 use ::redis::{Script, Value};
 
+use super::fences::FenceScripts;
 use crate::core::model::MemberId;
 use crate::store::{keys, StoreError, StoredRecord, WriteOutcome};
 
@@ -109,13 +111,14 @@ end
 return 0
 "#;
 
-/// The five scripts, hashed once per store.
+/// The five metadata scripts and the four fence scripts (`fences.rs`), hashed once per store.
 pub(crate) struct Scripts {
     pub(crate) write: Script,
     pub(crate) touch: Script,
     pub(crate) forget_liveness: Script,
     pub(crate) delete: Script,
     pub(crate) release: Script,
+    pub(crate) fences: FenceScripts,
 }
 
 impl Scripts {
@@ -126,17 +129,22 @@ impl Scripts {
             forget_liveness: Script::new(FORGET_LIVENESS),
             delete: Script::new(DELETE),
             release: Script::new(RELEASE),
+            fences: FenceScripts::new(),
         }
     }
 
     /// (name used in errors, script) for the probe.
-    pub(crate) fn all(&self) -> [(&'static str, &Script); 5] {
+    pub(crate) fn all(&self) -> [(&'static str, &Script); 9] {
         [
             ("write script", &self.write),
             ("touch script", &self.touch),
             ("forget-liveness script", &self.forget_liveness),
             ("delete script", &self.delete),
             ("mutex release script", &self.release),
+            ("fence raise script", &self.fences.raise),
+            ("fenced read script", &self.fences.read),
+            ("fenced ack script", &self.fences.ack),
+            ("fenced claim script", &self.fences.claim),
         ]
     }
 }

@@ -1,4 +1,5 @@
-//! [`StreamStore`] on Redis: XADD, XGROUP CREATE, XREADGROUP, XACK, XAUTOCLAIM.
+//! [`StreamStore`] on Redis: XADD, XGROUP CREATE, XREADGROUP, XACK, XAUTOCLAIM, and their fenced
+//! forms (the scripts of `fences.rs`: fence check and stream command in one atomic step).
 //!
 //! Owns the stream commands and the parsing of their replies (RESP2 arrays; RESP3 maps are
 //! accepted too). Never sends `BLOCK 0` (block forever) and never blocks the shared connection:
@@ -8,7 +9,8 @@ use ::redis::aio::MultiplexedConnection;
 use ::redis::Value;
 
 use super::conn::Lane;
-use super::scripts::text;
+use super::fences::{accepted, check_args, CLAIM_PAGES_PER_CALL};
+use super::scripts::{number, text};
 use super::RedisStore;
 use crate::store::{Doorbell, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
@@ -17,6 +19,14 @@ const CLAIM_PAGES_MAX: u64 = 100_000;
 
 fn protocol(what: &str, value: &Value) -> StoreError {
     StoreError::Protocol(format!("{what}: unexpected reply {value:?}"))
+}
+
+/// The XREADGROUP id argument of `from`.
+fn read_from_id(from: ReadFrom) -> &'static str {
+    match from {
+        ReadFrom::New => ">",
+        ReadFrom::OwnPending => "0",
+    }
 }
 
 fn entry_id(value: &Value) -> Option<EntryId> {
@@ -91,8 +101,22 @@ impl StreamStore for RedisStore {
         from: ReadFrom,
         count: usize,
     ) -> Result<Vec<StreamEntry>, StoreError> {
-        let _ = (fence, group, consumer, stream, from, count);
-        Err(StoreError::Unsupported { command: "fence scripts".into(), detail: "not implemented yet".into() })
+        let (counter, nonce) = check_args(&fence.fence);
+        let mut invocation = self.inner.scripts.fences.read.prepare_invoke();
+        invocation
+            .key(&fence.key)
+            .key(stream)
+            .arg(counter)
+            .arg(nonce)
+            .arg(group)
+            .arg(consumer)
+            .arg(count)
+            .arg(read_from_id(from));
+        let reply = self.invoke("fenced read script", invocation).await?;
+        match accepted("fenced read script", &fence.key, &reply)? {
+            [entries] => parse_entries(entries),
+            _ => Err(protocol("fenced read script", &reply)),
+        }
     }
 
     async fn fenced_xack(
@@ -102,10 +126,26 @@ impl StreamStore for RedisStore {
         group: &str,
         ids: &[EntryId],
     ) -> Result<u64, StoreError> {
-        let _ = (fence, stream, group, ids);
-        Err(StoreError::Unsupported { command: "fence scripts".into(), detail: "not implemented yet".into() })
+        // Sent even without ids: the fake checks the fence then too, so a stale ack of nothing is
+        // still FENCED.
+        let (counter, nonce) = check_args(&fence.fence);
+        let mut invocation = self.inner.scripts.fences.ack.prepare_invoke();
+        invocation.key(&fence.key).key(stream).arg(counter).arg(nonce).arg(group);
+        for id in ids {
+            invocation.arg(id.to_string());
+        }
+        let reply = self.invoke("fenced ack script", invocation).await?;
+        match accepted("fenced ack script", &fence.key, &reply)? {
+            [count] => number(count).ok_or_else(|| protocol("fenced ack script", &reply)),
+            _ => Err(protocol("fenced ack script", &reply)),
+        }
     }
 
+    /// One script call runs up to `CLAIM_PAGES_PER_CALL` XAUTOCLAIM pages after its fence check;
+    /// a pending list longer than that takes several calls, each re-checking the fence (the fake
+    /// claims everything in one step). A call refused after earlier ones succeeded is `Fenced`:
+    /// the entries the earlier calls moved stay pending to `consumer` until the newer owner's
+    /// claim takes them, and no call after the newer grant's first use moves anything.
     async fn fenced_claim_all_pending(
         &self,
         fence: &FenceCheck,
@@ -114,8 +154,36 @@ impl StreamStore for RedisStore {
         consumer: &str,
         min_idle_ms: u64,
     ) -> Result<Vec<StreamEntry>, StoreError> {
-        let _ = (fence, stream, group, consumer, min_idle_ms);
-        Err(StoreError::Unsupported { command: "fence scripts".into(), detail: "not implemented yet".into() })
+        let (counter, nonce) = check_args(&fence.fence);
+        let page_count = self.inner.options.claim_page_count.max(1);
+        let mut claimed = Vec::new();
+        let mut cursor = "0-0".to_string();
+        for _ in 0..CLAIM_PAGES_MAX.div_ceil(CLAIM_PAGES_PER_CALL) {
+            let mut invocation = self.inner.scripts.fences.claim.prepare_invoke();
+            invocation
+                .key(&fence.key)
+                .key(stream)
+                .arg(&counter)
+                .arg(&nonce)
+                .arg(group)
+                .arg(consumer)
+                .arg(min_idle_ms)
+                .arg(&cursor)
+                .arg(page_count)
+                .arg(CLAIM_PAGES_PER_CALL);
+            let reply = self.invoke("fenced claim script", invocation).await?;
+            let [next, entries] = accepted("fenced claim script", &fence.key, &reply)? else {
+                return Err(protocol("fenced claim script", &reply));
+            };
+            let next = text(next).ok_or_else(|| protocol("fenced claim script cursor", &reply))?;
+            // As in `claim_all_pending`: an entry deleted while pending (6.2: nil body) is not work.
+            claimed.extend(parse_entries(entries)?.into_iter().filter(|entry| !entry.fields.is_empty()));
+            if next == "0-0" {
+                return Ok(claimed);
+            }
+            cursor = next;
+        }
+        Err(StoreError::Protocol(format!("fenced XAUTOCLAIM did not finish within {CLAIM_PAGES_MAX} pages")))
     }
 
     async fn wait_for_entries(
@@ -188,10 +256,7 @@ impl StreamStore for RedisStore {
             cmd.arg(stream);
         }
         for (_, from) in streams {
-            cmd.arg(match from {
-                ReadFrom::New => ">",
-                ReadFrom::OwnPending => "0",
-            });
+            cmd.arg(read_from_id(*from));
         }
         let (lane, extra_ms) = match block_ms {
             Some(ms) => (Lane::Blocking, ms),

@@ -4,6 +4,7 @@
 
 mod faults;
 mod metadata;
+mod serving;
 mod streams;
 
 use crate::core::model::GroupId;

@@ -1,0 +1,183 @@
+//! Bounded memory: what one coordinator process forgets when a group leaves.
+//!
+//! Owns the rule for the process-local per-group state (observation windows and the longest lease
+//! seen, revision marks, recorded-evidence generations, pending regressions, the decoded cache and
+//! every `/metrics` series labelled with the group): it is forgotten when this process deletes the
+//! group, and when the group is found absent — no metadata key *and* no index entry, the state an
+//! admin delete through any instance leaves. The per-group monitors leave on their own
+//! ([`super::monitors`]).
+//! Never: forgets the state of a group whose index entry remains while its metadata key is gone
+//! (`METADATA_MISSING`). That group is known to have existed and may be recreated, which starts a
+//! correction round whose wait must last the longest lease this process saw recorded for it
+//! (DESIGN §7, "A lease increase lost in a rollback"); its state stays, bounded by the index.
+//! A group absent from both is indistinguishable, for every request, from a deleted one: a create
+//! is then a plain create (no correction round), so its old lease governs no wait.
+//! Invariant: after [`Coordinator::forget_group`], no per-group map of this process names the group.
+
+use std::collections::BTreeSet;
+
+use crate::core::model::GroupId;
+use crate::core::protocol::{ApiError, ErrorCode};
+use crate::store::keys::parse_index_entry;
+use crate::store::MetadataStore;
+
+use super::coordinator::Coordinator;
+
+/// The counter that stays when a group is found absent rather than deleted: it is the operator's
+/// signal that clients still use a group whose metadata is gone, and forgetting it at every tick
+/// would reset it under their alerts.
+const MISSING_TOTAL: &str = "rsc_metadata_missing_total";
+
+/// Why a group is forgotten.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Forget {
+    /// This process deleted it (admin delete, or the planted delete of an emptied group).
+    Deleted,
+    /// Its metadata key and index entry are both gone (deleted through another instance).
+    FoundAbsent,
+}
+
+/// How many entries the per-group structures of one coordinator process hold (tests, soak runs).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocalSizes {
+    /// Per-group monitors (only while a critical section holds or waits for one).
+    pub monitors: usize,
+    /// Decoded-cache entries.
+    pub cache: usize,
+    /// Groups with observation windows or a longest lease seen.
+    pub view: usize,
+    /// Groups with a revision mark.
+    pub marks: usize,
+    /// Groups that recorded evidence in the current identity generation.
+    pub evidence_recorded: usize,
+    /// Groups with a regression still to record.
+    pub regressed: usize,
+    /// Indexed groups the last tick found without a metadata key.
+    pub missing_at_tick: usize,
+    /// `/metrics` series with a `group` label.
+    pub group_series: usize,
+}
+
+impl LocalSizes {
+    /// The sum over every structure.
+    pub fn total(&self) -> usize {
+        self.monitors
+            + self.cache
+            + self.view
+            + self.marks
+            + self.evidence_recorded
+            + self.regressed
+            + self.missing_at_tick
+            + self.group_series
+    }
+}
+
+impl<S: MetadataStore> Coordinator<S> {
+    /// Forgets everything this process holds about `group` (see the module docs for when).
+    pub(super) fn forget_group(&self, group: &GroupId, why: Forget) {
+        self.inner.cache.forget(group);
+        {
+            let mut local = self.local();
+            local.view.forget(group);
+            local.reads.forget(group);
+            local.evidence_recorded.remove(group);
+            local.regressed.remove(group);
+            local.missing_at_tick.remove(group);
+        }
+        let except: &[&str] = match why {
+            Forget::Deleted => &[],
+            Forget::FoundAbsent => &[MISSING_TOTAL],
+        };
+        self.inner.metrics.forget_labelled("group", &group.to_string(), except);
+    }
+
+    /// [`forget_group`](Self::forget_group) for a group reported `GROUP_NOT_FOUND`, when this
+    /// process holds state for it: a look-up per map, so requests naming groups that never existed
+    /// cost no walk over the metrics (series only the tick left behind go at the next sweep).
+    pub(super) fn forget_if_held(&self, group: &GroupId) {
+        let held = {
+            let local = self.local();
+            local.view.holds(group)
+                || local.reads.holds(group)
+                || local.evidence_recorded.contains_key(group)
+                || local.regressed.contains_key(group)
+                || local.missing_at_tick.contains(group)
+        };
+        if held || self.inner.cache.get(group).is_some() {
+            self.forget_group(group, Forget::FoundAbsent);
+        }
+    }
+
+    /// Every group some per-group map of this process names, `/metrics` series included (a tick
+    /// that read the group just before its delete may export its gauges after it was forgotten).
+    fn locally_known_groups(&self) -> BTreeSet<GroupId> {
+        let mut groups = {
+            let local = self.local();
+            let mut groups = local.view.groups();
+            groups.extend(local.reads.groups().cloned());
+            groups.extend(local.evidence_recorded.keys().cloned());
+            groups.extend(local.regressed.keys().cloned());
+            groups.extend(local.missing_at_tick.iter().cloned());
+            groups
+        };
+        let labelled = self.inner.metrics.label_values("group", &[MISSING_TOTAL]);
+        groups.extend(labelled.iter().filter_map(|label| parse_index_entry(label)));
+        groups
+    }
+
+    /// A tick's sweep: a group this process holds state for that left the index (deleted through
+    /// another instance) is forgotten once a read confirms its metadata key is gone too. A group
+    /// whose key is still there (its index entry was lost) keeps its state; a failed read decides
+    /// nothing until the next tick.
+    pub(super) async fn forget_unindexed_absent_groups(&self, indexed: &[GroupId]) {
+        let indexed: BTreeSet<&GroupId> = indexed.iter().collect();
+        let stale: Vec<GroupId> =
+            self.locally_known_groups().into_iter().filter(|group| !indexed.contains(group)).collect();
+        for group in stale {
+            match self.inner.store.load(&group).await {
+                Ok(None) => self.forget_group(&group, Forget::FoundAbsent),
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    self.store_error(e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A tick found `group` listed in the index but without a metadata key. An admin delete
+    /// leaves exactly that state for a moment (the key goes first, then the index entry, in two
+    /// commands), so only a second tick in a row that finds it so counts it as missing
+    /// (`rsc_metadata_missing_total`, whose increase pages the operator); a delete meanwhile
+    /// takes the group out of the index, and the next tick's sweep forgets it.
+    pub(super) async fn missing_at_tick(&self, group: &GroupId) -> ApiError {
+        let first = self.local().missing_at_tick.insert(group.clone());
+        if !first {
+            // Asks the index again: a group deleted since is forgotten (GROUP_NOT_FOUND).
+            return self.missing(group, false).await;
+        }
+        self.inner.cache.forget(group);
+        ApiError::new(ErrorCode::MetadataMissing, format!("metadata of group {group} is missing; failing closed"))
+    }
+
+    /// The sizes of this process's per-group structures.
+    #[doc(hidden)]
+    pub fn debug_sizes(&self) -> LocalSizes {
+        let (view, marks, evidence_recorded, regressed, missing_at_tick) = {
+            let local = self.local();
+            let view = local.view.groups().len();
+            (view, local.reads.len(), local.evidence_recorded.len(), local.regressed.len(), local.missing_at_tick.len())
+        };
+        LocalSizes {
+            monitors: self.inner.monitors.len(),
+            cache: self.inner.cache.len(),
+            view,
+            marks,
+            evidence_recorded,
+            regressed,
+            missing_at_tick,
+            group_series: self.inner.metrics.labelled_series("group"),
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Fences at the resource on Redis (DESIGN §10): the Lua scripts that raise a shard's fence key
+//! and that check it in the same atomic step as the stream operation it guards, and the parsing
+//! of their replies.
+//!
+//! Owns: the fence script texts, their reply shapes, and the rule they share with the fake
+//! (`store/memory/fences.rs`): accept exactly the fence the key holds, or a fence with a strictly
+//! larger counter (which replaces it, so a raise lost in a failover heals on the newer grant's
+//! first use); refuse anything else as [`StoreError::Fenced`] and touch nothing.
+//! Never: blocks inside a script (no `BLOCK`: blocking waits happen outside, unfenced), compares
+//! counters as Lua numbers (doubles lose integers above 2^53; counters are compared as canonical
+//! decimal strings, by length then text, which is exact for any length), or returns a counter as
+//! a Lua number (the raise reads it back with HGET, a decimal string).
+//! Invariant: every script touches only the fence key and the shard's stream, which share the
+//! stream's hash slot (`keys::fence_key`), so each is Redis Cluster safe.
+//!
+//! Errors of the stream command inside a fenced script (`NOGROUP`, `WRONGTYPE`) are caught with
+//! `redis.pcall` and returned as the script's error reply, which carries the command's own error
+//! code and text: the store maps them exactly as it maps the unfenced command's errors.
+
+use ::redis::{Script, Value};
+
+use super::scripts::{number, text};
+use crate::core::model::Fence;
+use crate::store::StoreError;
+
+/// The fence check every fenced script runs first. KEYS[1]: fence key. ARGV[1]: presented counter
+/// (canonical decimal), ARGV[2]: presented nonce (16 hex digits). Returns nil to go on, or the
+/// `{'fenced', counter, nonce}` reply to return. A missing key (or counter field) counts as 0 and
+/// accepts any counter. A stored counter that is not canonical decimal is `{'corrupt'}` (a hand
+/// edit): nothing is touched.
+const CHECK: &str = r#"
+local function newer(a, b)
+  if #a ~= #b then
+    return #a > #b
+  end
+  return a > b
+end
+local function canonical(s)
+  return s == '0' or string.match(s, '^[1-9][0-9]*$') ~= nil
+end
+local function check()
+  local cur = redis.call('HMGET', KEYS[1], 'counter', 'nonce')
+  local counter = cur[1] or '0'
+  if not canonical(counter) or not canonical(ARGV[1]) then
+    return {'corrupt', counter}
+  end
+  if cur[1] and counter == ARGV[1] and cur[2] == ARGV[2] then
+    return nil
+  end
+  if not cur[1] or newer(ARGV[1], counter) then
+    redis.call('HSET', KEYS[1], 'counter', ARGV[1], 'nonce', ARGV[2])
+    return nil
+  end
+  return {'fenced', counter, cur[2] or ''}
+end
+"#;
+
+/// Raise. KEYS: fence key. ARGV: nonce (16 hex digits). Reply: the new counter as a decimal
+/// string (read back with HGET, so it never passes through a Lua number).
+const RAISE: &str = r#"
+redis.call('HINCRBY', KEYS[1], 'counter', 1)
+redis.call('HSET', KEYS[1], 'nonce', ARGV[1])
+return redis.call('HGET', KEYS[1], 'counter')
+"#;
+
+/// Fenced XREADGROUP (never BLOCK). KEYS: fence key, stream. ARGV: counter, nonce, group,
+/// consumer, count, `>` or `0`. Reply: `{'ok', entries}` | check refusal | the command's error.
+const READ_BODY: &str = r#"
+local refused = check()
+if refused then
+  return refused
+end
+local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[3], ARGV[4], 'COUNT', ARGV[5], 'STREAMS', KEYS[2], ARGV[6])
+if type(r) == 'table' and r.err then
+  return r
+end
+if not r or not r[1] then
+  return {'ok', {}}
+end
+return {'ok', r[1][2]}
+"#;
+
+/// Fenced XACK. KEYS: fence key, stream. ARGV: counter, nonce, group, ids... (none: the check
+/// alone, acknowledging 0). Reply: `{'ok', count}` | check refusal | the command's error.
+const ACK_BODY: &str = r#"
+local refused = check()
+if refused then
+  return refused
+end
+if #ARGV < 4 then
+  return {'ok', 0}
+end
+local r = redis.pcall('XACK', KEYS[2], ARGV[3], unpack(ARGV, 4))
+if type(r) == 'table' and r.err then
+  return r
+end
+return {'ok', r}
+"#;
+
+/// Fenced XAUTOCLAIM pages. KEYS: fence key, stream. ARGV: counter, nonce, group, consumer,
+/// min-idle-ms, start cursor, page COUNT, pages max. Loops over at most `pages max` pages inside
+/// the script (bounded, so one call never holds the server long). Reply: `{'ok', next cursor,
+/// entries}` (`0-0`: the pending list was scanned to its end) | check refusal | the command's
+/// error.
+const CLAIM_BODY: &str = r#"
+local refused = check()
+if refused then
+  return refused
+end
+local cursor = ARGV[6]
+local out = {}
+for _ = 1, tonumber(ARGV[8]) do
+  local r = redis.pcall('XAUTOCLAIM', KEYS[2], ARGV[3], ARGV[4], ARGV[5], cursor, 'COUNT', ARGV[7])
+  if type(r) == 'table' and r.err then
+    return r
+  end
+  cursor = r[1]
+  local page = r[2]
+  for i = 1, #page do
+    out[#out + 1] = page[i]
+  end
+  if cursor == '0-0' then
+    break
+  end
+end
+return {'ok', cursor, out}
+"#;
+
+/// XAUTOCLAIM pages one fenced claim script call runs at most: bounds how long one call holds
+/// the server (at the default page COUNT of 100, 1,000 entries).
+pub(crate) const CLAIM_PAGES_PER_CALL: u64 = 10;
+
+/// The four fence scripts, hashed once per store.
+pub(crate) struct FenceScripts {
+    pub(crate) raise: Script,
+    pub(crate) read: Script,
+    pub(crate) ack: Script,
+    pub(crate) claim: Script,
+}
+
+impl FenceScripts {
+    pub(crate) fn new() -> Self {
+        Self {
+            raise: Script::new(RAISE),
+            read: Script::new(&format!("{CHECK}{READ_BODY}")),
+            ack: Script::new(&format!("{CHECK}{ACK_BODY}")),
+            claim: Script::new(&format!("{CHECK}{CLAIM_BODY}")),
+        }
+    }
+}
+
+fn protocol(what: &str, value: &Value) -> StoreError {
+    StoreError::Protocol(format!("{what}: unexpected reply {value:?}"))
+}
+
+/// Parses the raise script's reply: the new counter (decimal).
+pub(crate) fn parse_raise(reply: &Value, nonce: u64) -> Result<Fence, StoreError> {
+    let counter = number(reply).ok_or_else(|| protocol("fence raise script", reply))?;
+    Ok(Fence { counter, nonce })
+}
+
+/// Parses one HMGET `counter nonce` of a fence key. Both absent: never raised.
+pub(crate) fn parse_fence(key: &str, fields: &[Value]) -> Result<Option<Fence>, StoreError> {
+    let bad = || StoreError::Layout(format!("fence key {key:?} is not a fence (fields {fields:?})"));
+    match fields {
+        [Value::Nil, Value::Nil] => Ok(None),
+        [counter, nonce] => {
+            let counter = number(counter).ok_or_else(bad)?;
+            let nonce = text(nonce).filter(|n| n.len() == 16).ok_or_else(bad)?;
+            Ok(Some(Fence { counter, nonce: u64::from_str_radix(&nonce, 16).map_err(|_| bad())? }))
+        }
+        _ => Err(protocol("fence read", &Value::Array(fields.to_vec()))),
+    }
+}
+
+/// Splits a fenced script's reply: `Ok(rest)` after `'ok'`, or the refusal as
+/// [`StoreError::Fenced`] naming what the key holds (`<counter>.<nonce>`).
+pub(crate) fn accepted<'a>(what: &str, key: &str, reply: &'a Value) -> Result<&'a [Value], StoreError> {
+    let Value::Array(items) = reply else { return Err(protocol(what, reply)) };
+    match items.first().and_then(text).as_deref() {
+        Some("ok") => Ok(&items[1..]),
+        Some("fenced") => {
+            let counter = items.get(1).and_then(text).unwrap_or_default();
+            let nonce = items.get(2).and_then(text).unwrap_or_default();
+            let raw = format!("{counter}.{nonce}");
+            // The fake reports `Fence`'s own text; a well-formed stored value reads the same.
+            let current = raw.parse::<Fence>().map_or(raw, |f| f.to_string());
+            Err(StoreError::Fenced { key: key.to_string(), current })
+        }
+        Some("corrupt") => Err(StoreError::Layout(format!(
+            "fence key {key:?} holds a counter that is not a decimal number: {:?}",
+            items.get(1).and_then(text).unwrap_or_default()
+        ))),
+        _ => Err(protocol(what, reply)),
+    }
+}
+
+/// The fence check's arguments: counter (decimal) and nonce (16 hex digits).
+pub(crate) fn check_args(fence: &Fence) -> (String, String) {
+    (fence.counter.to_string(), fence.nonce_hex())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::keys;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn refusals_name_the_stored_fence_and_acceptances_pass_the_rest() {
+        let key = keys::fence_key(&crate::core::model::GroupId::new("p", "g"), 3);
+        let refused = Value::Array(vec![bulk("fenced"), bulk("7"), bulk("00000000000000ab")]);
+        assert_eq!(
+            accepted("x", &key, &refused),
+            Err(StoreError::Fenced { key: key.clone(), current: "7.00000000000000ab".into() })
+        );
+        let ok = Value::Array(vec![bulk("ok"), Value::Int(2)]);
+        assert_eq!(accepted("x", &key, &ok), Ok(&[Value::Int(2)][..]));
+        assert!(matches!(
+            accepted("x", &key, &Value::Array(vec![bulk("corrupt"), bulk("x")])),
+            Err(StoreError::Layout(_))
+        ));
+        assert!(matches!(accepted("x", &key, &Value::Int(1)), Err(StoreError::Protocol(_))));
+    }
+
+    #[test]
+    fn fence_reads_parse_or_refuse() {
+        assert_eq!(parse_fence("k", &[Value::Nil, Value::Nil]), Ok(None));
+        let fence = parse_fence("k", &[bulk("12"), bulk("deadbeef00000001")]);
+        assert_eq!(fence, Ok(Some(Fence { counter: 12, nonce: 0xdead_beef_0000_0001 })));
+        assert!(matches!(parse_fence("k", &[bulk("x"), bulk("deadbeef00000001")]), Err(StoreError::Layout(_))));
+        assert!(matches!(parse_fence("k", &[bulk("1"), Value::Nil]), Err(StoreError::Layout(_))));
+        assert_eq!(parse_raise(&bulk("18446744073709551615"), 5), Ok(Fence { counter: u64::MAX, nonce: 5 }));
+    }
+}

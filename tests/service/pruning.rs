@@ -1,0 +1,198 @@
+//! Bounded memory: every per-group structure of a coordinator process (monitors, decoded cache,
+//! observation windows and longest lease, revision marks, evidence bookkeeping, `/metrics` series
+//! labelled by group) is forgotten when the group is deleted or found absent, and kept while the
+//! group is known to have existed (its index entry remains).
+
+use rsc::core::model::GroupId;
+use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatRequest, RoutingReport};
+use rsc::core::PlantedBugs;
+use rsc::service::{Coordinator, LocalSizes};
+use rsc::store::memory::MemoryStore;
+use rsc::store::MetadataStore;
+
+use super::{coordinator, fast_config, join, next};
+
+fn named(i: usize) -> GroupId {
+    GroupId::new("churn", format!("g{i}"))
+}
+
+fn for_group(mut req: HeartbeatRequest, group: &GroupId) -> HeartbeatRequest {
+    req.group = group.clone();
+    req
+}
+
+/// Creates `group`, joins two members, heartbeats, asks for routing and ticks: every per-group
+/// structure gets an entry.
+async fn use_group(c: &Coordinator<MemoryStore>, group: &GroupId) {
+    let create = AdminRequest::CreateGroup { group: group.clone(), shard_count: 4, config: fast_config() };
+    c.admin(create).await.expect("create");
+    for member in ["a", "b"] {
+        let joined = c.heartbeat(for_group(join(member), group)).await.expect("join");
+        c.heartbeat(for_group(next(&joined), group)).await.expect("heartbeat");
+    }
+    c.routing(group, RoutingReport::version(0)).await.expect("routing");
+    c.tick_all().await;
+}
+
+async fn delete(c: &Coordinator<MemoryStore>, store: &MemoryStore, group: &GroupId) {
+    let revision = store.peek_record(group).expect("record").revision;
+    c.admin(AdminRequest::DeleteGroup { group: group.clone(), expected_revision: revision }).await.expect("delete");
+}
+
+#[tokio::test]
+async fn deleted_groups_leave_no_per_group_state_behind() {
+    let store = MemoryStore::new(31);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    c.metrics().set_member_series(true);
+    c.start().await.expect("probe");
+    for i in 0..20 {
+        use_group(&c, &named(i)).await;
+    }
+    let used = c.debug_sizes();
+    assert_eq!((used.cache, used.view, used.marks), (20, 20, 20), "{used:?}");
+    assert!(used.group_series >= 20 * 2, "group gauges and member series were exported: {used:?}");
+    assert_eq!(used.monitors, 0, "no section in flight holds a monitor");
+    for i in 0..20 {
+        delete(&c, &store, &named(i)).await;
+    }
+    c.tick_all().await;
+    assert_eq!(c.debug_sizes(), LocalSizes::default());
+}
+
+#[tokio::test]
+async fn a_group_deleted_through_another_instance_is_forgotten_at_the_next_tick() {
+    let store = MemoryStore::new(32);
+    let (c1, c2) = (coordinator(&store, "c1", PlantedBugs::NONE), coordinator(&store, "c2", PlantedBugs::NONE));
+    let (gone, kept) = (named(1), named(2));
+    use_group(&c1, &gone).await;
+    use_group(&c1, &kept).await;
+    delete(&c2, &store, &gone).await;
+    assert_eq!(c1.debug_sizes().view, 2, "nothing told c1 yet");
+    c1.tick_all().await;
+    let sizes = c1.debug_sizes();
+    assert_eq!((sizes.cache, sizes.view, sizes.marks), (1, 1, 1), "{sizes:?}");
+    let text = c1.metrics().render();
+    assert!(!text.contains("group=\"churn:g1\""), "{text}");
+    assert!(text.contains("group=\"churn:g2\""), "{text}");
+}
+
+#[tokio::test]
+async fn a_group_reported_not_found_is_forgotten_at_once() {
+    let store = MemoryStore::new(33);
+    let (c1, c2) = (coordinator(&store, "c1", PlantedBugs::NONE), coordinator(&store, "c2", PlantedBugs::NONE));
+    let group = named(1);
+    use_group(&c1, &group).await;
+    delete(&c2, &store, &group).await;
+    let refused = c1.heartbeat(for_group(join("c"), &group)).await.expect_err("deleted");
+    assert_eq!(refused.code, ErrorCode::GroupNotFound);
+    assert_eq!(c1.debug_sizes(), LocalSizes::default());
+}
+
+#[tokio::test]
+async fn a_group_whose_key_vanished_but_is_still_indexed_keeps_its_evidence() {
+    let store = MemoryStore::new(34);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    let group = named(1);
+    use_group(&c, &group).await;
+    assert!(store.delete_metadata_key(&group));
+    let refused = c.heartbeat(for_group(join("c"), &group)).await.expect_err("missing");
+    assert_eq!(refused.code, ErrorCode::MetadataMissing);
+    c.tick_all().await;
+    let sizes = c.debug_sizes();
+    // The longest lease seen (in the view) must govern the correction round of a recreate.
+    assert_eq!((sizes.view, sizes.marks), (1, 1), "{sizes:?}");
+    assert_eq!(sizes.cache, 0, "a decoded copy of a missing key is never kept");
+}
+
+#[tokio::test]
+async fn a_found_absent_group_keeps_only_its_missing_metadata_counter() {
+    let store = MemoryStore::new(35);
+    let (c1, c2) = (coordinator(&store, "c1", PlantedBugs::NONE), coordinator(&store, "c2", PlantedBugs::NONE));
+    let group = named(1);
+    use_group(&c1, &group).await;
+    let member = c1.heartbeat(for_group(join("c"), &group)).await.expect("join");
+    delete(&c2, &store, &group).await;
+    // A client that knew the group: METADATA_MISSING, counted for the operator.
+    let refused = c1.heartbeat(for_group(next(&member), &group)).await.expect_err("deleted");
+    assert_eq!(refused.code, ErrorCode::MetadataMissing);
+    c1.tick_all().await;
+    let sizes = c1.debug_sizes();
+    assert_eq!(sizes.total(), 1, "{sizes:?}");
+    assert_eq!(c1.metrics().total("rsc_metadata_missing_total"), 1.0);
+}
+
+#[tokio::test]
+async fn evidence_bookkeeping_leaves_with_the_group() {
+    let store = MemoryStore::new(36);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    c.start().await.expect("probe");
+    use_group(&c, &named(1)).await;
+    use_group(&c, &named(2)).await;
+    store.failover();
+    // The first tick's identity read finds its connection reset; the next one sees the change.
+    c.tick_all().await;
+    c.tick_all().await;
+    assert_eq!(c.debug_sizes().evidence_recorded, 2, "each group recorded the identity change");
+    for i in [1, 2] {
+        delete(&c, &store, &named(i)).await;
+    }
+    assert_eq!(c.debug_sizes(), LocalSizes::default());
+}
+
+#[tokio::test]
+async fn concurrent_sections_share_a_monitor_and_leave_none_behind() {
+    let store = MemoryStore::new(37);
+    store.set_latency_ms(2);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    let group = named(1);
+    let create = AdminRequest::CreateGroup { group: group.clone(), shard_count: 8, config: fast_config() };
+    c.admin(create).await.expect("create");
+    let joins = (0..8).map(|i| {
+        let c = c.clone();
+        let group = group.clone();
+        tokio::spawn(async move { c.heartbeat(for_group(join(&format!("m{i}")), &group)).await })
+    });
+    for joined in joins.collect::<Vec<_>>() {
+        joined.await.expect("task").expect("join");
+    }
+    assert_eq!(store.liveness(&group).await.expect("liveness").len(), 8, "every join was recorded");
+    assert_eq!(c.debug_sizes().monitors, 0);
+}
+
+#[tokio::test]
+async fn a_series_exported_after_the_group_was_forgotten_goes_at_the_next_tick() {
+    let store = MemoryStore::new(38);
+    let (c1, c2) = (coordinator(&store, "c1", PlantedBugs::NONE), coordinator(&store, "c2", PlantedBugs::NONE));
+    let group = named(1);
+    use_group(&c1, &group).await;
+    delete(&c2, &store, &group).await;
+    c1.tick_all().await;
+    assert_eq!(c1.debug_sizes(), LocalSizes::default());
+    // A tick that read the group just before the delete exports its gauges after it was forgotten.
+    c1.metrics().set("rsc_group_revoking_shards", "h", vec![("group", group.to_string())], 0.0);
+    assert_eq!(c1.debug_sizes().group_series, 1);
+    c1.tick_all().await;
+    assert_eq!(c1.debug_sizes(), LocalSizes::default());
+}
+
+#[tokio::test]
+async fn a_tick_counts_a_missing_key_only_when_the_next_tick_still_finds_it_missing() {
+    let store = MemoryStore::new(39);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    let group = named(1);
+    use_group(&c, &group).await;
+    // An admin delete removes the key, then the index entry: a tick in between sees what a lost
+    // key looks like, once. A lost key is still missing at the next tick.
+    assert!(store.delete_metadata_key(&group));
+    c.tick_all().await;
+    assert_eq!(c.metrics().total("rsc_metadata_missing_total"), 0.0);
+    assert_eq!(c.debug_sizes().missing_at_tick, 1);
+    c.tick_all().await;
+    c.tick_all().await;
+    assert_eq!(c.metrics().total("rsc_metadata_missing_total"), 2.0);
+    // Recreated: found again, no longer pending.
+    let create = AdminRequest::CreateGroup { group: group.clone(), shard_count: 4, config: fast_config() };
+    c.admin(create).await.expect("recreate");
+    c.tick_all().await;
+    assert_eq!(c.debug_sizes().missing_at_tick, 0);
+}

@@ -1,0 +1,260 @@
+//! Contract cases for fences at the resource (DESIGN §10): `raise_fences`, `read_fences` and the
+//! fenced stream operations, each run unchanged against every store implementation.
+//!
+//! The rule every fenced operation keeps: the exact fence the key holds is accepted; a strictly
+//! larger counter is accepted and replaces the key (a lost raise heals); a missing key accepts
+//! any fence; everything else is `Fenced { key, current }` and nothing is read, acknowledged or
+//! claimed — checked here on the pending lists, not only on the returned error.
+
+use rsc::core::model::{Fence, GroupId};
+use rsc::store::{
+    keys, EntryId, FenceCheck, FenceRaise, MetadataStore, ReadFrom, StoreError, StreamEntry, StreamStore,
+};
+
+const GROUP: &str = "billing";
+
+fn group_id() -> GroupId {
+    GroupId::new("orders:v1", GROUP)
+}
+
+fn stream(shard: u32) -> String {
+    group_id().stream_key(shard)
+}
+
+fn fence_key(shard: u32) -> String {
+    keys::fence_key(&group_id(), shard)
+}
+
+fn fields(i: usize) -> Vec<(String, Vec<u8>)> {
+    vec![("key".to_string(), format!("k{i}").into_bytes())]
+}
+
+async fn add<S: StreamStore>(store: &S, stream: &str, n: usize) -> Vec<EntryId> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        ids.push(store.xadd(stream, fields(i), None).await.expect("xadd"));
+    }
+    ids
+}
+
+fn ids(entries: &[StreamEntry]) -> Vec<EntryId> {
+    entries.iter().map(|e| e.id).collect()
+}
+
+/// `consumer`'s own pending entries on `stream`, read unfenced (ground truth for "nothing moved").
+async fn own_pending<S: StreamStore>(store: &S, stream: &str, consumer: &str) -> Vec<EntryId> {
+    let streams = [(stream.to_string(), ReadFrom::OwnPending)];
+    let got = store.xreadgroup(GROUP, consumer, &streams, 0, None).await.expect("own pending");
+    got.into_iter().flat_map(|(_, entries)| ids(&entries)).collect()
+}
+
+async fn raise_one<S: MetadataStore>(store: &S, key: &str, nonce: u64) -> Fence {
+    let raised = store.raise_fences(&[FenceRaise { key: key.to_string(), nonce }]).await.expect("raise");
+    assert_eq!(raised.len(), 1);
+    raised[0]
+}
+
+fn check(shard: u32, fence: Fence) -> FenceCheck {
+    FenceCheck { key: fence_key(shard), fence }
+}
+
+fn assert_fenced<T: std::fmt::Debug>(result: Result<T, StoreError>, shard: u32, current: Fence) {
+    assert_eq!(
+        result.map(|_| "accepted"),
+        Err(StoreError::Fenced { key: fence_key(shard), current: current.to_string() })
+    );
+}
+
+fn assert_nogroup<T: std::fmt::Debug>(result: Result<T, StoreError>) {
+    match result {
+        Err(StoreError::Protocol(text)) => assert!(text.starts_with("NOGROUP"), "{text}"),
+        other => panic!("expected Protocol(NOGROUP ...), got {other:?}"),
+    }
+}
+
+pub async fn contract_fence_raise_counts_up_and_stores_the_nonce<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let (a, b, never) = (fence_key(0), fence_key(1), fence_key(2));
+    let raises = [FenceRaise { key: a.clone(), nonce: 0xa1 }, FenceRaise { key: b.clone(), nonce: u64::MAX }];
+    let first = store.raise_fences(&raises).await.expect("raise");
+    assert_eq!(first, vec![Fence { counter: 1, nonce: 0xa1 }, Fence { counter: 1, nonce: u64::MAX }]);
+    let again = raise_one(store, &a, 0xa2).await;
+    assert_eq!(again, Fence { counter: 2, nonce: 0xa2 }, "each raise adds one and replaces the nonce");
+    assert_eq!(store.raise_fences(&[]).await, Ok(vec![]));
+    let read = store.read_fences(&[a.clone(), b.clone(), never]).await.expect("read fences");
+    assert_eq!(read, vec![Some(again), Some(first[1]), None]);
+    assert_eq!(store.read_fences(&[]).await, Ok(vec![]));
+}
+
+pub async fn contract_fenced_operations_accept_the_exact_fence<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let s = stream(0);
+    store.ensure_group(&s, GROUP).await.expect("ensure");
+    // More than one fenced claim script call (10 pages of 100 per call on Redis).
+    let all = add(store, &s, 1_100).await;
+    let fence = raise_one(store, &fence_key(0), 7).await;
+    let c = check(0, fence);
+
+    let read = store.fenced_xreadgroup(&c, GROUP, "c1", &s, ReadFrom::New, 1_050).await.expect("fenced read");
+    assert_eq!(ids(&read), all[..1_050].to_vec());
+    assert_eq!(read[3].fields, fields(3), "fields round-trip");
+    let again = store.fenced_xreadgroup(&c, GROUP, "c1", &s, ReadFrom::OwnPending, 2).await.expect("own pending");
+    assert_eq!(ids(&again), all[..2].to_vec());
+    assert_eq!(store.fenced_xack(&c, &s, GROUP, &all[..2]).await, Ok(2));
+    assert_eq!(store.fenced_xack(&c, &s, GROUP, &all[..2]).await, Ok(0), "acking twice counts nothing");
+    assert_eq!(store.fenced_xack(&c, &s, GROUP, &[]).await, Ok(0));
+
+    let claimed = store.fenced_claim_all_pending(&c, &s, GROUP, "c2", 0).await.expect("fenced claim");
+    assert_eq!(ids(&claimed), all[2..1_050].to_vec(), "every pending entry, in id order");
+    assert_eq!(own_pending(store, &s, "c1").await, Vec::<EntryId>::new());
+    assert_eq!(own_pending(store, &s, "c2").await, all[2..1_050].to_vec());
+    let tail = store.fenced_xreadgroup(&c, GROUP, "c2", &s, ReadFrom::New, 0).await.expect("rest");
+    assert_eq!(ids(&tail), all[1_050..].to_vec());
+    assert_eq!(store.fenced_xreadgroup(&c, GROUP, "c2", &s, ReadFrom::New, 10).await, Ok(vec![]));
+    assert_eq!(store.read_fences(&[fence_key(0)]).await, Ok(vec![Some(fence)]), "an accepted check writes nothing");
+}
+
+/// Entries delivered to `c1` under `fence` (the first three of five), the rest not delivered.
+async fn c1_holds_three<S: MetadataStore + StreamStore + Clone>(store: &S, fence: Fence) -> Vec<EntryId> {
+    let s = stream(0);
+    store.ensure_group(&s, GROUP).await.expect("ensure");
+    let all = add(store, &s, 5).await;
+    let read = store.fenced_xreadgroup(&check(0, fence), GROUP, "c1", &s, ReadFrom::New, 3).await.expect("read");
+    assert_eq!(ids(&read), all[..3].to_vec());
+    all
+}
+
+/// A stale fence reads, acks and claims nothing; the pending lists and the fence key are as they
+/// were.
+async fn assert_refused_everywhere<S: MetadataStore + StreamStore + Clone>(
+    store: &S,
+    stale: Fence,
+    current: Fence,
+    all: &[EntryId],
+) {
+    let s = stream(0);
+    let c = check(0, stale);
+    assert_fenced(store.fenced_xreadgroup(&c, GROUP, "c1", &s, ReadFrom::New, 10).await, 0, current);
+    assert_fenced(store.fenced_xreadgroup(&c, GROUP, "c1", &s, ReadFrom::OwnPending, 10).await, 0, current);
+    assert_fenced(store.fenced_xreadgroup(&c, GROUP, "c3", &s, ReadFrom::New, 10).await, 0, current);
+    assert_fenced(store.fenced_xack(&c, &s, GROUP, &all[..3]).await, 0, current);
+    assert_fenced(store.fenced_xack(&c, &s, GROUP, &[]).await, 0, current);
+    assert_fenced(store.fenced_claim_all_pending(&c, &s, GROUP, "c3", 0).await, 0, current);
+    assert_eq!(own_pending(store, &s, "c1").await, all[..3].to_vec(), "nothing acked or claimed from c1");
+    assert_eq!(own_pending(store, &s, "c3").await, Vec::<EntryId>::new(), "nothing read or claimed by c3");
+    assert_eq!(store.read_fences(&[fence_key(0)]).await, Ok(vec![Some(current)]), "a refusal writes nothing");
+    // The two entries never delivered are still new: the stale reads took nothing.
+    let rest = store.fenced_xreadgroup(&check(0, current), GROUP, "c4", &s, ReadFrom::New, 10).await;
+    assert_eq!(rest.map(|e| ids(&e)), Ok(all[3..].to_vec()));
+}
+
+pub async fn contract_an_older_fence_is_refused_and_touches_nothing<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let old = raise_one(store, &fence_key(0), 0x01).await;
+    let all = c1_holds_three(store, old).await;
+    let current = raise_one(store, &fence_key(0), 0x02).await;
+    assert_eq!(current.counter, 2);
+    assert_refused_everywhere(store, old, current, &all).await;
+}
+
+pub async fn contract_the_same_counter_with_another_nonce_is_refused<S: MetadataStore + StreamStore + Clone>(
+    store: &S,
+) {
+    let current = raise_one(store, &fence_key(0), 0x0123_4567_89ab_cdef).await;
+    let all = c1_holds_three(store, current).await;
+    let twin = Fence { counter: current.counter, nonce: 0x0123_4567_89ab_cdee };
+    assert_refused_everywhere(store, twin, current, &all).await;
+}
+
+pub async fn contract_a_newer_fence_is_accepted_and_replaces_the_key<S: MetadataStore + StreamStore + Clone>(
+    store: &S,
+) {
+    let s = stream(0);
+    store.ensure_group(&s, GROUP).await.expect("ensure");
+    let all = add(store, &s, 4).await;
+    let old = raise_one(store, &fence_key(0), 0x0a).await;
+    // A grant whose raise the store lost: its counter is ahead of the key's.
+    let newer = Fence { counter: 5, nonce: 0x0b };
+    let read = store.fenced_xreadgroup(&check(0, newer), GROUP, "c1", &s, ReadFrom::New, 2).await;
+    assert_eq!(read.map(|e| ids(&e)), Ok(all[..2].to_vec()));
+    assert_eq!(store.read_fences(&[fence_key(0)]).await, Ok(vec![Some(newer)]), "the key healed");
+    assert_fenced(store.fenced_xreadgroup(&check(0, old), GROUP, "c2", &s, ReadFrom::New, 2).await, 0, newer);
+    assert_fenced(store.fenced_xack(&check(0, old), &s, GROUP, &all[..2]).await, 0, newer);
+    assert_eq!(own_pending(store, &s, "c1").await, all[..2].to_vec());
+
+    // Healing through an ack and through a claim works the same way.
+    let newest = Fence { counter: 9, nonce: 0x0c };
+    assert_eq!(store.fenced_xack(&check(0, newest), &s, GROUP, &all[..1]).await, Ok(1));
+    assert_eq!(store.read_fences(&[fence_key(0)]).await, Ok(vec![Some(newest)]));
+    let last = Fence { counter: 10, nonce: 0x0d };
+    let claimed = store.fenced_claim_all_pending(&check(0, last), &s, GROUP, "c2", 0).await;
+    assert_eq!(claimed.map(|e| ids(&e)), Ok(all[1..2].to_vec()));
+    assert_fenced(store.fenced_xack(&check(0, newest), &s, GROUP, &all[1..2]).await, 0, last);
+    // The next raise counts on from the healed value.
+    assert_eq!(raise_one(store, &fence_key(0), 0x0e).await, Fence { counter: 11, nonce: 0x0e });
+}
+
+pub async fn contract_a_missing_fence_key_accepts_any_fence<S: MetadataStore + StreamStore + Clone>(store: &S) {
+    let s = stream(0);
+    store.ensure_group(&s, GROUP).await.expect("ensure");
+    let all = add(store, &s, 2).await;
+    let first = Fence { counter: 3, nonce: 0x33 };
+    let read = store.fenced_xreadgroup(&check(0, first), GROUP, "c1", &s, ReadFrom::New, 1).await;
+    assert_eq!(read.map(|e| ids(&e)), Ok(all[..1].to_vec()));
+    assert_eq!(store.read_fences(&[fence_key(0)]).await, Ok(vec![Some(first)]), "the first use writes the key");
+    assert_fenced(
+        store.fenced_xreadgroup(&check(0, Fence { counter: 2, nonce: 0x33 }), GROUP, "c1", &s, ReadFrom::New, 1).await,
+        0,
+        first,
+    );
+
+    // Counter 0 (never raised by the coordinator, but allowed) on another shard's missing key.
+    let s1 = stream(1);
+    store.ensure_group(&s1, GROUP).await.expect("ensure");
+    let zero = Fence { counter: 0, nonce: 0 };
+    assert_eq!(store.fenced_xack(&check(1, zero), &s1, GROUP, &[]).await, Ok(0));
+    assert_eq!(store.read_fences(&[fence_key(1)]).await, Ok(vec![Some(zero)]));
+    assert_eq!(raise_one(store, &fence_key(1), 0x44).await, Fence { counter: 1, nonce: 0x44 });
+}
+
+pub async fn contract_fenced_operations_map_missing_groups_as_unfenced_ones<S: MetadataStore + StreamStore + Clone>(
+    store: &S,
+) {
+    let s = stream(0);
+    let fence = raise_one(store, &fence_key(0), 0x77).await;
+    let c = check(0, fence);
+    // The stream does not exist.
+    assert_nogroup(store.fenced_xreadgroup(&c, GROUP, "c1", &s, ReadFrom::New, 10).await);
+    assert_nogroup(store.fenced_claim_all_pending(&c, &s, GROUP, "c1", 0).await);
+    // The stream exists, the group does not.
+    let added = add(store, &s, 1).await;
+    assert_nogroup(store.fenced_xreadgroup(&c, GROUP, "c1", &s, ReadFrom::New, 10).await);
+    assert_nogroup(store.fenced_xreadgroup(&c, GROUP, "c1", &s, ReadFrom::OwnPending, 10).await);
+    assert_nogroup(store.fenced_claim_all_pending(&c, &s, GROUP, "c1", 0).await);
+    // XACK on a missing group acknowledges nothing, without an error, as unfenced.
+    assert_eq!(store.fenced_xack(&c, &s, GROUP, &added).await, Ok(0));
+    assert_eq!(store.fenced_xack(&c, "no:such:stream", GROUP, &added).await, Ok(0));
+    // The fence check comes first: a stale fence is FENCED even where the group is missing.
+    let newer = raise_one(store, &fence_key(0), 0x78).await;
+    assert_fenced(store.fenced_xreadgroup(&c, GROUP, "c1", &s, ReadFrom::New, 10).await, 0, newer);
+    assert_fenced(store.fenced_claim_all_pending(&c, &s, GROUP, "c1", 0).await, 0, newer);
+}
+
+/// Real Redis only: a server that lost its script cache (restart, failover, SCRIPT FLUSH) answers
+/// the pipelined raise with NOSCRIPT; the store loads the script and sends only the calls that
+/// did not run, so no key is raised twice.
+#[tokio::test]
+async fn redis_store_raises_fences_once_after_the_script_cache_was_flushed() {
+    let server = crate::support::RedisServer::start();
+    let options = rsc::store::redis::RedisStoreOptions::default();
+    let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
+    assert_eq!(raise_one(&store, &fence_key(0), 1).await.counter, 1);
+    server.cmd(&["SCRIPT", "FLUSH"]);
+    let raises: Vec<FenceRaise> = (0..3).map(|shard| FenceRaise { key: fence_key(shard), nonce: 2 }).collect();
+    let raised = store.raise_fences(&raises).await.expect("raise after a flush");
+    assert_eq!(raised.iter().map(|f| f.counter).collect::<Vec<_>>(), vec![2, 1, 1]);
+    server.cmd(&["SCRIPT", "FLUSH"]);
+    let s = stream(0);
+    store.ensure_group(&s, GROUP).await.expect("ensure");
+    let added = add(&store, &s, 1).await;
+    let read = store.fenced_xreadgroup(&check(0, raised[0]), GROUP, "c1", &s, ReadFrom::New, 1).await;
+    assert_eq!(read.map(|e| ids(&e)), Ok(added));
+    assert_eq!(store.read_fences(&[fence_key(0)]).await, Ok(vec![Some(raised[0])]));
+}
