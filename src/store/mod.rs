@@ -78,6 +78,8 @@ pub const REQUIRED_COMMANDS: &[&str] = &[
     "XREADGROUP",
     "XACK",
     "XAUTOCLAIM",
+    "XREAD",
+    "XINFO",
 ];
 
 /// The hash fields of the metadata key, as stored: the seed's five plus `writeId`.
