@@ -497,9 +497,10 @@ pub trait StreamStore: Send + Sync + 'static {
     /// only grow). A missing group or stream is watched after `0-0`. The ids used are returned so
     /// the caller can pass them next time.
     ///
-    /// All streams must be in one hash slot on Redis Cluster (one XREAD cannot span slots): the
-    /// consumer calls it once per shard there (see `Consumer::poll_wait`). The in-memory fake never
-    /// blocks the store: it sleeps in short steps (tokio time) and re-checks.
+    /// All streams must be in one hash slot on Redis Cluster (one XREAD cannot span slots). The
+    /// layout runs on a single primary today, so the consumer sends one call for all its shards;
+    /// on Cluster it would send one per shard, concurrently (see `Consumer::poll_wait`). The
+    /// in-memory fake never blocks the store: it sleeps in short steps (tokio time) and re-checks.
     fn wait_for_entries(
         &self,
         group: &str,

@@ -1,6 +1,6 @@
-//! The consumer library: a Kafka-like API ([`Consumer::join`], [`Consumer::poll`],
-//! [`Consumer::ack`], [`Consumer::close`], a [`RebalanceListener`]) over the pure
-//! [`core::ConsumerCore`].
+//! The consumer library: a Kafka-like API ([`Consumer::join`], [`Consumer::poll`] and
+//! [`Consumer::poll_wait`] (`doorbell.rs`), [`Consumer::ack`] and [`Consumer::ack_all`]
+//! (`batch.rs`), [`Consumer::close`], a [`RebalanceListener`]) over the pure [`core::ConsumerCore`].
 //!
 //! How it runs (the same in production and in the simulation): `join` spawns one background
 //! heartbeat task with `tokio::spawn` (madsim's on the simulated node). The task sends a heartbeat
