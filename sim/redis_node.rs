@@ -24,7 +24,7 @@ use madsim::net::Endpoint;
 use rsc::core::model::{Fence, GroupId, MemberId};
 use rsc::store::memory::MemoryStore;
 use rsc::store::{
-    CasStamp, EntryId, FenceCheck, FenceRaise, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp,
+    CasStamp, Doorbell, EntryId, FenceCheck, FenceRaise, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp,
     ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome,
     WriteRequest,
 };
@@ -73,6 +73,13 @@ pub enum Command {
         count: usize,
         fence: Option<FenceCheck>,
     },
+    /// The doorbell ([`StreamStore::wait_for_entries`]): served by the node's store, which sleeps
+    /// in short steps of simulated time re-checking the streams.
+    WaitForEntries {
+        group: String,
+        streams: Vec<(String, Option<EntryId>)>,
+        block_ms: u64,
+    },
     XAck {
         stream: String,
         group: String,
@@ -115,6 +122,10 @@ impl Command {
             Command::XReadGroup { consumer, streams, fence, .. } => {
                 let s: Vec<String> = streams.iter().map(|(s, f)| format!("{s}{}", from_mark(*f))).collect();
                 format!("XREADGROUP {consumer} {}{}", s.join(","), fenced(fence))
+            }
+            Command::WaitForEntries { streams, block_ms, .. } => {
+                let s: Vec<String> = streams.iter().map(|(s, id)| format!("{s}@{id:?}")).collect();
+                format!("XREAD BLOCK {block_ms} {}", s.join(","))
             }
             Command::XAck { stream, ids, fence, .. } => format!("XACK {stream} {}{}", ids.len(), fenced(fence)),
             Command::Claim { stream, consumer, fence, .. } => {
@@ -233,6 +244,9 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
             }
             Box::new(result)
         }
+        Command::WaitForEntries { group, streams, block_ms } => {
+            Box::new(store.wait_for_entries(&group, &streams, block_ms).await)
+        }
         Command::XAck { stream, group, ids, fence } => {
             let result = match &fence {
                 Some(check) => store.fenced_xack(check, &stream, &group, &ids).await,
@@ -309,6 +323,12 @@ impl RemoteStore {
 
     /// Sends one command and waits for its reply or the timeout.
     async fn call<T: Send + Sync + 'static>(&self, command: Command) -> Result<T, StoreError> {
+        self.call_blocking(command, 0).await
+    }
+
+    /// [`RemoteStore::call`] for a command the server may hold up to `block_ms`: the timeout is
+    /// extended by it, as `RedisStore` extends a blocking read's deadline.
+    async fn call_blocking<T: Send + Sync + 'static>(&self, command: Command, block_ms: u64) -> Result<T, StoreError> {
         let call_id = self.recorder.next_id();
         let envelope = Envelope { call_id, client: self.process, issued_at_us: self.recorder.now_us(), command };
         let delay_ms = self.draw_delay_ms();
@@ -340,7 +360,7 @@ impl RemoteStore {
                 Err(_) => Err(StoreError::Protocol(format!("reply to call {call_id} has the wrong type"))),
             }
         };
-        match tokio::time::timeout(self.timeout, exchange).await {
+        match tokio::time::timeout(self.timeout + Duration::from_millis(block_ms), exchange).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Unavailable("timeout".into())),
         }
@@ -454,6 +474,16 @@ impl StreamStore for RemoteStore {
             fence: None,
         };
         self.call(command).await
+    }
+
+    async fn wait_for_entries(
+        &self,
+        group: &str,
+        streams: &[(String, Option<EntryId>)],
+        block_ms: u64,
+    ) -> Result<Doorbell, StoreError> {
+        let command = Command::WaitForEntries { group: group.to_string(), streams: streams.to_vec(), block_ms };
+        self.call_blocking(command, block_ms).await
     }
 
     async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {

@@ -19,6 +19,8 @@
 
 mod support;
 
+#[path = "store_contract/doorbell.rs"]
+mod doorbell;
 #[path = "store_contract/fences.rs"]
 mod fences;
 #[path = "store_contract/metadata.rs"]
@@ -36,6 +38,7 @@ mod tls;
 #[path = "store_contract/touch_check.rs"]
 mod touch_check;
 
+pub use doorbell::*;
 pub use fences::*;
 pub use metadata::*;
 pub use stamp::*;
@@ -103,6 +106,7 @@ contract_suite!(
     contract_claim_all_pending,
     contract_maxlen,
     contract_missing_group_errors,
+    contract_wait_for_entries,
     contract_fence_raise_counts_up_and_stores_the_nonce,
     contract_fenced_operations_accept_the_exact_fence,
     contract_an_older_fence_is_refused_and_touches_nothing,

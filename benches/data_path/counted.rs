@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rsc::store::{EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use rsc::store::{Doorbell, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// Round trips by kind, since the counters were made.
 #[derive(Default)]
@@ -23,6 +23,9 @@ pub struct TripCounters {
     pub xack: AtomicU64,
     /// XGROUP CREATE and XAUTOCLAIM (shard setup and pending sweeps).
     pub setup: AtomicU64,
+    /// Doorbell waits (`XREAD BLOCK`; counted as one, though an unknown last-seen id adds an
+    /// XINFO GROUPS round trip before it).
+    pub doorbell: AtomicU64,
 }
 
 /// A copy of [`TripCounters`] at one moment; subtract two to get a window's counts.
@@ -33,11 +36,12 @@ pub struct Trips {
     pub read_empty: u64,
     pub xack: u64,
     pub setup: u64,
+    pub doorbell: u64,
 }
 
 impl Trips {
     pub fn total(&self) -> u64 {
-        self.xadd + self.read_busy + self.read_empty + self.xack + self.setup
+        self.xadd + self.read_busy + self.read_empty + self.xack + self.setup + self.doorbell
     }
 
     pub fn since(&self, earlier: &Trips) -> Trips {
@@ -47,6 +51,7 @@ impl Trips {
             read_empty: self.read_empty - earlier.read_empty,
             xack: self.xack - earlier.xack,
             setup: self.setup - earlier.setup,
+            doorbell: self.doorbell - earlier.doorbell,
         }
     }
 }
@@ -59,6 +64,7 @@ impl TripCounters {
             read_empty: self.read_empty.load(Ordering::Relaxed),
             xack: self.xack.load(Ordering::Relaxed),
             setup: self.setup.load(Ordering::Relaxed),
+            doorbell: self.doorbell.load(Ordering::Relaxed),
         }
     }
 
@@ -117,6 +123,16 @@ impl<S: StreamStore> StreamStore for Counted<S> {
         let result = self.inner.xreadgroup(group, consumer, streams, count, block_ms).await;
         self.trips.read(matches!(&result, Ok(replies) if replies.iter().any(|(_, e)| !e.is_empty())));
         result
+    }
+
+    async fn wait_for_entries(
+        &self,
+        group: &str,
+        streams: &[(String, Option<EntryId>)],
+        block_ms: u64,
+    ) -> Result<Doorbell, StoreError> {
+        TripCounters::hit(&self.trips.doorbell);
+        self.inner.wait_for_entries(group, streams, block_ms).await
     }
 
     async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {

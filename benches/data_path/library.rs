@@ -7,7 +7,7 @@
 //! the producers publishing to it, kept across rounds so each row settles once. Every client has
 //! its own `RedisStore` (one multiplexed connection), wrapped in [`Counted`] so the row's round
 //! trips are counted at the store boundary. Never calls the stream store itself: everything on
-//! the data path goes through `Producer::publish`, `Consumer::poll_wait` and `Consumer::ack`.
+//! the data path goes through `Producer::publish`, `Consumer::poll_wait` and `Consumer::ack_all`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -77,15 +77,15 @@ impl Publisher for LibPublisher {
 pub struct LibSubscriber(Consumer<InProcess, Store>);
 
 impl Subscriber for LibSubscriber {
-    /// What an application does: `poll_wait`, then ack each delivery as it is done with it.
+    /// What an application does: `poll_wait`, process the batch, then ack it with one
+    /// `Consumer::ack_all` (one XACK per shard).
     async fn consume(&self, board: &Board, max: usize, wait: Duration) -> Result<usize, String> {
         let deliveries = self.0.poll_wait(max, wait).await.map_err(|e| e.to_string())?;
-        let mut acked = 0;
+        self.0.ack_all(&deliveries).await.map_err(|e| e.to_string())?;
         for delivery in &deliveries {
-            self.0.ack(delivery).await.map_err(|e| e.to_string())?;
             board.acked(payload_of(&delivery.entry.fields));
-            acked += 1;
         }
+        let acked = deliveries.len();
         Ok(acked)
     }
 }

@@ -83,6 +83,7 @@ fn add(a: &Trips, b: &Trips) -> Trips {
         read_empty: a.read_empty + b.read_empty,
         xack: a.xack + b.xack,
         setup: a.setup + b.setup,
+        doorbell: a.doorbell + b.doorbell,
     }
 }
 

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use crate::core::fence::{Fence, ShardFence};
 use crate::core::model::{GroupId, ShardId};
 use crate::core::protocol::{
     ApiError, Drain, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingReport, RoutingResponse,
@@ -26,6 +27,8 @@ pub(crate) struct FakeState {
     /// Reads `knownShardCount` (a current coordinator); `false` plays an older one, which
     /// refuses the parameter with `BAD_REQUEST` and does not announce it.
     pub reads_shard_count: bool,
+    /// The fence every answer gives an assigned shard (a shard not listed is read unfenced).
+    pub fences: BTreeMap<ShardId, Fence>,
 }
 
 pub(crate) struct FakeCoordinator {
@@ -46,6 +49,7 @@ impl FakeCoordinator {
                 known_versions: Vec::new(),
                 known_shard_counts: Vec::new(),
                 reads_shard_count: true,
+                fences: BTreeMap::new(),
             }),
         }
     }
@@ -84,6 +88,10 @@ impl CoordinatorTransport for FakeCoordinator {
             s.heartbeats.push(req.clone());
             let assigned =
                 if req.leave { Vec::new() } else { s.assigned.get(&req.member_id).cloned().unwrap_or_default() };
+            let fences = assigned
+                .iter()
+                .filter_map(|&shard| s.fences.get(&shard).map(|&fence| ShardFence { shard, fence }))
+                .collect();
             let revoke: Vec<ShardId> = req.owned.iter().copied().filter(|shard| !assigned.contains(shard)).collect();
             // One revoke instruction per shard, named after it: the fake records no history.
             let drains = revoke.iter().map(|&shard| Drain { shard, revoke_id: u64::from(shard) + 1 }).collect();
@@ -101,7 +109,7 @@ impl CoordinatorTransport for FakeCoordinator {
                 assignment_lease_ms: s.assignment_lease_ms,
                 heartbeat_interval_ms: s.heartbeat_interval_ms,
                 store_revision: 1,
-                fences: Vec::new(),
+                fences,
             })
         })
     }

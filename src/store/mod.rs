@@ -78,6 +78,8 @@ pub const REQUIRED_COMMANDS: &[&str] = &[
     "XREADGROUP",
     "XACK",
     "XAUTOCLAIM",
+    "XREAD",
+    "XINFO",
 ];
 
 /// The hash fields of the metadata key, as stored: the seed's five plus `writeId`.
@@ -397,6 +399,17 @@ pub enum GroupStart {
     Latest,
 }
 
+/// What [`StreamStore::wait_for_entries`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Doorbell {
+    /// True when some stream held an entry newer than its id before `block_ms` passed (or at
+    /// once). False after the full wait with nothing newer.
+    pub rang: bool,
+    /// The id each stream was watched after, in the order asked: the caller's id, or the group's
+    /// last-delivered id where the caller gave none. The caller keeps these for its next wait.
+    pub after: Vec<EntryId>,
+}
+
 /// The consumer and producer libraries' view of the shard streams.
 pub trait StreamStore: Send + Sync + 'static {
     /// XADD with an optional approximate MAXLEN; returns the new entry's id.
@@ -471,6 +484,29 @@ pub trait StreamStore: Send + Sync + 'static {
         group: &str,
         ids: &[EntryId],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The consumer's doorbell: waits up to `block_ms` (> 0) until some stream holds an entry with
+    /// an id larger than its given id, reading nothing for the group (`XREAD COUNT 1 BLOCK block_ms
+    /// STREAMS s1.. id1..`). It is unfenced: it neither delivers, acks nor claims, so a stale
+    /// owner waiting on it can do no harm. Never `$`: an entry added between the caller's empty
+    /// read and the XREAD would not ring.
+    ///
+    /// A stream given `None` is watched after `group`'s last-delivered id, read first (XINFO
+    /// GROUPS, one more round trip): right after a read of `>` returned nothing, every entry of the
+    /// stream is delivered, so this id is race-free — entries added later have larger ids (ids
+    /// only grow). A missing group or stream is watched after `0-0`. The ids used are returned so
+    /// the caller can pass them next time.
+    ///
+    /// All streams must be in one hash slot on Redis Cluster (one XREAD cannot span slots). The
+    /// layout runs on a single primary today, so the consumer sends one call for all its shards;
+    /// on Cluster it would send one per shard, concurrently (see `Consumer::poll_wait`). The
+    /// in-memory fake never blocks the store: it sleeps in short steps (tokio time) and re-checks.
+    fn wait_for_entries(
+        &self,
+        group: &str,
+        streams: &[(String, Option<EntryId>)],
+        block_ms: u64,
+    ) -> impl Future<Output = Result<Doorbell, StoreError>> + Send;
 
     /// [`StreamStore::claim_all_pending`] under the same fence check, every XAUTOCLAIM page in
     /// one atomic step with it.

@@ -37,6 +37,8 @@ const PROBED_COMMANDS: &[&str] = &[
     "xreadgroup",
     "xack",
     "xautoclaim",
+    "xread",
+    "xinfo",
     "command",
 ];
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rsc::store::{EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use rsc::store::{Doorbell, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// A [`StreamStore`] that delays XREADGROUP on `slow_streams` by `delay` (nothing else).
 #[derive(Clone)]
@@ -66,6 +66,15 @@ impl<S: StreamStore> StreamStore for SlowPath<S> {
             tokio::time::sleep(self.delay).await;
         }
         self.inner.xreadgroup(group, consumer, streams, count, block_ms).await
+    }
+
+    async fn wait_for_entries(
+        &self,
+        group: &str,
+        streams: &[(String, Option<EntryId>)],
+        block_ms: u64,
+    ) -> Result<Doorbell, StoreError> {
+        self.inner.wait_for_entries(group, streams, block_ms).await
     }
 
     async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rsc::store::{EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use rsc::store::{Doorbell, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// One read-like call on one shard stream.
 #[derive(Clone, Debug)]
@@ -236,6 +236,15 @@ impl<S: StreamStore> StreamStore for RecordingStore<S> {
         let result = self.inner.xreadgroup(group, consumer, streams, count, block_ms).await;
         guard.entries = Some(result.as_ref().map_or(0, |r| r.iter().map(|(_, e)| e.len()).sum()));
         result
+    }
+
+    async fn wait_for_entries(
+        &self,
+        group: &str,
+        streams: &[(String, Option<EntryId>)],
+        block_ms: u64,
+    ) -> Result<Doorbell, StoreError> {
+        self.inner.wait_for_entries(group, streams, block_ms).await
     }
 
     async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {

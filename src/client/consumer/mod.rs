@@ -1,6 +1,6 @@
-//! The consumer library: a Kafka-like API ([`Consumer::join`], [`Consumer::poll`],
-//! [`Consumer::ack`], [`Consumer::close`], a [`RebalanceListener`]) over the pure
-//! [`core::ConsumerCore`].
+//! The consumer library: a Kafka-like API ([`Consumer::join`], [`Consumer::poll`] and
+//! [`Consumer::poll_wait`] (`doorbell.rs`), [`Consumer::ack`] and [`Consumer::ack_all`]
+//! (`batch.rs`), [`Consumer::close`], a [`RebalanceListener`]) over the pure [`core::ConsumerCore`].
 //!
 //! How it runs (the same in production and in the simulation): `join` spawns one background
 //! heartbeat task with `tokio::spawn` (madsim's on the simulated node). The task sends a heartbeat
@@ -16,11 +16,14 @@
 //! wake the task); results of a call are handed back to the core, which drops them if the shard
 //! stopped meanwhile.
 
+mod batch;
 pub mod core;
+mod doorbell;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -29,7 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::core::model::ShardId;
 use crate::core::planted::PlantedBug;
-use crate::store::{keys, FenceCheck, GroupStart, ReadFrom, StoreError, StreamStore};
+use crate::store::{keys, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamStore};
 
 pub use self::core::{AckError, ConsumerConfig, ConsumerCore, Delivery, Phase, ReadPlan, ReadStep};
 use super::clock::Clock;
@@ -100,6 +103,15 @@ struct Shared<T, S> {
     wake: Notify,
     /// Round-robin start of `poll`, so no shard starves the others.
     cursor: AtomicUsize,
+    /// Wakes a `poll_wait` doorbell when a shard starts or stops (notify_waiters: only waits
+    /// already registered are woken).
+    reads_changed: Notify,
+    /// Per shard, the start (generation) and the group's last-delivered id there, as the doorbell
+    /// watches after it (see `doorbell.rs`). Entries of shards no longer read are pruned at each
+    /// doorbell wait.
+    last_seen: Mutex<BTreeMap<ShardId, (u64, EntryId)>>,
+    /// The last `poll_wait` ended empty: the next one rings the doorbell before polling.
+    idle: AtomicBool,
 }
 
 /// A consumer group member. Dropping it without `close` stops its heartbeats at once (the
@@ -136,6 +148,9 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             listener,
             wake: Notify::new(),
             cursor: AtomicUsize::new(0),
+            reads_changed: Notify::new(),
+            last_seen: Mutex::new(BTreeMap::new()),
+            idle: AtomicBool::new(false),
         });
         let heartbeats = tokio::spawn(heartbeat_loop(Arc::clone(&shared)));
         Self { shared, heartbeats: Mutex::new(Some(heartbeats)) }
@@ -190,22 +205,6 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         match failure {
             Some(error) if out.deliveries.is_empty() => Err(PollError::Store(error)),
             _ => Ok(out.into_vec()),
-        }
-    }
-
-    /// Like [`Consumer::poll`], but waits (pausing `poll_idle_ms` between empty reads) up to
-    /// `wait` for at least one entry. Cancel-safe like `poll`: dropping it (e.g. in a
-    /// `tokio::select!` with a shutdown signal) loses no entry and leaves no shard undrainable.
-    pub async fn poll_wait(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, PollError> {
-        let deadline = tokio::time::Instant::now() + wait;
-        let idle = Duration::from_millis(self.shared.lock().config().poll_idle_ms.max(1));
-        loop {
-            let delivered = self.poll(max).await?;
-            let now = tokio::time::Instant::now();
-            if !delivered.is_empty() || now >= deadline {
-                return Ok(delivered);
-            }
-            tokio::time::sleep(idle.min(deadline - now)).await;
         }
     }
 
@@ -291,6 +290,12 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                         Ok(entries) => entries,
                         Err(error) => return self.refused(plan, error),
                     };
+                    if from == ReadFrom::New {
+                        // XREADGROUP `>` moved the group's last-delivered id to its last entry.
+                        if let Some(last) = entries.last() {
+                            self.shared.saw_new(plan.shard, plan.generation, last.id);
+                        }
+                    }
                     let now_ms = self.shared.clock.now_ms();
                     let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
                     if !delivered.is_empty() || from == ReadFrom::New {
@@ -474,6 +479,11 @@ impl<T, S> Shared<T, S> {
 
     /// Runs `f` on the core, then publishes the events it emitted: to the sink under the lock (so
     /// the sink sees them in order), to the listener after the lock is released.
+    fn lock_last_seen(&self) -> MutexGuard<'_, BTreeMap<ShardId, (u64, EntryId)>> {
+        // Poisoned: a panic mid-insert; the map is only a hint (a wrong id costs one wake-up).
+        self.last_seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn with_core<R>(&self, f: impl FnOnce(&mut ConsumerCore) -> R) -> R {
         let (result, events) = {
             let mut core = self.lock();
@@ -492,6 +502,9 @@ impl<T, S> Shared<T, S> {
         let mut assigned = Vec::new();
         let mut revoked = Vec::new();
         let mut lost = Vec::new();
+        if events.iter().any(|e| matches!(e, ClientEvent::ShardStarted { .. } | ClientEvent::ShardStopped { .. })) {
+            self.reads_changed.notify_waiters();
+        }
         for event in events {
             match event {
                 ClientEvent::ShardStarted { shard, .. } => assigned.push(*shard),

@@ -9,7 +9,7 @@ use crate::client::events::VecSink;
 use crate::client::testing::FakeCoordinator;
 use crate::core::model::GroupId;
 use crate::store::memory::MemoryStore;
-use crate::store::ReadFrom;
+use crate::store::{MetadataStore, ReadFrom};
 
 const LEASE_MS: u64 = 400;
 const INTERVAL_MS: u64 = 20;
@@ -326,4 +326,104 @@ async fn planted_lease_on_a_stopping_clock_reads_after_a_suspension() {
     let (calls, acked) = store_calls_after_a_suspension(planted).await;
     assert!(calls >= 2, "reads and the ack went to the store: {calls}");
     assert_eq!(acked, Ok(()));
+}
+
+#[tokio::test]
+async fn ack_all_sends_one_xack_per_shard_and_settles_every_entry() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    publish(&store, 0, 3).await;
+    publish(&store, 1, 2).await;
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("both shards readable", || consumer.status().readable == vec![0, 1]).await;
+    let mut got = poll_n(&consumer, 5).await;
+    // A delivery listed twice is acked once.
+    got.push(got[0].clone());
+    consumer.ack_all(&got).await.expect("ack_all under the lease");
+    let acks = store.ack_log();
+    let per_stream: Vec<(&str, usize)> = acks.iter().map(|a| (a.stream.as_str(), a.ids.len())).collect();
+    assert_eq!(acks.len(), 2, "one XACK per shard: {per_stream:?}");
+    assert!(per_stream.contains(&("orders:0", 3)) && per_stream.contains(&("orders:1", 2)), "{per_stream:?}");
+    let acked = sink.events().iter().filter(|e| matches!(e, ClientEvent::EntryAcked { .. })).count();
+    assert_eq!(acked, 5, "each entry settled in the core once");
+    assert!(matches!(consumer.ack_all(&got[..1]).await, Err(AckError::NotInFlight { .. })));
+    assert_eq!(store.ack_log().len(), 2, "a refused batch sends nothing");
+}
+
+#[tokio::test]
+async fn ack_all_refuses_the_whole_batch_before_sending_when_one_entry_is_not_in_flight() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    publish(&store, 0, 3).await;
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    let got = poll_n(&consumer, 3).await;
+    consumer.ack(&got[1]).await.expect("single ack");
+    let refused = consumer.ack_all(&got).await;
+    assert_eq!(refused, Err(AckError::NotInFlight { shard: 0, entry: got[1].entry.id }));
+    assert_eq!(store.ack_log().len(), 1, "nothing sent for the refused batch");
+    // The other two are still in flight and can be acked together.
+    consumer.ack_all(&[got[0].clone(), got[2].clone()]).await.expect("the rest");
+    assert_eq!(store.peek_pending("orders:0", "billing"), Vec::new());
+}
+
+#[tokio::test]
+async fn ack_all_refused_as_fenced_loses_the_shard_and_keeps_the_other_shards_acks() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let fence = crate::core::model::Fence { counter: 1, nonce: 11 };
+    coordinator.with(|s| s.fences.insert(0, fence));
+    publish(&store, 0, 2).await;
+    publish(&store, 1, 2).await;
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("both shards readable", || consumer.status().readable == vec![0, 1]).await;
+    let got = poll_n(&consumer, 4).await;
+    assert!(got.iter().filter(|d| d.shard == 0).all(|d| d.fence == Some(fence)));
+    // A newer grant of shard 0 raises its fence at Redis.
+    let key = crate::store::keys::fence_key(&group(), 0);
+    store.raise_fences(&[crate::store::FenceRaise { key: key.clone(), nonce: 22 }]).await.expect("raise");
+    let refused = consumer.ack_all(&got).await;
+    assert!(matches!(refused, Err(AckError::Fenced { shard: 0, .. })), "{refused:?}");
+    assert!(!consumer.status().readable.contains(&0), "shard 0 lost at once");
+    let stopped = sink
+        .events()
+        .iter()
+        .any(|e| matches!(e, ClientEvent::ShardStopped { shard: 0, reason: StopReason::FencedAtStore, .. }));
+    assert!(stopped, "stopped as fenced at the store");
+    // Shard 1's XACK went through; shard 0's entries stay pending for the next owner.
+    assert_eq!(store.peek_pending("orders:1", "billing"), Vec::new());
+    assert_eq!(store.peek_pending("orders:0", "billing").len(), 2);
+    let shard0: Vec<Delivery> = got.iter().filter(|d| d.shard == 0).cloned().collect();
+    assert!(matches!(consumer.ack_all(&shard0).await, Err(AckError::NotInFlight { shard: 0, .. })));
+}
+
+#[tokio::test]
+async fn poll_wait_sleeps_on_the_doorbell_and_wakes_when_an_entry_arrives() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    publish(&store, 0, 1).await;
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    let first = poll_n(&consumer, 1).await;
+    consumer.ack_all(&first).await.expect("ack");
+    // Idle: one read of `>` and one doorbell wait, not a read every `poll_idle_ms`.
+    let reads_before = store.read_log().len();
+    let start = tokio::time::Instant::now();
+    let idle = consumer.poll_wait(10, Duration::from_millis(300)).await.expect("poll_wait");
+    assert!(idle.is_empty());
+    assert!(start.elapsed() >= Duration::from_millis(300), "waited the whole time");
+    assert_eq!(store.read_log().len() - reads_before, 1, "one read for a whole idle wait");
+    // The next idle wait rings first and reads nothing at all.
+    let idle = consumer.poll_wait(10, Duration::from_millis(100)).await.expect("poll_wait");
+    assert!(idle.is_empty());
+    assert_eq!(store.read_log().len() - reads_before, 1, "no read in a second idle wait");
+    // An entry published during the wait wakes it well before its end.
+    let publisher = {
+        let store = store.connect();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            publish(&store, 0, 1).await;
+        })
+    };
+    let start = tokio::time::Instant::now();
+    let woken = consumer.poll_wait(10, Duration::from_secs(3)).await.expect("poll_wait");
+    assert_eq!(woken.len(), 1);
+    assert!(start.elapsed() < Duration::from_millis(1_000), "woken by the doorbell: {:?}", start.elapsed());
+    publisher.await.expect("publisher");
 }

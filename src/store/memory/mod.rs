@@ -96,7 +96,7 @@ use tokio::time::Instant;
 use crate::core::model::{Fence, GroupId, MemberId};
 use crate::core::PlantedBugs;
 use crate::store::{
-    CasStamp, EntryId, FenceCheck, FenceRaise, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp,
+    CasStamp, Doorbell, EntryId, FenceCheck, FenceRaise, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp,
     ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome,
     WriteRequest,
 };
@@ -220,6 +220,9 @@ enum Admission {
     TimesOut { after_ms: u64 },
     Proceeds { latency_ms: u64 },
 }
+
+/// How often a waiting doorbell re-checks the streams ([`StreamStore::wait_for_entries`]).
+const DOORBELL_STEP_MS: u64 = 5;
 
 async fn sleep_ms(ms: u64) {
     if ms > 0 {
@@ -698,6 +701,35 @@ impl StreamStore for MemoryStore {
             inner.streams.claim_all_pending(now_ms, stream, group, consumer, min_idle_ms)
         })
         .await
+    }
+
+    /// One admitted call (latency and faults as any command) resolves the ids and checks; then,
+    /// until `block_ms` passed, it re-checks every [`DOORBELL_STEP_MS`] of tokio time without
+    /// holding the store (other calls proceed meanwhile). Deterministic under madsim.
+    async fn wait_for_entries(
+        &self,
+        group: &str,
+        streams: &[(String, Option<EntryId>)],
+        block_ms: u64,
+    ) -> Result<Doorbell, StoreError> {
+        let (after, mut rang) = self
+            .call(&["XINFO", "XREAD"], |inner| {
+                let after: Vec<EntryId> = streams
+                    .iter()
+                    .map(|(s, id)| id.unwrap_or_else(|| inner.streams.last_delivered(s, group)))
+                    .collect();
+                let rang = streams.iter().zip(&after).any(|((s, _), id)| inner.streams.has_newer(s, *id));
+                Ok((after, rang))
+            })
+            .await?;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(block_ms);
+        while !rang && tokio::time::Instant::now() < deadline {
+            let step = deadline.saturating_duration_since(tokio::time::Instant::now());
+            tokio::time::sleep(step.min(std::time::Duration::from_millis(DOORBELL_STEP_MS))).await;
+            let inner = self.lock();
+            rang = streams.iter().zip(&after).any(|((s, _), id)| inner.streams.has_newer(s, *id));
+        }
+        Ok(Doorbell { rang, after })
     }
 
     async fn claim_all_pending(

@@ -185,6 +185,17 @@ impl Streams {
         Ok(claimed)
     }
 
+    /// The id the doorbell watches after when the caller knows none: the group's last-delivered id
+    /// (`0-0` when the stream, the group or any delivery is missing).
+    pub(super) fn last_delivered(&self, stream: &str, group: &str) -> EntryId {
+        self.logs.get(stream).and_then(|log| log.groups.get(group)).and_then(|cg| cg.last_delivered).unwrap_or(ZERO_ID)
+    }
+
+    /// True when the stream holds an entry with an id larger than `after` (XREAD's test).
+    pub(super) fn has_newer(&self, stream: &str, after: EntryId) -> bool {
+        self.logs.get(stream).and_then(|log| log.entries.keys().next_back()).is_some_and(|last| *last > after)
+    }
+
     /// Peek: the ids in the stream, in order.
     pub(super) fn entry_ids(&self, stream: &str) -> Vec<EntryId> {
         self.logs.get(stream).map(|log| log.entries.keys().copied().collect()).unwrap_or_default()

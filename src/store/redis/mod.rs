@@ -66,6 +66,7 @@
 //! `run_id` / replication id, which the coordinator treats as evidence of lost writes.
 
 mod conn;
+mod doorbell;
 mod errors;
 mod fences;
 mod metadata;

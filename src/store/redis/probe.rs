@@ -143,6 +143,9 @@ impl RedisStore {
             ("XREADGROUP", cmd("XREADGROUP", &["GROUP", "g", "c", "COUNT", "1", "STREAMS", &stream, ">"])),
             ("XAUTOCLAIM", cmd("XAUTOCLAIM", &[&stream, "g", "c2", "0", "0-0", "COUNT", "1"])),
             ("XACK", cmd("XACK", &[&stream, "g", "0-1"])),
+            // The consumer's doorbell (never BLOCK here).
+            ("XREAD", cmd("XREAD", &["COUNT", "1", "STREAMS", &stream, "0-0"])),
+            ("XINFO", cmd("XINFO", &["GROUPS", &stream])),
             ("DEL", cmd("DEL", &[&set])),
         ];
         for (name, step) in steps {

@@ -12,7 +12,7 @@ use super::conn::Lane;
 use super::fences::{accepted, check_args, CLAIM_PAGES_PER_CALL};
 use super::scripts::{number, text};
 use super::RedisStore;
-use crate::store::{EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use crate::store::{Doorbell, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
 
 /// Upper bound on XAUTOCLAIM pages of one `claim_all_pending`.
 const CLAIM_PAGES_MAX: u64 = 100_000;
@@ -184,6 +184,15 @@ impl StreamStore for RedisStore {
             cursor = next;
         }
         Err(StoreError::Protocol(format!("fenced XAUTOCLAIM did not finish within {CLAIM_PAGES_MAX} pages")))
+    }
+
+    async fn wait_for_entries(
+        &self,
+        group: &str,
+        streams: &[(String, Option<EntryId>)],
+        block_ms: u64,
+    ) -> Result<Doorbell, StoreError> {
+        self.doorbell(group, streams, block_ms).await
     }
 
     async fn xadd(

@@ -1,0 +1,129 @@
+//! [`Consumer::ack_all`]: acknowledges many deliveries with one XACK per shard, the shards' XACKs
+//! in flight together.
+//!
+//! Owns only the batching: every delivery is checked and settled in the core exactly as a single
+//! [`Consumer::ack`] is (in flight, lease holds; acked, or the shard lost on `FENCED`). Never
+//! sends anything for a batch that fails the check, and never holds the core's lock across an
+//! `.await`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use super::{AckError, Consumer, Delivery};
+use crate::client::transport::CoordinatorTransport;
+use crate::core::model::{Fence, ShardId};
+use crate::store::{keys, EntryId, FenceCheck, StoreError, StreamStore};
+
+/// The deliveries of one shard in a batch, and the fence their XACK presents.
+struct ShardBatch<'a> {
+    stream: &'a str,
+    fence: Option<Fence>,
+    deliveries: Vec<&'a Delivery>,
+}
+
+impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
+    /// Acknowledges every delivery in `deliveries` (like Kafka's `commitSync` of a batch): one
+    /// XACK per shard (fenced when the shard has a fence), the shards' XACKs concurrently, so a
+    /// batch costs one round trip instead of one per entry.
+    ///
+    /// First every delivery is checked as [`Consumer::ack`] checks it (in flight here, lease
+    /// holds): if any fails, that error is returned and nothing is sent. A delivery listed twice
+    /// is acked once. Then each shard's outcome is settled as a single ack's: acked entries leave
+    /// the in-flight set; a `FENCED` refusal loses the shard at once ([`AckError::Fenced`]); a
+    /// failed XACK leaves that shard's entries in flight ([`AckError::Store`]), to be acked again.
+    /// The error returned is that of the first failing shard (by shard id); the other shards'
+    /// entries are acked even then.
+    pub async fn ack_all(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
+        let now_ms = self.shared.clock.now_ms();
+        let mut seen: BTreeSet<(ShardId, EntryId)> = BTreeSet::new();
+        let unique: Vec<&Delivery> = deliveries.iter().filter(|d| seen.insert((d.shard, d.entry.id))).collect();
+        let (group, batches) = self.shared.with_core(|core| {
+            let mut batches: BTreeMap<ShardId, ShardBatch<'_>> = BTreeMap::new();
+            for delivery in unique.iter().copied() {
+                core.check_ack(now_ms, delivery)?;
+                let batch = batches.entry(delivery.shard).or_insert_with(|| ShardBatch {
+                    stream: &delivery.stream,
+                    fence: core.fence_of(delivery.shard),
+                    deliveries: Vec::new(),
+                });
+                batch.deliveries.push(delivery);
+            }
+            Ok::<_, AckError>((core.config().group.clone(), batches))
+        })?;
+        let sends = batches.iter().map(|(shard, batch)| {
+            let ids: Vec<EntryId> = batch.deliveries.iter().map(|d| d.entry.id).collect();
+            let check = batch.fence.map(|fence| FenceCheck { key: keys::fence_key(&group, *shard), fence });
+            self.xack_shard(batch.stream, &group.consumer_group, check, ids)
+        });
+        let results = join_all(sends.collect()).await;
+        let now_ms = self.shared.clock.now_ms();
+        let mut first_error = None;
+        let mut drained = false;
+        for ((shard, batch), result) in batches.iter().zip(results) {
+            // A batch holds at least one delivery; the first names the refused batch.
+            let entry = batch.deliveries.first().map_or(EntryId { ms: 0, seq: 0 }, |d| d.entry.id);
+            let error = match result {
+                Ok(_) => {
+                    for delivery in &batch.deliveries {
+                        drained |= self.shared.with_core(|core| core.acked(now_ms, delivery));
+                    }
+                    continue;
+                }
+                Err(StoreError::Fenced { .. }) => {
+                    if let Some(fence) = batch.fence {
+                        self.shared.with_core(|core| core.fenced_at_store(now_ms, *shard, fence));
+                    }
+                    AckError::Fenced { shard: *shard, entry }
+                }
+                Err(e) => AckError::Store(e.to_string()),
+            };
+            first_error.get_or_insert(error);
+        }
+        if drained {
+            self.shared.wake.notify_one();
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// One shard's XACK, fenced when `check` is given.
+    async fn xack_shard(
+        &self,
+        stream: &str,
+        group: &str,
+        check: Option<FenceCheck>,
+        ids: Vec<EntryId>,
+    ) -> Result<u64, StoreError> {
+        match &check {
+            Some(check) => self.shared.store.fenced_xack(check, stream, group, &ids).await,
+            None => self.shared.store.xack(stream, group, &ids).await,
+        }
+    }
+}
+
+/// Runs the futures concurrently on this task and returns their outputs in order (the crate
+/// has no `futures` dependency; this is its `join_all`, without spawning, so dropping the caller
+/// drops every call).
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *output = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}

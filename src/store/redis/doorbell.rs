@@ -1,0 +1,164 @@
+//! The consumer's doorbell on Redis ([`StreamStore::wait_for_entries`]): `XINFO GROUPS` for the
+//! streams whose last-seen id the caller does not know, then one `XREAD COUNT 1 BLOCK` on the
+//! blocking lane.
+//!
+//! Owns those two commands and the parsing of their replies. Never sends `BLOCK 0` (block
+//! forever), never blocks the shared connection, and never reads for a consumer group: the
+//! doorbell only says whether something newer exists; the fenced or unfenced read that follows
+//! delivers it. Keeps the doorbell's invariant that the id watched is never newer than an entry
+//! the group has not been delivered (see the trait method).
+//!
+//! [`StreamStore::wait_for_entries`]: crate::store::StreamStore::wait_for_entries
+
+use ::redis::aio::MultiplexedConnection;
+use ::redis::Value;
+
+use super::conn::Lane;
+use super::scripts::text;
+use super::RedisStore;
+use crate::store::{Doorbell, EntryId, StoreError};
+
+/// Watched after when the group or the stream does not exist yet: any entry rings.
+const ZERO_ID: EntryId = EntryId { ms: 0, seq: 0 };
+
+fn protocol(what: &str, value: &Value) -> StoreError {
+    StoreError::Protocol(format!("{what}: unexpected reply {value:?}"))
+}
+
+impl RedisStore {
+    /// See [`crate::store::StreamStore::wait_for_entries`]. Two round trips when some id is
+    /// unknown (XINFO GROUPS for all of those, pipelined; then XREAD), else one. On Redis Cluster
+    /// all `streams` must share a slot: the caller sends one doorbell per shard there.
+    pub(super) async fn doorbell(
+        &self,
+        group: &str,
+        streams: &[(String, Option<EntryId>)],
+        block_ms: u64,
+    ) -> Result<Doorbell, StoreError> {
+        let after = self.resolve_after(group, streams).await?;
+        if streams.is_empty() {
+            return Ok(Doorbell { rang: false, after });
+        }
+        // BLOCK 0 would block forever.
+        let block_ms = block_ms.max(1);
+        let mut cmd = ::redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(1).arg("BLOCK").arg(block_ms).arg("STREAMS");
+        for (stream, _) in streams {
+            cmd.arg(stream);
+        }
+        for id in &after {
+            cmd.arg(id.to_string());
+        }
+        let reply: Value = self
+            .inner
+            .conn
+            .run(Lane::Blocking, "XREAD", block_ms, |mut c: MultiplexedConnection| async move {
+                let value: Value = cmd.query_async(&mut c).await?;
+                Ok((value, c))
+            })
+            .await?;
+        // Nil after the full wait; otherwise an entry of some stream (COUNT 1).
+        let rang = match &reply {
+            Value::Nil => false,
+            Value::Array(items) => !items.is_empty(),
+            Value::Map(items) => !items.is_empty(),
+            other => return Err(protocol("XREAD", other)),
+        };
+        Ok(Doorbell { rang, after })
+    }
+
+    /// The given ids, with each unknown one replaced by the group's last-delivered id.
+    async fn resolve_after(
+        &self,
+        group: &str,
+        streams: &[(String, Option<EntryId>)],
+    ) -> Result<Vec<EntryId>, StoreError> {
+        let unknown: Vec<&str> = streams.iter().filter(|(_, id)| id.is_none()).map(|(s, _)| s.as_str()).collect();
+        if unknown.is_empty() {
+            return Ok(streams.iter().map(|(_, id)| id.unwrap_or(ZERO_ID)).collect());
+        }
+        let replies: Vec<Value> = self
+            .inner
+            .conn
+            .run(Lane::Shared, "XINFO GROUPS", 0, |mut c: MultiplexedConnection| async move {
+                let mut replies = Vec::with_capacity(unknown.len());
+                // One command per stream (each may fail on its own: `no such key`), so they are
+                // sent one after another on the multiplexed connection rather than as a pipeline,
+                // whose first error would hide the others' replies.
+                for stream in &unknown {
+                    let mut cmd = ::redis::cmd("XINFO");
+                    cmd.arg("GROUPS").arg(*stream);
+                    match cmd.query_async::<Value>(&mut c).await {
+                        Ok(value) => replies.push(value),
+                        // The stream does not exist yet: nothing was delivered from it.
+                        Err(err) if err.code() == Some("ERR") && err.to_string().contains("no such key") => {
+                            replies.push(Value::Nil)
+                        }
+                        Err(err) => return Err(err),
+                    }
+                }
+                Ok((replies, c))
+            })
+            .await?;
+        let mut replies = replies.into_iter();
+        streams
+            .iter()
+            .map(|(_, id)| match id {
+                Some(id) => Ok(*id),
+                None => last_delivered(&replies.next().unwrap_or(Value::Nil), group),
+            })
+            .collect()
+    }
+}
+
+/// The `last-delivered-id` of `group` in an XINFO GROUPS reply (a list of groups, each a flat
+/// field/value list in RESP2 or a map in RESP3); `0-0` when the group is not listed.
+fn last_delivered(reply: &Value, group: &str) -> Result<EntryId, StoreError> {
+    let groups: &[Value] = match reply {
+        Value::Nil => return Ok(ZERO_ID),
+        Value::Array(groups) => groups,
+        other => return Err(protocol("XINFO GROUPS", other)),
+    };
+    for info in groups {
+        let pairs: Vec<(&Value, &Value)> = match info {
+            Value::Array(flat) => flat.chunks(2).filter_map(|kv| Some((kv.first()?, kv.get(1)?))).collect(),
+            Value::Map(kv) => kv.iter().map(|(k, v)| (k, v)).collect(),
+            other => return Err(protocol("XINFO GROUPS entry", other)),
+        };
+        let field = |name: &str| pairs.iter().find(|(k, _)| text(k).as_deref() == Some(name)).map(|(_, v)| *v);
+        if field("name").and_then(text).as_deref() != Some(group) {
+            continue;
+        }
+        let id = field("last-delivered-id").ok_or_else(|| protocol("XINFO GROUPS last-delivered-id", info))?;
+        return text(id).ok_or_else(|| protocol("XINFO GROUPS last-delivered-id", id))?.parse();
+    }
+    Ok(ZERO_ID)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn last_delivered_is_read_for_the_named_group_only() {
+        let group = |name: &str, id: &str| {
+            Value::Array(vec![
+                bulk("name"),
+                bulk(name),
+                bulk("pending"),
+                Value::Int(0),
+                bulk("last-delivered-id"),
+                bulk(id),
+            ])
+        };
+        let reply = Value::Array(vec![group("other", "9-9"), group("g", "5-1")]);
+        assert_eq!(last_delivered(&reply, "g"), Ok(EntryId { ms: 5, seq: 1 }));
+        assert_eq!(last_delivered(&reply, "missing"), Ok(ZERO_ID));
+        assert_eq!(last_delivered(&Value::Nil, "g"), Ok(ZERO_ID));
+        assert!(matches!(last_delivered(&Value::Int(1), "g"), Err(StoreError::Protocol(_))));
+    }
+}
