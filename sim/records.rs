@@ -195,6 +195,21 @@ pub struct Records {
     pub trace: Vec<TraceLine>,
     /// Heartbeats a `stale-delivery` fault delivered late (duplicated or deferred).
     pub stale_deliveries: usize,
+    /// Doorbell waits (`XREAD BLOCK` on shard streams) the server ran: a consumer attending an
+    /// idle shard. Never a read of the group (no tenure); the liveness checker counts them.
+    pub watches: Vec<WatchEvent>,
+}
+
+/// One stream of a doorbell wait the server ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WatchEvent {
+    pub process: ProcessId,
+    pub stream: String,
+    pub issued_at_us: Us,
+    /// When the server ran it.
+    pub served_at_us: Us,
+    /// The id it waited after (`None`: the group's last-delivered id, looked up by the store).
+    pub after: Option<rsc::store::EntryId>,
 }
 
 /// The shared recorder of one run (cheap to clone; every node holds one).

@@ -32,7 +32,7 @@ use rsc::store::{
 use rand::rngs::SmallRng;
 use rand::Rng;
 
-use crate::records::{AckEvent, AddEvent, ProcessId, ReadEvent, ReadKind, Recorder, Us};
+use crate::records::{AckEvent, AddEvent, ProcessId, ReadEvent, ReadKind, Recorder, Us, WatchEvent};
 use crate::transport::TransportKnob;
 
 /// The port the Redis node listens on.
@@ -245,7 +245,16 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
             Box::new(result)
         }
         Command::WaitForEntries { group, streams, block_ms } => {
-            Box::new(store.wait_for_entries(&group, &streams, block_ms).await)
+            let result = store.wait_for_entries(&group, &streams, block_ms).await;
+            if result.is_ok() {
+                let served_at_us = recorder.now_us();
+                let mut records = recorder.lock();
+                for (stream, after) in &streams {
+                    let (process, stream, after) = (client, stream.clone(), *after);
+                    records.watches.push(WatchEvent { process, stream, issued_at_us, served_at_us, after });
+                }
+            }
+            Box::new(result)
         }
         Command::XAck { stream, group, ids, fence } => {
             let result = match &fence {

@@ -87,12 +87,22 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
         return vec![Violation::NoLiveConsumer { at_us }];
     }
     let mut violations = Vec::new();
-    let read: BTreeSet<ShardId> = facts
-        .records
-        .reads
-        .iter()
-        .filter(|r| r.issued_at_us >= deadline_us && live.contains(&r.process))
-        .filter_map(|r| facts.shard_of(&r.stream))
+    // A shard is attended by a read, or by a doorbell wait on it (an idle shard is watched, not
+    // re-read: the wait returns as soon as an entry arrives) — but only a wait that was right to
+    // wait: no entry the server had added by then lies after the id it waited after. A consumer
+    // watching from a wrong id while entries pile up attends nothing.
+    let justified = |w: &&crate::records::WatchEvent| {
+        w.after.is_some_and(|after| {
+            !facts.records.adds.iter().any(|a| a.stream == w.stream && a.served_at_us <= w.served_at_us && a.id > after)
+        })
+    };
+    let reads = facts.records.reads.iter().map(|r| (r.issued_at_us, r.process, r.stream.as_str()));
+    let watches =
+        facts.records.watches.iter().filter(justified).map(|w| (w.issued_at_us, w.process, w.stream.as_str()));
+    let read: BTreeSet<ShardId> = reads
+        .chain(watches)
+        .filter(|(at_us, process, _)| *at_us >= deadline_us && live.contains(process))
+        .filter_map(|(_, _, stream)| facts.shard_of(stream))
         .collect();
     for shard in (0..state.shard_count).filter(|s| !read.contains(s)) {
         violations.push(Violation::ShardNotRead { shard, at_us });
