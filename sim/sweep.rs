@@ -270,6 +270,8 @@ fn spawn(
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     let (stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
     let tx = tx.clone();
+    // OS threads are fine here: this is the sweep's parent process, outside any simulated runtime
+    // (each seed runs deterministically in its child); the threads only drain the child's pipes.
     std::thread::spawn(move || {
         let err_reader = std::thread::spawn(move || {
             let mut text = String::new();
