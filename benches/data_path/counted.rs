@@ -2,24 +2,30 @@
 //! command and by outcome, and passes every call on unchanged.
 //!
 //! Owns only counters (atomics: no lock on the data path). Never changes, retries or reorders a
-//! call. Each `RedisStore` stream method is one round trip except `claim_all_pending`, which pages
+//! call. Calls of one kind that overlap in time on one wrapper (one client's connection) travel
+//! together and count as one round trip: `Consumer::poll` reads its shards concurrently and
+//! `Consumer::ack_all` acks them concurrently, so each is one round trip, not one per shard. Each `RedisStore` stream method is one round trip except `claim_all_pending`, which pages
 //! XAUTOCLAIM (one page per call at the sizes this bench runs; counted as one). The fenced
 //! variants (one script call each) count under the same names as the plain ones, so the rows
 //! with fencing on and off compare directly.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rsc::store::{Doorbell, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use rsc::store::{
+    Doorbell, EntryId, FenceCheck, FencedAck, FencedRead, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore,
+};
 
 /// Round trips by kind, since the counters were made.
 #[derive(Default)]
 pub struct TripCounters {
     pub xadd: AtomicU64,
-    /// XREADGROUP calls that returned at least one entry.
+    /// XREADGROUP round trips (overlapping reads of one client count once) that returned at
+    /// least one entry.
     pub read_busy: AtomicU64,
-    /// XREADGROUP calls that returned nothing.
+    /// XREADGROUP round trips that returned nothing.
     pub read_empty: AtomicU64,
+    /// XACK round trips (overlapping acks of one client count once).
     pub xack: AtomicU64,
     /// XGROUP CREATE and XAUTOCLAIM (shard setup and pending sweeps).
     pub setup: AtomicU64,
@@ -72,9 +78,31 @@ impl TripCounters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts one XREADGROUP by whether it delivered anything.
+    /// Counts one read round trip by whether it delivered anything.
     pub fn read(&self, delivered: bool) {
         Self::hit(if delivered { &self.read_busy } else { &self.read_empty });
+    }
+}
+
+/// The calls of one kind in flight on one wrapper: overlapping calls are one round trip.
+#[derive(Default)]
+struct Round {
+    in_flight: AtomicU64,
+    /// Some call of the current round delivered entries.
+    delivered: AtomicBool,
+}
+
+impl Round {
+    fn start(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Ends one call; `Some(delivered)` when it was the round's last (the round is then counted).
+    fn finish(&self, delivered: bool) -> Option<bool> {
+        if delivered {
+            self.delivered.store(true, Ordering::SeqCst);
+        }
+        (self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1).then(|| self.delivered.swap(false, Ordering::SeqCst))
     }
 }
 
@@ -83,11 +111,37 @@ impl TripCounters {
 pub struct Counted<S> {
     inner: S,
     trips: Arc<TripCounters>,
+    reads: Arc<Round>,
+    acks: Arc<Round>,
 }
 
 impl<S> Counted<S> {
     pub fn new(inner: S, trips: Arc<TripCounters>) -> Self {
-        Self { inner, trips }
+        Self { inner, trips, reads: Arc::default(), acks: Arc::default() }
+    }
+
+    /// Runs one XREADGROUP-like call, counting its round (busy when any call of it delivered).
+    async fn read<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+        delivered: impl Fn(&T) -> bool,
+    ) -> Result<T, StoreError> {
+        self.reads.start();
+        let result = call.await;
+        if let Some(busy) = self.reads.finish(result.as_ref().is_ok_and(&delivered)) {
+            self.trips.read(busy);
+        }
+        result
+    }
+
+    /// Runs one XACK-like call, counting its round.
+    async fn ack(&self, call: impl std::future::Future<Output = Result<u64, StoreError>>) -> Result<u64, StoreError> {
+        self.acks.start();
+        let result = call.await;
+        if self.acks.finish(false).is_some() {
+            TripCounters::hit(&self.trips.xack);
+        }
+        result
     }
 }
 
@@ -120,9 +174,8 @@ impl<S: StreamStore> StreamStore for Counted<S> {
         count: usize,
         block_ms: Option<u64>,
     ) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
-        let result = self.inner.xreadgroup(group, consumer, streams, count, block_ms).await;
-        self.trips.read(matches!(&result, Ok(replies) if replies.iter().any(|(_, e)| !e.is_empty())));
-        result
+        let call = self.inner.xreadgroup(group, consumer, streams, count, block_ms);
+        self.read(call, |replies: &Vec<(String, Vec<StreamEntry>)>| replies.iter().any(|(_, e)| !e.is_empty())).await
     }
 
     async fn wait_for_entries(
@@ -136,8 +189,7 @@ impl<S: StreamStore> StreamStore for Counted<S> {
     }
 
     async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {
-        TripCounters::hit(&self.trips.xack);
-        self.inner.xack(stream, group, ids).await
+        self.ack(self.inner.xack(stream, group, ids)).await
     }
 
     async fn fenced_xreadgroup(
@@ -149,9 +201,8 @@ impl<S: StreamStore> StreamStore for Counted<S> {
         from: ReadFrom,
         count: usize,
     ) -> Result<Vec<StreamEntry>, StoreError> {
-        let result = self.inner.fenced_xreadgroup(fence, group, consumer, stream, from, count).await;
-        self.trips.read(matches!(&result, Ok(entries) if !entries.is_empty()));
-        result
+        let call = self.inner.fenced_xreadgroup(fence, group, consumer, stream, from, count);
+        self.read(call, |entries: &Vec<StreamEntry>| !entries.is_empty()).await
     }
 
     async fn fenced_xack(
@@ -161,8 +212,33 @@ impl<S: StreamStore> StreamStore for Counted<S> {
         group: &str,
         ids: &[EntryId],
     ) -> Result<u64, StoreError> {
-        TripCounters::hit(&self.trips.xack);
-        self.inner.fenced_xack(fence, stream, group, ids).await
+        self.ack(self.inner.fenced_xack(fence, stream, group, ids)).await
+    }
+
+    async fn fenced_xreadgroup_many(
+        &self,
+        group: &str,
+        consumer: &str,
+        reads: &[FencedRead],
+    ) -> Result<Vec<Result<Vec<StreamEntry>, StoreError>>, StoreError> {
+        let call = self.inner.fenced_xreadgroup_many(group, consumer, reads);
+        self.read(call, |results: &Vec<Result<Vec<StreamEntry>, StoreError>>| {
+            results.iter().any(|r| r.as_ref().is_ok_and(|entries| !entries.is_empty()))
+        })
+        .await
+    }
+
+    async fn fenced_xack_many(
+        &self,
+        group: &str,
+        acks: &[FencedAck],
+    ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+        self.acks.start();
+        let result = self.inner.fenced_xack_many(group, acks).await;
+        if self.acks.finish(false).is_some() {
+            TripCounters::hit(&self.trips.xack);
+        }
+        result
     }
 
     async fn fenced_claim_all_pending(

@@ -78,7 +78,7 @@ pub struct LibSubscriber(Consumer<InProcess, Store>);
 
 impl Subscriber for LibSubscriber {
     /// What an application does: `poll_wait`, process the batch, then ack it with one
-    /// `Consumer::ack_all` (one XACK per shard).
+    /// `Consumer::ack_all` (one fenced-ack script for the fenced shards, else one XACK per shard).
     async fn consume(&self, board: &Board, max: usize, wait: Duration) -> Result<usize, String> {
         let deliveries = self.0.poll_wait(max, wait).await.map_err(|e| e.to_string())?;
         self.0.ack_all(&deliveries).await.map_err(|e| e.to_string())?;

@@ -57,12 +57,24 @@ impl RowSamples {
         trips.total() as f64 / waits.max(1) as f64
     }
 
-    /// XREADGROUP round trips per read that acked something, and messages per such read.
+    /// XREADGROUP round trips per read that acked something, and messages per such read. An
+    /// empty read that starts a doorbell wait (`poll_wait` polls once, finds nothing, then waits
+    /// on the doorbell) belongs to that wait, not to a busy read: at most one empty read per
+    /// doorbell wait is set aside; any further empty read counts against the busy reads.
     fn per_busy_read(&self) -> (f64, f64) {
         let trips = self.trips();
         let busy: usize = self.samples.iter().map(|s| s.busy_reads).sum();
         let busy = busy.max(1) as f64;
-        ((trips.read_busy + trips.read_empty) as f64 / busy, self.messages() / busy)
+        let empty = trips.read_empty.saturating_sub(trips.doorbell);
+        ((trips.read_busy + empty) as f64 / busy, self.messages() / busy)
+    }
+
+    /// During the timed runs: round trips per doorbell wait (the wait, plus the empty read that
+    /// started it, at most one per wait), and the number of waits.
+    fn timed_wait_trips(&self) -> (f64, u64) {
+        let trips = self.trips();
+        let waits = trips.doorbell;
+        ((waits + trips.read_empty.min(waits)) as f64 / waits.max(1) as f64, waits)
     }
 
     fn commands(&self) -> BTreeMap<String, u64> {
@@ -205,6 +217,27 @@ pub fn print_tables(rows: &[RowSamples], workload: &Workload) {
         );
     }
 
+    println!(
+        "\nCPU per message, medians (us; redis-server from INFO cpu, this process from /proc/self/stat in 10 ms ticks, \
+         so the client column is coarse):"
+    );
+    println!(
+        "{:<40} {:>11} {:>6} {:>11} {:>6} {:>13} {:>6}",
+        "row", "redis busy", "x raw", "redis drain", "x raw", "bench process", "x raw"
+    );
+    for r in rows {
+        println!(
+            "{:<40} {:>11.2} {:>6.2} {:>11.2} {:>6.2} {:>13.1} {:>6.2}",
+            r.row.title(),
+            r.median_of(|s| s.redis_cpu_us_per_msg),
+            r.paired_ratio(raw, |s| s.redis_cpu_us_per_msg),
+            r.median_of(|s| s.drain_redis_cpu_us_per_msg),
+            r.paired_ratio(raw, |s| s.drain_redis_cpu_us_per_msg),
+            r.median_of(|s| s.client_cpu_us_per_msg),
+            r.paired_ratio(raw, |s| s.client_cpu_us_per_msg),
+        );
+    }
+
     println!("\nidle waits ({} ms each, nothing published): client round trips per wait", workload.idle_wait_ms);
     let raw_idle = raw.idle_trips_per_wait();
     for r in rows {
@@ -254,6 +287,11 @@ pub fn print_goals(rows: &[RowSamples], workload: &Workload) {
             lib_apm - off_apm
         );
     }
+    let (wait_trips, waits) = lib.timed_wait_trips();
+    println!(
+        "    while publishing, {waits} doorbell waits cost {wait_trips:.2} round trips each (the empty read that \
+         started the wait, then the wait), against one blocking XREADGROUP for raw"
+    );
     let extra = lib.idle_trips_per_wait() - raw.idle_trips_per_wait();
     print!(
         "  at most one extra round trip per idle wait ({} ms): {:.2} per wait, {extra:+.2} vs raw ({})",

@@ -140,6 +140,12 @@ pub struct Sample {
     /// Messages acked per second when consuming a backlog of `messages` published beforehand
     /// (from the consumers' start to the last ack).
     pub drain_per_s: f64,
+    /// CPU time redis-server used per message (`INFO cpu`, user + system) while publishing and
+    /// consuming, and while draining the backlog; this process's own (`/proc/self/stat`, 10 ms
+    /// ticks) while publishing and consuming: which side is the bottleneck.
+    pub redis_cpu_us_per_msg: f64,
+    pub drain_redis_cpu_us_per_msg: f64,
+    pub client_cpu_us_per_msg: f64,
     /// Client round trips during the timed run (heartbeats and routing excluded: not data path).
     pub trips: Trips,
     /// Redis commands executed during the timed run (`INFO commandstats` deltas, which include
@@ -176,6 +182,30 @@ fn percentile(sorted: &[u32], q: f64) -> u32 {
     sorted[at]
 }
 
+/// redis-server's CPU time so far in microseconds (`INFO cpu`: used_cpu_sys + used_cpu_user).
+pub fn redis_cpu_us(server: &RedisServer) -> f64 {
+    let text: String = redis::from_redis_value(server.cmd(&["INFO", "cpu"])).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let (name, value) = line.trim().split_once(':')?;
+            matches!(name, "used_cpu_sys" | "used_cpu_user").then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum::<f64>()
+        * 1e6
+}
+
+/// This process's CPU time so far in microseconds (utime + stime of `/proc/self/stat`, in clock
+/// ticks of 10 ms); 0 where there is no procfs.
+pub fn own_cpu_us() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the whole line, 11 and 12 after the name.
+    (ticks(11) + ticks(12)) * 10_000.0
+}
+
 /// `INFO commandstats` as command -> calls.
 pub fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
     let text: String = redis::from_redis_value(server.cmd(&["INFO", "commandstats"])).unwrap_or_default();
@@ -210,6 +240,7 @@ pub async fn run<P: Publisher, S: Subscriber>(
 ) -> Sample {
     let board = Arc::new(Board::new(workload.messages));
     let commands_before = commandstats(server);
+    let (redis_cpu_before, own_cpu_before) = (redis_cpu_us(server), own_cpu_us());
     let trips_before = trips.snapshot();
     let started = board.now_us();
     let consumers: Vec<_> =
@@ -220,6 +251,7 @@ pub async fn run<P: Publisher, S: Subscriber>(
     let consumed = join_all(consumers).await;
     let trips_busy = trips.snapshot().since(&trips_before);
     let commands = commands_since(&commands_before, &commandstats(server));
+    let (redis_cpu_busy, own_cpu_busy) = (redis_cpu_us(server) - redis_cpu_before, own_cpu_us() - own_cpu_before);
 
     // Drain: the same number of messages published first, with no consumer running, then
     // consumed from the backlog: the consumers' own throughput, every read a busy one.
@@ -228,6 +260,7 @@ pub async fn run<P: Publisher, S: Subscriber>(
         join_all(publishers.iter().map(|p| tokio::spawn(publish_loop(Arc::clone(p), Arc::clone(&backlog)))).collect())
             .await;
     let drain_started_us = backlog.now_us();
+    let drain_cpu_before = redis_cpu_us(server);
     let drained = join_all(
         subscribers
             .iter()
@@ -235,6 +268,7 @@ pub async fn run<P: Publisher, S: Subscriber>(
             .collect(),
     )
     .await;
+    let drain_redis_cpu = redis_cpu_us(server) - drain_cpu_before;
     let drain_acked = backlog.acked.load(Ordering::Relaxed);
     let drain_us = backlog.last_ack_us.load(Ordering::Relaxed).saturating_sub(drain_started_us).max(1);
 
@@ -278,6 +312,9 @@ pub async fn run<P: Publisher, S: Subscriber>(
         publish_p99_us: percentile(&publish_us, 0.99),
         e2e_p50_us: percentile(&e2e_us, 0.50),
         e2e_p99_us: percentile(&e2e_us, 0.99),
+        redis_cpu_us_per_msg: redis_cpu_busy / workload.messages.max(1) as f64,
+        drain_redis_cpu_us_per_msg: drain_redis_cpu / drain_acked.max(1) as f64,
+        client_cpu_us_per_msg: own_cpu_busy / workload.messages.max(1) as f64,
         trips: trips_busy,
         commands,
         idle_trips,

@@ -351,6 +351,23 @@ pub struct FenceCheck {
     pub fence: Fence,
 }
 
+/// One read of [`StreamStore::fenced_xreadgroup_many`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FencedRead {
+    pub fence: FenceCheck,
+    pub stream: String,
+    pub from: ReadFrom,
+    pub count: usize,
+}
+
+/// One ack of [`StreamStore::fenced_xack_many`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FencedAck {
+    pub fence: FenceCheck,
+    pub stream: String,
+    pub ids: Vec<EntryId>,
+}
+
 /// A stream entry id `<ms>-<seq>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct EntryId {
@@ -484,6 +501,48 @@ pub trait StreamStore: Send + Sync + 'static {
         group: &str,
         ids: &[EntryId],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Several [`StreamStore::fenced_xreadgroup`] calls for one consumer, one result per read, in
+    /// order. Each read's check and read are one atomic step; the reads together are not (other
+    /// clients' commands may run between them). `Err` only when no read could be attempted (the
+    /// connection failed).
+    ///
+    /// The default runs the reads one after another, each its own step. `RedisStore` sends them
+    /// as one script call (one round trip, one command for the server to run, however many shards
+    /// — the fenced counterpart of one multi-stream `XREADGROUP`); all keys must then be on one
+    /// server, which is the layout today (on Cluster it would be one call per slot).
+    fn fenced_xreadgroup_many(
+        &self,
+        group: &str,
+        consumer: &str,
+        reads: &[FencedRead],
+    ) -> impl Future<Output = Result<Vec<Result<Vec<StreamEntry>, StoreError>>, StoreError>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(reads.len());
+            for read in reads {
+                out.push(
+                    self.fenced_xreadgroup(&read.fence, group, consumer, &read.stream, read.from, read.count).await,
+                );
+            }
+            Ok(out)
+        }
+    }
+
+    /// Several [`StreamStore::fenced_xack`] calls, one result per ack, in order; atomic per ack,
+    /// not together, like [`StreamStore::fenced_xreadgroup_many`] (and one script call on Redis).
+    fn fenced_xack_many(
+        &self,
+        group: &str,
+        acks: &[FencedAck],
+    ) -> impl Future<Output = Result<Vec<Result<u64, StoreError>>, StoreError>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(acks.len());
+            for ack in acks {
+                out.push(self.fenced_xack(&ack.fence, &ack.stream, group, &ack.ids).await);
+            }
+            Ok(out)
+        }
+    }
 
     /// The consumer's doorbell: waits up to `block_ms` (> 0) until some stream holds an entry with
     /// an id larger than its given id, reading nothing for the group (`XREAD COUNT 1 BLOCK block_ms

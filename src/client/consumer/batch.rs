@@ -1,5 +1,5 @@
-//! [`Consumer::ack_all`]: acknowledges many deliveries with one XACK per shard, the shards' XACKs
-//! in flight together.
+//! [`Consumer::ack_all`]: acknowledges many deliveries with one XACK per shard, the fenced
+//! shards' XACKs in one store call (one script on Redis), the unfenced ones in flight together.
 //!
 //! Owns only the batching: every delivery is checked and settled in the core exactly as a single
 //! [`Consumer::ack`] is (in flight, lease holds; acked, or the shard lost on `FENCED`). Never
@@ -14,7 +14,7 @@ use std::task::Poll;
 use super::{AckError, Consumer, Delivery};
 use crate::client::transport::CoordinatorTransport;
 use crate::core::model::{Fence, ShardId};
-use crate::store::{keys, EntryId, FenceCheck, StoreError, StreamStore};
+use crate::store::{keys, EntryId, FenceCheck, FencedAck, StoreError, StreamStore};
 
 /// The deliveries of one shard in a batch, and the fence their XACK presents.
 struct ShardBatch<'a> {
@@ -52,12 +52,41 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             }
             Ok::<_, AckError>((core.config().group.clone(), batches))
         })?;
-        let sends = batches.iter().map(|(shard, batch)| {
+        // Fenced shards' XACKs go to the store as one call; unfenced ones each as its own XACK, all
+        // concurrently.
+        let fenced: Vec<FencedAck> = batches
+            .iter()
+            .filter_map(|(shard, batch)| {
+                Some(FencedAck {
+                    fence: FenceCheck { key: keys::fence_key(&group, *shard), fence: batch.fence? },
+                    stream: batch.stream.to_string(),
+                    ids: batch.deliveries.iter().map(|d| d.entry.id).collect(),
+                })
+            })
+            .collect();
+        let consumer_group = group.consumer_group.as_str();
+        let plain = batches.iter().filter(|(_, batch)| batch.fence.is_none()).map(|(_, batch)| {
             let ids: Vec<EntryId> = batch.deliveries.iter().map(|d| d.entry.id).collect();
-            let check = batch.fence.map(|fence| FenceCheck { key: keys::fence_key(&group, *shard), fence });
-            self.xack_shard(batch.stream, &group.consumer_group, check, ids)
+            async move { self.shared.store.xack(batch.stream, consumer_group, &ids).await }
         });
-        let results = join_all(sends.collect()).await;
+        let together = async {
+            if fenced.is_empty() {
+                return Vec::new();
+            }
+            match self.shared.store.fenced_xack_many(consumer_group, &fenced).await {
+                Ok(results) => results,
+                Err(error) => fenced.iter().map(|_| Err(error.clone())).collect(),
+            }
+        };
+        let (fenced_results, plain_results) = tokio::join!(together, join_all(plain.collect()));
+        let (mut fenced_results, mut plain_results) = (fenced_results.into_iter(), plain_results.into_iter());
+        let results: Vec<Result<u64, StoreError>> = batches
+            .values()
+            .map(|batch| {
+                let next = if batch.fence.is_some() { fenced_results.next() } else { plain_results.next() };
+                next.unwrap_or_else(|| Err(StoreError::Protocol("fewer ack results than shards".into())))
+            })
+            .collect();
         let now_ms = self.shared.clock.now_ms();
         let mut first_error = None;
         let mut drained = false;
@@ -86,26 +115,12 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         }
         first_error.map_or(Ok(()), Err)
     }
-
-    /// One shard's XACK, fenced when `check` is given.
-    async fn xack_shard(
-        &self,
-        stream: &str,
-        group: &str,
-        check: Option<FenceCheck>,
-        ids: Vec<EntryId>,
-    ) -> Result<u64, StoreError> {
-        match &check {
-            Some(check) => self.shared.store.fenced_xack(check, stream, group, &ids).await,
-            None => self.shared.store.xack(stream, group, &ids).await,
-        }
-    }
 }
 
 /// Runs the futures concurrently on this task and returns their outputs in order (the crate
 /// has no `futures` dependency; this is its `join_all`, without spawning, so dropping the caller
 /// drops every call).
-async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+pub(super) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
     let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {

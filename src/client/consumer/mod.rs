@@ -19,11 +19,12 @@
 mod batch;
 pub mod core;
 mod doorbell;
+mod read;
 #[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -32,7 +33,7 @@ use tokio::task::JoinHandle;
 
 use crate::core::model::ShardId;
 use crate::core::planted::PlantedBug;
-use crate::store::{keys, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamStore};
+use crate::store::{keys, EntryId, FenceCheck, StoreError, StreamStore};
 
 pub use self::core::{AckError, ConsumerConfig, ConsumerCore, Delivery, Phase, ReadPlan, ReadStep};
 use super::clock::Clock;
@@ -174,169 +175,6 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         }
     }
 
-    /// Reads up to `max` entries from the shards this consumer may read right now, without
-    /// waiting. A newly started shard is first set up (consumer group ensured, the previous
-    /// owner's pending entries claimed), then this consumer's own pending entries are redelivered,
-    /// then new entries are read.
-    ///
-    /// Cancel-safe: if the future is dropped before it returns, entries it had already read are
-    /// abandoned (they stay pending at Redis and are redelivered), never left in flight where no
-    /// one could settle them — which would keep their shard from ever being reported REVOKED.
-    pub async fn poll(&self, max: usize) -> Result<Vec<Delivery>, PollError> {
-        let now_ms = self.shared.clock.now_ms();
-        let plans = self.shared.with_core(|core| core.read_plans(now_ms));
-        if plans.is_empty() || max == 0 {
-            return Ok(Vec::new());
-        }
-        let start = self.shared.cursor.fetch_add(1, Ordering::Relaxed) % plans.len();
-        // Deliveries are in flight in the core from the moment a read returns; until they are
-        // handed to the caller they are abandoned if this future is dropped (cancel safety).
-        let mut out = Handed::new(&self.shared, Vec::new());
-        let mut failure = None;
-        for plan in plans.iter().cycle().skip(start).take(plans.len()) {
-            if out.deliveries.len() >= max {
-                break;
-            }
-            match self.read_shard(*plan, max - out.deliveries.len()).await {
-                Ok(delivered) => out.deliveries.extend(delivered),
-                Err(error) => failure = Some(error),
-            }
-        }
-        match failure {
-            Some(error) if out.deliveries.is_empty() => Err(PollError::Store(error)),
-            _ => Ok(out.into_vec()),
-        }
-    }
-
-    /// Up to three store calls on one shard: setup, own-pending, new; stops at the first read that
-    /// delivers something. The lease is re-checked right before every call.
-    async fn read_shard(&self, first: ReadPlan, max: usize) -> Result<Vec<Delivery>, StoreError> {
-        let (group, member) = {
-            let core = self.shared.lock();
-            (core.config().group.clone(), core.config().member_id.clone())
-        };
-        let stream = group.stream_key(first.shard);
-        for _ in 0..3 {
-            let now_ms = self.shared.clock.now_ms();
-            // The permission check and the call count are one step under the core's lock, so no
-            // heartbeat can report the shard REVOKED between them.
-            let plan = self.shared.with_core(|core| {
-                let plan = core.plan_for(now_ms, first.shard, first.generation);
-                if plan.is_some() {
-                    core.call_started(first.shard);
-                }
-                plan
-            });
-            let Some(plan) = plan else {
-                return Ok(Vec::new());
-            };
-            // Held until the call's result is registered (dropped on error or cancellation too).
-            let _call = CallGuard { shared: &self.shared, shard: plan.shard };
-            let fence = plan.fence.map(|fence| FenceCheck { key: keys::fence_key(&group, plan.shard), fence });
-            match plan.step {
-                ReadStep::Setup => {
-                    let planted = self.shared.lock().config().planted;
-                    if planted.has(PlantedBug::CreateGroupAtLatest) {
-                        self.shared.store.create_group(&stream, &group.consumer_group, GroupStart::Latest).await?;
-                    } else {
-                        self.shared.store.ensure_group(&stream, &group.consumer_group).await?;
-                    }
-                    // Re-checked: the claim moves entries, so it is as sensitive as a read.
-                    let now_ms = self.shared.clock.now_ms();
-                    if self.shared.with_core(|core| core.plan_for(now_ms, plan.shard, plan.generation)).is_none() {
-                        return Ok(Vec::new());
-                    }
-                    if !planted.has(PlantedBug::SkipPendingRecovery) {
-                        let claim = match &fence {
-                            Some(check) => {
-                                let claimed = self.shared.store.fenced_claim_all_pending(
-                                    check,
-                                    &stream,
-                                    &group.consumer_group,
-                                    &member,
-                                    0,
-                                );
-                                claimed.await.map(drop)
-                            }
-                            None => {
-                                let claimed =
-                                    self.shared.store.claim_all_pending(&stream, &group.consumer_group, &member, 0);
-                                claimed.await.map(drop)
-                            }
-                        };
-                        if let Err(error) = claim {
-                            return self.refused(plan, error);
-                        }
-                    }
-                    self.shared.with_core(|core| core.setup_done(plan.shard, plan.generation));
-                }
-                ReadStep::Read(from) => {
-                    let count = if from == ReadFrom::OwnPending { plan.in_flight + max } else { max };
-                    let read = match &fence {
-                        Some(check) => {
-                            let (group, member) = (&group.consumer_group, &member);
-                            self.shared.store.fenced_xreadgroup(check, group, member, &stream, from, count).await
-                        }
-                        None => {
-                            let streams = [(stream.clone(), from)];
-                            let read =
-                                self.shared.store.xreadgroup(&group.consumer_group, &member, &streams, count, None);
-                            read.await.map(|replies| {
-                                replies.into_iter().filter(|(s, _)| *s == stream).flat_map(|(_, e)| e).collect()
-                            })
-                        }
-                    };
-                    let entries = match read {
-                        Ok(entries) => entries,
-                        Err(error) => return self.refused(plan, error),
-                    };
-                    if from == ReadFrom::New {
-                        // XREADGROUP `>` moved the group's last-delivered id to its last entry.
-                        if let Some(last) = entries.last() {
-                            self.shared.saw_new(plan.shard, plan.generation, last.id);
-                        }
-                    }
-                    let now_ms = self.shared.clock.now_ms();
-                    let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
-                    if !delivered.is_empty() || from == ReadFrom::New {
-                        return Ok(self.ack_trimmed(Handed::new(&self.shared, delivered)).await);
-                    }
-                }
-            }
-        }
-        Ok(Vec::new())
-    }
-
-    /// A read or claim on `plan`'s shard failed: a `FENCED` refusal loses the shard at once (see
-    /// [`ConsumerCore::fenced_at_store`]) and reads nothing; any other error is the caller's.
-    fn refused(&self, plan: ReadPlan, error: StoreError) -> Result<Vec<Delivery>, StoreError> {
-        match (error, plan.fence) {
-            (StoreError::Fenced { .. }, Some(fence)) => {
-                let now_ms = self.shared.clock.now_ms();
-                self.shared.with_core(|core| core.fenced_at_store(now_ms, plan.shard, fence));
-                Ok(Vec::new())
-            }
-            (error, _) => Err(error),
-        }
-    }
-
-    /// Pending entries trimmed from the stream (MAXLEN) come back from an own-pending read with no
-    /// fields (XADD never writes an entry without one): there is nothing to process, so they are
-    /// acked here instead of being handed to the application. A failed ack leaves them in flight
-    /// and delivered, so the application sees and settles them.
-    async fn ack_trimmed(&self, mut delivered: Handed<'_, T, S>) -> Vec<Delivery> {
-        let mut i = 0;
-        while i < delivered.deliveries.len() {
-            let trimmed = delivered.deliveries[i].entry.fields.is_empty();
-            if trimmed && self.ack(&delivered.deliveries[i].clone()).await.is_ok() {
-                delivered.deliveries.remove(i);
-            } else {
-                i += 1;
-            }
-        }
-        delivered.into_vec()
-    }
-
     /// Acknowledges an entry (XACK). Refused once the lease ended or the entry was abandoned.
     pub async fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
         let now_ms = self.shared.clock.now_ms();
@@ -415,57 +253,6 @@ impl<T: CoordinatorTransport, S: StreamStore> Drop for Consumer<T, S> {
     fn drop(&mut self) {
         if let Some(task) = self.take_heartbeats() {
             task.abort();
-        }
-    }
-}
-
-/// Deliveries read from the store (in flight in the core) and not yet handed to the application.
-/// Dropped before [`Handed::into_vec`] (the poll future was cancelled), it abandons each of them.
-struct Handed<'a, T, S> {
-    shared: &'a Shared<T, S>,
-    deliveries: Vec<Delivery>,
-}
-
-impl<'a, T, S> Handed<'a, T, S> {
-    fn new(shared: &'a Shared<T, S>, deliveries: Vec<Delivery>) -> Self {
-        Self { shared, deliveries }
-    }
-
-    /// Hands the deliveries over: from now on they are the application's to settle.
-    fn into_vec(mut self) -> Vec<Delivery> {
-        std::mem::take(&mut self.deliveries)
-    }
-}
-
-impl<T, S> Drop for Handed<'_, T, S> {
-    fn drop(&mut self) {
-        if self.deliveries.is_empty() {
-            return;
-        }
-        let now_ms = self.shared.clock.now_ms();
-        let mut drained = false;
-        for delivery in &self.deliveries {
-            // Not in flight any more (the shard was lost meanwhile): nothing to give up.
-            drained |= self.shared.with_core(|core| core.abandon(now_ms, delivery)).unwrap_or(false);
-        }
-        if drained {
-            self.shared.wake.notify_one();
-        }
-    }
-}
-
-/// Counts one store call on a shard as outstanding until dropped, so a shard is never reported
-/// REVOKED while a call on it may still reach Redis (see `ConsumerCore::call_started`).
-struct CallGuard<'a, T, S> {
-    shared: &'a Shared<T, S>,
-    shard: ShardId,
-}
-
-impl<T, S> Drop for CallGuard<'_, T, S> {
-    fn drop(&mut self) {
-        let now_ms = self.shared.clock.now_ms();
-        if self.shared.with_core(|core| core.call_finished(now_ms, self.shard)) {
-            self.shared.wake.notify_one();
         }
     }
 }

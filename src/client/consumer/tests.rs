@@ -196,19 +196,22 @@ async fn close_waits_for_the_drain_then_leaves_with_every_shard_revoked() {
 /// one to settle them, so that shard never drained and `close` never sent the leave.
 #[tokio::test]
 async fn a_cancelled_poll_leaves_nothing_in_flight_and_close_still_leaves() {
-    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
     let consumer = Arc::new(join("m1", &coordinator, &store, &sink, Arc::new(NoopListener)));
-    wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
-    // Both shards set up (claim and own-pending done), so every later read is one call.
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    // Shard 0 set up (claim and own-pending done), so every later read of it is one call.
     publish(&store, 0, 1).await;
-    publish(&store, 1, 1).await;
-    for delivery in poll_n(&consumer, 2).await {
+    for delivery in poll_n(&consumer, 1).await {
         consumer.ack(&delivery).await.expect("ack");
     }
     publish(&store, 0, 2).await;
-    publish(&store, 1, 2).await;
+    coordinator.with(|s| {
+        s.assigned.insert("m1".into(), vec![0, 1]);
+    });
+    wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
     store.set_latency_ms(60);
-    // The first shard's read (60 ms) delivers; the second one's is cut off half-way.
+    // The shards are read concurrently: shard 0's read (one 60 ms call) delivers, while the new
+    // shard 1 is still being set up (ensure group, claim, then read) when the poll is cancelled.
     let cancelled = tokio::time::timeout(Duration::from_millis(90), consumer.poll(10)).await;
     assert!(cancelled.is_err(), "the poll was cancelled mid-read");
     store.set_latency_ms(0);
@@ -218,6 +221,34 @@ async fn a_cancelled_poll_leaves_nothing_in_flight_and_close_still_leaves() {
     closed.expect("close does not wait for entries nobody holds").expect("clean close");
     let last = coordinator.with(|s| s.heartbeats.last().cloned()).expect("heartbeats");
     assert!(last.leave);
+}
+
+#[tokio::test]
+async fn a_poll_reads_its_shards_at_once_and_delivers_at_most_max() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
+    publish(&store, 0, 1).await;
+    publish(&store, 1, 1).await;
+    for delivery in poll_n(&consumer, 2).await {
+        consumer.ack(&delivery).await.expect("ack");
+    }
+    publish(&store, 0, 3).await;
+    publish(&store, 1, 3).await;
+    store.set_latency_ms(60);
+    // Both shards in one 60 ms round, not one after the other; `max` is split between them.
+    let started = tokio::time::Instant::now();
+    let polled = consumer.poll(4).await.expect("poll");
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(110), "two shards read one after the other: {took:?}");
+    let per_shard = |shard| polled.iter().filter(|d| d.shard == shard).count();
+    assert_eq!((per_shard(0), per_shard(1)), (2, 2), "max 4 split over two shards");
+    // Fewer entries wanted than shards readable: never more than `max` delivered.
+    let one = consumer.poll(1).await.expect("poll");
+    assert_eq!(one.len(), 1);
+    store.set_latency_ms(0);
+    consumer.ack_all(&polled).await.expect("ack");
+    consumer.ack_all(&one).await.expect("ack");
 }
 
 #[derive(Default)]

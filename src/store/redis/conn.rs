@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
 use ::redis::sentinel::SentinelClient;
-use ::redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use ::redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, ServerError, ServerErrorKind};
 use tokio::sync::Mutex;
 
 use super::errors::{map_error, timed_out, Redactor};
@@ -205,6 +205,12 @@ impl Connector {
 
     /// Removes the sentinels' password from every text of `err` (the store password is removed
     /// by `map_error`).
+    /// A server error reply found inside a reply (an element of a script's array reply), mapped
+    /// as the command's own error reply would be.
+    pub(crate) fn nested_error(&self, command: &str, err: ServerError) -> StoreError {
+        self.scrub(map_error(command, &RedisError::from(err), &self.redactor))
+    }
+
     fn scrub(&self, err: StoreError) -> StoreError {
         let clean = |text: String| self.sentinel_redactor.clean(text);
         match err {

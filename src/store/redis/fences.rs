@@ -23,11 +23,11 @@ use super::scripts::{number, text};
 use crate::core::model::Fence;
 use crate::store::StoreError;
 
-/// The fence check every fenced script runs first. KEYS[1]: fence key. ARGV[1]: presented counter
-/// (canonical decimal), ARGV[2]: presented nonce (16 hex digits). Returns nil to go on, or the
-/// `{'fenced', counter, nonce}` reply to return. A missing key (or counter field) counts as 0 and
-/// accepts any counter. A stored counter that is not canonical decimal is `{'corrupt'}` (a hand
-/// edit): nothing is touched.
+/// The fence check every fenced script runs first: `check(key, counter, nonce)` with the fence
+/// key and the presented counter (canonical decimal) and nonce (16 hex digits). Returns nil to go
+/// on, or the `{'fenced', counter, nonce}` reply to return. A missing key (or counter field)
+/// counts as 0 and accepts any counter. A stored counter that is not canonical decimal is
+/// `{'corrupt'}` (a hand edit): nothing is touched.
 const CHECK: &str = r#"
 local function newer(a, b)
   if #a ~= #b then
@@ -38,17 +38,17 @@ end
 local function canonical(s)
   return s == '0' or string.match(s, '^[1-9][0-9]*$') ~= nil
 end
-local function check()
-  local cur = redis.call('HMGET', KEYS[1], 'counter', 'nonce')
+local function check(key, presented, nonce)
+  local cur = redis.call('HMGET', key, 'counter', 'nonce')
   local counter = cur[1] or '0'
-  if not canonical(counter) or not canonical(ARGV[1]) then
+  if not canonical(counter) or not canonical(presented) then
     return {'corrupt', counter}
   end
-  if cur[1] and counter == ARGV[1] and cur[2] == ARGV[2] then
+  if cur[1] and counter == presented and cur[2] == nonce then
     return nil
   end
-  if not cur[1] or newer(ARGV[1], counter) then
-    redis.call('HSET', KEYS[1], 'counter', ARGV[1], 'nonce', ARGV[2])
+  if not cur[1] or newer(presented, counter) then
+    redis.call('HSET', key, 'counter', presented, 'nonce', nonce)
     return nil
   end
   return {'fenced', counter, cur[2] or ''}
@@ -66,7 +66,7 @@ return redis.call('HGET', KEYS[1], 'counter')
 /// Fenced XREADGROUP (never BLOCK). KEYS: fence key, stream. ARGV: counter, nonce, group,
 /// consumer, count, `>` or `0`. Reply: `{'ok', entries}` | check refusal | the command's error.
 const READ_BODY: &str = r#"
-local refused = check()
+local refused = check(KEYS[1], ARGV[1], ARGV[2])
 if refused then
   return refused
 end
@@ -83,7 +83,7 @@ return {'ok', r[1][2]}
 /// Fenced XACK. KEYS: fence key, stream. ARGV: counter, nonce, group, ids... (none: the check
 /// alone, acknowledging 0). Reply: `{'ok', count}` | check refusal | the command's error.
 const ACK_BODY: &str = r#"
-local refused = check()
+local refused = check(KEYS[1], ARGV[1], ARGV[2])
 if refused then
   return refused
 end
@@ -103,7 +103,7 @@ return {'ok', r}
 /// entries}` (`0-0`: the pending list was scanned to its end) | check refusal | the command's
 /// error.
 const CLAIM_BODY: &str = r#"
-local refused = check()
+local refused = check(KEYS[1], ARGV[1], ARGV[2])
 if refused then
   return refused
 end
@@ -126,16 +126,69 @@ end
 return {'ok', cursor, out}
 "#;
 
+/// Fenced XREADGROUPs of several shards for one consumer (never BLOCK), each shard checked and
+/// read as `READ_BODY` does. KEYS: fence key and stream of each shard, in pairs. ARGV: group,
+/// consumer, then per shard: counter, nonce, count, `>` or `0`. Reply: one element per shard,
+/// `{'ok', entries}` | check refusal | the command's error (an error element of the array).
+const READ_MANY_BODY: &str = r#"
+local out = {}
+for i = 1, #KEYS / 2 do
+  local a = 2 + (i - 1) * 4
+  local refused = check(KEYS[2 * i - 1], ARGV[a + 1], ARGV[a + 2])
+  if refused then
+    out[i] = refused
+  else
+    local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[a + 3], 'STREAMS', KEYS[2 * i], ARGV[a + 4])
+    if type(r) == 'table' and r.err then
+      out[i] = r
+    elseif not r or not r[1] then
+      out[i] = {'ok', {}}
+    else
+      out[i] = {'ok', r[1][2]}
+    end
+  end
+end
+return out
+"#;
+
+/// Fenced XACKs of several shards, each as `ACK_BODY`. KEYS: fence key and stream of each shard,
+/// in pairs. ARGV: group, then per shard: counter, nonce, the number of ids `n`, then the `n`
+/// ids. Reply: one element per shard, `{'ok', count}` | check refusal | the command's error.
+const ACK_MANY_BODY: &str = r#"
+local out = {}
+local a = 2
+for i = 1, #KEYS / 2 do
+  local n = tonumber(ARGV[a + 2])
+  local refused = check(KEYS[2 * i - 1], ARGV[a], ARGV[a + 1])
+  if refused then
+    out[i] = refused
+  elseif n == 0 then
+    out[i] = {'ok', 0}
+  else
+    local r = redis.pcall('XACK', KEYS[2 * i], ARGV[1], unpack(ARGV, a + 3, a + 2 + n))
+    if type(r) == 'table' and r.err then
+      out[i] = r
+    else
+      out[i] = {'ok', r}
+    end
+  end
+  a = a + 3 + n
+end
+return out
+"#;
+
 /// XAUTOCLAIM pages one fenced claim script call runs at most: bounds how long one call holds
 /// the server (at the default page COUNT of 100, 1,000 entries).
 pub(crate) const CLAIM_PAGES_PER_CALL: u64 = 10;
 
-/// The four fence scripts, hashed once per store.
+/// The fence scripts, hashed once per store.
 pub(crate) struct FenceScripts {
     pub(crate) raise: Script,
     pub(crate) read: Script,
     pub(crate) ack: Script,
     pub(crate) claim: Script,
+    pub(crate) read_many: Script,
+    pub(crate) ack_many: Script,
 }
 
 impl FenceScripts {
@@ -145,6 +198,8 @@ impl FenceScripts {
             read: Script::new(&format!("{CHECK}{READ_BODY}")),
             ack: Script::new(&format!("{CHECK}{ACK_BODY}")),
             claim: Script::new(&format!("{CHECK}{CLAIM_BODY}")),
+            read_many: Script::new(&format!("{CHECK}{READ_MANY_BODY}")),
+            ack_many: Script::new(&format!("{CHECK}{ACK_MANY_BODY}")),
         }
     }
 }

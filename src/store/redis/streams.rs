@@ -12,7 +12,9 @@ use super::conn::Lane;
 use super::fences::{accepted, check_args, CLAIM_PAGES_PER_CALL};
 use super::scripts::{number, text};
 use super::RedisStore;
-use crate::store::{Doorbell, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use crate::store::{
+    Doorbell, EntryId, FenceCheck, FencedAck, FencedRead, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore,
+};
 
 /// Upper bound on XAUTOCLAIM pages of one `claim_all_pending`.
 const CLAIM_PAGES_MAX: u64 = 100_000;
@@ -117,6 +119,66 @@ impl StreamStore for RedisStore {
             [entries] => parse_entries(entries),
             _ => Err(protocol("fenced read script", &reply)),
         }
+    }
+
+    async fn fenced_xreadgroup_many(
+        &self,
+        group: &str,
+        consumer: &str,
+        reads: &[FencedRead],
+    ) -> Result<Vec<Result<Vec<StreamEntry>, StoreError>>, StoreError> {
+        const WHAT: &str = "fenced read script";
+        if reads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut invocation = self.inner.scripts.fences.read_many.prepare_invoke();
+        invocation.arg(group).arg(consumer);
+        for read in reads {
+            let (counter, nonce) = check_args(&read.fence.fence);
+            invocation.key(&read.fence.key).key(&read.stream);
+            invocation.arg(counter).arg(nonce).arg(read.count).arg(read_from_id(read.from));
+        }
+        let reply = self.invoke(WHAT, invocation).await?;
+        let items = self.many_items(WHAT, reply, reads.len())?;
+        Ok(reads
+            .iter()
+            .zip(items)
+            .map(|(read, item)| match accepted(WHAT, &read.fence.key, &item?)? {
+                [entries] => parse_entries(entries),
+                _ => Err(StoreError::Protocol(format!("{WHAT}: unexpected reply for {}", read.stream))),
+            })
+            .collect())
+    }
+
+    async fn fenced_xack_many(
+        &self,
+        group: &str,
+        acks: &[FencedAck],
+    ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+        const WHAT: &str = "fenced ack script";
+        if acks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut invocation = self.inner.scripts.fences.ack_many.prepare_invoke();
+        invocation.arg(group);
+        for ack in acks {
+            let (counter, nonce) = check_args(&ack.fence.fence);
+            invocation.key(&ack.fence.key).key(&ack.stream);
+            invocation.arg(counter).arg(nonce).arg(ack.ids.len());
+            for id in &ack.ids {
+                invocation.arg(id.to_string());
+            }
+        }
+        let reply = self.invoke(WHAT, invocation).await?;
+        let items = self.many_items(WHAT, reply, acks.len())?;
+        Ok(acks
+            .iter()
+            .zip(items)
+            .map(|(ack, item)| match accepted(WHAT, &ack.fence.key, &item?)? {
+                [count] => number(count).ok_or_else(|| protocol(WHAT, count)),
+                _ => Err(StoreError::Protocol(format!("{WHAT}: unexpected reply for {}", ack.stream))),
+            })
+            .collect())
     }
 
     async fn fenced_xack(
@@ -318,6 +380,24 @@ impl StreamStore for RedisStore {
             cursor = next;
         }
         Err(StoreError::Protocol(format!("XAUTOCLAIM did not finish within {CLAIM_PAGES_MAX} pages")))
+    }
+}
+
+impl RedisStore {
+    /// The per-shard elements of a `*_many` script's reply (one per shard, in order); an element
+    /// that is an error reply is that shard's error, mapped as the command's own.
+    fn many_items(&self, what: &str, reply: Value, n: usize) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
+        let Value::Array(items) = reply else { return Err(protocol(what, &reply)) };
+        if items.len() != n {
+            return Err(StoreError::Protocol(format!("{what}: {} replies for {n} shards", items.len())));
+        }
+        Ok(items
+            .into_iter()
+            .map(|item| match item {
+                Value::ServerError(err) => Err(self.inner.conn.nested_error(what, err)),
+                item => Ok(item),
+            })
+            .collect())
     }
 }
 

@@ -1,0 +1,323 @@
+//! [`Consumer::poll`]: reading the shards this consumer may read, all of them at once.
+//!
+//! Owns the read path: per shard, setup (consumer group ensured, the previous owner's pending
+//! entries claimed), then this consumer's own pending entries, then new ones, each call fenced
+//! when the shard's grant carries a fence; the lease re-checked right before every call. The
+//! shards of one poll are read concurrently (one round trip on one connection).
+//! Never: hands out an entry a cancelled poll read (it is abandoned, stays pending at Redis and
+//! is redelivered), or lets a shard be reported REVOKED while a call on it may still reach Redis.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+
+use super::batch::join_all;
+use super::{Consumer, Delivery, PollError, ReadPlan, ReadStep, Shared};
+use crate::client::transport::CoordinatorTransport;
+use crate::core::model::ShardId;
+use crate::core::planted::PlantedBug;
+use crate::store::{keys, FenceCheck, FencedRead, GroupStart, ReadFrom, StoreError, StreamStore};
+
+/// A shard to read, and how many entries at most.
+type Share = (ReadPlan, usize);
+
+/// The reads of one poll running concurrently: one shard's, or several read together.
+type ShardReads<'a, T, S> = Pin<Box<dyn Future<Output = Vec<Result<Handed<'a, T, S>, StoreError>>> + Send + 'a>>;
+
+impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
+    /// Reads up to `max` entries from the shards this consumer may read right now, without
+    /// waiting. A newly started shard is first set up (consumer group ensured, the previous
+    /// owner's pending entries claimed), then this consumer's own pending entries are redelivered,
+    /// then new entries are read.
+    ///
+    /// Cancel-safe: if the future is dropped before it returns, entries it had already read are
+    /// abandoned (they stay pending at Redis and are redelivered), never left in flight where no
+    /// one could settle them — which would keep their shard from ever being reported REVOKED.
+    pub async fn poll(&self, max: usize) -> Result<Vec<Delivery>, PollError> {
+        let now_ms = self.shared.clock.now_ms();
+        let plans = self.shared.with_core(|core| core.read_plans(now_ms));
+        if plans.is_empty() || max == 0 {
+            return Ok(Vec::new());
+        }
+        let start = self.shared.cursor.fetch_add(1, Ordering::Relaxed) % plans.len();
+        // At most `max` shards, starting from a rotating one, each read for its share of `max` (the
+        // shares add up to `max`), all at once: on one connection the reads travel together, so a
+        // poll costs one round trip however many shards it reads, like one multi-stream XREADGROUP.
+        let chosen = plans.len().min(max);
+        let shares = plans.iter().cycle().skip(start).take(chosen).enumerate();
+        let (together, alone): (Vec<Share>, Vec<Share>) = shares
+            .map(|(i, plan)| (*plan, max / chosen + usize::from(i < max % chosen)))
+            .partition(|(plan, _)| plan.step == ReadStep::Read(ReadFrom::New) && plan.fence.is_some());
+        // Fenced reads of new entries (the steady state) go to the store as one call; a shard being
+        // set up, re-reading its own pending entries, or unfenced is read on its own, concurrently.
+        let mut reads: Vec<ShardReads<'_, T, S>> = alone
+            .into_iter()
+            .map(|(plan, share)| Box::pin(async move { vec![self.read_shard(plan, share).await] }) as _)
+            .collect();
+        if !together.is_empty() {
+            reads.push(Box::pin(self.read_new_together(together)));
+        }
+        // Until handed over below, entries already read sit in `Handed` values inside the join: a
+        // cancelled poll drops them, which abandons them (cancel safety).
+        let results = join_all(reads).await;
+        let mut out = Vec::new();
+        let mut failure = None;
+        for result in results.into_iter().flatten() {
+            match result {
+                Ok(read) => out.extend(read.into_vec()),
+                Err(error) => {
+                    failure.get_or_insert(error);
+                }
+            }
+        }
+        match failure {
+            Some(error) if out.is_empty() => Err(PollError::Store(error)),
+            _ => Ok(out),
+        }
+    }
+
+    /// Up to three store calls on one shard: setup, own-pending, new; stops at the first read that
+    /// delivers something (read for at most `max` new entries). The lease is re-checked right before every call.
+    async fn read_shard(&self, first: ReadPlan, max: usize) -> Result<Handed<'_, T, S>, StoreError> {
+        let (group, member) = {
+            let core = self.shared.lock();
+            (core.config().group.clone(), core.config().member_id.clone())
+        };
+        let stream = group.stream_key(first.shard);
+        for _ in 0..3 {
+            let now_ms = self.shared.clock.now_ms();
+            // The permission check and the call count are one step under the core's lock, so no
+            // heartbeat can report the shard REVOKED between them.
+            let plan = self.shared.with_core(|core| {
+                let plan = core.plan_for(now_ms, first.shard, first.generation);
+                if plan.is_some() {
+                    core.call_started(first.shard);
+                }
+                plan
+            });
+            let Some(plan) = plan else {
+                return Ok(Handed::new(&self.shared, Vec::new()));
+            };
+            // Held until the call's result is registered (dropped on error or cancellation too).
+            let _call = CallGuard { shared: &self.shared, shard: plan.shard };
+            let fence = plan.fence.map(|fence| FenceCheck { key: keys::fence_key(&group, plan.shard), fence });
+            match plan.step {
+                ReadStep::Setup => {
+                    let planted = self.shared.lock().config().planted;
+                    if planted.has(PlantedBug::CreateGroupAtLatest) {
+                        self.shared.store.create_group(&stream, &group.consumer_group, GroupStart::Latest).await?;
+                    } else {
+                        self.shared.store.ensure_group(&stream, &group.consumer_group).await?;
+                    }
+                    // Re-checked: the claim moves entries, so it is as sensitive as a read.
+                    let now_ms = self.shared.clock.now_ms();
+                    if self.shared.with_core(|core| core.plan_for(now_ms, plan.shard, plan.generation)).is_none() {
+                        return Ok(Handed::new(&self.shared, Vec::new()));
+                    }
+                    if !planted.has(PlantedBug::SkipPendingRecovery) {
+                        let claim = match &fence {
+                            Some(check) => {
+                                let claimed = self.shared.store.fenced_claim_all_pending(
+                                    check,
+                                    &stream,
+                                    &group.consumer_group,
+                                    &member,
+                                    0,
+                                );
+                                claimed.await.map(drop)
+                            }
+                            None => {
+                                let claimed =
+                                    self.shared.store.claim_all_pending(&stream, &group.consumer_group, &member, 0);
+                                claimed.await.map(drop)
+                            }
+                        };
+                        if let Err(error) = claim {
+                            return self.refused(plan, error);
+                        }
+                    }
+                    self.shared.with_core(|core| core.setup_done(plan.shard, plan.generation));
+                }
+                ReadStep::Read(from) => {
+                    let count = if from == ReadFrom::OwnPending { plan.in_flight + max } else { max };
+                    let read = match &fence {
+                        Some(check) => {
+                            let (group, member) = (&group.consumer_group, &member);
+                            self.shared.store.fenced_xreadgroup(check, group, member, &stream, from, count).await
+                        }
+                        None => {
+                            let streams = [(stream.clone(), from)];
+                            let read =
+                                self.shared.store.xreadgroup(&group.consumer_group, &member, &streams, count, None);
+                            read.await.map(|replies| {
+                                replies.into_iter().filter(|(s, _)| *s == stream).flat_map(|(_, e)| e).collect()
+                            })
+                        }
+                    };
+                    let entries = match read {
+                        Ok(entries) => entries,
+                        Err(error) => return self.refused(plan, error),
+                    };
+                    if from == ReadFrom::New {
+                        // XREADGROUP `>` moved the group's last-delivered id to its last entry.
+                        if let Some(last) = entries.last() {
+                            self.shared.saw_new(plan.shard, plan.generation, last.id);
+                        }
+                    }
+                    let now_ms = self.shared.clock.now_ms();
+                    let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
+                    if !delivered.is_empty() || from == ReadFrom::New {
+                        return Ok(self.ack_trimmed(Handed::new(&self.shared, delivered)).await);
+                    }
+                }
+            }
+        }
+        Ok(Handed::new(&self.shared, Vec::new()))
+    }
+
+    /// Reads new entries of several fenced shards (`(plan, count)`) in one store call, each shard
+    /// checked (lease, still readable, the call counted) right before it, with no `.await` between
+    /// the checks and the call. A shard whose step changed since `plans` was taken is left for the
+    /// next poll. One result per shard read.
+    async fn read_new_together(&self, plans: Vec<(ReadPlan, usize)>) -> Vec<Result<Handed<'_, T, S>, StoreError>> {
+        let (group, member) = {
+            let core = self.shared.lock();
+            (core.config().group.clone(), core.config().member_id.clone())
+        };
+        let now_ms = self.shared.clock.now_ms();
+        let mut calls = Vec::with_capacity(plans.len());
+        let mut reads = Vec::with_capacity(plans.len());
+        for (first, count) in plans {
+            let plan = self.shared.with_core(|core| {
+                let plan = core.plan_for(now_ms, first.shard, first.generation)?;
+                let fenced = plan.step == ReadStep::Read(ReadFrom::New) && plan.fence.is_some();
+                fenced.then(|| core.call_started(first.shard)).map(|()| plan)
+            });
+            let Some(plan) = plan else { continue };
+            // Held until the read's result is registered (dropped on error or cancellation too).
+            let guard = CallGuard { shared: &self.shared, shard: plan.shard };
+            let Some(fence) = plan.fence else { continue };
+            reads.push(FencedRead {
+                fence: FenceCheck { key: keys::fence_key(&group, plan.shard), fence },
+                stream: group.stream_key(plan.shard),
+                from: ReadFrom::New,
+                count,
+            });
+            calls.push((plan, count, guard));
+        }
+        if reads.is_empty() {
+            return Vec::new();
+        }
+        let results = match self.shared.store.fenced_xreadgroup_many(&group.consumer_group, &member, &reads).await {
+            Ok(results) => results,
+            Err(error) => return vec![Err(error)],
+        };
+        // Every shard's entries are registered in flight first (no `.await`), so a cancellation
+        // while trimmed entries are acked below abandons them instead of losing track of them.
+        let now_ms = self.shared.clock.now_ms();
+        let mut out = Vec::with_capacity(calls.len());
+        for ((plan, count, _guard), result) in calls.into_iter().zip(results) {
+            out.push(
+                result
+                    .map(|entries| {
+                        // XREADGROUP `>` moved the group's last-delivered id to its last entry.
+                        if let Some(last) = entries.last() {
+                            self.shared.saw_new(plan.shard, plan.generation, last.id);
+                        }
+                        let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
+                        Handed::new(&self.shared, delivered)
+                    })
+                    .or_else(|error| self.refused(plan, error)),
+            );
+        }
+        let mut handed = Vec::with_capacity(out.len());
+        for read in out {
+            handed.push(match read {
+                Ok(delivered) => Ok(self.ack_trimmed(delivered).await),
+                Err(error) => Err(error),
+            });
+        }
+        handed
+    }
+
+    /// A read or claim on `plan`'s shard failed: a `FENCED` refusal loses the shard at once (see
+    /// [`ConsumerCore::fenced_at_store`]) and reads nothing; any other error is the caller's.
+    fn refused(&self, plan: ReadPlan, error: StoreError) -> Result<Handed<'_, T, S>, StoreError> {
+        match (error, plan.fence) {
+            (StoreError::Fenced { .. }, Some(fence)) => {
+                let now_ms = self.shared.clock.now_ms();
+                self.shared.with_core(|core| core.fenced_at_store(now_ms, plan.shard, fence));
+                Ok(Handed::new(&self.shared, Vec::new()))
+            }
+            (error, _) => Err(error),
+        }
+    }
+
+    /// Pending entries trimmed from the stream (MAXLEN) come back from an own-pending read with no
+    /// fields (XADD never writes an entry without one): there is nothing to process, so they are
+    /// acked here instead of being handed to the application. A failed ack leaves them in flight
+    /// and delivered, so the application sees and settles them.
+    async fn ack_trimmed<'a>(&'a self, mut delivered: Handed<'a, T, S>) -> Handed<'a, T, S> {
+        let mut i = 0;
+        while i < delivered.deliveries.len() {
+            let trimmed = delivered.deliveries[i].entry.fields.is_empty();
+            if trimmed && self.ack(&delivered.deliveries[i].clone()).await.is_ok() {
+                delivered.deliveries.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        delivered
+    }
+}
+
+/// Deliveries read from the store (in flight in the core) and not yet handed to the application.
+/// Dropped before [`Handed::into_vec`] (the poll future was cancelled), it abandons each of them.
+pub(super) struct Handed<'a, T, S> {
+    shared: &'a Shared<T, S>,
+    deliveries: Vec<Delivery>,
+}
+
+impl<'a, T, S> Handed<'a, T, S> {
+    fn new(shared: &'a Shared<T, S>, deliveries: Vec<Delivery>) -> Self {
+        Self { shared, deliveries }
+    }
+
+    /// Hands the deliveries over: from now on they are the application's to settle.
+    fn into_vec(mut self) -> Vec<Delivery> {
+        std::mem::take(&mut self.deliveries)
+    }
+}
+
+impl<T, S> Drop for Handed<'_, T, S> {
+    fn drop(&mut self) {
+        if self.deliveries.is_empty() {
+            return;
+        }
+        let now_ms = self.shared.clock.now_ms();
+        let mut drained = false;
+        for delivery in &self.deliveries {
+            // Not in flight any more (the shard was lost meanwhile): nothing to give up.
+            drained |= self.shared.with_core(|core| core.abandon(now_ms, delivery)).unwrap_or(false);
+        }
+        if drained {
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+/// Counts one store call on a shard as outstanding until dropped, so a shard is never reported
+/// REVOKED while a call on it may still reach Redis (see `ConsumerCore::call_started`).
+pub(super) struct CallGuard<'a, T, S> {
+    shared: &'a Shared<T, S>,
+    shard: ShardId,
+}
+
+impl<T, S> Drop for CallGuard<'_, T, S> {
+    fn drop(&mut self) {
+        let now_ms = self.shared.clock.now_ms();
+        if self.shared.with_core(|core| core.call_finished(now_ms, self.shard)) {
+            self.shared.wake.notify_one();
+        }
+    }
+}
