@@ -17,7 +17,9 @@
 //! to Redis when its shard is revoked (`slow_reads`), a consumer process stopped past its lease
 //! whose reads, acks and claims after its shards moved are all refused at Redis (`fencing`), new connections after SIGTERM getting the
 //! documented answers (`shutdown`), TLS and mutual TLS on the listener (`https`), and what
-//! `/metrics` exposes (`metrics_exposure`).
+//! `/metrics` exposes (`metrics_exposure`), and the previous release's coordinator and consumer
+//! next to this build's through a rolling update and back (`mixed_versions`; needs
+//! `.ci/build-old-release`, skipped without it outside CI).
 //!
 //! Safety is checked against ground truth (`e2e_support::ground_truth`): every XREADGROUP and
 //! XAUTOCLAIM each consumer issued, with its time span. Leases are short (assignment lease 1.5 s,
@@ -51,6 +53,8 @@ mod https;
 mod lost_add_shards;
 #[path = "e2e/metrics_exposure.rs"]
 mod metrics_exposure;
+#[path = "e2e/mixed_versions.rs"]
+mod mixed_versions;
 #[path = "e2e/reshard.rs"]
 mod reshard;
 #[path = "e2e/rolling_update.rs"]
