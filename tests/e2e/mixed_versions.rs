@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::acl::readme_acl_commands_in;
 use crate::e2e_support::fleet::{abandoned_entries, Acked, ConsumerApp, EntryKey, Fleet, Ledger};
 use crate::e2e_support::ground_truth::{assert_no_split, ReadLog};
 use crate::e2e_support::http_tap::{HttpTap, TapAnswer};
 use crate::e2e_support::old_release::{OldConsumer, OldRelease};
-use crate::e2e_support::process::{CoordinatorProcess, Listener};
+use crate::e2e_support::process::{serve_expecting_exit, CoordinatorProcess, Listener};
 use crate::e2e_support::spread::Spreader;
 use crate::e2e_support::{fast_config, group, heartbeat_json, wait_until, wait_until_explained};
 use crate::support::RedisServer;
@@ -572,4 +573,33 @@ async fn both_releases_answer_the_other_releases_heartbeats_as_the_compatibility
     old.assert_no_error_logged();
     new.assert_no_error_logged();
     eprintln!("heartbeats across releases (old {}): {}", &release.commit[..7], figures.join("; "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_previous_releases_acl_users_are_extended_before_the_new_coordinator_can_start() {
+    let Some(release) = OldRelease::find() else { return };
+    let redis = RedisServer::start();
+    let password = "e2e-mixed-acl";
+    let url = format!("redis://rsc-coordinator:{password}@127.0.0.1:{}", redis.port());
+    for args in readme_acl_commands_in(&release.readme(), password, "e2e-acl-mixed") {
+        redis.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    // The old coordinator runs under the user its README documents; the new one needs XREAD and
+    // XINFO GROUPS besides (its probe covers the consumers' doorbell) and stops at startup.
+    let mut old =
+        CoordinatorProcess::start_binary(&release.coordinator, &url, "e2e-old", "", Listener::default()).await;
+    let failed = serve_expecting_exit(&url, Duration::from_secs(20)).await;
+    assert_eq!(failed.status.code(), Some(3), "exit code 3 (store incompatible):\n{}", failed.stderr);
+    let error_line = failed.stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_default().to_string();
+    assert!(error_line.contains("XREAD"), "the error names the first command denied:\n{}", failed.stderr);
+    // The current README's users (applied over the old ones) serve both releases.
+    let current = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    for args in readme_acl_commands_in(&current, password, "e2e-acl-mixed") {
+        redis.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    let new = CoordinatorProcess::start(&url, "e2e-new").await;
+    old.restart(&url).await;
+    old.assert_no_error_logged();
+    new.assert_no_error_logged();
+    eprintln!("the previous release's ACL users: the new coordinator stopped at startup with {error_line:?}");
 }

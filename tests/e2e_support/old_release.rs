@@ -66,6 +66,19 @@ impl OldRelease {
         let text = |p: PathBuf| p.to_string_lossy().into_owned();
         Some(Self { commit, coordinator: text(coordinator), consumer: text(consumer) })
     }
+
+    /// The release's README: from the source `.ci/build-old-release` exported, else from git.
+    pub fn readme(&self) -> String {
+        if let Ok(text) = std::fs::read_to_string(release_dir().join("src/README.md")) {
+            return text;
+        }
+        let output = Command::new("git")
+            .args(["-C", env!("CARGO_MANIFEST_DIR"), "show", &format!("{}:README.md", self.commit)])
+            .output()
+            .expect("run git show");
+        assert!(output.status.success(), "git show {}:README.md failed", self.commit);
+        String::from_utf8(output.stdout).expect("README is UTF-8")
+    }
 }
 
 /// One line the old consumer printed, with when it arrived.
