@@ -16,8 +16,11 @@
 //! plus shards added under traffic through the admin CLI (`reshard`), a read still on its way
 //! to Redis when its shard is revoked (`slow_reads`), a consumer process stopped past its lease
 //! whose reads, acks and claims after its shards moved are all refused at Redis (`fencing`), new connections after SIGTERM getting the
-//! documented answers (`shutdown`), TLS and mutual TLS on the listener (`https`), and what
-//! `/metrics` exposes (`metrics_exposure`).
+//! documented answers (`shutdown`), TLS and mutual TLS on the listener (`https`), what
+//! `/metrics` exposes (`metrics_exposure`), and the previous release's coordinator and consumer
+//! next to this build's through a rolling update and back (`mixed_versions`), with the wire rule
+//! and the ACL users across the two releases (`mixed_wire`); both need `.ci/build-old-release`
+//! and are skipped without it outside CI.
 //!
 //! Safety is checked against ground truth (`e2e_support::ground_truth`): every XREADGROUP and
 //! XAUTOCLAIM each consumer issued, with its time span. Leases are short (assignment lease 1.5 s,
@@ -51,6 +54,10 @@ mod https;
 mod lost_add_shards;
 #[path = "e2e/metrics_exposure.rs"]
 mod metrics_exposure;
+#[path = "e2e/mixed_versions.rs"]
+mod mixed_versions;
+#[path = "e2e/mixed_wire.rs"]
+mod mixed_wire;
 #[path = "e2e/reshard.rs"]
 mod reshard;
 #[path = "e2e/rolling_update.rs"]

@@ -75,6 +75,11 @@ async fn the_readme_users_run_the_whole_fenced_flow_and_nothing_is_denied() {
 /// quoting and line continuations undone), with the README's password and stream prefix replaced.
 fn readme_acl_commands(password: &str, stream_prefix: &str) -> Vec<Vec<String>> {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    readme_acl_commands_in(&readme, password, stream_prefix)
+}
+
+/// [`readme_acl_commands`] of a given README text (e.g. the previous release's).
+pub(crate) fn readme_acl_commands_in(readme: &str, password: &str, stream_prefix: &str) -> Vec<Vec<String>> {
     let joined = readme.replace("\\\n", " ");
     let commands: Vec<Vec<String>> = joined
         .lines()

@@ -42,6 +42,9 @@ pub struct Fleet {
     pub ledger: Ledger,
     /// The client token the fleet's clients send (coordinators started with client tokens).
     pub client_token: Option<String>,
+    /// Idle connections the clients keep per coordinator address (0: one connection per request,
+    /// so a [`super::spread::Spreader`] spreads every request).
+    pub idle_per_address_max: usize,
 }
 
 impl Fleet {
@@ -55,6 +58,7 @@ impl Fleet {
             reads: ReadLog::new(),
             ledger: Ledger::default(),
             client_token: None,
+            idle_per_address_max: 2,
         }
     }
 
@@ -67,7 +71,7 @@ impl Fleet {
         HttpTransport::new(HttpClientConfig {
             addrs: self.coordinators.clone(),
             request_timeout: Duration::from_millis(500),
-            idle_per_address_max: 2,
+            idle_per_address_max: self.idle_per_address_max,
             client_token: self.client_token.clone(),
         })
     }

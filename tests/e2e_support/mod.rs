@@ -21,7 +21,9 @@ pub mod faults;
 pub mod fleet;
 pub mod ground_truth;
 pub mod http_tap;
+pub mod old_release;
 pub mod process;
+pub mod spread;
 
 use std::time::Duration;
 

@@ -64,8 +64,8 @@ fn fresh_dir() -> PathBuf {
 
 /// `coordinator serve` arguments for `redis_url` on `port`: a fast tick and a short shutdown,
 /// then `extra` (which may set its own `--shutdown-accept-ms`).
-fn serve_command(redis_url: &str, name: &str, port: u16, log: &Path, extra: &[String]) -> Command {
-    let mut command = Command::new(binary());
+fn serve_command(binary: &str, redis_url: &str, name: &str, port: u16, log: &Path, extra: &[String]) -> Command {
+    let mut command = Command::new(binary);
     command.args(["serve", "--listen", &format!("127.0.0.1:{port}")]);
     if redis_url != EMBEDDED_STORE {
         command.args(["--redis-url", redis_url]);
@@ -99,7 +99,8 @@ pub async fn serve_expecting_exit(redis_url: &str, timeout: Duration) -> FailedS
     let dir = fresh_dir();
     let log = dir.join("coordinator.log");
     let started = Instant::now();
-    let mut child = serve_command(redis_url, "e2e-doomed", free_port(), &log, &[]).spawn().expect("spawn coordinator");
+    let mut child =
+        serve_command(&binary(), redis_url, "e2e-doomed", free_port(), &log, &[]).spawn().expect("spawn coordinator");
     let status = loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
             break status;
@@ -137,6 +138,8 @@ pub struct CoordinatorProcess {
     child: Option<Child>,
     exit: Option<ExitStatus>,
     listener: Listener,
+    /// The `coordinator` executable it runs.
+    binary: String,
 }
 
 impl CoordinatorProcess {
@@ -153,16 +156,28 @@ impl CoordinatorProcess {
 
     /// [`Self::start_with_config`] with extra listener arguments (and TLS to probe it with).
     pub async fn start_with_listener(redis_url: &str, name: &str, config_toml: &str, listener: Listener) -> Self {
+        Self::start_binary(&binary(), redis_url, name, config_toml, listener).await
+    }
+
+    /// [`Self::start_with_listener`] running `binary` (e.g. the previous release's coordinator).
+    pub async fn start_binary(
+        binary: &str,
+        redis_url: &str,
+        name: &str,
+        config_toml: &str,
+        listener: Listener,
+    ) -> Self {
         let addr: SocketAddr = ([127, 0, 0, 1], 0).into();
         let dir = fresh_dir();
-        let mut process = Self { name: name.into(), addr, dir, incarnation: 0, child: None, exit: None, listener };
+        let (name, binary) = (name.to_string(), binary.to_string());
+        let mut process = Self { name, addr, dir, incarnation: 0, child: None, exit: None, listener, binary };
         std::fs::write(process.dir.join("serve.toml"), config_toml).expect("write the serve config");
         for attempt in 1..=PORT_ATTEMPTS_MAX {
             process.addr.set_port(free_port());
             match process.launch(redis_url).await {
                 Ok(()) => return process,
                 Err(log) if log.contains("cannot listen") && attempt < PORT_ATTEMPTS_MAX => continue,
-                Err(log) => panic!("coordinator {name} did not become ready:\n{log}"),
+                Err(log) => panic!("coordinator {} did not become ready:\n{log}", process.name),
             }
         }
         unreachable!("the loop returns or panics")
@@ -187,7 +202,8 @@ impl CoordinatorProcess {
 
     /// Spawns on `self.addr` and waits for `/readyz`. Err: the log, if it exited or never got ready.
     async fn launch(&mut self, redis_url: &str) -> Result<(), String> {
-        let mut command = serve_command(redis_url, &self.name, self.addr.port(), &self.log_path(), &self.listener.args);
+        let mut command =
+            serve_command(&self.binary, redis_url, &self.name, self.addr.port(), &self.log_path(), &self.listener.args);
         let config = self.dir.join("serve.toml");
         if config.exists() {
             command.arg("--config").arg(config);

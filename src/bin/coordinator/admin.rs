@@ -74,7 +74,7 @@ async fn run(args: AdminArgs) -> Result<Value, AdminError> {
     let client = Client::new(&args.url, args.token.clone(), Duration::from_millis(args.timeout_ms))?.with_tls(&args)?;
     match args.command {
         AdminCommand::CreateGroup { group, shards, config_json } => {
-            let config = merged_config(default_config()?, config_json.as_deref())?;
+            let config = wire_config(merged_config(default_config()?, config_json.as_deref())?);
             let body = json!({"group": group_id(&group), "shardCount": shards, "config": config});
             client.send(Method::POST, spec(RouteId::CreateGroup).path.to_owned(), Some(body)).await
         }
@@ -87,7 +87,7 @@ async fn run(args: AdminArgs) -> Result<Value, AdminError> {
             // the group moved past `expected_revision` meanwhile.
             let described = client.send(Method::GET, group_path(RouteId::Describe, &group_id(&group)), None).await?;
             let current = described["metadata"]["config"].clone();
-            let config = merged_config(current, Some(&config_json))?;
+            let config = wire_config(merged_config(current, Some(&config_json))?);
             let body = json!({"expectedRevision": expected_revision, "config": config});
             client.send(Method::PUT, group_path(RouteId::ChangeConfig, &group_id(&group)), Some(body)).await
         }
@@ -141,6 +141,20 @@ fn merged_config(base: Value, overrides: Option<&str>) -> Result<Value, AdminErr
         serde_json::from_value(config.clone()).map_err(|e| AdminError::Usage(format!("invalid config: {e}")))?;
     checked.validate().map_err(|e| AdminError::Usage(format!("invalid config: {e}")))?;
     Ok(config)
+}
+
+/// `config` as sent: without `fencing` when it is on. Absent means on to every coordinator that
+/// knows the field, and a coordinator older than it refuses a body naming it (it rejects unknown
+/// fields at any depth), so during a rolling update the default config reaches either version.
+/// `fencing: false` is still sent: an older coordinator refuses it, rather than recording a config
+/// that every newer one would read as fencing on (docs/DESIGN.md §6).
+fn wire_config(mut config: Value) -> Value {
+    if let Value::Object(map) = &mut config {
+        if map.get("fencing") == Some(&Value::Bool(true)) {
+            map.remove("fencing");
+        }
+    }
+    config
 }
 
 /// An HTTP/1 client for one coordinator base URL.
@@ -289,6 +303,17 @@ mod tests {
         let invalid =
             merged_config(default_config().expect("defaults"), Some(r#"{"assignmentLeaseMs":99999}"#)).unwrap_err();
         assert!(matches!(invalid, AdminError::Usage(ref m) if m.contains("assignmentLeaseMs")), "{invalid}");
+    }
+
+    #[test]
+    fn fencing_on_is_sent_as_absent_and_fencing_off_as_written() {
+        let on = wire_config(merged_config(default_config().expect("defaults"), None).expect("merges"));
+        assert_eq!(on.get("fencing"), None, "absent reads as on, and older coordinators accept it");
+        let base = default_config().expect("defaults");
+        let off = wire_config(merged_config(base, Some(r#"{"fencing":false}"#)).expect("merges"));
+        assert_eq!(off["fencing"], false);
+        let decoded: GroupConfig = serde_json::from_value(on).expect("decodes");
+        assert!(decoded.fencing);
     }
 
     #[test]
