@@ -114,6 +114,7 @@ contract_suite!(
     contract_a_newer_fence_is_accepted_and_replaces_the_key,
     contract_a_missing_fence_key_accepts_any_fence,
     contract_fenced_operations_map_missing_groups_as_unfenced_ones,
+    contract_batched_fenced_reads_and_acks_keep_each_shards_outcome,
 );
 
 /// Instantiates every case that needs a lost-and-rewritten revision once per store, with that

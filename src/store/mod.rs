@@ -12,6 +12,7 @@
 //! Stores never parse the aggregate: they move bytes. Parsing and schema checks belong to the
 //! coordinator, which turns them into `METADATA_INCOMPATIBLE`.
 
+mod concurrent;
 pub mod keys;
 pub mod memory;
 #[cfg(not(madsim))]
@@ -21,6 +22,8 @@ use std::collections::BTreeMap;
 use std::future::Future;
 
 use serde::{Deserialize, Serialize};
+
+pub(crate) use self::concurrent::join_all;
 
 use crate::core::model::{Fence, GroupId, MemberId};
 
@@ -507,25 +510,24 @@ pub trait StreamStore: Send + Sync + 'static {
     /// clients' commands may run between them). `Err` only when no read could be attempted (the
     /// connection failed).
     ///
-    /// The default runs the reads one after another, each its own step. `RedisStore` sends them
-    /// as one script call (one round trip, one command for the server to run, however many shards
-    /// — the fenced counterpart of one multi-stream `XREADGROUP`); all keys must then be on one
-    /// server, which is the layout today (on Cluster it would be one call per slot).
+    /// The default sends every read at once, each its own call (a pipeline's worth of steps,
+    /// which other clients' commands may interleave), so no read waits for another after the
+    /// caller's checks — a consumer checks its lease right before this call, not between its
+    /// reads. `RedisStore` sends them as one script call (one round trip, one command for the
+    /// server to run, however many shards — the fenced counterpart of one multi-stream
+    /// `XREADGROUP`); all keys must then be on one server, which is the layout today (on Cluster
+    /// it would be one call per slot).
     fn fenced_xreadgroup_many(
         &self,
         group: &str,
         consumer: &str,
         reads: &[FencedRead],
     ) -> impl Future<Output = Result<Vec<Result<Vec<StreamEntry>, StoreError>>, StoreError>> + Send {
-        async move {
-            let mut out = Vec::with_capacity(reads.len());
-            for read in reads {
-                out.push(
-                    self.fenced_xreadgroup(&read.fence, group, consumer, &read.stream, read.from, read.count).await,
-                );
-            }
-            Ok(out)
-        }
+        let calls = reads
+            .iter()
+            .map(|read| self.fenced_xreadgroup(&read.fence, group, consumer, &read.stream, read.from, read.count));
+        let calls: Vec<_> = calls.collect();
+        async move { Ok(join_all(calls).await) }
     }
 
     /// Several [`StreamStore::fenced_xack`] calls, one result per ack, in order; atomic per ack,
@@ -535,13 +537,8 @@ pub trait StreamStore: Send + Sync + 'static {
         group: &str,
         acks: &[FencedAck],
     ) -> impl Future<Output = Result<Vec<Result<u64, StoreError>>, StoreError>> + Send {
-        async move {
-            let mut out = Vec::with_capacity(acks.len());
-            for ack in acks {
-                out.push(self.fenced_xack(&ack.fence, &ack.stream, group, &ack.ids).await);
-            }
-            Ok(out)
-        }
+        let calls: Vec<_> = acks.iter().map(|ack| self.fenced_xack(&ack.fence, &ack.stream, group, &ack.ids)).collect();
+        async move { Ok(join_all(calls).await) }
     }
 
     /// The consumer's doorbell: waits up to `block_ms` (> 0) until some stream holds an entry with

@@ -8,7 +8,8 @@
 
 use rsc::core::model::{Fence, GroupId};
 use rsc::store::{
-    keys, EntryId, FenceCheck, FenceRaise, MetadataStore, ReadFrom, StoreError, StreamEntry, StreamStore,
+    keys, EntryId, FenceCheck, FenceRaise, FencedAck, FencedRead, MetadataStore, ReadFrom, StoreError, StreamEntry,
+    StreamStore,
 };
 
 const GROUP: &str = "billing";
@@ -235,6 +236,60 @@ pub async fn contract_fenced_operations_map_missing_groups_as_unfenced_ones<S: M
     let newer = raise_one(store, &fence_key(0), 0x78).await;
     assert_fenced(store.fenced_xreadgroup(&c, GROUP, "c1", &s, ReadFrom::New, 10).await, 0, newer);
     assert_fenced(store.fenced_claim_all_pending(&c, &s, GROUP, "c1", 0).await, 0, newer);
+}
+
+/// The batched forms keep every shard's own outcome: an accepted shard reads (acks), a stale one
+/// is `Fenced` and touches nothing, a newer one heals its key, a missing group is that shard's
+/// NOGROUP — in one call, in order, whatever the other shards' outcomes.
+pub async fn contract_batched_fenced_reads_and_acks_keep_each_shards_outcome<S: MetadataStore + StreamStore + Clone>(
+    store: &S,
+) {
+    let (s0, s1, s2, s3) = (stream(0), stream(1), stream(2), stream(3));
+    for s in [&s0, &s1, &s2] {
+        store.ensure_group(s, GROUP).await.expect("ensure");
+    }
+    let (a0, a1, a2) = (add(store, &s0, 4).await, add(store, &s1, 4).await, add(store, &s2, 4).await);
+    add(store, &s3, 1).await;
+    let f0 = raise_one(store, &fence_key(0), 0x10).await;
+    let stale1 = raise_one(store, &fence_key(1), 0x11).await;
+    let f1 = raise_one(store, &fence_key(1), 0x12).await;
+    let old2 = raise_one(store, &fence_key(2), 0x13).await;
+    let newer2 = Fence { counter: old2.counter + 5, nonce: 0x14 };
+    let f3 = raise_one(store, &fence_key(3), 0x15).await;
+    let read = |shard: u32, fence: Fence, stream: &str, count: usize| FencedRead {
+        fence: check(shard, fence),
+        stream: stream.to_string(),
+        from: ReadFrom::New,
+        count,
+    };
+    assert_eq!(store.fenced_xreadgroup_many(GROUP, "c1", &[]).await, Ok(vec![]));
+    let reads = [read(0, f0, &s0, 3), read(1, stale1, &s1, 3), read(2, newer2, &s2, 10), read(3, f3, &s3, 3)];
+    let got = store.fenced_xreadgroup_many(GROUP, "c1", &reads).await.expect("batched read");
+    assert_eq!(got.len(), 4);
+    assert_eq!(got[0].as_ref().map(|e| ids(e)), Ok(a0[..3].to_vec()));
+    assert_eq!(got[0].as_ref().map(|e| e[1].fields.clone()), Ok(fields(1)), "fields round-trip");
+    assert_fenced(got[1].clone(), 1, f1);
+    assert_eq!(got[2].as_ref().map(|e| ids(e)), Ok(a2.clone()), "a newer fence reads");
+    assert_nogroup(got[3].clone());
+    assert_eq!(own_pending(store, &s1, "c1").await, Vec::<EntryId>::new(), "the stale shard read nothing");
+    let keys = [fence_key(0), fence_key(1), fence_key(2)];
+    assert_eq!(store.read_fences(&keys).await, Ok(vec![Some(f0), Some(f1), Some(newer2)]), "only the newer one healed");
+
+    let ack = |shard: u32, fence: Fence, stream: &str, ids: &[EntryId]| FencedAck {
+        fence: check(shard, fence),
+        stream: stream.to_string(),
+        ids: ids.to_vec(),
+    };
+    assert_eq!(store.fenced_xack_many(GROUP, &[]).await, Ok(vec![]));
+    let acks = [ack(0, f0, &s0, &a0[..3]), ack(1, stale1, &s1, &a1), ack(2, old2, &s2, &a2), ack(0, f0, &s0, &[])];
+    let got = store.fenced_xack_many(GROUP, &acks).await.expect("batched ack");
+    assert_eq!(got.len(), 4);
+    assert_eq!(got[0], Ok(3));
+    assert_fenced(got[1].clone(), 1, f1);
+    assert_fenced(got[2].clone(), 2, newer2);
+    assert_eq!(got[3], Ok(0), "an ack of nothing still checks, and counts nothing");
+    assert_eq!(own_pending(store, &s0, "c1").await, Vec::<EntryId>::new());
+    assert_eq!(own_pending(store, &s2, "c1").await, a2, "the refused ack acknowledged nothing");
 }
 
 /// Real Redis only: a server that lost its script cache (restart, failover, SCRIPT FLUSH) answers

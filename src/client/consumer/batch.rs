@@ -7,14 +7,11 @@
 //! `.await`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
-use std::pin::Pin;
-use std::task::Poll;
 
 use super::{AckError, Consumer, Delivery};
 use crate::client::transport::CoordinatorTransport;
 use crate::core::model::{Fence, ShardId};
-use crate::store::{keys, EntryId, FenceCheck, FencedAck, StoreError, StreamStore};
+use crate::store::{join_all, keys, EntryId, FenceCheck, FencedAck, StoreError, StreamStore};
 
 /// The deliveries of one shard in a batch, and the fence their XACK presents.
 struct ShardBatch<'a> {
@@ -115,30 +112,4 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         }
         first_error.map_or(Ok(()), Err)
     }
-}
-
-/// Runs the futures concurrently on this task and returns their outputs in order (the crate
-/// has no `futures` dependency; this is its `join_all`, without spawning, so dropping the caller
-/// drops every call).
-pub(super) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(value) => *output = Some(value),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }

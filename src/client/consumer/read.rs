@@ -11,12 +11,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 
-use super::batch::join_all;
 use super::{Consumer, Delivery, PollError, ReadPlan, ReadStep, Shared};
 use crate::client::transport::CoordinatorTransport;
 use crate::core::model::ShardId;
 use crate::core::planted::PlantedBug;
-use crate::store::{keys, FenceCheck, FencedRead, GroupStart, ReadFrom, StoreError, StreamStore};
+use crate::store::{join_all, keys, FenceCheck, FencedRead, GroupStart, ReadFrom, StoreError, StreamStore};
 
 /// A shard to read, and how many entries at most.
 type Share = (ReadPlan, usize);

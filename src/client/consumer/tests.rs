@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::*;
 use crate::client::events::VecSink;
 use crate::client::testing::FakeCoordinator;
-use crate::core::model::GroupId;
+use crate::core::model::{Fence, GroupId};
 use crate::store::memory::MemoryStore;
 use crate::store::{MetadataStore, ReadFrom};
 
@@ -225,7 +225,21 @@ async fn a_cancelled_poll_leaves_nothing_in_flight_and_close_still_leaves() {
 
 #[tokio::test]
 async fn a_poll_reads_its_shards_at_once_and_delivers_at_most_max() {
+    for fenced in [false, true] {
+        poll_reads_shards_at_once(fenced).await;
+    }
+}
+
+/// Fenced, the shards' reads of new entries are one `fenced_xreadgroup_many` call (MemoryStore:
+/// the reads sent at once); unfenced, one read per shard, concurrently.
+async fn poll_reads_shards_at_once(fenced: bool) {
     let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    if fenced {
+        coordinator.with(|s| {
+            s.fences.insert(0, Fence { counter: 3, nonce: 0x30 });
+            s.fences.insert(1, Fence { counter: 4, nonce: 0x40 });
+        });
+    }
     let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
     wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
     publish(&store, 0, 1).await;
@@ -240,7 +254,8 @@ async fn a_poll_reads_its_shards_at_once_and_delivers_at_most_max() {
     let started = tokio::time::Instant::now();
     let polled = consumer.poll(4).await.expect("poll");
     let took = started.elapsed();
-    assert!(took < Duration::from_millis(110), "two shards read one after the other: {took:?}");
+    assert!(took < Duration::from_millis(110), "two shards read one after the other (fenced {fenced}): {took:?}");
+    assert!(polled.iter().all(|d| d.fence.is_some() == fenced));
     let per_shard = |shard| polled.iter().filter(|d| d.shard == shard).count();
     assert_eq!((per_shard(0), per_shard(1)), (2, 2), "max 4 split over two shards");
     // Fewer entries wanted than shards readable: never more than `max` delivered.

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
 use ::redis::sentinel::SentinelClient;
-use ::redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, ServerError, ServerErrorKind};
+use ::redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use tokio::sync::Mutex;
 
 use super::errors::{map_error, timed_out, Redactor};
@@ -205,10 +205,17 @@ impl Connector {
 
     /// Removes the sentinels' password from every text of `err` (the store password is removed
     /// by `map_error`).
-    /// A server error reply found inside a reply (an element of a script's array reply), mapped
-    /// as the command's own error reply would be.
-    pub(crate) fn nested_error(&self, command: &str, err: ServerError) -> StoreError {
-        self.scrub(map_error(command, &RedisError::from(err), &self.redactor))
+    /// A server error reply passed on as text inside a reply (a script's `{'error', text}`
+    /// element), mapped as the command's own error reply would be: the text is parsed as the
+    /// error reply it was, so its kind (NOGROUP, READONLY, ...) is the same.
+    pub(crate) fn nested_error(&self, command: &str, text: &str) -> StoreError {
+        let line = format!("-{}\r\n", text.replace(['\r', '\n'], " "));
+        let err = match ::redis::parse_redis_value(line.as_bytes()) {
+            Ok(Value::ServerError(err)) => RedisError::from(err),
+            Ok(other) => return StoreError::Protocol(format!("{command}: unexpected error text {other:?}")),
+            Err(err) => err,
+        };
+        self.scrub(map_error(command, &err, &self.redactor))
     }
 
     fn scrub(&self, err: StoreError) -> StoreError {

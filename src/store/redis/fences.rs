@@ -129,7 +129,8 @@ return {'ok', cursor, out}
 /// Fenced XREADGROUPs of several shards for one consumer (never BLOCK), each shard checked and
 /// read as `READ_BODY` does. KEYS: fence key and stream of each shard, in pairs. ARGV: group,
 /// consumer, then per shard: counter, nonce, count, `>` or `0`. Reply: one element per shard,
-/// `{'ok', entries}` | check refusal | the command's error (an error element of the array).
+/// `{'ok', entries}` | check refusal | `{'error', text}`: the command's error reply as text (an
+/// error element inside an array would fail the whole call in the client).
 const READ_MANY_BODY: &str = r#"
 local out = {}
 for i = 1, #KEYS / 2 do
@@ -140,7 +141,7 @@ for i = 1, #KEYS / 2 do
   else
     local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[a + 3], 'STREAMS', KEYS[2 * i], ARGV[a + 4])
     if type(r) == 'table' and r.err then
-      out[i] = r
+      out[i] = {'error', r.err}
     elseif not r or not r[1] then
       out[i] = {'ok', {}}
     else
@@ -153,7 +154,7 @@ return out
 
 /// Fenced XACKs of several shards, each as `ACK_BODY`. KEYS: fence key and stream of each shard,
 /// in pairs. ARGV: group, then per shard: counter, nonce, the number of ids `n`, then the `n`
-/// ids. Reply: one element per shard, `{'ok', count}` | check refusal | the command's error.
+/// ids. Reply: one element per shard, `{'ok', count}` | check refusal | `{'error', text}`.
 const ACK_MANY_BODY: &str = r#"
 local out = {}
 local a = 2
@@ -167,7 +168,7 @@ for i = 1, #KEYS / 2 do
   else
     local r = redis.pcall('XACK', KEYS[2 * i], ARGV[1], unpack(ARGV, a + 3, a + 2 + n))
     if type(r) == 'table' and r.err then
-      out[i] = r
+      out[i] = {'error', r.err}
     else
       out[i] = {'ok', r}
     end

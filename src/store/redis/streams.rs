@@ -384,8 +384,8 @@ impl StreamStore for RedisStore {
 }
 
 impl RedisStore {
-    /// The per-shard elements of a `*_many` script's reply (one per shard, in order); an element
-    /// that is an error reply is that shard's error, mapped as the command's own.
+    /// The per-shard elements of a `*_many` script's reply (one per shard, in order); an
+    /// `{'error', text}` element is that shard's error, mapped as the command's own.
     fn many_items(&self, what: &str, reply: Value, n: usize) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
         let Value::Array(items) = reply else { return Err(protocol(what, &reply)) };
         if items.len() != n {
@@ -393,9 +393,12 @@ impl RedisStore {
         }
         Ok(items
             .into_iter()
-            .map(|item| match item {
-                Value::ServerError(err) => Err(self.inner.conn.nested_error(what, err)),
-                item => Ok(item),
+            .map(|item| match &item {
+                Value::Array(parts) if parts.first().and_then(text).as_deref() == Some("error") => {
+                    let message = parts.get(1).and_then(text).unwrap_or_default();
+                    Err(self.inner.conn.nested_error(what, &message))
+                }
+                _ => Ok(item),
             })
             .collect())
     }
