@@ -135,6 +135,28 @@ fn lease_counts_from_the_send_time_not_the_receive_time() {
     assert_eq!(bad.lease_end_ms(), Some(900 + LEASE_MS), "the planted bug is observable");
 }
 
+/// A lease increase the store lost (DESIGN §7): a consumer granted under the longer lease answers
+/// its next heartbeat from the rolled-back record, whose lease is shorter. The new, earlier lease
+/// end replaces the later one (it is never kept as a maximum), so a consumer that reaches a
+/// coordinator once after the rollback no longer runs on the lost, longer lease.
+#[test]
+fn a_shorter_answered_lease_replaces_a_longer_one() {
+    let mut c = core();
+    let mut long = ok(&[1]);
+    long.assignment_lease_ms = 10 * LEASE_MS;
+    exchange(&mut c, 0, 10, Ok(long));
+    assert_eq!(c.lease_end_ms(), Some(10 * LEASE_MS));
+    // SYNC_METADATA from the restored record (an older version, the old lease), as a correction
+    // round answers: the shard is kept, on the shorter lease from this heartbeat's send time.
+    let mut synced = response(HeartbeatStatus::SyncMetadata, &[1], &[]);
+    synced.metadata_version = 6;
+    let sent = 10 + INTERVAL_MS;
+    exchange(&mut c, sent, sent + 10, Ok(synced));
+    assert_eq!(c.lease_end_ms(), Some(sent + LEASE_MS), "the lost, longer lease is gone");
+    assert_eq!(c.readable_shards(sent + LEASE_MS - 1), vec![1]);
+    assert!(c.readable_shards(sent + LEASE_MS).is_empty(), "not read on the lost lease's end");
+}
+
 #[test]
 fn a_response_arriving_after_its_lease_ended_starts_nothing() {
     let mut c = core();
