@@ -3,8 +3,9 @@
 //!
 //! Owns only counters (atomics: no lock on the data path). Never changes, retries or reorders a
 //! call. Calls of one kind that overlap in time on one wrapper (one client's connection) travel
-//! together and count as one round trip: `Consumer::poll` reads its shards concurrently and
-//! `Consumer::ack_all` acks them concurrently, so each is one round trip, not one per shard. Each `RedisStore` stream method is one round trip except `claim_all_pending`, which pages
+//! together and count as one round trip (`Consumer::poll` and `Consumer::ack_all` send their
+//! shards' calls at once). Sequential calls of one shard that overlap another shard's call (a
+//! shard being set up beside a steady one) count once too: setup is not what this bench times. Each `RedisStore` stream method is one round trip except `claim_all_pending`, which pages
 //! XAUTOCLAIM (one page per call at the sizes this bench runs; counted as one). The fenced
 //! variants (one script call each) count under the same names as the plain ones, so the rows
 //! with fencing on and off compare directly.
@@ -93,8 +94,11 @@ struct Round {
 }
 
 impl Round {
-    fn start(&self) {
+    /// Starts one call of the round; the call ends when the guard is finished or dropped (a
+    /// cancelled call still ends its part of the round).
+    fn start(&self) -> RoundCall<'_> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
+        RoundCall { round: self, ended: false }
     }
 
     /// Ends one call; `Some(delivered)` when it was the round's last (the round is then counted).
@@ -103,6 +107,27 @@ impl Round {
             self.delivered.store(true, Ordering::SeqCst);
         }
         (self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1).then(|| self.delivered.swap(false, Ordering::SeqCst))
+    }
+}
+
+/// One call in a [`Round`].
+struct RoundCall<'a> {
+    round: &'a Round,
+    ended: bool,
+}
+
+impl RoundCall<'_> {
+    fn finish(mut self, delivered: bool) -> Option<bool> {
+        self.ended = true;
+        self.round.finish(delivered)
+    }
+}
+
+impl Drop for RoundCall<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.round.finish(false);
+        }
     }
 }
 
@@ -126,19 +151,19 @@ impl<S> Counted<S> {
         call: impl std::future::Future<Output = Result<T, StoreError>>,
         delivered: impl Fn(&T) -> bool,
     ) -> Result<T, StoreError> {
-        self.reads.start();
+        let round = self.reads.start();
         let result = call.await;
-        if let Some(busy) = self.reads.finish(result.as_ref().is_ok_and(&delivered)) {
+        if let Some(busy) = round.finish(result.as_ref().is_ok_and(&delivered)) {
             self.trips.read(busy);
         }
         result
     }
 
     /// Runs one XACK-like call, counting its round.
-    async fn ack(&self, call: impl std::future::Future<Output = Result<u64, StoreError>>) -> Result<u64, StoreError> {
-        self.acks.start();
+    async fn ack<T>(&self, call: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        let round = self.acks.start();
         let result = call.await;
-        if self.acks.finish(false).is_some() {
+        if round.finish(false).is_some() {
             TripCounters::hit(&self.trips.xack);
         }
         result
@@ -233,12 +258,7 @@ impl<S: StreamStore> StreamStore for Counted<S> {
         group: &str,
         acks: &[FencedAck],
     ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
-        self.acks.start();
-        let result = self.inner.fenced_xack_many(group, acks).await;
-        if self.acks.finish(false).is_some() {
-            TripCounters::hit(&self.trips.xack);
-        }
-        result
+        self.ack(self.inner.fenced_xack_many(group, acks)).await
     }
 
     async fn fenced_claim_all_pending(

@@ -507,8 +507,9 @@ pub trait StreamStore: Send + Sync + 'static {
 
     /// Several [`StreamStore::fenced_xreadgroup`] calls for one consumer, one result per read, in
     /// order. Each read's check and read are one atomic step; the reads together are not (other
-    /// clients' commands may run between them). `Err` only when no read could be attempted (the
-    /// connection failed).
+    /// clients' commands may run between them). `Err`: the outcome of every read is unknown (the
+    /// connection failed, the call timed out, or the server is no longer a writable master);
+    /// some reads may have run, and what they delivered stays pending at Redis.
     ///
     /// The default sends every read at once, each its own call (a pipeline's worth of steps,
     /// which other clients' commands may interleave), so no read waits for another after the

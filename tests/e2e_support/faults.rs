@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rsc::store::{Doorbell, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use rsc::store::{
+    Doorbell, EntryId, FenceCheck, FencedAck, FencedRead, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore,
+};
 
 /// A [`StreamStore`] that delays XREADGROUP on `slow_streams` by `delay` (nothing else).
 #[derive(Clone)]
@@ -105,6 +107,29 @@ impl<S: StreamStore> StreamStore for SlowPath<S> {
             tokio::time::sleep(self.delay).await;
         }
         self.inner.fenced_xreadgroup(fence, group, consumer, stream, from, count).await
+    }
+
+    /// Forwarded as one call; when it reads a slow stream, the whole call is held (one script
+    /// call on a slow path holds every shard it reads).
+    async fn fenced_xreadgroup_many(
+        &self,
+        group: &str,
+        consumer: &str,
+        reads: &[FencedRead],
+    ) -> Result<Vec<Result<Vec<StreamEntry>, StoreError>>, StoreError> {
+        if reads.iter().any(|read| self.slow_streams.contains(&read.stream)) {
+            self.slow_started.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.fenced_xreadgroup_many(group, consumer, reads).await
+    }
+
+    async fn fenced_xack_many(
+        &self,
+        group: &str,
+        acks: &[FencedAck],
+    ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+        self.inner.fenced_xack_many(group, acks).await
     }
 
     async fn fenced_xack(

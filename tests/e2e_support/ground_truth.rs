@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rsc::store::{Doorbell, EntryId, FenceCheck, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore};
+use rsc::store::{
+    Doorbell, EntryId, FenceCheck, FencedAck, FencedRead, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore,
+};
 
 /// One read-like call on one shard stream.
 #[derive(Clone, Debug)]
@@ -294,6 +296,45 @@ impl<S: StreamStore> StreamStore for RecordingStore<S> {
         guard.entries = Some(result.as_ref().map_or(0, Vec::len));
         guard.refused = matches!(result, Err(StoreError::Fenced { .. }));
         result
+    }
+
+    /// Forwarded as one call (the batched script on Redis); each shard's read is recorded as its
+    /// own call spanning the whole batch.
+    async fn fenced_xreadgroup_many(
+        &self,
+        group: &str,
+        consumer: &str,
+        reads: &[FencedRead],
+    ) -> Result<Vec<Result<Vec<StreamEntry>, StoreError>>, StoreError> {
+        let start = Instant::now();
+        let mut guards: Vec<CallGuard<'_>> = reads
+            .iter()
+            .map(|read| CallGuard {
+                log: &self.log,
+                member: consumer.to_string(),
+                stream: read.stream.clone(),
+                command: "XREADGROUP",
+                start,
+                entries: None,
+                refused: false,
+            })
+            .collect();
+        let result = self.inner.fenced_xreadgroup_many(group, consumer, reads).await;
+        if let Ok(results) = &result {
+            for (guard, read) in guards.iter_mut().zip(results) {
+                guard.entries = Some(read.as_ref().map_or(0, Vec::len));
+                guard.refused = matches!(read, Err(StoreError::Fenced { .. }));
+            }
+        }
+        result
+    }
+
+    async fn fenced_xack_many(
+        &self,
+        group: &str,
+        acks: &[FencedAck],
+    ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+        self.inner.fenced_xack_many(group, acks).await
     }
 
     async fn fenced_xack(

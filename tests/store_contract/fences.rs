@@ -238,42 +238,57 @@ pub async fn contract_fenced_operations_map_missing_groups_as_unfenced_ones<S: M
     assert_fenced(store.fenced_claim_all_pending(&c, &s, GROUP, "c1", 0).await, 0, newer);
 }
 
-/// The batched forms keep every shard's own outcome: an accepted shard reads (acks), a stale one
-/// is `Fenced` and touches nothing, a newer one heals its key, a missing group is that shard's
-/// NOGROUP — in one call, in order, whatever the other shards' outcomes.
+/// The batched forms keep every shard's own outcome, in order, whatever the shards around it did:
+/// an accepted shard reads (acks), a stale one is `Fenced` and touches nothing, a newer one heals
+/// its key, a missing key accepts, a missing group is that shard's NOGROUP, and an own-pending
+/// read redelivers — all in one call.
 pub async fn contract_batched_fenced_reads_and_acks_keep_each_shards_outcome<S: MetadataStore + StreamStore + Clone>(
     store: &S,
 ) {
-    let (s0, s1, s2, s3) = (stream(0), stream(1), stream(2), stream(3));
-    for s in [&s0, &s1, &s2] {
+    let (s0, s1, s2, s3, s4) = (stream(0), stream(1), stream(2), stream(3), stream(4));
+    for s in [&s0, &s1, &s2, &s4] {
         store.ensure_group(s, GROUP).await.expect("ensure");
     }
     let (a0, a1, a2) = (add(store, &s0, 4).await, add(store, &s1, 4).await, add(store, &s2, 4).await);
     add(store, &s3, 1).await;
+    let a4 = add(store, &s4, 2).await;
     let f0 = raise_one(store, &fence_key(0), 0x10).await;
     let stale1 = raise_one(store, &fence_key(1), 0x11).await;
+    // Shard 1's entries are pending to c1 under its old fence before it is superseded.
+    let held = store.fenced_xreadgroup(&check(1, stale1), GROUP, "c1", &s1, ReadFrom::New, 4).await.expect("read");
+    assert_eq!(ids(&held), a1);
     let f1 = raise_one(store, &fence_key(1), 0x12).await;
     let old2 = raise_one(store, &fence_key(2), 0x13).await;
     let newer2 = Fence { counter: old2.counter + 5, nonce: 0x14 };
     let f3 = raise_one(store, &fence_key(3), 0x15).await;
-    let read = |shard: u32, fence: Fence, stream: &str, count: usize| FencedRead {
+    let never4 = Fence { counter: 9, nonce: 0x16 };
+    let read = |shard: u32, fence: Fence, stream: &str, from: ReadFrom, count: usize| FencedRead {
         fence: check(shard, fence),
         stream: stream.to_string(),
-        from: ReadFrom::New,
+        from,
         count,
     };
     assert_eq!(store.fenced_xreadgroup_many(GROUP, "c1", &[]).await, Ok(vec![]));
-    let reads = [read(0, f0, &s0, 3), read(1, stale1, &s1, 3), read(2, newer2, &s2, 10), read(3, f3, &s3, 3)];
+    let reads = [
+        read(3, f3, &s3, ReadFrom::New, 3),
+        read(0, f0, &s0, ReadFrom::New, 3),
+        read(1, stale1, &s1, ReadFrom::OwnPending, 10),
+        read(2, newer2, &s2, ReadFrom::New, 10),
+        read(4, never4, &s4, ReadFrom::New, 10),
+        read(0, f0, &s0, ReadFrom::OwnPending, 10),
+    ];
     let got = store.fenced_xreadgroup_many(GROUP, "c1", &reads).await.expect("batched read");
-    assert_eq!(got.len(), 4);
-    assert_eq!(got[0].as_ref().map(|e| ids(e)), Ok(a0[..3].to_vec()));
-    assert_eq!(got[0].as_ref().map(|e| e[1].fields.clone()), Ok(fields(1)), "fields round-trip");
-    assert_fenced(got[1].clone(), 1, f1);
-    assert_eq!(got[2].as_ref().map(|e| ids(e)), Ok(a2.clone()), "a newer fence reads");
-    assert_nogroup(got[3].clone());
-    assert_eq!(own_pending(store, &s1, "c1").await, Vec::<EntryId>::new(), "the stale shard read nothing");
-    let keys = [fence_key(0), fence_key(1), fence_key(2)];
-    assert_eq!(store.read_fences(&keys).await, Ok(vec![Some(f0), Some(f1), Some(newer2)]), "only the newer one healed");
+    assert_eq!(got.len(), 6);
+    assert_nogroup(got[0].clone());
+    assert_eq!(got[1].as_ref().map(|e| ids(e)), Ok(a0[..3].to_vec()));
+    assert_eq!(got[1].as_ref().map(|e| e[1].fields.clone()), Ok(fields(1)), "fields round-trip");
+    assert_fenced(got[2].clone(), 1, f1);
+    assert_eq!(got[3].as_ref().map(|e| ids(e)), Ok(a2.clone()), "a newer fence reads");
+    assert_eq!(got[4].as_ref().map(|e| ids(e)), Ok(a4.clone()), "a missing key accepts");
+    assert_eq!(got[5].as_ref().map(|e| ids(e)), Ok(a0[..3].to_vec()), "own pending, after the read before it");
+    let keys = [fence_key(0), fence_key(1), fence_key(2), fence_key(4)];
+    let expected = vec![Some(f0), Some(f1), Some(newer2), Some(never4)];
+    assert_eq!(store.read_fences(&keys).await, Ok(expected.clone()), "only the newer and the missing key changed");
 
     let ack = |shard: u32, fence: Fence, stream: &str, ids: &[EntryId]| FencedAck {
         fence: check(shard, fence),
@@ -281,15 +296,25 @@ pub async fn contract_batched_fenced_reads_and_acks_keep_each_shards_outcome<S: 
         ids: ids.to_vec(),
     };
     assert_eq!(store.fenced_xack_many(GROUP, &[]).await, Ok(vec![]));
-    let acks = [ack(0, f0, &s0, &a0[..3]), ack(1, stale1, &s1, &a1), ack(2, old2, &s2, &a2), ack(0, f0, &s0, &[])];
+    let acks = [
+        ack(0, f0, &s0, &[]),
+        ack(1, stale1, &s1, &a1),
+        ack(0, f0, &s0, &a0[..3]),
+        ack(2, old2, &s2, &a2),
+        ack(4, never4, &s4, &a4[..1]),
+    ];
     let got = store.fenced_xack_many(GROUP, &acks).await.expect("batched ack");
-    assert_eq!(got.len(), 4);
-    assert_eq!(got[0], Ok(3));
+    assert_eq!(got.len(), 5);
+    assert_eq!(got[0], Ok(0), "an ack of nothing still checks, and counts nothing");
     assert_fenced(got[1].clone(), 1, f1);
-    assert_fenced(got[2].clone(), 2, newer2);
-    assert_eq!(got[3], Ok(0), "an ack of nothing still checks, and counts nothing");
+    assert_eq!(got[2], Ok(3));
+    assert_fenced(got[3].clone(), 2, newer2);
+    assert_eq!(got[4], Ok(1));
+    assert_eq!(own_pending(store, &s1, "c1").await, a1, "the refused ack acknowledged nothing");
     assert_eq!(own_pending(store, &s0, "c1").await, Vec::<EntryId>::new());
     assert_eq!(own_pending(store, &s2, "c1").await, a2, "the refused ack acknowledged nothing");
+    assert_eq!(own_pending(store, &s4, "c1").await, a4[1..].to_vec());
+    assert_eq!(store.read_fences(&keys).await, Ok(expected), "refused acks wrote nothing");
 }
 
 /// Real Redis only: a server that lost its script cache (restart, failover, SCRIPT FLUSH) answers
@@ -312,4 +337,35 @@ async fn redis_store_raises_fences_once_after_the_script_cache_was_flushed() {
     let read = store.fenced_xreadgroup(&check(0, raised[0]), GROUP, "c1", &s, ReadFrom::New, 1).await;
     assert_eq!(read.map(|e| ids(&e)), Ok(added));
     assert_eq!(store.read_fences(&[fence_key(0)]).await, Ok(vec![Some(raised[0])]));
+}
+
+/// Real Redis only: a batched call that lands on a server that is no longer a writable master
+/// (a demoted primary: here a replica) fails as a whole with the server's `READONLY`, as the
+/// single-shard script does, so the client replaces the connection, instead of answering every
+/// shard with its own error on a connection it keeps.
+#[tokio::test]
+async fn redis_store_batched_calls_on_a_replica_fail_as_a_whole() {
+    let primary = crate::support::RedisServer::start();
+    let replica = primary.start_replica();
+    let options = rsc::store::redis::RedisStoreOptions::default();
+    let store = rsc::store::redis::RedisStore::connect(&primary.url(), options.clone()).await.expect("connect");
+    let s = stream(0);
+    store.ensure_group(&s, GROUP).await.expect("ensure");
+    let added = add(&store, &s, 2).await;
+    let fence = raise_one(&store, &fence_key(0), 5).await;
+    primary.cmd(&["WAIT", "1", "5000"]);
+    let on_replica = rsc::store::redis::RedisStore::connect(&replica.url(), options).await.expect("connect replica");
+    let reads = [FencedRead { fence: check(0, fence), stream: s.clone(), from: ReadFrom::New, count: 10 }];
+    match on_replica.fenced_xreadgroup_many(GROUP, "c1", &reads).await {
+        Err(StoreError::Unavailable(text)) => assert!(text.contains("READONLY"), "{text}"),
+        other => panic!("expected the whole call to fail with READONLY, got {other:?}"),
+    }
+    let acks = [FencedAck { fence: check(0, fence), stream: s.clone(), ids: added.clone() }];
+    match on_replica.fenced_xack_many(GROUP, &acks).await {
+        Err(StoreError::Unavailable(text)) => assert!(text.contains("READONLY"), "{text}"),
+        other => panic!("expected the whole call to fail with READONLY, got {other:?}"),
+    }
+    // The primary still serves the same calls.
+    let got = store.fenced_xreadgroup_many(GROUP, "c1", &reads).await.expect("primary");
+    assert_eq!(got[0].as_ref().map(|e| ids(e)), Ok(added));
 }

@@ -22,8 +22,9 @@ struct ShardBatch<'a> {
 
 impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// Acknowledges every delivery in `deliveries` (like Kafka's `commitSync` of a batch): one
-    /// XACK per shard (fenced when the shard has a fence), the shards' XACKs concurrently, so a
-    /// batch costs one round trip instead of one per entry.
+    /// XACK per shard, the fenced shards' XACKs in one `fenced_xack_many` call (one script on
+    /// Redis) and the unfenced ones concurrently beside it, so a batch costs one round trip
+    /// instead of one per entry.
     ///
     /// First every delivery is checked as [`Consumer::ack`] checks it (in flight here, lease
     /// holds): if any fails, that error is returned and nothing is sent. A delivery listed twice

@@ -3,7 +3,9 @@
 //! Owns the read path: per shard, setup (consumer group ensured, the previous owner's pending
 //! entries claimed), then this consumer's own pending entries, then new ones, each call fenced
 //! when the shard's grant carries a fence; the lease re-checked right before every call. The
-//! shards of one poll are read concurrently (one round trip on one connection).
+//! shards of one poll are read concurrently: in the steady state (every shard reading new
+//! entries) one round trip; a shard being set up or re-reading its own pending entries makes its
+//! calls one after another beside the others.
 //! Never: hands out an entry a cancelled poll read (it is abandoned, stays pending at Redis and
 //! is redelivered), or lets a shard be reported REVOKED while a call on it may still reach Redis.
 
@@ -215,6 +217,9 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         // while trimmed entries are acked below abandons them instead of losing track of them.
         let now_ms = self.shared.clock.now_ms();
         let mut out = Vec::with_capacity(calls.len());
+        // A store that answered fewer reads than it was sent: the missing ones failed.
+        let missing = || Err(StoreError::Protocol("fewer read results than shards".into()));
+        let results = results.into_iter().chain(std::iter::repeat_with(missing));
         for ((plan, count, _guard), result) in calls.into_iter().zip(results) {
             out.push(
                 result

@@ -249,12 +249,13 @@ async fn poll_reads_shards_at_once(fenced: bool) {
     }
     publish(&store, 0, 3).await;
     publish(&store, 1, 3).await;
-    store.set_latency_ms(60);
-    // Both shards in one 60 ms round, not one after the other; `max` is split between them.
+    store.set_latency_ms(150);
+    // Both shards in one 150 ms round, not one after the other (300 ms); `max` is split between
+    // them. The margin is for a busy machine: these tests run in real time.
     let started = tokio::time::Instant::now();
     let polled = consumer.poll(4).await.expect("poll");
     let took = started.elapsed();
-    assert!(took < Duration::from_millis(110), "two shards read one after the other (fenced {fenced}): {took:?}");
+    assert!(took < Duration::from_millis(270), "two shards read one after the other (fenced {fenced}): {took:?}");
     assert!(polled.iter().all(|d| d.fence.is_some() == fenced));
     let per_shard = |shard| polled.iter().filter(|d| d.shard == shard).count();
     assert_eq!((per_shard(0), per_shard(1)), (2, 2), "max 4 split over two shards");

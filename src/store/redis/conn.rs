@@ -203,8 +203,6 @@ impl Connector {
         self.scrub(StoreError::Unavailable(text))
     }
 
-    /// Removes the sentinels' password from every text of `err` (the store password is removed
-    /// by `map_error`).
     /// A server error reply passed on as text inside a reply (a script's `{'error', text}`
     /// element), mapped as the command's own error reply would be: the text is parsed as the
     /// error reply it was, so its kind (NOGROUP, READONLY, ...) is the same.
@@ -218,6 +216,8 @@ impl Connector {
         self.scrub(map_error(command, &err, &self.redactor))
     }
 
+    /// Removes the sentinels' password from every text of `err` (the store password is removed
+    /// by `map_error`).
     fn scrub(&self, err: StoreError) -> StoreError {
         let clean = |text: String| self.sentinel_redactor.clean(text);
         match err {

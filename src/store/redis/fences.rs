@@ -126,56 +126,77 @@ end
 return {'ok', cursor, out}
 "#;
 
+/// Shared by the batched scripts: runs `one(i, ...)` for every shard under Lua's `pcall`, so an
+/// error of one shard's commands (a fence key of another type, a missing group) is that shard's
+/// `{'error', text}` and the other shards go on. A server that is no longer a writable master
+/// (`READONLY`, `MASTERDOWN`) fails the whole call instead, as the single-shard scripts do, so
+/// the client drops the connection and finds the new master. (An error element inside an array
+/// reply would fail the whole call in the client: errors travel as text.)
+const EACH_SHARD: &str = r#"
+local function each_shard(one)
+  local out = {}
+  for i = 1, #KEYS / 2 do
+    local ok, result = pcall(one, i)
+    if ok then
+      out[i] = result
+    else
+      local text = type(result) == 'table' and result.err or tostring(result)
+      if string.find(text, '^READONLY') or string.find(text, '^MASTERDOWN') then
+        return redis.error_reply(text)
+      end
+      out[i] = {'error', text}
+    end
+  end
+  return out
+end
+"#;
+
 /// Fenced XREADGROUPs of several shards for one consumer (never BLOCK), each shard checked and
 /// read as `READ_BODY` does. KEYS: fence key and stream of each shard, in pairs. ARGV: group,
 /// consumer, then per shard: counter, nonce, count, `>` or `0`. Reply: one element per shard,
-/// `{'ok', entries}` | check refusal | `{'error', text}`: the command's error reply as text (an
-/// error element inside an array would fail the whole call in the client).
+/// `{'ok', entries}` | check refusal | `{'error', text}` (see `EACH_SHARD`).
 const READ_MANY_BODY: &str = r#"
-local out = {}
-for i = 1, #KEYS / 2 do
+return each_shard(function(i)
   local a = 2 + (i - 1) * 4
   local refused = check(KEYS[2 * i - 1], ARGV[a + 1], ARGV[a + 2])
   if refused then
-    out[i] = refused
-  else
-    local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[a + 3], 'STREAMS', KEYS[2 * i], ARGV[a + 4])
-    if type(r) == 'table' and r.err then
-      out[i] = {'error', r.err}
-    elseif not r or not r[1] then
-      out[i] = {'ok', {}}
-    else
-      out[i] = {'ok', r[1][2]}
-    end
+    return refused
   end
-end
-return out
+  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[a + 3], 'STREAMS', KEYS[2 * i], ARGV[a + 4])
+  if not r or not r[1] then
+    return {'ok', {}}
+  end
+  return {'ok', r[1][2]}
+end)
 "#;
 
 /// Fenced XACKs of several shards, each as `ACK_BODY`. KEYS: fence key and stream of each shard,
 /// in pairs. ARGV: group, then per shard: counter, nonce, the number of ids `n`, then the `n`
-/// ids. Reply: one element per shard, `{'ok', count}` | check refusal | `{'error', text}`.
+/// ids. Reply: one element per shard, `{'ok', count}` | check refusal | `{'error', text}`. Ids
+/// are acked 1,000 per XACK (Lua's `unpack` is bounded by its stack).
 const ACK_MANY_BODY: &str = r#"
-local out = {}
+local starts = {}
 local a = 2
 for i = 1, #KEYS / 2 do
-  local n = tonumber(ARGV[a + 2])
+  starts[i] = a
+  a = a + 3 + tonumber(ARGV[a + 2])
+end
+return each_shard(function(i)
+  local a = starts[i]
+  local last = a + 2 + tonumber(ARGV[a + 2])
   local refused = check(KEYS[2 * i - 1], ARGV[a], ARGV[a + 1])
   if refused then
-    out[i] = refused
-  elseif n == 0 then
-    out[i] = {'ok', 0}
-  else
-    local r = redis.pcall('XACK', KEYS[2 * i], ARGV[1], unpack(ARGV, a + 3, a + 2 + n))
-    if type(r) == 'table' and r.err then
-      out[i] = {'error', r.err}
-    else
-      out[i] = {'ok', r}
-    end
+    return refused
   end
-  a = a + 3 + n
-end
-return out
+  local acked = 0
+  local first = a + 3
+  while first <= last do
+    local upto = math.min(first + 999, last)
+    acked = acked + redis.call('XACK', KEYS[2 * i], ARGV[1], unpack(ARGV, first, upto))
+    first = upto + 1
+  end
+  return {'ok', acked}
+end)
 "#;
 
 /// XAUTOCLAIM pages one fenced claim script call runs at most: bounds how long one call holds
@@ -199,8 +220,8 @@ impl FenceScripts {
             read: Script::new(&format!("{CHECK}{READ_BODY}")),
             ack: Script::new(&format!("{CHECK}{ACK_BODY}")),
             claim: Script::new(&format!("{CHECK}{CLAIM_BODY}")),
-            read_many: Script::new(&format!("{CHECK}{READ_MANY_BODY}")),
-            ack_many: Script::new(&format!("{CHECK}{ACK_MANY_BODY}")),
+            read_many: Script::new(&format!("{CHECK}{EACH_SHARD}{READ_MANY_BODY}")),
+            ack_many: Script::new(&format!("{CHECK}{EACH_SHARD}{ACK_MANY_BODY}")),
         }
     }
 }

@@ -459,8 +459,15 @@ impl ConsumerCore {
             return Vec::new();
         }
         let returned = entries.len();
-        let fresh: Vec<StreamEntry> = entries.into_iter().filter(|e| !shard.in_flight.contains(&e.id)).collect();
-        if plan.step == ReadStep::Read(ReadFrom::OwnPending) && (fresh.is_empty() || returned < requested) {
+        let mut fresh: Vec<StreamEntry> = entries.into_iter().filter(|e| !shard.in_flight.contains(&e.id)).collect();
+        // An own-pending read asks for the entries in flight plus the caller's `max` (those come
+        // back too); more than `max` fresh ones (in flight ones acked meanwhile, or pending entries
+        // below them) are left pending at Redis for the next own-pending read.
+        let own_pending = plan.step == ReadStep::Read(ReadFrom::OwnPending);
+        let cap = if own_pending { requested.saturating_sub(plan.in_flight) } else { requested };
+        let truncated = fresh.len() > cap;
+        fresh.truncate(cap);
+        if own_pending && !truncated && (fresh.is_empty() || returned < requested) {
             *pending_done = true;
         }
         let mut out = Vec::with_capacity(fresh.len());

@@ -122,6 +122,27 @@ fn ok_starts_assigned_shards_with_setup_then_own_pending_then_new() {
 }
 
 #[test]
+fn an_own_pending_read_delivers_at_most_what_was_asked_for() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[2])));
+    let generation = c.read_plans(10)[0].generation;
+    c.setup_done(2, generation);
+    let plan = c.plan_for(10, 2, generation).expect("readable");
+    assert_eq!((plan.step, plan.in_flight), (ReadStep::Read(ReadFrom::OwnPending), 0));
+    // Four pending entries come back for a read that wanted two (a poll's `max`): two are
+    // delivered, the rest stay pending for the next own-pending read.
+    let got = c.handle_read(10, plan, 2, (1..=4).map(entry).collect());
+    assert_eq!(got.iter().map(|d| d.entry.id.ms).collect::<Vec<_>>(), vec![1, 2]);
+    let plan = c.plan_for(10, 2, generation).expect("readable");
+    assert_eq!((plan.step, plan.in_flight), (ReadStep::Read(ReadFrom::OwnPending), 2), "not done yet");
+    let got = c.handle_read(10, plan, plan.in_flight + 2, (1..=4).map(entry).collect());
+    assert_eq!(got.iter().map(|d| d.entry.id.ms).collect::<Vec<_>>(), vec![3, 4]);
+    let plan = c.plan_for(10, 2, generation).expect("readable");
+    assert!(c.handle_read(10, plan, plan.in_flight + 2, (1..=4).map(entry).collect()).is_empty());
+    assert_eq!(c.plan_for(10, 2, generation).map(|p| p.step), Some(ReadStep::Read(ReadFrom::New)));
+}
+
+#[test]
 fn lease_counts_from_the_send_time_not_the_receive_time() {
     let mut c = core();
     exchange(&mut c, 100, 900, Ok(ok(&[1])));
