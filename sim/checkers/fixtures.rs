@@ -244,6 +244,20 @@ impl World {
         id
     }
 
+    /// An acknowledged XADD the Redis node `server` ran, given the id it answered (a split brain's
+    /// old primary can answer an id the primary also hands out).
+    pub fn add_on(&mut self, server: NodeRef, p: ProcessId, shard: ShardId, at_us: Us, id: EntryId) {
+        self.records.adds.push(AddEvent {
+            process: p,
+            server,
+            stream: self.stream(shard),
+            issued_at_us: at_us,
+            served_at_us: at_us + 1_000,
+            id,
+            acknowledged_at_us: Some(at_us + 2_000),
+        });
+    }
+
     pub fn add(&mut self, p: ProcessId, shard: ShardId, at_us: Us) -> EntryId {
         self.push_add(p, shard, at_us, true)
     }
