@@ -152,6 +152,27 @@ impl Facts<'_> {
         self.split_brains.iter().find(|s| s.server == server)
     }
 
+    /// When the primary's history records a correction round starting (a write whose recorded
+    /// round is new: absent before, or a new lease wait), in µs, in order. Ground truth from the
+    /// history, as `evidence` reads it.
+    pub fn correction_round_starts_us(&self) -> Vec<Us> {
+        let mut starts = Vec::new();
+        let mut round_wait = None;
+        for event in self.history {
+            let Some((_, after)) = event.metadata_after.iter().rev().find(|(g, _)| g == self.group) else { continue };
+            let state: Option<GroupMetadata> = after.as_ref().and_then(|r| serde_json::from_str(&r.aggregate).ok());
+            let wait = state.as_ref().and_then(|g| g.correction.as_ref().map(|round| round.wait));
+            if matches!(event.kind, rsc::store::memory::HistoryKind::Written { .. })
+                && wait.is_some()
+                && wait != round_wait
+            {
+                starts.push(event.at_ms * 1_000);
+            }
+            round_wait = wait;
+        }
+        starts
+    }
+
     /// The plan's assignment lease in µs (the longest any grant may run).
     pub fn assignment_lease_us(&self) -> Us {
         self.plan.group.assignment_lease_ms * 1_000

@@ -31,15 +31,19 @@
 //! failover and no later than the old primary's switch plus one assignment lease (and the
 //! clock-rate margin: [`super::SplitBrain::damage_until_us`]). Such overlaps are measured (count
 //! and longest). Every other overlap is a violation (`split-ownership`), and so is an attributed
-//! one that lasts past that instant: by then every grant the old primary answered has expired,
-//! and every coordinator has seen the primary's new identity and held a correction round.
+//! one that lasts past that instant (by then every grant the old primary answered has expired),
+//! and one whose later tenure read under a grant from the primary's side sent after the first
+//! correction round the primary recorded after the switch (that round withholds every `OK` for a
+//! full lease, longer than any old-primary grant can run).
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use rsc::core::model::ShardId;
 
-use super::grants::Grants;
+use rsc::core::protocol::HeartbeatStatus;
+
+use super::grants::{Grants, Said};
 use super::recorded::OldPrimaryAnswer;
 use super::Facts;
 use crate::plan::NodeRef;
@@ -181,9 +185,9 @@ fn involved_old_primaries<'a>(
 /// overlap, and whose damage window was still open when it began.
 fn attributed<'f>(
     facts: &'f Facts<'_>,
+    (grants, corrections): (&Grants, &[Us]),
     answers: &[OldPrimaryAnswer],
-    earlier: &Tenure,
-    later: &Tenure,
+    (shard, earlier, later): (ShardId, &Tenure, &Tenure),
 ) -> Option<&'f super::SplitBrain> {
     let lease_us = facts.assignment_lease_us();
     let involved: std::collections::BTreeSet<NodeRef> =
@@ -191,7 +195,36 @@ fn attributed<'f>(
     involved
         .into_iter()
         .filter_map(|server| facts.split_brain_of(server))
-        .find(|split| split.fork_us <= later.from_us && later.from_us <= split.damage_until_us(lease_us))
+        .filter(|split| split.fork_us <= later.from_us && later.from_us <= split.damage_until_us(lease_us))
+        .find(|split| granted_before_correction(grants, corrections, answers, split, shard, later))
+}
+
+/// Whether the grant `later` read under could still overlap the old primary's grants: it came
+/// from the old primary's side, or its heartbeat was sent before the first correction round the
+/// primary recorded after the switch. Once such a round started, the primary withholds every `OK`
+/// for a full lease, by which time every grant the old primary answered has expired; a grant sent
+/// after that start which overlaps one is the protocol's failure, not the split brain's.
+fn granted_before_correction(
+    grants: &Grants,
+    corrections: &[Us],
+    answers: &[OldPrimaryAnswer],
+    split: &super::SplitBrain,
+    shard: ShardId,
+    later: &Tenure,
+) -> bool {
+    let Some(&corrected_us) = corrections.iter().find(|at| **at >= split.switch_us) else {
+        return true;
+    };
+    let granted = grants.of(later.process).iter().rev().find(|t| {
+        t.received_at_us <= later.from_us
+            && matches!(&t.what, Said::Granted { status: HeartbeatStatus::Ok, assigned, .. } if assigned.contains(&shard))
+    });
+    granted.is_none_or(|t| {
+        t.sent_at_us < corrected_us
+            || answers
+                .iter()
+                .any(|a| a.server == split.server && a.process == later.process && a.received_at_us == t.received_at_us)
+    })
 }
 
 /// Checks invariant 1; also returns the longest overlap attributed to a silent rollback and the
@@ -199,6 +232,7 @@ fn attributed<'f>(
 /// only an old primary recorded.
 pub fn check(facts: &Facts<'_>, answers: &[OldPrimaryAnswer]) -> (Vec<Violation>, Option<Us>, SplitBrainSplits) {
     let grants = Grants::from_records(facts.records);
+    let corrections = if facts.split_brains.is_empty() { Vec::new() } else { facts.correction_round_starts_us() };
     let lease_us = facts.assignment_lease_us();
     let mut violations = Vec::new();
     let mut silent_max: Option<Us> = None;
@@ -213,7 +247,7 @@ pub fn check(facts: &Facts<'_>, answers: &[OldPrimaryAnswer]) -> (Vec<Violation>
                 }
                 let overlap_us = later.to_us.min(earlier.to_us) - later.from_us;
                 let start = later.from_us;
-                if let Some(split) = attributed(facts, answers, earlier, later) {
+                if let Some(split) = attributed(facts, (&grants, &corrections), answers, (shard, earlier, later)) {
                     let end = later.to_us.min(earlier.to_us);
                     if end <= split.damage_until_us(lease_us) {
                         let pair = (earlier.process.min(later.process), earlier.process.max(later.process));
@@ -341,6 +375,36 @@ mod tests {
             for at in (1_000_000..=b_reads_until).step_by(50_000) {
                 w.read_ids_on(server, b, 0, at, &[]);
             }
+            let (violations, _, measured) = check(&w.facts(), &[]);
+            assert_eq!(!violations.is_empty(), expect_violation, "{violations:?}");
+            assert_eq!(measured.count, usize::from(!expect_violation), "{measured:?}");
+        }
+    }
+
+    /// A consumer of the old primary (alive 0.9 s..4 s) reads on past the switch; the primary
+    /// records a correction round at 4.5 s. A grant sent before that round may overlap the old
+    /// primary's grants (measured); one sent after it is the protocol's failure (the round
+    /// withholds every `OK` for a full lease): a violation.
+    #[test]
+    fn a_grant_sent_after_the_primary_corrected_past_the_switch_is_not_excused() {
+        for (granted_at_us, expect_violation) in [(4_200_000, false), (5_000_000, true)] {
+            let mut w = World::new();
+            let (a, b) = (w.consumer(1), w.consumer(2));
+            let old = w.split_brain(1, 900_000, 4_000_000);
+            w.grant(a, 0, &[0], 8_000);
+            for at in (100_000..=3_950_000).step_by(50_000) {
+                w.read_ids_on(old, a, 0, at, &[]);
+            }
+            w.reads(a, 0, 4_000_000..=8_000_000, 50_000);
+            let mut g = w.group_with_member("consumer-1", &[0]);
+            g.correction = Some(rsc::core::model::CorrectionRound {
+                reason: rsc::core::model::LossEvidence::StoreIdentityChanged,
+                wait: 1,
+                synced_members: Default::default(),
+            });
+            w.store(4_500, &g, 5);
+            w.grant(b, granted_at_us, &[0], 8_000);
+            w.reads(b, 0, granted_at_us + 100_000..=7_000_000, 50_000);
             let (violations, _, measured) = check(&w.facts(), &[]);
             assert_eq!(!violations.is_empty(), expect_violation, "{violations:?}");
             assert_eq!(measured.count, usize::from(!expect_violation), "{measured:?}");
