@@ -297,9 +297,10 @@ pub struct Measurements {
     pub split_brain: SplitBrainCounts,
 }
 
-/// The damage split brains did (`redis-split-brain`, `DESIGN.md` §7), measured: each count is
-/// also bounded in time by its checker (after the old primary's switch plus one lease it would
-/// be a violation).
+/// The damage split brains did (`redis-split-brain`, `DESIGN.md` §7), measured. Splits and
+/// processing overlaps (and operations on the other side's fence, in `FenceCounts`) are also
+/// bounded in time by their checkers: past the old primary's switch plus one lease they would be
+/// violations.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SplitBrainCounts {
     /// Split-ownership overlaps attributed to a split brain (`split`).
@@ -308,7 +309,7 @@ pub struct SplitBrainCounts {
     pub processing_overlaps: usize,
     /// XADDs an old primary acknowledged, lost with it (`messages`).
     pub lost_publishes: usize,
-    /// Responses derived from states only an old primary recorded (`recorded`).
+    /// Responses only an old primary's states explain (`recorded`).
     pub responses_from_old_primary: usize,
 }
 
