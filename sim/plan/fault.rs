@@ -425,6 +425,15 @@ impl Loss {
     }
 }
 
+impl fmt::Display for Loss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Loss::LastWrites(writes) => write!(f, "last {writes} writes"),
+            Loss::WrittenSince { since_ms } => write!(f, "every write since {since_ms}ms"),
+        }
+    }
+}
+
 /// The largest clock-rate drift a plan may inject, in percent each way: half the group's documented
 /// margin (a consumer's clock may run slow by this much while a coordinator's runs fast by as much).
 pub const DRIFT_PERCENT_MAX: f64 = CLOCK_RATE_MARGIN_PERCENT as f64 / 2.0;
@@ -488,16 +497,9 @@ impl fmt::Display for Fault {
             Fault::RedisLatency { latency_min_ms, latency_max_ms, duration_ms } => {
                 write!(f, "+{latency_min_ms}..{latency_max_ms}ms for {duration_ms}ms")
             }
-            Fault::RedisFailover { loss } | Fault::RedisSilentRollback { loss } => match loss {
-                Loss::LastWrites(writes) => write!(f, "last {writes} writes"),
-                Loss::WrittenSince { since_ms } => write!(f, "every write since {since_ms}ms"),
-            },
+            Fault::RedisFailover { loss } | Fault::RedisSilentRollback { loss } => loss.fmt(f),
             Fault::RedisSplitBrain { loss, old_primary_ms, share, pick } => {
-                match loss {
-                    Loss::LastWrites(writes) => write!(f, "last {writes} writes")?,
-                    Loss::WrittenSince { since_ms } => write!(f, "every write since {since_ms}ms")?,
-                }
-                write!(f, ", old primary for {old_primary_ms}ms serving share={share:.2} (pick {pick:016x})")
+                write!(f, "{loss}, old primary for {old_primary_ms}ms serving share={share:.2} (pick {pick:016x})")
             }
             Fault::RedisDeleteKey { recreate_after_ms } => write!(f, "recreate after {recreate_after_ms}ms"),
             Fault::RedisCorrupt { repair_after_ms } | Fault::RedisFutureSchema { repair_after_ms } => {
