@@ -174,6 +174,9 @@ pub struct PlanSummary {
     pub simulated: Duration,
     pub wall: Duration,
     pub silent_split_max_us: Option<u64>,
+    /// What split brains did (measured), and operations that ran on a fence only the other side
+    /// of a split brain recorded.
+    pub split_brain: (crate::checkers::SplitBrainCounts, usize),
     pub paused_overlaps: usize,
     pub backlog_max: usize,
     pub from_dropped_writes: usize,
@@ -203,6 +206,8 @@ impl PlanSummary {
         self.wall += outcome.wall;
         let m = &outcome.measurements;
         self.silent_split_max_us = self.silent_split_max_us.max(m.silent_rollback_split_us);
+        self.split_brain.0.add(&m.split_brain);
+        self.split_brain.1 += m.fences.stale_across_split_brain;
         self.paused_overlaps += m.paused_processing_overlaps;
         self.backlog_max = self.backlog_max.max(m.backlog_entries);
         self.from_dropped_writes += m.responses_from_dropped_writes;
@@ -365,6 +370,22 @@ pub(crate) fn print_table(summaries: &[PlanSummary]) {
         }
         if s.paused_overlaps > 0 {
             println!("{:<36} processing overlaps caused by pauses (measured): {}", "", s.paused_overlaps);
+        }
+        let (split_brain, stale_fences) = &s.split_brain;
+        if !split_brain.is_empty() || *stale_fences > 0 {
+            let longest_ms =
+                split_brain.splits.longest_us.map_or_else(|| "-".to_string(), |us| format!("{}", us / 1_000));
+            println!(
+                "{:<36} split brain (measured; each bounded by the old primary's switch + one lease): {} splits, \
+                 longest {longest_ms} ms; {} processing overlaps; {} acknowledged publishes lost with the old \
+                 primary; {} responses from the old primary's states; {stale_fences} operations on the other \
+                 side's fence",
+                "",
+                split_brain.splits.count,
+                split_brain.processing_overlaps,
+                split_brain.lost_publishes,
+                split_brain.responses_from_old_primary,
+            );
         }
     }
 }

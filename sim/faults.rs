@@ -5,10 +5,14 @@
 //! Owns: the schedule of steps, including the heal step of every fault, and the bookkeeping that
 //! makes overlapping faults compose: clogs are reference-counted per node/direction and per link,
 //! network latency and loss take the strongest active setting, and a kill of a dead node or a
-//! pause of a paused one is a no-op. Never judges the run.
+//! pause of a paused one is a no-op. A split brain's old primary is a node of its own that the
+//! injector starts, routes clients to, and kills at the switch. Never judges the run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 use madsim::net::NetSim;
 use rsc::client::clock::RATE_NOMINAL_PPM;
@@ -20,7 +24,7 @@ use crate::plan::fault::Loss;
 use crate::plan::{Action, Fault, NodeRef, Role, Scheduled, Target};
 use crate::programs::OperatorCommand;
 use crate::records::{Mark, Us};
-use crate::world::World;
+use crate::world::{SplitBrainRun, World};
 
 /// One timed step.
 #[derive(Clone, Debug)]
@@ -47,6 +51,8 @@ enum Step {
     RedisLatencyEnd,
     RedisSupported(String),
     RedisWriteDropEnd,
+    /// The end of the `n`-th split brain (index into `World::split_brains`).
+    SplitBrainEnd(usize),
     RedisUp {
         writes_lost: u64,
     },
@@ -245,6 +251,7 @@ impl Injector {
             Step::RedisSupported(command) => world.store.set_supported(&command),
             Step::Forge(n) => world.command(OperatorCommand::Forge(n)),
             Step::RedisWriteDropEnd => world.store.set_write_drop_probability(0.0),
+            Step::SplitBrainEnd(n) => end_split_brain(world, now, n),
             Step::RedisUp { writes_lost } => {
                 let lost = rollback_metadata_writes(world, writes_lost);
                 world.store.restart();
@@ -413,6 +420,10 @@ impl Injector {
                 world.store.failover();
                 world.env.recorder.trace("faults", format!("failover lost {lost} metadata writes"));
             }
+            Fault::RedisSplitBrain { loss, old_primary_ms, share, pick } => {
+                let n = start_split_brain(world, now, loss, share, pick);
+                self.at(later(old_primary_ms), Step::SplitBrainEnd(n));
+            }
             Fault::RedisSilentRollback { loss } => {
                 let lost = rollback(world, loss);
                 world.env.recorder.lock().marks.push(Mark::SilentRollback { at_us: now });
@@ -504,6 +515,50 @@ fn set_clog(net: &NetSim, world: &World, clog: Clog, on: bool) {
             }
         }
     }
+}
+
+/// Forks the primary into an old primary (before the failover: it has every write the new
+/// primary loses), fails the primary over with `loss`, and routes a drawn subset of the processes
+/// alive now to the old primary. Returns the split brain's index in `World::split_brains`.
+fn start_split_brain(world: &mut World, now: Us, loss: Loss, share: f64, pick: u64) -> usize {
+    let n = world.split_brains.len();
+    let server = NodeRef::old_primary(u32::try_from(n + 1).unwrap_or(u32::MAX));
+    let fork_len = world.store.history().len();
+    let old = world.store.fork(pick);
+    let lost = rollback(world, loss);
+    world.store.failover();
+    let mut rng = SmallRng::seed_from_u64(pick);
+    let alive: Vec<NodeRef> =
+        [Role::Coordinator, Role::Consumer, Role::Producer].into_iter().flat_map(|role| world.alive(role)).collect();
+    let mut clients: BTreeSet<NodeRef> = alive.iter().copied().filter(|_| rng.gen_bool(share)).collect();
+    if clients.is_empty() && !alive.is_empty() {
+        clients.insert(alive[rng.gen_range(0..alive.len())]);
+    }
+    let addr = world.start_old_primary(server, old.clone());
+    for node in &clients {
+        world.env.redis.to_old_primary(*node, addr);
+    }
+    let names: Vec<String> = clients.iter().map(ToString::to_string).collect();
+    world.env.recorder.trace(
+        "faults",
+        format!("split brain: failover lost {lost} metadata writes; {server} keeps serving {}", names.join(", ")),
+    );
+    world.split_brains.push(SplitBrainRun { server, store: old, fork_us: now, switch_us: None, clients, fork_len });
+    n
+}
+
+/// Ends the `n`-th split brain: the old primary goes (its writes are discarded with it; requests
+/// in flight to it are lost) and its clients are routed to the primary, where their connections
+/// from before the failover break once.
+fn end_split_brain(world: &mut World, now: Us, n: usize) {
+    let Some(split) = world.split_brains.get_mut(n) else { return };
+    split.switch_us = Some(now);
+    let (server, clients) = (split.server, split.clients.clone());
+    world.kill(server);
+    for node in &clients {
+        world.env.redis.to_primary(*node);
+    }
+    world.env.recorder.trace("faults", format!("split brain over: {server} gone, its clients use the primary"));
 }
 
 /// Undoes the metadata writes `loss` names (see [`rollback_metadata_writes`], [`rollback_since`]).

@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::coord_rpc::{self, RpcTransport, COORDINATOR_PORT};
 use crate::plan::{Plan, Protocol};
 use crate::records::{AdminCall, ProcessId, Processing, Recorder};
-use crate::redis_node::RemoteStore;
+use crate::redis_node::{RemoteStore, StoreRoutes};
 use crate::transport::{RecordingTransport, TransportKnob};
 
 /// The client token of every simulated client: the simulation runs with credentials on.
@@ -52,7 +52,8 @@ pub struct Env {
     pub plan: Arc<Plan>,
     pub group: GroupId,
     pub recorder: Recorder,
-    pub redis: SocketAddr,
+    /// Where each process's Redis commands go (the primary, or an old primary in a split brain).
+    pub redis: StoreRoutes,
     pub service: SocketAddr,
     pub planted: PlantedBugs,
 }
@@ -66,7 +67,8 @@ impl Env {
     }
 
     async fn store(&self, process: ProcessId) -> RemoteStore {
-        RemoteStore::connect(self.redis, process, self.plan.tuning.store_timeout_ms, self.recorder.clone()).await
+        RemoteStore::connect(self.redis.clone(), process, self.plan.tuning.store_timeout_ms, self.recorder.clone())
+            .await
     }
 
     async fn transport(&self, process: ProcessId, loss: TransportKnob) -> RecordingTransport<ClientTransport> {

@@ -51,6 +51,9 @@ pub enum ReadKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadEvent {
     pub process: ProcessId,
+    /// The Redis node that executed it: [`NodeRef::REDIS`], or an old primary during a split
+    /// brain (whose writes are discarded when it goes).
+    pub server: NodeRef,
     /// The XREADGROUP consumer name (the member id).
     pub consumer: String,
     pub stream: String,
@@ -67,6 +70,8 @@ pub struct ReadEvent {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AddEvent {
     pub process: ProcessId,
+    /// The Redis node that executed it (see [`ReadEvent::server`]).
+    pub server: NodeRef,
     pub stream: String,
     pub issued_at_us: Us,
     pub served_at_us: Us,
@@ -79,6 +84,8 @@ pub struct AddEvent {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AckEvent {
     pub process: ProcessId,
+    /// The Redis node that executed it (see [`ReadEvent::server`]).
+    pub server: NodeRef,
     pub stream: String,
     pub served_at_us: Us,
     pub ids: Vec<EntryId>,
@@ -204,6 +211,8 @@ pub struct Records {
 #[derive(Clone, Debug, PartialEq)]
 pub struct WatchEvent {
     pub process: ProcessId,
+    /// The Redis node that ran it (see [`ReadEvent::server`]).
+    pub server: NodeRef,
     pub stream: String,
     pub issued_at_us: Us,
     /// When the server ran it.

@@ -12,6 +12,10 @@
 //! so a failover breaks each connection once, as in Redis. The node records what it executed
 //! (reads, adds, acks) into the run's [`Recorder`]: the ground truth the checkers read.
 //!
+//! Split brain: a `redis-split-brain` fault starts a second node serving a fork of the store
+//! (the old primary, same identity as before the failover) and routes some processes to it
+//! through [`StoreRoutes`]; everything it executed is recorded the same way, tagged with its node.
+//!
 //! Never: calls the `redis` crate, serializes anything (payloads move in memory under madsim).
 
 use std::any::Any;
@@ -32,6 +36,7 @@ use rsc::store::{
 use rand::rngs::SmallRng;
 use rand::Rng;
 
+use crate::plan::NodeRef;
 use crate::records::{AckEvent, AddEvent, ProcessId, ReadEvent, ReadKind, Recorder, Us, WatchEvent};
 use crate::transport::TransportKnob;
 
@@ -159,8 +164,9 @@ struct Envelope {
 /// A reply datagram: `Result<T, StoreError>` for the command's `T`.
 type Reply = Box<dyn Any + Send + Sync>;
 
-/// Serves `store` on this node until the node dies. Run it as the Redis node's init task.
-pub async fn serve(store: MemoryStore, recorder: Recorder) {
+/// Serves `store` on this node until the node dies. Run it as the Redis node's init task; `server`
+/// names the node in what it records.
+pub async fn serve(store: MemoryStore, recorder: Recorder, server: NodeRef) {
     let endpoint = match Endpoint::bind(("0.0.0.0", REDIS_PORT)).await {
         Ok(endpoint) => Arc::new(endpoint),
         Err(e) => panic!("redis node cannot bind port {REDIS_PORT}: {e}"),
@@ -178,7 +184,7 @@ pub async fn serve(store: MemoryStore, recorder: Recorder) {
         let recorder = recorder.clone();
         tokio::spawn(async move {
             let call_id = envelope.call_id;
-            let reply = execute(&connection, *envelope, &recorder).await;
+            let reply = execute(&connection, *envelope, &recorder, server).await;
             // A reply to a client that died or is cut off is simply lost.
             let _ = endpoint.send_to_raw(from, call_id, reply).await;
         });
@@ -186,9 +192,9 @@ pub async fn serve(store: MemoryStore, recorder: Recorder) {
 }
 
 /// Runs one command on the connection and records what the server did.
-async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -> Reply {
+async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder, server: NodeRef) -> Reply {
     let Envelope { call_id, client, issued_at_us, command } = envelope;
-    recorder.trace_verbose("redis", || format!("#{call_id} {client} {}", command.describe()));
+    recorder.trace_verbose(server, || format!("#{call_id} {client} {}", command.describe()));
     match command {
         Command::Load(g) => Box::new(store.load(&g).await),
         Command::TouchAndLoad(g, m) => Box::new(store.touch_and_load(&g, &m).await),
@@ -207,8 +213,8 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
             let result = store.xadd(&stream, fields, maxlen).await;
             if let Ok(id) = &result {
                 let served_at_us = recorder.now_us();
-                let add =
-                    AddEvent { process: client, stream, issued_at_us, served_at_us, id: *id, acknowledged_at_us: None };
+                let (process, id, acknowledged_at_us) = (client, *id, None);
+                let add = AddEvent { process, server, stream, issued_at_us, served_at_us, id, acknowledged_at_us };
                 recorder.lock().adds.push(add);
             }
             Box::new(result)
@@ -233,6 +239,7 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
                     let kind = if *from == ReadFrom::New { ReadKind::New } else { ReadKind::OwnPending };
                     records.reads.push(ReadEvent {
                         process: client,
+                        server,
                         consumer: consumer.clone(),
                         stream: stream.clone(),
                         kind,
@@ -251,7 +258,7 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
                 let mut records = recorder.lock();
                 for (stream, after) in &streams {
                     let (process, stream, after) = (client, stream.clone(), *after);
-                    records.watches.push(WatchEvent { process, stream, issued_at_us, served_at_us, after });
+                    records.watches.push(WatchEvent { process, server, stream, issued_at_us, served_at_us, after });
                 }
             }
             Box::new(result)
@@ -262,7 +269,7 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
                 None => store.xack(&stream, &group, &ids).await,
             };
             if result.is_ok() {
-                let ack = AckEvent { process: client, stream, served_at_us: recorder.now_us(), ids };
+                let ack = AckEvent { process: client, server, stream, served_at_us: recorder.now_us(), ids };
                 recorder.lock().acks.push(ack);
             }
             Box::new(result)
@@ -275,6 +282,7 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
             if let Ok(entries) = &result {
                 let read = ReadEvent {
                     process: client,
+                    server,
                     consumer,
                     stream,
                     kind: ReadKind::Claim,
@@ -289,12 +297,42 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder) -
     }
 }
 
+/// Which Redis node each process's commands go to: the primary, unless a split brain left the
+/// process on an old primary (set and cleared by the fault injector). Clones share the table.
+#[derive(Clone, Debug)]
+pub struct StoreRoutes {
+    primary: SocketAddr,
+    old_primary: Arc<Mutex<BTreeMap<NodeRef, SocketAddr>>>,
+}
+
+impl StoreRoutes {
+    pub fn new(primary: SocketAddr) -> Self {
+        Self { primary, old_primary: Arc::default() }
+    }
+
+    /// Where `node`'s next command goes.
+    fn server_for(&self, node: NodeRef) -> SocketAddr {
+        let old = self.old_primary.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        old.get(&node).copied().unwrap_or(self.primary)
+    }
+
+    /// Sends `node`'s commands to an old primary at `server` from now on.
+    pub fn to_old_primary(&self, node: NodeRef, server: SocketAddr) {
+        self.old_primary.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(node, server);
+    }
+
+    /// Sends `node`'s commands to the primary again.
+    pub fn to_primary(&self, node: NodeRef) {
+        self.old_primary.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&node);
+    }
+}
+
 /// A process's connection to the Redis node, implementing both store traits over the simulated
 /// network. Clones share the endpoint.
 #[derive(Clone)]
 pub struct RemoteStore {
     endpoint: Arc<Endpoint>,
-    server: SocketAddr,
+    routes: StoreRoutes,
     process: ProcessId,
     timeout: Duration,
     recorder: Recorder,
@@ -305,12 +343,12 @@ pub struct RemoteStore {
 
 impl RemoteStore {
     /// Binds this process's endpoint (call on the process's node).
-    pub async fn connect(server: SocketAddr, process: ProcessId, timeout_ms: u64, recorder: Recorder) -> Self {
+    pub async fn connect(routes: StoreRoutes, process: ProcessId, timeout_ms: u64, recorder: Recorder) -> Self {
         let endpoint = match Endpoint::bind("0.0.0.0:0").await {
             Ok(endpoint) => Arc::new(endpoint),
             Err(e) => panic!("{process}: cannot bind a client endpoint: {e}"),
         };
-        Self { endpoint, server, process, timeout: Duration::from_millis(timeout_ms), recorder, delay: None }
+        Self { endpoint, routes, process, timeout: Duration::from_millis(timeout_ms), recorder, delay: None }
     }
 
     /// Lets the `store-delay` fault (set on `knob`) hold this connection's requests; `rng` draws
@@ -341,10 +379,11 @@ impl RemoteStore {
         let call_id = self.recorder.next_id();
         let envelope = Envelope { call_id, client: self.process, issued_at_us: self.recorder.now_us(), command };
         let delay_ms = self.draw_delay_ms();
+        let server = self.routes.server_for(self.process.node);
         let mut now = Some(envelope);
         if delay_ms > 0 {
             // The request leaves late on its own task: the caller may time out and move on first.
-            let (endpoint, server, late) = (Arc::clone(&self.endpoint), self.server, now.take());
+            let (endpoint, late) = (Arc::clone(&self.endpoint), now.take());
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                 if let Some(envelope) = late {
@@ -355,7 +394,7 @@ impl RemoteStore {
         let exchange = async {
             if let Some(envelope) = now {
                 self.endpoint
-                    .send_to_raw(self.server, REQUEST_TAG, Box::new(envelope))
+                    .send_to_raw(server, REQUEST_TAG, Box::new(envelope))
                     .await
                     .map_err(|e| StoreError::Unavailable(format!("send: {e}")))?;
             }
@@ -456,7 +495,9 @@ impl StreamStore for RemoteStore {
             // The producer now knows the entry was added: it is "acknowledged" from here on.
             let now = self.recorder.now_us();
             let mut records = self.recorder.lock();
-            if let Some(add) = records.adds.iter_mut().rev().find(|a| a.id == *id && a.stream == stream) {
+            // Two primaries of a split brain can hand out one id: the add is this process's own.
+            let own = |a: &&mut AddEvent| a.id == *id && a.stream == stream && a.process == self.process;
+            if let Some(add) = records.adds.iter_mut().rev().find(own) {
                 add.acknowledged_at_us = Some(now);
             }
         }

@@ -20,13 +20,13 @@ use rsc::core::model::GroupId;
 use rsc::core::PlantedBugs;
 use rsc::store::memory::{AckRecord, HistoryEvent, MemoryStore, ReadRecord};
 
-use crate::checkers::{self, Facts, Finding, Measurements};
+use crate::checkers::{self, Facts, Finding, Measurements, SplitBrain};
 use crate::coord_rpc::COORDINATOR_PORT;
 use crate::faults::Injector;
 use crate::plan::Plan;
 use crate::programs::Env;
 use crate::records::{trace_hash, Recorder, Records, TraceLine, Us};
-use crate::redis_node::REDIS_PORT;
+use crate::redis_node::{StoreRoutes, REDIS_PORT};
 use crate::world::{World, SERVICE_IP};
 
 /// Simulated time a run may overrun `run_ms` before the runtime's time limit aborts it.
@@ -58,6 +58,7 @@ struct Run {
     store_reads: Vec<ReadRecord>,
     store_acks: Vec<AckRecord>,
     fence_refusals: u64,
+    split_brains: Vec<SplitBrain>,
 }
 
 /// The group every run uses.
@@ -80,7 +81,7 @@ async fn simulate(plan: Arc<Plan>, verbose: bool) -> Run {
         plan: Arc::clone(&plan),
         group: sim_group(),
         recorder: recorder.clone(),
-        redis: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), REDIS_PORT),
+        redis: StoreRoutes::new(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), REDIS_PORT)),
         service: SocketAddr::new(IpAddr::V4(SERVICE_IP), COORDINATOR_PORT),
         planted: planted(&plan),
     };
@@ -98,7 +99,22 @@ async fn simulate(plan: Arc<Plan>, verbose: bool) -> Run {
         injector.apply_due(&mut world, recorder.now_us());
     }
     recorder.trace("runner", "end of run");
+    let split_brains = world
+        .split_brains
+        .iter()
+        .map(|split| SplitBrain {
+            server: split.server,
+            fork_us: split.fork_us,
+            switch_us: split.switch_us.unwrap_or(end_us),
+            fork_len: split.fork_len,
+            history: split.store.history(),
+            store_reads: split.store.read_log(),
+            store_acks: split.store.ack_log(),
+            fence_refusals: split.store.fence_refusals().values().sum(),
+        })
+        .collect();
     Run {
+        split_brains,
         records: recorder.take(),
         history: world.store.history(),
         end_us,
@@ -160,6 +176,7 @@ pub fn run_seed(plan: Plan, verbose: bool) -> SeedOutcome {
         store_reads: &run.store_reads,
         store_acks: &run.store_acks,
         fence_refusals: run.fence_refusals,
+        split_brains: &run.split_brains,
     };
     let verdict = checkers::check_all(&facts);
     let coverage = crate::coverage::of_run(&facts);

@@ -66,6 +66,9 @@ pub struct MeasurementsLine {
     /// `FenceCounts`: fenced operations that ran, refused, stale after a loss.
     #[serde(default)]
     pub fences: (usize, u64, usize),
+    /// `SplitBrainCounts`, and the fence count `stale_across_split_brain`.
+    #[serde(default)]
+    pub split_brain: (crate::checkers::SplitBrainCounts, usize),
 }
 
 /// Names read back from a child become `&'static str` again (the summary keys by them); each
@@ -108,6 +111,7 @@ impl SeedLine {
             delivered_never_processed: m.delivered_never_processed,
             correction_rounds_by_cause: m.correction_rounds_by_cause.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
             fences: (m.fences.fenced_ok, m.fences.refused, m.fences.stale_after_loss),
+            split_brain: (m.split_brain.clone(), m.fences.stale_across_split_brain),
         };
         Self {
             plan: plan.to_string(),
@@ -140,7 +144,9 @@ impl SeedLine {
                 fenced_ok: l.fences.0,
                 refused: l.fences.1,
                 stale_after_loss: l.fences.2,
+                stale_across_split_brain: l.split_brain.1,
             },
+            split_brain: l.split_brain.0.clone(),
             ..Measurements::default()
         };
         let findings = self

@@ -1,12 +1,13 @@
-//! The simulated deployment of one run: the madsim nodes (Redis, coordinators, consumers,
-//! producers, operator), their addresses, the coordinator Service, and the supervisor's handles on
-//! them (kill, restart, pause, clog, the Redis fault knobs, the operator's command queue).
+//! The simulated deployment of one run: the madsim nodes (Redis and a split brain's old primaries,
+//! coordinators, consumers, producers, operator), their addresses, the coordinator Service, and the
+//! supervisor's handles on them (kill, restart, pause, clog, the Redis fault knobs, the operator's
+//! command queue).
 //!
 //! Owns: creating nodes and tracking each node's incarnations (every start is a new process with
 //! its own lifecycle record). Never decides *when* anything happens: the fault injector
 //! ([`crate::faults`]) and the runner do.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, PoisonError};
@@ -22,7 +23,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::coord_rpc::COORDINATOR_PORT;
 use crate::plan::{NodeRef, Role};
 use crate::programs::{self, CoordinatorRegistry, Env, OperatorCommand};
-use crate::records::{Lifecycle, ProcessId};
+use crate::records::{Lifecycle, ProcessId, Us};
 use crate::redis_node;
 use crate::transport::TransportKnob;
 
@@ -43,6 +44,20 @@ impl Slot {
     }
 }
 
+/// One split brain of the run: the old primary's node and store, and what the checkers need.
+pub struct SplitBrainRun {
+    pub server: NodeRef,
+    pub store: MemoryStore,
+    /// When the failover happened (the old primary was forked from the primary then).
+    pub fork_us: Us,
+    /// When the old primary went and its clients were switched to the primary.
+    pub switch_us: Option<Us>,
+    /// The processes (by node) the old primary served.
+    pub clients: BTreeSet<NodeRef>,
+    /// Events in the primary's metadata history at the fork (both histories share these).
+    pub fork_len: usize,
+}
+
 /// The deployment (see the module docs).
 pub struct World {
     pub env: Env,
@@ -55,6 +70,8 @@ pub struct World {
     /// The clock of each consumer and producer node (shared by its incarnations: it is the
     /// machine's), where `clock-stop` and `clock-drift` are injected.
     pub clocks: BTreeMap<NodeRef, ClockFaults>,
+    /// Every split brain so far, in order (the n-th one's old primary is `redis-old-n`).
+    pub split_brains: Vec<SplitBrainRun>,
     leave: BTreeMap<NodeRef, Arc<Notify>>,
     operator: mpsc::UnboundedSender<OperatorCommand>,
     next_index: BTreeMap<Role, u32>,
@@ -63,6 +80,7 @@ pub struct World {
 fn ip_of(node: NodeRef) -> IpAddr {
     let index = u8::try_from(node.index).unwrap_or(u8::MAX);
     IpAddr::V4(match node.role {
+        Role::Redis if node.index > 0 => Ipv4Addr::new(10, 0, 4, index),
         Role::Redis => Ipv4Addr::new(10, 0, 0, 1),
         Role::Operator => Ipv4Addr::new(10, 0, 0, 2),
         Role::Coordinator => Ipv4Addr::new(10, 0, 1, index),
@@ -99,12 +117,13 @@ impl World {
             registry: Arc::default(),
             loss: BTreeMap::new(),
             clocks: BTreeMap::new(),
+            split_brains: Vec::new(),
             leave: BTreeMap::new(),
             operator,
             next_index: BTreeMap::new(),
         };
         let (store, recorder) = (world.store.clone(), world.env.recorder.clone());
-        world.create(NodeRef::REDIS, move |_| redis_node::serve(store.clone(), recorder.clone()));
+        world.create(NodeRef::REDIS, move |_| redis_node::serve(store.clone(), recorder.clone(), NodeRef::REDIS));
         let env = world.env.clone();
         let commands = Arc::new(std::sync::Mutex::new(Some(commands)));
         world.create(NodeRef::OPERATOR, move |process| {
@@ -194,6 +213,14 @@ impl World {
             Role::Redis | Role::Operator => unreachable!("created once by World::start"),
         }
         node
+    }
+
+    /// Starts the old primary of a split brain: a Redis node serving `store` (a fork of the
+    /// primary's state) at its own address, to which the injector then routes some clients.
+    pub fn start_old_primary(&mut self, server: NodeRef, store: MemoryStore) -> SocketAddr {
+        let recorder = self.env.recorder.clone();
+        self.create(server, move |_| redis_node::serve(store.clone(), recorder.clone(), server));
+        SocketAddr::new(ip_of(server), redis_node::REDIS_PORT)
     }
 
     /// Queues an operator command.

@@ -14,6 +14,11 @@
 //! only in writes the store later lost (a rollback undid them, or an acknowledged write was
 //! dropped) — its grant was answered, then forgotten. Those are counted as stale successes after
 //! loss. Refusals (`FENCED`) are counted too: each is a stale operation the fence stopped.
+//!
+//! A split brain's old primary is judged the same way against its own history and logs. A call on
+//! one side presenting a fence only the other side recorded after the failover (a grant of the
+//! other timeline, which a higher counter lets through) is counted too, until that split brain's
+//! damage window closes ([`super::SplitBrain::damage_until_us`]); after it, it is a violation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -89,7 +94,21 @@ pub struct FenceCounts {
     pub stale_after_loss: usize,
     /// Fenced operations that ran (the denominator).
     pub fenced_ok: usize,
+    /// Operations that ran presenting a fence only the other side of a split brain recorded.
+    pub stale_across_split_brain: usize,
 }
+
+/// One Redis node's execution logs and the metadata history they refer to.
+struct Log<'a> {
+    history: &'a [HistoryEvent],
+    reads: &'a [ReadRecord],
+    acks: &'a [AckRecord],
+    refusals: u64,
+}
+
+/// Fences only one side of a split brain recorded, and until when a call presenting one of them
+/// on the other side is measured rather than failed.
+type Foreign = Vec<(BTreeSet<Fence>, Us)>;
 
 /// The group's fencing state after one metadata change.
 #[derive(Clone, Debug, Default)]
@@ -110,9 +129,42 @@ struct Op<'a> {
 }
 
 pub fn check(facts: &Facts<'_>) -> (Vec<FenceViolation>, FenceCounts) {
-    let (reads, acks): (&[ReadRecord], &[AckRecord]) = (facts.store_reads, facts.store_acks);
-    let timeline = Timeline::build(facts);
-    let mut counts = FenceCounts { refused: facts.fence_refusals, ..FenceCounts::default() };
+    let lease_us = facts.assignment_lease_us();
+    let after_fork = |history: &[HistoryEvent], fork_len: usize| {
+        Timeline::build(facts, history.get(fork_len..).unwrap_or(&[])).recorded
+    };
+    let old_timelines: Foreign = facts
+        .split_brains
+        .iter()
+        .map(|split| (after_fork(&split.history, split.fork_len), split.damage_until_us(lease_us)))
+        .collect();
+    let mut counts = FenceCounts::default();
+    let primary = Log {
+        history: facts.history,
+        reads: facts.store_reads,
+        acks: facts.store_acks,
+        refusals: facts.fence_refusals,
+    };
+    let mut violations = check_log(facts, &primary, &old_timelines, &mut counts);
+    for split in facts.split_brains {
+        let primary_timeline = vec![(after_fork(facts.history, split.fork_len), split.damage_until_us(lease_us))];
+        let old = Log {
+            history: &split.history,
+            reads: &split.store_reads,
+            acks: &split.store_acks,
+            refusals: split.fence_refusals,
+        };
+        violations.extend(check_log(facts, &old, &primary_timeline, &mut counts));
+    }
+    (violations, counts)
+}
+
+/// Judges one Redis node's operations against its own history; `foreign` are the other side's
+/// fences of a split brain.
+fn check_log(facts: &Facts<'_>, log: &Log<'_>, foreign: &Foreign, counts: &mut FenceCounts) -> Vec<FenceViolation> {
+    let (reads, acks) = (log.reads, log.acks);
+    let timeline = Timeline::build(facts, log.history);
+    counts.refused += log.refusals;
     let mut violations = Vec::new();
     let ops = reads
         .iter()
@@ -151,6 +203,8 @@ pub fn check(facts: &Facts<'_>) -> (Vec<FenceViolation>, FenceCounts) {
                     || (timeline.dropped_writes && !timeline.recorded.contains(&presented))
                 {
                     counts.stale_after_loss += 1;
+                } else if foreign.iter().any(|(fences, until_us)| fences.contains(&presented) && at_us <= *until_us) {
+                    counts.stale_across_split_brain += 1;
                 } else {
                     let consumer = op.consumer.to_string();
                     violations.push(FenceViolation::StaleFenceSucceeded {
@@ -170,7 +224,7 @@ pub fn check(facts: &Facts<'_>) -> (Vec<FenceViolation>, FenceCounts) {
             (None, None) => {}
         }
     }
-    (violations, counts)
+    violations
 }
 
 /// The group's fencing state after every history event, and which fences were lost.
@@ -186,13 +240,13 @@ struct Timeline {
 }
 
 impl Timeline {
-    fn build(facts: &Facts<'_>) -> Self {
+    fn build(facts: &Facts<'_>, history: &[HistoryEvent]) -> Self {
         let mut snapshots: Vec<(usize, Snapshot)> = Vec::new();
         let mut lost = BTreeSet::new();
         let mut recorded = BTreeSet::new();
         let mut dropped_writes = false;
         let mut current = Snapshot::default();
-        for (index, event) in facts.history.iter().enumerate() {
+        for (index, event) in history.iter().enumerate() {
             if matches!(event.kind, HistoryKind::WriteDropped { .. }) {
                 dropped_writes = true;
             }

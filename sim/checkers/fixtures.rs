@@ -12,7 +12,7 @@ use rsc::core::protocol::{
 use rsc::store::memory::{HistoryEvent, HistoryKind};
 use rsc::store::{EntryId, StoredRecord};
 
-use super::Facts;
+use super::{Facts, SplitBrain};
 use crate::plan::{NodeRef, Plan, PlanSpec, Role};
 use crate::records::{
     AddEvent, AdminCall, CoordinatorCall, Lifecycle, Mark, ProcessId, Processing, ReadEvent, ReadKind, Records, Us,
@@ -43,13 +43,21 @@ pub struct World {
     pub group: GroupId,
     pub records: Records,
     pub history: Vec<HistoryEvent>,
+    pub split_brains: Vec<SplitBrain>,
     next_entry: u64,
 }
 
 impl World {
     pub fn new() -> Self {
         let plan = PlanSpec::parse(PLAN, Path::new("fixture.toml")).unwrap().draw(0).unwrap();
-        Self { plan, group: GroupId::new("sim", "g"), records: Records::default(), history: Vec::new(), next_entry: 1 }
+        Self {
+            plan,
+            group: GroupId::new("sim", "g"),
+            records: Records::default(),
+            history: Vec::new(),
+            split_brains: Vec::new(),
+            next_entry: 1,
+        }
     }
 
     pub fn facts(&self) -> Facts<'_> {
@@ -62,6 +70,7 @@ impl World {
             store_reads: &[],
             store_acks: &[],
             fence_refusals: 0,
+            split_brains: &self.split_brains,
         }
     }
 
@@ -186,8 +195,31 @@ impl World {
     }
 
     pub fn read_ids(&mut self, p: ProcessId, shard: ShardId, at_us: Us, ids: &[EntryId]) {
+        self.read_ids_on(NodeRef::REDIS, p, shard, at_us, ids);
+    }
+
+    /// A split brain whose old primary `redis-old-n` lived from `fork_us` to `switch_us` (no
+    /// metadata of its own); returns its node.
+    pub fn split_brain(&mut self, n: u32, fork_us: Us, switch_us: Us) -> NodeRef {
+        let server = NodeRef::old_primary(n);
+        self.split_brains.push(SplitBrain {
+            server,
+            fork_us,
+            switch_us,
+            fork_len: self.history.len(),
+            history: self.history.clone(),
+            store_reads: Vec::new(),
+            store_acks: Vec::new(),
+            fence_refusals: 0,
+        });
+        server
+    }
+
+    /// A read the Redis node `server` served (an old primary in a split brain).
+    pub fn read_ids_on(&mut self, server: NodeRef, p: ProcessId, shard: ShardId, at_us: Us, ids: &[EntryId]) {
         self.records.reads.push(ReadEvent {
             process: p,
+            server,
             consumer: p.node.to_string(),
             stream: self.stream(shard),
             kind: ReadKind::New,
@@ -202,6 +234,7 @@ impl World {
         self.next_entry += 1;
         self.records.adds.push(AddEvent {
             process: p,
+            server: NodeRef::REDIS,
             stream: self.stream(shard),
             issued_at_us: at_us,
             served_at_us: at_us + 1_000,
@@ -209,6 +242,20 @@ impl World {
             acknowledged_at_us: acknowledged.then_some(at_us + 2_000),
         });
         id
+    }
+
+    /// An acknowledged XADD the Redis node `server` ran, given the id it answered (a split brain's
+    /// old primary can answer an id the primary also hands out).
+    pub fn add_on(&mut self, server: NodeRef, p: ProcessId, shard: ShardId, at_us: Us, id: EntryId) {
+        self.records.adds.push(AddEvent {
+            process: p,
+            server,
+            stream: self.stream(shard),
+            issued_at_us: at_us,
+            served_at_us: at_us + 1_000,
+            id,
+            acknowledged_at_us: Some(at_us + 2_000),
+        });
     }
 
     pub fn add(&mut self, p: ProcessId, shard: ShardId, at_us: Us) -> EntryId {

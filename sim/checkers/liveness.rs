@@ -93,7 +93,10 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
     // watching from a wrong id while entries pile up attends nothing.
     let justified = |w: &&crate::records::WatchEvent| {
         w.after.is_some_and(|after| {
-            !facts.records.adds.iter().any(|a| a.stream == w.stream && a.served_at_us <= w.served_at_us && a.id > after)
+            // Entries a split brain's old primary added are not at the primary (they went with it).
+            !facts.records.adds.iter().any(|a| {
+                a.server == w.server && a.stream == w.stream && a.served_at_us <= w.served_at_us && a.id > after
+            })
         })
     };
     let reads = facts.records.reads.iter().map(|r| (r.issued_at_us, r.process, r.stream.as_str()));

@@ -54,6 +54,37 @@ pub struct Facts<'a> {
     pub store_acks: &'a [AckRecord],
     /// Fenced operations the store refused as `FENCED`.
     pub fence_refusals: u64,
+    /// Every `redis-split-brain` of the run, with its old primary's own logs.
+    pub split_brains: &'a [SplitBrain],
+}
+
+/// One split brain as the checkers see it (`DESIGN.md` §7): an old primary, forked from the
+/// primary at the failover, that served some processes until `switch_us` and whose writes were then
+/// discarded. What it executed is ground truth (records tagged with `server`, and its own store
+/// logs here); its metadata history is a timeline that ended at the switch.
+pub struct SplitBrain {
+    pub server: NodeRef,
+    pub fork_us: Us,
+    /// When the old primary went and its clients were switched (the run's end if never).
+    pub switch_us: Us,
+    /// The primary's and the old primary's histories share their first `fork_len` events.
+    pub fork_len: usize,
+    /// The old primary's metadata history, the shared prefix included.
+    pub history: Vec<HistoryEvent>,
+    /// The old primary's own delivery and XACK logs (only what it executed).
+    pub store_reads: Vec<ReadRecord>,
+    pub store_acks: Vec<AckRecord>,
+    pub fence_refusals: u64,
+}
+
+impl SplitBrain {
+    /// Until when the old primary's grants may still be in force: its switch plus one assignment
+    /// lease and the clock-rate margin (a grant it answered lasts at most that long, and after
+    /// the switch every coordinator sees the primary's new identity and holds a correction round).
+    pub fn damage_until_us(&self, lease_us: Us) -> Us {
+        let margin = rsc::core::model::CLOCK_RATE_MARGIN_PERCENT;
+        self.switch_us + lease_us + lease_us * margin / 100
+    }
 }
 
 impl Facts<'_> {
@@ -114,6 +145,32 @@ impl Facts<'_> {
         }
         let rest = (left * u128::from(nominal)).div_ceil(u128::from(rate));
         at.saturating_add(u64::try_from(rest).unwrap_or(u64::MAX))
+    }
+
+    /// The split brain whose old primary is `server` (`None`: the primary).
+    pub fn split_brain_of(&self, server: NodeRef) -> Option<&SplitBrain> {
+        self.split_brains.iter().find(|s| s.server == server)
+    }
+
+    /// When the primary's history records a correction round starting (a write whose recorded
+    /// round is new: absent before, or a new lease wait), in µs, in order. Ground truth from the
+    /// history, as `evidence` reads it.
+    pub fn correction_round_starts_us(&self) -> Vec<Us> {
+        let mut starts = Vec::new();
+        let mut round_wait = None;
+        for event in self.history {
+            let Some((_, after)) = event.metadata_after.iter().rev().find(|(g, _)| g == self.group) else { continue };
+            let state: Option<GroupMetadata> = after.as_ref().and_then(|r| serde_json::from_str(&r.aggregate).ok());
+            let wait = state.as_ref().and_then(|g| g.correction.as_ref().map(|round| round.wait));
+            if matches!(event.kind, rsc::store::memory::HistoryKind::Written { .. })
+                && wait.is_some()
+                && wait != round_wait
+            {
+                starts.push(event.at_ms * 1_000);
+            }
+            round_wait = wait;
+        }
+        starts
     }
 
     /// The plan's assignment lease in µs (the longest any grant may run).
@@ -236,6 +293,39 @@ pub struct Measurements {
     /// What the fences did (`fences`): stale operations refused, and stale successes whose grant
     /// the store later lost (measured).
     pub fences: fences::FenceCounts,
+    /// What split brains did that no protocol prevents without `min-replicas-to-write`.
+    pub split_brain: SplitBrainCounts,
+}
+
+/// The damage split brains did (`redis-split-brain`, `DESIGN.md` §7), measured. Splits and
+/// processing overlaps (and operations on the other side's fence, in `FenceCounts`) are also
+/// bounded in time by their checkers: past the old primary's switch plus one lease they would be
+/// violations.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SplitBrainCounts {
+    /// Split-ownership overlaps attributed to a split brain (`split`).
+    pub splits: split::SplitBrainSplits,
+    /// Processing overlaps of one entry attributed to a split brain (`messages`).
+    pub processing_overlaps: usize,
+    /// XADDs an old primary acknowledged, lost with it (`messages`).
+    pub lost_publishes: usize,
+    /// Responses only an old primary's states explain (`recorded`).
+    pub responses_from_old_primary: usize,
+}
+
+impl SplitBrainCounts {
+    /// Adds another seed's counts (the longest split is the maximum).
+    pub fn add(&mut self, other: &SplitBrainCounts) {
+        self.splits.count += other.splits.count;
+        self.splits.longest_us = self.splits.longest_us.max(other.splits.longest_us);
+        self.processing_overlaps += other.processing_overlaps;
+        self.lost_publishes += other.lost_publishes;
+        self.responses_from_old_primary += other.responses_from_old_primary;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == SplitBrainCounts::default()
+    }
 }
 
 /// The result of checking one run.
@@ -248,16 +338,23 @@ pub struct Verdict {
 /// Runs every checker.
 pub fn check_all(facts: &Facts<'_>) -> Verdict {
     let mut measurements = Measurements::default();
-    let (split, silent) = split::check(facts);
+    let (recorded, recorded_counts) = recorded::check(facts);
+    measurements.responses_from_dropped_writes = recorded_counts.from_dropped_writes;
+    let answers = &recorded_counts.old_primary_answers;
+    let (split, silent, split_brain_splits) = split::check(facts, answers);
     measurements.silent_rollback_split_us = silent;
-    let (messages, counts) = messages::check(facts);
+    let (messages, counts) = messages::check(facts, answers);
+    measurements.split_brain = SplitBrainCounts {
+        splits: split_brain_splits,
+        processing_overlaps: counts.split_brain_overlaps,
+        lost_publishes: counts.split_brain_lost_publishes,
+        responses_from_old_primary: recorded_counts.from_old_primary,
+    };
     measurements.paused_processing_overlaps = counts.paused_overlaps;
     measurements.backlog_entries = counts.backlog;
     measurements.stranded_entries = counts.stranded;
     measurements.delivered_never_processed = counts.delivered_never_processed;
     measurements.silent_loss_processing_overlaps = counts.silent_loss_overlaps;
-    let (recorded, from_dropped) = recorded::check(facts);
-    measurements.responses_from_dropped_writes = from_dropped;
     measurements.lost_version_answers = facts
         .records
         .routings
@@ -272,7 +369,7 @@ pub fn check_all(facts: &Facts<'_>) -> Verdict {
         .chain(findings("consumer-lease", consumer_lease::check(facts)))
         .chain(findings("producer-lease", producer_lease::check(facts)))
         .chain(findings("recorded", recorded))
-        .chain(findings("versions", versions::check(facts)))
+        .chain(findings("versions", versions::check(facts, answers)))
         .chain(findings("resurrection", resurrection::check(facts)))
         .chain(findings("liveness", liveness::check(facts)))
         .chain(findings("messages", messages))

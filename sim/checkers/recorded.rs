@@ -17,16 +17,24 @@
 //! A write the store acknowledged but dropped (the `redis-write-drop` fault) leaves the
 //! coordinator answering from a state that was never stored, through no fault of its own: such a
 //! response (its revision was acknowledged-and-dropped before it arrived) is counted, not failed.
+//!
+//! A split brain's old primary keeps its own timeline after the failover: a coordinator it served
+//! answers from the state current at the fork (which the primary lost) and from states only it
+//! recorded afterwards, and those are recorded states too. A response that matches no state of the
+//! primary but one the old primary held is counted, not failed. Every answer that arrived after the
+//! fork and matches a state the old primary held is listed ([`OldPrimaryAnswer`]): the
+//! split-ownership, message and version checkers attribute damage to the split brain through them.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use rsc::core::model::GroupMetadata;
 use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
-use rsc::store::memory::HistoryKind;
+use rsc::store::memory::{HistoryEvent, HistoryKind};
 
 use super::Facts;
-use crate::records::{fmt_us, Us};
+use crate::plan::NodeRef;
+use crate::records::{fmt_us, ProcessId, Us};
 use spec::{spec_member_view, spec_routing_view, spec_status};
 
 /// The spec's view of a recorded state (seed: "Heartbeat statuses", "Producer Routing"; DESIGN
@@ -169,19 +177,97 @@ struct States {
     dropped: Vec<(u64, u64)>,
 }
 
+/// A heartbeat or routing answer a coordinator on a split brain's old side may have given: it
+/// arrived after the old primary's fork and matches a state the old primary held (the one current
+/// at the fork, which the primary lost, or one recorded after). A view can match both sides; such
+/// an answer is listed too (the attribution is generous, and bounded in time by the checkers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OldPrimaryAnswer {
+    pub process: ProcessId,
+    pub received_at_us: Us,
+    /// The old primary that recorded the state.
+    pub server: NodeRef,
+    /// Whether the client saw it (a response-loss fault hides some): only a seen answer told it
+    /// anything.
+    pub seen: bool,
+}
+
+/// What the recorded-responses oracle counted besides violations.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordedCounts {
+    /// Responses derived from writes the store acknowledged but dropped.
+    pub from_dropped_writes: usize,
+    /// Responses (heartbeat, routing, admin) only an old primary's states explain.
+    pub from_old_primary: usize,
+    /// Heartbeat and routing answers an old primary's side may have given (see [`OldPrimaryAnswer`]).
+    pub old_primary_answers: Vec<OldPrimaryAnswer>,
+}
+
 /// How one response was judged.
 enum Judged {
     Clean,
     /// Derived from a write the store acknowledged and dropped.
     FromDroppedWrite,
+    /// Derived from a state only an old primary recorded.
+    FromOldPrimary,
     Violated(Violation),
 }
 
-impl States {
+/// The primary's states and, per old primary, the states it held while it lived: the one current
+/// at its fork and every one recorded after.
+struct Timelines {
+    primary: States,
+    old: Vec<(NodeRef, Us, States)>,
+}
+
+impl Timelines {
     fn from_facts(facts: &Facts<'_>) -> Self {
+        let old = facts
+            .split_brains
+            .iter()
+            .map(|split| {
+                // The state current at the fork: the last event before it that recorded the group.
+                let at_fork = split.history[..split.fork_len.min(split.history.len())]
+                    .iter()
+                    .rposition(|e| e.metadata_after.iter().any(|(g, _)| g == facts.group))
+                    .unwrap_or(split.fork_len);
+                let held = split.history.get(at_fork..).unwrap_or(&[]);
+                (split.server, split.fork_us, States::from_events(facts, held))
+            })
+            .collect();
+        Self { primary: States::from_events(facts, facts.history), old }
+    }
+
+    /// Judges one response against the primary's states; also names an old primary whose side may
+    /// have answered it (it arrived after that old primary's fork and matches a state it held).
+    /// A response only an old primary's states explain is counted, not failed.
+    fn judge(
+        &self,
+        what: &'static str,
+        who: String,
+        revision: u64,
+        at_us: Us,
+        matches: impl Fn(&GroupMetadata) -> Result<(), String>,
+    ) -> (Judged, Option<NodeRef>) {
+        let old_side = self
+            .old
+            .iter()
+            .find(|(_, fork_us, states)| {
+                *fork_us <= at_us && states.candidates(revision, at_us).iter().any(|g| matches(g).is_ok())
+            })
+            .map(|(server, ..)| *server);
+        match (self.primary.judge(what, who, revision, at_us, &matches), old_side) {
+            (Judged::Violated(_), Some(server)) => (Judged::FromOldPrimary, Some(server)),
+            (judged, old_side) => (judged, old_side),
+        }
+    }
+}
+
+impl States {
+    fn from_events(facts: &Facts<'_>, events: &[HistoryEvent]) -> Self {
         let mut by_revision: BTreeMap<u64, Vec<(u64, Option<GroupMetadata>)>> = BTreeMap::new();
         let mut dropped = Vec::new();
-        for event in facts.history {
+        for event in events {
             if let HistoryKind::WriteDropped { group, revision } = &event.kind {
                 if group == facts.group {
                     dropped.push((*revision, event.at_ms));
@@ -212,7 +298,7 @@ impl States {
         who: String,
         revision: u64,
         at_us: Us,
-        matches: impl Fn(&GroupMetadata) -> Result<(), String>,
+        matches: &impl Fn(&GroupMetadata) -> Result<(), String>,
     ) -> Judged {
         let candidates = self.candidates(revision, at_us);
         if candidates.iter().any(|g| matches(g).is_ok()) {
@@ -267,23 +353,29 @@ fn heartbeat_view(g: &GroupMetadata, req: &HeartbeatRequest, resp: &HeartbeatRes
     }
 }
 
-/// Checks invariant 4 for every heartbeat, routing and admin response; also returns how many
-/// responses came from dropped writes.
-pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
-    let states = States::from_facts(facts);
+/// Checks invariant 4 for every heartbeat, routing and admin response; also returns what it
+/// counted (responses from dropped writes and from old primaries).
+pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, RecordedCounts) {
+    let states = Timelines::from_facts(facts);
     let mut violations = Vec::new();
-    let mut from_dropped = 0;
-    let mut tally = |judged: Judged| match judged {
-        Judged::Clean => {}
-        Judged::FromDroppedWrite => from_dropped += 1,
-        Judged::Violated(v) => violations.push(v),
+    let mut counts = RecordedCounts::default();
+    let mut tally = |(judged, old_side): (Judged, Option<NodeRef>), answer: Option<(ProcessId, Us, bool)>| {
+        match judged {
+            Judged::Clean => {}
+            Judged::FromDroppedWrite => counts.from_dropped_writes += 1,
+            Judged::FromOldPrimary => counts.from_old_primary += 1,
+            Judged::Violated(v) => violations.push(v),
+        }
+        if let (Some(server), Some((process, received_at_us, seen))) = (old_side, answer) {
+            counts.old_primary_answers.push(OldPrimaryAnswer { process, received_at_us, server, seen });
+        }
     };
     for call in &facts.records.heartbeats {
         if let (Some(Ok(resp)), Some(at_us)) = (&call.answer, call.received_at_us) {
             let who = call.process.to_string();
             let judged =
                 states.judge("heartbeat", who, resp.store_revision, at_us, |g| heartbeat_view(g, &call.request, resp));
-            tally(judged);
+            tally(judged, Some((call.process, at_us, call.seen_ok().is_some())));
         }
     }
     for call in &facts.records.routings {
@@ -300,7 +392,7 @@ pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
                     Err(format!("expected {expected:?}, got {resp:?}"))
                 }
             });
-            tally(judged);
+            tally(judged, Some((call.process, at_us, call.seen_ok().is_some())));
         }
     }
     for call in &facts.records.admins {
@@ -317,11 +409,11 @@ pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
                         ))
                     }
                 });
-                tally(judged);
+                tally(judged, None);
             }
         }
     }
-    (violations, from_dropped)
+    (violations, counts)
 }
 
 #[cfg(test)]
@@ -384,6 +476,7 @@ mod tests {
             metadata_after: vec![],
         });
         w.heartbeat_answer(a, 1_500_000, spec_member_view(&next, "consumer-1", HeartbeatStatus::Ok, 2));
-        assert_eq!(check(&w.facts()), (vec![], 1));
+        let (violations, counts) = check(&w.facts());
+        assert_eq!((violations, counts.from_dropped_writes), (vec![], 1));
     }
 }

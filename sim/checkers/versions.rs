@@ -10,6 +10,10 @@
 //! something, an acknowledged write it dropped, a deleted key) between the report's send and the
 //! bump: the record of the report may have been lost with them, and a version a coordinator no
 //! longer knows was reported cannot be protected (the client reports it again at its next request).
+//! The end of a split brain is such a loss (the old primary's writes are discarded). Bumps are
+//! judged in the primary's history only (an old primary's timeline is discarded whole), and a
+//! report whose answer an old primary's side may have given ([`OldPrimaryAnswer`]) is not held
+//! against the primary, which never saw it.
 use std::fmt;
 
 use rsc::core::model::GroupMetadata;
@@ -17,6 +21,7 @@ use rsc::store::memory::HistoryKind;
 
 use crate::records::ProcessId;
 
+use super::recorded::OldPrimaryAnswer;
 use super::Facts;
 use crate::records::Us;
 
@@ -78,12 +83,21 @@ fn losses(facts: &Facts<'_>) -> Vec<Us> {
             _ => false,
         })
         .map(|e| e.at_ms * 1_000)
+        // A split brain's old primary loses every write it accepted when it goes: a report it
+        // recorded is among them.
+        .chain(facts.split_brains.iter().map(|split| split.switch_us))
         .collect()
 }
 
 /// Checks every version bump in the store's history against the versions clients reported.
-pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
-    let reports = reports(facts);
+/// `answers` are the answers derived from an old primary's states: their reports were processed
+/// on the old primary's side of a split brain, which the primary never saw (the old primary's
+/// timeline is discarded whole, reports included).
+pub fn check(facts: &Facts<'_>, answers: &[OldPrimaryAnswer]) -> Vec<Violation> {
+    let on_old_side: std::collections::BTreeSet<(ProcessId, Us)> =
+        answers.iter().map(|a| (a.process, a.received_at_us)).collect();
+    let mut reports = reports(facts);
+    reports.retain(|(_, answered, _, who)| !on_old_side.contains(&(*who, *answered)));
     let losses = losses(facts);
     let mut violations = Vec::new();
     let mut stored: Option<GroupMetadata> = None;
@@ -131,11 +145,11 @@ mod tests {
         let mut next = g.clone();
         next.metadata_version = 14;
         w.store(3_000, &next, 2);
-        assert_eq!(check(&w.facts()), vec![]);
+        assert_eq!(check(&w.facts(), &[]), vec![]);
         let mut reused = next.clone();
         reused.metadata_version = 13;
         w.store(4_000, &reused, 3);
-        let violations = check(&w.facts());
+        let violations = check(&w.facts(), &[]);
         assert!(
             matches!(
                 &violations[..],
@@ -161,6 +175,6 @@ mod tests {
         let mut reused = g.clone();
         reused.metadata_version = 13;
         w.store(4_000, &reused, 2);
-        assert_eq!(check(&w.facts()), vec![]);
+        assert_eq!(check(&w.facts(), &[]), vec![]);
     }
 }

@@ -7,6 +7,7 @@
 use std::fmt;
 
 use rand::rngs::SmallRng;
+use rand::Rng;
 use rsc::core::model::CLOCK_RATE_MARGIN_PERCENT;
 
 use super::node::{resolve_target, InitialCounts, NodeRef, Role, Target};
@@ -72,6 +73,12 @@ pub enum Fault {
     /// Recent metadata writes are lost without an identity change (undetectable by the server;
     /// its damage is measured, not prevented).
     RedisSilentRollback { loss: Loss },
+    /// Split brain: a failover as `RedisFailover { loss }`, but the old primary lives on for
+    /// `old_primary_ms` (cut off from the new one, still accepting writes) with the identity its
+    /// clients knew, serving each coordinator, consumer and producer alive at the failover with
+    /// probability `share` (at least one; drawn from `pick`); everyone else moves to the new
+    /// primary at once. Then it goes, its writes are discarded and its clients move too.
+    RedisSplitBrain { loss: Loss, old_primary_ms: u64, share: f64, pick: u64 },
     /// The metadata key is deleted; the operator recreates the group after `recreate_after_ms`.
     RedisDeleteKey { recreate_after_ms: u64 },
     /// The aggregate becomes unparsable; the operator deletes and recreates after `repair_after_ms`.
@@ -111,6 +118,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "redis-latency",
     "redis-failover",
     "redis-silent-rollback",
+    "redis-split-brain",
     "redis-delete-key",
     "redis-corrupt",
     "redis-future-schema",
@@ -257,6 +265,12 @@ impl Fault {
             },
             "redis-failover" => Fault::RedisFailover { loss: Loss::parse(&mut p, rng)? },
             "redis-silent-rollback" => Fault::RedisSilentRollback { loss: Loss::parse(&mut p, rng)? },
+            "redis-split-brain" => Fault::RedisSplitBrain {
+                loss: Loss::parse(&mut p, rng)?,
+                old_primary_ms: p.u64("old_primary_ms", d, rng)?,
+                share: p.f64("share", Some(Param::Fixed(0.5)), rng)?,
+                pick: rng.gen(),
+            },
             "redis-delete-key" => Fault::RedisDeleteKey { recreate_after_ms: p.u64("recreate_after_ms", d, rng)? },
             "redis-corrupt" => Fault::RedisCorrupt { repair_after_ms: p.u64("repair_after_ms", d, rng)? },
             "redis-future-schema" => Fault::RedisFutureSchema { repair_after_ms: p.u64("repair_after_ms", d, rng)? },
@@ -296,6 +310,7 @@ impl Fault {
             | Fault::ResponseLoss { probability: p, .. }
             | Fault::StaleDelivery { probability: p, .. }
             | Fault::RedisWriteDrop { probability: p, .. }
+            | Fault::RedisSplitBrain { share: p, .. }
                 if !(0.0..=1.0).contains(p) =>
             {
                 bad("probabilities are in [0, 1]")
@@ -311,6 +326,7 @@ impl Fault {
             }
             Fault::RedisFailover { loss: Loss::LastWrites(0) }
             | Fault::RedisSilentRollback { loss: Loss::LastWrites(0) } => bad("writes must be >= 1"),
+            Fault::RedisSplitBrain { old_primary_ms: 0, .. } => bad("old_primary_ms must be >= 1"),
             Fault::ForgedRequests { interval_ms: 0, .. } => bad("interval_ms must be >= 1"),
             _ => Ok(()),
         }
@@ -340,6 +356,7 @@ impl Fault {
             Fault::RedisLatency { .. } => "redis-latency",
             Fault::RedisFailover { .. } => "redis-failover",
             Fault::RedisSilentRollback { .. } => "redis-silent-rollback",
+            Fault::RedisSplitBrain { .. } => "redis-split-brain",
             Fault::RedisDeleteKey { .. } => "redis-delete-key",
             Fault::RedisCorrupt { .. } => "redis-corrupt",
             Fault::RedisFutureSchema { .. } => "redis-future-schema",
@@ -372,6 +389,7 @@ impl Fault {
             | Fault::RedisUnsupported { duration_ms, .. }
             | Fault::RedisWriteDrop { duration_ms, .. }
             | Fault::ForgedRequests { duration_ms, .. } => *duration_ms,
+            Fault::RedisSplitBrain { old_primary_ms, .. } => *old_primary_ms,
             Fault::Restart { down_ms, .. }
             | Fault::CoordinatorLoss { down_ms }
             | Fault::RedisRestart { down_ms, .. } => *down_ms,
@@ -403,6 +421,15 @@ impl Loss {
             (u64::MAX, writes) => Ok(Loss::LastWrites(writes)),
             (since_ms, 0) => Ok(Loss::WrittenSince { since_ms }),
             _ => Err(PlanError::Invalid("a rollback takes `writes` or `since_ms`, not both".into())),
+        }
+    }
+}
+
+impl fmt::Display for Loss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Loss::LastWrites(writes) => write!(f, "last {writes} writes"),
+            Loss::WrittenSince { since_ms } => write!(f, "every write since {since_ms}ms"),
         }
     }
 }
@@ -470,10 +497,10 @@ impl fmt::Display for Fault {
             Fault::RedisLatency { latency_min_ms, latency_max_ms, duration_ms } => {
                 write!(f, "+{latency_min_ms}..{latency_max_ms}ms for {duration_ms}ms")
             }
-            Fault::RedisFailover { loss } | Fault::RedisSilentRollback { loss } => match loss {
-                Loss::LastWrites(writes) => write!(f, "last {writes} writes"),
-                Loss::WrittenSince { since_ms } => write!(f, "every write since {since_ms}ms"),
-            },
+            Fault::RedisFailover { loss } | Fault::RedisSilentRollback { loss } => loss.fmt(f),
+            Fault::RedisSplitBrain { loss, old_primary_ms, share, pick } => {
+                write!(f, "{loss}, old primary for {old_primary_ms}ms serving share={share:.2} (pick {pick:016x})")
+            }
             Fault::RedisDeleteKey { recreate_after_ms } => write!(f, "recreate after {recreate_after_ms}ms"),
             Fault::RedisCorrupt { repair_after_ms } | Fault::RedisFutureSchema { repair_after_ms } => {
                 write!(f, "repair after {repair_after_ms}ms")

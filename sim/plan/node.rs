@@ -44,7 +44,8 @@ impl Role {
     }
 }
 
-/// One simulated node. `index` is 0 for `redis` and `operator`, 1.. otherwise.
+/// One simulated node. `index` is 0 for `redis` and `operator`, 1.. otherwise; a Redis node with
+/// an index is the old primary of the index-th `redis-split-brain` fault (`redis-old-N`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeRef {
     pub role: Role,
@@ -58,12 +59,19 @@ impl NodeRef {
     pub fn new(role: Role, index: u32) -> Self {
         Self { role, index }
     }
+
+    /// The old primary of the `n`-th split brain of a run (n from 1).
+    pub fn old_primary(n: u32) -> Self {
+        Self { role: Role::Redis, index: n }
+    }
 }
 
 impl fmt::Display for NodeRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.role.indexed() {
             write!(f, "{}-{}", self.role.name(), self.index)
+        } else if self.role == Role::Redis && self.index > 0 {
+            write!(f, "redis-old-{}", self.index)
         } else {
             f.write_str(self.role.name())
         }

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 
 use rand::rngs::SmallRng;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 
 use crate::core::model::GroupId;
 use crate::store::{ServerIdentity, StoreError, StoredRecord};
@@ -42,7 +42,7 @@ pub enum RollbackMode {
 }
 
 /// The fault settings. All off after [`MemoryStore::new`].
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Faults {
     write_drop_probability: f64,
     outage: Option<OutageMode>,
@@ -139,6 +139,36 @@ impl MemoryStore {
             inner.change_identity(IdentityCause::Failover, Vec::new());
         }
         undone
+    }
+
+    /// Fault 9 (split brain): a second server that starts as an exact copy of this one now — the
+    /// same identity, generation, keys, streams, journal, fault settings and metadata history —
+    /// and from here on has state of its own (an old primary cut off from the replica promoted in
+    /// its place). Its read, add and ack logs start empty, so they hold only what it executed
+    /// itself; its RNG is reseeded from `seed`. Call it before failing this server over: the copy
+    /// keeps the identity clients knew. Every call on either server stays one atomic step on that
+    /// server's state.
+    pub fn fork(&self, seed: u64) -> MemoryStore {
+        let inner = self.lock();
+        let mut copy = Inner {
+            created_at: inner.created_at,
+            rng: SmallRng::seed_from_u64(seed),
+            identity: inner.identity.clone(),
+            generation: inner.generation,
+            faults: inner.faults.clone(),
+            keys: inner.keys.clone(),
+            journal: inner.journal.clone(),
+            streams: inner.streams.clone(),
+            history: inner.history.clone(),
+            planted: inner.planted,
+        };
+        copy.history.clear_logs();
+        copy.history.fence_refusals.clear();
+        let generation = copy.generation;
+        MemoryStore {
+            shared: std::sync::Arc::new(std::sync::Mutex::new(copy)),
+            connected_generation: std::sync::atomic::AtomicU64::new(generation),
+        }
     }
 
     /// A lossless failover: `rollback(0, RollbackMode::Failover)`.

@@ -151,7 +151,7 @@ impl Default for HistoryLimits {
 
 /// Everything recorded, up to its [`HistoryLimits`]. Unbounded in the simulation on purpose:
 /// checkers need all of it; a long run can drop the stream logs with `clear_logs`.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct History {
     limits: HistoryLimits,
     events: VecDeque<HistoryEvent>,

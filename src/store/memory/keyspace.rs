@@ -40,13 +40,13 @@ enum Prior {
 }
 
 /// One journaled write: the prior values of everything one call changed, in change order.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Change {
     priors: Vec<Prior>,
 }
 
 /// The bounded journal of applied writes, oldest first.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Journal {
     changes: VecDeque<Change>,
     /// How many writes it remembers: [`JOURNAL_LEN_MAX`], or 0 in a store that is never rolled
@@ -76,7 +76,7 @@ impl Journal {
 }
 
 /// The coordinator's keys.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Keyspace {
     /// `…:metadata` hashes.
     pub(super) metadata: BTreeMap<GroupId, StoredRecord>,

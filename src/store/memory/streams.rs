@@ -47,7 +47,7 @@ impl StreamLog {
 }
 
 /// Every stream key.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Streams {
     logs: BTreeMap<String, StreamLog>,
 }

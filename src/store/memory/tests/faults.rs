@@ -68,6 +68,40 @@ async fn failover_rollback_loses_writes_changes_identity_and_breaks_old_handles_
 }
 
 #[tokio::test]
+async fn a_fork_keeps_the_identity_and_state_then_diverges_from_the_failed_over_primary() {
+    let primary = MemoryStore::new(1);
+    let g = group();
+    for aggregate in ["a", "b", "c"] {
+        put(&primary, &g, aggregate).await;
+    }
+    primary.xadd("s", vec![("k".into(), b"1".to_vec())], None).await.expect("xadd");
+    let before = primary.identity().await.expect("identity");
+    let on_primary = primary.connect();
+
+    let old = primary.fork(7);
+    primary.rollback(1, RollbackMode::Failover);
+    let on_old = old.connect();
+
+    // The old primary is the server the clients knew: same identity, the lost write, the stream.
+    assert_eq!(on_old.identity().await, Ok(before.clone()));
+    assert_eq!(on_old.load(&g).await.expect("load").map(|r| (r.revision, r.aggregate)), Some((3, "c".into())));
+    assert_eq!(old.peek_stream_ids("s"), primary.peek_stream_ids("s"));
+    assert!(old.read_log().is_empty() && old.add_log().is_empty(), "its logs hold only what it ran itself");
+    // The primary failed over.
+    assert!(is_reset(&on_primary.load(&g).await));
+    assert_ne!(on_primary.identity().await.expect("identity"), before);
+    assert_eq!(on_primary.load(&g).await.expect("load").map(|r| r.revision), Some(2));
+
+    // From here on each has its own state.
+    put(&on_old, &g, "d").await;
+    on_old.xadd("s", vec![("k".into(), b"2".to_vec())], None).await.expect("xadd");
+    assert_eq!(on_primary.load(&g).await.expect("load").map(|r| (r.revision, r.aggregate)), Some((2, "b".into())));
+    assert_eq!(primary.peek_stream_ids("s").len(), 1);
+    assert_eq!(old.peek_stream_ids("s").len(), 2);
+    assert_eq!(old.add_log().len(), 1);
+}
+
+#[tokio::test]
 async fn rollback_undoes_liveness_mutex_and_index_writes_too() {
     let store = MemoryStore::new(1);
     let (g, other) = (group(), other_group());
