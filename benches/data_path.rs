@@ -9,7 +9,8 @@
 //! - `raw`: the `redis` crate directly — one XADD per message; per consumer one `XREADGROUP
 //!   COUNT n BLOCK w` over its shards and one pipelined XACK per read (the physical limit);
 //! - `library fencing=on` / `library fencing=off`: `Producer::publish`, `Consumer::poll_wait` +
-//!   `Consumer::ack_all` per polled batch (one XACK per shard), on a group created with the
+//!   `Consumer::ack_all` per polled batch (fenced: one read script and one ack script per batch;
+//!   unfenced: one XACK per shard, concurrently), on a group created with the
 //!   default config and `GroupConfig::fencing` set (on: reads, acks and claims go through the
 //!   fence scripts);
 //! - `library fencing=on poll_idle=5ms`: the consumers' `poll_idle_ms` at 5 instead of the
