@@ -226,6 +226,7 @@ impl ConsumerCore {
                         setup_at_ms: 0,
                         revoke_id: None,
                         fence: None,
+                        acked_before_pending_read: BTreeSet::new(),
                     },
                 );
             }
@@ -244,6 +245,7 @@ impl ConsumerCore {
             setup_at_ms: now_ms,
             revoke_id: None,
             fence,
+            acked_before_pending_read: BTreeSet::new(),
         };
         let entry = self.shards.entry(shard).or_insert(fresh);
         entry.generation = generation;

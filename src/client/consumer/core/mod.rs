@@ -114,6 +114,10 @@ struct Shard {
     /// The fence the latest answer gave this shard (`HeartbeatResponse::fences`): every stream
     /// operation on it presents this value. `None`: operations go unfenced.
     fence: Option<Fence>,
+    /// Entries acked while this shard's own pending entries were still to be re-read: an
+    /// own-pending read that ran at Redis before the XACK returns them, and they must not be
+    /// delivered again. Emptied once the own-pending re-read is done.
+    acked_before_pending_read: BTreeSet<EntryId>,
 }
 
 /// The heartbeat in flight (at most one).
@@ -459,7 +463,9 @@ impl ConsumerCore {
             return Vec::new();
         }
         let returned = entries.len();
-        let mut fresh: Vec<StreamEntry> = entries.into_iter().filter(|e| !shard.in_flight.contains(&e.id)).collect();
+        let acked = &shard.acked_before_pending_read;
+        let mut fresh: Vec<StreamEntry> =
+            entries.into_iter().filter(|e| !shard.in_flight.contains(&e.id) && !acked.contains(&e.id)).collect();
         // An own-pending read asks for the entries in flight plus the caller's `max` (those come
         // back too); more than `max` fresh ones (in flight ones acked meanwhile, or pending entries
         // below them) are left pending at Redis for the next own-pending read.
@@ -469,6 +475,7 @@ impl ConsumerCore {
         fresh.truncate(cap);
         if own_pending && !truncated && (fresh.is_empty() || returned < requested) {
             *pending_done = true;
+            shard.acked_before_pending_read.clear();
         }
         let mut out = Vec::with_capacity(fresh.len());
         for entry in fresh {
@@ -506,6 +513,11 @@ impl ConsumerCore {
     pub fn acked(&mut self, now_ms: u64, delivery: &Delivery) -> bool {
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::EntryAcked { at_ms: now_ms, member, shard: delivery.shard, entry: delivery.entry.id });
+        if let Some(shard) = self.shards.get_mut(&delivery.shard) {
+            if matches!(shard.state, ShardState::Reading { pending_done: false, .. }) {
+                shard.acked_before_pending_read.insert(delivery.entry.id);
+            }
+        }
         self.remove_in_flight(now_ms, delivery)
     }
 

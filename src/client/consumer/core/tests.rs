@@ -142,6 +142,25 @@ fn an_own_pending_read_delivers_at_most_what_was_asked_for() {
     assert_eq!(c.plan_for(10, 2, generation).map(|p| p.step), Some(ReadStep::Read(ReadFrom::New)));
 }
 
+/// An own-pending read that ran at Redis before an XACK of one of its entries returns that entry;
+/// the consumer acked it meanwhile, so it is not delivered again.
+#[test]
+fn an_entry_acked_while_own_pending_entries_are_re_read_is_not_delivered_again() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[2])));
+    let generation = c.read_plans(10)[0].generation;
+    c.setup_done(2, generation);
+    let plan = c.plan_for(10, 2, generation).expect("readable");
+    let first = c.handle_read(10, plan, 2, (1..=4).map(entry).collect());
+    assert_eq!(first.iter().map(|d| d.entry.id.ms).collect::<Vec<_>>(), vec![1, 2]);
+    // The next own-pending read is on its way when the application acks entry 1.
+    let plan = c.plan_for(10, 2, generation).expect("readable");
+    assert_eq!(plan.step, ReadStep::Read(ReadFrom::OwnPending));
+    c.acked(11, &first[0]);
+    let again = c.handle_read(12, plan, plan.in_flight + 2, (1..=4).map(entry).collect());
+    assert_eq!(again.iter().map(|d| d.entry.id.ms).collect::<Vec<_>>(), vec![3, 4], "entry 1 was acked");
+}
+
 #[test]
 fn lease_counts_from_the_send_time_not_the_receive_time() {
     let mut c = core();
