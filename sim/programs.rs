@@ -281,7 +281,11 @@ async fn process_one<T, S>(
         if lost.generation(delivery.shard) != generation {
             break false;
         }
+        // Biased: tokio's select! draws its branch order from a thread-local RNG that madsim does
+        // not seed, so an unbiased select whose branches are ready at one simulated instant (the
+        // work ends as the shard is lost) made runs differ (clock-faults seed 8).
         tokio::select! {
+            biased;
             _ = &mut work => break true,
             _ = changed => {}
         }

@@ -232,6 +232,7 @@ impl Signals {
         #[cfg(unix)]
         {
             tokio::select! {
+                biased;
                 _ = self.terminate.recv() => "SIGTERM",
                 _ = self.interrupt.recv() => "SIGINT",
             }
