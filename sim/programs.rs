@@ -133,6 +133,8 @@ pub async fn coordinator(env: Env, process: ProcessId, registry: CoordinatorRegi
         mutex_ttl_ms: t.mutex_ttl_ms,
         tick_interval_ms: t.tick_interval_ms,
         rng_seed: env.rng(process, 2).gen(),
+        // The operator's setting: the longest lease the deployment uses (plans never change it).
+        max_assignment_lease_ms: env.plan.group.assignment_lease_ms,
         planted: env.planted,
         ..CoordinatorOptions::default()
     };

@@ -6,7 +6,7 @@ mod core_support;
 use core_support::{beat, group_id, Client, World};
 use rsc::core::model::{GroupConfig, MemberState, ShardOwner};
 use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatStatus, RevokeReport};
-use rsc::core::{decide_admin, Context};
+use rsc::core::{decide_admin, Context, LocalView};
 
 #[test]
 fn join_of_a_single_member_gets_ok_with_every_shard_and_a_never_reused_epoch() {
@@ -290,4 +290,38 @@ fn a_lease_increase_lost_in_a_rollback_still_governs_the_correction_wait() {
     w.tick();
     let r = beat(&mut w, &mut a).expect("after the longest lease");
     assert_eq!(r.status, HeartbeatStatus::Ok, "{r:?}");
+}
+
+/// The same lost increase, decided by a process that never saw it (the one that did is gone): only
+/// the deployment's lease ceiling bounds the lost lease, so the round waits the ceiling. Without a
+/// ceiling (`0`) that process ends the round after the restored 8 s lease while a grant under the
+/// lost 30 s lease may still run: the case DESIGN §7 describes, kept here as the control.
+#[test]
+fn a_lease_increase_no_live_process_saw_is_covered_by_the_lease_ceiling() {
+    for (ceiling, covered) in [(30_000, true), (0, false)] {
+        let mut w = World::new(2);
+        let mut a = Client::new("a");
+        beat(&mut w, &mut a).expect("join");
+        let longer = GroupConfig { member_lease_ttl_ms: 40_000, assignment_lease_ms: 30_000, ..w.g.config.clone() };
+        let change = AdminRequest::ChangeConfig { group: group_id(), expected_revision: w.revision, config: longer };
+        w.admin(&change).expect("raise the lease");
+        let granted = beat(&mut w, &mut a).expect("a heartbeat under the longer lease");
+        assert_eq!(granted.assignment_lease_ms, 30_000);
+        // The process that saw the increase dies; a new one (with the deployment's ceiling) decides.
+        w.view = LocalView::with_lease_ceiling(ceiling);
+        w.rollback(1, true);
+        assert_eq!(w.g.config.assignment_lease_ms, 8_000, "the increase is lost");
+        assert!(w.g.correction.is_some(), "the failover starts a correction round");
+        beat(&mut w, &mut a).expect("sync");
+        w.advance(8_000 * 103 / 100);
+        w.tick();
+        let r = beat(&mut w, &mut a).expect("after the restored lease");
+        assert_eq!(r.status != HeartbeatStatus::Ok, covered, "ceiling {ceiling}: {r:?}");
+        if covered {
+            w.advance(30_000 * 102 / 100 - 8_000 * 103 / 100 + 1);
+            w.tick();
+            let r = beat(&mut w, &mut a).expect("after the ceiling");
+            assert_eq!(r.status, HeartbeatStatus::Ok, "{r:?}");
+        }
+    }
 }

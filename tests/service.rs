@@ -47,7 +47,12 @@ fn fast_config() -> GroupConfig {
 }
 
 fn coordinator(store: &MemoryStore, id: &str, planted: PlantedBugs) -> Coordinator<MemoryStore> {
-    let options = CoordinatorOptions { instance_id: id.into(), planted, ..CoordinatorOptions::default() };
+    let options = CoordinatorOptions {
+        instance_id: id.into(),
+        planted,
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ..CoordinatorOptions::default()
+    };
     Coordinator::new(store.connect(), options)
 }
 
@@ -96,7 +101,12 @@ fn next(r: &HeartbeatResponse) -> HeartbeatRequest {
 /// A coordinator with a 50 ms mutex TTL, for tests that roll the store back: a rollback also
 /// restores mutexes that were already released.
 fn short_mutex(store: &MemoryStore, id: &str) -> Coordinator<MemoryStore> {
-    let options = CoordinatorOptions { instance_id: id.into(), mutex_ttl_ms: 50, ..CoordinatorOptions::default() };
+    let options = CoordinatorOptions {
+        instance_id: id.into(),
+        mutex_ttl_ms: 50,
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ..CoordinatorOptions::default()
+    };
     Coordinator::new(store.connect(), options)
 }
 
@@ -540,4 +550,27 @@ async fn the_tick_exports_per_group_aggregates_and_per_member_series_only_when_o
     let of_a = vec![("group", group().to_string()), ("member", "a".to_string())];
     assert_eq!(metrics.value("rsc_member_revoking_shards", &of_a), revoking as f64);
     assert!(metrics.render().contains("rsc_member_heartbeat_age_seconds{group=\"orders:billing\",member=\"b\"}"));
+}
+
+/// A group may not configure a lease above the instance's ceiling (correction rounds rely on no
+/// coordinator granting a longer one): create and change-config are refused with a typed error and
+/// nothing is written; at the ceiling both are accepted.
+#[tokio::test]
+async fn a_lease_above_the_coordinator_ceiling_is_refused_and_changes_nothing() {
+    let store = MemoryStore::new(7);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    let ceiling = c.options().max_assignment_lease_ms;
+    let over = GroupConfig { assignment_lease_ms: ceiling + 1, member_lease_ttl_ms: 2 * ceiling, ..fast_config() };
+    let refused = c.admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: over.clone() }).await;
+    assert_eq!(refused.expect_err("over the ceiling").code, ErrorCode::BadRequest);
+    assert!(recorded(&store).is_none(), "a refused create writes nothing");
+    create(&c, 2).await;
+    let before = recorded(&store).expect("created");
+    let change = AdminRequest::ChangeConfig { group: group(), expected_revision: 1, config: over };
+    assert_eq!(c.admin(change).await.expect_err("over the ceiling").code, ErrorCode::BadRequest);
+    assert_eq!(recorded(&store), Some(before), "a refused change writes nothing");
+    let at = GroupConfig { assignment_lease_ms: ceiling, member_lease_ttl_ms: 2 * ceiling, ..fast_config() };
+    c.admin(AdminRequest::ChangeConfig { group: group(), expected_revision: 1, config: at })
+        .await
+        .expect("at the ceiling");
 }

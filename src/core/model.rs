@@ -488,6 +488,16 @@ impl GroupMetadata {
         lease.saturating_add(clock_rate_margin_ms(lease))
     }
 
+    /// How long a correction round waits after its evidence: [`lease_wait_ms`](Self::lease_wait_ms)
+    /// of the longest lease a grant of the lost history may run under. That is the longest of the
+    /// recorded lease, the longest this process saw recorded, and the deployment's lease ceiling
+    /// (`ceiling_ms`, [`crate::core::Observations::lease_ceiling_ms`]): a lease increase the store
+    /// lost may have been seen only by processes that are gone, and no coordinator grants a lease
+    /// above the ceiling, so grants made under it end by then.
+    pub fn round_wait_ms(&self, longest_seen_ms: u64, ceiling_ms: u64) -> u64 {
+        self.lease_wait_ms(longest_seen_ms.max(ceiling_ms))
+    }
+
     /// The member lease TTL expiry must wait for.
     pub fn effective_member_lease_ttl_ms(&self) -> u64 {
         let old = self.lease_transition.as_ref().map_or(0, |t| t.member_lease_ttl_ms);

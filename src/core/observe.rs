@@ -25,6 +25,11 @@ pub struct Observations {
     /// evidence of lost writes: a lease *increase* the store then lost may still govern grants
     /// clients hold, so lease waits last at least this long (0: none seen).
     pub longest_lease_seen_ms: u64,
+    /// The longest assignment lease any coordinator of this deployment grants (its
+    /// `max_assignment_lease_ms`, the same on every instance; 0: no ceiling). A correction round
+    /// waits at least this long: a lease increase the store lost may have been seen by no live
+    /// process, and the ceiling is the only bound on it that does not depend on having seen it.
+    pub lease_ceiling_ms: u64,
 }
 
 /// One member's liveness observation.
@@ -63,9 +68,16 @@ pub struct LocalView {
     /// Per group, the longest effective assignment lease seen recorded. Not cleared by
     /// [`reset`](Self::reset) or [`reset_all`](Self::reset_all): it must outlive a rollback.
     longest_lease_ms: BTreeMap<GroupId, u64>,
+    /// Reported in every [`Observations::lease_ceiling_ms`].
+    lease_ceiling_ms: u64,
 }
 
 impl LocalView {
+    /// A view whose observations carry `lease_ceiling_ms` ([`Observations::lease_ceiling_ms`]).
+    pub fn with_lease_ceiling(lease_ceiling_ms: u64) -> Self {
+        Self { lease_ceiling_ms, ..Self::default() }
+    }
+
     /// Records what was just read (`now_ms` on this process's monotonic clock) and returns the
     /// observations for the decision. `liveness` is `None` when the caller did not read it (a
     /// heartbeat); liveness windows are then reported as last seen.
@@ -111,6 +123,7 @@ impl LocalView {
                 .collect(),
             waits: windows.waits.iter().map(|(&w, &since)| (w, now_ms.saturating_sub(since))).collect(),
             longest_lease_seen_ms,
+            lease_ceiling_ms: self.lease_ceiling_ms,
         }
     }
 
@@ -154,7 +167,12 @@ impl LocalView {
             let since = *windows.waits.entry(wait).or_insert(now_ms);
             waits.insert(wait, now_ms.saturating_sub(since));
         }
-        Observations { liveness: BTreeMap::new(), waits, longest_lease_seen_ms }
+        Observations {
+            liveness: BTreeMap::new(),
+            waits,
+            longest_lease_seen_ms,
+            lease_ceiling_ms: self.lease_ceiling_ms,
+        }
     }
 
     /// Forgets every window of `group`: evidence of lost writes restarts all waits.

@@ -144,7 +144,8 @@ impl<'a> Transition<'a> {
         }
         let reason = LossEvidence::ClientVersionAhead { reported, stored: self.before.metadata_version };
         let wait_over = self.next.correction.as_ref().is_some_and(|round| {
-            self.obs.waited_ms(round.wait) >= self.next.lease_wait_ms(self.obs.longest_lease_seen_ms)
+            self.obs.waited_ms(round.wait)
+                >= self.next.round_wait_ms(self.obs.longest_lease_seen_ms, self.obs.lease_ceiling_ms)
         });
         if self.next.correction.is_none() || never_reported || wait_over {
             self.start_round(reason);
@@ -515,7 +516,7 @@ pub(crate) fn is_quiescent(g: &GroupMetadata, obs: &Observations, planted: Plant
 
 fn round_over(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {
     g.correction.as_ref().is_some_and(|round| {
-        let waited = obs.waited_ms(round.wait) >= g.lease_wait_ms(obs.longest_lease_seen_ms)
+        let waited = obs.waited_ms(round.wait) >= g.round_wait_ms(obs.longest_lease_seen_ms, obs.lease_ceiling_ms)
             || planted.has(PlantedBug::SkipCorrectionLeaseWait);
         waited && g.active_members().all(|m| round.synced_members.contains(m))
     })

@@ -55,6 +55,12 @@ pub struct CoordinatorOptions {
     pub tick_interval_ms: u64,
     /// Seeds mutex tokens and retry jitter.
     pub rng_seed: u64,
+    /// The longest assignment lease this instance lets a group configure (like Kafka's
+    /// `group.consumer.max.session.timeout.ms`); must be the same on every instance. Correction
+    /// rounds wait at least this long (DESIGN §7): a lease increase lost with a failover may have
+    /// been seen by no live coordinator, and this is what bounds the leases its grants run under.
+    /// 0 disables the ceiling (rounds then wait the longest lease this process saw recorded).
+    pub max_assignment_lease_ms: u64,
     /// Deliberate mistakes for the simulation's negative tests; `NONE` in production.
     pub planted: PlantedBugs,
 }
@@ -69,6 +75,7 @@ impl Default for CoordinatorOptions {
             cas_attempts_max: 8,
             tick_interval_ms: 250,
             rng_seed: 0,
+            max_assignment_lease_ms: MAX_ASSIGNMENT_LEASE_MS_DEFAULT,
             planted: PlantedBugs::NONE,
         }
     }
@@ -131,6 +138,10 @@ impl<S> Clone for Coordinator<S> {
     }
 }
 
+/// Default of [`CoordinatorOptions::max_assignment_lease_ms`]: the default group's lease (8 s) and
+/// up to 30 s fit without configuration, and a correction round waits 30.6 s at most by default.
+pub const MAX_ASSIGNMENT_LEASE_MS_DEFAULT: u64 = 30_000;
+
 const HEARTBEATS: &str = "rsc_heartbeats_total";
 /// Separates the `writeId` RNG's seed from the token RNG's.
 const WRITE_ID_SALT: u64 = 0x5772_6974_6549_6421;
@@ -140,7 +151,7 @@ const HEARTBEATS_HELP: &str = "Heartbeats answered, by status or error code.";
 impl<S: MetadataStore> Coordinator<S> {
     pub fn new(store: S, options: CoordinatorOptions) -> Self {
         let local = LocalState {
-            view: LocalView::default(),
+            view: LocalView::with_lease_ceiling(options.max_assignment_lease_ms),
             identity: None,
             identity_generation: 0,
             evidence_recorded: BTreeMap::new(),
@@ -402,11 +413,34 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     /// Applies an admin mutation (create, add shards, change config, delete) with revision checks.
+    /// Refuses a config whose assignment lease exceeds this instance's ceiling
+    /// ([`CoordinatorOptions::max_assignment_lease_ms`]): correction rounds rely on no coordinator
+    /// granting a longer lease.
+    fn check_lease_ceiling(&self, req: &AdminRequest) -> Result<(), ApiError> {
+        let ceiling = self.inner.options.max_assignment_lease_ms;
+        let config = match req {
+            AdminRequest::CreateGroup { config, .. } | AdminRequest::ChangeConfig { config, .. } => config,
+            AdminRequest::AddShards { .. } | AdminRequest::DeleteGroup { .. } => return Ok(()),
+        };
+        if ceiling == 0 || config.assignment_lease_ms <= ceiling {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "assignmentLeaseMs {} exceeds this coordinator's maximum assignment lease ({ceiling} ms, \
+                 --max-assignment-lease-ms); raise it on every instance first",
+                config.assignment_lease_ms
+            ),
+        ))
+    }
+
     pub async fn admin(&self, req: AdminRequest) -> Result<AdminResponse, ApiError> {
         let group = req.group().clone();
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
         // Before the mutex and the index read: a malformed mutation costs the store nothing.
         check_admin_request(&req).map_err(bad_request)?;
+        self.check_lease_ceiling(&req)?;
         let recreate = matches!(req, AdminRequest::CreateGroup { .. }) && self.index_knows(&group).await?;
         let decided =
             self.critical(&group, false, |g, rev, obs| decide_admin(g, &req, recreate, self.context(rev, obs))).await;

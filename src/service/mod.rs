@@ -11,6 +11,6 @@ mod monitors;
 mod pruning;
 pub mod shutdown;
 
-pub use coordinator::{Coordinator, CoordinatorOptions, GroupDescription};
+pub use coordinator::{Coordinator, CoordinatorOptions, GroupDescription, MAX_ASSIGNMENT_LEASE_MS_DEFAULT};
 #[doc(hidden)]
 pub use pruning::LocalSizes;

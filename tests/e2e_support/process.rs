@@ -62,6 +62,11 @@ fn fresh_dir() -> PathBuf {
     dir
 }
 
+/// `--max-assignment-lease-ms` of every e2e coordinator: the e2e groups' lease
+/// ([`super::fast_config`]), so correction rounds wait what they would in a deployment that
+/// sets its ceiling to the lease it uses.
+const E2E_LEASE_CEILING_MS: u64 = 1_500;
+
 /// `coordinator serve` arguments for `redis_url` on `port`: a fast tick and a short shutdown,
 /// then `extra` (which may set its own `--shutdown-accept-ms`).
 fn serve_command(binary: &str, redis_url: &str, name: &str, port: u16, log: &Path, extra: &[String]) -> Command {
@@ -77,6 +82,9 @@ fn serve_command(binary: &str, redis_url: &str, name: &str, port: u16, log: &Pat
     command
         .args(extra)
         .env_remove("REDIS_URL")
+        // The longest lease the e2e groups use; an environment variable, which the previous
+        // release (mixed-version tests) ignores.
+        .env("RSC_MAX_ASSIGNMENT_LEASE_MS", E2E_LEASE_CEILING_MS.to_string())
         .env("COORDINATOR_ADMIN_TOKEN", ADMIN_TOKEN)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())

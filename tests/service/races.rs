@@ -12,7 +12,12 @@ use super::*;
 /// join wrote r+1. Returns whether the group ended up in a correction round.
 async fn steady_read_overtaken_by_a_join(planted: PlantedBugs) -> bool {
     let store = MemoryStore::new(21);
-    let options = CoordinatorOptions { instance_id: "c1".into(), planted, ..CoordinatorOptions::default() };
+    let options = CoordinatorOptions {
+        instance_id: "c1".into(),
+        planted,
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ..CoordinatorOptions::default()
+    };
     let held = HeldStore::new(store.connect());
     let c = Coordinator::new(held, options);
     c.start().await.expect("probe");

@@ -14,7 +14,12 @@ use super::*;
 /// A coordinator on a [`HeldStore`], with the 50 ms mutex TTL of [`short_mutex`]: its stall
 /// outlasts its mutex, which is exactly when only the write condition keeps its write out.
 fn stalling(store: &MemoryStore, id: &str) -> Coordinator<HeldStore> {
-    let options = CoordinatorOptions { instance_id: id.into(), mutex_ttl_ms: 50, ..CoordinatorOptions::default() };
+    let options = CoordinatorOptions {
+        instance_id: id.into(),
+        mutex_ttl_ms: 50,
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ..CoordinatorOptions::default()
+    };
     Coordinator::new(HeldStore::new(store.connect()), options)
 }
 

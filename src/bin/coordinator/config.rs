@@ -16,6 +16,7 @@
 //! redis_sentinel_master = "mymaster"
 //! instance_id = "coordinator-a"
 //! tick_interval_ms = 250
+//! max_assignment_lease_ms = 30000                          # longest lease a group may use; same on every instance
 //! mutex_ttl_ms = 2000
 //! mutex_attempts_max = 20
 //! mutex_retry_ms = 10
@@ -82,6 +83,7 @@ pub struct FileConfig {
     pub redis_sentinel_master: Option<String>,
     pub instance_id: Option<String>,
     pub tick_interval_ms: Option<u64>,
+    pub max_assignment_lease_ms: Option<u64>,
     pub mutex_ttl_ms: Option<u64>,
     pub mutex_attempts_max: Option<u32>,
     pub mutex_retry_ms: Option<u64>,
@@ -198,6 +200,7 @@ impl std::fmt::Debug for Settings {
             .field("client_tokens", &self.client_tokens)
             .field("instance_id", &self.coordinator.instance_id)
             .field("tick_interval_ms", &self.coordinator.tick_interval_ms)
+            .field("max_assignment_lease_ms", &self.coordinator.max_assignment_lease_ms)
             .field("body_bytes_max", &self.body_bytes_max)
             .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
             .field("listener", &self.listener)
@@ -227,6 +230,10 @@ impl Settings {
             cas_attempts_max: file.cas_attempts_max.unwrap_or(defaults.cas_attempts_max),
             tick_interval_ms: args.tick_interval_ms.or(file.tick_interval_ms).unwrap_or(defaults.tick_interval_ms),
             rng_seed,
+            max_assignment_lease_ms: args
+                .max_assignment_lease_ms
+                .or(file.max_assignment_lease_ms)
+                .unwrap_or(defaults.max_assignment_lease_ms),
             planted: defaults.planted,
         };
         let redis_url = non_empty(args.redis_url.clone().or(file.redis_url));
