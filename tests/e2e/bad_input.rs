@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::e2e_support::process::{http, parse_answer, CoordinatorProcess, ADMIN_TOKEN};
+use crate::e2e_support::process::{http, parse_answer, CoordinatorProcess, ADMIN_TOKEN, LONG_LEASES_SERVE_CONFIG};
 use crate::e2e_support::{fast_config, group, join_json};
 use crate::support::RedisServer;
 use rsc::core::protocol::ErrorCode;
@@ -15,7 +15,7 @@ type Case<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, Vec<u8>, u16);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_oversized_requests_get_typed_4xx_json_and_change_nothing_in_redis() {
     let redis = RedisServer::start();
-    let coordinator = CoordinatorProcess::start(&redis.url(), "e2e-input").await;
+    let coordinator = CoordinatorProcess::start_with_config(&redis.url(), "e2e-input", LONG_LEASES_SERVE_CONFIG).await;
     let group = group("input");
     // Long leases: nothing may change by itself while the cases run.
     coordinator.create_group(&group, 2, &rsc::core::model::GroupConfig::default()).await;

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::e2e_support::process::{http, CoordinatorProcess, HttpAnswer};
+use crate::e2e_support::process::{http, CoordinatorProcess, HttpAnswer, LONG_LEASES_SERVE_CONFIG};
 use crate::e2e_support::{group, heartbeat_json, metric_total};
 use crate::support::RedisServer;
 use rsc::core::model::{GroupConfig, GroupId};
@@ -36,7 +36,8 @@ async fn fails_closed_within(c: &CoordinatorProcess, group: &GroupId, body: &[u8
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hand_edited_metadata_fails_closed_is_never_overwritten_and_recovers_after_repair() {
     let redis = RedisServer::start();
-    let coordinator = CoordinatorProcess::start(&redis.url(), "e2e-corruption").await;
+    let coordinator =
+        CoordinatorProcess::start_with_config(&redis.url(), "e2e-corruption", LONG_LEASES_SERVE_CONFIG).await;
     let group = group("corruption");
     coordinator.create_group(&group, 2, &GroupConfig::default()).await;
     let meta = keys::metadata_key(&group);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::e2e_support::certs::TestCa;
-use crate::e2e_support::process::{http, https, CoordinatorProcess, Listener, ADMIN_TOKEN};
+use crate::e2e_support::process::{http, https, CoordinatorProcess, Listener, ADMIN_TOKEN, LONG_LEASES_SERVE_CONFIG};
 use crate::e2e_support::{fast_config, group};
 use crate::support::RedisServer;
 use rsc::client::transport::{CoordinatorTransport, TransportError};
@@ -102,7 +102,8 @@ async fn mutual_tls_serves_only_clients_with_a_certificate_from_the_client_ca() 
     let mut args = tls_args(&server.cert_file, &server.key_file);
     args.extend(["--tls-client-ca-file".to_string(), clients_ca.ca_file().display().to_string()]);
     let listener = Listener { args, tls: Some(with_cert.clone()) };
-    let coordinator = CoordinatorProcess::start_with_listener(&redis.url(), "e2e-mtls", "", listener).await;
+    let coordinator =
+        CoordinatorProcess::start_with_listener(&redis.url(), "e2e-mtls", LONG_LEASES_SERVE_CONFIG, listener).await;
     let addr = coordinator.addr();
     let group = group("mtls");
     // The admin CLI over mutual TLS (`coordinator.url()` is https://...).

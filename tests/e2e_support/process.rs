@@ -64,8 +64,12 @@ fn fresh_dir() -> PathBuf {
 
 /// `--max-assignment-lease-ms` of every e2e coordinator: the e2e groups' lease
 /// ([`super::fast_config`]), so correction rounds wait what they would in a deployment that
-/// sets its ceiling to the lease it uses.
+/// sets its ceiling to the lease it uses. Tests with longer leases set their own in the serve
+/// config ([`LONG_LEASES_SERVE_CONFIG`]).
 const E2E_LEASE_CEILING_MS: u64 = 1_500;
+
+/// The serve config of a test whose group uses the default (8 s) lease.
+pub const LONG_LEASES_SERVE_CONFIG: &str = "max_assignment_lease_ms = 8000\n";
 
 /// `coordinator serve` arguments for `redis_url` on `port`: a fast tick and a short shutdown,
 /// then `extra` (which may set its own `--shutdown-accept-ms`).
@@ -214,6 +218,11 @@ impl CoordinatorProcess {
             serve_command(&self.binary, redis_url, &self.name, self.addr.port(), &self.log_path(), &self.listener.args);
         let config = self.dir.join("serve.toml");
         if config.exists() {
+            // A config file that sets the lease ceiling itself (a test with long leases) wins over
+            // the e2e default, which would otherwise win as an environment variable.
+            if std::fs::read_to_string(&config).is_ok_and(|text| text.contains("max_assignment_lease_ms")) {
+                command.env_remove("RSC_MAX_ASSIGNMENT_LEASE_MS");
+            }
             command.arg("--config").arg(config);
         }
         self.child = Some(command.spawn().expect("spawn coordinator serve"));
