@@ -13,6 +13,9 @@
 //!   unfenced: one XACK per shard, concurrently), on a group created with the
 //!   default config and `GroupConfig::fencing` set (on: reads, acks and claims go through the
 //!   fence scripts);
+//! - `library fencing=on, script reads`: fencing on with every fenced read through the read
+//!   script (`RedisStoreOptions::fenced_read_gates` off), as before reads went through gates:
+//!   the side by side of what gates save;
 //! - `library fencing=on poll_idle=5ms`: the consumers' `poll_idle_ms` at 5 instead of the
 //!   library's 50 (set in the `ConsumerConfig` this bench builds), to separate the cost of
 //!   polling from the rest (`lib-off-idle5` on request).
@@ -32,7 +35,8 @@
 //! short run. Knobs (environment): `DP_MESSAGES` per run (20000; quick 5000), `DP_ROUNDS` (5;
 //! quick 2), `DP_PRODUCERS` (4), `DP_CONSUMERS` (4), `DP_SHARDS` (8), `DP_BATCH` entries per read
 //! (100), `DP_IDLE_WAITS` per consumer (5; quick 2) of `DP_IDLE_WAIT_MS` (200), `DP_ROWS`
-//! (comma-separated keys; default `raw,lib-on,lib-off,lib-on-idle5`; also `lib-off-idle5`).
+//! (comma-separated keys; default `raw,lib-on,lib-on-script,lib-off,lib-on-idle5`; also
+//! `lib-off-idle5`).
 //! A library row whose clients cannot start (e.g. a store without the fence scripts) is left out
 //! with its error printed; the smoke run fails instead.
 //! Without `--bench` (how `cargo test --all-targets` runs it) a small smoke run checks that every
@@ -104,6 +108,7 @@ mod bench {
             vec![
                 Row::Raw,
                 Row::Library { fencing: Fencing::On, poll_idle_ms: None },
+                Row::Library { fencing: Fencing::OnScripted, poll_idle_ms: None },
                 Row::Library { fencing: Fencing::Off, poll_idle_ms: None },
                 Row::Library { fencing: Fencing::On, poll_idle_ms: Some(5) },
                 Row::Library { fencing: Fencing::Off, poll_idle_ms: Some(5) },
@@ -112,7 +117,7 @@ mod bench {
 
         /// Rows run when `DP_ROWS` is not set.
         fn default_keys() -> Vec<&'static str> {
-            vec!["raw", "lib-on", "lib-off", "lib-on-idle5"]
+            vec!["raw", "lib-on", "lib-on-script", "lib-off", "lib-on-idle5"]
         }
 
         pub fn key(self) -> String {
@@ -121,6 +126,7 @@ mod bench {
                 Row::Library { fencing, poll_idle_ms } => {
                     let fencing = match fencing {
                         Fencing::On => "-on",
+                        Fencing::OnScripted => "-on-script",
                         Fencing::Off => "-off",
                     };
                     let idle = poll_idle_ms.map_or(String::new(), |ms| format!("-idle{ms}"));
@@ -135,6 +141,7 @@ mod bench {
                 Row::Library { fencing, poll_idle_ms } => {
                     let mut title = String::from(match fencing {
                         Fencing::On => "library fencing=on",
+                        Fencing::OnScripted => "library fencing=on, script reads",
                         Fencing::Off => "library fencing=off",
                     });
                     if let Some(ms) = poll_idle_ms {

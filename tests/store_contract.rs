@@ -117,6 +117,35 @@ contract_suite!(
     contract_batched_fenced_reads_and_acks_keep_each_shards_outcome,
 );
 
+/// The fence cases once more on Redis with every fenced read through the script (no gates,
+/// `RedisStoreOptions::fenced_read_gates` off): the path a gated read falls back to.
+macro_rules! scripted_reads_suite {
+    ($($case:ident),* $(,)?) => {
+        mod redis_store_scripted_reads {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let server = crate::support::RedisServer::start();
+                    let options =
+                        rsc::store::redis::RedisStoreOptions { fenced_read_gates: false, ..Default::default() };
+                    let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
+                    crate::$case(&store).await;
+                }
+            )*
+        }
+    };
+}
+
+scripted_reads_suite!(
+    contract_fenced_operations_accept_the_exact_fence,
+    contract_an_older_fence_is_refused_and_touches_nothing,
+    contract_the_same_counter_with_another_nonce_is_refused,
+    contract_a_newer_fence_is_accepted_and_replaces_the_key,
+    contract_a_missing_fence_key_accepts_any_fence,
+    contract_fenced_operations_map_missing_groups_as_unfenced_ones,
+    contract_batched_fenced_reads_and_acks_keep_each_shards_outcome,
+);
+
 /// Instantiates every case that needs a lost-and-rewritten revision once per store, with that
 /// store's way of making the loss.
 macro_rules! contract_loss_suite {

@@ -56,12 +56,14 @@ impl CoordinatorTransport for InProcess {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fencing {
     On,
+    /// Fencing on, with every fenced read through the script (no gates: the path before them).
+    OnScripted,
     Off,
 }
 
 /// The config of a library row's group: the default, with the row's fencing.
 fn group_config(fencing: Fencing) -> GroupConfig {
-    GroupConfig { fencing: fencing == Fencing::On, ..GroupConfig::default() }
+    GroupConfig { fencing: fencing != Fencing::Off, ..GroupConfig::default() }
 }
 
 type Store = Counted<RedisStore>;
@@ -176,7 +178,7 @@ impl LibRig {
             if let Some(ms) = poll_idle_ms {
                 config.poll_idle_ms = ms;
             }
-            let store = Counted::new(connect(url).await?, Arc::clone(&trips));
+            let store = Counted::new(connect(url, fencing != Fencing::OnScripted).await?, Arc::clone(&trips));
             let consumer = Consumer::join_with(config, link.clone(), store, env.clone(), Arc::new(NoopListener));
             subscribers.push(Arc::new(LibSubscriber(consumer)));
         }
@@ -190,7 +192,7 @@ impl LibRig {
         }
         let mut publishers = Vec::with_capacity(workload.producers);
         for i in 0..workload.producers {
-            let store = Counted::new(connect(url).await?, Arc::clone(&trips));
+            let store = Counted::new(connect(url, true).await?, Arc::clone(&trips));
             let producer =
                 Producer::new(ProducerConfig::new(group.clone(), format!("lib-producer-{i}")), link.clone(), store);
             producer.refresh().await.map_err(|e| format!("routing: {e}"))?;
@@ -207,8 +209,10 @@ impl LibRig {
     }
 }
 
-async fn connect(url: &str) -> Result<RedisStore, String> {
-    RedisStore::connect(url, RedisStoreOptions::default()).await.map_err(|e| e.to_string())
+/// A store on `url`; `gates`: fenced reads of new entries through gates (the default).
+async fn connect(url: &str, gates: bool) -> Result<RedisStore, String> {
+    let options = RedisStoreOptions { fenced_read_gates: gates, ..RedisStoreOptions::default() };
+    RedisStore::connect(url, options).await.map_err(|e| e.to_string())
 }
 
 /// Heartbeats that may fail while nothing is readable before the group is given up on.

@@ -262,6 +262,15 @@ pub fn print_goals(rows: &[RowSamples], workload: &Workload) {
         met(ratio >= 0.8),
         met(drain >= 0.8)
     );
+    if let Some(script) =
+        pick(Fencing::OnScripted).filter(|_| lib.row == Row::Library { fencing: Fencing::On, poll_idle_ms: None })
+    {
+        println!(
+            "    gated reads vs script reads (fencing=on both, paired rounds): {:.2}x while publishing, {:.2}x draining",
+            lib.paired_ratio(script, |s| s.consume_per_s),
+            lib.paired_ratio(script, |s| s.drain_per_s)
+        );
+    }
     let per_msg = |r: &RowSamples| {
         let t = r.trips();
         ((t.read_busy + t.read_empty) as f64 / r.messages(), t.xack as f64 / r.messages())

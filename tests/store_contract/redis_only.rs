@@ -327,3 +327,56 @@ async fn replica_value_eventually(replica: &RedisServer, key: &str, want: &str) 
     }
     last
 }
+
+/// Fence gates (DESIGN §10): after every raise and every heal exactly one gate exists for a fence
+/// key, that of the value the key holds, so a plain XREADGROUP naming a gate never passes for
+/// another value; a gate that is gone (deleted by hand) is reopened by the fallback read.
+#[tokio::test]
+async fn exactly_the_fence_value_the_key_holds_has_a_gate() {
+    use rsc::core::model::Fence;
+    use rsc::store::{FenceCheck, FenceRaise};
+    let server = RedisServer::start();
+    let store = store_for(&server.url()).await;
+    let key = keys::fence_key(&group(), 0);
+    let stream = group().stream_key(0);
+    store.ensure_group(&stream, "billing").await.expect("group");
+    for i in 0..4 {
+        store.xadd(&stream, vec![("k".into(), format!("{i}").into_bytes())], None).await.expect("xadd");
+    }
+    let gate = |f: Fence| format!("{key}:gate:{}.{:016x}", f.counter, f.nonce);
+    let gates = || {
+        let mut found: Vec<String> =
+            redis::from_redis_value(server.cmd(&["KEYS", &format!("{key}:gate:*")])).expect("KEYS");
+        found.sort();
+        found
+    };
+    let raise = |nonce| {
+        let raises = vec![FenceRaise { key: key.clone(), nonce }];
+        let store = store.clone();
+        async move { store.raise_fences(&raises).await }
+    };
+    let check = |fence| FenceCheck { key: key.clone(), fence };
+    let f1 = raise(0x11).await.expect("raise")[0];
+    assert_eq!(gates(), [gate(f1)]);
+    let f2 = raise(0x22).await.expect("raise")[0];
+    assert_eq!(gates(), [gate(f2)], "a raise closes the old value's gate");
+    // A plain read naming the old gate, as a stale consumer would send it, moves nothing.
+    let stale = server.try_cmd(&["XREADGROUP", "GROUP", "billing", "c9", "STREAMS", &gate(f1), &stream, ">", ">"]);
+    assert!(format!("{stale:?}").contains("NOGROUP"), "{stale:?}");
+    let healed = Fence { counter: 9, nonce: 0x99 };
+    let read = store.fenced_xreadgroup(&check(healed), "billing", "c1", &stream, ReadFrom::New, 1).await;
+    assert_eq!(read.map(|e| e.len()), Ok(1));
+    assert_eq!(gates(), [gate(healed)], "a heal by a read moves the gate");
+    let acked = Fence { counter: 12, nonce: 0xcc };
+    store.fenced_xack(&check(acked), &stream, "billing", &[]).await.expect("heal by an ack");
+    assert_eq!(gates(), [gate(acked)], "a heal by an ack moves the gate");
+    let refused = store.fenced_xreadgroup(&check(f2), "billing", "c2", &stream, ReadFrom::New, 1).await;
+    assert!(matches!(refused, Err(StoreError::Fenced { .. })), "{refused:?}");
+    assert_eq!(gates(), [gate(acked)], "a refusal touches no gate");
+    server.cmd(&["DEL", &gate(acked)]);
+    let read = store.fenced_xreadgroup(&check(acked), "billing", "c1", &stream, ReadFrom::New, 1).await;
+    assert_eq!(read.map(|e| e.len()), Ok(1), "a missing gate falls back to the script");
+    assert_eq!(gates(), [gate(acked)], "and the script reopened it");
+    let read = store.fenced_xreadgroup(&check(acked), "billing", "c1", &stream, ReadFrom::New, 5).await;
+    assert_eq!(read.map(|e| e.len()), Ok(2), "the gated read delivers the rest");
+}

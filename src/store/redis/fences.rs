@@ -10,8 +10,11 @@
 //! counters as Lua numbers (doubles lose integers above 2^53; counters are compared as canonical
 //! decimal strings, by length then text, which is exact for any length), or returns a counter as
 //! a Lua number (the raise reads it back with HGET, a decimal string).
-//! Invariant: every script touches only the fence key and the shard's stream, which share the
-//! stream's hash slot (`keys::fence_key`), so each is Redis Cluster safe.
+//! Invariant: every script touches only the fence key, its gates (`GATES`: `<fence key>:gate:…`,
+//! named inside the script from the key, so in its hash tag) and the shard's stream, which all
+//! share the stream's hash slot (`keys::fence_key`), so each stays on one Redis Cluster node.
+//! Invariant: a gate exists only while the fence key holds exactly its value — the gated reads
+//! (`streams.rs`) rely on it.
 //!
 //! Errors of the stream command inside a fenced script (`NOGROUP`, `WRONGTYPE`) are caught with
 //! `redis.pcall` and returned as the script's error reply, which carries the command's own error
@@ -23,11 +26,40 @@ use super::scripts::{number, text};
 use crate::core::model::Fence;
 use crate::store::StoreError;
 
-/// The fence check every fenced script runs first: `check(key, counter, nonce)` with the fence
-/// key and the presented counter (canonical decimal) and nonce (16 hex digits). Returns nil to go
-/// on, or the `{'fenced', counter, nonce}` reply to return. A missing key (or counter field)
+/// A fence's *gate* (DESIGN §10): an empty stream `<fence key>:gate:<counter>.<nonce>` with the
+/// consumer group, which exists only while the fence key holds exactly that value. A fenced read
+/// of new entries is then a plain `XREADGROUP … STREAMS <gate> <stream> > >`: Redis answers
+/// `NOGROUP` to the whole command unless the gate exists, and the entries never pass through Lua.
+/// Every script that changes the fence key closes the old value's gate and opens the new one in
+/// the same atomic step; nothing else creates gates. Closing comes *before* the key changes and
+/// opening after: a script that fails midway keeps its earlier writes (Redis does not roll a
+/// script back), so a failure can leave a value without its gate (reads fall back to the script)
+/// but never a gate for a value the key does not hold. The gate shares the fence key's hash tag (so
+/// its slot), and the consumer group is the fence key's last segment (group names have no ':').
+const GATES: &str = r#"
+local function gate_of(key, counter, nonce)
+  return key .. ':gate:' .. counter .. '.' .. nonce
+end
+local function open_gate(key, counter, nonce)
+  local gate = gate_of(key, counter, nonce)
+  if redis.call('EXISTS', gate) == 0 then
+    redis.call('XGROUP', 'CREATE', gate, string.match(key, ':fence:([^:]+)$'), '$', 'MKSTREAM')
+  end
+end
+local function close_gate(key, counter, nonce)
+  if counter and nonce then
+    redis.call('DEL', gate_of(key, counter, nonce))
+  end
+end
+"#;
+
+/// The fence check every fenced script runs first: `check(key, counter, nonce, open)` with the
+/// fence key and the presented counter (canonical decimal) and nonce (16 hex digits). Returns nil
+/// to go on, or the `{'fenced', counter, nonce}` reply to return. A missing key (or counter field)
 /// counts as 0 and accepts any counter. A stored counter that is not canonical decimal is
-/// `{'corrupt'}` (a hand edit): nothing is touched.
+/// `{'corrupt'}` (a hand edit): nothing is touched. A replaced value's gate is closed and the new
+/// one opened; `open` also (re)opens the gate of an exactly matching value (the read scripts: a
+/// gated read that found no gate falls back to them, and they leave the gate in place).
 const CHECK: &str = r#"
 local function newer(a, b)
   if #a ~= #b then
@@ -38,35 +70,45 @@ end
 local function canonical(s)
   return s == '0' or string.match(s, '^[1-9][0-9]*$') ~= nil
 end
-local function check(key, presented, nonce)
+local function check(key, presented, nonce, open)
   local cur = redis.call('HMGET', key, 'counter', 'nonce')
   local counter = cur[1] or '0'
   if not canonical(counter) or not canonical(presented) then
     return {'corrupt', counter}
   end
   if cur[1] and counter == presented and cur[2] == nonce then
+    if open then
+      open_gate(key, presented, nonce)
+    end
     return nil
   end
   if not cur[1] or newer(presented, counter) then
+    close_gate(key, cur[1], cur[2])
     redis.call('HSET', key, 'counter', presented, 'nonce', nonce)
+    open_gate(key, presented, nonce)
     return nil
   end
   return {'fenced', counter, cur[2] or ''}
 end
 "#;
 
-/// Raise. KEYS: fence key. ARGV: nonce (16 hex digits). Reply: the new counter as a decimal
-/// string (read back with HGET, so it never passes through a Lua number).
+/// Raise. KEYS: fence key. ARGV: nonce (16 hex digits). Closes the old value's gate and opens
+/// the new one. Reply: the new counter as a decimal string (read back with HGET, so it never
+/// passes through a Lua number).
 const RAISE: &str = r#"
+local cur = redis.call('HMGET', KEYS[1], 'counter', 'nonce')
+close_gate(KEYS[1], cur[1], cur[2])
 redis.call('HINCRBY', KEYS[1], 'counter', 1)
 redis.call('HSET', KEYS[1], 'nonce', ARGV[1])
-return redis.call('HGET', KEYS[1], 'counter')
+local counter = redis.call('HGET', KEYS[1], 'counter')
+open_gate(KEYS[1], counter, ARGV[1])
+return counter
 "#;
 
 /// Fenced XREADGROUP (never BLOCK). KEYS: fence key, stream. ARGV: counter, nonce, group,
 /// consumer, count, `>` or `0`. Reply: `{'ok', entries}` | check refusal | the command's error.
 const READ_BODY: &str = r#"
-local refused = check(KEYS[1], ARGV[1], ARGV[2])
+local refused = check(KEYS[1], ARGV[1], ARGV[2], true)
 if refused then
   return refused
 end
@@ -83,7 +125,7 @@ return {'ok', r[1][2]}
 /// Fenced XACK. KEYS: fence key, stream. ARGV: counter, nonce, group, ids... (none: the check
 /// alone, acknowledging 0). Reply: `{'ok', count}` | check refusal | the command's error.
 const ACK_BODY: &str = r#"
-local refused = check(KEYS[1], ARGV[1], ARGV[2])
+local refused = check(KEYS[1], ARGV[1], ARGV[2], false)
 if refused then
   return refused
 end
@@ -103,7 +145,7 @@ return {'ok', r}
 /// entries}` (`0-0`: the pending list was scanned to its end) | check refusal | the command's
 /// error.
 const CLAIM_BODY: &str = r#"
-local refused = check(KEYS[1], ARGV[1], ARGV[2])
+local refused = check(KEYS[1], ARGV[1], ARGV[2], false)
 if refused then
   return refused
 end
@@ -158,7 +200,7 @@ end
 const READ_MANY_BODY: &str = r#"
 return each_shard(function(i)
   local a = 2 + (i - 1) * 4
-  local refused = check(KEYS[2 * i - 1], ARGV[a + 1], ARGV[a + 2])
+  local refused = check(KEYS[2 * i - 1], ARGV[a + 1], ARGV[a + 2], true)
   if refused then
     return refused
   end
@@ -184,7 +226,7 @@ end
 return each_shard(function(i)
   local a = starts[i]
   local last = a + 2 + tonumber(ARGV[a + 2])
-  local refused = check(KEYS[2 * i - 1], ARGV[a], ARGV[a + 1])
+  local refused = check(KEYS[2 * i - 1], ARGV[a], ARGV[a + 1], false)
   if refused then
     return refused
   end
@@ -216,12 +258,12 @@ pub(crate) struct FenceScripts {
 impl FenceScripts {
     pub(crate) fn new() -> Self {
         Self {
-            raise: Script::new(RAISE),
-            read: Script::new(&format!("{CHECK}{READ_BODY}")),
-            ack: Script::new(&format!("{CHECK}{ACK_BODY}")),
-            claim: Script::new(&format!("{CHECK}{CLAIM_BODY}")),
-            read_many: Script::new(&format!("{CHECK}{EACH_SHARD}{READ_MANY_BODY}")),
-            ack_many: Script::new(&format!("{CHECK}{EACH_SHARD}{ACK_MANY_BODY}")),
+            raise: Script::new(&format!("{GATES}{RAISE}")),
+            read: Script::new(&format!("{GATES}{CHECK}{READ_BODY}")),
+            ack: Script::new(&format!("{GATES}{CHECK}{ACK_BODY}")),
+            claim: Script::new(&format!("{GATES}{CHECK}{CLAIM_BODY}")),
+            read_many: Script::new(&format!("{GATES}{CHECK}{EACH_SHARD}{READ_MANY_BODY}")),
+            ack_many: Script::new(&format!("{GATES}{CHECK}{EACH_SHARD}{ACK_MANY_BODY}")),
         }
     }
 }
@@ -270,6 +312,12 @@ pub(crate) fn accepted<'a>(what: &str, key: &str, reply: &'a Value) -> Result<&'
         ))),
         _ => Err(protocol(what, reply)),
     }
+}
+
+/// The gate stream of `fence` on `fence_key` (see `GATES`): exists only while the key holds
+/// exactly `fence`.
+pub(crate) fn gate_key(fence_key: &str, fence: &Fence) -> String {
+    format!("{fence_key}:gate:{}.{}", fence.counter, fence.nonce_hex())
 }
 
 /// The fence check's arguments: counter (decimal) and nonce (16 hex digits).

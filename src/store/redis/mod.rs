@@ -104,6 +104,10 @@ pub struct RedisStoreOptions {
     /// Find the master through Redis Sentinel (see [`RedisStore::open`]); `None`: the URL's
     /// server.
     pub sentinel: Option<RedisSentinelOptions>,
+    /// Read new entries of a fenced shard with a plain `XREADGROUP` naming the grant's gate
+    /// stream (DESIGN §10), falling back to the fenced read script when the gate is missing.
+    /// `false`: every fenced read runs the script (kept for the data-path bench's side by side).
+    pub fenced_read_gates: bool,
 }
 
 impl Default for RedisStoreOptions {
@@ -114,6 +118,7 @@ impl Default for RedisStoreOptions {
             claim_page_count: 100,
             tls: RedisTlsOptions::default(),
             sentinel: None,
+            fenced_read_gates: true,
         }
     }
 }

@@ -206,7 +206,8 @@ impl RedisStore {
     /// them (HINCRBY, HMGET, HSET, the stream commands) is refused now, naming it.
     async fn exercise_fence_scripts(&self, base: &str) -> Result<(), StoreError> {
         use crate::store::{FenceCheck, FenceRaise, MetadataStore, ReadFrom, StreamStore};
-        let key = format!("{base}:probe-fence");
+        // Named as fence keys are (`…:fence:<group>`), so the scripts open and close its gate.
+        let key = format!("{base}:probe:fence:g");
         let stream = format!("{base}:probe-stream");
         let raised = self.raise_fences(&[FenceRaise { key: key.clone(), nonce: nonce() }]).await?;
         let fence = match raised.as_slice() {
@@ -220,6 +221,10 @@ impl RedisStore {
         self.fenced_xreadgroup(&check, "g", "c", &stream, ReadFrom::New, 1).await?;
         self.fenced_xack(&check, &stream, "g", &[]).await?;
         self.fenced_claim_all_pending(&check, &stream, "g", "c", 0).await?;
+        // The gate the raise opened (its name holds the random nonce, so `probe_keys` cannot).
+        let mut del = ::redis::cmd("DEL");
+        del.arg(super::fences::gate_key(&check.key, &check.fence));
+        self.query::<Value>("DEL", del).await?;
         Ok(())
     }
 }
@@ -228,7 +233,7 @@ impl RedisStore {
 fn probe_keys(base: &str) -> Cmd {
     let mut del = ::redis::cmd("DEL");
     let suffixes =
-        ["probe-hash", "probe-set", "probe-mutex", "probe-stream", "probe-metadata", "probe-liveness", "probe-fence"];
+        ["probe-hash", "probe-set", "probe-mutex", "probe-stream", "probe-metadata", "probe-liveness", "probe:fence:g"];
     for suffix in suffixes {
         del.arg(format!("{base}:{suffix}"));
     }

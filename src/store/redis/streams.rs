@@ -9,7 +9,7 @@ use ::redis::aio::MultiplexedConnection;
 use ::redis::Value;
 
 use super::conn::Lane;
-use super::fences::{accepted, check_args, CLAIM_PAGES_PER_CALL};
+use super::fences::{accepted, check_args, gate_key, CLAIM_PAGES_PER_CALL};
 use super::scripts::{number, text};
 use super::RedisStore;
 use crate::store::{
@@ -103,6 +103,12 @@ impl StreamStore for RedisStore {
         from: ReadFrom,
         count: usize,
     ) -> Result<Vec<StreamEntry>, StoreError> {
+        if from == ReadFrom::New && self.inner.options.fenced_read_gates {
+            let read = FencedRead { fence: fence.clone(), stream: stream.to_string(), from, count };
+            if let Some(Some(entries)) = self.gated_reads(group, consumer, &[&read]).await?.pop() {
+                return Ok(entries);
+            }
+        }
         let (counter, nonce) = check_args(&fence.fence);
         let mut invocation = self.inner.scripts.fences.read.prepare_invoke();
         invocation
@@ -128,26 +134,37 @@ impl StreamStore for RedisStore {
         reads: &[FencedRead],
     ) -> Result<Vec<Result<Vec<StreamEntry>, StoreError>>, StoreError> {
         const WHAT: &str = "fenced read script";
-        if reads.is_empty() {
-            return Ok(Vec::new());
+        let mut out: Vec<Option<Result<Vec<StreamEntry>, StoreError>>> = reads.iter().map(|_| None).collect();
+        if self.inner.options.fenced_read_gates {
+            let gated: Vec<usize> = (0..reads.len()).filter(|&i| reads[i].from == ReadFrom::New).collect();
+            let via_gates: Vec<&FencedRead> = gated.iter().map(|&i| &reads[i]).collect();
+            let answers = self.gated_reads(group, consumer, &via_gates).await?;
+            for (i, answer) in gated.into_iter().zip(answers) {
+                out[i] = answer.map(Ok);
+            }
         }
+        // The rest (own-pending reads, and gated reads that found no gate) through the script.
+        let rest: Vec<usize> = (0..reads.len()).filter(|&i| out[i].is_none()).collect();
+        if rest.is_empty() {
+            return Ok(out.into_iter().flatten().collect());
+        }
+        let scripted: Vec<&FencedRead> = rest.iter().map(|&i| &reads[i]).collect();
         let mut invocation = self.inner.scripts.fences.read_many.prepare_invoke();
         invocation.arg(group).arg(consumer);
-        for read in reads {
+        for read in &scripted {
             let (counter, nonce) = check_args(&read.fence.fence);
             invocation.key(&read.fence.key).key(&read.stream);
             invocation.arg(counter).arg(nonce).arg(read.count).arg(read_from_id(read.from));
         }
         let reply = self.invoke(WHAT, invocation).await?;
-        let items = self.many_items(WHAT, reply, reads.len())?;
-        Ok(reads
-            .iter()
-            .zip(items)
-            .map(|(read, item)| match accepted(WHAT, &read.fence.key, &item?)? {
+        let items = self.many_items(WHAT, reply, scripted.len())?;
+        for ((i, read), item) in rest.into_iter().zip(scripted).zip(items) {
+            out[i] = Some(item.and_then(|item| match accepted(WHAT, &read.fence.key, &item)? {
                 [entries] => parse_entries(entries),
                 _ => Err(StoreError::Protocol(format!("{WHAT}: unexpected reply for {}", read.stream))),
-            })
-            .collect())
+            }));
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
     async fn fenced_xack_many(
@@ -386,6 +403,50 @@ impl StreamStore for RedisStore {
 impl RedisStore {
     /// The per-shard elements of a `*_many` script's reply (one per shard, in order); an
     /// `{'error', text}` element is that shard's error, mapped as the command's own.
+    /// Fenced reads of new entries through their gates (see `fences.rs`): one plain
+    /// `XREADGROUP … STREAMS <gate> <stream> > >` per read, all in one pipeline (one round trip).
+    /// Per read: the entries, or `None` when Redis refused the command (the gate is gone — an
+    /// older or newer grant's value, or a raise a failover lost — or the stream's own error); the
+    /// caller then runs the fenced read script, which decides and reports exactly as without
+    /// gates (and reopens the gate of a value the key holds).
+    async fn gated_reads(
+        &self,
+        group: &str,
+        consumer: &str,
+        reads: &[&FencedRead],
+    ) -> Result<Vec<Option<Vec<StreamEntry>>>, StoreError> {
+        if reads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = ::redis::pipe();
+        pipe.ignore_errors();
+        for read in reads {
+            let gate = gate_key(&read.fence.key, &read.fence.fence);
+            pipe.cmd("XREADGROUP").arg("GROUP").arg(group).arg(consumer).arg("COUNT").arg(read.count);
+            pipe.arg("STREAMS").arg(gate).arg(&read.stream).arg(">").arg(">");
+        }
+        let replies: Vec<Value> = self.pipeline("XREADGROUP", pipe).await?;
+        if replies.len() != reads.len() {
+            return Err(StoreError::Protocol(format!(
+                "gated reads: {} replies for {} reads",
+                replies.len(),
+                reads.len()
+            )));
+        }
+        reads
+            .iter()
+            .zip(replies)
+            .map(|(read, reply)| match reply {
+                Value::ServerError(_) => Ok(None),
+                reply => {
+                    let streams = parse_read_reply(&reply)?;
+                    let entries = streams.into_iter().find(|(name, _)| *name == read.stream).map(|(_, e)| e);
+                    Ok(Some(entries.unwrap_or_default()))
+                }
+            })
+            .collect()
+    }
+
     fn many_items(&self, what: &str, reply: Value, n: usize) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
         let Value::Array(items) = reply else { return Err(protocol(what, &reply)) };
         if items.len() != n {
