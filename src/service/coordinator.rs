@@ -138,9 +138,11 @@ impl<S> Clone for Coordinator<S> {
     }
 }
 
-/// Default of [`CoordinatorOptions::max_assignment_lease_ms`]: the default group's lease (8 s) and
-/// up to 30 s fit without configuration, and a correction round waits 30.6 s at most by default.
-pub const MAX_ASSIGNMENT_LEASE_MS_DEFAULT: u64 = 30_000;
+/// Default of [`CoordinatorOptions::max_assignment_lease_ms`]: the default group's lease, so a
+/// correction round of a default group waits what it would without a ceiling. A group that needs
+/// a longer lease is refused loudly (`BAD_REQUEST` naming the setting) until the operator raises
+/// the ceiling; a ceiling set too high would instead lengthen every lossy failover's round.
+pub const MAX_ASSIGNMENT_LEASE_MS_DEFAULT: u64 = 8_000;
 
 const HEARTBEATS: &str = "rsc_heartbeats_total";
 /// Separates the `writeId` RNG's seed from the token RNG's.

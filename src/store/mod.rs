@@ -67,6 +67,7 @@ pub const REQUIRED_COMMANDS: &[&str] = &[
     "HINCRBY",
     "HGETALL",
     "EXISTS",
+    "PEXPIRE",
     "DEL",
     "GET",
     "SET",

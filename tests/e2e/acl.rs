@@ -23,6 +23,7 @@ const PROBED_COMMANDS: &[&str] = &[
     "hincrby",
     "hgetall",
     "exists",
+    "pexpire",
     "del",
     "get",
     "set",

@@ -82,7 +82,8 @@ pub struct ServeArgs {
     pub tick_interval_ms: Option<u64>,
     /// The longest assignment lease a group may configure; set it to the same value on every
     /// instance. Correction rounds (after a failover lost writes) wait at least this long: a lease
-    /// increase the failover lost is bounded by nothing else. 0: no ceiling [default: 30000].
+    /// increase the failover lost is bounded by nothing else [default: 8000, the default group
+    /// lease; at most 86400000].
     #[arg(long, env = "RSC_MAX_ASSIGNMENT_LEASE_MS", value_name = "MS")]
     pub max_assignment_lease_ms: Option<u64>,
     /// Largest request body accepted [default: 1048576].

@@ -16,7 +16,7 @@
 //! redis_sentinel_master = "mymaster"
 //! instance_id = "coordinator-a"
 //! tick_interval_ms = 250
-//! max_assignment_lease_ms = 30000                          # longest lease a group may use; same on every instance
+//! max_assignment_lease_ms = 8000                           # longest lease a group may use; same on every instance
 //! mutex_ttl_ms = 2000
 //! mutex_attempts_max = 20
 //! mutex_retry_ms = 10
@@ -208,6 +208,9 @@ impl std::fmt::Debug for Settings {
     }
 }
 
+/// The largest `max_assignment_lease_ms`: 24 h, the longest lease a group config may name.
+const LEASE_CEILING_MS_MAX: u64 = 24 * 3_600_000;
+
 impl Settings {
     /// Flags and environment over the file over defaults. `rng_seed` seeds mutex tokens; pass
     /// something that differs between processes.
@@ -285,6 +288,14 @@ impl Settings {
             if value == 0 {
                 return Err(ConfigError::Invalid { key, message: "must be > 0".into() });
             }
+        }
+        // The longest lease a group may configure (GroupConfig::validate's bound); 0 would turn
+        // the ceiling off and a huge value would make every correction round endless.
+        if !(1..=LEASE_CEILING_MS_MAX).contains(&c.max_assignment_lease_ms) {
+            return Err(ConfigError::Invalid {
+                key: "max_assignment_lease_ms",
+                message: format!("must be in 1..={LEASE_CEILING_MS_MAX}"),
+            });
         }
         self.validate_sentinel()?;
         self.validate_tls()?;
@@ -535,6 +546,20 @@ mod tests {
         let file = FileConfig { tick_interval_ms: Some(0), ..FileConfig::default() };
         let error = Settings::resolve(&ServeArgs::default(), file, 1).unwrap_err();
         assert!(matches!(error, ConfigError::Invalid { key: "tick_interval_ms", .. }), "{error}");
+    }
+
+    #[test]
+    fn the_lease_ceiling_is_bounded_and_flags_win_over_the_file() {
+        for bad in [0, LEASE_CEILING_MS_MAX + 1] {
+            let file = FileConfig { max_assignment_lease_ms: Some(bad), ..FileConfig::default() };
+            let error = Settings::resolve(&ServeArgs::default(), file, 1).unwrap_err();
+            assert!(matches!(error, ConfigError::Invalid { key: "max_assignment_lease_ms", .. }), "{bad}: {error}");
+        }
+        let defaults = Settings::resolve(&ServeArgs::default(), FileConfig::default(), 1).expect("defaults");
+        assert_eq!(defaults.coordinator.max_assignment_lease_ms, 8_000, "the default group's lease");
+        let file = FileConfig { max_assignment_lease_ms: Some(20_000), ..FileConfig::default() };
+        let args = ServeArgs { max_assignment_lease_ms: Some(30_000), ..ServeArgs::default() };
+        assert_eq!(Settings::resolve(&args, file, 1).expect("valid").coordinator.max_assignment_lease_ms, 30_000);
     }
 
     // --- Listener settings (issue 9: accept window, /metrics exposure, TLS) ---

@@ -34,16 +34,25 @@ use crate::store::StoreError;
 /// the same atomic step; nothing else creates gates. Closing comes *before* the key changes and
 /// opening after: a script that fails midway keeps its earlier writes (Redis does not roll a
 /// script back), so a failure can leave a value without its gate (reads fall back to the script)
-/// but never a gate for a value the key does not hold. The gate shares the fence key's hash tag (so
-/// its slot), and the consumer group is the fence key's last segment (group names have no ':').
+/// but never a gate for a value the key does not hold. Opening is best effort (`pcall`: a user
+/// without `EXISTS`/`PEXPIRE`, or a server out of memory, just reads through the script), and a
+/// gate lives 10 s (`PEXPIRE`; the next fallback reopens it): that bounds a gate the rule cannot
+/// close — one whose fence key was deleted by hand or evicted, or whose counter was hand-edited
+/// into something that is not a number. The gate shares the fence key's hash tag (so its slot),
+/// and the consumer group is the fence key's last segment (group names have no ':').
 const GATES: &str = r#"
 local function gate_of(key, counter, nonce)
   return key .. ':gate:' .. counter .. '.' .. nonce
 end
 local function open_gate(key, counter, nonce)
   local gate = gate_of(key, counter, nonce)
-  if redis.call('EXISTS', gate) == 0 then
-    redis.call('XGROUP', 'CREATE', gate, string.match(key, ':fence:([^:]+)$'), '$', 'MKSTREAM')
+  local group = string.match(key, ':fence:([^:]+)$')
+  if not group or redis.pcall('EXISTS', gate) ~= 0 then
+    return
+  end
+  local made = redis.pcall('XGROUP', 'CREATE', gate, group, '$', 'MKSTREAM')
+  if type(made) ~= 'table' or not made.err then
+    redis.pcall('PEXPIRE', gate, 10000)
   end
 end
 local function close_gate(key, counter, nonce)

@@ -132,6 +132,8 @@ impl RedisStore {
             ("HGETALL", cmd("HGETALL", &[&hash])),
             ("HDEL", cmd("HDEL", &[&hash, "n"])),
             ("EXISTS", cmd("EXISTS", &[&hash])),
+            // Fence gates expire (DESIGN §10).
+            ("PEXPIRE", cmd("PEXPIRE", &[&hash, "60000"])),
             ("SET", cmd("SET", &[&mutex, "token", "NX", "PX", "60000"])),
             ("GET", cmd("GET", &[&mutex])),
             ("SADD", cmd("SADD", &[&set, "a"])),
@@ -218,14 +220,22 @@ impl RedisStore {
             return Err(StoreError::Protocol("probe: the raised fence does not read back".into()));
         }
         let check = FenceCheck { key, fence };
-        self.fenced_xreadgroup(&check, "g", "c", &stream, ReadFrom::New, 1).await?;
-        self.fenced_xack(&check, &stream, "g", &[]).await?;
-        self.fenced_claim_all_pending(&check, &stream, "g", "c", 0).await?;
-        // The gate the raise opened (its name holds the random nonce, so `probe_keys` cannot).
+        let exercised = async {
+            // New entries go through the gate; own pending entries always through the read script.
+            self.fenced_xreadgroup(&check, "g", "c", &stream, ReadFrom::New, 1).await?;
+            self.fenced_xreadgroup(&check, "g", "c", &stream, ReadFrom::OwnPending, 1).await?;
+            self.fenced_xack(&check, &stream, "g", &[]).await?;
+            self.fenced_claim_all_pending(&check, &stream, "g", "c", 0).await?;
+            Ok::<(), StoreError>(())
+        }
+        .await;
+        // The gate the raise opened, whatever happened (its name holds the random nonce, so
+        // `probe_keys` cannot name it; it would expire on its own within seconds anyway).
         let mut del = ::redis::cmd("DEL");
         del.arg(super::fences::gate_key(&check.key, &check.fence));
-        self.query::<Value>("DEL", del).await?;
-        Ok(())
+        let cleanup = self.query::<Value>("DEL", del).await;
+        exercised?;
+        cleanup.map(|_| ())
     }
 }
 

@@ -401,14 +401,17 @@ impl StreamStore for RedisStore {
 }
 
 impl RedisStore {
-    /// The per-shard elements of a `*_many` script's reply (one per shard, in order); an
-    /// `{'error', text}` element is that shard's error, mapped as the command's own.
-    /// Fenced reads of new entries through their gates (see `fences.rs`): one plain
-    /// `XREADGROUP … STREAMS <gate> <stream> > >` per read, all in one pipeline (one round trip).
-    /// Per read: the entries, or `None` when Redis refused the command (the gate is gone — an
-    /// older or newer grant's value, or a raise a failover lost — or the stream's own error); the
-    /// caller then runs the fenced read script, which decides and reports exactly as without
-    /// gates (and reopens the gate of a value the key holds).
+    /// Fenced reads of new entries through their gates (see `fences.rs`): plain `XREADGROUP`s
+    /// that name each read's gate beside its stream, one command per distinct COUNT (the shares
+    /// of one poll differ by at most one, so one or two commands), all in one pipeline (one round
+    /// trip). Per read: the entries, or `None` when Redis refused its command (a gate is gone — an
+    /// older or newer grant's value, or a raise a failover lost — or a stream's own error: one
+    /// refused shard fails the reads that share its command); the caller then runs the fenced
+    /// read script for those, which decides and reports exactly as without gates (and reopens the
+    /// gate of a value the key holds). The fallback is a second round trip after the caller's
+    /// lease check: like any read that reaches Redis late, it runs only under the fence the key
+    /// still holds, and the consumer drops entries returned after its lease (the next owner
+    /// claims them).
     async fn gated_reads(
         &self,
         group: &str,
@@ -418,35 +421,43 @@ impl RedisStore {
         if reads.is_empty() {
             return Ok(Vec::new());
         }
+        let mut by_count: std::collections::BTreeMap<usize, Vec<usize>> = std::collections::BTreeMap::new();
+        for (i, read) in reads.iter().enumerate() {
+            by_count.entry(read.count).or_default().push(i);
+        }
         let mut pipe = ::redis::pipe();
         pipe.ignore_errors();
-        for read in reads {
-            let gate = gate_key(&read.fence.key, &read.fence.fence);
-            pipe.cmd("XREADGROUP").arg("GROUP").arg(group).arg(consumer).arg("COUNT").arg(read.count);
-            pipe.arg("STREAMS").arg(gate).arg(&read.stream).arg(">").arg(">");
+        for (count, members) in &by_count {
+            pipe.cmd("XREADGROUP").arg("GROUP").arg(group).arg(consumer).arg("COUNT").arg(*count).arg("STREAMS");
+            for &i in members {
+                pipe.arg(gate_key(&reads[i].fence.key, &reads[i].fence.fence)).arg(&reads[i].stream);
+            }
+            for _ in 0..members.len() * 2 {
+                pipe.arg(">");
+            }
         }
         let replies: Vec<Value> = self.pipeline("XREADGROUP", pipe).await?;
-        if replies.len() != reads.len() {
+        if replies.len() != by_count.len() {
             return Err(StoreError::Protocol(format!(
-                "gated reads: {} replies for {} reads",
+                "gated reads: {} replies for {} commands",
                 replies.len(),
-                reads.len()
+                by_count.len()
             )));
         }
-        reads
-            .iter()
-            .zip(replies)
-            .map(|(read, reply)| match reply {
-                Value::ServerError(_) => Ok(None),
-                reply => {
-                    let streams = parse_read_reply(&reply)?;
-                    let entries = streams.into_iter().find(|(name, _)| *name == read.stream).map(|(_, e)| e);
-                    Ok(Some(entries.unwrap_or_default()))
-                }
-            })
-            .collect()
+        let mut out: Vec<Option<Vec<StreamEntry>>> = vec![None; reads.len()];
+        for (members, reply) in by_count.values().zip(replies) {
+            // A refusal, or a reply that does not parse: the script decides for these reads.
+            let Ok(mut streams) = parse_read_reply(&reply) else { continue };
+            for &i in members {
+                let at = streams.iter().position(|(name, _)| *name == reads[i].stream);
+                out[i] = Some(at.map(|at| streams.swap_remove(at).1).unwrap_or_default());
+            }
+        }
+        Ok(out)
     }
 
+    /// The per-shard elements of a `*_many` script's reply (one per shard, in order); an
+    /// `{'error', text}` element is that shard's error, mapped as the command's own.
     fn many_items(&self, what: &str, reply: Value, n: usize) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
         let Value::Array(items) = reply else { return Err(protocol(what, &reply)) };
         if items.len() != n {
