@@ -205,12 +205,19 @@ async fn a_group_lives_through_create_join_describe_route_reshard_and_delete() {
     assert_eq!(added.json()["storeRevision"].as_u64(), Some(revision + 1));
     assert_eq!(api.json("GET", ROUTING, None).await.json()["shardCount"].as_u64(), Some(6));
 
-    let config = json!({"memberLeaseTtlMs": 12000, "assignmentLeaseMs": 9000, "heartbeatIntervalMs": 1000,
-        "rebalanceTimeoutMs": 30000, "routingCacheTtlMs": 10000, "routingRefreshIntervalMs": 3000});
-    let changed = api.json("PUT", CONFIG, Some(json!({"expectedRevision": revision + 1, "config": config}))).await;
+    let config = |lease: u64| {
+        json!({"memberLeaseTtlMs": 12000, "assignmentLeaseMs": lease, "heartbeatIntervalMs": 1000,
+            "rebalanceTimeoutMs": 30000, "routingCacheTtlMs": 10000, "routingRefreshIntervalMs": 3000})
+    };
+    // Above the coordinator's lease ceiling (the default, 8 s): a typed refusal that writes nothing.
+    let over = api.json("PUT", CONFIG, Some(json!({"expectedRevision": revision + 1, "config": config(9000)}))).await;
+    assert_eq!((over.status, over.error().code), (StatusCode::BAD_REQUEST, ErrorCode::BadRequest));
+    assert_eq!(api.revision(), revision + 1, "a refused change writes nothing");
+    let changed =
+        api.json("PUT", CONFIG, Some(json!({"expectedRevision": revision + 1, "config": config(7000)}))).await;
     assert_eq!(changed.status, StatusCode::OK, "{:?}", changed.body);
     let described = api.json("GET", DESCRIBE, None).await.json();
-    assert_eq!(described["metadata"]["config"]["assignmentLeaseMs"].as_u64(), Some(9000));
+    assert_eq!(described["metadata"]["config"]["assignmentLeaseMs"].as_u64(), Some(7000));
 
     let ghost = json!({"group": {"streamPrefix": "orders", "consumerGroup": "billing"}, "memberId": "ghost",
         "memberEpoch": 3, "metadataVersion": 1, "assignmentEpoch": 1});
