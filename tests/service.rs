@@ -574,3 +574,52 @@ async fn a_lease_above_the_coordinator_ceiling_is_refused_and_changes_nothing() 
         .await
         .expect("at the ceiling");
 }
+
+/// Ticks scale with due work, not with groups: an idle group — one member holding every shard,
+/// nothing waiting — is not read by the ticker again until a quarter of its member TTL (400 ms
+/// here) passed; a write through this process makes it ticked at the next pass; a group without
+/// members waits the audit period. With the audit period at 0 every pass reads every group.
+#[tokio::test]
+async fn idle_groups_are_not_read_by_every_tick() {
+    for audit_ms in [60_000, 0] {
+        let store = MemoryStore::new(11);
+        let options = CoordinatorOptions {
+            instance_id: "c1".into(),
+            max_assignment_lease_ms: fast_config().assignment_lease_ms,
+            idle_group_audit_ms: audit_ms,
+            ..CoordinatorOptions::default()
+        };
+        let c = Coordinator::new(held::HeldStore::new(store.connect()), options);
+        c.start().await.expect("probe");
+        c.admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() })
+            .await
+            .expect("create");
+        let empty = GroupId::new("orders", "empty");
+        c.admin(AdminRequest::CreateGroup { group: empty.clone(), shard_count: 2, config: fast_config() })
+            .await
+            .expect("create the empty group");
+        let joined = c.heartbeat(join("a")).await.expect("join");
+        assert_eq!(joined.status, HeartbeatStatus::Ok);
+        c.tick_all().await;
+        let after_first = c.store().reads();
+        c.tick_all().await;
+        c.tick_all().await;
+        let skipped = c.store().reads() == after_first;
+        assert_eq!(skipped, audit_ms > 0, "audit {audit_ms}: idle groups are skipped unless the audit is 0");
+        if audit_ms == 0 {
+            continue;
+        }
+        // A quarter TTL later the group with a member is read again (expiry may come due); the
+        // empty one is not (nothing can come due without a request).
+        c.heartbeat(next(&joined)).await.expect("steady");
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let before = c.store().reads();
+        c.tick_all().await;
+        assert_eq!(c.store().reads() - before, 2, "the member's group: its record and its liveness");
+        // A write through this process (a second member joins) ends the deferral at once.
+        c.heartbeat(join("b")).await.expect("join b");
+        let before = c.store().reads();
+        c.tick_all().await;
+        assert_eq!(c.store().reads() - before, 2, "the group just written to is ticked at the next pass");
+    }
+}

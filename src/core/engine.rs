@@ -342,6 +342,37 @@ fn left_response(g: &GroupMetadata, member: &str, revision: u64) -> HeartbeatRes
     }
 }
 
+/// How long a coordinator may leave `g` unticked after observing `obs` (quinn-proto's
+/// `poll_timeout` pattern: the core says when it next needs attention).
+///
+/// `None`: a time-driven rule may come due at any moment — a recorded wait (a revoking or fenced
+/// shard, a correction round, a lease transition), a reconciliation step, or an expiry already
+/// due — so the group is ticked every pass. Otherwise the group is *idle*: no member is joining,
+/// leaving, draining or expiring and no round runs, so nothing can change without a request
+/// (which the answering coordinator ticks at once) except a member's expiry. With members, the
+/// deferral ends a quarter of the member TTL later at most, and no later than the earliest
+/// member's expiry as observed (`unchanged_ms`): an expiry is then noticed at most a quarter TTL
+/// late. Without members, `u64::MAX`: the caller's own audit period bounds it.
+pub fn tick_deferral_ms(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> Option<u64> {
+    let waiting = g.correction.is_some()
+        || g.lease_transition.is_some()
+        || g.current.values().any(|o| !matches!(o, ShardOwner::Owned { .. }));
+    if waiting || !is_quiescent(g, obs, planted) {
+        return None;
+    }
+    if g.members.is_empty() {
+        return Some(u64::MAX);
+    }
+    let ttl = g.effective_member_lease_ttl_ms();
+    let mut earliest = ttl / 4;
+    for member in g.members.keys() {
+        let unchanged = obs.liveness.get(member).map_or(0, |l| l.unchanged_ms);
+        let left = ttl.checked_sub(unchanged).filter(|left| *left > 0)?;
+        earliest = earliest.min(left);
+    }
+    Some(earliest)
+}
+
 /// Decides a periodic tick: member expiry, rebalance-timeout fencing, and every time-driven rule.
 pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
     let mut tx = Transition::new(g, ctx);

@@ -33,8 +33,8 @@ use crate::core::protocol::{
     RoutingResponse,
 };
 use crate::core::{
-    check_session, decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Decision, LocalView,
-    Observations, PlantedBug, PlantedBugs,
+    check_session, decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, tick_deferral_ms,
+    Decision, LocalView, Observations, PlantedBug, PlantedBugs,
 };
 use crate::metrics::Metrics;
 use crate::store::{MetadataStore, ProbeReport, ServerIdentity, TouchCheck, WriteOutcome};
@@ -53,6 +53,11 @@ pub struct CoordinatorOptions {
     pub cas_attempts_max: u32,
     /// Period of the event-loop tick (expiry, fencing, releases, correction progress).
     pub tick_interval_ms: u64,
+    /// Longest time an idle group goes unticked ([`crate::core::tick_deferral_ms`]): an idle group
+    /// with members is ticked every quarter member TTL, one without every this long, so an edit or
+    /// a deletion of its metadata by hand, or work another instance left behind when it died, is
+    /// seen within it. 0: tick every group every pass.
+    pub idle_group_audit_ms: u64,
     /// Seeds mutex tokens and retry jitter.
     pub rng_seed: u64,
     /// The longest assignment lease this instance lets a group configure (like Kafka's
@@ -74,6 +79,7 @@ impl Default for CoordinatorOptions {
             mutex_retry_ms: 10,
             cas_attempts_max: 8,
             tick_interval_ms: 250,
+            idle_group_audit_ms: 120_000,
             rng_seed: 0,
             max_assignment_lease_ms: MAX_ASSIGNMENT_LEASE_MS_DEFAULT,
             planted: PlantedBugs::NONE,
@@ -111,9 +117,19 @@ pub(super) struct LocalState {
     /// Set by any `Unavailable` store error (a failover or restart breaks connections): the next
     /// request re-checks the server identity before answering from what it reads.
     pub(super) identity_suspect: bool,
+    /// Idle groups the ticker skips until the instant (and only within the identity generation)
+    /// it computed; cleared by any write to the group through this process.
+    pub(super) deferred: BTreeMap<GroupId, Deferred>,
     pub(super) rng: SmallRng,
     /// Draws `writeId`s.
     pub(super) write_rng: SmallRng,
+}
+
+/// Until when the ticker may skip an idle group.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Deferred {
+    until: Instant,
+    identity_generation: u64,
 }
 
 pub(super) struct Inner<S> {
@@ -161,6 +177,7 @@ impl<S: MetadataStore> Coordinator<S> {
             regressed: BTreeMap::new(),
             missing_at_tick: BTreeSet::new(),
             identity_suspect: false,
+            deferred: BTreeMap::new(),
             rng: SmallRng::seed_from_u64(options.rng_seed),
             write_rng: SmallRng::seed_from_u64(options.rng_seed ^ WRITE_ID_SALT),
         };
@@ -514,10 +531,14 @@ impl<S: MetadataStore> Coordinator<S> {
         // one decode at its next heartbeat).
         self.inner.cache.retain(|group| groups.contains(group));
         self.local().reads.retain(|group| groups.contains(group));
+        self.local().deferred.retain(|group, _| groups.contains(group));
         self.forget_unindexed_absent_groups(&groups).await;
         for group in groups {
             if self.is_terminating() {
                 return;
+            }
+            if self.tick_deferred(&group) {
+                continue;
             }
             if let Err(error) = self.tick_group(&group).await {
                 tracing::debug!(%group, ?error, "tick failed");
@@ -532,6 +553,44 @@ impl<S: MetadataStore> Coordinator<S> {
             self.tick_all().await;
             tokio::time::sleep(period).await;
         }
+    }
+
+    /// Whether the ticker skips `group` this pass: it was idle when last ticked, its deferral
+    /// has not run out, no write through this process and no store identity change came since,
+    /// and no evidence waits to be recorded.
+    fn tick_deferred(&self, group: &GroupId) -> bool {
+        let local = self.local();
+        if local.regressed.contains_key(group) {
+            return false;
+        }
+        local
+            .deferred
+            .get(group)
+            .is_some_and(|d| d.identity_generation == local.identity_generation && Instant::now() < d.until)
+    }
+
+    /// Records how long the ticker may skip `group` (`None`: not at all), capped by the audit
+    /// period ([`CoordinatorOptions::idle_group_audit_ms`]).
+    fn defer_tick(&self, group: &GroupId, deferral_ms: Option<u64>) {
+        let audit_ms = self.inner.options.idle_group_audit_ms;
+        let mut local = self.local();
+        match deferral_ms.map(|ms| ms.min(audit_ms)).filter(|ms| *ms > 0) {
+            Some(ms) => {
+                let deferred = Deferred {
+                    until: Instant::now() + Duration::from_millis(ms),
+                    identity_generation: local.identity_generation,
+                };
+                local.deferred.insert(group.clone(), deferred);
+            }
+            None => {
+                local.deferred.remove(group);
+            }
+        }
+    }
+
+    /// A write through this process may have made `group` busy: tick it at the next pass.
+    pub(super) fn undefer_tick(&self, group: &GroupId) {
+        self.local().deferred.remove(group);
     }
 
     async fn tick_group(&self, group: &GroupId) -> Result<(), ApiError> {
@@ -551,6 +610,7 @@ impl<S: MetadataStore> Coordinator<S> {
         self.export_group_gauges(&g, &obs);
         let probe = decide_tick(&g, self.context(record.revision, &obs));
         if probe.write.next.is_none() {
+            self.defer_tick(group, tick_deferral_ms(&g, &obs, self.inner.options.planted));
             return Ok(());
         }
         let empties = !g.members.is_empty() && probe.write.next.as_ref().is_some_and(|n| n.members.is_empty());

@@ -84,6 +84,7 @@ impl<S: MetadataStore> Coordinator<S> {
             local.evidence_recorded.remove(group);
             local.regressed.remove(group);
             local.missing_at_tick.remove(group);
+            local.deferred.remove(group);
         }
         let except: &[&str] = match why {
             Forget::Deleted => &[],

@@ -10,6 +10,7 @@
 //! Every other call goes straight to the in-memory store.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rsc::core::model::{Fence, GroupId, MemberId};
@@ -27,6 +28,8 @@ pub struct HeldStore {
     inner: MemoryStore,
     touch_answer: Gate,
     mutation: Gate,
+    /// `load` and `liveness` calls: what a tick reads.
+    reads: Arc<AtomicU64>,
 }
 
 fn arm(gate: &Gate) -> oneshot::Sender<()> {
@@ -44,7 +47,7 @@ async fn pass(gate: &Gate) {
 
 impl HeldStore {
     pub fn new(inner: MemoryStore) -> Self {
-        Self { inner, touch_answer: Gate::default(), mutation: Gate::default() }
+        Self { inner, touch_answer: Gate::default(), mutation: Gate::default(), reads: Arc::default() }
     }
 
     /// Arms the next touch: the store executes it at once, its answer waits for the sender.
@@ -62,6 +65,11 @@ impl HeldStore {
         arm(&self.mutation)
     }
 
+    /// `load` and `liveness` calls so far.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+
     /// True once the armed mutation has been sent and is waiting.
     pub fn is_stalled(&self) -> bool {
         self.mutation.lock().expect("gate lock").is_none()
@@ -70,6 +78,7 @@ impl HeldStore {
 
 impl MetadataStore for HeldStore {
     async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.load(group).await
     }
     async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
@@ -88,6 +97,7 @@ impl MetadataStore for HeldStore {
         answer
     }
     async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.liveness(group).await
     }
     async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {

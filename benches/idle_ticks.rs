@@ -1,0 +1,219 @@
+//! What the coordinator's tick costs for idle groups, against a real `redis-server` (not a test:
+//! it prints numbers; issue #12, "ticks scale with due work, not with groups").
+//!
+//! Starts its own `redis-server` on a free port (the integration-test harness in `tests/support`),
+//! creates N groups nobody joined (idle: nothing can come due without a request), then runs I
+//! in-process `Coordinator<RedisStore>` instances, each ticking every `tick_interval_ms` (250 ms)
+//! as `run_ticker` does, for a timed window. Per (N, I) two rows side by side in one run:
+//! `every pass` (`idle_group_audit_ms = 0`: every group read every pass, the ticker before idle
+//! groups were deferred) and `deferred` (the default audit period, 120 s). Measured over the
+//! window: Redis commands/s (`INFO stats` `total_commands_processed` delta, the INFO calls
+//! themselves excluded), this process's CPU (`/proc/self/stat`, all instances together) and the
+//! longest `tick_all` pass of any instance. The window starts after two passes, so the first pass
+//! of every group (which reads it) is not in it: what is printed is the steady cost.
+//!
+//! Run: `cargo bench --bench idle_ticks`; `RSC_BENCH_QUICK=1` for a short run. Knobs
+//! (environment): `IT_GROUPS` (`1,100,10000`; quick `1,100,1000`), `IT_INSTANCES` (`1,3`),
+//! `IT_WINDOW_MS` (5000; quick 2000). Without `--bench` a smoke run (1 and 20 groups, one
+//! instance, 1 s) checks that deferred idle groups cost fewer commands than ticking every pass
+//! and exits non-zero otherwise. Linux only (reads /proc).
+
+#[cfg(all(not(madsim), target_os = "linux"))]
+#[allow(unused_imports)]
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+#[cfg(not(all(not(madsim), target_os = "linux")))]
+fn main() {
+    eprintln!("idle_ticks needs a real redis-server and /proc; build it without --cfg madsim on Linux");
+}
+
+#[cfg(all(not(madsim), target_os = "linux"))]
+fn main() -> std::process::ExitCode {
+    bench::main()
+}
+
+#[cfg(all(not(madsim), target_os = "linux"))]
+mod bench {
+    use std::process::ExitCode;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use rsc::core::model::{GroupConfig, GroupId};
+    use rsc::core::protocol::AdminRequest;
+    use rsc::service::{Coordinator, CoordinatorOptions};
+    use rsc::store::redis::{RedisStore, RedisStoreOptions};
+
+    use crate::support::RedisServer;
+
+    struct Settings {
+        groups: Vec<usize>,
+        instances: Vec<usize>,
+        window: Duration,
+        smoke: bool,
+    }
+
+    fn list(name: &str, default: &str) -> Vec<usize> {
+        let text = std::env::var(name).unwrap_or_else(|_| default.to_string());
+        text.split(',').filter_map(|v| v.trim().parse().ok()).collect()
+    }
+
+    fn settings() -> Settings {
+        if !std::env::args().any(|a| a == "--bench") {
+            return Settings { groups: vec![1, 20], instances: vec![1], window: Duration::from_secs(1), smoke: true };
+        }
+        let quick = std::env::var("RSC_BENCH_QUICK").is_ok();
+        let window_ms = std::env::var("IT_WINDOW_MS").ok().and_then(|v| v.parse().ok());
+        Settings {
+            groups: list("IT_GROUPS", if quick { "1,100,1000" } else { "1,100,10000" }),
+            instances: list("IT_INSTANCES", "1,3"),
+            window: Duration::from_millis(window_ms.unwrap_or(if quick { 2_000 } else { 5_000 })),
+            smoke: false,
+        }
+    }
+
+    /// This process's CPU time (user + system), from `/proc/self/stat` (clock ticks of 10 ms).
+    fn cpu() -> Duration {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let after = stat.rsplit(')').next().unwrap_or_default();
+        let fields: Vec<u64> = after.split_whitespace().filter_map(|f| f.parse().ok()).collect();
+        // After the command name: state is not a number, so utime and stime are fields 11 and 12.
+        let ticks = fields.get(10).copied().unwrap_or(0) + fields.get(11).copied().unwrap_or(0);
+        Duration::from_millis(ticks * 10)
+    }
+
+    fn commands(redis: &RedisServer) -> u64 {
+        redis.info_field("stats", "total_commands_processed").and_then(|v| v.parse().ok()).unwrap_or(0)
+    }
+
+    struct Row {
+        commands_per_s: f64,
+        cpu_percent: f64,
+        longest_pass: Duration,
+    }
+
+    /// One timed window: `instances` coordinators ticking `groups` idle groups.
+    async fn measure(redis: &RedisServer, instances: usize, audit_ms: u64, window: Duration) -> Row {
+        let mut coordinators = Vec::with_capacity(instances);
+        for i in 0..instances {
+            let store = RedisStore::connect(&redis.url(), RedisStoreOptions::default()).await.expect("connect");
+            let options = CoordinatorOptions {
+                instance_id: format!("bench-{i}"),
+                idle_group_audit_ms: audit_ms,
+                ..CoordinatorOptions::default()
+            };
+            let coordinator = Coordinator::new(store, options);
+            coordinator.start().await.expect("probe");
+            coordinators.push(coordinator);
+        }
+        let tick = Duration::from_millis(coordinators[0].options().tick_interval_ms);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let measuring = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for coordinator in coordinators {
+            let (stop, measuring) = (Arc::clone(&stop), Arc::clone(&measuring));
+            tasks.push(tokio::spawn(async move {
+                let mut longest = Duration::ZERO;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let started = Instant::now();
+                    coordinator.tick_all().await;
+                    if measuring.load(std::sync::atomic::Ordering::SeqCst) {
+                        longest = longest.max(started.elapsed());
+                    }
+                    tokio::time::sleep(tick).await;
+                }
+                longest
+            }));
+        }
+        // Two passes of every instance first: each group's first tick reads it.
+        tokio::time::sleep(tick * 2 + Duration::from_millis(100)).await;
+        let (commands_before, cpu_before, started) = (commands(redis), cpu(), Instant::now());
+        measuring.store(true, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(window).await;
+        let (commands_after, cpu_after, elapsed) = (commands(redis), cpu(), started.elapsed());
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut longest_pass = Duration::ZERO;
+        for task in tasks {
+            longest_pass = longest_pass.max(task.await.unwrap_or_default());
+        }
+        // The first INFO counts itself; the second is not counted yet.
+        let executed = commands_after.saturating_sub(commands_before).saturating_sub(1);
+        Row {
+            commands_per_s: executed as f64 / elapsed.as_secs_f64(),
+            cpu_percent: 100.0 * cpu_after.saturating_sub(cpu_before).as_secs_f64() / elapsed.as_secs_f64(),
+            longest_pass,
+        }
+    }
+
+    async fn create_groups(redis: &RedisServer, from: usize, to: usize) {
+        let store = RedisStore::connect(&redis.url(), RedisStoreOptions::default()).await.expect("connect");
+        let admin = Coordinator::new(store, CoordinatorOptions::default());
+        for i in from..to {
+            let group = GroupId::new("idle", format!("g{i}"));
+            let create = AdminRequest::CreateGroup { group, shard_count: 4, config: GroupConfig::default() };
+            admin.admin(create).await.expect("create group");
+        }
+    }
+
+    pub fn main() -> ExitCode {
+        let settings = settings();
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+        let runtime = runtime.expect("tokio runtime");
+        runtime.block_on(async move {
+            let redis = RedisServer::start();
+            println!(
+                "idle_ticks: redis-server on {}; idle groups (created, nobody joined); tick every 250 ms; window {:?}",
+                redis.url(),
+                settings.window
+            );
+            println!(
+                "{:>7} {:>9}  {:>22} {:>22}  {:>9}  {:>17} {:>17}  {:>16} {:>16}",
+                "groups",
+                "instances",
+                "cmds/s every pass",
+                "cmds/s deferred",
+                "ratio",
+                "CPU% every pass",
+                "CPU% deferred",
+                "longest pass ev.",
+                "longest pass def."
+            );
+            let mut created = 0;
+            let mut ok = true;
+            for &groups in &settings.groups {
+                create_groups(&redis, created, groups.max(created)).await;
+                created = created.max(groups);
+                for &instances in &settings.instances {
+                    let before = measure(&redis, instances, 0, settings.window).await;
+                    let after = measure(&redis, instances, 120_000, settings.window).await;
+                    let ratio = after.commands_per_s / before.commands_per_s.max(1e-9);
+                    println!(
+                        "{:>7} {:>9}  {:>22.1} {:>22.1}  {:>8.3}x  {:>17.1} {:>17.1}  {:>13.1} ms {:>13.1} ms",
+                        groups,
+                        instances,
+                        before.commands_per_s,
+                        after.commands_per_s,
+                        ratio,
+                        before.cpu_percent,
+                        after.cpu_percent,
+                        before.longest_pass.as_secs_f64() * 1e3,
+                        after.longest_pass.as_secs_f64() * 1e3
+                    );
+                    if settings.smoke && groups > 1 && after.commands_per_s >= before.commands_per_s {
+                        eprintln!("deferred idle groups did not cost fewer commands ({groups} groups)");
+                        ok = false;
+                    }
+                }
+            }
+            println!(
+                "(commands that remain when deferred: per instance and pass, the identity check (INFO) and the \
+                 index (SMEMBERS), independent of the group count; each idle group is read once per 120 s)"
+            );
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        })
+    }
+}
