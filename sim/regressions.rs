@@ -14,6 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(madsim)]
 use crate::plan::PlanError;
 
 /// The corpus directory under the plans directory.
