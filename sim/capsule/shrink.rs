@@ -7,7 +7,8 @@
 //! drop faults, then actions (halves first, then smaller chunks, then one at a time:
 //! delta debugging); tighten `heal_ms` and `run_ms` to what the schedule needs; remove the highest
 //! consumer, producer or coordinator when nothing scheduled names it, and halve the shards; move
-//! each fault earlier; halve each fault's integer parameters (durations included).
+//! each fault earlier; halve each fault's integer parameters (durations included); simpler
+//! settings (the datagram protocol, fewer keys, smaller reads, smaller `add-shards`).
 //!
 //! Owns: candidate generation and acceptance. Never changes the seed: the remaining randomness
 //! (madsim's scheduler and network, each process's RNG) stays the one the capsule recorded.
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use super::{kinds_of, Capsule};
 use crate::plan::node::Role;
-use crate::plan::{Fault, Plan, PlanError};
+use crate::plan::{Action, Fault, Plan, PlanError, Protocol};
 use crate::runner::run_seed;
 
 /// Shrinks the capsule at `path`; writes `<stem>-shrunk.toml` next to it. True when it wrote one.
@@ -88,6 +89,7 @@ impl Shrinker {
             changed |= self.reduce_topology();
             changed |= self.move_faults_earlier();
             changed |= self.halve_fault_params();
+            changed |= self.simplify_params();
             println!("round {round}: {} candidate runs, {}", self.runs - runs, self.size());
             if !changed || self.runs >= self.max_runs {
                 break;
@@ -288,6 +290,39 @@ impl Shrinker {
         fault.at_ms = at;
         let what = format!("{origin} {} at {at_ms} -> {at} ms", fault.item.kind());
         self.try_candidate(&what, candidate)
+    }
+
+    /// Simpler settings: the datagram protocol instead of HTTP, fewer message keys, smaller reads,
+    /// fewer shards per `add-shards`.
+    fn simplify_params(&mut self) -> bool {
+        let mut changed = false;
+        if self.best.tuning.protocol == Protocol::Http {
+            let mut candidate = self.best.clone();
+            candidate.tuning.protocol = Protocol::Rpc;
+            changed |= self.try_candidate("protocol http -> rpc", candidate);
+        }
+        let w = self.best.workload;
+        if w.keys > 1 {
+            let mut candidate = self.best.clone();
+            candidate.workload.keys = w.keys.div_ceil(2);
+            changed |= self.try_candidate(&format!("keys {} -> {}", w.keys, w.keys.div_ceil(2)), candidate);
+        }
+        if w.read_count > 1 {
+            let mut candidate = self.best.clone();
+            candidate.workload.read_count = w.read_count.div_ceil(2);
+            let what = format!("read_count {} -> {}", w.read_count, w.read_count.div_ceil(2));
+            changed |= self.try_candidate(&what, candidate);
+        }
+        for i in 0..self.best.actions.len() {
+            // Re-read each time: an accepted candidate re-sorted the actions.
+            let Some(Action::AddShards { add }) = self.best.actions.get(i).map(|a| a.item.clone()) else { continue };
+            if add > 1 {
+                let mut candidate = self.best.clone();
+                candidate.actions[i].item = Action::AddShards { add: add.div_ceil(2) };
+                changed |= self.try_candidate(&format!("add-shards +{add} -> +{}", add.div_ceil(2)), candidate);
+            }
+        }
+        changed
     }
 
     /// Each integer parameter of each fault (durations, delays, counts) halved.
