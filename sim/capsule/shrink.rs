@@ -42,7 +42,7 @@ pub fn shrink_file(path: &Path, kind: Option<String>, max_runs: usize) -> Result
     let shrunk = run_seed(shrinker.best.clone(), true);
     let before = capsule.size();
     let note = format!(
-        "shrunk from {} keeping {key} ({before} -> {} runs): {}",
+        "shrunk from {} keeping {key} in {} candidate runs (was {before}): {}",
         path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
         shrinker.runs,
         capsule.note
