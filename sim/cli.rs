@@ -262,6 +262,8 @@ pub struct PlanSummary {
     pub coverage: crate::coverage::Coverage,
     /// The first seed (in run order) that produced each violation kind.
     pub first_seed_by_kind: BTreeMap<&'static str, u64>,
+    /// Capsules the failing seeds wrote (in-process runs only; the sweep reads its children's).
+    pub capsules: Vec<PathBuf>,
 }
 
 impl PlanSummary {
@@ -342,14 +344,15 @@ pub fn run_plan_with(
         }
         summary.add(&outcome);
         if !outcome.findings.is_empty() && (spec.expect.is_empty() || flags.capsules) {
-            report_failure(&spec.name, &plan, &description, &outcome);
+            summary.capsules.extend(report_failure(&spec.name, &plan, &description, &outcome));
         }
         on_seed(&outcome);
     }
     Ok(summary)
 }
 
-fn report_failure(name: &str, plan: &Plan, description: &str, outcome: &SeedOutcome) {
+/// Prints a failing seed's report and writes its trace and capsule; returns the capsule's path.
+fn report_failure(name: &str, plan: &Plan, description: &str, outcome: &SeedOutcome) -> Option<PathBuf> {
     println!("\nFAILED {name} seed {}", outcome.seed);
     print!("{description}");
     for finding in outcome.findings.iter().take(20) {
@@ -373,11 +376,18 @@ fn report_failure(name: &str, plan: &Plan, description: &str, outcome: &SeedOutc
     let note = format!("found by `cargo sim run {name} --seeds {}`{control}: {first}", outcome.seed);
     let capsule = Capsule::new(plan, &verbose.findings, verbose.trace_hash, note);
     let path = capsule::default_dir().join(format!("{name}-{}{control}.toml", outcome.seed));
-    match capsule.write(&path) {
-        Ok(()) => println!("{CAPSULE_LINE_PREFIX}{}", path.display()),
-        Err(e) => println!("  capsule not written: {e}"),
-    }
+    let written = match capsule.write(&path) {
+        Ok(()) => {
+            println!("{CAPSULE_LINE_PREFIX}{}", path.display());
+            Some(path)
+        }
+        Err(e) => {
+            println!("  capsule not written: {e}");
+            None
+        }
+    };
     println!("REPRODUCE WITH: cargo sim replay {name} {}", outcome.seed);
+    written
 }
 
 /// The line a failure report names its capsule with (the sweep's summary collects them).
@@ -552,6 +562,11 @@ fn run_plans(
         summaries.push(run_plan_with(spec, seeds, flags, &mut |_| {})?);
     }
     print_table(&summaries);
+    let capsules: Vec<&PathBuf> = summaries.iter().flat_map(|s| &s.capsules).collect();
+    if !capsules.is_empty() {
+        println!("\ncapsules written ({}; replay: cargo sim replay --capsule FILE):", capsules.len());
+        capsules.iter().for_each(|path| println!("  {}", path.display()));
+    }
     if json {
         for s in &summaries {
             println!("{}", sweep::plan_line(s));
