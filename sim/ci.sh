@@ -5,8 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${SIM_SEEDS:-0..12}
 
-echo "--- regression corpus (fault-plans/regressions.toml)"
+echo "--- regression corpus (fault-plans/capsules/: each passes; capsules/planted/: each still fails, and passes without its bug)"
 cargo sim regressions
+
+echo "--- capsules replay the run they recorded, exactly, and keep it when a plan's draw order changes"
+cargo sim capsule-check standard --seeds 0..2
+cargo sim capsule-check swarm --seeds 0..2
 
 echo "--- planted bugs: each must be caught (and each scenario is clean without its bug)"
 cargo sim planted --seeds 0..20

@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use crate::bench;
+use crate::capsule::{self, Capsule};
 use crate::checkers::{count_by_kind, Finding};
 use crate::plan::{default_plan_dir, load_plan, plan_names, Plan, PlanError, PlanSpec};
 use crate::records::{fmt_us, render_trace, Records};
@@ -31,9 +32,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a plan (or `all`: every plan but planted-*) over a range of seeds.
+    /// Run a plan (or `all`: every plan but planted-*) over a range of seeds, or one capsule.
+    /// Every failing seed writes a capsule to target/sim-capsules/<plan>-<seed>.toml.
     Run {
-        plan: String,
+        #[arg(required_unless_present = "capsule")]
+        plan: Option<String>,
+        /// Run this capsule (a whole recorded run) instead of a plan's seeds.
+        #[arg(long, conflicts_with = "plan")]
+        capsule: Option<PathBuf>,
         /// Seeds `A..B` (B excluded) or a single seed.
         #[arg(long, default_value = "0..10", value_parser = parse_seeds)]
         seeds: (u64, u64),
@@ -65,9 +71,58 @@ enum Command {
         verbose: bool,
         #[arg(long)]
         without_planted: bool,
+        #[arg(long)]
+        capsules: bool,
     },
-    /// Run one seed with the full trace, written to target/sim-traces/<plan>-<seed>.log.
-    Replay { plan: String, seed: u64 },
+    /// Run one seed (or one capsule) with the full trace, written to
+    /// target/sim-traces/<plan>-<seed>.log.
+    Replay {
+        #[arg(required_unless_present = "capsule")]
+        plan: Option<String>,
+        #[arg(required_unless_present = "capsule")]
+        seed: Option<u64>,
+        /// Replay this capsule: its recorded run, without any plan file or draw.
+        #[arg(long, conflicts_with_all = ["plan", "seed"])]
+        capsule: Option<PathBuf>,
+        /// Switch the capsule's planted bugs off (its control run).
+        #[arg(long, requires = "capsule")]
+        without_planted: bool,
+    },
+    /// Write the capsule of one seed of a plan (whether it fails or not), e.g. to keep it as a
+    /// regression.
+    Capsule {
+        plan: String,
+        seed: u64,
+        /// Where to write it (default: target/sim-capsules/<plan>-<seed>.toml).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long, default_value = "")]
+        note: String,
+        /// Regression capsules: when and what the seed found, and what fixed it.
+        #[arg(long)]
+        found: Option<String>,
+        #[arg(long)]
+        fix: Option<String>,
+    },
+    /// Shrink a failing capsule while the same violation kind still occurs; writes
+    /// <name>-shrunk.toml next to it.
+    Shrink {
+        file: PathBuf,
+        /// The kind to keep (default: the capsule's first recorded kind).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Stop after this many candidate runs.
+        #[arg(long, default_value_t = 400)]
+        max_runs: usize,
+    },
+    /// Check capsules against the runs they record: for each seed, the capsule of (plan, seed)
+    /// must replay with the trace hash and findings of (plan, seed), and still after the plan's
+    /// draw order is changed (which changes the run (plan, seed) means).
+    CapsuleCheck {
+        plan: String,
+        #[arg(long, default_value = "0..2", value_parser = parse_seeds)]
+        seeds: (u64, u64),
+    },
     /// Print the parameters a plan draws for a seed.
     Show { plan: String, seed: u64 },
     /// Run one seed and draw it as one HTML page: target/sim-timelines/<plan>-<seed>.html
@@ -83,8 +138,12 @@ enum Command {
     Planted {
         #[arg(long, default_value = "0..20", value_parser = parse_seeds)]
         seeds: (u64, u64),
+        /// Also report every caught seed and write its capsule (slower: each is re-run traced).
+        #[arg(long)]
+        capsules: bool,
     },
-    /// Replay every seed listed in regressions.toml.
+    /// Replay every capsule in fault-plans/capsules/ (each must pass) and
+    /// fault-plans/capsules/planted/ (each must fail with its kind, and pass without its bug).
     Regressions,
     /// Run every plan (not planted-*) over the seeds and print what the runs reached, per plan:
     /// statuses, error codes, decision rules recorded, faults, rare situations. Fails when an item
@@ -131,21 +190,33 @@ fn trace_dir() -> PathBuf {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { plan, seeds, check_determinism, verbose, without_planted, jobs, json } => {
-            let flags = RunFlags { check_determinism, verbose, without_planted };
+        Command::Run { capsule: Some(path), without_planted, .. } => {
+            capsule::replay::run_file(&path, without_planted, false)
+        }
+        Command::Run { plan, seeds, check_determinism, verbose, without_planted, jobs, json, .. } => {
+            let flags = RunFlags { check_determinism, verbose, without_planted, capsules: true };
+            let plan = plan.unwrap_or_default();
             run_plans(&cli.plans, &plan, seeds, flags, usize::from(jobs), json)
         }
-        Command::Chunk { plan, seeds, check_determinism, verbose, without_planted } => {
-            let flags = RunFlags { check_determinism, verbose, without_planted };
+        Command::Chunk { plan, seeds, check_determinism, verbose, without_planted, capsules } => {
+            let flags = RunFlags { check_determinism, verbose, without_planted, capsules };
             load_spec(&cli.plans, &plan, flags).and_then(|spec| sweep::run_chunk(&spec, seeds, flags))
         }
-        Command::Replay { plan, seed } => replay(&cli.plans, &plan, seed),
+        Command::Replay { capsule: Some(path), without_planted, .. } => {
+            capsule::replay::run_file(&path, without_planted, true)
+        }
+        Command::Replay { plan, seed, .. } => replay(&cli.plans, &plan.unwrap_or_default(), seed.unwrap_or_default()),
+        Command::Capsule { plan, seed, out, note, found, fix } => {
+            capsule::replay::write_seed(&cli.plans, &plan, seed, out, note, found, fix)
+        }
+        Command::Shrink { file, kind, max_runs } => capsule::shrink::shrink_file(&file, kind, max_runs),
+        Command::CapsuleCheck { plan, seeds } => capsule::replay::check_seeds(&cli.plans, &plan, seeds),
         Command::Timeline { plan, seed, without_planted } => timeline(&cli.plans, &plan, seed, without_planted),
         Command::Show { plan, seed } => load_plan(&cli.plans, &plan).and_then(|s| s.draw(seed)).map(|p| {
             print!("{}", p.describe());
             true
         }),
-        Command::Planted { seeds } => planted(&cli.plans, seeds),
+        Command::Planted { seeds, capsules } => planted(&cli.plans, seeds, capsules),
         Command::Regressions => regressions::run(&cli.plans),
         Command::Coverage { seeds } => coverage(&cli.plans, seeds),
         Command::Bench { which, seeds, baseline } => bench::bench(&cli.plans, &which, seeds, baseline),
@@ -191,6 +262,8 @@ pub struct PlanSummary {
     pub coverage: crate::coverage::Coverage,
     /// The first seed (in run order) that produced each violation kind.
     pub first_seed_by_kind: BTreeMap<&'static str, u64>,
+    /// Capsules the failing seeds wrote (in-process runs only; the sweep reads its children's).
+    pub capsules: Vec<PathBuf>,
 }
 
 impl PlanSummary {
@@ -235,17 +308,20 @@ pub fn run_plan(
     check_determinism: bool,
     verbose: bool,
 ) -> Result<PlanSummary, PlanError> {
-    run_plan_with(spec, seeds, check_determinism, verbose, &mut |_| {})
+    let flags = RunFlags { check_determinism, verbose, ..RunFlags::default() };
+    run_plan_with(spec, seeds, flags, &mut |_| {})
 }
 
 /// [`run_plan`], handing every seed's outcome to `on_seed` once it is checked and reported.
+/// Every failing seed is reported (trace and capsule written) unless the plan expects failures
+/// (planted bugs) and `flags.capsules` is off.
 pub fn run_plan_with(
     spec: &PlanSpec,
     seeds: (u64, u64),
-    check_determinism: bool,
-    verbose: bool,
+    flags: RunFlags,
     on_seed: &mut dyn FnMut(&SeedOutcome),
 ) -> Result<PlanSummary, PlanError> {
+    let RunFlags { check_determinism, verbose, .. } = flags;
     let mut summary = PlanSummary { name: spec.name.clone(), seeds, ..PlanSummary::default() };
     for seed in seeds.0..seeds.1 {
         let plan = spec.draw(seed)?;
@@ -267,15 +343,16 @@ pub fn run_plan_with(
             }
         }
         summary.add(&outcome);
-        if !outcome.findings.is_empty() && spec.expect.is_empty() {
-            report_failure(&spec.name, &plan, &description, &outcome);
+        if !outcome.findings.is_empty() && (spec.expect.is_empty() || flags.capsules) {
+            summary.capsules.extend(report_failure(&spec.name, &plan, &description, &outcome));
         }
         on_seed(&outcome);
     }
     Ok(summary)
 }
 
-fn report_failure(name: &str, plan: &Plan, description: &str, outcome: &SeedOutcome) {
+/// Prints a failing seed's report and writes its trace and capsule; returns the capsule's path.
+fn report_failure(name: &str, plan: &Plan, description: &str, outcome: &SeedOutcome) -> Option<PathBuf> {
     println!("\nFAILED {name} seed {}", outcome.seed);
     print!("{description}");
     for finding in outcome.findings.iter().take(20) {
@@ -293,10 +370,30 @@ fn report_failure(name: &str, plan: &Plan, description: &str, outcome: &SeedOutc
         Ok(path) => println!("  trace: {}", path.display()),
         Err(e) => println!("  trace not written: {e}"),
     }
+    // A control run (planted bugs off) of a planted plan gets its own capsule name.
+    let control = if name.starts_with("planted-") && plan.planted.is_empty() { "-without-planted" } else { "" };
+    let first = outcome.findings.first().map(ToString::to_string).unwrap_or_default();
+    let note = format!("found by `cargo sim run {name} --seeds {}`{control}: {first}", outcome.seed);
+    let capsule = Capsule::new(plan, &verbose.findings, verbose.trace_hash, note);
+    let path = capsule::default_dir().join(format!("{name}-{}{control}.toml", outcome.seed));
+    let written = match capsule.write(&path) {
+        Ok(()) => {
+            println!("{CAPSULE_LINE_PREFIX}{}", path.display());
+            Some(path)
+        }
+        Err(e) => {
+            println!("  capsule not written: {e}");
+            None
+        }
+    };
     println!("REPRODUCE WITH: cargo sim replay {name} {}", outcome.seed);
+    written
 }
 
-fn write_trace(name: &str, seed: u64, outcome: &SeedOutcome) -> std::io::Result<PathBuf> {
+/// The line a failure report names its capsule with (the sweep's summary collects them).
+pub const CAPSULE_LINE_PREFIX: &str = "  capsule: ";
+
+pub(crate) fn write_trace(name: &str, seed: u64, outcome: &SeedOutcome) -> std::io::Result<PathBuf> {
     let dir = trace_dir();
     std::fs::create_dir_all(&dir)?;
     let path = dir.join(format!("{name}-{seed}.log"));
@@ -396,6 +493,8 @@ pub struct RunFlags {
     pub check_determinism: bool,
     pub verbose: bool,
     pub without_planted: bool,
+    /// Report (trace and capsule) failing seeds of a planted plan too, though it expects them.
+    pub capsules: bool,
 }
 
 /// `sim coverage`: every plan but planted-*, then the must-reach check over all of them.
@@ -460,9 +559,14 @@ fn run_plans(
     }
     let mut summaries = Vec::new();
     for spec in &specs {
-        summaries.push(run_plan(spec, seeds, flags.check_determinism, flags.verbose)?);
+        summaries.push(run_plan_with(spec, seeds, flags, &mut |_| {})?);
     }
     print_table(&summaries);
+    let capsules: Vec<&PathBuf> = summaries.iter().flat_map(|s| &s.capsules).collect();
+    if !capsules.is_empty() {
+        println!("\ncapsules written ({}; replay: cargo sim replay --capsule FILE):", capsules.len());
+        capsules.iter().for_each(|path| println!("  {}", path.display()));
+    }
     if json {
         for s in &summaries {
             println!("{}", sweep::plan_line(s));
@@ -531,13 +635,14 @@ fn timeline(dir: &Path, name: &str, seed: u64, without_planted: bool) -> Result<
 /// control run without them. A plan passes when the planted run produced every kind it expects and
 /// no other, and the control run produced nothing (so the checkers fail for the bug, not for the
 /// scenario). Prints planted bug -> kinds -> the first seed that produced each.
-fn planted(dir: &Path, seeds: (u64, u64)) -> Result<bool, PlanError> {
+fn planted(dir: &Path, seeds: (u64, u64), capsules: bool) -> Result<bool, PlanError> {
     let mut all_ok = true;
     let mut summaries = Vec::new();
     let mut rows = Vec::new();
     for name in plan_names(dir)?.into_iter().filter(|n| n.starts_with("planted-")) {
         let spec = load_plan(dir, &name)?;
-        let summary = run_plan(&spec, seeds, false, false)?;
+        let flags = RunFlags { capsules, ..RunFlags::default() };
+        let summary = run_plan_with(&spec, seeds, flags, &mut |_| {})?;
         let mut control_spec = spec.clone();
         control_spec.planted.clear();
         control_spec.expect.clear();

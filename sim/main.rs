@@ -6,7 +6,10 @@
 //! cargo sim replay <plan> <seed>       # full trace in target/sim-traces/
 //! cargo sim show <plan> <seed>         # the drawn parameters only
 //! cargo sim planted --seeds A..B       # every planted bug must be caught
-//! cargo sim regressions                # fault-plans/regressions.toml
+//! cargo sim regressions                # every capsule in fault-plans/capsules/
+//! cargo sim replay --capsule FILE      # a capsule's recorded run (also `run --capsule FILE`)
+//! cargo sim capsule <plan> <seed>      # write a seed's capsule
+//! cargo sim shrink FILE                # reduce a failing capsule, keeping its violation kind
 //! cargo sim timeline <plan> <seed>     # one run as an HTML timeline in target/sim-timelines/
 //! cargo sim run all --seeds A..B --jobs 4   # seeds in 4 child processes, progress on stderr
 //! cargo sim bench [standard,swarm] [--seeds 0..10] [--baseline <other sim binary>]
@@ -15,7 +18,8 @@
 //! The lab's rooms: `plan` (the TOML format, drawing every parameter from the seed), `world` and
 //! `programs` (the simulated deployment running the production code), `redis_node` (the in-memory
 //! Redis on its own node), `faults` (the fault injector), `records` (ground truth and the trace),
-//! `checkers` (one file per invariant), `runner` and `cli`; the developer's tools: `timeline` (one
+//! `checkers` (one file per invariant), `runner` and `cli`, `capsule` (recorded runs: replay and
+//! shrinking) and `regressions` (the capsule corpus); the developer's tools: `timeline` (one
 //! run drawn as an HTML page), `sweep` (seeds in child processes) and `bench` (sim/wall against
 //! another build). The format and the checked properties are documented in `fault-plans/README.md`.
 //!
@@ -26,6 +30,8 @@
 
 #[cfg(madsim)]
 mod bench;
+/// Failure capsules: whole recorded runs, replayed and shrunk without their plan files.
+mod capsule;
 mod checkers;
 #[cfg(madsim)]
 mod cli;

@@ -1,61 +1,78 @@
-//! `fault-plans/regressions.toml`: every seed that once found a bug, replayed by
+//! The regression corpus: capsules in `fault-plans/capsules/`, replayed by
 //! `cargo sim regressions` so a fixed bug stays fixed.
 //!
-//! ```toml
-//! [[regression]]
-//! plan = "swarm"            # plan name (file stem in fault-plans/)
-//! seed = 1234
-//! found = "date: what the checker reported"
-//! fix = "what changed (commit or summary)"
-//! ```
+//! Every run that once found a bug is kept as a capsule (the whole drawn run, `found` and `fix`
+//! inside), so it keeps meaning the same run whatever happens to its plan file. Two directories:
+//! - `fault-plans/capsules/*.toml`: each must replay without a finding;
+//! - `fault-plans/capsules/planted/*.toml`: shrunk runs of planted bugs; each must still produce
+//!   its first recorded kind, and replay clean with its planted bugs off (the checker still
+//!   fails, and fails for the bug).
+//!
+//! Each replay also says whether its trace is still the recorded one: a different hash means the
+//! product or trace code changed since the capsule was recorded, not that the capsule changed
+//! (`cargo sim capsule-check` proves capsules replay exactly at one commit).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
+#[cfg(madsim)]
 use crate::plan::PlanError;
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Regressions {
-    #[serde(default)]
-    regression: Vec<Regression>,
+/// The corpus directory under the plans directory.
+pub fn corpus_dir(plans: &Path) -> PathBuf {
+    plans.join("capsules")
 }
 
-/// One remembered seed.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Regression {
-    pub plan: String,
-    pub seed: u64,
-    pub found: String,
-    pub fix: String,
-}
-
-/// Parses the regressions file.
-pub fn parse(text: &str, path: &Path) -> Result<Vec<Regression>, PlanError> {
-    let parsed: Regressions =
-        toml::from_str(text).map_err(|e| PlanError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
-    Ok(parsed.regression)
-}
-
-/// Replays every regression; true when none fails.
+/// Replays every capsule of the corpus; true when each behaves as its directory requires.
 #[cfg(madsim)]
-pub fn run(dir: &Path) -> Result<bool, PlanError> {
-    let path = dir.join("regressions.toml");
-    let text =
-        std::fs::read_to_string(&path).map_err(|e| PlanError::Io { path: path.clone(), message: e.to_string() })?;
+pub fn run(plans: &Path) -> Result<bool, PlanError> {
+    use crate::capsule::replay::hash_verdict;
+    use crate::capsule::{files_in, kinds_of, Capsule};
+    use crate::runner::run_seed;
+
+    let dir = corpus_dir(plans);
+    let regressions = files_in(&dir)?;
+    let planted = files_in(&dir.join("planted"))?;
+    if regressions.is_empty() {
+        println!("no capsules in {}: an empty corpus checks nothing", dir.display());
+        return Ok(false);
+    }
     let mut ok = true;
-    for r in parse(&text, &path)? {
-        let plan = crate::plan::load_plan(dir, &r.plan)?.draw(r.seed)?;
-        let outcome = crate::runner::run_seed(plan, false);
+    for path in &regressions {
+        let capsule = Capsule::load(path)?;
+        let outcome = run_seed(capsule.run.clone(), true);
         let verdict = if outcome.findings.is_empty() { "ok" } else { "FAILED" };
-        println!("{} seed {}: {verdict} (found: {}; fix: {})", r.plan, r.seed, r.found, r.fix);
+        let found = capsule.found.as_deref().unwrap_or(&capsule.note);
+        println!("{}: {verdict} (found: {found}; fix: {})", path.display(), capsule.fix.as_deref().unwrap_or("-"));
+        println!("  {}", hash_verdict(&capsule, &outcome));
         for finding in &outcome.findings {
             println!("  {finding}");
         }
         if !outcome.findings.is_empty() {
-            println!("REPRODUCE WITH: cargo sim replay {} {}", r.plan, r.seed);
+            println!("REPRODUCE WITH: cargo sim replay --capsule {}", path.display());
+            ok = false;
+        }
+    }
+    for path in &planted {
+        let capsule = Capsule::load(path)?;
+        let Some(kind) = capsule.kinds.first() else {
+            println!("{}: FAILED (a planted capsule records no kind)", path.display());
+            ok = false;
+            continue;
+        };
+        let bugged = kinds_of(&run_seed(capsule.run.clone(), false).findings);
+        let control = run_seed(capsule.without_planted(), false);
+        let caught = bugged.contains(kind);
+        let clean = control.findings.is_empty();
+        let verdict = if caught && clean { "ok" } else { "FAILED" };
+        println!(
+            "{}: {verdict} ({:?}: {kind} expected, got {bugged:?}; without the bug: {:?})",
+            path.display(),
+            capsule.run.planted,
+            kinds_of(&control.findings)
+        );
+        if !(caught && clean) {
+            let control_flag = if caught { " --without-planted" } else { "" };
+            println!("REPRODUCE WITH: cargo sim replay --capsule {}{control_flag}", path.display());
             ok = false;
         }
     }
@@ -65,17 +82,21 @@ pub fn run(dir: &Path) -> Result<bool, PlanError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capsule::{files_in, Capsule};
 
     #[test]
-    fn the_shipped_file_parses_and_entries_name_existing_plans() {
-        let dir = crate::plan::default_plan_dir();
-        let path = dir.join("regressions.toml");
-        let entries = parse(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
-        for r in entries {
-            crate::plan::load_plan(&dir, &r.plan).unwrap().draw(r.seed).unwrap();
+    fn the_shipped_capsules_parse_and_regressions_say_what_they_found_and_fixed() {
+        let dir = corpus_dir(&crate::plan::default_plan_dir());
+        let regressions = files_in(&dir).unwrap();
+        assert!(!regressions.is_empty(), "the corpus is empty");
+        for path in regressions {
+            let capsule = Capsule::load(&path).unwrap();
+            assert!(capsule.found.is_some() && capsule.fix.is_some(), "{}: found and fix", path.display());
+            assert!(capsule.kinds.is_empty(), "{}: a regression capsule records a passing run", path.display());
         }
-        let one = parse("[[regression]]\nplan = \"swarm\"\nseed = 7\nfound = \"x\"\nfix = \"y\"", &path).unwrap();
-        assert_eq!((one[0].plan.as_str(), one[0].seed), ("swarm", 7));
-        assert!(parse("[[regression]]\nplan = \"swarm\"\nseed = 7", &path).is_err(), "found and fix are required");
+        for path in files_in(&dir.join("planted")).unwrap() {
+            let capsule = Capsule::load(&path).unwrap();
+            assert!(!capsule.run.planted.is_empty() && !capsule.kinds.is_empty(), "{}", path.display());
+        }
     }
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::checkers::{Finding, Measurements, KINDS};
-use crate::cli::{print_table, run_plan_with, PlanSummary, RunFlags};
+use crate::cli::{print_table, run_plan_with, PlanSummary, RunFlags, CAPSULE_LINE_PREFIX};
 use crate::plan::{PlanError, PlanSpec};
 use crate::runner::SeedOutcome;
 
@@ -213,7 +213,7 @@ pub fn plan_line(s: &PlanSummary) -> String {
 /// one seed line per seed as it finishes.
 pub fn run_chunk(spec: &PlanSpec, seeds: (u64, u64), flags: RunFlags) -> Result<bool, PlanError> {
     let mut stdout = std::io::stdout();
-    run_plan_with(spec, seeds, flags.check_determinism, flags.verbose, &mut |outcome| {
+    run_plan_with(spec, seeds, flags, &mut |outcome| {
         let _ = writeln!(stdout, "{}", SeedLine::from_outcome(&spec.name, outcome).to_line());
         let _ = stdout.flush();
     })?;
@@ -268,6 +268,7 @@ fn spawn(
         (flags.without_planted, "--without-planted"),
         (flags.check_determinism, "--check-determinism"),
         (flags.verbose, "--verbose"),
+        (flags.capsules, "--capsules"),
     ] {
         if on {
             cmd.arg(flag);
@@ -448,6 +449,12 @@ fn report(
         fmt_duration(progress.started.elapsed()),
         progress.jobs
     );
+    let capsules: Vec<&str> =
+        texts.iter().flat_map(|t| t.lines()).filter_map(|l| l.strip_prefix(CAPSULE_LINE_PREFIX)).collect();
+    if !capsules.is_empty() {
+        println!("\ncapsules written ({}; replay: cargo sim replay --capsule FILE):", capsules.len());
+        capsules.iter().for_each(|path| println!("  {path}"));
+    }
     if failing.is_empty() {
         return;
     }

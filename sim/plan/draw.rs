@@ -154,6 +154,39 @@ pub(super) fn draw(spec: &PlanSpec, seed: u64) -> Result<Plan, PlanError> {
     })
 }
 
+/// Checks a plan that was not drawn here (a capsule, a shrunk candidate) against every rule a draw
+/// enforces on its values: node counts, durations, workload and latency order, fault parameters,
+/// every fault healed and every action started by `heal_ms`.
+pub fn check_concrete(plan: &Plan) -> Result<(), PlanError> {
+    let t = &plan.topology;
+    check_range("topology.coordinators", t.coordinators, 1, COORDINATORS_MAX)?;
+    check_range("topology.consumers", t.consumers, 1, CONSUMERS_MAX)?;
+    check_range("topology.producers", t.producers, 0, PRODUCERS_MAX)?;
+    check_range("topology.shards", t.shards, 1, SHARDS_MAX)?;
+    if plan.workload.processing_min_ms > plan.workload.processing_max_ms {
+        return Err(invalid("workload.processing_min_ms > processing_max_ms"));
+    }
+    plan.group.validate().map_err(|e| invalid(format!("group: {e}")))?;
+    check_durations(&plan.durations, &plan.group)?;
+    if plan.tuning.latency_min_ms > plan.tuning.latency_max_ms {
+        return Err(invalid("tuning.latency_min_ms > latency_max_ms"));
+    }
+    for f in &plan.faults {
+        f.item.check(&f.origin.to_string())?;
+        let end = f.at_ms + f.item.healed_after_ms();
+        if end > plan.durations.heal_ms {
+            return Err(invalid(format!("{} {} heals at {end} ms, after heal_ms", f.origin, f.item.kind())));
+        }
+    }
+    if let Some(a) = plan.actions.iter().find(|a| a.at_ms >= plan.durations.heal_ms) {
+        return Err(invalid(format!("{} {}: at_ms must be before heal_ms", a.origin, a.item)));
+    }
+    if !plan.faults.is_sorted_by_key(|f| f.at_ms) || !plan.actions.is_sorted_by_key(|a| a.at_ms) {
+        return Err(invalid("faults and actions must be sorted by at_ms"));
+    }
+    Ok(())
+}
+
 /// A scheduled entry must say how long it lasts, except kinds that are instantaneous.
 fn needs_duration(fault: &Fault) -> bool {
     fault.healed_after_ms() == 0
@@ -395,11 +428,7 @@ impl Plan {
             let _ = writeln!(s, "  action @{:>7}ms  {}", a.at_ms, a.item);
         }
         for f in &self.faults {
-            let origin = match f.origin {
-                Origin::Plan(i) => format!("plan#{i}"),
-                Origin::Random(i) => format!("rand#{i}"),
-            };
-            let _ = writeln!(s, "  fault  @{:>7}ms  {:<8} {}", f.at_ms, origin, f.item);
+            let _ = writeln!(s, "  fault  @{:>7}ms  {:<8} {}", f.at_ms, f.origin.to_string(), f.item);
         }
         s
     }

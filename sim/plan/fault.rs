@@ -9,13 +9,16 @@ use std::fmt;
 use rand::rngs::SmallRng;
 use rand::Rng;
 use rsc::core::model::CLOCK_RATE_MARGIN_PERCENT;
+use serde::{Deserialize, Serialize};
 
 use super::node::{resolve_target, InitialCounts, NodeRef, Role, Target};
 use super::param::{Param, Params};
 use super::PlanError;
 
-/// One fault with every parameter drawn.
-#[derive(Clone, Debug, PartialEq)]
+/// One fault with every parameter drawn. Serialized (in capsules) as a table tagged by its plan
+/// kind name: `kind = "partition"`, `target = "consumer-2"`, `duration_ms = 3000`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Fault {
     /// Every packet's one-way latency is drawn from `[min, max]` ms (madsim `update_config`).
     Delay { latency_min_ms: u64, latency_max_ms: u64, duration_ms: u64 },
@@ -78,7 +81,14 @@ pub enum Fault {
     /// clients knew, serving each coordinator, consumer and producer alive at the failover with
     /// probability `share` (at least one; drawn from `pick`); everyone else moves to the new
     /// primary at once. Then it goes, its writes are discarded and its clients move too.
-    RedisSplitBrain { loss: Loss, old_primary_ms: u64, share: f64, pick: u64 },
+    RedisSplitBrain {
+        loss: Loss,
+        old_primary_ms: u64,
+        share: f64,
+        /// Any u64: written as a string, TOML integers stop at `i64::MAX`.
+        #[serde(with = "u64_string")]
+        pick: u64,
+    },
     /// The metadata key is deleted; the operator recreates the group after `recreate_after_ms`.
     RedisDeleteKey { recreate_after_ms: u64 },
     /// The aggregate becomes unparsable; the operator deletes and recreates after `repair_after_ms`.
@@ -297,7 +307,7 @@ impl Fault {
         Ok(fault)
     }
 
-    fn check(&self, what: &str) -> Result<(), PlanError> {
+    pub(super) fn check(&self, what: &str) -> Result<(), PlanError> {
         let bad = |m: &str| Err(PlanError::Invalid(format!("{what} {}: {m}", self.kind())));
         match self {
             Fault::Delay { latency_min_ms: lo, latency_max_ms: hi, .. }
@@ -329,6 +339,44 @@ impl Fault {
             Fault::RedisSplitBrain { old_primary_ms: 0, .. } => bad("old_primary_ms must be >= 1"),
             Fault::ForgedRequests { interval_ms: 0, .. } => bad("interval_ms must be >= 1"),
             _ => Ok(()),
+        }
+    }
+
+    /// The nodes this fault names (a `-*` target names a role, not a node).
+    pub fn nodes(&self) -> Vec<NodeRef> {
+        match self {
+            Fault::Partition { target, .. }
+            | Fault::ClogIn { target, .. }
+            | Fault::ClogOut { target, .. }
+            | Fault::Kill { target }
+            | Fault::Restart { target, .. }
+            | Fault::Pause { target, .. }
+            | Fault::ClockStop { target, .. }
+            | Fault::ClockDrift { target, .. }
+            | Fault::ResponseLoss { target, .. }
+            | Fault::StoreDelay { target, .. }
+            | Fault::StaleDelivery { target, .. } => match target {
+                Target::Node(node) => vec![*node],
+                Target::All(_) => Vec::new(),
+            },
+            Fault::PartitionLink { a, b, .. } => vec![*a, *b],
+            Fault::ClogLink { from, to, .. } => vec![*from, *to],
+            Fault::Delay { .. }
+            | Fault::PacketLoss { .. }
+            | Fault::RollingUpdate { .. }
+            | Fault::CoordinatorLoss { .. }
+            | Fault::RedisOutage { .. }
+            | Fault::RedisLatency { .. }
+            | Fault::RedisFailover { .. }
+            | Fault::RedisSilentRollback { .. }
+            | Fault::RedisSplitBrain { .. }
+            | Fault::RedisDeleteKey { .. }
+            | Fault::RedisCorrupt { .. }
+            | Fault::RedisFutureSchema { .. }
+            | Fault::RedisUnsupported { .. }
+            | Fault::RedisWriteDrop { .. }
+            | Fault::RedisRestart { .. }
+            | Fault::ForgedRequests { .. } => Vec::new(),
         }
     }
 
@@ -402,8 +450,10 @@ impl Fault {
     }
 }
 
-/// Which metadata writes a rollback loses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which metadata writes a rollback loses (in capsules: `{ last_writes = 2 }` or
+/// `{ written_since = { since_ms = 12000 } }`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Loss {
     /// The newest `n` metadata writes (`writes = n`).
     LastWrites(u64),
@@ -516,7 +566,9 @@ impl fmt::Display for Fault {
 }
 
 /// An operator or workload step a scenario schedules (not a fault: it never needs healing).
-#[derive(Clone, Debug, PartialEq)]
+/// Serialized like [`Fault`], tagged by `kind`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Action {
     /// A new consumer process starts and joins (`consumer-<next>`).
     ConsumerJoin,
@@ -559,6 +611,16 @@ impl Action {
     }
 }
 
+impl Action {
+    /// The node this action names.
+    pub fn node(&self) -> Option<NodeRef> {
+        match self {
+            Action::ConsumerLeave { target: Target::Node(node) } => Some(*node),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -567,5 +629,19 @@ impl fmt::Display for Action {
             Action::ConsumerLeave { target } => write!(f, "consumer-leave         {target}"),
             Action::AddShards { add } => write!(f, "add-shards             +{add}"),
         }
+    }
+}
+
+/// A `u64` as a decimal string (TOML integers are `i64`).
+mod u64_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&value.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
     }
 }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use rsc::core::model::GroupConfig;
 use rsc::core::PlantedBug;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use fault::{Action, Fault};
 #[cfg_attr(not(madsim), allow(unused_imports))] // Target is used by the madsim-only injector.
@@ -180,7 +180,7 @@ pub enum ProtocolSpec {
 }
 
 /// The client–coordinator protocol of a run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Protocol {
     /// `HttpTransport` against the axum router, over madsim TCP.
@@ -246,7 +246,8 @@ fn default_random_start() -> Param<u64> {
 }
 
 /// How many nodes of each role exist at the start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Topology {
     pub coordinators: u32,
     pub consumers: u32,
@@ -254,7 +255,8 @@ pub struct Topology {
     pub shards: u32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Workload {
     pub publish_interval_ms: u64,
     pub processing_min_ms: u64,
@@ -264,7 +266,8 @@ pub struct Workload {
     pub keys: u32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Durations {
     pub run_ms: u64,
     pub heal_ms: u64,
@@ -284,7 +287,8 @@ impl Durations {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Tuning {
     pub latency_min_ms: u64,
     pub latency_max_ms: u64,
@@ -295,7 +299,7 @@ pub struct Tuning {
     pub protocol: Protocol,
 }
 
-/// Where a scheduled item came from (for the printed schedule).
+/// Where a scheduled item came from (for the printed schedule); `plan#0` / `rand#3` in capsules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Origin {
     /// The n-th `[[fault]]` / `[[action]]` of the plan file.
@@ -304,16 +308,54 @@ pub enum Origin {
     Random(usize),
 }
 
-/// A fault or action with its start time.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Scheduled<T> {
-    pub at_ms: u64,
-    pub item: T,
-    pub origin: Origin,
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Plan(i) => write!(f, "plan#{i}"),
+            Origin::Random(i) => write!(f, "rand#{i}"),
+        }
+    }
 }
 
-/// A plan with every parameter drawn for one seed.
-#[derive(Clone, Debug)]
+impl std::str::FromStr for Origin {
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || PlanError::Invalid(format!("origin `{s}` is neither plan#N nor rand#N"));
+        let (from, index) = s.split_once('#').ok_or_else(bad)?;
+        let index = index.parse().map_err(|_| bad())?;
+        match from {
+            "plan" => Ok(Origin::Plan(index)),
+            "rand" => Ok(Origin::Random(index)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl Serialize for Origin {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Origin {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A fault or action with its start time. In a capsule the item's fields sit next to `at_ms`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Scheduled<T> {
+    pub at_ms: u64,
+    pub origin: Origin,
+    #[serde(flatten)]
+    pub item: T,
+}
+
+/// A plan with every parameter drawn for one seed: everything a run needs (a capsule stores it
+/// whole, so a run replays without the plan file or its draw).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Plan {
     pub name: String,
     pub description: String,
@@ -352,13 +394,20 @@ impl PlanSpec {
     }
 }
 
+impl Plan {
+    /// Checks a plan that was not drawn from a spec (a capsule, a shrunk candidate).
+    pub fn check(&self) -> Result<(), PlanError> {
+        draw::check_concrete(self)
+    }
+}
+
 /// The directory of shipped plans.
 pub fn default_plan_dir() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/fault-plans"))
 }
 
 /// Files that live in the plan directory but are not plans.
-const NOT_PLANS: &[&str] = &["regressions", "must-reach"];
+const NOT_PLANS: &[&str] = &["must-reach"];
 
 /// Every plan name in `dir`, sorted.
 pub fn plan_names(dir: &Path) -> Result<Vec<String>, PlanError> {

@@ -44,7 +44,7 @@ impl Role {
     }
 }
 
-/// One simulated node. `index` is 0 for `redis` and `operator`, 1.. otherwise; a Redis node with
+/// One simulated node, written by its name (`consumer-2`) in capsules. `index` is 0 for `redis` and `operator`, 1.. otherwise; a Redis node with
 /// an index is the old primary of the index-th `redis-split-brain` fault (`redis-old-N`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeRef {
@@ -95,7 +95,7 @@ impl FromStr for NodeRef {
     }
 }
 
-/// A resolved fault target.
+/// A resolved fault target, written as `consumer-2` or `consumer-*` in capsules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
     Node(NodeRef),
@@ -111,6 +111,37 @@ impl fmt::Display for Target {
         }
     }
 }
+
+impl FromStr for Target {
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.strip_suffix("-*").and_then(Role::parse) {
+            Some(role) => Ok(Target::All(role)),
+            None => s.parse().map(Target::Node),
+        }
+    }
+}
+
+/// Serde through `Display` / `FromStr`: capsules write nodes and targets by name.
+macro_rules! serde_by_name {
+    ($type:ty) => {
+        impl serde::Serialize for $type {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $type {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let name = <String as serde::Deserialize>::deserialize(deserializer)?;
+                name.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+serde_by_name!(NodeRef);
+serde_by_name!(Target);
 
 /// How many nodes of each role exist at the start (for `-?` draws and range checks).
 #[derive(Clone, Copy, Debug)]

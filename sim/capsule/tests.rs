@@ -1,0 +1,50 @@
+use std::path::Path;
+
+use super::*;
+use crate::plan::{default_plan_dir, load_plan, plan_names};
+
+fn round_trip(plan: &Plan) -> Plan {
+    let capsule = Capsule::new(plan, &[], 0x0123_4567_89ab_cdef, "test".into());
+    let text = capsule.to_toml().unwrap();
+    let back = Capsule::parse(&text, Path::new("test.toml")).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(back.trace_hash, "0123456789abcdef");
+    back.run
+}
+
+#[test]
+fn every_shipped_plan_survives_a_capsule_unchanged() {
+    let dir = default_plan_dir();
+    for name in plan_names(&dir).unwrap() {
+        let spec = load_plan(&dir, &name).unwrap();
+        for seed in 0..4 {
+            let plan = spec.draw(seed).unwrap();
+            assert_eq!(round_trip(&plan), plan, "{name} seed {seed}");
+        }
+    }
+}
+
+#[test]
+fn a_capsule_keeps_its_run_when_the_plan_file_changes_its_draw_order() {
+    let dir = default_plan_dir();
+    let spec = load_plan(&dir, "swarm").unwrap();
+    let text = Capsule::new(&spec.draw(5).unwrap(), &[], 0, "swarm 5".into()).to_toml().unwrap();
+    let redrawn = reordered(&spec).draw(5).unwrap();
+    assert_ne!(redrawn, spec.draw(5).unwrap(), "the reordered plan must draw another run, or this test shows nothing");
+    let capsule = Capsule::parse(&text, Path::new("swarm-5.toml")).unwrap();
+    assert_eq!(capsule.run, spec.draw(5).unwrap());
+}
+
+#[test]
+fn a_capsule_breaking_a_draw_rule_or_naming_an_unknown_field_is_refused() {
+    let plan = load_plan(&default_plan_dir(), "standard").unwrap().draw(1).unwrap();
+    let text = Capsule::new(&plan, &[], 0, String::new()).to_toml().unwrap();
+    let path = Path::new("bad.toml");
+    assert!(Capsule::parse(&text, path).is_ok());
+    let late = text
+        .replace(&format!("heal_ms = {}", plan.durations.heal_ms), &format!("heal_ms = {}", plan.durations.run_ms + 1));
+    assert!(Capsule::parse(&late, path).unwrap_err().to_string().contains("heal_ms"), "heal after the end");
+    let typo = text.replace("trace_hash =", "trace_hsah =");
+    assert!(Capsule::parse(&typo, path).is_err(), "unknown field");
+    let future = text.replace("format = 1", "format = 2");
+    assert!(Capsule::parse(&future, path).is_err(), "other format");
+}
