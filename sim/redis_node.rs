@@ -79,7 +79,7 @@ pub enum Command {
         fence: Option<FenceCheck>,
     },
     /// The doorbell ([`StreamStore::wait_for_entries`]): served by the node's store, which sleeps
-    /// in short steps of simulated time re-checking the streams.
+    /// until an XADD or the deadline and re-checks the streams at the next step boundary.
     WaitForEntries {
         group: String,
         streams: Vec<(String, Option<EntryId>)>,

@@ -558,7 +558,8 @@ pub trait StreamStore: Send + Sync + 'static {
     /// All streams must be in one hash slot on Redis Cluster (one XREAD cannot span slots). The
     /// layout runs on a single primary today, so the consumer sends one call for all its shards;
     /// on Cluster it would send one per shard, concurrently (see `Consumer::poll_wait`). The
-    /// in-memory fake never blocks the store: it sleeps in short steps (tokio time) and re-checks.
+    /// in-memory fake never blocks the store: it sleeps until an XADD (or the deadline) and
+    /// re-checks at the next step boundary (tokio time).
     fn wait_for_entries(
         &self,
         group: &str,

@@ -161,6 +161,7 @@ impl MemoryStore {
             streams: inner.streams.clone(),
             history: inner.history.clone(),
             planted: inner.planted,
+            appended: std::sync::Arc::default(),
         };
         copy.history.clear_logs();
         copy.history.fence_refusals.clear();

@@ -91,7 +91,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use tokio::time::Instant;
+use tokio::sync::Notify;
+use tokio::time::{Duration, Instant};
 
 use crate::core::model::{Fence, GroupId, MemberId};
 use crate::core::PlantedBugs;
@@ -159,6 +160,8 @@ struct Inner {
     history: History,
     /// Planted bugs in the fake's scripts (simulation only).
     planted: PlantedBugs,
+    /// Wakes the doorbell waits ([`StreamStore::wait_for_entries`]) at every XADD.
+    appended: Arc<Notify>,
 }
 
 impl Inner {
@@ -221,12 +224,13 @@ enum Admission {
     Proceeds { latency_ms: u64 },
 }
 
-/// How often a waiting doorbell re-checks the streams ([`StreamStore::wait_for_entries`]).
+/// The granularity of a waiting doorbell: after an XADD it re-checks the streams at the next
+/// multiple of this since the call ([`StreamStore::wait_for_entries`]).
 const DOORBELL_STEP_MS: u64 = 5;
 
 async fn sleep_ms(ms: u64) {
     if ms > 0 {
-        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 }
 
@@ -266,6 +270,7 @@ impl MemoryStore {
             streams: Streams::default(),
             history: History::new(limits),
             planted: PlantedBugs::NONE,
+            appended: Arc::default(),
         };
         Self { shared: Arc::new(Mutex::new(inner)), connected_generation: AtomicU64::new(0) }
     }
@@ -387,6 +392,12 @@ impl MemoryStore {
         }
         inner.faults.check_supported(commands)?;
         Ok(op(&mut inner))
+    }
+
+    /// Whether any of `streams` holds an entry after its id in `after` (a doorbell's check).
+    fn has_newer(&self, streams: &[(String, Option<EntryId>)], after: &[EntryId]) -> bool {
+        let inner = self.lock();
+        streams.iter().zip(after).any(|((s, _), id)| inner.streams.has_newer(s, *id))
     }
 
     /// Switches planted bugs of the fake's scripts on (the simulation's negative tests only).
@@ -605,6 +616,7 @@ impl StreamStore for MemoryStore {
         self.call(&["XADD"], |inner| {
             let at_ms = inner.now_ms();
             let id = inner.streams.xadd(at_ms, stream, fields, maxlen)?;
+            inner.appended.notify_waiters();
             inner.history.push_add(AddRecord { at_ms, stream: stream.to_string(), id });
             Ok(id)
         })
@@ -704,8 +716,9 @@ impl StreamStore for MemoryStore {
     }
 
     /// One admitted call (latency and faults as any command) resolves the ids and checks; then,
-    /// until `block_ms` passed, it re-checks every [`DOORBELL_STEP_MS`] of tokio time without
-    /// holding the store (other calls proceed meanwhile). Deterministic under madsim.
+    /// until `block_ms` passed, it checks again at the first [`DOORBELL_STEP_MS`] boundary (tokio
+    /// time, from the call) after each XADD and at the deadline, without holding the store (other
+    /// calls proceed meanwhile). Deterministic under madsim.
     async fn wait_for_entries(
         &self,
         group: &str,
@@ -722,12 +735,31 @@ impl StreamStore for MemoryStore {
                 Ok((after, rang))
             })
             .await?;
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(block_ms);
-        while !rang && tokio::time::Instant::now() < deadline {
-            let step = deadline.saturating_duration_since(tokio::time::Instant::now());
-            tokio::time::sleep(step.min(std::time::Duration::from_millis(DOORBELL_STEP_MS))).await;
-            let inner = self.lock();
-            rang = streams.iter().zip(&after).any(|((s, _), id)| inner.streams.has_newer(s, *id));
+        // Checked at the same instants as a wait that re-checked every step (each step after the
+        // call, and the deadline), but woken only by an XADD, the one way an entry newer than
+        // `after` appears: an idle wait costs one timer, not one per step.
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(block_ms);
+        let step = Duration::from_millis(DOORBELL_STEP_MS);
+        let appended = Arc::clone(&self.lock().appended);
+        while !rang && Instant::now() < deadline {
+            let notified = appended.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so an XADD right after it is not missed.
+            notified.as_mut().enable();
+            rang = self.has_newer(streams, &after);
+            if rang || tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), notified).await.is_err()
+            {
+                break;
+            }
+            // Woken by an XADD: look at the next step boundary, where a stepping wait saw it.
+            let steps = Instant::now().duration_since(start).as_nanos().div_ceil(step.as_nanos());
+            let boundary = start + step * u32::try_from(steps).unwrap_or(u32::MAX);
+            tokio::time::sleep_until(boundary.min(deadline)).await;
+        }
+        if !rang {
+            // The deadline's own check.
+            rang = self.has_newer(streams, &after);
         }
         Ok(Doorbell { rang, after })
     }

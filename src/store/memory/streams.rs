@@ -8,6 +8,7 @@
 //! a group's `last_delivered` id only moves forward.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use crate::store::{EntryId, GroupStart, ReadFrom, StoreError, StreamEntry};
 
@@ -211,11 +212,15 @@ impl Streams {
 /// `>`: entries after the group's last-delivered id; each becomes pending for `consumer`.
 fn read_new(log: &mut StreamLog, now_ms: u64, group: &str, consumer: &str, count: usize) -> Vec<StreamEntry> {
     let Some(cg) = log.groups.get_mut(group) else { return Vec::new() };
-    let after = cg.last_delivered;
+    // A range from the last-delivered id, not a scan from the stream's start: a read of `>` costs
+    // what it delivers, however long the stream grew.
+    let after = match cg.last_delivered {
+        Some(last) => (Bound::Excluded(last), Bound::Unbounded),
+        None => (Bound::Unbounded, Bound::Unbounded),
+    };
     let delivered: Vec<StreamEntry> = log
         .entries
-        .iter()
-        .filter(|(id, _)| after.is_none_or(|last| **id > last))
+        .range(after)
         .take(limit(count))
         .map(|(id, fields)| StreamEntry { id: *id, fields: fields.clone() })
         .collect();
