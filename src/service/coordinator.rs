@@ -529,9 +529,12 @@ impl<S: MetadataStore> Coordinator<S> {
         // Groups deleted through another instance leave the index: drop their decoded copies so
         // the cache stays bounded by the groups that exist (an unindexed live group only pays
         // one decode at its next heartbeat).
-        self.inner.cache.retain(|group| groups.contains(group));
-        self.local().reads.retain(|group| groups.contains(group));
-        self.local().deferred.retain(|group, _| groups.contains(group));
+        // A set: `Vec::contains` per retained entry was quadratic (0.6 s a pass at 10,000 groups).
+        let indexed: BTreeSet<&GroupId> = groups.iter().collect();
+        self.inner.cache.retain(|group| indexed.contains(group));
+        self.local().reads.retain(|group| indexed.contains(group));
+        self.local().deferred.retain(|group, _| indexed.contains(group));
+        drop(indexed);
         self.forget_unindexed_absent_groups(&groups).await;
         for group in groups {
             if self.is_terminating() {
@@ -605,7 +608,12 @@ impl<S: MetadataStore> Coordinator<S> {
             // The state moved on; the next tick starts from a fresh read.
             return Ok(());
         }
-        let liveness = self.inner.store.liveness(group).await.map_err(|e| self.store_error(e))?;
+        // A group without members has nobody to expire: its tick reads only the record.
+        let liveness = if g.members.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.inner.store.liveness(group).await.map_err(|e| self.store_error(e))?
+        };
         let obs = self.observe(&g, Some(&liveness));
         self.export_group_gauges(&g, &obs);
         let probe = decide_tick(&g, self.context(record.revision, &obs));
