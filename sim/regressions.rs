@@ -4,9 +4,11 @@
 //! Every run that once found a bug is kept as a capsule (the whole drawn run, `found` and `fix`
 //! inside), so it keeps meaning the same run whatever happens to its plan file. Two directories:
 //! - `fault-plans/capsules/*.toml`: each must replay without a finding;
-//! - `fault-plans/capsules/planted/*.toml`: shrunk runs of planted bugs; each must still produce
-//!   its first recorded kind, and replay clean with its planted bugs off (the checker still
-//!   fails, and fails for the bug).
+//! - `fault-plans/capsules/planted/*.toml`: shrunk runs of planted bugs; each must replay clean
+//!   with its planted bugs off, and should still produce its first recorded kind with them on.
+//!   A shrunk run sits on the edge of its bug, so a product change that moves timing can make it
+//!   pass with the bug: that is reported as stale (record the capsules again), not as a failure;
+//!   `cargo sim planted` is what must catch every bug over its seeds.
 //!
 //! Each replay also says whether its trace is still the recorded one: a different hash means the
 //! product or trace code changed since the capsule was recorded, not that the capsule changed
@@ -37,6 +39,7 @@ pub fn run(plans: &Path) -> Result<bool, PlanError> {
         return Ok(false);
     }
     let mut ok = true;
+    let mut stale = 0;
     for path in &regressions {
         let capsule = Capsule::load(path)?;
         let outcome = run_seed(capsule.run.clone(), true);
@@ -63,18 +66,32 @@ pub fn run(plans: &Path) -> Result<bool, PlanError> {
         let control = run_seed(capsule.without_planted(), false);
         let caught = bugged.contains(kind);
         let clean = control.findings.is_empty();
-        let verdict = if caught && clean { "ok" } else { "FAILED" };
+        // A shrunk run sits on the edge of its bug: a product change that moves timing can make
+        // it pass with the bug (stale: record it again), which `cargo sim planted` does not
+        // depend on. A finding without the bug is a real failure, whatever the timing.
+        let verdict = match (caught, clean) {
+            (_, false) => "FAILED",
+            (false, true) => "STALE (record again: bash sim/rerecord-planted.sh)",
+            (true, true) => "ok",
+        };
+        stale += usize::from(!caught && clean);
         println!(
             "{}: {verdict} ({:?}: {kind} expected, got {bugged:?}; without the bug: {:?})",
             path.display(),
             capsule.run.planted,
             kinds_of(&control.findings)
         );
-        if !(caught && clean) {
-            let control_flag = if caught { " --without-planted" } else { "" };
-            println!("REPRODUCE WITH: cargo sim replay --capsule {}{control_flag}", path.display());
+        if !clean {
+            println!("REPRODUCE WITH: cargo sim replay --capsule {} --without-planted", path.display());
             ok = false;
         }
+    }
+    if stale > 0 {
+        println!(
+            "{stale} of {} planted capsules no longer fail with their bug at this commit (not a failure: \
+             `cargo sim planted` is what must catch every bug); record them again with sim/rerecord-planted.sh",
+            planted.len()
+        );
     }
     Ok(ok)
 }
