@@ -204,14 +204,15 @@ async fn the_previous_releases_acl_users_are_extended_before_the_new_coordinator
     for args in readme_acl_commands_in(&release.readme(), password, "e2e-acl-mixed") {
         redis.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
     }
-    // The old coordinator runs under the user its README documents; the new one needs XREAD and
-    // XINFO GROUPS besides (its probe covers the consumers' doorbell) and stops at startup.
+    // The old coordinator runs under the user its README documents; the new one needs PEXPIRE
+    // (fence gates expire), XREAD and XINFO GROUPS besides (its probe covers the consumers'
+    // doorbell) and stops at startup, naming the first of them its probe runs.
     let mut old =
         CoordinatorProcess::start_binary(&release.coordinator, &url, "e2e-old", "", Listener::default()).await;
     let failed = serve_expecting_exit(&url, Duration::from_secs(20)).await;
     assert_eq!(failed.status.code(), Some(3), "exit code 3 (store incompatible):\n{}", failed.stderr);
     let error_line = failed.stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_default().to_string();
-    assert!(error_line.contains("XREAD"), "the error names the first command denied:\n{}", failed.stderr);
+    assert!(error_line.contains("PEXPIRE"), "the error names the first command denied:\n{}", failed.stderr);
     // The current README's users (applied over the old ones) serve both releases.
     let current = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
     for args in readme_acl_commands_in(&current, password, "e2e-acl-mixed") {
