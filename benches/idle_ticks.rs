@@ -44,6 +44,7 @@ mod bench {
     use rsc::service::{Coordinator, CoordinatorOptions};
     use rsc::store::redis::{RedisStore, RedisStoreOptions};
 
+    use crate::support::cpu::process_cpu as cpu;
     use crate::support::RedisServer;
 
     struct Settings {
@@ -70,16 +71,6 @@ mod bench {
             window: Duration::from_millis(window_ms.unwrap_or(if quick { 2_000 } else { 5_000 })),
             smoke: false,
         }
-    }
-
-    /// This process's CPU time (user + system), from `/proc/self/stat` (clock ticks of 10 ms).
-    fn cpu() -> Duration {
-        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-        let after = stat.rsplit(')').next().unwrap_or_default();
-        let fields: Vec<u64> = after.split_whitespace().filter_map(|f| f.parse().ok()).collect();
-        // After the command name: state is not a number, so utime and stime are fields 11 and 12.
-        let ticks = fields.get(10).copied().unwrap_or(0) + fields.get(11).copied().unwrap_or(0);
-        Duration::from_millis(ticks * 10)
     }
 
     fn commands(redis: &RedisServer) -> u64 {

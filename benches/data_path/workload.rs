@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::counted::{TripCounters, Trips};
+use crate::support::cpu::process_cpu;
 use crate::support::RedisServer;
 
 /// Bytes of the `payload` field: publish time (8), index (8), filler.
@@ -194,16 +195,9 @@ pub fn redis_cpu_us(server: &RedisServer) -> f64 {
         * 1e6
 }
 
-/// This process's CPU time so far in microseconds (utime + stime of `/proc/self/stat`, in clock
-/// ticks of 10 ms); 0 where there is no procfs.
+/// This process's CPU time so far in microseconds ([`process_cpu`]).
 pub fn own_cpu_us() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which is in parentheses and may hold spaces).
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of the whole line, 11 and 12 after the name.
-    (ticks(11) + ticks(12)) * 10_000.0
+    process_cpu().as_micros() as f64
 }
 
 /// `INFO commandstats` as command -> calls.

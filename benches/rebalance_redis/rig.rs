@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use super::board::{record_agrees, Board, BoardCounts, Settled};
 use super::instrumented::{Instrumented, StoreTrace, TraceCounts};
 use super::transport::Link;
+use crate::support::cpu::process_cpu;
 use crate::support::RedisServer;
 use rsc::client::consumer::NoopListener;
 use rsc::client::{ClientEnv, Clock, Consumer, ConsumerConfig};
@@ -296,7 +297,7 @@ impl Rig {
     }
 
     fn cpu_times(&self) -> CpuTimes {
-        CpuTimes { process_s: process_cpu_s(), redis_s: redis_cpu_s(&self.redis) }
+        CpuTimes { process_s: process_cpu().as_secs_f64(), redis_s: redis_cpu_s(&self.redis) }
     }
 
     pub fn coordinator(&self) -> &BenchCoordinator {
@@ -316,17 +317,6 @@ impl Rig {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let _ = self.redis.try_cmd(&["FLUSHALL"]);
     }
-}
-
-/// User + system CPU seconds of this process (`/proc/self/stat`, clock ticks of 1/100 s).
-fn process_cpu_s() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The command name may hold spaces; the fields after its closing parenthesis are fixed.
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of the line; 11 and 12 after the name and state.
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// `used_cpu_user + used_cpu_sys` of the server (`INFO cpu`).

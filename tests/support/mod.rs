@@ -21,6 +21,7 @@
 
 #![allow(dead_code)] // Each integration test binary uses a different part of the harness.
 
+pub mod cpu;
 pub mod proxy;
 pub mod redis_server;
 pub mod sentinel;
