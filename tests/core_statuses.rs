@@ -265,11 +265,10 @@ fn lowering_the_lease_keeps_the_old_one_in_force_for_one_old_lease() {
     assert_eq!(w.g.effective_assignment_lease_ms(), 3_000);
 }
 
-/// A lease *increase* the store lost in a rollback: grants made under the longer lease may still
-/// run, so the correction round's wait lasts the longest lease this coordinator saw recorded (plus
-/// the clock-rate margin), not the shorter one the store went back to.
-#[test]
-fn a_lease_increase_lost_in_a_rollback_still_governs_the_correction_wait() {
+/// A group whose member holds a grant under a lease raised from 8 s to 30 s, then a failover that
+/// loses the raise and starts a correction round. `view`: the observations of the process that
+/// decides from then on (`None`: the one that saw the raise).
+fn lease_increase_lost(view: Option<LocalView>) -> (World, Client) {
     let mut w = World::new(2);
     let mut a = Client::new("a");
     beat(&mut w, &mut a).expect("join");
@@ -278,9 +277,21 @@ fn a_lease_increase_lost_in_a_rollback_still_governs_the_correction_wait() {
     w.admin(&change).expect("raise the lease");
     let granted = beat(&mut w, &mut a).expect("a heartbeat under the longer lease");
     assert_eq!(granted.assignment_lease_ms, 30_000);
+    if let Some(view) = view {
+        w.view = view;
+    }
     w.rollback(1, true);
     assert_eq!(w.g.config.assignment_lease_ms, 8_000, "the increase is lost");
     assert!(w.g.correction.is_some(), "the failover starts a correction round");
+    (w, a)
+}
+
+/// A lease *increase* the store lost in a rollback: grants made under the longer lease may still
+/// run, so the correction round's wait lasts the longest lease this coordinator saw recorded (plus
+/// the clock-rate margin), not the shorter one the store went back to.
+#[test]
+fn a_lease_increase_lost_in_a_rollback_still_governs_the_correction_wait() {
+    let (mut w, mut a) = lease_increase_lost(None);
     // Every member syncs at once; only the wait remains.
     beat(&mut w, &mut a).expect("sync");
     w.advance(8_000 * 103 / 100);
@@ -299,19 +310,8 @@ fn a_lease_increase_lost_in_a_rollback_still_governs_the_correction_wait() {
 #[test]
 fn a_lease_increase_no_live_process_saw_is_covered_by_the_lease_ceiling() {
     for (ceiling, covered) in [(30_000, true), (0, false)] {
-        let mut w = World::new(2);
-        let mut a = Client::new("a");
-        beat(&mut w, &mut a).expect("join");
-        let longer = GroupConfig { member_lease_ttl_ms: 40_000, assignment_lease_ms: 30_000, ..w.g.config.clone() };
-        let change = AdminRequest::ChangeConfig { group: group_id(), expected_revision: w.revision, config: longer };
-        w.admin(&change).expect("raise the lease");
-        let granted = beat(&mut w, &mut a).expect("a heartbeat under the longer lease");
-        assert_eq!(granted.assignment_lease_ms, 30_000);
         // The process that saw the increase dies; a new one (with the deployment's ceiling) decides.
-        w.view = LocalView::with_lease_ceiling(ceiling);
-        w.rollback(1, true);
-        assert_eq!(w.g.config.assignment_lease_ms, 8_000, "the increase is lost");
-        assert!(w.g.correction.is_some(), "the failover starts a correction round");
+        let (mut w, mut a) = lease_increase_lost(Some(LocalView::with_lease_ceiling(ceiling)));
         beat(&mut w, &mut a).expect("sync");
         w.advance(8_000 * 103 / 100);
         w.tick();
