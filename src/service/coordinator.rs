@@ -431,7 +431,6 @@ impl<S: MetadataStore> Coordinator<S> {
         })
     }
 
-    /// Applies an admin mutation (create, add shards, change config, delete) with revision checks.
     /// Refuses a config whose assignment lease exceeds this instance's ceiling
     /// ([`CoordinatorOptions::max_assignment_lease_ms`]): correction rounds rely on no coordinator
     /// granting a longer lease.
@@ -454,6 +453,7 @@ impl<S: MetadataStore> Coordinator<S> {
         ))
     }
 
+    /// Applies an admin mutation (create, add shards, change config, delete) with revision checks.
     pub async fn admin(&self, req: AdminRequest) -> Result<AdminResponse, ApiError> {
         let group = req.group().clone();
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
@@ -534,8 +534,8 @@ impl<S: MetadataStore> Coordinator<S> {
         self.inner.cache.retain(|group| indexed.contains(group));
         self.local().reads.retain(|group| indexed.contains(group));
         self.local().deferred.retain(|group, _| indexed.contains(group));
+        self.forget_unindexed_absent_groups(&indexed).await;
         drop(indexed);
-        self.forget_unindexed_absent_groups(&groups).await;
         for group in groups {
             if self.is_terminating() {
                 return;

@@ -131,8 +131,7 @@ impl<S: MetadataStore> Coordinator<S> {
     /// another instance) is forgotten once a read confirms its metadata key is gone too. A group
     /// whose key is still there (its index entry was lost) keeps its state; a failed read decides
     /// nothing until the next tick.
-    pub(super) async fn forget_unindexed_absent_groups(&self, indexed: &[GroupId]) {
-        let indexed: BTreeSet<&GroupId> = indexed.iter().collect();
+    pub(super) async fn forget_unindexed_absent_groups(&self, indexed: &BTreeSet<&GroupId>) {
         let stale: Vec<GroupId> =
             self.locally_known_groups().into_iter().filter(|group| !indexed.contains(group)).collect();
         for group in stale {
