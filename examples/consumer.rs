@@ -9,7 +9,8 @@
 //! Start two or three in separate terminals and watch the shards move between them.
 //! Environment: `COORDINATOR_ADDR` (default `127.0.0.1:7420`), `COORDINATOR_CLIENT_TOKEN` (the
 //! client token, when the coordinator requires one), `REDIS_URL` (default
-//! `redis://127.0.0.1:6379`), `STREAM_PREFIX` (default `orders`), `CONSUMER_GROUP` (default
+//! `redis://127.0.0.1:6379`) or `REDIS_CLUSTER_NODES` (a Redis Cluster's seed URLs,
+//! comma-separated), `STREAM_PREFIX` (default `orders`), `CONSUMER_GROUP` (default
 //! `billing`). The group must exist: `coordinator admin create-group --prefix orders --group
 //! billing --shards 8`.
 
@@ -64,7 +65,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut http = HttpClientConfig::new(vec![env("COORDINATOR_ADDR", "127.0.0.1:7420").parse()?]);
     http.client_token = std::env::var("COORDINATOR_CLIENT_TOKEN").ok().filter(|t| !t.is_empty());
     let transport = HttpTransport::new(http);
-    let store = RedisStore::connect(&env("REDIS_URL", "redis://127.0.0.1:6379"), RedisStoreOptions::default()).await?;
+    // REDIS_CLUSTER_NODES (seed URLs, comma-separated) for a Redis Cluster, else REDIS_URL.
+    let store = match std::env::var("REDIS_CLUSTER_NODES").ok().filter(|nodes| !nodes.trim().is_empty()) {
+        Some(nodes) => {
+            let nodes: Vec<String> = nodes.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
+            RedisStore::connect_cluster(&nodes, RedisStoreOptions::default()).await?
+        }
+        None => RedisStore::connect(&env("REDIS_URL", "redis://127.0.0.1:6379"), RedisStoreOptions::default()).await?,
+    };
     // Client-side metrics (heartbeat outcomes, lease end, shard stops); a real application serves
     // `metrics.render()` on its own /metrics endpoint.
     let metrics = Arc::new(Metrics::new());

@@ -106,6 +106,7 @@ contract_suite!(
     contract_claim_all_pending,
     contract_maxlen,
     contract_missing_group_errors,
+    contract_one_missing_group_fails_a_whole_read,
     contract_wait_for_entries,
     contract_fence_raise_counts_up_and_stores_the_nonce,
     contract_fenced_operations_accept_the_exact_fence,

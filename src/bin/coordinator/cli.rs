@@ -51,6 +51,11 @@ pub struct ServeArgs {
     /// master (redis://[user:password@]<master name>[/db]) to carry its credentials and database.
     #[arg(long, env = "REDIS_SENTINELS", value_name = "HOST:PORT,...")]
     pub redis_sentinels: Option<String>,
+    /// Run on a Redis Cluster found from these seed nodes (redis://[user:password@]host:port,...;
+    /// any subset of the cluster's nodes, all with the same credentials) instead of REDIS_URL.
+    /// Not combinable with REDIS_URL, Sentinel or the Redis TLS files.
+    #[arg(long, env = "REDIS_CLUSTER_NODES", value_name = "URL,...")]
+    pub redis_cluster_nodes: Option<String>,
     /// The master name the Sentinels monitor (`sentinel monitor <name> ...`).
     #[arg(long, env = "REDIS_SENTINEL_MASTER", value_name = "NAME")]
     pub redis_sentinel_master: Option<String>,
@@ -274,6 +279,7 @@ mod tests {
             ("redis_sentinels", "REDIS_SENTINELS"),
             ("redis_sentinel_master", "REDIS_SENTINEL_MASTER"),
             ("redis_sentinel_password", "REDIS_SENTINEL_PASSWORD"),
+            ("redis_cluster_nodes", "REDIS_CLUSTER_NODES"),
         ] {
             let arg = serve.get_arguments().find(|a| a.get_id() == flag).expect("the flag exists");
             assert_eq!(arg.get_env().and_then(|e| e.to_str()), Some(env), "{flag}");

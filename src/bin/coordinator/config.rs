@@ -14,6 +14,8 @@
 //! # redis://[user:password@]<master name>[/db]; the sentinel password is REDIS_SENTINEL_PASSWORD):
 //! redis_sentinels = ["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"]
 //! redis_sentinel_master = "mymaster"
+//! # Redis Cluster instead of one server (seed nodes; REDIS_CLUSTER_NODES is preferred for secrets):
+//! redis_cluster_nodes = ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]
 //! instance_id = "coordinator-a"
 //! tick_interval_ms = 250
 //! idle_group_audit_ms = 120000                             # longest an idle group goes unticked (0: never skip)
@@ -82,6 +84,7 @@ pub struct FileConfig {
     pub redis_tls_client_key_file: Option<PathBuf>,
     pub redis_sentinels: Option<Vec<String>>,
     pub redis_sentinel_master: Option<String>,
+    pub redis_cluster_nodes: Option<Vec<String>>,
     pub instance_id: Option<String>,
     pub tick_interval_ms: Option<u64>,
     pub idle_group_audit_ms: Option<u64>,
@@ -122,6 +125,8 @@ pub struct Settings {
     pub redis_tls: RedisTlsOptions,
     /// Find the master through Sentinel (`redis_url` then names the master).
     pub redis_sentinel: Option<RedisSentinelOptions>,
+    /// Seed nodes of a Redis Cluster (empty: no Cluster; then `redis_url` is `None`).
+    pub redis_cluster_nodes: Vec<String>,
     pub admin_token: Option<String>,
     pub client_tokens: ClientTokens,
     pub coordinator: CoordinatorOptions,
@@ -198,6 +203,8 @@ impl std::fmt::Debug for Settings {
             .field("redis", &self.redis_url.as_ref().map(|_| "<set>"))
             .field("redis_tls", &self.redis_tls)
             .field("redis_sentinel", &self.redis_sentinel)
+            // Seed URLs may carry a password: only their number.
+            .field("redis_cluster_nodes", &self.redis_cluster_nodes.len())
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("client_tokens", &self.client_tokens)
             .field("instance_id", &self.coordinator.instance_id)
@@ -243,6 +250,10 @@ impl Settings {
             planted: defaults.planted,
         };
         let redis_url = non_empty(args.redis_url.clone().or(file.redis_url));
+        let redis_cluster_nodes: Vec<String> = match &args.redis_cluster_nodes {
+            Some(list) => list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect(),
+            None => file.redis_cluster_nodes.clone().unwrap_or_default().iter().map(|s| s.trim().to_string()).collect(),
+        };
         let redis_url = match &redis_sentinel {
             Some(sentinel) => Some(redis_url.unwrap_or_else(|| format!("redis://{}", sentinel.master_name))),
             None => redis_url,
@@ -256,6 +267,7 @@ impl Settings {
                 client_key_file: path(args.redis_tls_client_key_file.clone().or(file.redis_tls_client_key_file)),
             },
             redis_sentinel,
+            redis_cluster_nodes,
             admin_token: non_empty(args.admin_token.clone()),
             client_tokens: {
                 let specs: Vec<&String> =
@@ -300,6 +312,7 @@ impl Settings {
                 message: format!("must be in 1..={LEASE_CEILING_MS_MAX}"),
             });
         }
+        self.validate_cluster()?;
         self.validate_sentinel()?;
         self.validate_tls()?;
         if c.instance_id.len() > 128 || c.instance_id.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
@@ -340,6 +353,27 @@ fn resolve_sentinel(args: &ServeArgs, file: &FileConfig) -> Result<Option<RedisS
 impl Settings {
     /// With Sentinel, the URL may only name the master (Sentinel chooses the server: a host or
     /// port would be a second, conflicting answer), and TLS is not supported.
+    /// Cluster seed nodes exclude a fixed server, Sentinel and the Redis TLS files.
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        if self.redis_cluster_nodes.is_empty() {
+            return Ok(());
+        }
+        let conflict = if self.redis_sentinel.is_some() {
+            Some("Redis Sentinel")
+        } else if self.redis_url.is_some() {
+            Some("redis_url")
+        } else if self.redis_tls.is_configured() {
+            Some("the Redis TLS files (TLS on a Cluster is not supported yet)")
+        } else {
+            None
+        };
+        if let Some(other) = conflict {
+            let message = format!("cannot be combined with {other}");
+            return Err(ConfigError::Invalid { key: "redis_cluster_nodes", message });
+        }
+        Ok(())
+    }
+
     fn validate_sentinel(&self) -> Result<(), ConfigError> {
         let (Some(sentinel), Some(url)) = (&self.redis_sentinel, &self.redis_url) else { return Ok(()) };
         if self.redis_tls.is_configured() || url.to_ascii_lowercase().starts_with("rediss://") {
@@ -503,6 +537,39 @@ mod tests {
 
         let direct = Settings::resolve(&ServeArgs::default(), FileConfig::default(), 1).expect("resolves");
         assert_eq!(direct.redis_sentinel, None);
+    }
+
+    #[test]
+    fn cluster_seed_nodes_come_from_flags_or_the_file_and_exclude_other_redis_targets() {
+        let file: FileConfig =
+            toml::from_str(r#"redis_cluster_nodes = ["redis://10.0.0.1:7000", " redis://10.0.0.2:7000 "]"#)
+                .expect("toml");
+        let settings = Settings::resolve(&ServeArgs::default(), file.clone(), 1).expect("resolves");
+        assert_eq!(settings.redis_cluster_nodes, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+        assert_eq!(settings.redis_url, None);
+
+        let args = ServeArgs {
+            redis_cluster_nodes: Some("redis://app:cluster-secret@h1:7000, redis://app:cluster-secret@h2:7000,".into()),
+            ..ServeArgs::default()
+        };
+        let settings = Settings::resolve(&args, file.clone(), 1).expect("resolves");
+        assert_eq!(settings.redis_cluster_nodes.len(), 2, "the flag wins over the file key");
+        let debug = format!("{settings:?}");
+        assert!(!debug.contains("cluster-secret"), "{debug}");
+
+        let with_url = ServeArgs { redis_url: Some("redis://h:6379".into()), ..ServeArgs::default() };
+        let with_sentinel = ServeArgs {
+            redis_sentinels: Some("s1:26379".into()),
+            redis_sentinel_master: Some("m".into()),
+            ..ServeArgs::default()
+        };
+        let with_tls = ServeArgs { redis_tls_ca_file: Some("/etc/ca.pem".into()), ..ServeArgs::default() };
+        for args in [with_url, with_sentinel, with_tls] {
+            match Settings::resolve(&args, file.clone(), 1) {
+                Err(ConfigError::Invalid { key: "redis_cluster_nodes", .. }) => {}
+                other => panic!("a second Redis target must be refused, got {:?}", other.map(|_| ())),
+            }
+        }
     }
 
     #[test]

@@ -94,6 +94,12 @@ async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let settings = Settings::resolve(&args, file, process_seed())?;
     tracing::info!(?settings, "starting coordinator");
     let readiness = Readiness::default();
+    if !settings.redis_cluster_nodes.is_empty() {
+        let options = RedisStoreOptions { timeout_ms: settings.redis_timeout_ms, ..RedisStoreOptions::default() };
+        let store =
+            RedisStore::connect_cluster(&settings.redis_cluster_nodes, options).await.map_err(ServeError::Connect)?;
+        return serve_store(store, &settings, readiness).await;
+    }
     match settings.redis_url.clone() {
         None => {
             tracing::warn!("{NOT_DURABLE}");

@@ -1,9 +1,11 @@
 //! Connections to one Redis server (named by the URL, or the master Sentinel names at each
-//! connect), with a deadline on every round trip.
+//! connect) or to a Redis Cluster, with a deadline on every round trip.
 //!
 //! Owns: one shared multiplexed connection for ordinary commands, and a small pool of dedicated
 //! connections for blocking reads (`XREADGROUP ... BLOCK`), which would otherwise stall every
-//! command queued behind them on the shared connection.
+//! command queued behind them on the shared connection. On a Cluster each of these is the `redis`
+//! crate's cluster connection (one multiplexed connection per node, routed by slot); a blocking
+//! read then holds a whole cluster connection, so the blocking pool keeps more of them.
 //! Never: waits without a deadline, retries a command on its own (a command that timed out may
 //! still have run; the caller's retry decides, and every write is conditioned on the stamp it was
 //! computed from), or keeps a connection that failed, timed out, or answered READONLY /
@@ -13,9 +15,14 @@
 use std::future::Future;
 use std::time::Duration;
 
-use ::redis::aio::MultiplexedConnection;
+use ::redis::aio::{ConnectionLike, MultiplexedConnection};
+use ::redis::cluster::ClusterClient;
+use ::redis::cluster_async::ClusterConnection;
 use ::redis::sentinel::SentinelClient;
-use ::redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use ::redis::{
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind,
+    Value,
+};
 use tokio::sync::Mutex;
 
 use super::errors::{map_error, timed_out, Redactor};
@@ -23,12 +30,51 @@ use crate::store::StoreError;
 
 /// Idle dedicated connections kept for blocking reads.
 const BLOCKING_IDLE_MAX: usize = 4;
+/// The same on a Cluster, where a doorbell blocks one connection per slot it waits on.
+const BLOCKING_IDLE_MAX_CLUSTER: usize = 32;
+
+/// A connection to one server, or a cluster connection that routes each command by its key's
+/// slot (following MOVED and ASK redirects, retrying TRYAGAIN and CLUSTERDOWN within the crate's
+/// retry budget, always under this module's deadline).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
 
 /// The shared connection, tagged with a generation so a failure on an old connection never
 /// discards a newer one another caller already opened.
 #[derive(Default)]
 struct Slot {
-    current: Option<(u64, MultiplexedConnection)>,
+    current: Option<(u64, Conn)>,
     generation: u64,
 }
 
@@ -47,6 +93,14 @@ pub(crate) enum Target {
     Direct(Client),
     /// The master the sentinels name at each connect (`name` is the master name, for errors).
     Sentinel { client: Mutex<SentinelClient>, name: String },
+    /// A Redis Cluster, found from its seed nodes.
+    Cluster(ClusterClient),
+}
+
+impl Target {
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Target::Cluster(_))
+    }
 }
 
 /// Why a round trip failed before its reply could be mapped.
@@ -71,7 +125,7 @@ pub(crate) struct Connector {
     /// Also removed from error texts: the sentinels' password.
     sentinel_redactor: Redactor,
     shared: Mutex<Slot>,
-    blocking_idle: Mutex<Vec<MultiplexedConnection>>,
+    blocking_idle: Mutex<Vec<Conn>>,
 }
 
 impl Connector {
@@ -93,17 +147,23 @@ impl Connector {
         }
     }
 
+    pub(crate) fn target(&self) -> &Target {
+        &self.target
+    }
+
     /// A new connection. Through Sentinel, the sentinels are asked for the current master first
-    /// (the crate confirms its `ROLE`); nothing about an earlier master is reused.
-    async fn connect(&self) -> Result<MultiplexedConnection, Failure> {
+    /// (the crate confirms its `ROLE`); nothing about an earlier master is reused. On a Cluster,
+    /// the slot map is read from the seed nodes.
+    async fn connect(&self) -> Result<Conn, Failure> {
         let client = match &self.target {
             Target::Direct(client) => client.clone(),
             Target::Sentinel { client, .. } => client.lock().await.async_get_client().await.map_err(Failure::Lookup)?,
+            Target::Cluster(client) => return Ok(Conn::Cluster(client.get_async_connection().await?)),
         };
-        Ok(client.get_multiplexed_async_connection_with_config(&self.config).await?)
+        Ok(Conn::Single(client.get_multiplexed_async_connection_with_config(&self.config).await?))
     }
 
-    async fn checkout(&self, lane: Lane) -> Result<(u64, MultiplexedConnection), Failure> {
+    async fn checkout(&self, lane: Lane) -> Result<(u64, Conn), Failure> {
         match lane {
             Lane::Shared => {
                 let mut slot = self.shared.lock().await;
@@ -145,8 +205,8 @@ impl Connector {
         work: F,
     ) -> Result<T, StoreError>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
-        Fut: Future<Output = RedisResult<(T, MultiplexedConnection)>>,
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<(T, Conn)>>,
     {
         let limit_ms = self.timeout_ms.saturating_add(extra_ms);
         let mut used: Option<u64> = None;
@@ -160,7 +220,8 @@ impl Connector {
             Ok(Ok((value, conn))) => {
                 if lane == Lane::Blocking {
                     let mut idle = self.blocking_idle.lock().await;
-                    if idle.len() < BLOCKING_IDLE_MAX {
+                    let max = if self.target.is_cluster() { BLOCKING_IDLE_MAX_CLUSTER } else { BLOCKING_IDLE_MAX };
+                    if idle.len() < max {
                         idle.push(conn);
                     }
                 }
@@ -188,7 +249,7 @@ impl Connector {
     fn lookup_error(&self, command: &str, err: &RedisError) -> StoreError {
         let name = match &self.target {
             Target::Sentinel { name, .. } => name.as_str(),
-            Target::Direct(_) => "",
+            Target::Direct(_) | Target::Cluster(_) => "",
         };
         let detail = match err.kind() {
             ErrorKind::MasterNameNotFoundBySentinel => {

@@ -10,10 +10,10 @@
 //!
 //! [`StreamStore::wait_for_entries`]: crate::store::StreamStore::wait_for_entries
 
-use ::redis::aio::MultiplexedConnection;
 use ::redis::Value;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 
-use super::conn::Lane;
+use super::conn::{Conn, Lane};
 use super::scripts::text;
 use super::RedisStore;
 use crate::store::{Doorbell, EntryId, StoreError};
@@ -27,8 +27,8 @@ fn protocol(what: &str, value: &Value) -> StoreError {
 
 impl RedisStore {
     /// See [`crate::store::StreamStore::wait_for_entries`]. Two round trips when some id is
-    /// unknown (XINFO GROUPS for all of those, pipelined; then XREAD), else one. On Redis Cluster
-    /// all `streams` must share a slot: the caller sends one doorbell per shard there.
+    /// unknown (XINFO GROUPS for all of those; then XREAD), else one. On a Redis Cluster the XREAD
+    /// is one blocking XREAD per slot, concurrently; the doorbell rings when the first one does.
     pub(super) async fn doorbell(
         &self,
         group: &str,
@@ -41,33 +41,62 @@ impl RedisStore {
         }
         // BLOCK 0 would block forever.
         let block_ms = block_ms.max(1);
-        let mut cmd = ::redis::cmd("XREAD");
-        cmd.arg("COUNT").arg(1).arg("BLOCK").arg(block_ms).arg("STREAMS");
-        for (stream, _) in streams {
-            cmd.arg(stream);
-        }
-        for id in &after {
-            cmd.arg(id.to_string());
-        }
-        let reply: Value = self
-            .inner
-            .conn
-            .run(Lane::Blocking, "XREAD", block_ms, |mut c: MultiplexedConnection| async move {
-                let value: Value = cmd.query_async(&mut c).await?;
-                Ok((value, c))
-            })
-            .await?;
-        // Nil after the full wait; otherwise an entry of some stream (COUNT 1).
-        let rang = match &reply {
-            Value::Nil => false,
-            Value::Array(items) => !items.is_empty(),
-            Value::Map(items) => !items.is_empty(),
-            other => return Err(protocol("XREAD", other)),
+        let names: Vec<&str> = streams.iter().map(|(stream, _)| stream.as_str()).collect();
+        let parts = self.slot_parts(names.iter().copied());
+        let rang = if parts.len() == 1 {
+            self.ring(&names, &after, block_ms).await?
+        } else {
+            // A Cluster: one XREAD cannot span slots, so one blocking XREAD per slot, each on its
+            // own connection, and the first that rings answers (the others are dropped with their
+            // connections; XREAD consumes nothing, so nothing is lost by abandoning them).
+            let mut waits: FuturesUnordered<_> = parts
+                .iter()
+                .map(|part| {
+                    let names: Vec<&str> = part.iter().map(|&i| names[i]).collect();
+                    let ids: Vec<EntryId> = part.iter().map(|&i| after[i]).collect();
+                    async move { self.ring(&names, &ids, block_ms).await }
+                })
+                .collect();
+            let mut rang = false;
+            while let Some(answer) = waits.next().await {
+                if answer? {
+                    rang = true;
+                    break;
+                }
+            }
+            rang
         };
         Ok(Doorbell { rang, after })
     }
 
     /// The given ids, with each unknown one replaced by the group's last-delivered id.
+    /// One blocking `XREAD COUNT 1` of `streams` (one slot on a Cluster) after `after`: whether
+    /// any has an entry there, or gets one within `block_ms`.
+    async fn ring(&self, streams: &[&str], after: &[EntryId], block_ms: u64) -> Result<bool, StoreError> {
+        let mut cmd = ::redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(1).arg("BLOCK").arg(block_ms).arg("STREAMS");
+        for stream in streams {
+            cmd.arg(*stream);
+        }
+        for id in after {
+            cmd.arg(id.to_string());
+        }
+        let reply: Value = self
+            .inner
+            .conn
+            .run(Lane::Blocking, "XREAD", block_ms, |mut c: Conn| async move {
+                let value: Value = cmd.query_async(&mut c).await?;
+                Ok((value, c))
+            })
+            .await?;
+        match &reply {
+            Value::Nil => Ok(false),
+            Value::Array(items) => Ok(!items.is_empty()),
+            Value::Map(items) => Ok(!items.is_empty()),
+            other => Err(protocol("XREAD", other)),
+        }
+    }
+
     async fn resolve_after(
         &self,
         group: &str,
@@ -80,7 +109,7 @@ impl RedisStore {
         let replies: Vec<Value> = self
             .inner
             .conn
-            .run(Lane::Shared, "XINFO GROUPS", 0, |mut c: MultiplexedConnection| async move {
+            .run(Lane::Shared, "XINFO GROUPS", 0, |mut c: Conn| async move {
                 let mut replies = Vec::with_capacity(unknown.len());
                 // One command per stream (each may fail on its own: `no such key`), so they are
                 // sent one after another on the multiplexed connection rather than as a pipeline,

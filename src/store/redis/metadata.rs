@@ -6,10 +6,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ::redis::aio::MultiplexedConnection;
 use ::redis::{ServerErrorKind, Value};
 
-use super::conn::Lane;
+use super::cluster::Primary;
+use super::conn::{Conn, Lane};
 use super::fences::{parse_fence, parse_raise};
 use super::scripts::{number, parse_delete, parse_record, parse_touch, parse_write, text};
 use super::RedisStore;
@@ -228,7 +228,13 @@ impl MetadataStore for RedisStore {
         if raises.is_empty() {
             return Ok(Vec::new());
         }
-        let replies = self.raise_pipelined(raises).await?;
+        let parts = self.slot_parts(raises.iter().map(|raise| raise.key.as_str()));
+        let replies = if parts.len() == 1 {
+            self.raise_pipelined(raises).await?
+        } else {
+            self.per_slot("fence raise script", raises, &parts, |part| async move { self.raise_pipelined(&part).await })
+                .await?
+        };
         raises.iter().zip(&replies).map(|(raise, reply)| parse_raise(reply, raise.nonce)).collect()
     }
 
@@ -236,6 +242,19 @@ impl MetadataStore for RedisStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
+        let parts = self.slot_parts(keys.iter().map(String::as_str));
+        if parts.len() > 1 {
+            return self
+                .per_slot("fence read", keys, &parts, |part| async move { self.read_fences_pipelined(&part).await })
+                .await;
+        }
+        self.read_fences_pipelined(keys).await
+    }
+}
+
+impl RedisStore {
+    /// HMGET of each fence key, all in one pipeline (one slot on a Cluster).
+    async fn read_fences_pipelined(&self, keys: &[String]) -> Result<Vec<Option<Fence>>, StoreError> {
         let mut pipe = ::redis::pipe();
         for key in keys {
             pipe.cmd("HMGET").arg(key).arg(keys::FENCE_FIELD_COUNTER).arg(keys::FENCE_FIELD_NONCE);
@@ -246,9 +265,7 @@ impl MetadataStore for RedisStore {
         }
         keys.iter().zip(&replies).map(|(key, fields)| parse_fence(key, fields)).collect()
     }
-}
 
-impl RedisStore {
     /// One EVALSHA of the raise script per key, all in one pipeline (one round trip). A key whose
     /// call found the script missing (NOSCRIPT: a restarted or failed-over server) did not run, so
     /// after SCRIPT LOAD only those calls are sent again, once: no key is raised twice. Any other
@@ -258,7 +275,7 @@ impl RedisStore {
         let script = &self.inner.scripts.fences.raise;
         self.inner
             .conn
-            .run(Lane::Shared, "fence raise script", 0, |mut c: MultiplexedConnection| async move {
+            .run(Lane::Shared, "fence raise script", 0, |mut c: Conn| async move {
                 let mut replies: Vec<Option<Value>> = vec![None; raises.len()];
                 for attempt in 0..2 {
                     let todo: Vec<usize> = (0..raises.len()).filter(|i| replies[*i].is_none()).collect();
@@ -295,8 +312,21 @@ impl RedisStore {
             .ok_or_else(|| StoreError::Protocol("fence raise script: fewer replies than calls".into()))
     }
 
-    /// Every group with a metadata key, from a full SCAN (each round trip has its own deadline).
+    /// Every group with a metadata key, from a full SCAN (each round trip has its own deadline);
+    /// on a Cluster, a full SCAN of every serving primary.
     async fn scan_metadata_groups(&self) -> Result<BTreeSet<GroupId>, StoreError> {
+        if !self.is_cluster() {
+            return self.scan_metadata_groups_on(None).await;
+        }
+        let mut found = BTreeSet::new();
+        for primary in self.cluster_primaries().await? {
+            found.extend(self.scan_metadata_groups_on(Some(&primary)).await?);
+        }
+        Ok(found)
+    }
+
+    /// The SCAN of one server: the store's, or one cluster primary.
+    async fn scan_metadata_groups_on(&self, node: Option<&Primary>) -> Result<BTreeSet<GroupId>, StoreError> {
         let mut found = BTreeSet::new();
         let mut cursor = 0u64;
         for _ in 0..SCAN_ROUNDS_MAX {
@@ -306,7 +336,10 @@ impl RedisStore {
                 .arg(keys::METADATA_SCAN_PATTERN)
                 .arg("COUNT")
                 .arg(self.inner.options.scan_count.max(1));
-            let reply: Value = self.query("SCAN", cmd).await?;
+            let reply: Value = match node {
+                None => self.query("SCAN", cmd).await?,
+                Some(node) => self.on_node("SCAN", node, cmd).await?,
+            };
             let Value::Array(parts) = &reply else {
                 return Err(StoreError::Protocol(format!("SCAN: unexpected reply {reply:?}")));
             };

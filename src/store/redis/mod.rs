@@ -56,8 +56,8 @@
 //! `ring` provider; trust roots and the mutual-TLS client certificate in [`RedisTlsOptions`], see
 //! `tls.rs`), RESP2, one shared multiplexed connection plus dedicated connections for blocking
 //! reads. With [`RedisSentinelOptions`] the server is the master the sentinels name at each
-//! connect (`sentinel.rs`). Redis Cluster is not supported by this client, though every multi-key
-//! script is Cluster-safe.
+//! connect (`sentinel.rs`). [`RedisStore::open_cluster`] runs on a Redis Cluster (`cluster.rs`):
+//! every multi-key script touches one slot, and batched calls go as one call per slot.
 //!
 //! Every round trip (connect included) has a deadline, [`RedisStoreOptions::timeout_ms`]; a
 //! blocking read adds its BLOCK time. A failed or timed-out connection is dropped and the next
@@ -65,6 +65,7 @@
 //! `Unavailable` and the following ones reach the new server. `identity()` then reports the new
 //! `run_id` / replication id, which the coordinator treats as evidence of lost writes.
 
+mod cluster;
 mod conn;
 mod doorbell;
 mod errors;
@@ -78,10 +79,9 @@ pub(crate) mod tls;
 
 use std::sync::Arc;
 
-use ::redis::aio::MultiplexedConnection;
 use ::redis::{Cmd, FromRedisValue, IntoConnectionInfo, ScriptInvocation, Value};
 
-use self::conn::{Connector, Lane, Target};
+use self::conn::{Conn, Connector, Lane, Target};
 use self::errors::Redactor;
 use self::scripts::Scripts;
 use crate::store::StoreError;
@@ -196,6 +196,81 @@ impl RedisStore {
         Ok(store)
     }
 
+    /// Prepares the store on a Redis Cluster found from `nodes`, its seed nodes
+    /// (`redis://[user:password@]host:port`, any subset of the cluster's nodes; every seed must
+    /// carry the same credentials). No network I/O: the first call reads the slot map.
+    ///
+    /// Each command goes to the primary serving its key's slot; the `redis` crate follows MOVED
+    /// and ASK redirects and retries TRYAGAIN, CLUSTERDOWN and a lost connection within its retry
+    /// budget, all under [`RedisStoreOptions::timeout_ms`]. Such a resend is harmless here: every
+    /// metadata write is conditioned on its stamp, every fenced operation on its fence, and XACK
+    /// is idempotent; only a resent XADD can add an entry twice (at-least-once, as a producer's
+    /// own retry). Batched calls (fenced reads and acks of several shards, fence raises and reads,
+    /// reads of several streams) are split into one call per slot, sent concurrently; each part
+    /// is as atomic as the single-server call, the parts are not one step together (they never
+    /// were across shards: each shard's outcome is its own). `identity()` covers every primary,
+    /// and `rebuild_index` SCANs every primary.
+    ///
+    /// Errors: `Config` for no seed, a malformed seed, seeds with different credentials, and TLS
+    /// (`rediss://` seeds or [`RedisStoreOptions::tls`]) or Sentinel, neither of which this store
+    /// supports on a Cluster yet.
+    pub fn open_cluster(nodes: &[String], options: RedisStoreOptions) -> Result<Self, StoreError> {
+        if nodes.is_empty() {
+            return Err(StoreError::Config("a Redis Cluster needs at least one seed node".into()));
+        }
+        if options.sentinel.is_some() {
+            return Err(StoreError::Config("Redis Sentinel and Redis Cluster cannot be combined".into()));
+        }
+        if options.tls.is_configured() {
+            return Err(StoreError::Config("TLS files are not supported with Redis Cluster (not built yet)".into()));
+        }
+        let mut infos = Vec::with_capacity(nodes.len());
+        for (i, node) in nodes.iter().enumerate() {
+            let info = node.as_str().into_connection_info().map_err(|e| {
+                StoreError::Config(format!(
+                    "invalid Redis Cluster seed node #{} ({}); expected redis://[user:password@]host:port",
+                    i + 1,
+                    e.kind_name()
+                ))
+            })?;
+            if node.trim_start().starts_with("rediss://") {
+                return Err(StoreError::Config(
+                    "TLS (rediss://) is not supported with Redis Cluster (not built yet)".into(),
+                ));
+            }
+            infos.push(info);
+        }
+        let credentials = |info: &::redis::ConnectionInfo| {
+            (info.redis_settings().username().map(str::to_string), info.redis_settings().password().map(str::to_string))
+        };
+        if infos.iter().any(|info| credentials(info) != credentials(&infos[0])) {
+            return Err(StoreError::Config("the Redis Cluster seed nodes carry different credentials".into()));
+        }
+        let redactor = Redactor::new(infos[0].redis_settings().password());
+        // The crate's per-request response timeout is set beyond any blocking read: the deadline
+        // of every round trip is the store's (see `conn.rs`).
+        let client = ::redis::cluster::ClusterClientBuilder::new(infos)
+            .connection_timeout(std::time::Duration::from_millis(options.timeout_ms.max(1)))
+            .response_timeout(std::time::Duration::from_secs(24 * 3600))
+            .build()
+            .map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))?;
+        let conn = Connector::new(Target::Cluster(client), options.timeout_ms, redactor, Redactor::default());
+        Ok(Self { inner: Arc::new(Inner { conn, scripts: Scripts::new(), options }) })
+    }
+
+    /// [`open_cluster`](Self::open_cluster), then one PING so an unreachable cluster is reported
+    /// at once (as `Unavailable`, within the timeout).
+    pub async fn connect_cluster(nodes: &[String], options: RedisStoreOptions) -> Result<Self, StoreError> {
+        let store = Self::open_cluster(nodes, options)?;
+        let _: Value = store.query("PING", ::redis::cmd("PING")).await?;
+        Ok(store)
+    }
+
+    /// Whether this store talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.conn.target().is_cluster()
+    }
+
     /// The options this store was opened with.
     pub fn options(&self) -> &RedisStoreOptions {
         &self.inner.options
@@ -205,7 +280,7 @@ impl RedisStore {
     async fn query<T: FromRedisValue + Send>(&self, command: &str, cmd: Cmd) -> Result<T, StoreError> {
         self.inner
             .conn
-            .run(Lane::Shared, command, 0, |mut c: MultiplexedConnection| async move {
+            .run(Lane::Shared, command, 0, |mut c: Conn| async move {
                 let value: T = cmd.query_async(&mut c).await?;
                 Ok((value, c))
             })
@@ -217,7 +292,7 @@ impl RedisStore {
     async fn pipeline<T: FromRedisValue + Send>(&self, name: &str, pipe: ::redis::Pipeline) -> Result<T, StoreError> {
         self.inner
             .conn
-            .run(Lane::Shared, name, 0, |mut c: MultiplexedConnection| async move {
+            .run(Lane::Shared, name, 0, |mut c: Conn| async move {
                 let value: T = pipe.query_async(&mut c).await?;
                 Ok((value, c))
             })
@@ -228,7 +303,7 @@ impl RedisStore {
     async fn invoke(&self, name: &str, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
         self.inner
             .conn
-            .run(Lane::Shared, name, 0, |mut c: MultiplexedConnection| async move {
+            .run(Lane::Shared, name, 0, |mut c: Conn| async move {
                 let value: Value = invocation.invoke_async(&mut c).await?;
                 Ok((value, c))
             })
@@ -237,11 +312,66 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// The indices of `keys` grouped by Redis Cluster slot, in order of first appearance: the
+    /// parts of a batched call that must each go to one slot. One part holding every index on a
+    /// single server, where one command may name any keys.
+    fn slot_parts<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> Vec<Vec<usize>> {
+        let keys: Vec<&str> = keys.into_iter().collect();
+        if !self.is_cluster() {
+            return vec![(0..keys.len()).collect()];
+        }
+        let mut parts: Vec<Vec<usize>> = Vec::new();
+        let mut part_of: std::collections::HashMap<::redis::cluster_routing::Slot, usize> =
+            std::collections::HashMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            let slot = ::redis::cluster_routing::Slot::for_key(key.as_bytes());
+            let at = *part_of.entry(slot).or_insert_with(|| {
+                parts.push(Vec::new());
+                parts.len() - 1
+            });
+            parts[at].push(i);
+        }
+        parts
+    }
+
+    /// A batched call split by slot: `call` runs once per part of `parts` (see
+    /// [`slot_parts`](Self::slot_parts)) on that part's items, all parts concurrently, and the
+    /// answers come back in the order of `items`. Any part's error fails the whole call (the
+    /// other parts may have run, as with a single-server call that fails midway).
+    async fn per_slot<T, R, F, Fut>(
+        &self,
+        what: &str,
+        items: &[T],
+        parts: &[Vec<usize>],
+        call: F,
+    ) -> Result<Vec<R>, StoreError>
+    where
+        T: Clone,
+        F: Fn(Vec<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<R>, StoreError>>,
+    {
+        let calls = parts.iter().map(|part| call(part.iter().map(|&i| items[i].clone()).collect()));
+        let answers = futures_util::future::join_all(calls).await;
+        let mut out: Vec<Option<R>> = items.iter().map(|_| None).collect();
+        for (part, answer) in parts.iter().zip(answers) {
+            let answer = answer?;
+            if answer.len() != part.len() {
+                return Err(StoreError::Protocol(format!("{what}: {} answers for {} items", answer.len(), part.len())));
+            }
+            for (&i, value) in part.iter().zip(answer) {
+                out[i] = Some(value);
+            }
+        }
+        out.into_iter()
+            .collect::<Option<Vec<R>>>()
+            .ok_or_else(|| StoreError::Protocol(format!("{what}: an item in no slot part")))
+    }
+
     /// SCRIPT LOAD of one script (the probe's check that scripting is permitted).
     async fn load_script(&self, name: &str, script: &::redis::Script) -> Result<(), StoreError> {
         self.inner
             .conn
-            .run(Lane::Shared, name, 0, |mut c: MultiplexedConnection| async move {
+            .run(Lane::Shared, name, 0, |mut c: Conn| async move {
                 script.load_async(&mut c).await?;
                 Ok(((), c))
             })

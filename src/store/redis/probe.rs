@@ -23,7 +23,7 @@ const VERSION_MIN: (u32, u32) = (6, 2);
 use crate::store::REQUIRED_COMMANDS as COMMANDS;
 
 /// The value of `field:` in an INFO section.
-fn info_field(info: &str, field: &str) -> Option<String> {
+pub(super) fn info_field(info: &str, field: &str) -> Option<String> {
     info.lines().find_map(|line| line.strip_prefix(field)?.strip_prefix(':').map(|v| v.trim().to_string()))
 }
 
@@ -59,6 +59,9 @@ impl RedisStore {
     }
 
     pub(super) async fn server_identity(&self) -> Result<ServerIdentity, StoreError> {
+        if self.is_cluster() {
+            return self.cluster_identity().await;
+        }
         let server = self.info("server").await?;
         let replication = self.info("replication").await?;
         let run_id =
@@ -68,18 +71,38 @@ impl RedisStore {
         Ok(ServerIdentity { run_id, replication_id })
     }
 
-    pub(super) async fn run_probe(&self) -> Result<ProbeReport, StoreError> {
-        let server = self.info("server").await?;
-        let version = info_field(&server, "redis_version")
-            .ok_or_else(|| StoreError::Protocol("INFO server has no redis_version".into()))?;
-        let parsed = major_minor(&version)
-            .ok_or_else(|| StoreError::Protocol(format!("unparsable redis_version {version:?}")))?;
-        if parsed < VERSION_MIN {
-            return Err(StoreError::Unsupported {
-                command: "XAUTOCLAIM".into(),
-                detail: format!("server version {version} is older than 6.2, which added XAUTOCLAIM"),
-            });
+    /// The INFO `server` section of the server, or of every serving primary of a Cluster.
+    async fn server_infos(&self) -> Result<Vec<String>, StoreError> {
+        if !self.is_cluster() {
+            return Ok(vec![self.info("server").await?]);
         }
+        let mut infos = Vec::new();
+        for primary in self.cluster_primaries().await? {
+            infos.push(self.node_info(&primary, "server").await?);
+        }
+        Ok(infos)
+    }
+
+    /// Checks the version of the server (every primary of a Cluster) and returns the first one's.
+    /// On a Cluster the commands are checked and exercised on the primary that serves the probe's
+    /// keys; the others are assumed to share its configuration (ACL users and renamed commands
+    /// are per node: configure them alike).
+    pub(super) async fn run_probe(&self) -> Result<ProbeReport, StoreError> {
+        let mut reported = None;
+        for server in self.server_infos().await? {
+            let version = info_field(&server, "redis_version")
+                .ok_or_else(|| StoreError::Protocol("INFO server has no redis_version".into()))?;
+            let parsed = major_minor(&version)
+                .ok_or_else(|| StoreError::Protocol(format!("unparsable redis_version {version:?}")))?;
+            if parsed < VERSION_MIN {
+                return Err(StoreError::Unsupported {
+                    command: "XAUTOCLAIM".into(),
+                    detail: format!("server version {version} is older than 6.2, which added XAUTOCLAIM"),
+                });
+            }
+            reported.get_or_insert(version);
+        }
+        let version = reported.ok_or_else(|| StoreError::Protocol("INFO server: no server answered".into()))?;
         self.check_commands_exist().await?;
         let base = format!("redis-stream:coord:{{__probe__:{:016x}}}", nonce());
         let exercised = self.exercise(&base).await;

@@ -5,10 +5,9 @@
 //! accepted too). Never sends `BLOCK 0` (block forever) and never blocks the shared connection:
 //! blocking reads use the dedicated blocking lane.
 
-use ::redis::aio::MultiplexedConnection;
 use ::redis::Value;
 
-use super::conn::Lane;
+use super::conn::{Conn, Lane};
 use super::fences::{accepted, check_args, gate_key, CLAIM_PAGES_PER_CALL};
 use super::scripts::{number, text};
 use super::RedisStore;
@@ -134,37 +133,15 @@ impl StreamStore for RedisStore {
         reads: &[FencedRead],
     ) -> Result<Vec<Result<Vec<StreamEntry>, StoreError>>, StoreError> {
         const WHAT: &str = "fenced read script";
-        let mut out: Vec<Option<Result<Vec<StreamEntry>, StoreError>>> = reads.iter().map(|_| None).collect();
-        if self.inner.options.fenced_read_gates {
-            let gated: Vec<usize> = (0..reads.len()).filter(|&i| reads[i].from == ReadFrom::New).collect();
-            let via_gates: Vec<&FencedRead> = gated.iter().map(|&i| &reads[i]).collect();
-            let answers = self.gated_reads(group, consumer, &via_gates).await?;
-            for (i, answer) in gated.into_iter().zip(answers) {
-                out[i] = answer.map(Ok);
-            }
+        let parts = self.slot_parts(reads.iter().map(|read| read.stream.as_str()));
+        if parts.len() > 1 {
+            return self
+                .per_slot(WHAT, reads, &parts, |part| async move {
+                    self.fenced_reads_one_slot(group, consumer, &part).await
+                })
+                .await;
         }
-        // The rest (own-pending reads, and gated reads that found no gate) through the script.
-        let rest: Vec<usize> = (0..reads.len()).filter(|&i| out[i].is_none()).collect();
-        if rest.is_empty() {
-            return Ok(out.into_iter().flatten().collect());
-        }
-        let scripted: Vec<&FencedRead> = rest.iter().map(|&i| &reads[i]).collect();
-        let mut invocation = self.inner.scripts.fences.read_many.prepare_invoke();
-        invocation.arg(group).arg(consumer);
-        for read in &scripted {
-            let (counter, nonce) = check_args(&read.fence.fence);
-            invocation.key(&read.fence.key).key(&read.stream);
-            invocation.arg(counter).arg(nonce).arg(read.count).arg(read_from_id(read.from));
-        }
-        let reply = self.invoke(WHAT, invocation).await?;
-        let items = self.many_items(WHAT, reply, scripted.len())?;
-        for ((i, read), item) in rest.into_iter().zip(scripted).zip(items) {
-            out[i] = Some(item.and_then(|item| match accepted(WHAT, &read.fence.key, &item)? {
-                [entries] => parse_entries(entries),
-                _ => Err(StoreError::Protocol(format!("{WHAT}: unexpected reply for {}", read.stream))),
-            }));
-        }
-        Ok(out.into_iter().flatten().collect())
+        self.fenced_reads_one_slot(group, consumer, reads).await
     }
 
     async fn fenced_xack_many(
@@ -172,30 +149,18 @@ impl StreamStore for RedisStore {
         group: &str,
         acks: &[FencedAck],
     ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
-        const WHAT: &str = "fenced ack script";
         if acks.is_empty() {
             return Ok(Vec::new());
         }
-        let mut invocation = self.inner.scripts.fences.ack_many.prepare_invoke();
-        invocation.arg(group);
-        for ack in acks {
-            let (counter, nonce) = check_args(&ack.fence.fence);
-            invocation.key(&ack.fence.key).key(&ack.stream);
-            invocation.arg(counter).arg(nonce).arg(ack.ids.len());
-            for id in &ack.ids {
-                invocation.arg(id.to_string());
-            }
+        let parts = self.slot_parts(acks.iter().map(|ack| ack.stream.as_str()));
+        if parts.len() > 1 {
+            return self
+                .per_slot("fenced ack script", acks, &parts, |part| async move {
+                    self.fenced_acks_one_slot(group, &part).await
+                })
+                .await;
         }
-        let reply = self.invoke(WHAT, invocation).await?;
-        let items = self.many_items(WHAT, reply, acks.len())?;
-        Ok(acks
-            .iter()
-            .zip(items)
-            .map(|(ack, item)| match accepted(WHAT, &ack.fence.key, &item?)? {
-                [count] => number(count).ok_or_else(|| protocol(WHAT, count)),
-                _ => Err(StoreError::Protocol(format!("{WHAT}: unexpected reply for {}", ack.stream))),
-            })
-            .collect())
+        self.fenced_acks_one_slot(group, acks).await
     }
 
     async fn fenced_xack(
@@ -302,7 +267,7 @@ impl StreamStore for RedisStore {
         cmd.arg("CREATE").arg(stream).arg(group).arg(id).arg("MKSTREAM");
         self.inner
             .conn
-            .run(Lane::Shared, "XGROUP CREATE", 0, |mut c: MultiplexedConnection| async move {
+            .run(Lane::Shared, "XGROUP CREATE", 0, |mut c: Conn| async move {
                 match cmd.query_async::<Value>(&mut c).await {
                     Ok(_) => Ok(((), c)),
                     // The group exists already: ensuring it is a no-op.
@@ -325,31 +290,35 @@ impl StreamStore for RedisStore {
             return Ok(Vec::new());
         }
         let block_ms = block_ms.filter(|ms| *ms > 0);
-        let mut cmd = ::redis::cmd("XREADGROUP");
-        cmd.arg("GROUP").arg(group).arg(consumer).arg("COUNT").arg(count);
-        if let Some(ms) = block_ms {
-            cmd.arg("BLOCK").arg(ms);
+        let parts = self.slot_parts(streams.iter().map(|(stream, _)| stream.as_str()));
+        if parts.len() == 1 {
+            return self.xreadgroup_one_slot(group, consumer, streams, count, block_ms).await;
         }
-        cmd.arg("STREAMS");
-        for (stream, _) in streams {
-            cmd.arg(stream);
-        }
-        for (_, from) in streams {
-            cmd.arg(read_from_id(*from));
-        }
-        let (lane, extra_ms) = match block_ms {
-            Some(ms) => (Lane::Blocking, ms),
-            None => (Lane::Shared, 0),
+        // A Cluster: one non-blocking read per slot, concurrently. A blocking read must not block
+        // in several slots at once (each would deliver, and only one answer can be returned), so
+        // when nothing came it waits on the doorbell (which consumes nothing) and reads once more.
+        let read_all = || async {
+            let reads = parts.iter().map(|part| {
+                let sub: Vec<(String, ReadFrom)> = part.iter().map(|&i| streams[i].clone()).collect();
+                async move { self.xreadgroup_one_slot(group, consumer, &sub, count, None).await }
+            });
+            let mut out = Vec::new();
+            for answer in futures_util::future::join_all(reads).await {
+                out.extend(answer?);
+            }
+            Ok::<_, StoreError>(out)
         };
-        let reply: Value = self
-            .inner
-            .conn
-            .run(lane, "XREADGROUP", extra_ms, |mut c: MultiplexedConnection| async move {
-                let value: Value = cmd.query_async(&mut c).await?;
-                Ok((value, c))
-            })
-            .await?;
-        parse_read_reply(&reply)
+        let out = read_all().await?;
+        let Some(block_ms) = block_ms.filter(|_| out.is_empty()) else { return Ok(out) };
+        let new: Vec<(String, Option<EntryId>)> = streams
+            .iter()
+            .filter(|(_, from)| *from == ReadFrom::New)
+            .map(|(stream, _)| (stream.clone(), None))
+            .collect();
+        if new.is_empty() || !self.doorbell(group, &new, block_ms).await?.rang {
+            return Ok(out);
+        }
+        read_all().await
     }
 
     async fn xack(&self, stream: &str, group: &str, ids: &[EntryId]) -> Result<u64, StoreError> {
@@ -401,6 +370,116 @@ impl StreamStore for RedisStore {
 }
 
 impl RedisStore {
+    /// One XREADGROUP of `streams` (one slot on a Cluster), blocking on the blocking lane.
+    async fn xreadgroup_one_slot(
+        &self,
+        group: &str,
+        consumer: &str,
+        streams: &[(String, ReadFrom)],
+        count: usize,
+        block_ms: Option<u64>,
+    ) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
+        let mut cmd = ::redis::cmd("XREADGROUP");
+        cmd.arg("GROUP").arg(group).arg(consumer).arg("COUNT").arg(count);
+        if let Some(ms) = block_ms {
+            cmd.arg("BLOCK").arg(ms);
+        }
+        cmd.arg("STREAMS");
+        for (stream, _) in streams {
+            cmd.arg(stream);
+        }
+        for (_, from) in streams {
+            cmd.arg(read_from_id(*from));
+        }
+        let (lane, extra_ms) = match block_ms {
+            Some(ms) => (Lane::Blocking, ms),
+            None => (Lane::Shared, 0),
+        };
+        let reply: Value = self
+            .inner
+            .conn
+            .run(lane, "XREADGROUP", extra_ms, |mut c: Conn| async move {
+                let value: Value = cmd.query_async(&mut c).await?;
+                Ok((value, c))
+            })
+            .await?;
+        parse_read_reply(&reply)
+    }
+
+    /// The fenced reads of one slot (all reads on a single server): gates first, then the read
+    /// script for the rest.
+    async fn fenced_reads_one_slot(
+        &self,
+        group: &str,
+        consumer: &str,
+        reads: &[FencedRead],
+    ) -> Result<Vec<Result<Vec<StreamEntry>, StoreError>>, StoreError> {
+        const WHAT: &str = "fenced read script";
+        let mut out: Vec<Option<Result<Vec<StreamEntry>, StoreError>>> = reads.iter().map(|_| None).collect();
+        if self.inner.options.fenced_read_gates {
+            let gated: Vec<usize> = (0..reads.len()).filter(|&i| reads[i].from == ReadFrom::New).collect();
+            let via_gates: Vec<&FencedRead> = gated.iter().map(|&i| &reads[i]).collect();
+            let answers = self.gated_reads(group, consumer, &via_gates).await?;
+            for (i, answer) in gated.into_iter().zip(answers) {
+                out[i] = answer.map(Ok);
+            }
+        }
+        // The rest (own-pending reads, and gated reads that found no gate) through the script.
+        let rest: Vec<usize> = (0..reads.len()).filter(|&i| out[i].is_none()).collect();
+        if rest.is_empty() {
+            return Ok(out.into_iter().flatten().collect());
+        }
+        let scripted: Vec<&FencedRead> = rest.iter().map(|&i| &reads[i]).collect();
+        let mut invocation = self.inner.scripts.fences.read_many.prepare_invoke();
+        invocation.arg(group).arg(consumer);
+        for read in &scripted {
+            let (counter, nonce) = check_args(&read.fence.fence);
+            invocation.key(&read.fence.key).key(&read.stream);
+            invocation.arg(counter).arg(nonce).arg(read.count).arg(read_from_id(read.from));
+        }
+        let reply = self.invoke(WHAT, invocation).await?;
+        let items = self.many_items(WHAT, reply, scripted.len())?;
+        for ((i, read), item) in rest.into_iter().zip(scripted).zip(items) {
+            out[i] = Some(item.and_then(|item| match accepted(WHAT, &read.fence.key, &item)? {
+                [entries] => parse_entries(entries),
+                _ => Err(StoreError::Protocol(format!("{WHAT}: unexpected reply for {}", read.stream))),
+            }));
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// The fenced acks of one slot (all acks on a single server): one script call.
+    async fn fenced_acks_one_slot(
+        &self,
+        group: &str,
+        acks: &[FencedAck],
+    ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+        const WHAT: &str = "fenced ack script";
+        if acks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut invocation = self.inner.scripts.fences.ack_many.prepare_invoke();
+        invocation.arg(group);
+        for ack in acks {
+            let (counter, nonce) = check_args(&ack.fence.fence);
+            invocation.key(&ack.fence.key).key(&ack.stream);
+            invocation.arg(counter).arg(nonce).arg(ack.ids.len());
+            for id in &ack.ids {
+                invocation.arg(id.to_string());
+            }
+        }
+        let reply = self.invoke(WHAT, invocation).await?;
+        let items = self.many_items(WHAT, reply, acks.len())?;
+        Ok(acks
+            .iter()
+            .zip(items)
+            .map(|(ack, item)| match accepted(WHAT, &ack.fence.key, &item?)? {
+                [count] => number(count).ok_or_else(|| protocol(WHAT, count)),
+                _ => Err(StoreError::Protocol(format!("{WHAT}: unexpected reply for {}", ack.stream))),
+            })
+            .collect())
+    }
+
     /// Fenced reads of new entries through their gates (see `fences.rs`): plain `XREADGROUP`s
     /// that name each read's gate beside its stream, one command per distinct COUNT (the shares
     /// of one poll differ by at most one, so one or two commands), all in one pipeline (one round
