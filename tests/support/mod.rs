@@ -23,6 +23,7 @@
 
 pub mod cpu;
 pub mod proxy;
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod sentinel;
 pub mod tls;
