@@ -3,9 +3,12 @@
 //! - `RedisStore` on its own freshly spawned `redis-server` (module `redis_store`),
 //! - `RedisStore` as an ACL user without FLUSHDB/FLUSHALL (module `redis_acl_store`), which
 //!   proves the least-privilege user the seed recommends can run everything the store needs,
+//! - `RedisStore` on its own Redis Cluster of 3 primaries (module `redis_cluster_store`;
+//!   `support::RedisCluster`), with the shards' streams and fence keys spread over the primaries,
+//!   so every batched call is split by slot,
 //! - `MemoryStore`, the simulation's fake (module `memory_store`),
 //!
-//! so the fake cannot drift from real Redis. Cases that need a revision lost and written again
+//! so the fake cannot drift from real Redis, and the Cluster from one server. Cases that need a revision lost and written again
 //! (`stamp.rs`) also take the store's way of making that loss: by hand on a real server, by the
 //! fake's rollback fault in the fake. `store_contract/redis_only.rs` holds what only a real
 //! server can show (layout on the wire, restart, failover, dead and hung servers, renamed and
@@ -45,77 +48,106 @@ pub use stamp::*;
 pub use streams::*;
 pub use touch_check::*;
 
-/// Instantiates every case once per store.
+/// One contract case on one kind of store: `redis` (its own `redis-server`), `redis_acl` (the
+/// same as an ACL user without FLUSHDB/FLUSHALL), `cluster` (its own 3-primary Redis Cluster),
+/// `memory` (the simulation's fake).
+macro_rules! store_case {
+    (redis, $case:ident) => {
+        #[tokio::test]
+        async fn $case() {
+            let server = crate::support::RedisServer::start();
+            let options = rsc::store::redis::RedisStoreOptions::default();
+            let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
+            crate::$case(&store).await;
+        }
+    };
+    (redis_acl, $case:ident) => {
+        #[tokio::test]
+        async fn $case() {
+            let server = crate::support::RedisServer::start();
+            let url = server.create_acl_user("coordinator", "contract-pw");
+            let options = rsc::store::redis::RedisStoreOptions::default();
+            let store = rsc::store::redis::RedisStore::connect(&url, options).await.expect("connect");
+            crate::$case(&store).await;
+        }
+    };
+    (cluster, $case:ident) => {
+        #[tokio::test]
+        async fn $case() {
+            let cluster = crate::support::redis_cluster::RedisCluster::start(3, 0);
+            let options = rsc::store::redis::RedisStoreOptions::default();
+            let store =
+                rsc::store::redis::RedisStore::connect_cluster(&cluster.nodes(), options).await.expect("connect");
+            crate::$case(&store).await;
+        }
+    };
+    (memory, $case:ident) => {
+        #[tokio::test]
+        async fn $case() {
+            let store = rsc::store::memory::MemoryStore::new(0x5eed);
+            crate::$case(&store).await;
+        }
+    };
+}
+
+/// Instantiates every case once per store; the `single_server` cases (whose behaviour a Redis
+/// Cluster documents differently, see `RedisStore::open_cluster`) everywhere but on the Cluster.
 macro_rules! contract_suite {
-    ($($case:ident),* $(,)?) => {
+    (everywhere: [$($case:ident),* $(,)?], single_server: [$($single:ident),* $(,)?] $(,)?) => {
         mod redis_store {
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let server = crate::support::RedisServer::start();
-                    let options = rsc::store::redis::RedisStoreOptions::default();
-                    let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
-                    crate::$case(&store).await;
-                }
-            )*
+            $(store_case!(redis, $case);)*
+            $(store_case!(redis, $single);)*
         }
 
         mod redis_acl_store {
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let server = crate::support::RedisServer::start();
-                    let url = server.create_acl_user("coordinator", "contract-pw");
-                    let options = rsc::store::redis::RedisStoreOptions::default();
-                    let store = rsc::store::redis::RedisStore::connect(&url, options).await.expect("connect");
-                    crate::$case(&store).await;
-                }
-            )*
+            $(store_case!(redis_acl, $case);)*
+            $(store_case!(redis_acl, $single);)*
+        }
+
+        mod redis_cluster_store {
+            $(store_case!(cluster, $case);)*
         }
 
         mod memory_store {
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let store = rsc::store::memory::MemoryStore::new(0x5eed);
-                    crate::$case(&store).await;
-                }
-            )*
+            $(store_case!(memory, $case);)*
+            $(store_case!(memory, $single);)*
         }
     };
 }
 
 contract_suite!(
-    contract_create_only_if_absent,
-    contract_cas_success_and_conflict,
-    contract_revision_without_successor_is_refused,
-    contract_liveness_guard_failure_writes_nothing,
-    contract_liveness_removal,
-    contract_touch_and_load,
-    contract_touch_and_check_unchanged_and_changed,
-    contract_touch_and_check_leaves_no_key_for_a_vanished_group,
-    contract_delete_if_stamp,
-    contract_a_write_needs_a_write_id,
-    contract_mutex,
-    contract_index_and_rebuild,
-    contract_identity_and_probe,
-    contract_stream_ids_increase,
-    contract_ensure_group_idempotent_and_delivers_preexisting,
-    contract_new_vs_own_pending,
-    contract_xack,
-    contract_claim_all_pending,
-    contract_maxlen,
-    contract_missing_group_errors,
-    contract_one_missing_group_fails_a_whole_read,
-    contract_wait_for_entries,
-    contract_fence_raise_counts_up_and_stores_the_nonce,
-    contract_fenced_operations_accept_the_exact_fence,
-    contract_an_older_fence_is_refused_and_touches_nothing,
-    contract_the_same_counter_with_another_nonce_is_refused,
-    contract_a_newer_fence_is_accepted_and_replaces_the_key,
-    contract_a_missing_fence_key_accepts_any_fence,
-    contract_fenced_operations_map_missing_groups_as_unfenced_ones,
-    contract_batched_fenced_reads_and_acks_keep_each_shards_outcome,
+    everywhere: [
+        contract_create_only_if_absent,
+        contract_cas_success_and_conflict,
+        contract_revision_without_successor_is_refused,
+        contract_liveness_guard_failure_writes_nothing,
+        contract_liveness_removal,
+        contract_touch_and_load,
+        contract_touch_and_check_unchanged_and_changed,
+        contract_touch_and_check_leaves_no_key_for_a_vanished_group,
+        contract_delete_if_stamp,
+        contract_a_write_needs_a_write_id,
+        contract_mutex,
+        contract_index_and_rebuild,
+        contract_identity_and_probe,
+        contract_stream_ids_increase,
+        contract_ensure_group_idempotent_and_delivers_preexisting,
+        contract_new_vs_own_pending,
+        contract_xack,
+        contract_claim_all_pending,
+        contract_maxlen,
+        contract_missing_group_errors,
+        contract_wait_for_entries,
+        contract_fence_raise_counts_up_and_stores_the_nonce,
+        contract_fenced_operations_accept_the_exact_fence,
+        contract_an_older_fence_is_refused_and_touches_nothing,
+        contract_the_same_counter_with_another_nonce_is_refused,
+        contract_a_newer_fence_is_accepted_and_replaces_the_key,
+        contract_a_missing_fence_key_accepts_any_fence,
+        contract_fenced_operations_map_missing_groups_as_unfenced_ones,
+        contract_batched_fenced_reads_and_acks_keep_each_shards_outcome,
+    ],
+    single_server: [contract_one_missing_group_fails_a_whole_read],
 );
 
 /// The fence cases once more on Redis with every fenced read through the script (no gates,

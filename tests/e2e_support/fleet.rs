@@ -77,6 +77,12 @@ impl Fleet {
     }
 
     pub async fn store(&self) -> RedisStore {
+        if let Some(nodes) = self.redis_url.strip_prefix(super::process::CLUSTER_TARGET_PREFIX) {
+            let nodes: Vec<String> = nodes.split(',').map(str::to_string).collect();
+            return RedisStore::connect_cluster(&nodes, RedisStoreOptions::default())
+                .await
+                .expect("clients reach the Redis Cluster");
+        }
         RedisStore::connect(&self.redis_url, RedisStoreOptions::default()).await.expect("clients reach Redis")
     }
 

@@ -43,6 +43,15 @@ static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// `coordinator serve` with this URL serves from its embedded in-memory store (no `--redis-url`).
 pub const EMBEDDED_STORE: &str = "";
 
+/// The `redis_url` of a Redis Cluster in e2e tests: this prefix, then the seed URLs joined with
+/// `,` ([`cluster_target`]); coordinators get `--redis-cluster-nodes`, fleets `connect_cluster`.
+pub const CLUSTER_TARGET_PREFIX: &str = "cluster:";
+
+/// The e2e `redis_url` naming a Redis Cluster by its seed nodes.
+pub fn cluster_target(nodes: &[String]) -> String {
+    format!("{CLUSTER_TARGET_PREFIX}{}", nodes.join(","))
+}
+
 /// The `coordinator` binary this build made, or the one `E2E_COORDINATOR_BIN` names (to run a
 /// story against another build, e.g. an older commit's, for a before/after comparison).
 fn binary() -> String {
@@ -76,7 +85,9 @@ pub const LONG_LEASES_SERVE_CONFIG: &str = "max_assignment_lease_ms = 8000\n";
 fn serve_command(binary: &str, redis_url: &str, name: &str, port: u16, log: &Path, extra: &[String]) -> Command {
     let mut command = Command::new(binary);
     command.args(["serve", "--listen", &format!("127.0.0.1:{port}")]);
-    if redis_url != EMBEDDED_STORE {
+    if let Some(nodes) = redis_url.strip_prefix(CLUSTER_TARGET_PREFIX) {
+        command.args(["--redis-cluster-nodes", nodes]);
+    } else if redis_url != EMBEDDED_STORE {
         command.args(["--redis-url", redis_url]);
     }
     command.args(["--instance-id", name, "--tick-interval-ms", "100", "--shutdown-timeout-ms", "5000"]);
