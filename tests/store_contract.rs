@@ -22,6 +22,8 @@
 
 mod support;
 
+#[path = "store_contract/cluster.rs"]
+mod cluster;
 #[path = "store_contract/doorbell.rs"]
 mod doorbell;
 #[path = "store_contract/fences.rs"]

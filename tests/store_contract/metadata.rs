@@ -44,7 +44,7 @@ pub fn never_written(revision: u64) -> CasStamp {
     CasStamp { revision, write_id: "never-written".into() }
 }
 
-fn written(revision: u64) -> WriteOutcome {
+pub fn written(revision: u64) -> WriteOutcome {
     WriteOutcome::Written { revision }
 }
 

@@ -1,0 +1,141 @@
+//! What only a real Redis Cluster can show about `RedisStore::open_cluster`: which primaries the
+//! contract's keys land on (so its batched calls really are split), an identity that a slot
+//! migration leaves alone and a takeover changes, a `rebuild_index` that scans every primary, and
+//! the one documented difference from a single server (a read of several slots is one call per
+//! slot).
+
+use std::collections::BTreeSet;
+
+use rsc::core::model::GroupId;
+use rsc::store::keys;
+use rsc::store::redis::{RedisStore, RedisStoreOptions};
+use rsc::store::{MetadataStore, ReadFrom, StoreError, StreamStore};
+
+use crate::metadata::{create, written};
+use crate::support::redis_cluster::RedisCluster;
+
+async fn store_on(cluster: &RedisCluster) -> RedisStore {
+    RedisStore::connect_cluster(&cluster.nodes(), RedisStoreOptions::default()).await.expect("connect")
+}
+
+fn field() -> Vec<(String, Vec<u8>)> {
+    vec![("payload".to_string(), b"x".to_vec())]
+}
+
+/// The primaries (by port) serving `keys`.
+fn ports_of(cluster: &RedisCluster, keys: &[String]) -> BTreeSet<u16> {
+    keys.iter().map(|key| cluster.node_for_key(key).port()).collect()
+}
+
+#[tokio::test]
+async fn the_contract_keys_spread_over_the_primaries_so_batched_calls_are_split() {
+    let cluster = RedisCluster::start(3, 0);
+    // The fence and batch cases' group: its shards' streams and fence keys (each pair in one slot).
+    let group = GroupId::new("orders:v1", "billing");
+    let streams: Vec<String> = (0..6).map(|s| group.stream_key(s)).collect();
+    let fences: Vec<String> = (0..6).map(|s| keys::fence_key(&group, s)).collect();
+    for (stream, fence) in streams.iter().zip(&fences) {
+        assert_eq!(cluster.slot_of(stream), cluster.slot_of(fence), "{fence} is in {stream}'s slot");
+    }
+    assert!(ports_of(&cluster, &streams).len() >= 2, "the batched cases span primaries");
+    // The doorbell case's two streams are in two slots, so it waits on two blocking reads.
+    assert_ne!(cluster.slot_of("doorbell:a"), cluster.slot_of("doorbell:b"));
+}
+
+#[tokio::test]
+async fn a_slot_migration_keeps_the_identity_and_a_takeover_changes_it() {
+    let cluster = RedisCluster::start(3, 1);
+    let store = store_on(&cluster).await;
+    let group = GroupId::new("orders", "billing");
+    assert_eq!(store.write(&group, create("v1")).await, Ok(written(1)));
+    let before = store.identity().await.expect("identity");
+    assert_eq!(before.run_id.split(',').count(), 3, "one entry per serving primary: {before:?}");
+
+    // The group's slot moves to another primary: same primaries, same identity, same record.
+    let metadata = keys::metadata_key(&group);
+    let source = cluster.node_for_key(&metadata).port();
+    let target = cluster.primaries().into_iter().find(|p| p.port() != source).expect("another primary").port();
+    cluster.move_slot(cluster.slot_of(&metadata), cluster.server(target));
+    assert_eq!(cluster.node_for_key(&metadata).port(), target);
+    assert_eq!(store.identity().await, Ok(before.clone()), "a slot migration is not a new identity");
+    assert!(store.load(&group).await.expect("load after the move").is_some());
+
+    // A takeover of the primary now serving the group: a new identity (the evidence of possibly
+    // lost writes), and the store follows the slot to the promoted replica.
+    let replica = cluster.replicas_of(cluster.server(target))[0].port();
+    cluster.failover_takeover(cluster.server(replica));
+    let mut after = None;
+    for _ in 0..20 {
+        match store.identity().await {
+            Ok(identity) if identity != before => {
+                after = Some(identity);
+                break;
+            }
+            Ok(_) | Err(StoreError::Unavailable(_)) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            Err(other) => panic!("identity after the takeover: {other:?}"),
+        }
+    }
+    let after = after.expect("the takeover changes the identity");
+    assert!(after.run_id.contains(&format!(":{replica}/")), "the promoted replica is named: {after:?}");
+    assert!(store.load(&group).await.expect("load after the takeover").is_some());
+}
+
+#[tokio::test]
+async fn rebuild_index_finds_the_groups_of_every_primary() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store_on(&cluster).await;
+    let groups: Vec<GroupId> = (0..12).map(|i| GroupId::new("orders", format!("g{i}"))).collect();
+    for group in &groups {
+        assert_eq!(store.write(group, create("v1")).await, Ok(written(1)));
+    }
+    let metadata: Vec<String> = groups.iter().map(keys::metadata_key).collect();
+    assert_eq!(ports_of(&cluster, &metadata).len(), 3, "the groups live on all three primaries");
+    // The index is lost (deleted by hand where it lives); a rebuild SCANs every primary.
+    cluster.node_for_key(keys::INDEX_KEY).cmd(&["DEL", keys::INDEX_KEY]);
+    assert_eq!(store.index_members().await, Ok(vec![]));
+    let mut expected = groups.clone();
+    expected.sort();
+    assert_eq!(store.rebuild_index().await, Ok(expected.clone()));
+    assert_eq!(store.index_members().await, Ok(expected));
+}
+
+/// The documented difference (`RedisStore::open_cluster`): a read of streams in several slots is
+/// one call per slot, so a slot whose group is missing fails the call while another slot's read
+/// ran and delivered (its entries stay pending to the reader). The consumer library never reads
+/// more than one stream unfenced per call, and its fenced batches keep each shard's outcome.
+#[tokio::test]
+async fn a_read_of_several_slots_is_one_call_per_slot() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store_on(&cluster).await;
+    let (with_group, without) = ("orders:1".to_string(), "orders:0".to_string());
+    assert_ne!(cluster.slot_of(&with_group), cluster.slot_of(&without));
+    store.ensure_group(&with_group, "billing").await.expect("ensure");
+    let added = store.xadd(&with_group, field(), None).await.expect("xadd");
+    store.xadd(&without, field(), None).await.expect("xadd");
+    let both = [(with_group.clone(), ReadFrom::New), (without.clone(), ReadFrom::New)];
+    match store.xreadgroup("billing", "c1", &both, 10, None).await {
+        Err(StoreError::Protocol(text)) => assert!(text.starts_with("NOGROUP"), "{text}"),
+        other => panic!("the slot without the group fails the call: {other:?}"),
+    }
+    let pending = [(with_group.clone(), ReadFrom::OwnPending)];
+    let got = store.xreadgroup("billing", "c1", &pending, 10, None).await.expect("own pending");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1.iter().map(|e| e.id).collect::<Vec<_>>(), vec![added]);
+
+    // A blocking read of two slots blocks on neither read: it waits on the doorbell (which
+    // delivers nothing) and reads once more, so an entry added meanwhile comes back.
+    store.ensure_group(&without, "billing").await.expect("ensure");
+    let _ = store.xreadgroup("billing", "c1", &both, 10, None).await.expect("drain what is there");
+    let adder = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            store.xadd("orders:0", field(), None).await.expect("xadd")
+        })
+    };
+    let started = std::time::Instant::now();
+    let got = store.xreadgroup("billing", "c1", &both, 10, Some(5_000)).await.expect("blocking read");
+    let late = adder.await.expect("adder");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "woke late: {:?}", started.elapsed());
+    assert_eq!(got, vec![(without, vec![rsc::store::StreamEntry { id: late, fields: field() }])]);
+}
