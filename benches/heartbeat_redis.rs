@@ -10,6 +10,10 @@
 //! 4. the same over TLS (`rsc::http::serve::serve_tls_with`, certificates made at start with
 //!    rcgen, keep-alive connections as the clients use them), printed next to row 3 as a ratio.
 //!
+//! 5. row 1 once more on a Redis Cluster of 3 primaries (the harness's `RedisCluster`), printed
+//!    beside the one-server row of the same concurrency as a ratio, with its round trips and
+//!    commands per steady heartbeat (Redis work summed over the primaries).
+//!
 //! Per run: heartbeats/s, p50/p99/max latency (µs) and Redis work per heartbeat from
 //! `INFO commandstats` deltas, which count every command the server executed, including the ones
 //! a Lua script ran. Client round trips per heartbeat are counted separately, by one pass through
@@ -27,9 +31,9 @@
 //! `HB_CONCURRENCY` (`1,16,64`), `HB_MEMBERS` (200), `HB_SHARDS` (64).
 //! Without `--bench` (how `cargo test --all-targets` and `cargo nextest` run it) a small smoke run
 //! only checks that every steady heartbeat answers `OK` in one round trip of at most two Redis
-//! commands, and exits non-zero otherwise.
+//! commands, on one server and on the Cluster, and exits non-zero otherwise.
 
-// The integration-test harness; this binary uses only `RedisServer`.
+// The integration-test harness; this binary uses `RedisServer` and `RedisCluster`.
 #[cfg(not(madsim))]
 #[allow(unused_imports)]
 #[path = "../tests/support/mod.rs"]
@@ -174,7 +178,7 @@ mod bench {
             }
         };
         for &n in &settings.concurrency {
-            rows.push(measure(server, "coordinator, in-process", n, settings, &members, in_process.clone()).await?);
+            rows.push(measure(&[server], IN_PROCESS, n, settings, &members, in_process.clone()).await?);
         }
         let router = app(coordinator.clone(), HttpOptions::default());
         let oneshot = {
@@ -183,7 +187,7 @@ mod bench {
         };
         for &n in &settings.concurrency {
             rows.push(
-                measure(server, "HTTP router, in-process oneshot", n, settings, &members, oneshot.clone()).await?,
+                measure(&[server], "HTTP router, in-process oneshot", n, settings, &members, oneshot.clone()).await?,
             );
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
@@ -235,14 +239,14 @@ mod bench {
             }
         };
         for &n in &settings.concurrency {
-            rows.push(measure(server, LOOPBACK, n, settings, &members, loopback.clone()).await?);
-            rows.push(measure(server, LOOPBACK_TOKEN, n, settings, &members, with_token.clone()).await?);
+            rows.push(measure(&[server], LOOPBACK, n, settings, &members, loopback.clone()).await?);
+            rows.push(measure(&[server], LOOPBACK_TOKEN, n, settings, &members, with_token.clone()).await?);
         }
         token_server.abort();
         http_server.abort();
         let (tls_server, tls_loopback) = tls_loopback(&coordinator, max_concurrency).await?;
         for &n in &settings.concurrency {
-            rows.push(measure(server, LOOPBACK_TLS, n, settings, &members, tls_loopback.clone()).await?);
+            rows.push(measure(&[server], LOOPBACK_TLS, n, settings, &members, tls_loopback.clone()).await?);
         }
         tls_server.abort();
         ticker.abort();
@@ -250,23 +254,102 @@ mod bench {
         print_ratios(&rows, LOOPBACK_TLS, "TLS on vs off (HTTPS / HTTP loopback, same run, keep-alive connections)");
         print_ratios(&rows, LOOPBACK_TOKEN, "Client token on vs off (HTTP loopback, same run; 4 tokens configured)");
 
-        let trips = count_round_trips(server, &store, &members, settings).await?;
+        let trips = count_round_trips(&[server], &store, &members, settings).await?;
         print_summary(&rows, &trips);
         cpu_per_heartbeat(&store, &group, &members[0]).await?;
-        let failed: Vec<&Row> = rows.iter().filter(|r| r.errors > 0).collect();
+        let cluster = on_cluster(settings, &rows).await?;
+        let failed: Vec<&Row> = rows.iter().chain(&cluster.rows).filter(|r| r.errors > 0).collect();
         if let Some(row) = failed.first() {
             return Err(format!("{} heartbeats failed in {} (first: {})", row.errors, row.path, row.first_error));
         }
-        if settings.smoke && (trips.per_heartbeat - 1.0).abs() > f64::EPSILON {
-            return Err(format!("{:.3} round trips per steady heartbeat, expected exactly 1", trips.per_heartbeat));
-        }
-        if settings.smoke && trips.commands_per_heartbeat > 2.0 + 1e-9 {
-            return Err(format!(
-                "{:.3} Redis commands per steady heartbeat, expected at most 2",
-                trips.commands_per_heartbeat
-            ));
+        for (name, trips) in [("one server", &trips), ("Redis Cluster", &cluster.trips)] {
+            if settings.smoke && (trips.per_heartbeat - 1.0).abs() > f64::EPSILON {
+                return Err(format!(
+                    "{name}: {:.3} round trips per steady heartbeat, expected exactly 1",
+                    trips.per_heartbeat
+                ));
+            }
+            if settings.smoke && trips.commands_per_heartbeat > 2.0 + 1e-9 {
+                return Err(format!(
+                    "{name}: {:.3} Redis commands per steady heartbeat, expected at most 2",
+                    trips.commands_per_heartbeat
+                ));
+            }
         }
         Ok(())
+    }
+
+    const IN_PROCESS: &str = "coordinator, in-process";
+    const IN_PROCESS_CLUSTER: &str = "in-process, Redis Cluster";
+
+    /// The rows measured on a Redis Cluster.
+    struct ClusterRun {
+        rows: Vec<Row>,
+        trips: RoundTrips,
+    }
+
+    /// The in-process rows once more on a Redis Cluster of 3 primaries (a group lives in one
+    /// slot, so its heartbeats go to one primary; the ticker's INFO goes to all three), printed
+    /// beside the one-server rows of the same run, and the round trips and commands of a steady
+    /// heartbeat there.
+    async fn on_cluster(settings: &Settings, single: &[Row]) -> Result<ClusterRun, String> {
+        let cluster = crate::support::redis_cluster::RedisCluster::start(3, 0);
+        let store = RedisStore::connect_cluster(&cluster.nodes(), RedisStoreOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let coordinator = Coordinator::new(store.clone(), CoordinatorOptions::default());
+        coordinator.start().await.map_err(|e| e.to_string())?;
+        let group = GroupId::new("bench", "hb");
+        let create = AdminRequest::CreateGroup {
+            group: group.clone(),
+            shard_count: settings.shards,
+            config: GroupConfig::default(),
+        };
+        coordinator.admin(create).await.map_err(|e| e.to_string())?;
+        let (members, _) = settle(&coordinator, &group, settings.members).await?;
+        let members = Arc::new(members);
+        let ticker = tokio::spawn({
+            let coordinator = coordinator.clone();
+            async move { coordinator.run_ticker().await }
+        });
+        let primaries = cluster.primaries();
+        let in_process = move |req: HeartbeatRequest| {
+            let coordinator = coordinator.clone();
+            async move { coordinator.heartbeat(req).await.map_err(|e| e.to_string()) }
+        };
+        let mut rows = Vec::new();
+        for &n in &settings.concurrency {
+            rows.push(measure(&primaries, IN_PROCESS_CLUSTER, n, settings, &members, in_process.clone()).await?);
+        }
+        ticker.abort();
+        let trips = count_round_trips(&primaries, &store, &members, settings).await?;
+        println!("\nOn a Redis Cluster of 3 primaries (the group's keys on one of them), same run:");
+        print_rows(&rows);
+        for row in &rows {
+            let Some(one) = single.iter().find(|r| r.path == IN_PROCESS && r.concurrency == row.concurrency) else {
+                continue;
+            };
+            println!(
+                "  concurrency {:>3}: throughput x{:.2} of one server ({:.0} vs {:.0} hb/s), p99 {} vs {} us",
+                row.concurrency,
+                row.per_second / one.per_second,
+                row.per_second,
+                one.per_second,
+                row.p99_us,
+                one.p99_us
+            );
+        }
+        let calls: Vec<String> = trips.by_call.iter().map(|(name, per)| format!("{name} {per:.3}")).collect();
+        let commands: Vec<String> = trips.commands.iter().map(|(name, per)| format!("{name} {per:.3}")).collect();
+        println!(
+            "steady heartbeats on the Cluster without the ticker: client round trips per heartbeat {:.3} ({}); Redis \
+             commands per heartbeat {:.3} = {}",
+            trips.per_heartbeat,
+            calls.join(", "),
+            trips.commands_per_heartbeat,
+            commands.join(" + ")
+        );
+        Ok(ClusterRun { rows, trips })
     }
 
     const LOOPBACK: &str = "HTTP loopback, HttpTransport";
@@ -425,7 +508,7 @@ mod bench {
 
     /// `settings.repeats` runs after one warm-up; the median-throughput run, with every run's errors.
     async fn measure<F, Fut>(
-        server: &RedisServer,
+        servers: &[&RedisServer],
         path: &'static str,
         concurrency: usize,
         settings: &Settings,
@@ -439,7 +522,7 @@ mod bench {
         drive(concurrency, settings.warmup, members, send.clone()).await;
         let mut runs = Vec::with_capacity(settings.repeats);
         for _ in 0..settings.repeats {
-            runs.push(measure_once(server, path, concurrency, settings, members, send.clone()).await);
+            runs.push(measure_once(servers, path, concurrency, settings, members, send.clone()).await);
         }
         let errors: usize = runs.iter().map(|r| r.errors).sum();
         let first_error = runs.iter().map(|r| r.first_error.clone()).find(|e| !e.is_empty()).unwrap_or_default();
@@ -449,7 +532,7 @@ mod bench {
     }
 
     async fn measure_once<F, Fut>(
-        server: &RedisServer,
+        servers: &[&RedisServer],
         path: &'static str,
         concurrency: usize,
         settings: &Settings,
@@ -460,11 +543,11 @@ mod bench {
         F: Fn(HeartbeatRequest) -> Fut + Clone + Send + Sync + 'static,
         Fut: Future<Output = Result<HeartbeatResponse, String>> + Send + 'static,
     {
-        let before = commandstats(server);
+        let before = commandstats(servers);
         let started = Instant::now();
         let outcome = drive(concurrency, settings.heartbeats, members, send).await;
         let elapsed_s = started.elapsed().as_secs_f64();
-        let after = commandstats(server);
+        let after = commandstats(servers);
         let mut latencies = outcome.latencies_us;
         latencies.sort_unstable();
         let at = |q: f64| latencies.get(((latencies.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
@@ -545,16 +628,22 @@ mod bench {
         all
     }
 
-    /// `INFO commandstats` as command -> calls.
-    fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
-        let text: String = redis::from_redis_value(server.cmd(&["INFO", "commandstats"])).expect("INFO is text");
-        text.lines()
-            .filter_map(|line| {
-                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-                let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
-                Some((name.to_string(), calls))
-            })
-            .collect()
+    /// `INFO commandstats` as command -> calls, summed over `servers` (a Cluster's primaries).
+    fn commandstats(servers: &[&RedisServer]) -> BTreeMap<String, u64> {
+        let mut all = BTreeMap::new();
+        for server in servers {
+            let text: String = redis::from_redis_value(server.cmd(&["INFO", "commandstats"])).expect("INFO is text");
+            for line in text.lines() {
+                let Some((name, rest)) = line.strip_prefix("cmdstat_").and_then(|l| l.split_once(':')) else {
+                    continue;
+                };
+                let Some(calls) = rest.split(',').find_map(|kv| kv.strip_prefix("calls=")?.parse::<u64>().ok()) else {
+                    continue;
+                };
+                *all.entry(name.to_string()).or_default() += calls;
+            }
+        }
+        all
     }
 
     /// Store calls per steady heartbeat, counted by a wrapper (each call is one round trip).
@@ -569,7 +658,7 @@ mod bench {
     }
 
     async fn count_round_trips(
-        server: &RedisServer,
+        servers: &[&RedisServer],
         store: &RedisStore,
         members: &Arc<Vec<HeartbeatRequest>>,
         settings: &Settings,
@@ -585,9 +674,9 @@ mod bench {
         drive(4, settings.warmup, members, send.clone()).await;
         calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let heartbeats = settings.heartbeats.min(10_000);
-        let before = commandstats(server);
+        let before = commandstats(servers);
         let outcome = drive(4, heartbeats, members, send).await;
-        let after = commandstats(server);
+        let after = commandstats(servers);
         if outcome.errors > 0 {
             return Err(format!("round-trip pass: {} errors ({:?})", outcome.errors, outcome.first_error));
         }
