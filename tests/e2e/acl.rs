@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::e2e_support::checks::shares_all;
 use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, Fleet};
 use crate::e2e_support::ground_truth::assert_no_split;
-use crate::e2e_support::process::{serve_expecting_exit, CoordinatorProcess};
+use crate::e2e_support::process::{cluster_target, serve_expecting_exit, CoordinatorProcess};
 use crate::e2e_support::{fast_config, group, wait_until, wait_until_explained};
 use crate::support::{RedisServer, ServerConfig};
 
@@ -195,6 +195,65 @@ async fn acl_story(user: AclUser) {
     }
     coordinator.assert_no_error_logged();
     eprintln!("ACL user {user:?}: {summary}");
+}
+
+/// The README's two users on a Redis Cluster, created on every node as the README says, with
+/// `+cluster|slots` added: the coordinator and the clients run the fenced flow with nothing denied
+/// on any node. (Without `+cluster|slots` the coordinator cannot read the slot map and exits 3.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_readme_users_run_the_whole_fenced_flow_on_a_cluster() {
+    const SHARDS: u32 = 6;
+    const MESSAGES: usize = 600;
+    let cluster = crate::support::redis_cluster::RedisCluster::start(3, 0);
+    let password = "e2e-acl-secret";
+    let group = group("acl-cluster");
+    for node in cluster.servers() {
+        for args in readme_acl_commands(password, &group.stream_prefix) {
+            node.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        }
+        for user in ["rsc-coordinator", "rsc-client"] {
+            node.cmd(&["ACL", "SETUSER", user, "+cluster|slots"]);
+        }
+        node.cmd(&["ACL", "LOG", "RESET"]);
+    }
+    let seeds = |user: &str| -> Vec<String> {
+        cluster.servers().iter().map(|n| format!("redis://{user}:{password}@127.0.0.1:{}", n.port())).collect()
+    };
+    let streams: Vec<String> = (0..SHARDS).map(|s| group.stream_key(s)).collect();
+    let primaries: std::collections::BTreeSet<u16> = streams.iter().map(|k| cluster.node_for_key(k).port()).collect();
+    assert!(primaries.len() >= 2, "the shards span primaries");
+
+    let coordinator = CoordinatorProcess::start(&cluster_target(&seeds("rsc-coordinator")), "e2e-acl-cluster").await;
+    coordinator.create_group(&group, SHARDS, &fast_config()).await;
+    let fleet = Fleet::new(group.clone(), vec![coordinator.addr()], cluster_target(&seeds("rsc-client")));
+    let a = fleet.consumer("alpha", AppSettings::default()).await;
+    let b = fleet.consumer("bravo", AppSettings::default()).await;
+    wait_until("two consumers share the shards", Duration::from_secs(15), || shares_all(&[&a, &b], SHARDS)).await;
+    let producer = fleet.producer("producer").await;
+    producer.publish_paced(0..MESSAGES, 2_000).await;
+    let ledger = fleet.ledger.clone();
+    wait_until_explained(
+        "every message acked",
+        Duration::from_secs(20),
+        || ledger.acked_distinct() >= MESSAGES,
+        || fleet.explain(),
+    )
+    .await;
+    assert_no_split(&fleet.reads);
+    let summary = check_delivery(&ledger, &abandoned_entries(&fleet.events()));
+    a.close(Duration::from_secs(10)).await;
+    b.close(Duration::from_secs(10)).await;
+    for node in cluster.servers() {
+        let denials = node.cmd(&["ACL", "LOG"]);
+        assert_eq!(denials, redis::Value::Array(vec![]), "nothing denied on node {}", node.port());
+    }
+    for shard in 0..SHARDS {
+        let key = rsc::store::keys::fence_key(&group, shard);
+        assert_ne!(cluster.node_for_key(&key).cmd(&["HGET", &key, "counter"]), redis::Value::Nil, "{key} raised");
+    }
+    assert!(!coordinator.log().contains(password), "the password never reaches the log");
+    coordinator.assert_no_error_logged();
+    eprintln!("README users on a 3-primary Cluster ({} primaries hold the shards): {summary}", primaries.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
