@@ -14,8 +14,9 @@
 //! 6. metadata edited behind the coordinator's back fails closed and is never overwritten;
 //!
 //! plus shards added under traffic through the admin CLI (`reshard`), a read still on its way
-//! to Redis when its shard is revoked (`slow_reads`), a consumer process stopped past its lease
-//! whose reads, acks and claims after its shards moved are all refused at Redis (`fencing`), new connections after SIGTERM getting the
+//! to Redis when its shard is revoked (`slow_reads`), the whole fleet on a Redis Cluster through
+//! a slot migration under traffic and a failover that loses metadata writes (`cluster`), a
+//! consumer process stopped past its lease whose reads, acks and claims after its shards moved are all refused at Redis (`fencing`), new connections after SIGTERM getting the
 //! documented answers (`shutdown`), TLS and mutual TLS on the listener (`https`), what
 //! `/metrics` exposes (`metrics_exposure`), and the previous release's coordinator and consumer
 //! next to this build's through a rolling update and back (`mixed_versions`), with the wire rule
@@ -42,6 +43,8 @@ mod support;
 mod acl;
 #[path = "e2e/bad_input.rs"]
 mod bad_input;
+#[path = "e2e/cluster.rs"]
+mod cluster;
 #[path = "e2e/corruption.rs"]
 mod corruption;
 #[path = "e2e/crash.rs"]

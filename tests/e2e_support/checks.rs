@@ -38,9 +38,15 @@ pub fn stored_versions(server: &RedisServer, group: &GroupId) -> (u64, u64) {
 /// `revision` and `metadataVersion` of the group as stored on `server`; `None` if absent.
 pub fn try_stored_versions(server: &RedisServer, group: &GroupId) -> Option<(u64, u64)> {
     let key = rsc::store::keys::metadata_key(group);
-    let fields = server.cmd(&["HMGET", &key, "revision", "aggregate"]);
+    versions_in(server.cmd(&["HMGET", &key, "revision", "aggregate"]))
+}
+
+/// `revision` and `metadataVersion` from the reply to `HMGET <metadata key> revision aggregate`
+/// (sent however the caller reaches the node, e.g. after `READONLY` on a cluster replica);
+/// `None` if the key is absent.
+pub fn versions_in(reply: redis::Value) -> Option<(u64, u64)> {
     let (revision, aggregate): (Option<String>, Option<String>) =
-        redis::from_redis_value(fields).expect("metadata fields");
+        redis::from_redis_value(reply).expect("metadata fields");
     let aggregate: serde_json::Value = serde_json::from_str(&aggregate?).expect("aggregate JSON");
     Some((revision?.parse().expect("revision"), aggregate["metadataVersion"].as_u64().expect("metadataVersion")))
 }

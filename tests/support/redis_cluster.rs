@@ -294,21 +294,20 @@ impl RedisCluster {
         if keys.is_empty() {
             return 0;
         }
-        // No REPLACE: a key on both sides would mean a client wrote to the target a key that
-        // still existed on the source, which the protocol forbids; that must fail loudly.
-        let reply: Value = redis::cmd("MIGRATE")
-            .arg("127.0.0.1")
-            .arg(slot_move.target_port)
-            .arg("")
-            .arg(0)
-            .arg(MIGRATE_TIMEOUT_MS)
-            .arg("KEYS")
-            .arg(&keys)
-            .query(&mut conn)
-            .unwrap_or_else(|e| panic!("MIGRATE of slot {}: {e}", slot_move.slot));
-        // NOKEY: every key of the batch was deleted meanwhile; the next batch looks again.
-        assert!(matches!(&reply, Value::Okay) || text(reply.clone()) == "NOKEY", "MIGRATE answered {reply:?}");
+        migrate(&mut conn, slot_move, &keys);
         keys.len()
+    }
+
+    /// Migrates exactly `keys` (of the moving slot) in one `MIGRATE`, for tests that split keys
+    /// used together (a script's keys, a multi-key read) between the two primaries on purpose:
+    /// until the others follow, commands naming both get `TRYAGAIN`. A key already moved or
+    /// deleted is skipped.
+    pub fn migrate_named_keys(&self, slot_move: &SlotMove, keys: &[&str]) {
+        let source = self.server(slot_move.source_port);
+        let slot = slot_move.slot;
+        assert!(keys.iter().all(|k| self.slot_of(k) == slot), "{keys:?} are not all in slot {slot}");
+        let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.as_bytes().to_vec()).collect();
+        migrate(&mut connect(source), slot_move, &keys);
     }
 
     /// Last step of [`Self::move_slot`]: assigns the slot to the target on every primary (the
@@ -465,6 +464,46 @@ fn start_node(config: &ClusterConfig) -> RedisServer {
         }
     }
     unreachable!("the loop returns or panics")
+}
+
+/// One `MIGRATE` of `keys` from the source of `slot_move` (on `conn`) to its target.
+fn migrate(conn: &mut redis::Connection, slot_move: &SlotMove, keys: &[Vec<u8>]) {
+    // No REPLACE: a key on both sides would mean a client wrote to the target a key that still
+    // existed on the source, which the protocol forbids; that must fail loudly.
+    let reply: Value = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(slot_move.target_port)
+        .arg("")
+        .arg(0)
+        .arg(MIGRATE_TIMEOUT_MS)
+        .arg("KEYS")
+        .arg(keys)
+        .query(conn)
+        .unwrap_or_else(|e| panic!("MIGRATE of slot {}: {e}; {}", slot_move.slot, on_both_sides(slot_move, keys)));
+    // NOKEY: no key of the batch is on the source (deleted meanwhile, or moved already).
+    assert!(matches!(&reply, Value::Okay) || text(reply.clone()) == "NOKEY", "MIGRATE answered {reply:?}");
+}
+
+/// Which of `keys` exist on both the source and the target of `slot_move` (with their types and
+/// TTLs), for the message of a failed `MIGRATE`.
+fn on_both_sides(slot_move: &SlotMove, keys: &[Vec<u8>]) -> String {
+    let describe = |port: u16, key: &[u8]| -> Option<String> {
+        let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?.get_connection().ok()?;
+        redis::cmd("ASKING").query::<()>(&mut conn).ok()?;
+        let kind: String = redis::cmd("TYPE").arg(key).query(&mut conn).ok()?;
+        let ttl_ms: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).ok()?;
+        (kind != "none").then(|| format!("{kind}, pttl {ttl_ms}"))
+    };
+    let both: Vec<String> = keys
+        .iter()
+        .filter_map(|key| {
+            let name = String::from_utf8_lossy(key);
+            let source = describe(slot_move.source_port, key)?;
+            let target = describe(slot_move.target_port, key)?;
+            Some(format!("{name} (source: {source}; target: {target})"))
+        })
+        .collect();
+    format!("keys on both sides just after the failure: {both:?}")
 }
 
 fn connect(node: &RedisServer) -> redis::Connection {

@@ -55,15 +55,29 @@ impl MetadataStore for RedisStore {
     ) -> Result<TouchCheck, StoreError> {
         let metadata = keys::metadata_key(group);
         let liveness_key = keys::liveness_key(group);
-        let mut pipe = ::redis::pipe();
-        pipe.cmd("HINCRBY").arg(&liveness_key).arg(member).arg(1);
-        pipe.cmd("HMGET").arg(&metadata).arg(&[
+        let mut touch = ::redis::cmd("HINCRBY");
+        touch.arg(&liveness_key).arg(member).arg(1);
+        let mut stamp_read = ::redis::cmd("HMGET");
+        stamp_read.arg(&metadata).arg(&[
             keys::FIELD_REVISION,
             keys::FIELD_WRITE_ID,
             keys::FIELD_SCHEMA_VERSION,
             keys::FIELD_LAYOUT_VERSION,
         ]);
-        let (liveness, stamp): (u64, Vec<Value>) = self.pipeline("HINCRBY+HMGET", pipe).await?;
+        let (liveness, stamp): (u64, Vec<Value>) = if self.is_cluster() {
+            // Two requests, sent together, never one pipeline: the `redis` crate follows an ASK
+            // redirect of a pipeline by sending the whole pipeline to the importing node after
+            // one ASKING, which covers only its first command. While a slot migration has moved
+            // the metadata key but not the liveness hash, the HINCRBY then ran on the importing
+            // node too, creating a second liveness hash there (MIGRATE of the real one then
+            // fails with BUSYKEY), and the HMGET bounced (MOVED, ASK, ...) until the deadline.
+            // Each command on its own follows ASK correctly; the pipeline was never atomic.
+            futures_util::future::try_join(self.query("HINCRBY", touch), self.query("HMGET", stamp_read)).await?
+        } else {
+            let mut pipe = ::redis::pipe();
+            pipe.add_command(touch).add_command(stamp_read);
+            self.pipeline("HINCRBY+HMGET", pipe).await?
+        };
         let [revision, write_id, schema_version, layout_version] = stamp.as_slice() else {
             return Err(StoreError::Protocol(format!("stamp read returned {} fields, expected 4", stamp.len())));
         };

@@ -21,8 +21,9 @@
 //!   create (`expected: None`) fails with `RevisionConflict { current }` when the key exists. A
 //!   key without a `revision` field, or a partially written hash, is `Layout` (never
 //!   overwritten).
-//! - `touch_and_check` pipelines HINCRBY + HMGET of the stamp fields; it returns the full record
-//!   only when the stamp differs, and deletes a liveness hash it may have created for an absent
+//! - `touch_and_check` pipelines HINCRBY + HMGET of the stamp fields (on a Cluster: two requests
+//!   sent together, see `metadata.rs`); it returns the full record only when the stamp differs,
+//!   and deletes a liveness hash it may have created for an absent
 //!   metadata key (forget-liveness script).
 //! - `touch_and_load` increments the counter only when the metadata key exists; for an absent key
 //!   it writes nothing and returns `liveness: 0, record: None`, so heartbeats for made-up groups
@@ -88,6 +89,13 @@ use crate::store::StoreError;
 
 pub use self::sentinel::{parse_sentinel_address, url_names_master, RedisSentinelOptions};
 pub use self::tls::RedisTlsOptions;
+
+/// Shortest wait (ms) of the Cluster client before it retries a command answered `TRYAGAIN`,
+/// `CLUSTERDOWN` or `MASTERDOWN` (the crate's default is 1,280 ms; see `open_cluster`). The
+/// n-th retry waits a random time between this and `10 × 2^n` ms (the crate's formula).
+const CLUSTER_RETRY_WAIT_MS_MIN: u64 = 10;
+/// Longest such wait (ms); the store's deadline (`timeout_ms`) still bounds the whole call.
+const CLUSTER_RETRY_WAIT_MS_MAX: u64 = 500;
 
 /// Tuning of a [`RedisStore`]. `Default` gives production values.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -248,10 +256,18 @@ impl RedisStore {
         }
         let redactor = Redactor::new(infos[0].redis_settings().password());
         // The crate's per-request response timeout is set beyond any blocking read: the deadline
-        // of every round trip is the store's (see `conn.rs`).
+        // of every round trip is the store's (see `conn.rs`). Its default wait before retrying
+        // TRYAGAIN, CLUSTERDOWN or MASTERDOWN is at least 1.28 s, which with the default 2 s
+        // deadline makes one retry nearly the whole budget and a second impossible: a command
+        // naming two keys that a slot migration has split (a gated read: gate and stream) then
+        // failed as `Unavailable` although the keys were together again a few hundred
+        // milliseconds later. Waits of at most 10, 20, 40, ... ms (and `CLUSTER_RETRY_WAIT_MS_MAX`)
+        // retry such a command several times within the deadline.
         let client = ::redis::cluster::ClusterClientBuilder::new(infos)
             .connection_timeout(std::time::Duration::from_millis(options.timeout_ms.max(1)))
             .response_timeout(std::time::Duration::from_secs(24 * 3600))
+            .min_retry_wait(CLUSTER_RETRY_WAIT_MS_MIN)
+            .max_retry_wait(CLUSTER_RETRY_WAIT_MS_MAX)
             .build()
             .map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))?;
         let conn = Connector::new(Target::Cluster(client), options.timeout_ms, redactor, Redactor::default());
