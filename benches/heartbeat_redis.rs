@@ -737,6 +737,8 @@ mod bench {
         release_mutex(group: &GroupId, token: &str) -> bool;
         index_add(group: &GroupId) -> ();
         index_members() -> Vec<GroupId>;
+        tick_roster(instance: &str) -> BTreeMap<String, u64>;
+        forget_tickers(instances: &[String]) -> ();
         rebuild_index() -> Vec<GroupId>;
         identity() -> ServerIdentity;
         probe() -> ProbeReport;

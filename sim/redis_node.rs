@@ -58,6 +58,8 @@ pub enum Command {
     ReleaseMutex(GroupId, String),
     IndexAdd(GroupId),
     IndexMembers,
+    TickRoster(String),
+    ForgetTickers(Vec<String>),
     RebuildIndex,
     Identity,
     Probe,
@@ -119,6 +121,8 @@ impl Command {
             Command::ReleaseMutex(_, t) => format!("MUTEX- {t}"),
             Command::IndexAdd(_) => "SADD index".into(),
             Command::IndexMembers => "SMEMBERS index".into(),
+            Command::TickRoster(i) => format!("ROSTER {i}"),
+            Command::ForgetTickers(i) => format!("ROSTER- {}", i.join(",")),
             Command::RebuildIndex => "SCAN index".into(),
             Command::Identity => "INFO".into(),
             Command::Probe => "PROBE".into(),
@@ -206,6 +210,8 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder, s
         Command::ReleaseMutex(g, t) => Box::new(store.release_mutex(&g, &t).await),
         Command::IndexAdd(g) => Box::new(store.index_add(&g).await),
         Command::IndexMembers => Box::new(store.index_members().await),
+        Command::TickRoster(i) => Box::new(store.tick_roster(&i).await),
+        Command::ForgetTickers(i) => Box::new(store.forget_tickers(&i).await),
         Command::RebuildIndex => Box::new(store.rebuild_index().await),
         Command::Identity => Box::new(store.identity().await),
         Command::Probe => Box::new(store.probe().await),
@@ -463,6 +469,14 @@ impl MetadataStore for RemoteStore {
 
     async fn rebuild_index(&self) -> Result<Vec<GroupId>, StoreError> {
         self.call(Command::RebuildIndex).await
+    }
+
+    async fn tick_roster(&self, instance: &str) -> Result<BTreeMap<String, u64>, StoreError> {
+        self.call(Command::TickRoster(instance.to_string())).await
+    }
+
+    async fn forget_tickers(&self, instances: &[String]) -> Result<(), StoreError> {
+        self.call(Command::ForgetTickers(instances.to_vec())).await
     }
 
     async fn identity(&self) -> Result<ServerIdentity, StoreError> {

@@ -623,3 +623,119 @@ async fn idle_groups_are_not_read_by_every_tick() {
         assert_eq!(c.store().reads() - before, 2, "the group just written to is ticked at the next pass");
     }
 }
+
+/// Instances share the ticks of quiet groups through the tick roster: with three instances on one
+/// store each quiet group is read by one of them, and when one stops ticking, the others take its
+/// groups over once its silence passes (`ticker_silence_ms`). With sharing off every instance reads
+/// every group. Deferral is off here (audit 0), so only ownership decides who reads.
+#[tokio::test]
+async fn quiet_groups_are_ticked_by_one_instance_and_a_silent_ones_groups_are_taken_over() {
+    const GROUPS: usize = 30;
+    for silence_ms in [200, 0] {
+        let store = MemoryStore::new(12);
+        let instance = |id: &str| {
+            let options = CoordinatorOptions {
+                instance_id: id.into(),
+                max_assignment_lease_ms: fast_config().assignment_lease_ms,
+                idle_group_audit_ms: 0,
+                ticker_silence_ms: silence_ms,
+                ..CoordinatorOptions::default()
+            };
+            Coordinator::new(held::HeldStore::new(store.connect()), options)
+        };
+        let coordinators = [instance("c1"), instance("c2"), instance("c3")];
+        for c in &coordinators {
+            c.start().await.expect("probe");
+        }
+        for g in 0..GROUPS {
+            let group = GroupId::new("orders", format!("g{g}"));
+            coordinators[0]
+                .admin(AdminRequest::CreateGroup { group, shard_count: 1, config: fast_config() })
+                .await
+                .expect("create");
+        }
+        // Two passes each: every instance has read the roster with all three counting.
+        for _ in 0..2 {
+            for c in &coordinators {
+                c.tick_all().await;
+            }
+        }
+        let pass = |cs: &[&Coordinator<held::HeldStore>]| {
+            let cs: Vec<Coordinator<held::HeldStore>> = cs.iter().map(|c| (*c).clone()).collect();
+            async move {
+                let before: Vec<u64> = cs.iter().map(|c| c.store().reads()).collect();
+                for c in &cs {
+                    c.tick_all().await;
+                }
+                cs.iter().zip(before).map(|(c, b)| c.store().reads() - b).collect::<Vec<u64>>()
+            }
+        };
+        let all: Vec<&Coordinator<held::HeldStore>> = coordinators.iter().collect();
+        let reads = pass(&all).await;
+        if silence_ms == 0 {
+            assert_eq!(reads, vec![GROUPS as u64; 3], "no sharing: every instance reads every group");
+            continue;
+        }
+        // Memberless groups: a tick reads only the record, so reads are groups ticked.
+        assert_eq!(reads.iter().sum::<u64>(), GROUPS as u64, "each group ticked once: {reads:?}");
+        assert!(reads.iter().all(|r| *r > 0), "the groups are spread over the instances: {reads:?}");
+        // c3 stops ticking (it died): within the silence c1 and c2 still leave its groups to it,
+        // after it they take them over.
+        let survivors: Vec<&Coordinator<held::HeldStore>> = coordinators[..2].iter().collect();
+        let reads = pass(&survivors).await;
+        assert!(reads.iter().sum::<u64>() < GROUPS as u64, "c3's groups wait out its silence: {reads:?}");
+        tokio::time::sleep(Duration::from_millis(silence_ms + 50)).await;
+        pass(&survivors).await;
+        let reads = pass(&survivors).await;
+        assert_eq!(reads.iter().sum::<u64>(), GROUPS as u64, "c1 and c2 tick every group now: {reads:?}");
+        // A write through an instance that does not own the group: that instance ticks the group
+        // at its next passes (it knows a wait may have started; the owner may have deferred it).
+        let (c1, c2) = (survivors[0], survivors[1]);
+        let busy = (0..GROUPS)
+            .map(|g| GroupId::new("orders", format!("g{g}")))
+            .find(|g| !c1.owns_tick(g) && c2.owns_tick(g))
+            .expect("c2 owns some group");
+        let base = pass(&[c1]).await[0];
+        let joined = c1.heartbeat(HeartbeatRequest { group: busy.clone(), ..join("a") }).await.expect("join");
+        assert_eq!(joined.status, HeartbeatStatus::Ok);
+        let after_write = pass(&[c1]).await[0];
+        assert_eq!(after_write, base + 2, "c1 also ticks the group it wrote: its record and liveness");
+    }
+}
+
+/// A refusal from a stale decoded cache is re-read before it stands. Found by the simulation
+/// (`standard` seed 31 once instances shared their ticks): a consumer restarted under the same
+/// member id was refused `MEMBER_ID_IN_USE` by an instance whose cache still held the old
+/// incarnation long after another instance expired it; a refused heartbeat never touches the
+/// store, and that instance no longer ticked the group, so nothing refreshed its cache.
+#[tokio::test]
+async fn a_refusal_from_a_stale_cache_is_checked_against_the_store() {
+    let store = MemoryStore::new(13);
+    let instance = |id: &str| {
+        let options = CoordinatorOptions {
+            instance_id: id.into(),
+            max_assignment_lease_ms: fast_config().assignment_lease_ms,
+            ..CoordinatorOptions::default()
+        };
+        Coordinator::new(store.connect(), options)
+    };
+    let (c1, c2) = (instance("c1"), instance("c2"));
+    for c in [&c1, &c2] {
+        c.start().await.expect("probe");
+    }
+    c1.admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() })
+        .await
+        .expect("create");
+    // The first incarnation joins through c2, which caches the group with its session.
+    let first = c2.heartbeat(join("a")).await.expect("join");
+    assert_eq!(first.status, HeartbeatStatus::Ok);
+    // It dies; c1 expires it (c2 does not tick).
+    c1.tick_all().await;
+    tokio::time::sleep(Duration::from_millis(fast_config().member_lease_ttl_ms + 100)).await;
+    c1.tick_all().await;
+    assert!(c1.describe(&group()).await.expect("describe").metadata.members.is_empty(), "expired");
+    // A new process with the same member id and another session joins through c2.
+    let restarted = HeartbeatRequest { member_session: Some(MemberSession("f".repeat(64))), ..join("a") };
+    let answer = c2.heartbeat(restarted).await.expect("the new incarnation is admitted");
+    assert_eq!(answer.status, HeartbeatStatus::Ok);
+}

@@ -39,6 +39,8 @@ use crate::core::{
 use crate::metrics::Metrics;
 use crate::store::{MetadataStore, ProbeReport, ServerIdentity, TouchCheck, WriteOutcome};
 
+use super::roster::Roster;
+
 /// Tunables of one coordinator process.
 #[derive(Clone, Debug)]
 pub struct CoordinatorOptions {
@@ -58,6 +60,11 @@ pub struct CoordinatorOptions {
     /// a deletion of its metadata by hand, or work another instance left behind when it died, is
     /// seen within it. 0: tick every group every pass.
     pub idle_group_audit_ms: u64,
+    /// How long another instance's ticker may stay silent in the tick roster before this instance
+    /// stops counting it live (`service::roster`): instances share the ticks of quiet groups, one
+    /// owner each, and a dead instance's groups are taken over within this plus one pass. 0: no
+    /// sharing (every instance ticks every group it does not defer).
+    pub ticker_silence_ms: u64,
     /// Seeds mutex tokens and retry jitter.
     pub rng_seed: u64,
     /// The longest assignment lease this instance lets a group configure (like Kafka's
@@ -80,12 +87,25 @@ impl Default for CoordinatorOptions {
             cas_attempts_max: 8,
             tick_interval_ms: 250,
             idle_group_audit_ms: 120_000,
+            ticker_silence_ms: TICKER_SILENCE_MS_DEFAULT,
             rng_seed: 0,
             max_assignment_lease_ms: MAX_ASSIGNMENT_LEASE_MS_DEFAULT,
             planted: PlantedBugs::NONE,
         }
     }
 }
+
+/// Default [`CoordinatorOptions::ticker_silence_ms`]: twelve default tick periods, so a pass slowed
+/// by a busy store does not make an instance look dead.
+pub const TICKER_SILENCE_MS_DEFAULT: u64 = 3_000;
+
+/// Least time between two re-reads of a group's record for heartbeats its cached state refuses
+/// ([`Coordinator::recheck_refused_session`]).
+const SESSION_RECHECK_MS: u64 = 1_000;
+
+/// Instances silent this long are removed from the tick roster (it would otherwise collect every
+/// instance id a deployment ever ran).
+const TICKER_FORGET_MS: u64 = 600_000;
 
 /// What `describe` returns: the recorded metadata and its store bookkeeping.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +140,13 @@ pub(super) struct LocalState {
     /// Idle groups the ticker skips until the instant (and only within the identity generation)
     /// it computed; cleared by any write to the group through this process.
     pub(super) deferred: BTreeMap<GroupId, Deferred>,
+    /// Groups written through this process since it last found them idle: ticked here whoever
+    /// owns them, so a wait this process started is not left to an owner that deferred the group.
+    pub(super) dirty: BTreeSet<GroupId>,
+    /// When a session refusal last re-read each group's record (rate limit of the re-read).
+    pub(super) session_rechecked: BTreeMap<GroupId, Instant>,
+    /// The tick roster as this process read it (who owns which quiet group).
+    pub(super) roster: Roster,
     pub(super) rng: SmallRng,
     /// Draws `writeId`s.
     pub(super) write_rng: SmallRng,
@@ -178,6 +205,9 @@ impl<S: MetadataStore> Coordinator<S> {
             missing_at_tick: BTreeSet::new(),
             identity_suspect: false,
             deferred: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            session_rechecked: BTreeMap::new(),
+            roster: Roster::default(),
             rng: SmallRng::seed_from_u64(options.rng_seed),
             write_rng: SmallRng::seed_from_u64(options.rng_seed ^ WRITE_ID_SALT),
         };
@@ -296,7 +326,9 @@ impl<S: MetadataStore> Coordinator<S> {
                 self.decode_counted(&req.group, &record)?
             }
         };
-        check_session(&known, req, self.inner.options.planted).inspect_err(|e| self.count_session_refused(e))?;
+        if let Err(refused) = check_session(&known, req, self.inner.options.planted) {
+            self.recheck_refused_session(req, refused).await?;
+        }
         let touched = match self.inner.cache.get(&req.group) {
             Some(cached) => match store.touch_and_check(&req.group, &req.member_id, &cached.stamp).await {
                 Ok(TouchCheck::Unchanged { .. }) => return Ok((Arc::clone(&cached.metadata), cached.stamp.revision)),
@@ -313,6 +345,39 @@ impl<S: MetadataStore> Coordinator<S> {
             return Err(self.missing(&req.group, client_knows).await);
         };
         Ok((self.decode_counted(&req.group, &record)?, record.revision))
+    }
+
+    /// A session refused against the decoded cache: the cache may be stale (another instance
+    /// wrote the group since, and this process may not tick it: the tick roster gives its quiet
+    /// ticks to one owner), and a refusal never touches the store, so nothing else would refresh
+    /// it while the refused process retries (a restarted consumer would be refused
+    /// `MEMBER_ID_IN_USE` long after its old incarnation expired). So the record is read again
+    /// — without a liveness touch — at most once per `SESSION_RECHECK_MS` per group (a forger's
+    /// retries cost no more), and the session checked against it. Err: the refusal stands.
+    async fn recheck_refused_session(&self, req: &HeartbeatRequest, refused: ApiError) -> Result<(), ApiError> {
+        let now = Instant::now();
+        let due = {
+            let mut local = self.local();
+            let due = local
+                .session_rechecked
+                .get(&req.group)
+                .is_none_or(|at| now.saturating_duration_since(*at) >= Duration::from_millis(SESSION_RECHECK_MS));
+            if due {
+                local.session_rechecked.insert(req.group.clone(), now);
+            }
+            due
+        };
+        if !due {
+            self.count_session_refused(&refused);
+            return Err(refused);
+        }
+        let record = self.inner.store.load(&req.group).await.map_err(|e| self.group_store_error(&req.group, e))?;
+        let Some(record) = record else {
+            let client_knows = req.member_epoch > 0 || req.metadata_version > 0;
+            return Err(self.missing(&req.group, client_knows).await);
+        };
+        let fresh = self.decode_counted(&req.group, &record)?;
+        check_session(&fresh, req, self.inner.options.planted).inspect_err(|e| self.count_session_refused(e))
     }
 
     fn heartbeat_decision(
@@ -534,8 +599,12 @@ impl<S: MetadataStore> Coordinator<S> {
         self.inner.cache.retain(|group| indexed.contains(group));
         self.local().reads.retain(|group| indexed.contains(group));
         self.local().deferred.retain(|group, _| indexed.contains(group));
+        self.local().dirty.retain(|group| indexed.contains(group));
+        self.local().session_rechecked.retain(|group, _| indexed.contains(group));
         self.forget_unindexed_absent_groups(&indexed).await;
         drop(indexed);
+        self.read_roster().await;
+        let mut not_mine = 0u64;
         for group in groups {
             if self.is_terminating() {
                 return;
@@ -543,10 +612,78 @@ impl<S: MetadataStore> Coordinator<S> {
             if self.tick_deferred(&group) {
                 continue;
             }
+            if !self.ticks_here(&group) {
+                not_mine += 1;
+                continue;
+            }
             if let Err(error) = self.tick_group(&group).await {
                 tracing::debug!(%group, ?error, "tick failed");
             }
         }
+        self.inner.metrics.set(
+            "rsc_ticker_groups_left_to_owner",
+            "Indexed groups the last pass left to another instance (the owner in the tick roster).",
+            vec![],
+            not_mine as f64,
+        );
+    }
+
+    /// Counts this pass in the tick roster and reads who else ticks (sharing on). A failed read
+    /// keeps the last live set: ownership never depends on a store that did not answer.
+    async fn read_roster(&self) {
+        let silence_ms = self.inner.options.ticker_silence_ms;
+        if silence_ms == 0 {
+            return;
+        }
+        let me = &self.inner.options.instance_id;
+        let roster = match self.inner.store.tick_roster(me).await {
+            Ok(roster) => roster,
+            Err(e) => {
+                self.store_error(e);
+                return;
+            }
+        };
+        let (forgotten, live) = {
+            let mut local = self.local();
+            let silence = Duration::from_millis(silence_ms);
+            let forget = Duration::from_millis(TICKER_FORGET_MS.max(silence_ms));
+            let (forgotten, changed) = local.roster.observe(me, &roster, Instant::now(), silence, forget);
+            if changed {
+                tracing::info!(live = ?local.roster.live(), "tick roster changed");
+            }
+            (forgotten, local.roster.live().len())
+        };
+        self.inner.metrics.set(
+            "rsc_ticker_live_instances",
+            "Coordinator instances this one counts live in the tick roster (they share the ticks of quiet groups).",
+            vec![],
+            live as f64,
+        );
+        if !forgotten.is_empty() {
+            if let Err(e) = self.inner.store.forget_tickers(&forgotten).await {
+                self.store_error(e);
+            }
+        }
+    }
+
+    /// Whether this process ticks `group` this pass (it is not deferred): it owns the group in
+    /// the tick roster, or wrote it since it last found it idle, or has evidence of lost writes
+    /// to record for it. Always, with sharing off.
+    fn ticks_here(&self, group: &GroupId) -> bool {
+        if self.inner.options.ticker_silence_ms == 0 {
+            return true;
+        }
+        let local = self.local();
+        let evidence_pending = local.regressed.contains_key(group)
+            || local.identity_generation > local.evidence_recorded.get(group).copied().unwrap_or(0);
+        evidence_pending || local.dirty.contains(group) || local.roster.owns(&self.inner.options.instance_id, group)
+    }
+
+    /// Whether this process owns `group`'s ticks in the tick roster as it last read it (true with
+    /// sharing off, or before the first read). For tests and operators' debugging.
+    #[doc(hidden)]
+    pub fn owns_tick(&self, group: &GroupId) -> bool {
+        self.inner.options.ticker_silence_ms == 0 || self.local().roster.owns(&self.inner.options.instance_id, group)
     }
 
     /// Runs `tick_all` every `tick_interval_ms` until terminating.
@@ -577,6 +714,10 @@ impl<S: MetadataStore> Coordinator<S> {
     fn defer_tick(&self, group: &GroupId, deferral_ms: Option<u64>) {
         let audit_ms = self.inner.options.idle_group_audit_ms;
         let mut local = self.local();
+        if deferral_ms.is_some() {
+            // Idle: from now on its owner ticks it.
+            local.dirty.remove(group);
+        }
         match deferral_ms.map(|ms| ms.min(audit_ms)).filter(|ms| *ms > 0) {
             Some(ms) => {
                 let deferred = Deferred {
@@ -593,7 +734,9 @@ impl<S: MetadataStore> Coordinator<S> {
 
     /// A write through this process may have made `group` busy: tick it at the next pass.
     pub(super) fn undefer_tick(&self, group: &GroupId) {
-        self.local().deferred.remove(group);
+        let mut local = self.local();
+        local.deferred.remove(group);
+        local.dirty.insert(group.clone());
     }
 
     async fn tick_group(&self, group: &GroupId) -> Result<(), ApiError> {

@@ -9,8 +9,11 @@ mod critical;
 mod marks;
 mod monitors;
 mod pruning;
+mod roster;
 pub mod shutdown;
 
-pub use coordinator::{Coordinator, CoordinatorOptions, GroupDescription, MAX_ASSIGNMENT_LEASE_MS_DEFAULT};
+pub use coordinator::{
+    Coordinator, CoordinatorOptions, GroupDescription, MAX_ASSIGNMENT_LEASE_MS_DEFAULT, TICKER_SILENCE_MS_DEFAULT,
+};
 #[doc(hidden)]
 pub use pruning::LocalSizes;

@@ -55,6 +55,9 @@ pub struct LocalSizes {
     pub regressed: usize,
     /// Indexed groups the last tick found without a metadata key.
     pub missing_at_tick: usize,
+    /// Groups whose ticks are deferred, written since they were idle, or whose refused sessions
+    /// were re-read (the ticker's and the session re-check's per-group state).
+    pub tick_state: usize,
     /// `/metrics` series with a `group` label.
     pub group_series: usize,
 }
@@ -69,6 +72,7 @@ impl LocalSizes {
             + self.evidence_recorded
             + self.regressed
             + self.missing_at_tick
+            + self.tick_state
             + self.group_series
     }
 }
@@ -85,6 +89,8 @@ impl<S: MetadataStore> Coordinator<S> {
             local.regressed.remove(group);
             local.missing_at_tick.remove(group);
             local.deferred.remove(group);
+            local.dirty.remove(group);
+            local.session_rechecked.remove(group);
         }
         let except: &[&str] = match why {
             Forget::Deleted => &[],
@@ -164,10 +170,12 @@ impl<S: MetadataStore> Coordinator<S> {
     /// The sizes of this process's per-group structures.
     #[doc(hidden)]
     pub fn debug_sizes(&self) -> LocalSizes {
-        let (view, marks, evidence_recorded, regressed, missing_at_tick) = {
+        let (view, marks, evidence_recorded, regressed, missing_at_tick, tick_state) = {
             let local = self.local();
             let view = local.view.groups().len();
-            (view, local.reads.len(), local.evidence_recorded.len(), local.regressed.len(), local.missing_at_tick.len())
+            let tick_state = local.deferred.len() + local.dirty.len() + local.session_rechecked.len();
+            let counts = (local.reads.len(), local.evidence_recorded.len(), local.regressed.len());
+            (view, counts.0, counts.1, counts.2, local.missing_at_tick.len(), tick_state)
         };
         LocalSizes {
             monitors: self.inner.monitors.len(),
@@ -177,6 +185,7 @@ impl<S: MetadataStore> Coordinator<S> {
             evidence_recorded,
             regressed,
             missing_at_tick,
+            tick_state,
             group_series: self.inner.metrics.labelled_series("group"),
         }
     }

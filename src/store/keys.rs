@@ -5,6 +5,8 @@ use crate::core::model::{GroupId, ShardId};
 
 /// The rebuildable group index (a set of hash-tag bodies `streamPrefix:consumerGroup`).
 pub const INDEX_KEY: &str = "redis-stream:coord:groups";
+/// The tick roster: a hash coordinator instance id -> ticker pass counter (`service::roster`).
+pub const TICK_ROSTER_KEY: &str = "redis-stream:coord:tickers";
 /// SCAN pattern matching every metadata key.
 pub const METADATA_SCAN_PATTERN: &str = "redis-stream:coord:{*}:metadata";
 

@@ -322,6 +322,16 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Rebuilds the index from a SCAN of metadata keys; returns the groups found, sorted.
     fn rebuild_index(&self) -> impl Future<Output = Result<Vec<GroupId>, StoreError>> + Send;
 
+    /// Counts one ticker pass of `instance` in the tick roster ([`keys::TICK_ROSTER_KEY`], a hash
+    /// instance -> pass counter: HINCRBY, then HGETALL, pipelined: two atomic steps other clients
+    /// may interleave) and returns every instance's counter. Coordinators share the tick work by
+    /// it (`service::roster`); it is never truth about anything else.
+    fn tick_roster(&self, instance: &str) -> impl Future<Output = Result<BTreeMap<String, u64>, StoreError>> + Send;
+
+    /// Removes `instances` from the tick roster (HDEL): those a coordinator saw silent for long.
+    /// A live instance that was removed adds itself again at its next pass.
+    fn forget_tickers(&self, instances: &[String]) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// The server's current identity.
     fn identity(&self) -> impl Future<Output = Result<ServerIdentity, StoreError>> + Send;
 

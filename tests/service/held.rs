@@ -120,6 +120,14 @@ impl MetadataStore for HeldStore {
     async fn index_members(&self) -> Result<Vec<GroupId>, StoreError> {
         self.inner.index_members().await
     }
+
+    async fn tick_roster(&self, instance: &str) -> Result<BTreeMap<String, u64>, StoreError> {
+        self.inner.tick_roster(instance).await
+    }
+
+    async fn forget_tickers(&self, instances: &[String]) -> Result<(), StoreError> {
+        self.inner.forget_tickers(instances).await
+    }
     async fn rebuild_index(&self) -> Result<Vec<GroupId>, StoreError> {
         self.inner.rebuild_index().await
     }

@@ -19,6 +19,7 @@
 //! instance_id = "coordinator-a"
 //! tick_interval_ms = 250
 //! idle_group_audit_ms = 120000                             # longest an idle group goes unticked (0: never skip)
+//! ticker_silence_ms = 3000                                 # another instance's ticker counts dead after (0: no sharing)
 //! max_assignment_lease_ms = 8000                           # longest lease a group may use; same on every instance
 //! mutex_ttl_ms = 2000
 //! mutex_attempts_max = 20
@@ -88,6 +89,7 @@ pub struct FileConfig {
     pub instance_id: Option<String>,
     pub tick_interval_ms: Option<u64>,
     pub idle_group_audit_ms: Option<u64>,
+    pub ticker_silence_ms: Option<u64>,
     pub max_assignment_lease_ms: Option<u64>,
     pub mutex_ttl_ms: Option<u64>,
     pub mutex_attempts_max: Option<u32>,
@@ -242,6 +244,7 @@ impl Settings {
             cas_attempts_max: file.cas_attempts_max.unwrap_or(defaults.cas_attempts_max),
             tick_interval_ms: args.tick_interval_ms.or(file.tick_interval_ms).unwrap_or(defaults.tick_interval_ms),
             idle_group_audit_ms: file.idle_group_audit_ms.unwrap_or(defaults.idle_group_audit_ms),
+            ticker_silence_ms: file.ticker_silence_ms.unwrap_or(defaults.ticker_silence_ms),
             rng_seed,
             max_assignment_lease_ms: args
                 .max_assignment_lease_ms

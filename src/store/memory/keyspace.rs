@@ -88,9 +88,31 @@ pub(super) struct Keyspace {
     index: BTreeSet<String>,
     /// Per-shard fence hashes (`…:fence:<group>`), by key.
     pub(super) fences: BTreeMap<String, Fence>,
+    /// The tick roster hash (instance -> pass counter). Not journaled: a rollback that lost
+    /// increments would only make a counter change again, which readers take as "alive", as they
+    /// do for every increment; nothing else depends on its values.
+    roster: BTreeMap<String, u64>,
 }
 
 impl Keyspace {
+    /// `HINCRBY redis-stream:coord:tickers <instance> 1`.
+    pub(super) fn count_ticker_pass(&mut self, instance: &str) {
+        let counter = self.roster.entry(instance.to_string()).or_default();
+        *counter = counter.saturating_add(1);
+    }
+
+    /// `HGETALL redis-stream:coord:tickers`.
+    pub(super) fn tick_roster(&self) -> BTreeMap<String, u64> {
+        self.roster.clone()
+    }
+
+    /// `HDEL redis-stream:coord:tickers <instance>...`.
+    pub(super) fn forget_tickers(&mut self, instances: &[String]) {
+        for instance in instances {
+            self.roster.remove(instance);
+        }
+    }
+
     fn liveness_of(&self, group: &GroupId, member: &str) -> u64 {
         self.liveness.get(group).and_then(|fields| fields.get(member)).copied().unwrap_or(0)
     }

@@ -574,6 +574,28 @@ impl MetadataStore for MemoryStore {
         self.call(&["SCAN", "SADD"], |inner| Ok(inner.rebuild_index())).await
     }
 
+    async fn tick_roster(&self, instance: &str) -> Result<BTreeMap<String, u64>, StoreError> {
+        // As RedisStore runs it: a pipeline of two atomic commands others may interleave.
+        let ((), roster) = self
+            .call_pipeline(
+                (&["HINCRBY"], |inner: &mut Inner| inner.keys.count_ticker_pass(instance)),
+                (&["HGETALL"], |inner: &mut Inner| inner.keys.tick_roster()),
+            )
+            .await?;
+        Ok(roster)
+    }
+
+    async fn forget_tickers(&self, instances: &[String]) -> Result<(), StoreError> {
+        if instances.is_empty() {
+            return Ok(());
+        }
+        self.call(&["HDEL"], |inner| {
+            inner.keys.forget_tickers(instances);
+            Ok(())
+        })
+        .await
+    }
+
     async fn identity(&self) -> Result<ServerIdentity, StoreError> {
         self.call(&["INFO"], |inner| Ok(inner.identity.clone())).await
     }

@@ -230,6 +230,38 @@ impl MetadataStore for RedisStore {
         Ok(found.into_iter().collect())
     }
 
+    async fn tick_roster(&self, instance: &str) -> Result<BTreeMap<String, u64>, StoreError> {
+        let mut count = ::redis::cmd("HINCRBY");
+        count.arg(keys::TICK_ROSTER_KEY).arg(instance).arg(1);
+        let mut read = ::redis::cmd("HGETALL");
+        read.arg(keys::TICK_ROSTER_KEY);
+        if self.is_cluster() {
+            // Two requests, as `touch_and_check` sends them there (a pipeline redirected by ASK
+            // mid-migration is resent whole after one ASKING); the read may then miss this
+            // pass's count, which changes nothing (a process always counts itself live).
+            let (_, roster): (Value, BTreeMap<String, u64>) =
+                futures_util::future::try_join(self.query("HINCRBY", count), self.query("HGETALL", read)).await?;
+            return Ok(roster);
+        }
+        let mut pipe = ::redis::pipe();
+        pipe.add_command(count).ignore().add_command(read);
+        let (roster,): (BTreeMap<String, u64>,) = self.pipeline("HINCRBY+HGETALL", pipe).await?;
+        Ok(roster)
+    }
+
+    async fn forget_tickers(&self, instances: &[String]) -> Result<(), StoreError> {
+        if instances.is_empty() {
+            return Ok(());
+        }
+        let mut cmd = ::redis::cmd("HDEL");
+        cmd.arg(keys::TICK_ROSTER_KEY);
+        for instance in instances {
+            cmd.arg(instance);
+        }
+        let _: Value = self.query("HDEL", cmd).await?;
+        Ok(())
+    }
+
     async fn identity(&self) -> Result<ServerIdentity, StoreError> {
         self.server_identity().await
     }
