@@ -4,9 +4,11 @@
 //! Starts its own `redis-server` on a free port (the integration-test harness in `tests/support`),
 //! creates N groups nobody joined (idle: nothing can come due without a request), then runs I
 //! in-process `Coordinator<RedisStore>` instances, each ticking every `tick_interval_ms` (250 ms)
-//! as `run_ticker` does, for a timed window. Per (N, I) two rows side by side in one run:
-//! `every pass` (`idle_group_audit_ms = 0`: every group read every pass, the ticker before idle
-//! groups were deferred) and `deferred` (the default audit period, 120 s). Measured over the
+//! as `run_ticker` does, for a timed window. Per (N, I), in one run:
+//! `every pass` (`idle_group_audit_ms = 0` and `ticker_silence_ms = 0`: every group read every pass
+//! by every instance, the ticker before idle groups were deferred), `shared` (instances share the
+//! groups through the tick roster), `deferred` (the default audit period, 120 s) and both (the
+//! defaults), four rows side by side. Measured over the
 //! window: Redis commands/s (`INFO stats` `total_commands_processed` delta, the INFO calls
 //! themselves excluded), this process's CPU (`/proc/self/stat`, all instances together) and the
 //! longest `tick_all` pass of any instance. The window starts after two passes, so the first pass
@@ -41,7 +43,7 @@ mod bench {
 
     use rsc::core::model::{GroupConfig, GroupId};
     use rsc::core::protocol::AdminRequest;
-    use rsc::service::{Coordinator, CoordinatorOptions};
+    use rsc::service::{Coordinator, CoordinatorOptions, TICKER_SILENCE_MS_DEFAULT};
     use rsc::store::redis::{RedisStore, RedisStoreOptions};
 
     use crate::support::cpu::process_cpu as cpu;
@@ -84,13 +86,14 @@ mod bench {
     }
 
     /// One timed window: `instances` coordinators ticking `groups` idle groups.
-    async fn measure(redis: &RedisServer, instances: usize, audit_ms: u64, window: Duration) -> Row {
+    async fn measure(redis: &RedisServer, instances: usize, audit_ms: u64, silence_ms: u64, window: Duration) -> Row {
         let mut coordinators = Vec::with_capacity(instances);
         for i in 0..instances {
             let store = RedisStore::connect(&redis.url(), RedisStoreOptions::default()).await.expect("connect");
             let options = CoordinatorOptions {
                 instance_id: format!("bench-{i}"),
                 idle_group_audit_ms: audit_ms,
+                ticker_silence_ms: silence_ms,
                 ..CoordinatorOptions::default()
             };
             let coordinator = Coordinator::new(store, options);
@@ -163,16 +166,21 @@ mod bench {
                 settings.window
             );
             println!(
-                "{:>7} {:>9}  {:>22} {:>22}  {:>9}  {:>17} {:>17}  {:>16} {:>16}",
+                "{:>7} {:>9}  {:>12} {:>12} {:>12} {:>12}  {:>9} {:>9} {:>9} {:>9}  {:>10} {:>10} {:>10} {:>10}",
                 "groups",
                 "instances",
-                "cmds/s every pass",
-                "cmds/s deferred",
-                "ratio",
-                "CPU% every pass",
-                "CPU% deferred",
-                "longest pass ev.",
-                "longest pass def."
+                "cmds/s every",
+                "shared",
+                "deferred",
+                "def.+shared",
+                "CPU% ev.",
+                "shared",
+                "deferred",
+                "def+sh",
+                "pass ms ev",
+                "shared",
+                "deferred",
+                "def+sh"
             );
             let mut created = 0;
             let mut ok = true;
@@ -180,31 +188,42 @@ mod bench {
                 create_groups(&redis, created, groups.max(created)).await;
                 created = created.max(groups);
                 for &instances in &settings.instances {
-                    let before = measure(&redis, instances, 0, settings.window).await;
-                    let after = measure(&redis, instances, 120_000, settings.window).await;
-                    let ratio = after.commands_per_s / before.commands_per_s.max(1e-9);
+                    // Every pass, no sharing: the ticker before idle groups were deferred and before
+                    // instances shared ticks. Then each change alone, then both (the defaults).
+                    let every = measure(&redis, instances, 0, 0, settings.window).await;
+                    let shared = measure(&redis, instances, 0, TICKER_SILENCE_MS_DEFAULT, settings.window).await;
+                    let deferred = measure(&redis, instances, 120_000, 0, settings.window).await;
+                    let both = measure(&redis, instances, 120_000, TICKER_SILENCE_MS_DEFAULT, settings.window).await;
+                    let rows = [&every, &shared, &deferred, &both];
+                    let ms = |row: &Row| row.longest_pass.as_secs_f64() * 1e3;
                     println!(
-                        "{:>7} {:>9}  {:>22.1} {:>22.1}  {:>8.3}x  {:>17.1} {:>17.1}  {:>13.1} ms {:>13.1} ms",
+                        "{:>7} {:>9}  {:>12.1} {:>12.1} {:>12.1} {:>12.1}  {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
                         groups,
                         instances,
-                        before.commands_per_s,
-                        after.commands_per_s,
-                        ratio,
-                        before.cpu_percent,
-                        after.cpu_percent,
-                        before.longest_pass.as_secs_f64() * 1e3,
-                        after.longest_pass.as_secs_f64() * 1e3
+                        rows[0].commands_per_s,
+                        rows[1].commands_per_s,
+                        rows[2].commands_per_s,
+                        rows[3].commands_per_s,
+                        rows[0].cpu_percent,
+                        rows[1].cpu_percent,
+                        rows[2].cpu_percent,
+                        rows[3].cpu_percent,
+                        ms(rows[0]),
+                        ms(rows[1]),
+                        ms(rows[2]),
+                        ms(rows[3])
                     );
-                    if settings.smoke && groups > 1 && after.commands_per_s >= before.commands_per_s {
+                    if settings.smoke && groups > 1 && deferred.commands_per_s >= every.commands_per_s {
                         eprintln!("deferred idle groups did not cost fewer commands ({groups} groups)");
                         ok = false;
                     }
                 }
             }
             println!(
-                "(commands that remain when deferred: per instance and pass, the identity check (INFO) and the \
-                 index (SMEMBERS), independent of the group count. Not in the window: each idle group's record \
-                 is read once per 120 s audit, one command, so N groups add N/120 commands/s per instance)"
+                "(commands that remain when deferred: per instance and pass, the identity check (INFO), the \
+                 index (SMEMBERS) and, shared, the tick roster (HINCRBY + HGETALL), independent of the group \
+                 count. Not in the window: each idle group's record is read once per 120 s audit, one command, \
+                 so N groups add N/120 commands/s per instance, or in all when shared)"
             );
             if ok {
                 ExitCode::SUCCESS
