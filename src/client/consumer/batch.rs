@@ -37,7 +37,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         let now_ms = self.shared.clock.now_ms();
         let mut seen: BTreeSet<(ShardId, EntryId)> = BTreeSet::new();
         let unique: Vec<&Delivery> = deliveries.iter().filter(|d| seen.insert((d.shard, d.entry.id))).collect();
-        let (group, batches) = self.shared.with_core(|core| {
+        let group = &self.shared.group;
+        let batches = self.shared.with_core(|core| {
             let mut batches: BTreeMap<ShardId, ShardBatch<'_>> = BTreeMap::new();
             for delivery in unique.iter().copied() {
                 core.check_ack(now_ms, delivery)?;
@@ -48,7 +49,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 });
                 batch.deliveries.push(delivery);
             }
-            Ok::<_, AckError>((core.config().group.clone(), batches))
+            Ok::<_, AckError>(batches)
         })?;
         // Fenced shards' XACKs go to the store as one call; unfenced ones each as its own XACK, all
         // concurrently.
@@ -56,7 +57,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             .iter()
             .filter_map(|(shard, batch)| {
                 Some(FencedAck {
-                    fence: FenceCheck { key: keys::fence_key(&group, *shard), fence: batch.fence? },
+                    fence: FenceCheck { key: keys::fence_key(group, *shard), fence: batch.fence? },
                     stream: batch.stream.to_string(),
                     ids: batch.deliveries.iter().map(|d| d.entry.id).collect(),
                 })

@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::core::model::ShardId;
+use crate::core::model::{GroupId, MemberId, ShardId};
 use crate::core::planted::PlantedBug;
 use crate::store::{keys, EntryId, FenceCheck, StoreError, StreamStore};
 
@@ -95,6 +95,9 @@ pub struct ConsumerStatus {
 
 struct Shared<T, S> {
     core: Mutex<ConsumerCore>,
+    /// The config's group and member id (the config never changes): read without the core's lock.
+    group: GroupId,
+    member_id: MemberId,
     transport: T,
     store: S,
     clock: Clock,
@@ -141,6 +144,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         // suspended: a resumed consumer then keeps reading on a lease that ended long ago.
         let clock = if config.planted.has(PlantedBug::LeaseOnStoppingClock) { env.clock.stopping() } else { env.clock };
         let shared = Arc::new(Shared {
+            group: config.group.clone(),
+            member_id: config.member_id.clone(),
             core: Mutex::new(ConsumerCore::new(config)),
             transport,
             store,
@@ -158,7 +163,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     }
 
     pub fn member_id(&self) -> String {
-        self.shared.lock().config().member_id.clone()
+        self.shared.member_id.clone()
     }
 
     /// The consumer's current state.
@@ -179,14 +184,12 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     pub async fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
         let now_ms = self.shared.clock.now_ms();
         self.shared.with_core(|core| core.check_ack(now_ms, delivery))?;
-        let (group, fence) = {
-            let core = self.shared.lock();
-            (core.config().group.clone(), core.fence_of(delivery.shard))
-        };
+        let group = &self.shared.group;
+        let fence = self.shared.lock().fence_of(delivery.shard);
         let ids = [delivery.entry.id];
         let acked = match fence {
             Some(fence) => {
-                let check = FenceCheck { key: keys::fence_key(&group, delivery.shard), fence };
+                let check = FenceCheck { key: keys::fence_key(group, delivery.shard), fence };
                 self.shared.store.fenced_xack(&check, &delivery.stream, &group.consumer_group, &ids).await
             }
             None => self.shared.store.xack(&delivery.stream, &group.consumer_group, &ids).await,
