@@ -37,7 +37,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         let now_ms = self.shared.clock.now_ms();
         let mut seen: BTreeSet<(ShardId, EntryId)> = BTreeSet::new();
         let unique: Vec<&Delivery> = deliveries.iter().filter(|d| seen.insert((d.shard, d.entry.id))).collect();
-        let (group, batches) = self.shared.with_core(|core| {
+        let group = &self.shared.group;
+        let batches = self.shared.with_core(|core| {
             let mut batches: BTreeMap<ShardId, ShardBatch<'_>> = BTreeMap::new();
             for delivery in unique.iter().copied() {
                 core.check_ack(now_ms, delivery)?;
@@ -48,7 +49,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 });
                 batch.deliveries.push(delivery);
             }
-            Ok::<_, AckError>((core.config().group.clone(), batches))
+            Ok::<_, AckError>(batches)
         })?;
         // Fenced shards' XACKs go to the store as one call; unfenced ones each as its own XACK, all
         // concurrently.
@@ -56,7 +57,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             .iter()
             .filter_map(|(shard, batch)| {
                 Some(FencedAck {
-                    fence: FenceCheck { key: keys::fence_key(&group, *shard), fence: batch.fence? },
+                    fence: FenceCheck { key: keys::fence_key(group, *shard), fence: batch.fence? },
                     stream: batch.stream.to_string(),
                     ids: batch.deliveries.iter().map(|d| d.entry.id).collect(),
                 })
@@ -85,29 +86,34 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 next.unwrap_or_else(|| Err(StoreError::Protocol("fewer ack results than shards".into())))
             })
             .collect();
+        // Every shard's outcome is settled under one lock (not one per entry): nothing awaits in
+        // between, so this is the same as settling them one by one.
         let now_ms = self.shared.clock.now_ms();
-        let mut first_error = None;
-        let mut drained = false;
-        for ((shard, batch), result) in batches.iter().zip(results) {
-            // A batch holds at least one delivery; the first names the refused batch.
-            let entry = batch.deliveries.first().map_or(EntryId { ms: 0, seq: 0 }, |d| d.entry.id);
-            let error = match result {
-                Ok(_) => {
-                    for delivery in &batch.deliveries {
-                        drained |= self.shared.with_core(|core| core.acked(now_ms, delivery));
+        let (first_error, drained) = self.shared.with_core(|core| {
+            let mut first_error = None;
+            let mut drained = false;
+            for ((shard, batch), result) in batches.iter().zip(results) {
+                // A batch holds at least one delivery; the first names the refused batch.
+                let entry = batch.deliveries.first().map_or(EntryId { ms: 0, seq: 0 }, |d| d.entry.id);
+                let error = match result {
+                    Ok(_) => {
+                        for delivery in &batch.deliveries {
+                            drained |= core.acked(now_ms, delivery);
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                Err(StoreError::Fenced { .. }) => {
-                    if let Some(fence) = batch.fence {
-                        self.shared.with_core(|core| core.fenced_at_store(now_ms, *shard, fence));
+                    Err(StoreError::Fenced { .. }) => {
+                        if let Some(fence) = batch.fence {
+                            core.fenced_at_store(now_ms, *shard, fence);
+                        }
+                        AckError::Fenced { shard: *shard, entry }
                     }
-                    AckError::Fenced { shard: *shard, entry }
-                }
-                Err(e) => AckError::Store(e.to_string()),
-            };
-            first_error.get_or_insert(error);
-        }
+                    Err(e) => AckError::Store(e.to_string()),
+                };
+                first_error.get_or_insert(error);
+            }
+            (first_error, drained)
+        });
         if drained {
             self.shared.wake.notify_one();
         }

@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::core::model::ShardId;
+use crate::core::model::{GroupId, MemberId, ShardId};
 use crate::core::planted::PlantedBug;
 use crate::store::{keys, EntryId, FenceCheck, StoreError, StreamStore};
 
@@ -95,6 +95,9 @@ pub struct ConsumerStatus {
 
 struct Shared<T, S> {
     core: Mutex<ConsumerCore>,
+    /// The config's group and member id (the config never changes): read without the core's lock.
+    group: GroupId,
+    member_id: MemberId,
     transport: T,
     store: S,
     clock: Clock,
@@ -141,6 +144,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         // suspended: a resumed consumer then keeps reading on a lease that ended long ago.
         let clock = if config.planted.has(PlantedBug::LeaseOnStoppingClock) { env.clock.stopping() } else { env.clock };
         let shared = Arc::new(Shared {
+            group: config.group.clone(),
+            member_id: config.member_id.clone(),
             core: Mutex::new(ConsumerCore::new(config)),
             transport,
             store,
@@ -158,7 +163,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     }
 
     pub fn member_id(&self) -> String {
-        self.shared.lock().config().member_id.clone()
+        self.shared.member_id.clone()
     }
 
     /// The consumer's current state.
@@ -179,14 +184,12 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     pub async fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
         let now_ms = self.shared.clock.now_ms();
         self.shared.with_core(|core| core.check_ack(now_ms, delivery))?;
-        let (group, fence) = {
-            let core = self.shared.lock();
-            (core.config().group.clone(), core.fence_of(delivery.shard))
-        };
+        let group = &self.shared.group;
+        let fence = self.shared.lock().fence_of(delivery.shard);
         let ids = [delivery.entry.id];
         let acked = match fence {
             Some(fence) => {
-                let check = FenceCheck { key: keys::fence_key(&group, delivery.shard), fence };
+                let check = FenceCheck { key: keys::fence_key(group, delivery.shard), fence };
                 self.shared.store.fenced_xack(&check, &delivery.stream, &group.consumer_group, &ids).await
             }
             None => self.shared.store.xack(&delivery.stream, &group.consumer_group, &ids).await,
@@ -264,54 +267,69 @@ impl<T, S> Shared<T, S> {
         self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Runs `f` on the core, then publishes the events it emitted: to the sink under the lock (so
-    /// the sink sees them in order), to the listener after the lock is released.
     fn lock_last_seen(&self) -> MutexGuard<'_, BTreeMap<ShardId, (u64, EntryId)>> {
         // Poisoned: a panic mid-insert; the map is only a hint (a wrong id costs one wake-up).
         self.last_seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Runs `f` on the core, then publishes the events it emitted: to the sink under the lock (so
+    /// the sink sees them in order), to the listener after the lock is released.
     fn with_core<R>(&self, f: impl FnOnce(&mut ConsumerCore) -> R) -> R {
-        let (result, events) = {
+        let (result, changes) = {
             let mut core = self.lock();
             let result = f(&mut core);
-            let events = core.drain_events();
-            for event in &events {
-                self.sink.emit(event.clone());
-            }
-            (result, events)
+            // Moved into the sink, not cloned: the listener needs only the shard changes, noted
+            // on the way (most events are per entry, and most batches start or stop nothing).
+            let mut changes = ShardChanges::default();
+            core.drain_events_with(|event| {
+                changes.note(&event);
+                self.sink.emit(event);
+            });
+            (result, changes)
         };
-        self.notify_listener(&events);
+        self.notify_listener(changes);
         result
     }
 
-    fn notify_listener(&self, events: &[ClientEvent]) {
-        let mut assigned = Vec::new();
-        let mut revoked = Vec::new();
-        let mut lost = Vec::new();
-        if events.iter().any(|e| matches!(e, ClientEvent::ShardStarted { .. } | ClientEvent::ShardStopped { .. })) {
+    fn notify_listener(&self, changes: ShardChanges) {
+        if changes.any {
             self.reads_changed.notify_waiters();
         }
-        for event in events {
-            match event {
-                ClientEvent::ShardStarted { shard, .. } => assigned.push(*shard),
-                ClientEvent::ShardStopped { shard, reason, .. } => match reason {
-                    StopReason::Revoked | StopReason::SyncDropped | StopReason::Closing => revoked.push(*shard),
-                    _ => lost.push(*shard),
-                },
-                _ => {}
-            }
-        }
         // Stops first: a shard stopped and restarted by one response ends up assigned.
-        if !lost.is_empty() {
-            self.listener.on_lost(&lost);
+        if !changes.lost.is_empty() {
+            self.listener.on_lost(&changes.lost);
         }
-        if !revoked.is_empty() {
-            self.listener.on_revoked(&revoked);
+        if !changes.revoked.is_empty() {
+            self.listener.on_revoked(&changes.revoked);
         }
-        if !assigned.is_empty() {
-            self.listener.on_assigned(&assigned);
+        if !changes.assigned.is_empty() {
+            self.listener.on_assigned(&changes.assigned);
         }
+    }
+}
+
+/// The shard starts and stops among the events of one [`Shared::with_core`] call: what the
+/// [`RebalanceListener`] and the `poll_wait` doorbell are told, in event order.
+#[derive(Default)]
+struct ShardChanges {
+    /// Some shard started or stopped.
+    any: bool,
+    assigned: Vec<ShardId>,
+    revoked: Vec<ShardId>,
+    lost: Vec<ShardId>,
+}
+
+impl ShardChanges {
+    fn note(&mut self, event: &ClientEvent) {
+        match event {
+            ClientEvent::ShardStarted { shard, .. } => self.assigned.push(*shard),
+            ClientEvent::ShardStopped { shard, reason, .. } => match reason {
+                StopReason::Revoked | StopReason::SyncDropped | StopReason::Closing => self.revoked.push(*shard),
+                _ => self.lost.push(*shard),
+            },
+            _ => return,
+        }
+        self.any = true;
     }
 }
 

@@ -80,10 +80,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// Up to three store calls on one shard: setup, own-pending, new; stops at the first read that
     /// delivers something (read for at most `max` new entries). The lease is re-checked right before every call.
     async fn read_shard(&self, first: ReadPlan, max: usize) -> Result<Handed<'_, T, S>, StoreError> {
-        let (group, member) = {
-            let core = self.shared.lock();
-            (core.config().group.clone(), core.config().member_id.clone())
-        };
+        let (group, member) = (&self.shared.group, &self.shared.member_id);
         let stream = group.stream_key(first.shard);
         for _ in 0..3 {
             let now_ms = self.shared.clock.now_ms();
@@ -101,7 +98,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             };
             // Held until the call's result is registered (dropped on error or cancellation too).
             let _call = CallGuard { shared: &self.shared, shard: plan.shard };
-            let fence = plan.fence.map(|fence| FenceCheck { key: keys::fence_key(&group, plan.shard), fence });
+            let fence = plan.fence.map(|fence| FenceCheck { key: keys::fence_key(group, plan.shard), fence });
             match plan.step {
                 ReadStep::Setup => {
                     let planted = self.shared.lock().config().planted;
@@ -122,14 +119,14 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                                     check,
                                     &stream,
                                     &group.consumer_group,
-                                    &member,
+                                    member,
                                     0,
                                 );
                                 claimed.await.map(drop)
                             }
                             None => {
                                 let claimed =
-                                    self.shared.store.claim_all_pending(&stream, &group.consumer_group, &member, 0);
+                                    self.shared.store.claim_all_pending(&stream, &group.consumer_group, member, 0);
                                 claimed.await.map(drop)
                             }
                         };
@@ -143,13 +140,13 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                     let count = if from == ReadFrom::OwnPending { plan.in_flight + max } else { max };
                     let read = match &fence {
                         Some(check) => {
-                            let (group, member) = (&group.consumer_group, &member);
+                            let group = &group.consumer_group;
                             self.shared.store.fenced_xreadgroup(check, group, member, &stream, from, count).await
                         }
                         None => {
                             let streams = [(stream.clone(), from)];
                             let read =
-                                self.shared.store.xreadgroup(&group.consumer_group, &member, &streams, count, None);
+                                self.shared.store.xreadgroup(&group.consumer_group, member, &streams, count, None);
                             read.await.map(|replies| {
                                 replies.into_iter().filter(|(s, _)| *s == stream).flat_map(|(_, e)| e).collect()
                             })
@@ -181,10 +178,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// the checks and the call. A shard whose step changed since `plans` was taken is left for the
     /// next poll. One result per shard read.
     async fn read_new_together(&self, plans: Vec<(ReadPlan, usize)>) -> Vec<Result<Handed<'_, T, S>, StoreError>> {
-        let (group, member) = {
-            let core = self.shared.lock();
-            (core.config().group.clone(), core.config().member_id.clone())
-        };
+        let (group, member) = (&self.shared.group, &self.shared.member_id);
         let now_ms = self.shared.clock.now_ms();
         let mut calls = Vec::with_capacity(plans.len());
         let mut reads = Vec::with_capacity(plans.len());
@@ -199,7 +193,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             let guard = CallGuard { shared: &self.shared, shard: plan.shard };
             let Some(fence) = plan.fence else { continue };
             reads.push(FencedRead {
-                fence: FenceCheck { key: keys::fence_key(&group, plan.shard), fence },
+                fence: FenceCheck { key: keys::fence_key(group, plan.shard), fence },
                 stream: group.stream_key(plan.shard),
                 from: ReadFrom::New,
                 count,
@@ -209,7 +203,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         if reads.is_empty() {
             return Vec::new();
         }
-        let results = match self.shared.store.fenced_xreadgroup_many(&group.consumer_group, &member, &reads).await {
+        let results = match self.shared.store.fenced_xreadgroup_many(&group.consumer_group, member, &reads).await {
             Ok(results) => results,
             Err(error) => return vec![Err(error)],
         };

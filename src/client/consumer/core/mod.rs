@@ -283,6 +283,12 @@ impl ConsumerCore {
         std::mem::take(&mut self.events)
     }
 
+    /// Hands the events emitted so far to `f`, in order, keeping the buffer's capacity (the
+    /// driver drains after every call, most of which emit one event per entry).
+    pub fn drain_events_with(&mut self, f: impl FnMut(ClientEvent)) {
+        self.events.drain(..).for_each(f);
+    }
+
     /// The next time something is due: a heartbeat (when none is in flight) or the lease end.
     pub fn next_deadline_ms(&self) -> Option<u64> {
         let heartbeat = (self.outstanding.is_none() && self.phase != Phase::Left).then_some(self.next_heartbeat_ms);
@@ -394,41 +400,51 @@ impl ConsumerCore {
     /// What may be read at `now_ms`: one plan per readable shard. Every plan must be issued at
     /// the same `now_ms` (no wait in between); the lease is checked here, at read time.
     pub fn read_plans(&mut self, now_ms: u64) -> Vec<ReadPlan> {
-        self.handle_timeout(now_ms);
-        if !self.lease_holds(now_ms) || self.phase != Phase::Active {
+        if !self.may_read(now_ms) {
             return Vec::new();
         }
         let sweep_ms = self.config.pending_sweep_interval_ms;
-        self.shards
-            .iter_mut()
-            .filter_map(|(shard, s)| {
-                let sweep_due = sweep_ms > 0 && now_ms >= s.setup_at_ms.saturating_add(sweep_ms);
-                if sweep_due && s.state == (ShardState::Reading { setup_done: true, pending_done: true }) {
-                    s.state = ShardState::Reading { setup_done: false, pending_done: false };
-                    s.setup_at_ms = now_ms;
-                }
-                let step = match s.state {
-                    ShardState::Reading { setup_done: false, .. } => ReadStep::Setup,
-                    ShardState::Reading { setup_done: true, pending_done: false } => {
-                        ReadStep::Read(ReadFrom::OwnPending)
-                    }
-                    ShardState::Reading { setup_done: true, pending_done: true } => ReadStep::Read(ReadFrom::New),
-                    ShardState::Revoking => return None,
-                };
-                Some(ReadPlan {
-                    shard: *shard,
-                    generation: s.generation,
-                    step,
-                    in_flight: s.in_flight.len(),
-                    fence: s.fence,
-                })
-            })
-            .collect()
+        self.shards.iter_mut().filter_map(|(shard, s)| Self::plan_of(*shard, s, now_ms, sweep_ms)).collect()
     }
 
     /// The plan for one shard at `now_ms`, if it is still readable (re-check before each call).
+    /// Exactly what [`ConsumerCore::read_plans`] would plan for it (every shard's due sweep starts
+    /// here too), without collecting the other shards' plans.
     pub fn plan_for(&mut self, now_ms: u64, shard: ShardId, generation: u64) -> Option<ReadPlan> {
-        self.read_plans(now_ms).into_iter().find(|p| p.shard == shard && p.generation == generation)
+        if !self.may_read(now_ms) {
+            return None;
+        }
+        let sweep_ms = self.config.pending_sweep_interval_ms;
+        let mut found = None;
+        for (id, s) in self.shards.iter_mut() {
+            let plan = Self::plan_of(*id, s, now_ms, sweep_ms);
+            if *id == shard {
+                found = plan.filter(|p| p.generation == generation);
+            }
+        }
+        found
+    }
+
+    /// Applies timers; true when reads may be planned (the lease holds and the consumer is active).
+    fn may_read(&mut self, now_ms: u64) -> bool {
+        self.handle_timeout(now_ms);
+        self.lease_holds(now_ms) && self.phase == Phase::Active
+    }
+
+    /// The next call on one shard (`None`: revoking), starting its pending sweep when one is due.
+    fn plan_of(shard: ShardId, s: &mut Shard, now_ms: u64, sweep_ms: u64) -> Option<ReadPlan> {
+        let sweep_due = sweep_ms > 0 && now_ms >= s.setup_at_ms.saturating_add(sweep_ms);
+        if sweep_due && s.state == (ShardState::Reading { setup_done: true, pending_done: true }) {
+            s.state = ShardState::Reading { setup_done: false, pending_done: false };
+            s.setup_at_ms = now_ms;
+        }
+        let step = match s.state {
+            ShardState::Reading { setup_done: false, .. } => ReadStep::Setup,
+            ShardState::Reading { setup_done: true, pending_done: false } => ReadStep::Read(ReadFrom::OwnPending),
+            ShardState::Reading { setup_done: true, pending_done: true } => ReadStep::Read(ReadFrom::New),
+            ShardState::Revoking => return None,
+        };
+        Some(ReadPlan { shard, generation: s.generation, step, in_flight: s.in_flight.len(), fence: s.fence })
     }
 
     /// Records a finished setup (group ensured, previous owner's entries claimed).
