@@ -87,6 +87,10 @@ mod bench {
 
     /// One timed window: `instances` coordinators ticking `groups` idle groups.
     async fn measure(redis: &RedisServer, instances: usize, audit_ms: u64, silence_ms: u64, window: Duration) -> Row {
+        // A fresh tick roster: the instances of the previous row are gone, and would otherwise
+        // count live for `ticker_silence_ms`, their groups moving to this row's instances (one
+        // first read each) inside its window.
+        redis.cmd(&["DEL", rsc::store::keys::TICK_ROSTER_KEY]);
         let mut coordinators = Vec::with_capacity(instances);
         for i in 0..instances {
             let store = RedisStore::connect(&redis.url(), RedisStoreOptions::default()).await.expect("connect");
