@@ -144,6 +144,19 @@ impl Metrics {
         });
     }
 
+    /// Removes the series named in `names` whose label `key` is `value` (a group's tick gauges on
+    /// an instance that no longer ticks the group).
+    pub fn forget_named(&self, names: &[&str], key: &'static str, value: &str) {
+        let ours = |n: &&'static str, labels: &Labels| {
+            names.contains(n) && labels.iter().any(|(k, v)| *k == key && v == value)
+        };
+        self.with(|f| {
+            f.values.retain(|(n, labels), _| !ours(n, labels));
+            f.clocks.retain(|(n, labels), _| !ours(n, labels));
+            f.histograms.retain(|(n, labels), _| !ours(n, labels));
+        });
+    }
+
     /// Every value the label `key` has in some series (of any kind), leaving out the metrics
     /// named in `except`.
     pub fn label_values(&self, key: &str, except: &[&str]) -> BTreeSet<String> {

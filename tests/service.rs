@@ -678,6 +678,13 @@ async fn quiet_groups_are_ticked_by_one_instance_and_a_silent_ones_groups_are_ta
         }
         // Memberless groups: a tick reads only the record, so reads are groups ticked.
         assert_eq!(reads.iter().sum::<u64>(), GROUPS as u64, "each group ticked once: {reads:?}");
+        // Each group's tick gauges are exported by its owner only (every instance exported every
+        // group at its first pass, before it knew the others; the others dropped theirs since).
+        let exported: usize = coordinators
+            .iter()
+            .map(|c| c.metrics().render().lines().filter(|l| l.starts_with("rsc_group_revoking_shards{")).count())
+            .sum();
+        assert_eq!(exported, GROUPS, "one instance exports each group's gauges");
         assert!(reads.iter().all(|r| *r > 0), "the groups are spread over the instances: {reads:?}");
         // c3 stops ticking (it died): within the silence c1 and c2 still leave its groups to it,
         // after it they take them over.

@@ -39,6 +39,7 @@ use crate::core::{
 use crate::metrics::Metrics;
 use crate::store::{MetadataStore, ProbeReport, ServerIdentity, TouchCheck, WriteOutcome};
 
+use super::critical::TICK_GAUGES;
 use super::roster::Roster;
 
 /// Tunables of one coordinator process.
@@ -145,6 +146,8 @@ pub(super) struct LocalState {
     pub(super) dirty: BTreeSet<GroupId>,
     /// When a session refusal last re-read each group's record (rate limit of the re-read).
     pub(super) session_rechecked: BTreeMap<GroupId, Instant>,
+    /// Groups whose tick gauges this process exported (dropped when it leaves a group to its owner).
+    pub(super) gauges_exported: BTreeSet<GroupId>,
     /// The tick roster as this process read it (who owns which quiet group).
     pub(super) roster: Roster,
     pub(super) rng: SmallRng,
@@ -207,6 +210,7 @@ impl<S: MetadataStore> Coordinator<S> {
             deferred: BTreeMap::new(),
             dirty: BTreeSet::new(),
             session_rechecked: BTreeMap::new(),
+            gauges_exported: BTreeSet::new(),
             roster: Roster::default(),
             rng: SmallRng::seed_from_u64(options.rng_seed),
             write_rng: SmallRng::seed_from_u64(options.rng_seed ^ WRITE_ID_SALT),
@@ -601,6 +605,7 @@ impl<S: MetadataStore> Coordinator<S> {
         self.local().deferred.retain(|group, _| indexed.contains(group));
         self.local().dirty.retain(|group| indexed.contains(group));
         self.local().session_rechecked.retain(|group, _| indexed.contains(group));
+        self.local().gauges_exported.retain(|group| indexed.contains(group));
         self.forget_unindexed_absent_groups(&indexed).await;
         drop(indexed);
         self.read_roster().await;
@@ -614,6 +619,10 @@ impl<S: MetadataStore> Coordinator<S> {
             }
             if !self.ticks_here(&group) {
                 not_mine += 1;
+                // Its gauges are the owner's to export: this instance's would only go stale.
+                if self.local().gauges_exported.remove(&group) {
+                    self.inner.metrics.forget_named(TICK_GAUGES, "group", &group.to_string());
+                }
                 continue;
             }
             if let Err(error) = self.tick_group(&group).await {

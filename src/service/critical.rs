@@ -331,6 +331,7 @@ impl<S: MetadataStore> Coordinator<S> {
     /// authenticated and member ids must not leak through it).
     pub(super) fn export_group_gauges(&self, g: &GroupMetadata, obs: &Observations) {
         let metrics = &self.inner.metrics;
+        self.local().gauges_exported.insert(g.group.clone());
         let group_labels = || vec![("group", g.group.to_string())];
         let age_max_ms = obs.liveness.values().map(|seen| seen.unchanged_ms).max().unwrap_or(0);
         metrics.set(
@@ -373,6 +374,16 @@ impl<S: MetadataStore> Coordinator<S> {
         );
     }
 }
+
+/// The gauges [`Coordinator::export_group_gauges`] exports per group (and member), which only the
+/// instances that tick the group keep fresh.
+pub(super) const TICK_GAUGES: &[&str] = &[
+    "rsc_group_member_heartbeat_age_max_seconds",
+    "rsc_group_revoking_shards",
+    "rsc_member_heartbeat_age_seconds",
+    "rsc_member_revoking_shards",
+    "rsc_client_reported_metadata_version_ahead",
+];
 
 /// The group's Redis mutex while a critical section may hold it. Released when the section ends;
 /// if the section's future is dropped first (the client gave up, hyper dropped the handler, a
