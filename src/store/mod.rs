@@ -565,10 +565,9 @@ pub trait StreamStore: Send + Sync + 'static {
     /// only grow). A missing group or stream is watched after `0-0`. The ids used are returned so
     /// the caller can pass them next time.
     ///
-    /// All streams must be in one hash slot on Redis Cluster (one XREAD cannot span slots). The
-    /// layout runs on a single primary today, so the consumer sends one call for all its shards;
-    /// on Cluster it would send one per shard, concurrently (see `Consumer::poll_wait`). The
-    /// in-memory fake never blocks the store: it sleeps until an XADD (or the deadline) and
+    /// On a Redis Cluster one XREAD cannot span slots: `RedisStore` blocks one connection per slot,
+    /// concurrently, and rings when the first does (the consumer still sends one call for all its
+    /// shards). The in-memory fake never blocks the store: it sleeps until an XADD (or the deadline) and
     /// re-checks at the next step boundary (tokio time).
     fn wait_for_entries(
         &self,
