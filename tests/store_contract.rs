@@ -3,14 +3,14 @@
 //! - `RedisStore` on its own freshly spawned `redis-server` (module `redis_store`),
 //! - `RedisStore` as an ACL user without FLUSHDB/FLUSHALL (module `redis_acl_store`), which
 //!   proves the least-privilege user the seed recommends can run everything the store needs,
-//! - `RedisStore` on its own Redis Cluster of 3 primaries (module `redis_cluster_store`;
-//!   `support::RedisCluster`), with the shards' streams and fence keys spread over the primaries,
-//!   so every batched call is split by slot,
+//! - `RedisStore` on its own Redis Cluster of 3 primaries with a replica each (module
+//!   `redis_cluster_store`; `support::RedisCluster`), with the shards' streams and fence keys
+//!   spread over the primaries, so every batched call is split by slot,
 //! - `MemoryStore`, the simulation's fake (module `memory_store`),
 //!
-//! so the fake cannot drift from real Redis, and the Cluster from one server. Cases that need a revision lost and written again
-//! (`stamp.rs`) also take the store's way of making that loss: by hand on a real server, by the
-//! fake's rollback fault in the fake. `store_contract/redis_only.rs` holds what only a real
+//! so the fake cannot drift from real Redis, and the Cluster from one server. Cases that need a
+//! revision lost and written again (`stamp.rs`) also take the store's way of making that loss: by
+//! hand on a real server, by the fake's rollback fault in the fake. `store_contract/redis_only.rs` holds what only a real
 //! server can show (layout on the wire, restart, failover, dead and hung servers, renamed and
 //! ACL-denied commands).
 //!
@@ -51,7 +51,7 @@ pub use streams::*;
 pub use touch_check::*;
 
 /// One contract case on one kind of store: `redis` (its own `redis-server`), `redis_acl` (the
-/// same as an ACL user without FLUSHDB/FLUSHALL), `cluster` (its own 3-primary Redis Cluster),
+/// same as an ACL user without FLUSHDB/FLUSHALL), `cluster` (its own 6-node Redis Cluster),
 /// `memory` (the simulation's fake).
 macro_rules! store_case {
     (redis, $case:ident) => {
@@ -76,7 +76,8 @@ macro_rules! store_case {
     (cluster, $case:ident) => {
         #[tokio::test]
         async fn $case() {
-            let cluster = crate::support::redis_cluster::RedisCluster::start(3, 0);
+            // Six nodes: 3 primaries with a replica each, as a production Cluster runs.
+            let cluster = crate::support::redis_cluster::RedisCluster::start(3, 1);
             let options = rsc::store::redis::RedisStoreOptions::default();
             let store =
                 rsc::store::redis::RedisStore::connect_cluster(&cluster.nodes(), options).await.expect("connect");
