@@ -42,7 +42,7 @@ mod bench {
     use std::time::{Duration, Instant};
 
     use rsc::core::model::{GroupConfig, GroupId};
-    use rsc::core::protocol::AdminRequest;
+    use rsc::core::protocol::{AdminRequest, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberSession};
     use rsc::service::{Coordinator, CoordinatorOptions, TICKER_SILENCE_MS_DEFAULT};
     use rsc::store::redis::{RedisStore, RedisStoreOptions};
 
@@ -51,6 +51,8 @@ mod bench {
 
     struct Settings {
         groups: Vec<usize>,
+        /// Groups with a member each (the second table).
+        member_groups: Vec<usize>,
         instances: Vec<usize>,
         window: Duration,
         smoke: bool,
@@ -63,12 +65,19 @@ mod bench {
 
     fn settings() -> Settings {
         if !std::env::args().any(|a| a == "--bench") {
-            return Settings { groups: vec![1, 20], instances: vec![1], window: Duration::from_secs(1), smoke: true };
+            return Settings {
+                groups: vec![1, 20],
+                member_groups: vec![20],
+                instances: vec![1],
+                window: Duration::from_secs(3),
+                smoke: true,
+            };
         }
         let quick = std::env::var("RSC_BENCH_QUICK").is_ok();
         let window_ms = std::env::var("IT_WINDOW_MS").ok().and_then(|v| v.parse().ok());
         Settings {
             groups: list("IT_GROUPS", if quick { "1,100,1000" } else { "1,100,10000" }),
+            member_groups: list("IT_MEMBER_GROUPS", if quick { "100" } else { "100,1000" }),
             instances: list("IT_INSTANCES", "1,3"),
             window: Duration::from_millis(window_ms.unwrap_or(if quick { 2_000 } else { 5_000 })),
             smoke: false,
@@ -146,6 +155,113 @@ mod bench {
             cpu_percent: 100.0 * cpu_after.saturating_sub(cpu_before).as_secs_f64() / elapsed.as_secs_f64(),
             longest_pass,
         }
+    }
+
+    /// The steady heartbeat of a client that applied `r` (it owns what it was assigned).
+    fn next(group: &GroupId, r: &HeartbeatResponse) -> HeartbeatRequest {
+        HeartbeatRequest {
+            group: group.clone(),
+            member_id: r.member_id.clone(),
+            member_epoch: r.member_epoch,
+            metadata_version: r.metadata_version,
+            assignment_epoch: r.assignment_epoch,
+            owned: r.assigned.clone(),
+            revoking: r.revoked_reports(),
+            leave: false,
+            member_session: Some(MemberSession("0".repeat(32))),
+            fenced: Vec::new(),
+        }
+    }
+
+    /// One timed window of `groups` idle groups with one member each, heartbeating at the default
+    /// interval (1 s), each heartbeat through the next of `instances` coordinators (round robin:
+    /// what a load balancer does; with one instance every heartbeat reaches the group's owner).
+    /// Returns the commands/s that are not the heartbeats' own (two per steady heartbeat).
+    async fn measure_members(
+        redis: &RedisServer,
+        instances: usize,
+        groups: usize,
+        renew: bool,
+        window: Duration,
+    ) -> f64 {
+        redis.cmd(&["DEL", rsc::store::keys::TICK_ROSTER_KEY]);
+        let mut coordinators = Vec::with_capacity(instances);
+        for i in 0..instances {
+            let store = RedisStore::connect(&redis.url(), RedisStoreOptions::default()).await.expect("connect");
+            let options = CoordinatorOptions {
+                instance_id: format!("bench-m{i}"),
+                renew_deferrals_from_heartbeats: renew,
+                ..CoordinatorOptions::default()
+            };
+            let coordinator = Coordinator::new(store, options);
+            coordinator.start().await.expect("probe");
+            coordinators.push(coordinator);
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let measuring = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let heartbeats = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for coordinator in coordinators.clone() {
+            let stop = Arc::clone(&stop);
+            tasks.push(tokio::spawn(async move {
+                let tick = Duration::from_millis(coordinator.options().tick_interval_ms);
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    coordinator.tick_all().await;
+                    tokio::time::sleep(tick).await;
+                }
+            }));
+        }
+        let interval = Duration::from_millis(GroupConfig::default().heartbeat_interval_ms);
+        for g in 0..groups {
+            let group = GroupId::new("members", format!("m{g}"));
+            let coordinators = coordinators.clone();
+            let (stop, measuring, heartbeats) = (Arc::clone(&stop), Arc::clone(&measuring), Arc::clone(&heartbeats));
+            tasks.push(tokio::spawn(async move {
+                // Spread over the interval; each member (re)joins as a new incarnation.
+                tokio::time::sleep(interval.mul_f64(g as f64 / groups as f64)).await;
+                let join = HeartbeatRequest {
+                    group: group.clone(),
+                    member_id: format!("member-{g}"),
+                    member_epoch: 0,
+                    metadata_version: 0,
+                    assignment_epoch: 0,
+                    owned: Vec::new(),
+                    revoking: Vec::new(),
+                    leave: false,
+                    member_session: Some(MemberSession("0".repeat(32))),
+                    fenced: Vec::new(),
+                };
+                let mut last = coordinators[0].heartbeat(join).await.expect("join");
+                let mut turn = g;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    tokio::time::sleep(interval).await;
+                    turn += 1;
+                    let answer = coordinators[turn % coordinators.len()].heartbeat(next(&group, &last)).await;
+                    if let Ok(answer) = answer {
+                        if answer.status == HeartbeatStatus::Ok {
+                            last = answer;
+                        }
+                    }
+                    if measuring.load(std::sync::atomic::Ordering::SeqCst) {
+                        heartbeats.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+        // Joins settle, every instance reads every group once and has it cached.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let (commands_before, started) = (commands(redis), Instant::now());
+        measuring.store(true, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(window).await;
+        measuring.store(false, std::sync::atomic::Ordering::SeqCst);
+        let (commands_after, elapsed) = (commands(redis), started.elapsed());
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for task in tasks {
+            let _ = task.await;
+        }
+        let executed = commands_after.saturating_sub(commands_before).saturating_sub(1);
+        let own = 2 * heartbeats.load(std::sync::atomic::Ordering::SeqCst);
+        executed.saturating_sub(own) as f64 / elapsed.as_secs_f64()
     }
 
     async fn create_groups(redis: &RedisServer, from: usize, to: usize) {
@@ -229,6 +345,33 @@ mod bench {
                  count. Not in the window: each idle group's record is read once per 120 s audit, one command, \
                  so N groups add N/120 commands/s per instance, or in all when shared)"
             );
+            // Groups with members: the heartbeats of their members renew the deferral.
+            println!();
+            println!(
+                "idle groups with one member each, heartbeating every {} ms through the instances in turn; \
+                 commands/s besides the heartbeats' own (2 each)",
+                GroupConfig::default().heartbeat_interval_ms
+            );
+            println!("{:>7} {:>9}  {:>18} {:>18} {:>7}", "groups", "instances", "renewal off (before)", "renewal on", "ratio");
+            for &groups in &settings.member_groups {
+                let store = RedisStore::connect(&redis.url(), RedisStoreOptions::default()).await.expect("connect");
+                let admin = Coordinator::new(store, CoordinatorOptions::default());
+                for g in 0..groups {
+                    let group = GroupId::new("members", format!("m{g}"));
+                    let create = AdminRequest::CreateGroup { group, shard_count: 4, config: GroupConfig::default() };
+                    // Rows share groups: the next row's larger count creates only the new ones.
+                    let _ = admin.admin(create).await;
+                }
+                for &instances in &settings.instances {
+                    let off = measure_members(&redis, instances, groups, false, settings.window).await;
+                    let on = measure_members(&redis, instances, groups, true, settings.window).await;
+                    println!("{groups:>7} {instances:>9}  {off:>20.1} {on:>18.1} {:>7.2}", on / off.max(1e-9));
+                    if settings.smoke && on >= off {
+                        eprintln!("heartbeats through the instance did not save tick commands ({groups} groups)");
+                        ok = false;
+                    }
+                }
+            }
             if ok {
                 ExitCode::SUCCESS
             } else {

@@ -6,6 +6,7 @@ mod core_support;
 use core_support::{beat, recorded_revoke_id, Client, World};
 use rsc::core::model::ShardOwner;
 use rsc::core::protocol::{HeartbeatStatus, RevokeReport};
+use rsc::core::{tick_deferral_ms, PlantedBugs};
 
 /// A owns all 4 shards; B joins and 2, 3 move to B (A must drain them first).
 fn rebalancing_world() -> (World, Client, Client) {
@@ -306,4 +307,34 @@ fn a_revoked_report_naming_no_revoke_releases_nothing() {
     assert_eq!(w.g.revoking_shards("a"), vec![2, 3]);
     beat(&mut w, &mut a).expect("a names the revokes");
     assert!(w.g.revoking_shards("a").is_empty());
+}
+
+/// The tick deferral of an idle group (`tick_deferral_ms`): a member known only through liveness
+/// reads caps it at a quarter TTL (its silence is then noticed at most that late); a member heard
+/// through its own heartbeat at the deciding process does not, and the deferral ends when its
+/// expiry could come due.
+#[test]
+fn a_member_heard_through_its_heartbeat_defers_ticks_until_its_expiry_and_one_only_read_a_quarter_ttl() {
+    let mut w = World::new(2);
+    let mut a = Client::new("a");
+    beat(&mut w, &mut a).expect("a joins");
+    beat(&mut w, &mut a).expect("a owns every shard");
+    w.tick();
+    let ttl = w.g.effective_member_lease_ttl_ms();
+    let deferral = |w: &mut World, liveness: Option<&std::collections::BTreeMap<String, u64>>| {
+        let obs = w.view.observe(w.now_ms, &w.g, liveness);
+        tick_deferral_ms(&w.g, &obs, PlantedBugs::NONE)
+    };
+    let read = w.liveness.clone();
+    assert_eq!(deferral(&mut w, Some(&read)), Some(ttl / 4), "known by reads only");
+    let counter = w.liveness["a"];
+    w.view.note_heartbeat(w.now_ms, &w.g, "a", counter);
+    assert_eq!(deferral(&mut w, None), Some(ttl), "heard: until its expiry could come due");
+    w.advance(ttl / 2);
+    assert_eq!(deferral(&mut w, Some(&read)), Some(ttl / 2), "a read of the same value keeps it heard");
+    w.advance(ttl / 2);
+    assert_eq!(deferral(&mut w, None), None, "silent for its TTL: due now");
+    // Its counter moved through another process: known by reads again.
+    let moved = std::collections::BTreeMap::from([("a".to_string(), counter + 1)]);
+    assert_eq!(deferral(&mut w, Some(&moved)), Some(ttl / 4));
 }

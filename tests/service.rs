@@ -579,6 +579,8 @@ async fn a_lease_above_the_coordinator_ceiling_is_refused_and_changes_nothing() 
 /// nothing waiting — is not read by the ticker again until a quarter of its member TTL (400 ms
 /// here) passed; a write through this process makes it ticked at the next pass; a group without
 /// members waits the audit period. With the audit period at 0 every pass reads every group.
+/// The member heartbeats through another instance here: heartbeats through this one would keep
+/// the group deferred (the next test).
 #[tokio::test]
 async fn idle_groups_are_not_read_by_every_tick() {
     for audit_ms in [60_000, 0] {
@@ -589,8 +591,10 @@ async fn idle_groups_are_not_read_by_every_tick() {
             idle_group_audit_ms: audit_ms,
             ..CoordinatorOptions::default()
         };
-        let c = Coordinator::new(held::HeldStore::new(store.connect()), options);
+        let c = Coordinator::new(held::HeldStore::new(store.connect()), options.clone());
         c.start().await.expect("probe");
+        let other = Coordinator::new(store.connect(), CoordinatorOptions { instance_id: "c2".into(), ..options });
+        other.start().await.expect("probe");
         c.admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() })
             .await
             .expect("create");
@@ -611,8 +615,9 @@ async fn idle_groups_are_not_read_by_every_tick() {
         }
         // A quarter TTL later the group with a member is read again (expiry may come due); the
         // empty one is not (nothing can come due without a request).
-        c.heartbeat(next(&joined)).await.expect("steady");
+        other.heartbeat(next(&joined)).await.expect("steady");
         tokio::time::sleep(Duration::from_millis(120)).await;
+        other.heartbeat(next(&joined)).await.expect("steady");
         let before = c.store().reads();
         c.tick_all().await;
         assert_eq!(c.store().reads() - before, 2, "the member's group: its record and its liveness");
@@ -622,6 +627,51 @@ async fn idle_groups_are_not_read_by_every_tick() {
         c.tick_all().await;
         assert_eq!(c.store().reads() - before, 2, "the group just written to is ticked at the next pass");
     }
+}
+
+/// An idle group whose member heartbeats through this instance costs its ticks no read: each
+/// heartbeat restarts the member's liveness window here and confirms the decoded record, so the
+/// deferral is renewed from them. When the member falls silent, the group is not read before the
+/// member could expire (a TTL, 400 ms here, after its last heartbeat), and then it expires.
+#[tokio::test]
+async fn heartbeats_through_this_instance_keep_an_idle_group_deferred_until_a_member_falls_silent() {
+    let store = MemoryStore::new(11);
+    let options = CoordinatorOptions {
+        instance_id: "c1".into(),
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ..CoordinatorOptions::default()
+    };
+    let c = Coordinator::new(held::HeldStore::new(store.connect()), options);
+    c.start().await.expect("probe");
+    c.admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() }).await.expect("create");
+    let joined = c.heartbeat(join("a")).await.expect("join");
+    assert_eq!(joined.status, HeartbeatStatus::Ok);
+    c.tick_all().await;
+    c.tick_all().await;
+    let before = c.store().reads();
+    // Two and a half TTLs of steady heartbeats, every 50 ms (the group's interval), a tick after
+    // each.
+    for _ in 0..20 {
+        c.heartbeat(next(&joined)).await.expect("steady");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c.tick_all().await;
+    }
+    // (A steady heartbeat's touch is not a read: it checks the cached record's stamp.)
+    assert_eq!(c.store().reads() - before, 0, "no tick read anything");
+    let renewed = c.metrics().value("rsc_ticks_deferred_without_read_total", &Vec::new());
+    // A renewal defers until the member's expiry as heard (about a TTL away): one per TTL or so.
+    assert!(renewed >= 2.0, "deferrals renewed from heartbeats: {renewed}");
+    // Silent: nothing is read before its expiry could come due (a TTL after its last heartbeat
+    // here), and then it is read and expired.
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let before = c.store().reads();
+    c.tick_all().await;
+    assert_eq!(c.store().reads() - before, 0, "a quarter TTL into the silence: not read");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.tick_all().await;
+    c.tick_all().await;
+    let described = c.describe(&group()).await.expect("describe");
+    assert!(described.metadata.members.is_empty(), "silent for its TTL: expired");
 }
 
 /// Instances share the ticks of quiet groups through the tick roster: with three instances on one

@@ -349,10 +349,13 @@ fn left_response(g: &GroupMetadata, member: &str, revision: u64) -> HeartbeatRes
 /// shard, a correction round, a lease transition), a reconciliation step, or an expiry already
 /// due — so the group is ticked every pass. Otherwise the group is *idle*: no member is joining,
 /// leaving, draining or expiring and no round runs, so nothing can change without a request
-/// (which the answering coordinator ticks at once) except a member's expiry. With members, the
-/// deferral ends a quarter of the member TTL later at most, and no later than the earliest
-/// member's expiry as observed (`unchanged_ms`): an expiry is then noticed at most a quarter TTL
-/// late. Without members, `u64::MAX`: the caller's own audit period bounds it.
+/// (which the answering coordinator ticks at once) except a member's expiry, and the deferral
+/// ends no later than the earliest member's expiry as observed (`unchanged_ms`). A member whose
+/// window a read restarted (its heartbeats went to another process, or none came since) caps it
+/// at a quarter of the member TTL, so that a silence is noticed at most a quarter TTL late; one
+/// whose window its own heartbeat through this process restarted (`heard`) needs no read before
+/// its expiry could come due, as a later heartbeat here restarts it again. Without members,
+/// `u64::MAX`: the caller's own audit period bounds it.
 pub fn tick_deferral_ms(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> Option<u64> {
     let waiting = g.correction.is_some()
         || g.lease_transition.is_some()
@@ -360,15 +363,21 @@ pub fn tick_deferral_ms(g: &GroupMetadata, obs: &Observations, planted: PlantedB
     if waiting || !is_quiescent(g, obs, planted) {
         return None;
     }
-    if g.members.is_empty() {
-        return Some(u64::MAX);
-    }
     let ttl = g.effective_member_lease_ttl_ms();
-    let mut earliest = ttl / 4;
+    let mut earliest = u64::MAX;
     for member in g.members.keys() {
-        let unchanged = obs.liveness.get(member).map_or(0, |l| l.unchanged_ms);
-        let left = ttl.checked_sub(unchanged).filter(|left| *left > 0)?;
-        earliest = earliest.min(left);
+        let cap = match obs.liveness.get(member) {
+            Some(seen) => {
+                let left = ttl.checked_sub(seen.unchanged_ms).filter(|left| *left > 0)?;
+                if seen.heard {
+                    left
+                } else {
+                    left.min(ttl / 4)
+                }
+            }
+            None => ttl / 4,
+        };
+        earliest = earliest.min(cap);
     }
     Some(earliest)
 }

@@ -37,6 +37,11 @@ pub struct Observations {
 pub struct LivenessObservation {
     pub value: u64,
     pub unchanged_ms: u64,
+    /// The window was last restarted by the member's own heartbeat through this process
+    /// ([`LocalView::note_heartbeat`]), not by a read that found a new value: the window then
+    /// starts no earlier than the heartbeat itself, so this process needs no liveness read to
+    /// know the member was alive then.
+    pub heard: bool,
 }
 
 impl Observations {
@@ -53,6 +58,7 @@ struct LivenessWindow {
     incarnation_epoch: u64,
     value: u64,
     since_ms: u64,
+    heard: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -97,9 +103,12 @@ impl LocalView {
             let previous = windows.liveness.get(member).filter(|w| w.incarnation_epoch == record.incarnation_epoch);
             let window = match (liveness.map(|l| l.get(member).copied().unwrap_or(0)), previous) {
                 (Some(value), Some(w)) if w.value == value => *w,
-                (Some(value), _) => {
-                    LivenessWindow { incarnation_epoch: record.incarnation_epoch, value, since_ms: now_ms }
-                }
+                (Some(value), _) => LivenessWindow {
+                    incarnation_epoch: record.incarnation_epoch,
+                    value,
+                    since_ms: now_ms,
+                    heard: false,
+                },
                 (None, Some(w)) => *w,
                 (None, None) => continue,
             };
@@ -118,7 +127,7 @@ impl LocalView {
                 .iter()
                 .map(|(m, w)| {
                     let unchanged_ms = now_ms.saturating_sub(w.since_ms);
-                    (m.clone(), LivenessObservation { value: w.value, unchanged_ms })
+                    (m.clone(), LivenessObservation { value: w.value, unchanged_ms, heard: w.heard })
                 })
                 .collect(),
             waits: windows.waits.iter().map(|(&w, &since)| (w, now_ms.saturating_sub(since))).collect(),
@@ -149,6 +158,24 @@ impl LocalView {
     pub fn forget(&mut self, group: &GroupId) {
         self.groups.remove(group);
         self.longest_lease_ms.remove(group);
+    }
+
+    /// Records that `member` of `metadata` heartbeated through this process just now and that its
+    /// liveness counter then read `value` (the touch's answer): its window restarts now, whatever
+    /// it held. Restarting can only postpone an expiry, never advance one (the counter moved at
+    /// Redis before this process got the answer), and a touch is proof of life even when the
+    /// counter repeats a value (a failover that lost increments), so an equal value restarts the
+    /// window too. A member `metadata` does not list, or a 0 (nothing was written: the record
+    /// was absent), records nothing.
+    pub fn note_heartbeat(&mut self, now_ms: u64, metadata: &GroupMetadata, member: &str, value: u64) {
+        let Some(record) = metadata.members.get(member) else { return };
+        if value == 0 {
+            return;
+        }
+        let windows = self.groups.entry(metadata.group.clone()).or_default();
+        let window =
+            LivenessWindow { incarnation_epoch: record.incarnation_epoch, value, since_ms: now_ms, heard: true };
+        windows.liveness.insert(member.to_string(), window);
     }
 
     /// A heartbeat's observations: records every wait `metadata` records that this process had not
@@ -228,6 +255,34 @@ mod tests {
         assert_eq!(view.observe(600, &g, Some(&live(6))).liveness["a"].unchanged_ms, 0);
         view.reset(&g.group);
         assert_eq!(view.observe(900, &g, Some(&live(6))).liveness["a"].unchanged_ms, 0);
+    }
+
+    #[test]
+    fn a_heartbeat_restarts_its_members_window_as_heard_and_a_read_of_a_new_value_does_not() {
+        let g = group_with_member();
+        let mut view = LocalView::default();
+        let live = |v: u64| BTreeMap::from([("a".to_string(), v)]);
+        view.observe(0, &g, Some(&live(5)));
+        let seen = view.observe(300, &g, None).liveness["a"];
+        assert_eq!((seen.unchanged_ms, seen.heard), (300, false));
+        // The touch answered 6: heard now.
+        view.note_heartbeat(350, &g, "a", 6);
+        let seen = view.observe(400, &g, None).liveness["a"];
+        assert_eq!((seen.value, seen.unchanged_ms, seen.heard), (6, 50, true));
+        // A read of the same value keeps the heard window; a new value (a heartbeat through
+        // another process) restarts it as read.
+        let seen = view.observe(500, &g, Some(&live(6))).liveness["a"];
+        assert_eq!((seen.unchanged_ms, seen.heard), (150, true));
+        let seen = view.observe(600, &g, Some(&live(7))).liveness["a"];
+        assert_eq!((seen.unchanged_ms, seen.heard), (0, false));
+        // A repeated value (increments lost with a failover) still restarts: a touch is proof of
+        // life. An unknown member or a 0 (nothing written) records nothing.
+        view.note_heartbeat(700, &g, "a", 7);
+        assert_eq!(view.observe(700, &g, None).liveness["a"].unchanged_ms, 0);
+        view.note_heartbeat(800, &g, "a", 0);
+        view.note_heartbeat(800, &g, "zed", 3);
+        let seen = view.observe(900, &g, None).liveness;
+        assert_eq!((seen["a"].unchanged_ms, seen.len()), (200, 1));
     }
 
     #[test]

@@ -56,11 +56,16 @@ pub struct CoordinatorOptions {
     pub cas_attempts_max: u32,
     /// Period of the event-loop tick (expiry, fencing, releases, correction progress).
     pub tick_interval_ms: u64,
-    /// Longest time an idle group goes unticked ([`crate::core::tick_deferral_ms`]): an idle group
-    /// with members is ticked every quarter member TTL, one without every this long, so an edit or
+    /// Longest time an idle group goes unticked ([`crate::core::tick_deferral_ms`]), so an edit or
     /// a deletion of its metadata by hand, or work another instance left behind when it died, is
-    /// seen within it. 0: tick every group every pass.
+    /// seen within it. An idle group with members is ticked sooner when one of them may be falling
+    /// silent: every quarter member TTL unless its members heartbeat through this instance.
+    /// 0: tick every group every pass.
     pub idle_group_audit_ms: u64,
+    /// Whether heartbeats through this instance renew an idle group's tick deferral without a
+    /// read (on in production; off only for the `idle_ticks` benchmark's before column).
+    #[doc(hidden)]
+    pub renew_deferrals_from_heartbeats: bool,
     /// How long another instance's ticker may stay silent in the tick roster before this instance
     /// stops counting it live (`service::roster`): instances share the ticks of quiet groups, one
     /// owner each, and a dead instance's groups are taken over within this plus one pass. 0: no
@@ -88,6 +93,7 @@ impl Default for CoordinatorOptions {
             cas_attempts_max: 8,
             tick_interval_ms: 250,
             idle_group_audit_ms: 120_000,
+            renew_deferrals_from_heartbeats: true,
             ticker_silence_ms: TICKER_SILENCE_MS_DEFAULT,
             rng_seed: 0,
             max_assignment_lease_ms: MAX_ASSIGNMENT_LEASE_MS_DEFAULT,
@@ -160,6 +166,12 @@ pub(super) struct LocalState {
 pub(super) struct Deferred {
     until: Instant,
     identity_generation: u64,
+    /// When the group's record is read again whatever this process saw meanwhile
+    /// ([`CoordinatorOptions::idle_group_audit_ms`] after the read that deferred it).
+    audit_at: Instant,
+    /// When the store last confirmed the decoded record this process holds for the group (the
+    /// tick's read, or a heartbeat's stamp check through this process).
+    confirmed: Instant,
 }
 
 pub(super) struct Inner<S> {
@@ -318,6 +330,15 @@ impl<S: MetadataStore> Coordinator<S> {
     /// refused for its session leaves no trace, so a forger cannot keep a dead member from
     /// expiring. The decision checks it again against the state it decides on.
     async fn heartbeat_read(&self, req: &HeartbeatRequest) -> Result<(Arc<GroupMetadata>, u64), ApiError> {
+        let (g, revision, liveness, changed) = self.heartbeat_touch(req).await?;
+        self.note_heartbeat(&g, &req.member_id, liveness, changed);
+        Ok((g, revision))
+    }
+
+    /// [`heartbeat_read`](Self::heartbeat_read) without the bookkeeping; also returns the
+    /// member's liveness counter as the touch left it, and whether the record differed from the
+    /// decoded copy this process held (or it held none).
+    async fn heartbeat_touch(&self, req: &HeartbeatRequest) -> Result<(Arc<GroupMetadata>, u64, u64, bool), ApiError> {
         let store = &self.inner.store;
         let known = match self.inner.cache.get(&req.group) {
             Some(cached) => Arc::clone(&cached.metadata),
@@ -335,7 +356,9 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         let touched = match self.inner.cache.get(&req.group) {
             Some(cached) => match store.touch_and_check(&req.group, &req.member_id, &cached.stamp).await {
-                Ok(TouchCheck::Unchanged { .. }) => return Ok((Arc::clone(&cached.metadata), cached.stamp.revision)),
+                Ok(TouchCheck::Unchanged { liveness }) => {
+                    return Ok((Arc::clone(&cached.metadata), cached.stamp.revision, liveness, false));
+                }
                 Ok(TouchCheck::Changed(touched)) => touched,
                 Err(e) => return Err(self.group_store_error(&req.group, e)),
             },
@@ -348,7 +371,7 @@ impl<S: MetadataStore> Coordinator<S> {
             let client_knows = req.member_epoch > 0 || req.metadata_version > 0;
             return Err(self.missing(&req.group, client_knows).await);
         };
-        Ok((self.decode_counted(&req.group, &record)?, record.revision))
+        Ok((self.decode_counted(&req.group, &record)?, record.revision, touched.liveness, true))
     }
 
     /// A session refused against the decoded cache: the cache may be stale (another instance
@@ -614,15 +637,15 @@ impl<S: MetadataStore> Coordinator<S> {
             if self.is_terminating() {
                 return;
             }
-            if self.tick_deferred(&group) {
-                continue;
-            }
             if !self.ticks_here(&group) {
                 not_mine += 1;
                 // Its gauges are the owner's to export: this instance's would only go stale.
                 if self.local().gauges_exported.remove(&group) {
                     self.inner.metrics.forget_named(TICK_GAUGES, "group", &group.to_string());
                 }
+                continue;
+            }
+            if self.tick_deferred(&group) {
                 continue;
             }
             if let Err(error) = self.tick_group(&group).await {
@@ -707,15 +730,75 @@ impl<S: MetadataStore> Coordinator<S> {
     /// Whether the ticker skips `group` this pass: it was idle when last ticked, its deferral
     /// has not run out, no write through this process and no store identity change came since,
     /// and no evidence waits to be recorded.
+    ///
+    /// A deferral that ran out is first computed again from what this process saw since, without
+    /// a read: heartbeats through this process restart their members' liveness windows
+    /// ([`LocalView::note_heartbeat`](crate::core::LocalView::note_heartbeat)) and confirm the
+    /// decoded record against the store, so a group whose members all heartbeat here stays
+    /// deferred until one of them falls silent (or the audit is due) and its ticks cost no
+    /// command. This needs the record confirmed within a quarter member TTL: a member another
+    /// instance added, which this process's copy lacks, is then noticed as soon as before.
     fn tick_deferred(&self, group: &GroupId) -> bool {
-        let local = self.local();
-        if local.regressed.contains_key(group) {
+        let now = Instant::now();
+        let deferred = {
+            let local = self.local();
+            if local.regressed.contains_key(group) {
+                return false;
+            }
+            match local.deferred.get(group) {
+                Some(d) if d.identity_generation == local.identity_generation => *d,
+                _ => return false,
+            }
+        };
+        if now < deferred.until {
+            return true;
+        }
+        if now >= deferred.audit_at {
             return false;
         }
-        local
-            .deferred
-            .get(group)
-            .is_some_and(|d| d.identity_generation == local.identity_generation && Instant::now() < d.until)
+        let Some(cached) = self.inner.cache.get(group) else { return false };
+        let g = &cached.metadata;
+        let confirm_within = Duration::from_millis(g.effective_member_lease_ttl_ms() / 4);
+        if now.saturating_duration_since(deferred.confirmed) > confirm_within {
+            return false;
+        }
+        let obs = self.observe(g, None);
+        let Some(ms) = tick_deferral_ms(g, &obs, self.inner.options.planted).filter(|ms| *ms > 0) else {
+            return false;
+        };
+        // The gauges a read would have refreshed (heartbeat ages come from the same windows).
+        self.export_group_gauges(g, &obs);
+        let mut local = self.local();
+        if local.identity_generation != deferred.identity_generation {
+            return false;
+        }
+        let Some(d) = local.deferred.get_mut(group) else { return false };
+        d.until = (now + Duration::from_millis(ms)).min(d.audit_at);
+        self.inner.metrics.inc(
+            "rsc_ticks_deferred_without_read_total",
+            "Idle-group deferrals this instance renewed from heartbeats it served, without reading the store.",
+            vec![],
+        );
+        true
+    }
+
+    /// Records a heartbeat through this process: `member`'s liveness window restarts (its touch
+    /// answered `liveness`), and the record `g` was confirmed by the store just now. A record that
+    /// `changed` under this process's copy (another instance wrote it) ends the group's deferral:
+    /// the deferral was computed from the old copy (a member added there would otherwise be
+    /// watched only from the deferral's end).
+    fn note_heartbeat(&self, g: &GroupMetadata, member: &str, liveness: u64, changed: bool) {
+        if !self.inner.options.renew_deferrals_from_heartbeats {
+            return;
+        }
+        let now_ms = self.now_ms();
+        let mut local = self.local();
+        local.view.note_heartbeat(now_ms, g, member, liveness);
+        if changed {
+            local.deferred.remove(&g.group);
+        } else if let Some(d) = local.deferred.get_mut(&g.group) {
+            d.confirmed = Instant::now();
+        }
     }
 
     /// Records how long the ticker may skip `group` (`None`: not at all), capped by the audit
@@ -729,9 +812,12 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         match deferral_ms.map(|ms| ms.min(audit_ms)).filter(|ms| *ms > 0) {
             Some(ms) => {
+                let now = Instant::now();
                 let deferred = Deferred {
-                    until: Instant::now() + Duration::from_millis(ms),
+                    until: now + Duration::from_millis(ms),
                     identity_generation: local.identity_generation,
+                    audit_at: now + Duration::from_millis(audit_ms),
+                    confirmed: now,
                 };
                 local.deferred.insert(group.clone(), deferred);
             }

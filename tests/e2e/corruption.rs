@@ -33,11 +33,16 @@ async fn fails_closed_within(c: &CoordinatorProcess, group: &GroupId, body: &[u8
     }
 }
 
+/// Long leases, and an idle-group audit of 2 s instead of 120 s: the bound on how late an
+/// aggregate edited in place is seen.
+fn corruption_config() -> String {
+    format!("{LONG_LEASES_SERVE_CONFIG}idle_group_audit_ms = 2000\n")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hand_edited_metadata_fails_closed_is_never_overwritten_and_recovers_after_repair() {
     let redis = RedisServer::start();
-    let coordinator =
-        CoordinatorProcess::start_with_config(&redis.url(), "e2e-corruption", LONG_LEASES_SERVE_CONFIG).await;
+    let coordinator = CoordinatorProcess::start_with_config(&redis.url(), "e2e-corruption", &corruption_config()).await;
     let group = group("corruption");
     coordinator.create_group(&group, 2, &GroupConfig::default()).await;
     let meta = keys::metadata_key(&group);
@@ -54,7 +59,8 @@ async fn hand_edited_metadata_fails_closed_is_never_overwritten_and_recovers_aft
         ("schemaVersion", "99", Duration::from_millis(50)),
         ("layoutVersion", "7", Duration::from_millis(50)),
         // Stamp intact: the decoded-aggregate cache may answer until the next full read: the
-        // group's next tick, at most a quarter member TTL (2.5 s) away for this idle group.
+        // audit of this idle group (its member heartbeats through this instance, which renews its
+        // deferral without reads), `idle_group_audit_ms` (2 s here) away at most.
         ("aggregate", "{\"this is\": \"not a GroupMetadata\"}", Duration::from_secs(4)),
     ];
     for (field, bad, bound) in damages {

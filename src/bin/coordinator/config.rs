@@ -244,6 +244,7 @@ impl Settings {
             cas_attempts_max: file.cas_attempts_max.unwrap_or(defaults.cas_attempts_max),
             tick_interval_ms: args.tick_interval_ms.or(file.tick_interval_ms).unwrap_or(defaults.tick_interval_ms),
             idle_group_audit_ms: file.idle_group_audit_ms.unwrap_or(defaults.idle_group_audit_ms),
+            renew_deferrals_from_heartbeats: defaults.renew_deferrals_from_heartbeats,
             ticker_silence_ms: file.ticker_silence_ms.unwrap_or(defaults.ticker_silence_ms),
             rng_seed,
             max_assignment_lease_ms: args
