@@ -8,11 +8,11 @@
 //!
 //! Start two or three in separate terminals and watch the shards move between them.
 //! Environment: `COORDINATOR_ADDR` (default `127.0.0.1:7420`), `COORDINATOR_CLIENT_TOKEN` (the
-//! client token, when the coordinator requires one), `REDIS_URL` (default
-//! `redis://127.0.0.1:6379`) or `REDIS_CLUSTER_NODES` (a Redis Cluster's seed URLs,
-//! comma-separated), `STREAM_PREFIX` (default `orders`), `CONSUMER_GROUP` (default
-//! `billing`). The group must exist: `coordinator admin create-group --prefix orders --group
-//! billing --shards 8`.
+//! client token, when the coordinator requires one), `REDIS_URL` (default `redis://127.0.0.1:6379`)
+//! or `REDIS_CLUSTER_NODES` (a Redis Cluster's seed URLs, comma-separated; `rediss://` URLs and
+//! seeds use TLS trusting the platform's roots, which `SSL_CERT_FILE` can point at a private CA),
+//! `STREAM_PREFIX` (default `orders`), `CONSUMER_GROUP` (default `billing`). The group must exist:
+//! `coordinator admin create-group --prefix orders --group billing --shards 8`.
 
 #[cfg(not(madsim))]
 use rsc::client::RebalanceListener;

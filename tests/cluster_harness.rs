@@ -210,3 +210,37 @@ async fn a_replica_cut_off_from_its_primary_takes_over_without_the_writes_it_mis
     assert_eq!(text(cluster.read_on(primary, &["GET", kept])), "before");
     assert_eq!(cluster.read_on(primary, &["EXISTS", lost]), Value::Int(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_speaks_only_tls_and_replicates_and_moves_slots_over_tls() {
+    let started = Instant::now();
+    let cluster = RedisCluster::start_tls(2, 1, support::redis_server::TlsClientAuth::Yes);
+    println!("TLS cluster of 2 primaries x 1 replica started in {:?}", started.elapsed());
+    assert!(cluster.nodes().iter().all(|n| n.starts_with("rediss://")), "{:?}", cluster.nodes());
+    // No plain port: a plain PING on a node's port gets no PONG.
+    for node in cluster.servers() {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", node.port())).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+        std::io::Write::write_all(&mut stream, b"PING\r\n").expect("write");
+        let mut reply = [0u8; 16];
+        let n = std::io::Read::read(&mut stream, &mut reply).unwrap_or(0);
+        assert!(!reply[..n].starts_with(b"+PONG"), "port {} answered plain text", node.port());
+    }
+
+    // A replica follows its primary over the TLS replication link.
+    let key = "{tls-moving}:k";
+    let source = cluster.node_for_key(key);
+    source.cmd(&["SET", key, "v1"]);
+    let replica = cluster.replicas_of(source)[0];
+    let deadline = Instant::now() + PROGRESS_TIMEOUT;
+    while cluster.read_on(replica, &["GET", key]) != Value::BulkString(b"v1".to_vec()) {
+        assert!(Instant::now() < deadline, "the write never reached the replica:\n{}", cluster.log_tails());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // MIGRATE runs between nodes over TLS (`tls-cluster yes`).
+    let target = *cluster.primaries().iter().find(|p| p.port() != source.port()).expect("another primary");
+    cluster.move_slot(cluster.slot_of(key), target);
+    assert_eq!(cluster.node_for_key(key).port(), target.port());
+    assert_eq!(text(target.cmd(&["GET", key])), "v1");
+}

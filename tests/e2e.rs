@@ -16,6 +16,7 @@
 //! plus shards added under traffic through the admin CLI (`reshard`), a read still on its way
 //! to Redis when its shard is revoked (`slow_reads`), the whole fleet on a Redis Cluster through
 //! a slot migration under traffic and a failover that loses metadata writes (`cluster`), a
+//! group run on a mutual-TLS Cluster (`cluster_tls`), a
 //! consumer process stopped past its lease whose reads, acks and claims after its shards moved are all refused at Redis (`fencing`), new connections after SIGTERM getting the
 //! documented answers (`shutdown`), TLS and mutual TLS on the listener (`https`), what
 //! `/metrics` exposes (`metrics_exposure`), and the previous release's coordinator and consumer
@@ -45,6 +46,8 @@ mod acl;
 mod bad_input;
 #[path = "e2e/cluster.rs"]
 mod cluster;
+#[path = "e2e/cluster_tls.rs"]
+mod cluster_tls;
 #[path = "e2e/corruption.rs"]
 mod corruption;
 #[path = "e2e/crash.rs"]

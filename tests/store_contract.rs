@@ -6,6 +6,9 @@
 //! - `RedisStore` on its own Redis Cluster of 3 primaries with a replica each (module
 //!   `redis_cluster_store`; `support::RedisCluster`), with the shards' streams and fence keys
 //!   spread over the primaries, so every batched call is split by slot,
+//! - `RedisStore` on its own TLS-only Redis Cluster of 3 primaries requiring client certificates
+//!   (module `redis_tls_cluster_store`; `RedisCluster::start_tls`), so every connection the
+//!   cluster client opens, blocking reads included, is mutual TLS,
 //! - `MemoryStore`, the simulation's fake (module `memory_store`),
 //!
 //! so the fake cannot drift from real Redis, and the Cluster from one server. Cases that need a
@@ -40,6 +43,8 @@ mod stamp;
 mod streams;
 #[path = "store_contract/tls.rs"]
 mod tls;
+#[path = "store_contract/tls_cluster.rs"]
+mod tls_cluster;
 #[path = "store_contract/touch_check.rs"]
 mod touch_check;
 
@@ -52,7 +57,7 @@ pub use touch_check::*;
 
 /// One contract case on one kind of store: `redis` (its own `redis-server`), `redis_acl` (the
 /// same as an ACL user without FLUSHDB/FLUSHALL), `cluster` (its own 6-node Redis Cluster),
-/// `memory` (the simulation's fake).
+/// `tls_cluster` (its own 3-node mutual-TLS Redis Cluster), `memory` (the simulation's fake).
 macro_rules! store_case {
     (redis, $case:ident) => {
         #[tokio::test]
@@ -84,6 +89,19 @@ macro_rules! store_case {
             crate::$case(&store).await;
         }
     };
+    (tls_cluster, $case:ident) => {
+        #[tokio::test]
+        async fn $case() {
+            // Three primaries, no replicas (the plain Cluster above covers replicas): only TLS
+            // ports, mutual TLS required, TLS on the bus between nodes too.
+            let auth = crate::support::redis_server::TlsClientAuth::Yes;
+            let cluster = crate::support::redis_cluster::RedisCluster::start_tls(3, 0, auth);
+            let options = crate::tls_cluster::mutual_tls_options(&cluster);
+            let store =
+                rsc::store::redis::RedisStore::connect_cluster(&cluster.nodes(), options).await.expect("connect");
+            crate::$case(&store).await;
+        }
+    };
     (memory, $case:ident) => {
         #[tokio::test]
         async fn $case() {
@@ -109,6 +127,10 @@ macro_rules! contract_suite {
 
         mod redis_cluster_store {
             $(store_case!(cluster, $case);)*
+        }
+
+        mod redis_tls_cluster_store {
+            $(store_case!(tls_cluster, $case);)*
         }
 
         mod memory_store {

@@ -21,7 +21,7 @@ use rsc::client::events::{ClientEvent, EventSink, VecSink};
 use rsc::client::{ClientEnv, Clock, Consumer, ConsumerConfig, Producer, ProducerConfig};
 use rsc::core::model::{GroupId, ShardId};
 use rsc::http::client::{HttpClientConfig, HttpTransport};
-use rsc::store::redis::{RedisStore, RedisStoreOptions};
+use rsc::store::redis::{RedisStore, RedisStoreOptions, RedisTlsOptions};
 use rsc::store::EntryId;
 
 use super::faults::SlowPath;
@@ -45,6 +45,8 @@ pub struct Fleet {
     /// Idle connections the clients keep per coordinator address (0: one connection per request,
     /// so a [`super::spread::Spreader`] spreads every request).
     pub idle_per_address_max: usize,
+    /// The TLS files the clients' stores use (a `rediss://` server or Cluster with a private CA).
+    pub redis_tls: RedisTlsOptions,
 }
 
 impl Fleet {
@@ -59,6 +61,7 @@ impl Fleet {
             ledger: Ledger::default(),
             client_token: None,
             idle_per_address_max: 2,
+            redis_tls: RedisTlsOptions::default(),
         }
     }
 
@@ -77,13 +80,12 @@ impl Fleet {
     }
 
     pub async fn store(&self) -> RedisStore {
+        let options = RedisStoreOptions { tls: self.redis_tls.clone(), ..RedisStoreOptions::default() };
         if let Some(nodes) = self.redis_url.strip_prefix(super::process::CLUSTER_TARGET_PREFIX) {
             let nodes: Vec<String> = nodes.split(',').map(str::to_string).collect();
-            return RedisStore::connect_cluster(&nodes, RedisStoreOptions::default())
-                .await
-                .expect("clients reach the Redis Cluster");
+            return RedisStore::connect_cluster(&nodes, options).await.expect("clients reach the Redis Cluster");
         }
-        RedisStore::connect(&self.redis_url, RedisStoreOptions::default()).await.expect("clients reach Redis")
+        RedisStore::connect(&self.redis_url, options).await.expect("clients reach Redis")
     }
 
     /// Joins a consumer and starts its application loop.

@@ -119,11 +119,16 @@ pub struct FailedStart {
 /// Runs `coordinator serve` against `redis_url` and waits (at most `timeout`) for it to exit.
 /// Panics if it is still running then (it was expected to fail fast).
 pub async fn serve_expecting_exit(redis_url: &str, timeout: Duration) -> FailedStart {
+    serve_expecting_exit_with(redis_url, &[], timeout).await
+}
+
+/// [`serve_expecting_exit`] with `extra` serve arguments (e.g. `--redis-tls-ca-file <file>`).
+pub async fn serve_expecting_exit_with(redis_url: &str, extra: &[String], timeout: Duration) -> FailedStart {
     let dir = fresh_dir();
     let log = dir.join("coordinator.log");
     let started = Instant::now();
     let mut child =
-        serve_command(&binary(), redis_url, "e2e-doomed", free_port(), &log, &[]).spawn().expect("spawn coordinator");
+        serve_command(&binary(), redis_url, "e2e-doomed", free_port(), &log, extra).spawn().expect("spawn coordinator");
     let status = loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
             break status;

@@ -20,13 +20,23 @@
 //! a replica without them. Clients (default user) and the cluster bus are unaffected. A proxy on
 //! the replication link does not work in cluster mode: a replica connects to the address its
 //! primary announces, which is also the address every client is redirected to.
+//!
+//! TLS ([`RedisCluster::start_tls`]): every node listens only on a TLS port (`port 0`), with one
+//! CA for the whole cluster (`support::tls`, generated into a directory the cluster owns), and
+//! speaks TLS on the cluster bus and the replication link too (`tls-cluster`,
+//! `tls-replication`). Between nodes each presents the generated *client* certificate
+//! (`tls-client-cert-file`): the server certificate is for server authentication only, which a
+//! node asking for client certificates would refuse. The harness's own commands go through
+//! [`RedisServer`]'s TLS admin client, and [`RedisCluster::nodes`] are `rediss://` URLs.
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::redis_server::{RedisServer, ServerConfig};
+use super::redis_server::{RedisServer, ServerConfig, TlsClientAuth};
+use super::tls::TlsFiles;
 
 /// Hash slots of a Redis Cluster.
 pub const SLOT_COUNT: u16 = 16384;
@@ -52,11 +62,13 @@ pub struct ClusterConfig {
     /// Short, so that tests of automatic failover are quick, but not so short that a node
     /// starved of CPU on a busy test machine is declared failed (which fails the whole cluster).
     pub node_timeout_ms: u64,
+    /// TLS only, with `tls-auth-clients` set to this; `None`: plain TCP.
+    pub tls: Option<TlsClientAuth>,
 }
 
 impl ClusterConfig {
     pub fn new(primaries: usize, replicas_per_primary: usize) -> Self {
-        ClusterConfig { primaries, replicas_per_primary, node_timeout_ms: 2_000 }
+        ClusterConfig { primaries, replicas_per_primary, node_timeout_ms: 2_000, tls: None }
     }
 }
 
@@ -87,6 +99,8 @@ pub struct RedisCluster {
     ids: Vec<String>,
     /// `cluster-port` (the cluster bus) of `nodes[i]`.
     bus_ports: Vec<u16>,
+    /// The directory holding the TLS files every node shares (removed on drop), and the files.
+    tls: Option<(PathBuf, TlsFiles)>,
 }
 
 impl RedisCluster {
@@ -95,16 +109,28 @@ impl RedisCluster {
         Self::start_with(ClusterConfig::new(primaries, replicas_per_primary))
     }
 
+    /// [`Self::start`] speaking only TLS, everywhere (see the module doc), with
+    /// `tls-auth-clients` set to `auth`.
+    pub fn start_tls(primaries: usize, replicas_per_primary: usize, auth: TlsClientAuth) -> Self {
+        Self::start_with(ClusterConfig { tls: Some(auth), ..ClusterConfig::new(primaries, replicas_per_primary) })
+    }
+
     pub fn start_with(config: ClusterConfig) -> Self {
         assert!(config.primaries >= 1, "a cluster needs at least one primary");
         let count = config.primaries * (1 + config.replicas_per_primary);
+        let tls = config.tls.map(|_| {
+            let dir = super::redis_server::fresh_dir();
+            let files = super::tls::generate(&dir);
+            (dir, files)
+        });
+        let tls_files = tls.as_ref().map(|(_, files)| files);
         let nodes: Vec<RedisServer> = std::thread::scope(|scope| {
-            let spawning: Vec<_> = (0..count).map(|_| scope.spawn(|| start_node(&config))).collect();
+            let spawning: Vec<_> = (0..count).map(|_| scope.spawn(|| start_node(&config, tls_files))).collect();
             spawning.into_iter().map(|s| s.join().expect("a node failed to start")).collect()
         });
         let ids: Vec<String> = nodes.iter().map(|n| text(n.cmd(&["CLUSTER", "MYID"]))).collect();
         let bus_ports = nodes.iter().map(bus_port).collect();
-        let cluster = RedisCluster { nodes, ids, bus_ports };
+        let cluster = RedisCluster { nodes, ids, bus_ports, tls };
         cluster.form(&config);
         cluster
     }
@@ -166,9 +192,15 @@ impl RedisCluster {
         first..first + config.replicas_per_primary
     }
 
-    /// Seed URLs of every node, `redis://127.0.0.1:<port>`, for a cluster client.
+    /// Seed URLs of every node, `redis://127.0.0.1:<port>` (`rediss://` with TLS), for a cluster
+    /// client.
     pub fn nodes(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The CA, server and client certificates every node of a TLS cluster uses.
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref().map(|(_, files)| files)
     }
 
     /// Every node, in start order (primaries first); roles may have changed since.
@@ -294,7 +326,7 @@ impl RedisCluster {
         if keys.is_empty() {
             return 0;
         }
-        migrate(&mut conn, slot_move, &keys);
+        self.migrate(&mut conn, slot_move, &keys);
         keys.len()
     }
 
@@ -307,7 +339,7 @@ impl RedisCluster {
         let slot = slot_move.slot;
         assert!(keys.iter().all(|k| self.slot_of(k) == slot), "{keys:?} are not all in slot {slot}");
         let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.as_bytes().to_vec()).collect();
-        migrate(&mut connect(source), slot_move, &keys);
+        self.migrate(&mut connect(source), slot_move, &keys);
     }
 
     /// Last step of [`Self::move_slot`]: assigns the slot to the target on every primary (the
@@ -373,6 +405,48 @@ impl RedisCluster {
         cmd.query(&mut conn).unwrap_or_else(|e| panic!("{args:?} on port {}: {e}", node.port()))
     }
 
+    /// One `MIGRATE` of `keys` from the source of `slot_move` (on `conn`) to its target.
+    fn migrate(&self, conn: &mut redis::Connection, slot_move: &SlotMove, keys: &[Vec<u8>]) {
+        // No REPLACE: a key on both sides would mean a client wrote to the target a key that still
+        // existed on the source, which the protocol forbids; that must fail loudly.
+        let reply: Value = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(slot_move.target_port)
+            .arg("")
+            .arg(0)
+            .arg(MIGRATE_TIMEOUT_MS)
+            .arg("KEYS")
+            .arg(keys)
+            .query(conn)
+            .unwrap_or_else(|e| {
+                panic!("MIGRATE of slot {}: {e}; {}", slot_move.slot, self.on_both_sides(slot_move, keys))
+            });
+        // NOKEY: no key of the batch is on the source (deleted meanwhile, or moved already).
+        assert!(matches!(&reply, Value::Okay) || text(reply.clone()) == "NOKEY", "MIGRATE answered {reply:?}");
+    }
+
+    /// Which of `keys` exist on both the source and the target of `slot_move` (with their types and
+    /// TTLs), for the message of a failed `MIGRATE`.
+    fn on_both_sides(&self, slot_move: &SlotMove, keys: &[Vec<u8>]) -> String {
+        let describe = |port: u16, key: &[u8]| -> Option<String> {
+            let mut conn = self.server(port).admin_client().ok()?.get_connection().ok()?;
+            redis::cmd("ASKING").query::<()>(&mut conn).ok()?;
+            let kind: String = redis::cmd("TYPE").arg(key).query(&mut conn).ok()?;
+            let ttl_ms: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).ok()?;
+            (kind != "none").then(|| format!("{kind}, pttl {ttl_ms}"))
+        };
+        let both: Vec<String> = keys
+            .iter()
+            .filter_map(|key| {
+                let name = String::from_utf8_lossy(key);
+                let source = describe(slot_move.source_port, key)?;
+                let target = describe(slot_move.target_port, key)?;
+                Some(format!("{name} (source: {source}; target: {target})"))
+            })
+            .collect();
+        format!("keys on both sides just after the failure: {both:?}")
+    }
+
     /// The last log lines of every node, for failure messages.
     pub fn log_tails(&self) -> String {
         self.nodes.iter().map(|n| format!("--- node on port {} ---\n{}\n", n.port(), n.log_tail())).collect()
@@ -435,12 +509,21 @@ impl RedisCluster {
     }
 }
 
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        // The nodes (dropped after this) already loaded their certificates.
+        if let Some((dir, _)) = &self.tls {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 /// A cluster-mode node. Its bus port is picked free too (the default, port + 10000, may be taken
 /// or not even be a port); if it was taken before the node bound it, the start panics, and the
 /// node is started again with another bus port.
-fn start_node(config: &ClusterConfig) -> RedisServer {
+fn start_node(config: &ClusterConfig, tls_files: Option<&TlsFiles>) -> RedisServer {
     for attempt in 1..=BUS_PORT_ATTEMPTS_MAX {
-        let args = [
+        let mut args = [
             "--cluster-enabled",
             "yes",
             // Relative to the node's own `--dir`.
@@ -455,9 +538,18 @@ fn start_node(config: &ClusterConfig) -> RedisServer {
             "--masterauth",
             REPLICATION_PASSWORD,
         ]
-        .map(String::from);
-        let config = ServerConfig { extra_args: args.to_vec(), ..ServerConfig::default() };
-        match std::panic::catch_unwind(|| RedisServer::start_with(config)) {
+        .map(String::from)
+        .to_vec();
+        if let Some(files) = tls_files {
+            args.extend(tls_node_args(files));
+        }
+        let server = ServerConfig {
+            extra_args: args,
+            tls: config.tls,
+            tls_files: tls_files.cloned(),
+            ..ServerConfig::default()
+        };
+        match std::panic::catch_unwind(|| RedisServer::start_with(server)) {
             Ok(node) => return node,
             Err(_) if attempt < BUS_PORT_ATTEMPTS_MAX => continue,
             Err(panic) => std::panic::resume_unwind(panic),
@@ -466,48 +558,23 @@ fn start_node(config: &ClusterConfig) -> RedisServer {
     unreachable!("the loop returns or panics")
 }
 
-/// One `MIGRATE` of `keys` from the source of `slot_move` (on `conn`) to its target.
-fn migrate(conn: &mut redis::Connection, slot_move: &SlotMove, keys: &[Vec<u8>]) {
-    // No REPLACE: a key on both sides would mean a client wrote to the target a key that still
-    // existed on the source, which the protocol forbids; that must fail loudly.
-    let reply: Value = redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(slot_move.target_port)
-        .arg("")
-        .arg(0)
-        .arg(MIGRATE_TIMEOUT_MS)
-        .arg("KEYS")
-        .arg(keys)
-        .query(conn)
-        .unwrap_or_else(|e| panic!("MIGRATE of slot {}: {e}; {}", slot_move.slot, on_both_sides(slot_move, keys)));
-    // NOKEY: no key of the batch is on the source (deleted meanwhile, or moved already).
-    assert!(matches!(&reply, Value::Okay) || text(reply.clone()) == "NOKEY", "MIGRATE answered {reply:?}");
-}
-
-/// Which of `keys` exist on both the source and the target of `slot_move` (with their types and
-/// TTLs), for the message of a failed `MIGRATE`.
-fn on_both_sides(slot_move: &SlotMove, keys: &[Vec<u8>]) -> String {
-    let describe = |port: u16, key: &[u8]| -> Option<String> {
-        let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?.get_connection().ok()?;
-        redis::cmd("ASKING").query::<()>(&mut conn).ok()?;
-        let kind: String = redis::cmd("TYPE").arg(key).query(&mut conn).ok()?;
-        let ttl_ms: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).ok()?;
-        (kind != "none").then(|| format!("{kind}, pttl {ttl_ms}"))
-    };
-    let both: Vec<String> = keys
-        .iter()
-        .filter_map(|key| {
-            let name = String::from_utf8_lossy(key);
-            let source = describe(slot_move.source_port, key)?;
-            let target = describe(slot_move.target_port, key)?;
-            Some(format!("{name} (source: {source}; target: {target})"))
-        })
-        .collect();
-    format!("keys on both sides just after the failure: {both:?}")
+/// TLS between nodes: the bus and replication, each node presenting the client certificate.
+fn tls_node_args(files: &TlsFiles) -> Vec<String> {
+    let path = |p: &Path| p.display().to_string();
+    vec![
+        "--tls-cluster".into(),
+        "yes".into(),
+        "--tls-replication".into(),
+        "yes".into(),
+        "--tls-client-cert-file".into(),
+        path(&files.client_cert),
+        "--tls-client-key-file".into(),
+        path(&files.client_key),
+    ]
 }
 
 fn connect(node: &RedisServer) -> redis::Connection {
-    let client = redis::Client::open(node.url()).expect("node URL");
+    let client = node.admin_client().expect("node URL");
     let conn = client.get_connection_with_timeout(Duration::from_secs(2)).expect("connect to a node");
     conn.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
     conn

@@ -38,6 +38,9 @@ pub struct ServerConfig {
     pub replica_of: Option<u16>,
     /// TLS only (no plain port), with `tls-auth-clients` set to this.
     pub tls: Option<TlsClientAuth>,
+    /// With [`Self::tls`]: these certificates instead of a CA of its own (the nodes of one
+    /// cluster must trust each other). The caller owns and removes their files.
+    pub tls_files: Option<TlsFiles>,
 }
 
 /// `tls-auth-clients`: whether a TLS server asks clients for a certificate.
@@ -122,7 +125,8 @@ impl RedisServer {
     pub fn start_with(config: ServerConfig) -> Self {
         server_version();
         let dir = fresh_dir();
-        let tls = config.tls.map(|_| super::tls::generate(&dir.join("tls")));
+        let tls =
+            config.tls.map(|_| config.tls_files.clone().unwrap_or_else(|| super::tls::generate(&dir.join("tls"))));
         let mut server = RedisServer { binary: binary(), port: 0, dir, config, tls, child: None };
         for attempt in 1..=PORT_ATTEMPTS_MAX {
             server.port = free_port();
@@ -270,7 +274,7 @@ impl RedisServer {
 
     /// A client for admin commands: plain, or TLS trusting the generated CA and presenting the
     /// generated client certificate.
-    fn admin_client(&self) -> redis::RedisResult<redis::Client> {
+    pub fn admin_client(&self) -> redis::RedisResult<redis::Client> {
         let Some(files) = &self.tls else { return redis::Client::open(self.url()) };
         let read = |p: &Path| std::fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
         let certificates = redis::TlsCertificates {

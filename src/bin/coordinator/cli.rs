@@ -35,8 +35,8 @@ pub struct ServeArgs {
     /// the coordinator serves from an in-memory store: nothing is durable.
     #[arg(long, env = "REDIS_URL", hide_env_values = true, value_name = "URL")]
     pub redis_url: Option<String>,
-    /// PEM file of the CA certificate(s) that signed the Redis server's TLS certificate (rediss://
-    /// only) [default: the platform's root certificates].
+    /// PEM file of the CA certificate(s) that signed the Redis server's (or every Cluster node's)
+    /// TLS certificate (rediss:// only) [default: the platform's root certificates].
     #[arg(long, env = "REDIS_TLS_CA_FILE", value_name = "FILE")]
     pub redis_tls_ca_file: Option<PathBuf>,
     /// PEM file of the client certificate for mutual TLS (rediss:// only; needs
@@ -51,9 +51,9 @@ pub struct ServeArgs {
     /// master (redis://[user:password@]<master name>[/db]) to carry its credentials and database.
     #[arg(long, env = "REDIS_SENTINELS", value_name = "HOST:PORT,...")]
     pub redis_sentinels: Option<String>,
-    /// Run on a Redis Cluster found from these seed nodes (redis://[user:password@]host:port,...;
-    /// any subset of the cluster's nodes, all with the same credentials) instead of REDIS_URL.
-    /// Not combinable with REDIS_URL, Sentinel or the Redis TLS files.
+    /// Run on a Redis Cluster found from these seed nodes (redis://[user:password@]host:port,...,
+    /// or all rediss:// for TLS with the Redis TLS files; any subset of the cluster's nodes, all
+    /// with the same credentials) instead of REDIS_URL. Not combinable with REDIS_URL or Sentinel.
     #[arg(long, env = "REDIS_CLUSTER_NODES", value_name = "URL,...")]
     pub redis_cluster_nodes: Option<String>,
     /// The master name the Sentinels monitor (`sentinel monitor <name> ...`).

@@ -14,7 +14,8 @@
 //! # redis://[user:password@]<master name>[/db]; the sentinel password is REDIS_SENTINEL_PASSWORD):
 //! redis_sentinels = ["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"]
 //! redis_sentinel_master = "mymaster"
-//! # Redis Cluster instead of one server (seed nodes; REDIS_CLUSTER_NODES is preferred for secrets):
+//! # Redis Cluster instead of one server (seed nodes; REDIS_CLUSTER_NODES is preferred for secrets;
+//! # all rediss:// for TLS, with the redis_tls_* files above):
 //! redis_cluster_nodes = ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]
 //! instance_id = "coordinator-a"
 //! tick_interval_ms = 250
@@ -357,23 +358,29 @@ fn resolve_sentinel(args: &ServeArgs, file: &FileConfig) -> Result<Option<RedisS
 impl Settings {
     /// With Sentinel, the URL may only name the master (Sentinel chooses the server: a host or
     /// port would be a second, conflicting answer), and TLS is not supported.
-    /// Cluster seed nodes exclude a fixed server, Sentinel and the Redis TLS files.
+    /// Cluster seed nodes exclude a fixed server and Sentinel. They all use TLS (`rediss://`) or
+    /// none does: the Cluster client speaks one way to every node. The Redis TLS files need
+    /// `rediss://` seeds, as they need a `rediss://` URL (never silently unused).
     fn validate_cluster(&self) -> Result<(), ConfigError> {
         if self.redis_cluster_nodes.is_empty() {
             return Ok(());
         }
-        let conflict = if self.redis_sentinel.is_some() {
-            Some("Redis Sentinel")
-        } else if self.redis_url.is_some() {
-            Some("redis_url")
-        } else if self.redis_tls.is_configured() {
-            Some("the Redis TLS files (TLS on a Cluster is not supported yet)")
-        } else {
-            None
-        };
-        if let Some(other) = conflict {
-            let message = format!("cannot be combined with {other}");
-            return Err(ConfigError::Invalid { key: "redis_cluster_nodes", message });
+        let invalid = |message: String| Err(ConfigError::Invalid { key: "redis_cluster_nodes", message });
+        if self.redis_sentinel.is_some() {
+            return invalid("cannot be combined with Redis Sentinel".into());
+        }
+        if self.redis_url.is_some() {
+            return invalid("cannot be combined with redis_url".into());
+        }
+        let tls_seeds = self.redis_cluster_nodes.iter().filter(|node| is_tls_url(node)).count();
+        if tls_seeds > 0 && tls_seeds < self.redis_cluster_nodes.len() {
+            return invalid(format!(
+                "the seed nodes mix rediss:// ({tls_seeds}) and redis:// ({}): every seed must use the same scheme",
+                self.redis_cluster_nodes.len() - tls_seeds
+            ));
+        }
+        if tls_seeds == 0 && self.redis_tls.is_configured() {
+            return invalid("TLS files are set, so the seed nodes must be rediss://...".into());
         }
         Ok(())
     }
@@ -404,11 +411,8 @@ impl Settings {
             (_, Some(_), None) => "redis_tls_client_key_file",
             (_, None, Some(_)) => "redis_tls_client_cert_file",
             _ => {
-                let tls_url = self.redis_url.as_deref().is_some_and(|url| {
-                    let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
-                    matches!(scheme.as_deref(), Some("rediss" | "valkeys"))
-                });
-                if tls_url {
+                // Cluster seeds are checked by `validate_cluster`.
+                if !self.redis_cluster_nodes.is_empty() || self.redis_url.as_deref().is_some_and(is_tls_url) {
                     return Ok(());
                 }
                 let message = "TLS files are set, so the Redis URL must be rediss://...".into();
@@ -418,6 +422,12 @@ impl Settings {
         let message = "the client certificate and key of mutual TLS must be given together".into();
         Err(ConfigError::Invalid { key, message })
     }
+}
+
+/// Whether `url` asks for TLS (`rediss://`, or its Valkey spelling `valkeys://`).
+fn is_tls_url(url: &str) -> bool {
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
+    matches!(scheme.as_deref(), Some("rediss" | "valkeys"))
 }
 
 /// `$HOSTNAME` (the pod name under Kubernetes), else `coordinator-<pid>`.
@@ -567,13 +577,47 @@ mod tests {
             redis_sentinel_master: Some("m".into()),
             ..ServeArgs::default()
         };
-        let with_tls = ServeArgs { redis_tls_ca_file: Some("/etc/ca.pem".into()), ..ServeArgs::default() };
-        for args in [with_url, with_sentinel, with_tls] {
+        for args in [with_url, with_sentinel] {
             match Settings::resolve(&args, file.clone(), 1) {
                 Err(ConfigError::Invalid { key: "redis_cluster_nodes", .. }) => {}
                 other => panic!("a second Redis target must be refused, got {:?}", other.map(|_| ())),
             }
         }
+    }
+
+    #[test]
+    fn tls_cluster_seeds_take_the_redis_tls_files_and_must_not_mix_schemes() {
+        // Seeds, then which of the CA file, client certificate and client key are set.
+        let args = |nodes: &str, ca: bool, cert: bool, key: bool| ServeArgs {
+            redis_cluster_nodes: Some(nodes.into()),
+            redis_tls_ca_file: ca.then(|| "/etc/rsc/ca.pem".into()),
+            redis_tls_client_cert_file: cert.then(|| "/etc/rsc/client.pem".into()),
+            redis_tls_client_key_file: key.then(|| "/etc/rsc/client.key".into()),
+            ..ServeArgs::default()
+        };
+        let mutual_tls = args("rediss://h1:7000,REDISS://h2:7000", true, true, true);
+        let settings = Settings::resolve(&mutual_tls, FileConfig::default(), 1).expect("TLS on a Cluster is accepted");
+        assert_eq!(settings.redis_cluster_nodes, ["rediss://h1:7000", "REDISS://h2:7000"]);
+        assert_eq!(settings.redis_tls.ca_file.as_deref(), Some(std::path::Path::new("/etc/rsc/ca.pem")));
+        assert!(settings.redis_tls.client_cert_file.is_some() && settings.redis_tls.client_key_file.is_some());
+        // rediss:// seeds alone: the platform's roots, no client certificate.
+        let file: FileConfig = toml::from_str(r#"redis_cluster_nodes = ["rediss://h1:7000"]"#).expect("toml");
+        Settings::resolve(&ServeArgs::default(), file, 1).expect("rediss:// seeds without TLS files");
+
+        let reject = |args: ServeArgs, key: &str, says: &str| match Settings::resolve(&args, FileConfig::default(), 1) {
+            Err(ConfigError::Invalid { key: got, message }) => {
+                assert_eq!(got, key, "{message}");
+                assert!(message.contains(says), "{message}");
+            }
+            other => panic!("expected an invalid {key}, got {:?}", other.map(|_| ())),
+        };
+        let mixed = "rediss://h1:7000,redis://h2:7000,redis://h3:7000";
+        reject(args(mixed, true, true, true), "redis_cluster_nodes", "mix rediss:// (1) and redis:// (2)");
+        reject(args(mixed, false, false, false), "redis_cluster_nodes", "same scheme");
+        // TLS files with plain seeds: refused, as with a redis:// URL (never silently unused).
+        reject(args("redis://h1:7000,redis://h2:7000", true, false, false), "redis_cluster_nodes", "must be rediss://");
+        // Half a client identity is still refused on a Cluster.
+        reject(args("rediss://h1:7000", true, true, false), "redis_tls_client_key_file", "together");
     }
 
     #[test]

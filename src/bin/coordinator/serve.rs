@@ -45,8 +45,8 @@ pub enum ServeError {
     /// Bad arguments or configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The Redis URL, a TLS file or the Sentinel settings are invalid, or the server (or every
-    /// sentinel) cannot be reached (TLS included).
+    /// The Redis URL or Cluster seeds, a TLS file or the Sentinel settings are invalid, or the
+    /// server (or every sentinel, or every seed) cannot be reached (TLS included).
     #[error("cannot connect to Redis: {0}")]
     Connect(StoreError),
     /// The startup compatibility probe failed (unsupported version, missing or denied command).
@@ -95,7 +95,11 @@ async fn run(args: ServeArgs) -> Result<(), ServeError> {
     tracing::info!(?settings, "starting coordinator");
     let readiness = Readiness::default();
     if !settings.redis_cluster_nodes.is_empty() {
-        let options = RedisStoreOptions { timeout_ms: settings.redis_timeout_ms, ..RedisStoreOptions::default() };
+        let options = RedisStoreOptions {
+            timeout_ms: settings.redis_timeout_ms,
+            tls: settings.redis_tls.clone(),
+            ..RedisStoreOptions::default()
+        };
         let store =
             RedisStore::connect_cluster(&settings.redis_cluster_nodes, options).await.map_err(ServeError::Connect)?;
         return serve_store(store, &settings, readiness).await;

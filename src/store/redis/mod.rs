@@ -58,7 +58,8 @@
 //! `tls.rs`), RESP2, one shared multiplexed connection plus dedicated connections for blocking
 //! reads. With [`RedisSentinelOptions`] the server is the master the sentinels name at each
 //! connect (`sentinel.rs`). [`RedisStore::open_cluster`] runs on a Redis Cluster (`cluster.rs`):
-//! every multi-key script touches one slot, and batched calls go as one call per slot.
+//! every multi-key script touches one slot, and batched calls go as one call per slot; with
+//! `rediss://` seeds every node connection is TLS with the same [`RedisTlsOptions`].
 //!
 //! Every round trip (connect included) has a deadline, [`RedisStoreOptions::timeout_ms`]; a
 //! blocking read adds its BLOCK time. A failed or timed-out connection is dropped and the next
@@ -106,8 +107,9 @@ pub struct RedisStoreOptions {
     pub scan_count: u64,
     /// XAUTOCLAIM COUNT of one page of `claim_all_pending`.
     pub claim_page_count: u64,
-    /// CA and client certificate files of a `rediss://` connection (none set: platform roots, no
-    /// client certificate). Setting any of them with a `redis://` URL is an error.
+    /// CA and client certificate files of a `rediss://` connection or Cluster (none set: platform
+    /// roots, no client certificate). Setting any of them with a `redis://` URL or seeds is an
+    /// error.
     pub tls: RedisTlsOptions,
     /// Find the master through Redis Sentinel (see [`RedisStore::open`]); `None`: the URL's
     /// server.
@@ -206,7 +208,14 @@ impl RedisStore {
 
     /// Prepares the store on a Redis Cluster found from `nodes`, its seed nodes
     /// (`redis://[user:password@]host:port`, any subset of the cluster's nodes; every seed must
-    /// carry the same credentials). No network I/O: the first call reads the slot map.
+    /// carry the same credentials). No network I/O: the first call reads the slot map; the TLS
+    /// files of `options.tls` are read and checked here.
+    ///
+    /// TLS: with `rediss://` seeds every connection, to the seeds and to each node CLUSTER SLOTS
+    /// names, is TLS, verified as [`open`](Self::open) verifies one server (the CA file or the
+    /// platform's roots; each node's certificate must name the address the cluster announces for
+    /// it, usually an IP) and presenting the client certificate when one is set. The nodes must
+    /// announce their TLS ports in CLUSTER SLOTS (`tls-cluster yes`).
     ///
     /// Each command goes to the primary serving its key's slot; the `redis` crate follows MOVED
     /// and ASK redirects and retries TRYAGAIN, CLUSTERDOWN and a lost connection within its retry
@@ -219,9 +228,10 @@ impl RedisStore {
     /// were across shards: each shard's outcome is its own). `identity()` covers every primary,
     /// and `rebuild_index` SCANs every primary.
     ///
-    /// Errors: `Config` for no seed, a malformed seed, seeds with different credentials, and TLS
-    /// (`rediss://` seeds or [`RedisStoreOptions::tls`]) or Sentinel, neither of which this store
-    /// supports on a Cluster yet.
+    /// Errors: `Config` for no seed, a malformed seed, seeds with different credentials, seeds
+    /// that mix `redis://` and `rediss://`, TLS files with `redis://` seeds, an unreadable or
+    /// invalid TLS file, and Sentinel (which cannot be combined with a Cluster); `Unsupported`
+    /// for `rediss://...#insecure`.
     pub fn open_cluster(nodes: &[String], options: RedisStoreOptions) -> Result<Self, StoreError> {
         if nodes.is_empty() {
             return Err(StoreError::Config("a Redis Cluster needs at least one seed node".into()));
@@ -229,23 +239,16 @@ impl RedisStore {
         if options.sentinel.is_some() {
             return Err(StoreError::Config("Redis Sentinel and Redis Cluster cannot be combined".into()));
         }
-        if options.tls.is_configured() {
-            return Err(StoreError::Config("TLS files are not supported with Redis Cluster (not built yet)".into()));
-        }
         let mut infos = Vec::with_capacity(nodes.len());
         for (i, node) in nodes.iter().enumerate() {
             let info = node.as_str().into_connection_info().map_err(|e| {
                 StoreError::Config(format!(
-                    "invalid Redis Cluster seed node #{} ({}); expected redis://[user:password@]host:port",
+                    "invalid Redis Cluster seed node #{} ({}); expected redis://[user:password@]host:port or \
+                     rediss://...",
                     i + 1,
                     e.kind_name()
                 ))
             })?;
-            if node.trim_start().starts_with("rediss://") {
-                return Err(StoreError::Config(
-                    "TLS (rediss://) is not supported with Redis Cluster (not built yet)".into(),
-                ));
-            }
             infos.push(info);
         }
         let credentials = |info: &::redis::ConnectionInfo| {
@@ -254,6 +257,7 @@ impl RedisStore {
         if infos.iter().any(|info| credentials(info) != credentials(&infos[0])) {
             return Err(StoreError::Config("the Redis Cluster seed nodes carry different credentials".into()));
         }
+        let certificates = tls::cluster_certificates(&infos, &options.tls)?;
         let redactor = Redactor::new(infos[0].redis_settings().password());
         // The crate's per-request response timeout is set beyond any blocking read: the deadline
         // of every round trip is the store's (see `conn.rs`). Its default wait before retrying
@@ -263,13 +267,18 @@ impl RedisStore {
         // failed as `Unavailable` although the keys were together again a few hundred
         // milliseconds later. Waits of at most 10, 20, 40, ... ms (and `CLUSTER_RETRY_WAIT_MS_MAX`)
         // retry such a command several times within the deadline.
-        let client = ::redis::cluster::ClusterClientBuilder::new(infos)
+        let mut builder = ::redis::cluster::ClusterClientBuilder::new(infos)
             .connection_timeout(std::time::Duration::from_millis(options.timeout_ms.max(1)))
             .response_timeout(std::time::Duration::from_secs(24 * 3600))
             .min_retry_wait(CLUSTER_RETRY_WAIT_MS_MIN)
-            .max_retry_wait(CLUSTER_RETRY_WAIT_MS_MAX)
-            .build()
-            .map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))?;
+            .max_retry_wait(CLUSTER_RETRY_WAIT_MS_MAX);
+        if let Some(certificates) = certificates {
+            // Every connection the client opens (shared, blocking reads, redirects to nodes
+            // learnt from CLUSTER SLOTS) is TLS with these roots and this client certificate.
+            builder = builder.certs(certificates);
+        }
+        let client =
+            builder.build().map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))?;
         let conn = Connector::new(Target::Cluster(client), options.timeout_ms, redactor, Redactor::default());
         Ok(Self { inner: Arc::new(Inner { conn, scripts: Scripts::new(), options }) })
     }

@@ -1,14 +1,17 @@
 //! TLS (`rediss://`) for [`RedisStore`](super::RedisStore): builds the `redis` crate client from
 //! the URL and [`RedisTlsOptions`], reading and checking the PEM files up front.
 //!
+//! The same files serve a Redis Cluster (`cluster_certificates`): the crate's cluster client
+//! uses them for every node it connects to, the seeds and the nodes CLUSTER SLOTS names.
+//!
 //! Owns: the choice of trust roots (a CA file given → only its certificates; none → the
 //! platform's roots, loaded by the `redis` crate through `rustls-native-certs`, which honours
 //! `SSL_CERT_FILE` / `SSL_CERT_DIR`), the optional client certificate for mutual TLS, and the
 //! rustls crypto provider (`ring`, installed as the process default if none is installed yet).
 //! Never: turns certificate or host name verification off (`rediss://…/#insecure` is refused:
 //! the crate's `tls-rustls-insecure` feature is not compiled in), connects over plain TCP when TLS
-//! files are configured (a `redis://` URL with TLS files is an error, not a silent downgrade),
-//! puts file contents or the URL into an error, or panics on a bad file.
+//! files are configured (a `redis://` URL or Cluster seed with TLS files is an error, not a silent
+//! downgrade), puts file contents or the URL into an error, or panics on a bad file.
 //! Invariant: every error names the file and the problem, is a typed [`StoreError`], and goes
 //! through the [`Redactor`].
 
@@ -21,8 +24,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use super::errors::Redactor;
 use crate::store::StoreError;
 
-/// TLS settings of a `rediss://` connection. `Default`: trust the platform's root certificates,
-/// present no client certificate.
+/// TLS settings of a `rediss://` connection, or of every node of a `rediss://` Cluster.
+/// `Default`: trust the platform's root certificates, present no client certificate.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RedisTlsOptions {
     /// PEM file with the CA certificate(s) to trust for the server's certificate, instead of the
@@ -55,16 +58,62 @@ pub(super) fn client(info: ConnectionInfo, tls: &RedisTlsOptions, redactor: &Red
         _ => return Client::open(info).map_err(|e| client_error(redactor, &e)),
     };
     if insecure {
-        return Err(StoreError::Unsupported {
-            command: "rediss://#insecure".into(),
-            detail: "certificate verification cannot be turned off in this build; trust a private CA with the TLS \
-                     CA file option instead"
-                .into(),
-        });
+        return Err(insecure_refused());
     }
     install_crypto_provider();
     let certificates = TlsCertificates { client_tls: client_identity(tls)?, root_cert: ca_certificates(tls)? };
     Client::build_with_tls(info, certificates).map_err(|e| client_error(redactor, &e))
+}
+
+/// The certificates a Redis Cluster client presents and trusts, `None` for a plain-TCP Cluster.
+///
+/// The `redis` crate applies one TLS setting to every node it connects to (seeds and the nodes
+/// CLUSTER SLOTS names), so the seeds must agree: mixed schemes are refused here with a message
+/// naming the seeds, rather than the crate's bare `InvalidClientConfig`. As on one server, TLS
+/// files with plain `redis://` seeds are refused instead of silently unused, and `#insecure`
+/// cannot turn verification off.
+pub(super) fn cluster_certificates(
+    seeds: &[ConnectionInfo],
+    tls: &RedisTlsOptions,
+) -> Result<Option<TlsCertificates>, StoreError> {
+    let tls_seeds: Vec<bool> = seeds.iter().map(|info| matches!(info.addr(), ConnectionAddr::TcpTls { .. })).collect();
+    if tls_seeds.iter().any(|&t| t) && tls_seeds.iter().any(|&t| !t) {
+        let numbers = |want: bool| {
+            let listed: Vec<String> =
+                tls_seeds.iter().enumerate().filter(|(_, &t)| t == want).map(|(i, _)| format!("#{}", i + 1)).collect();
+            listed.join(", ")
+        };
+        return Err(StoreError::Config(format!(
+            "the Redis Cluster seed nodes mix TLS and plain TCP (rediss:// seeds {}; redis:// seeds {}): every seed \
+             must use the same scheme",
+            numbers(true),
+            numbers(false)
+        )));
+    }
+    if !tls_seeds.first().copied().unwrap_or(false) {
+        if tls.is_configured() {
+            return Err(StoreError::Config(
+                "TLS files are configured but the Redis Cluster seed nodes are not rediss:// (refusing to connect \
+                 without TLS)"
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    }
+    if seeds.iter().any(|info| matches!(info.addr(), ConnectionAddr::TcpTls { insecure: true, .. })) {
+        return Err(insecure_refused());
+    }
+    install_crypto_provider();
+    Ok(Some(TlsCertificates { client_tls: client_identity(tls)?, root_cert: ca_certificates(tls)? }))
+}
+
+fn insecure_refused() -> StoreError {
+    StoreError::Unsupported {
+        command: "rediss://#insecure".into(),
+        detail: "certificate verification cannot be turned off in this build; trust a private CA with the TLS CA file \
+                 option instead"
+            .into(),
+    }
 }
 
 /// Makes `ring` the process's rustls provider unless one is installed already (rustls cannot pick

@@ -1,0 +1,77 @@
+//! The coordinator and its clients on a mutual-TLS Redis Cluster (`RedisCluster::start_tls`: TLS
+//! ports only, client certificates required, TLS on the cluster bus): `REDIS_CLUSTER_NODES` of
+//! `rediss://` seeds with the Redis TLS files runs a group end to end, and without the client
+//! certificate `coordinator serve` stops at startup with exit 3, as it does on one TLS server
+//! (`tests/e2e_tls.rs`).
+
+use std::time::{Duration, Instant};
+
+use crate::e2e_support::checks::{pending_count, shares_all};
+use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, Fleet};
+use crate::e2e_support::ground_truth::assert_no_split;
+use crate::e2e_support::process::{cluster_target, serve_expecting_exit_with, CoordinatorProcess};
+use crate::e2e_support::{fast_config, group, wait_until, wait_until_explained};
+use crate::support::redis_cluster::RedisCluster;
+use crate::support::redis_server::TlsClientAuth;
+use rsc::store::redis::RedisTlsOptions;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_runs_on_a_mutual_tls_cluster_and_a_coordinator_without_a_client_certificate_exits_3() {
+    const SHARDS: u32 = 6;
+    const MESSAGES: usize = 300;
+    let started = Instant::now();
+    let cluster = RedisCluster::start_tls(3, 0, TlsClientAuth::Yes);
+    let files = cluster.tls_files().expect("TLS files").clone();
+    let target = cluster_target(&cluster.nodes());
+    assert!(cluster.nodes().iter().all(|n| n.starts_with("rediss://")), "{target}");
+    let group = group("cluster-tls");
+    let streams: Vec<String> = (0..SHARDS).map(|s| group.stream_key(s)).collect();
+    let primaries: std::collections::BTreeSet<u16> = streams.iter().map(|k| cluster.node_for_key(k).port()).collect();
+    assert!(primaries.len() >= 2, "the shards span primaries");
+
+    // The CA but no client certificate: every node refuses the handshake, and the binary stops at
+    // startup (store unreachable), naming the cause.
+    let ca_only = ["--redis-tls-ca-file".to_string(), files.ca_cert.display().to_string()];
+    let failed = serve_expecting_exit_with(&target, &ca_only, Duration::from_secs(20)).await;
+    assert_eq!(failed.status.code(), Some(3), "exit 3 (store unreachable):\n{}", failed.stderr);
+    let error_line = failed.stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_default();
+    assert!(error_line.contains("cannot connect to Redis"), "the error says why:\n{}", failed.stderr);
+    eprintln!("without a client certificate: exit 3 after {:?}: {error_line}", failed.elapsed);
+
+    let config = format!(
+        "redis_tls_ca_file = {:?}\nredis_tls_client_cert_file = {:?}\nredis_tls_client_key_file = {:?}\n",
+        files.ca_cert.display().to_string(),
+        files.client_cert.display().to_string(),
+        files.client_key.display().to_string(),
+    );
+    let coordinator = CoordinatorProcess::start_with_config(&target, "e2e-cluster-tls", &config).await;
+    coordinator.create_group(&group, SHARDS, &fast_config()).await;
+    let mut fleet = Fleet::new(group.clone(), vec![coordinator.addr()], target.clone());
+    fleet.redis_tls = RedisTlsOptions {
+        ca_file: Some(files.ca_cert.clone()),
+        client_cert_file: Some(files.client_cert.clone()),
+        client_key_file: Some(files.client_key.clone()),
+    };
+    let consumer = fleet.consumer("alpha", AppSettings::default()).await;
+    wait_until("the consumer owns every shard", Duration::from_secs(15), || shares_all(&[&consumer], SHARDS)).await;
+    let producer = fleet.producer("producer").await;
+    producer.publish_paced(0..MESSAGES, 1_000).await;
+    let ledger = fleet.ledger.clone();
+    wait_until_explained(
+        "every message acked",
+        Duration::from_secs(15),
+        || ledger.acked_distinct() >= MESSAGES,
+        || fleet.explain(),
+    )
+    .await;
+    assert_eq!(ledger.lock().publish_failures, Vec::<String>::new(), "no publish failed");
+    assert_no_split(&fleet.reads);
+    let summary = check_delivery(&ledger, &abandoned_entries(&fleet.events()));
+    consumer.close(Duration::from_secs(10)).await;
+    for shard in 0..SHARDS {
+        let node = cluster.node_for_key(&group.stream_key(shard));
+        assert_eq!(pending_count(node, &group, shard), 0, "shard {shard} has un-acked entries in Redis");
+    }
+    coordinator.assert_no_error_logged();
+    eprintln!("mutual TLS cluster, {} primaries: {summary}; {:?} in all", primaries.len(), started.elapsed());
+}
