@@ -18,7 +18,12 @@
 //!   the side by side of what gates save;
 //! - `library fencing=on poll_idle=5ms`: the consumers' `poll_idle_ms` at 5 instead of the
 //!   library's 50 (set in the `ConsumerConfig` this bench builds), to separate the cost of
-//!   polling from the rest (`lib-off-idle5` on request).
+//!   polling from the rest (`lib-off-idle5` on request);
+//! - on request, acks that ride on the next read: `raw-piggy` (a held batch's XACKs pipelined
+//!   with the next, non-blocking, XREADGROUP) and `lib-on-overlap` (fencing on, a held batch's
+//!   `Consumer::ack_all` sent together with the next `Consumer::poll`, each still returning only
+//!   after Redis answered). Which batches are held: `DP_HOLD=full` (default: only full ones, a
+//!   backlog) or `DP_HOLD=every`. A held batch counts as consumed when its ack returned.
 //!
 //! One run of a row: `P` producer tasks publish `M` messages (a 100-byte payload carrying the
 //! publish time) in a closed loop while `C` consumer tasks read and ack until all `M` were acked;
@@ -36,7 +41,7 @@
 //! quick 2), `DP_PRODUCERS` (4), `DP_CONSUMERS` (4), `DP_SHARDS` (8), `DP_BATCH` entries per read
 //! (100), `DP_IDLE_WAITS` per consumer (5; quick 2) of `DP_IDLE_WAIT_MS` (200), `DP_ROWS`
 //! (comma-separated keys; default `raw,lib-on,lib-on-script,lib-off,lib-on-idle5`; also
-//! `lib-off-idle5`).
+//! `lib-off-idle5`, `raw-piggy`, `lib-on-overlap`; `DP_HOLD` above).
 //! A library row whose clients cannot start (e.g. a store without the fence scripts) is left out
 //! with its error printed; the smoke run fails instead.
 //! Without `--bench` (how `cargo test --all-targets` runs it) a small smoke run checks that every
@@ -88,9 +93,9 @@ mod bench {
     use crate::counted::TripCounters;
     use crate::library::{Fencing, LibRig};
     use crate::raw::{RawGroup, RawPublisher, RawSubscriber};
-    use crate::report::{print_goals, print_run, print_tables, RowSamples};
+    use crate::report::{print_goals, print_piggyback, print_run, print_tables, RowSamples};
     use crate::support::RedisServer;
-    use crate::workload::{run, Sample, Workload};
+    use crate::workload::{run, HoldAcks, Sample, Workload};
     use rsc::core::model::GroupId;
     use rsc::service::{Coordinator, CoordinatorOptions};
     use rsc::store::redis::{RedisStore, RedisStoreOptions};
@@ -99,7 +104,14 @@ mod bench {
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub enum Row {
         Raw,
-        Library { fencing: Fencing, poll_idle_ms: Option<u64> },
+        /// Raw loops whose held batches' XACKs ride on the next read (pipelined with it).
+        RawPiggyback,
+        Library {
+            fencing: Fencing,
+            poll_idle_ms: Option<u64>,
+        },
+        /// Fencing on, a held batch's `ack_all` sent together with the next `poll`.
+        LibOverlap,
     }
 
     impl Row {
@@ -112,6 +124,8 @@ mod bench {
                 Row::Library { fencing: Fencing::Off, poll_idle_ms: None },
                 Row::Library { fencing: Fencing::On, poll_idle_ms: Some(5) },
                 Row::Library { fencing: Fencing::Off, poll_idle_ms: Some(5) },
+                Row::RawPiggyback,
+                Row::LibOverlap,
             ]
         }
 
@@ -123,6 +137,8 @@ mod bench {
         pub fn key(self) -> String {
             match self {
                 Row::Raw => "raw".into(),
+                Row::RawPiggyback => "raw-piggy".into(),
+                Row::LibOverlap => "lib-on-overlap".into(),
                 Row::Library { fencing, poll_idle_ms } => {
                     let fencing = match fencing {
                         Fencing::On => "-on",
@@ -138,6 +154,8 @@ mod bench {
         pub fn title(self) -> String {
             match self {
                 Row::Raw => "raw redis XADD / XREADGROUP+XACK".into(),
+                Row::RawPiggyback => "raw, XACK pipelined with next read".into(),
+                Row::LibOverlap => "library fencing=on, ack beside next poll".into(),
                 Row::Library { fencing, poll_idle_ms } => {
                     let mut title = String::from(match fencing {
                         Fencing::On => "library fencing=on",
@@ -183,6 +201,11 @@ mod bench {
             idle_waits: env_number("DP_IDLE_WAITS", idle_waits),
             idle_wait_ms: env_number("DP_IDLE_WAIT_MS", 200).max(1) as u64,
             deadline: Duration::from_secs(60),
+            hold: match std::env::var("DP_HOLD").as_deref().map(str::trim) {
+                Err(_) | Ok("" | "full") => HoldAcks::FullBatches,
+                Ok("every") => HoldAcks::Every,
+                Ok(other) => return Err(format!("DP_HOLD: {other:?} is neither `full` nor `every`")),
+            },
         };
         let keys: Vec<String> = match std::env::var("DP_ROWS") {
             Ok(v) if !v.trim().is_empty() => v.split(',').map(|k| k.trim().to_ascii_lowercase()).collect(),
@@ -244,8 +267,10 @@ mod bench {
     ) -> Result<Rig, String> {
         let url = server.url();
         match row {
-            Row::Raw => {
-                let group = RawGroup { prefix: "dp-raw".into(), group: "raw".into(), shards: workload.shards };
+            Row::Raw | Row::RawPiggyback => {
+                let piggyback = row == Row::RawPiggyback;
+                let group =
+                    RawGroup { prefix: format!("dp-{}", row.key()), group: "raw".into(), shards: workload.shards };
                 crate::raw::create(&url, &group).await?;
                 let trips = Arc::new(TripCounters::default());
                 let mut publishers = Vec::new();
@@ -257,16 +282,25 @@ mod bench {
                 let mut subscribers = Vec::new();
                 for i in 0..count {
                     let subscriber =
-                        RawSubscriber::connect(&url, group.clone(), i, count, block_max, Arc::clone(&trips)).await?;
+                        RawSubscriber::connect(&url, group.clone(), i, count, block_max, Arc::clone(&trips))
+                            .await?
+                            .piggyback(piggyback.then_some(workload.hold));
                     subscribers.push(Arc::new(subscriber));
                 }
                 Ok(Rig::Raw { publishers, subscribers, trips })
+            }
+            Row::LibOverlap => {
+                let group = GroupId::new(format!("dp-{}", row.key()), "bench");
+                let rig =
+                    LibRig::start(&url, coordinator, group, Fencing::On, workload, None, Some(workload.hold)).await?;
+                println!("  {}: group settled in {} ms", row.title(), rig.settle.as_millis());
+                Ok(Rig::Library(rig))
             }
             Row::Library { fencing, poll_idle_ms } => {
                 // Streams are `<prefix>:<shard>`: every row needs its own prefix, or one row's
                 // consumer group would also read what the other rows publish.
                 let group = GroupId::new(format!("dp-{}", row.key()), "bench");
-                let rig = LibRig::start(&url, coordinator, group, fencing, workload, poll_idle_ms).await?;
+                let rig = LibRig::start(&url, coordinator, group, fencing, workload, poll_idle_ms, None).await?;
                 println!("  {}: group settled in {} ms", row.title(), rig.settle.as_millis());
                 Ok(Rig::Library(rig))
             }
@@ -338,6 +372,7 @@ mod bench {
         }
         print_tables(&samples, &settings.workload);
         print_goals(&samples, &settings.workload);
+        print_piggyback(&samples, &settings.workload);
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         let load: Vec<&str> = load.split_whitespace().take(3).collect();
         println!(

@@ -4,8 +4,11 @@
 //! Owns only counters (atomics: no lock on the data path). Never changes, retries or reorders a
 //! call. Calls of one kind that overlap in time on one wrapper (one client's connection) travel
 //! together and count as one round trip (`Consumer::poll` and `Consumer::ack_all` send their
-//! shards' calls at once). Sequential calls of one shard that overlap another shard's call (a
-//! shard being set up beside a steady one) count once too: setup is not what this bench times. Each `RedisStore` stream method is one round trip except `claim_all_pending`, which pages
+//! shards' calls at once); calls of different kinds count apart even when they overlap (the
+//! `lib-on-overlap` row's `ack_all` beside its next `poll` counts as an ack and a read).
+//! Sequential calls of one shard that overlap another shard's call (a shard being set up beside a
+//! steady one) count once too: setup is not what this bench times. Each `RedisStore` stream
+//! method is one round trip except `claim_all_pending`, which pages
 //! XAUTOCLAIM (one page per call at the sizes this bench runs; counted as one). The fenced
 //! variants (one script call each) count under the same names as the plain ones, so the rows
 //! with fencing on and off compare directly.

@@ -7,7 +7,8 @@
 //! the producers publishing to it, kept across rounds so each row settles once. Every client has
 //! its own `RedisStore` (one multiplexed connection), wrapped in [`Counted`] so the row's round
 //! trips are counted at the store boundary. Never calls the stream store itself: everything on
-//! the data path goes through `Producer::publish`, `Consumer::poll_wait` and `Consumer::ack_all`.
+//! the data path goes through `Producer::publish`, `Consumer::poll_wait` and `Consumer::ack_all`
+//! (and `Consumer::poll` beside a held batch's `ack_all` in the `lib-on-overlap` row).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -15,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::counted::{Counted, TripCounters};
-use crate::workload::{payload_of, Board, Publisher, Subscriber, Workload};
-use rsc::client::consumer::NoopListener;
+use crate::workload::{payload_of, Board, HoldAcks, Publisher, Subscriber, Workload};
+use rsc::client::consumer::{Delivery, NoopListener};
 use rsc::client::{
     ClientEnv, ClientEvent, Clock, Consumer, ConsumerConfig, CoordinatorTransport, EventSink, Producer, ProducerConfig,
     TransportError,
@@ -76,19 +77,53 @@ impl Publisher for LibPublisher {
     }
 }
 
-pub struct LibSubscriber(Consumer<InProcess, Store>);
+pub struct LibSubscriber {
+    consumer: Consumer<InProcess, Store>,
+    /// `Some`: the batches it says have their `ack_all` run beside the next `poll` (see
+    /// [`Subscriber::consume`]).
+    overlap: Option<HoldAcks>,
+    /// With `overlap`: the batch read last, not acked yet.
+    held: Mutex<Vec<Delivery>>,
+}
+
+impl LibSubscriber {
+    fn take_held(&self) -> Vec<Delivery> {
+        std::mem::take(&mut *self.held.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn hold(&self, deliveries: Vec<Delivery>) {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = deliveries;
+    }
+}
 
 impl Subscriber for LibSubscriber {
     /// What an application does: `poll_wait`, process the batch, then ack it with one
     /// `Consumer::ack_all` (one fenced-ack script for the fenced shards, else one XACK per shard).
+    /// With `overlap`, a batch it holds (by default a full one: a backlog, more is waiting) is
+    /// acked by the next call, with `ack_all` and a `poll` sent at once (both on the client's
+    /// connection, so they travel together: one round trip's wait instead of two); its messages
+    /// count as consumed when that `ack_all` returned. Another batch is acked at once, as without
+    /// `overlap`. Only the application's order changes: `ack_all` still returns after Redis acked.
     async fn consume(&self, board: &Board, max: usize, wait: Duration) -> Result<usize, String> {
-        let deliveries = self.0.poll_wait(max, wait).await.map_err(|e| e.to_string())?;
-        self.0.ack_all(&deliveries).await.map_err(|e| e.to_string())?;
-        for delivery in &deliveries {
+        let held = self.take_held();
+        let (deliveries, acked) = if held.is_empty() {
+            (self.consumer.poll_wait(max, wait).await.map_err(|e| e.to_string())?, Vec::new())
+        } else {
+            let (acked, polled) = tokio::join!(self.consumer.ack_all(&held), self.consumer.poll(max));
+            acked.map_err(|e| e.to_string())?;
+            (polled.map_err(|e| e.to_string())?, held)
+        };
+        let acked_now = if self.overlap.is_some_and(|hold| hold.holds(deliveries.len(), max)) {
+            self.hold(deliveries);
+            Vec::new()
+        } else {
+            self.consumer.ack_all(&deliveries).await.map_err(|e| e.to_string())?;
+            deliveries
+        };
+        for delivery in acked.iter().chain(&acked_now) {
             board.acked(payload_of(&delivery.entry.fields));
         }
-        let acked = deliveries.len();
-        Ok(acked)
+        Ok(acked.len() + acked_now.len())
     }
 }
 
@@ -163,6 +198,7 @@ impl LibRig {
         fencing: Fencing,
         workload: &Workload,
         poll_idle_ms: Option<u64>,
+        overlap: Option<HoldAcks>,
     ) -> Result<LibRig, String> {
         let config = group_config(fencing);
         let create = AdminRequest::CreateGroup { group: group.clone(), shard_count: workload.shards, config };
@@ -180,12 +216,12 @@ impl LibRig {
             }
             let store = Counted::new(connect(url, fencing != Fencing::OnScripted).await?, Arc::clone(&trips));
             let consumer = Consumer::join_with(config, link.clone(), store, env.clone(), Arc::new(NoopListener));
-            subscribers.push(Arc::new(LibSubscriber(consumer)));
+            subscribers.push(Arc::new(LibSubscriber { consumer, overlap, held: Mutex::new(Vec::new()) }));
         }
         settle(&subscribers, workload.shards, &disruptions).await?;
         let settle = started.elapsed();
         for subscriber in &subscribers {
-            let early = subscriber.0.poll(workload.batch).await.map_err(|e| format!("setup poll: {e}"))?;
+            let early = subscriber.consumer.poll(workload.batch).await.map_err(|e| format!("setup poll: {e}"))?;
             if !early.is_empty() {
                 return Err(format!("setup poll of a fresh group delivered {} entries", early.len()));
             }
@@ -204,7 +240,7 @@ impl LibRig {
     /// Clean leaves (drain, REVOKED, leave heartbeat).
     pub async fn close(self) {
         for subscriber in &self.subscribers {
-            let _ = subscriber.0.close().await;
+            let _ = subscriber.consumer.close().await;
         }
     }
 }
@@ -225,7 +261,7 @@ const SETTLE_FAILURES_MAX: u64 = 10;
 async fn settle(subscribers: &[Arc<LibSubscriber>], shards: u32, disruptions: &Disruptions) -> Result<(), String> {
     let deadline = Instant::now() + SETTLE_DEADLINE;
     loop {
-        let statuses: Vec<_> = subscribers.iter().map(|s| s.0.status()).collect();
+        let statuses: Vec<_> = subscribers.iter().map(|s| s.consumer.status()).collect();
         let mut readers = vec![0usize; shards as usize];
         for status in &statuses {
             for shard in &status.readable {

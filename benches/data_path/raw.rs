@@ -7,6 +7,9 @@
 //! `XREADGROUP ... COUNT n/k BLOCK w STREAMS <its k shards> > ...` per read (at most `n` entries,
 //! like the library's `poll(n)`) and acks what it got with one XACK per stream, pipelined: two
 //! round trips per busy read, one per idle wait.
+//! The `raw-piggy` row instead holds a batch ([`HoldAcks`]) and sends its XACKs in one pipeline
+//! with the next, non-blocking, read: the physical limit of acks that ride on the next read. That
+//! pipeline counts as a read and an ack round trip, as the library's overlapping calls do.
 //! Every publisher and subscriber has its own multiplexed connection, as each library client has
 //! its own `RedisStore`. Never parses more of a reply than the payload field.
 
@@ -17,7 +20,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 
 use crate::counted::TripCounters;
-use crate::workload::{payload_of, Board, Publisher, Subscriber};
+use crate::workload::{payload_of, Board, HoldAcks, Publisher, Subscriber};
 
 /// A reply may take this long beyond a read's BLOCK time.
 const RESPONSE_MARGIN: Duration = Duration::from_secs(5);
@@ -86,9 +89,19 @@ pub struct RawSubscriber {
     name: String,
     streams: Vec<String>,
     trips: Arc<TripCounters>,
+    /// `Some`: acks ride on the next read (the `raw-piggy` row), for the batches it says.
+    piggyback: Option<HoldAcks>,
+    /// With `piggyback`: the batch read last, not acked yet.
+    held: std::sync::Mutex<Vec<(String, Vec<RawEntry>)>>,
 }
 
 impl RawSubscriber {
+    /// Acks ride on the next read, for the batches `hold` says.
+    pub fn piggyback(mut self, hold: Option<HoldAcks>) -> Self {
+        self.piggyback = hold;
+        self
+    }
+
     /// Subscriber `index` of `count`: reads the shards `s % count == index`.
     pub async fn connect(
         url: &str,
@@ -100,7 +113,15 @@ impl RawSubscriber {
     ) -> Result<Self, String> {
         let streams = (0..group.shards).filter(|s| s % count == index).map(|s| group.stream(s)).collect();
         let conn = connect(url, block_max).await?;
-        Ok(Self { conn, name: format!("raw-{index}"), group, streams, trips })
+        Ok(Self {
+            conn,
+            name: format!("raw-{index}"),
+            group,
+            streams,
+            trips,
+            piggyback: None,
+            held: std::sync::Mutex::new(Vec::new()),
+        })
     }
 }
 
@@ -113,6 +134,9 @@ impl Subscriber for RawSubscriber {
         // COUNT is per stream: split `max` so one read returns at most `max` entries in all, as
         // the library's `poll(max)` does.
         let count = max.div_ceil(self.streams.len()).max(1);
+        if let Some(hold) = self.piggyback {
+            return self.consume_piggyback(board, hold, max, count, wait).await;
+        }
         let mut read = redis::cmd("XREADGROUP");
         read.arg("GROUP").arg(&self.group.group).arg(&self.name).arg("COUNT").arg(count);
         read.arg("BLOCK").arg(wait.as_millis().max(1) as u64).arg("STREAMS").arg(&self.streams);
@@ -135,6 +159,68 @@ impl Subscriber for RawSubscriber {
         acks.query_async::<Vec<Value>>(&mut conn).await.map_err(|e| e.to_string())?;
         let mut acked = 0;
         for (_, entries) in &streams {
+            for (_, payload) in entries {
+                board.acked(payload);
+                acked += 1;
+            }
+        }
+        Ok(acked)
+    }
+}
+
+impl RawSubscriber {
+    /// The XACKs of `streams`' entries, one per stream, added to `pipe`.
+    fn add_acks(&self, pipe: &mut redis::Pipeline, streams: &[(String, Vec<RawEntry>)]) {
+        for (stream, entries) in streams {
+            pipe.cmd("XACK")
+                .arg(stream)
+                .arg(&self.group.group)
+                .arg(entries.iter().map(|(id, _)| id).collect::<Vec<_>>())
+                .ignore();
+        }
+    }
+
+    /// With `piggyback`: the held batch's XACKs ride on a read that does not block (one pipeline),
+    /// and count as acked when it returned; without a held batch, a blocking read. A batch read
+    /// that `hold` holds waits for the next call; another is acked at once, as without
+    /// `piggyback`.
+    async fn consume_piggyback(
+        &self,
+        board: &Board,
+        hold: HoldAcks,
+        max: usize,
+        count: usize,
+        wait: Duration,
+    ) -> Result<usize, String> {
+        let held = std::mem::take(&mut *self.held.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut pipe = redis::pipe();
+        self.add_acks(&mut pipe, &held);
+        let read = pipe.cmd("XREADGROUP").arg("GROUP").arg(&self.group.group).arg(&self.name).arg("COUNT").arg(count);
+        if held.is_empty() {
+            read.arg("BLOCK").arg(wait.as_millis().max(1) as u64);
+        } else {
+            TripCounters::hit(&self.trips.xack);
+        }
+        read.arg("STREAMS").arg(&self.streams).arg(vec![">"; self.streams.len()]);
+        let mut conn = self.conn.clone();
+        let reply = pipe.query_async::<Vec<Value>>(&mut conn).await.map_err(|e| e.to_string())?;
+        let streams = parse_read(reply.first().unwrap_or(&Value::Nil))?;
+        self.trips.read(!streams.is_empty());
+        let read_total: usize = streams.iter().map(|(_, entries)| entries.len()).sum();
+        let acked_now = if hold.holds(read_total, max) {
+            *self.held.lock().unwrap_or_else(|p| p.into_inner()) = streams;
+            Vec::new()
+        } else {
+            if !streams.is_empty() {
+                let mut acks = redis::pipe();
+                self.add_acks(&mut acks, &streams);
+                TripCounters::hit(&self.trips.xack);
+                acks.query_async::<Vec<Value>>(&mut conn).await.map_err(|e| e.to_string())?;
+            }
+            streams
+        };
+        let mut acked = 0;
+        for (_, entries) in held.iter().chain(&acked_now) {
             for (_, payload) in entries {
                 board.acked(payload);
                 acked += 1;

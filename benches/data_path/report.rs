@@ -313,3 +313,28 @@ pub fn print_goals(rows: &[RowSamples], workload: &Workload) {
         None => println!(),
     }
 }
+
+/// Acks that ride on the next read (`raw-piggy`, `lib-on-overlap`, when run): each against the
+/// same row with acks before the next read, in the same rounds.
+pub fn print_piggyback(rows: &[RowSamples], workload: &Workload) {
+    let find = |row: Row| rows.iter().find(|r| r.row == row);
+    let pairs = [
+        (find(Row::RawPiggyback), find(Row::Raw)),
+        (find(Row::LibOverlap), find(Row::Library { fencing: Fencing::On, poll_idle_ms: None })),
+    ];
+    let mut header = false;
+    for (riding, before) in pairs {
+        let (Some(riding), Some(before)) = (riding, before) else { continue };
+        if !header {
+            println!("\nacks riding on the next read (holding {:?}), paired rounds:", workload.hold);
+            header = true;
+        }
+        println!(
+            "  {:<40} {:.2}x of {} while publishing, {:.2}x draining",
+            riding.row.title(),
+            riding.paired_ratio(before, |s| s.consume_per_s),
+            before.row.key(),
+            riding.paired_ratio(before, |s| s.drain_per_s)
+        );
+    }
+}

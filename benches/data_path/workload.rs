@@ -27,9 +27,31 @@ pub trait Publisher: Send + Sync + 'static {
 }
 
 /// What consumes: waits up to `wait` for up to `max` entries, acks them, and reports each acked
-/// payload to `board` when its ack returned. Returns how many it acked.
+/// payload to `board` when its ack returned. Returns how many it acked. A subscriber whose acks
+/// ride on its next read ([`HoldAcks`]) acks a batch in the call after the one that read it.
 pub trait Subscriber: Send + Sync + 'static {
     fn consume(&self, board: &Board, max: usize, wait: Duration) -> impl Future<Output = Result<usize, String>> + Send;
+}
+
+/// Which batches the `*-piggy` / `*-overlap` rows hold, to ack them together with the next read
+/// instead of before it (`DP_HOLD`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldAcks {
+    /// Only a full batch (`max` entries or more: a backlog, more is waiting); a smaller one is
+    /// acked at once, so a caught-up consumer keeps its batches (`DP_HOLD=full`, the default).
+    FullBatches,
+    /// Every batch that delivered something (`DP_HOLD=every`).
+    Every,
+}
+
+impl HoldAcks {
+    /// Whether a read that delivered `read` entries of at most `max` asked for is held.
+    pub fn holds(self, read: usize, max: usize) -> bool {
+        match self {
+            HoldAcks::FullBatches => read >= max,
+            HoldAcks::Every => read > 0,
+        }
+    }
 }
 
 /// The shape of one run.
@@ -48,6 +70,8 @@ pub struct Workload {
     pub idle_wait_ms: u64,
     /// A run still missing acks after this long ends as failed.
     pub deadline: Duration,
+    /// What the rows whose acks ride on the next read hold.
+    pub hold: HoldAcks,
 }
 
 /// Shared by every task of one run.
