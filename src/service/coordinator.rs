@@ -12,7 +12,7 @@
 //! Loss evidence it detects itself (server identity change, revision regression) starts a
 //! correction round and resets this process's observation windows, so every wait restarts.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use rand::rngs::SmallRng;
@@ -37,7 +37,7 @@ use crate::core::{
     Decision, LocalView, Observations, PlantedBug, PlantedBugs,
 };
 use crate::metrics::Metrics;
-use crate::store::{MetadataStore, ProbeReport, ServerIdentity, TouchCheck, WriteOutcome};
+use crate::store::{keys, MetadataStore, ProbeReport, ServerIdentity, TouchCheck, WriteOutcome};
 
 use super::critical::TICK_GAUGES;
 use super::roster::Roster;
@@ -110,6 +110,10 @@ pub const TICKER_SILENCE_MS_DEFAULT: u64 = 3_000;
 /// ([`Coordinator::recheck_refused_session`]).
 const SESSION_RECHECK_MS: u64 = 1_000;
 
+/// Identity changes a process remembers ([`LocalState::identity_changes`]): a group that recorded
+/// nothing since an older one counts as affected by every change (conservative).
+const IDENTITY_CHANGES_KEPT: usize = 64;
+
 /// Instances silent this long are removed from the tick roster (it would otherwise collect every
 /// instance id a deployment ever ran).
 const TICKER_FORGET_MS: u64 = 600_000;
@@ -131,8 +135,13 @@ pub(super) struct LocalState {
     identity: Option<ServerIdentity>,
     /// Bumped on every identity change: groups must record evidence once per generation.
     identity_generation: u64,
-    /// Per group, the identity generation it recorded evidence in. Only entries of the current
-    /// generation mean anything (an older one reads as absent), so a generation bump clears it.
+    /// The last identity changes, oldest first (at most [`IDENTITY_CHANGES_KEPT`]): generation,
+    /// identity before, identity after. On a Redis Cluster they say which slots each may have cost
+    /// writes ([`ServerIdentity::may_have_lost`]), so the failover of one primary is evidence for
+    /// the groups whose keys it served only.
+    identity_changes: VecDeque<(u64, ServerIdentity, ServerIdentity)>,
+    /// Per group, the identity generation up to which it recorded evidence (or had none to
+    /// record: its slot lost nothing); absent reads as 0.
     pub(super) evidence_recorded: BTreeMap<GroupId, u64>,
     /// Highest revision observed per group, ordered against when each read was issued: a lower one
     /// from a read issued *after* it is evidence of lost writes (concurrency is not).
@@ -159,6 +168,27 @@ pub(super) struct LocalState {
     pub(super) rng: SmallRng,
     /// Draws `writeId`s.
     pub(super) write_rng: SmallRng,
+}
+
+impl LocalState {
+    /// Whether `group` must still record evidence of an identity change: some change since the
+    /// generation it recorded up to may have lost writes to its slot (every change does on one
+    /// server), or the log no longer reaches back that far.
+    fn identity_evidence_due(&self, group: &GroupId) -> bool {
+        let recorded = self.evidence_recorded.get(group).copied().unwrap_or(0);
+        if self.identity_generation <= recorded {
+            return false;
+        }
+        let reaches_back = self.identity_changes.front().is_some_and(|(generation, ..)| *generation <= recorded + 1);
+        if !reaches_back {
+            return true;
+        }
+        let slot = keys::group_slot(group);
+        self.identity_changes
+            .iter()
+            .filter(|(generation, ..)| *generation > recorded)
+            .any(|(_, before, after)| before.may_have_lost(after, slot))
+    }
 }
 
 /// Until when the ticker may skip an idle group.
@@ -214,6 +244,7 @@ impl<S: MetadataStore> Coordinator<S> {
             view: LocalView::with_lease_ceiling(options.max_assignment_lease_ms),
             identity: None,
             identity_generation: 0,
+            identity_changes: VecDeque::new(),
             evidence_recorded: BTreeMap::new(),
             reads: ReadOrder::default(),
             regressed: BTreeMap::new(),
@@ -706,8 +737,7 @@ impl<S: MetadataStore> Coordinator<S> {
             return true;
         }
         let local = self.local();
-        let evidence_pending = local.regressed.contains_key(group)
-            || local.identity_generation > local.evidence_recorded.get(group).copied().unwrap_or(0);
+        let evidence_pending = local.regressed.contains_key(group) || local.identity_evidence_due(group);
         evidence_pending || local.dirty.contains(group) || local.roster.owns(&self.inner.options.instance_id, group)
     }
 
@@ -926,7 +956,15 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         let generation = local.identity_generation;
         let recorded = local.evidence_recorded.get(group).copied().unwrap_or(0);
-        (generation > recorded).then_some(LossEvidence::StoreIdentityChanged)
+        if generation <= recorded {
+            return None;
+        }
+        if local.identity_evidence_due(group) {
+            return Some(LossEvidence::StoreIdentityChanged);
+        }
+        // No change since the last one recorded touched this group's slot.
+        local.evidence_recorded.insert(group.clone(), generation);
+        None
     }
 
     /// After a connection-level failure, confirms the server identity before answering.
@@ -954,21 +992,38 @@ impl<S: MetadataStore> Coordinator<S> {
             return true;
         }
         local.identity_suspect = false;
-        match &local.identity {
-            Some(seen) if *seen != identity => {
+        match local.identity.clone() {
+            Some(seen) if !seen.same_servers(&identity) => {
                 tracing::warn!(?seen, now = ?identity, "store identity changed: treating recent writes as lost");
                 self.inner.metrics.inc(
                     "rsc_store_identity_changes_total",
                     "Store server identity changes (failover or restart): evidence of lost writes.",
                     vec![],
                 );
-                local.identity = Some(identity);
+                local.identity = Some(identity.clone());
                 local.identity_generation += 1;
-                // Every entry now names an older generation, which reads as "not recorded".
-                local.evidence_recorded.clear();
-                local.view.reset_all();
-                self.inner.cache.clear();
+                let generation = local.identity_generation;
+                // Windows and decoded copies of the groups whose writes may be lost restart; on one
+                // server that is every group. Which groups record evidence is decided per group
+                // from the change log (`identity_evidence_due`).
+                if seen.primaries.is_empty() || identity.primaries.is_empty() {
+                    local.view.reset_all();
+                    self.inner.cache.clear();
+                } else {
+                    for group in local.view.groups() {
+                        if seen.may_have_lost(&identity, keys::group_slot(&group)) {
+                            local.view.reset(&group);
+                        }
+                    }
+                    self.inner.cache.retain(|group| !seen.may_have_lost(&identity, keys::group_slot(group)));
+                }
+                local.identity_changes.push_back((generation, seen, identity));
+                while local.identity_changes.len() > IDENTITY_CHANGES_KEPT {
+                    local.identity_changes.pop_front();
+                }
             }
+            // Slots moved between the same primaries: the slot map to judge the next change by.
+            Some(seen) if seen != identity => local.identity = Some(identity),
             Some(_) => {}
             None => local.identity = Some(identity),
         }

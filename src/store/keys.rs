@@ -65,6 +65,30 @@ pub fn parse_metadata_key(key: &str) -> Option<GroupId> {
     parse_index_entry(body)
 }
 
+/// Number of Redis Cluster hash slots.
+pub const CLUSTER_SLOTS: u16 = 16_384;
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the text between the
+/// first `{` and the first `}` after it, when not empty), else of the whole key, modulo 16384 —
+/// the rule every cluster node applies.
+pub fn cluster_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = bytes
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            rest.iter().position(|b| *b == b'}').filter(|close| *close > 0).map(|close| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    crc16::State::<crc16::XMODEM>::calculate(hashed) % CLUSTER_SLOTS
+}
+
+/// The hash slot of every key of `group`'s metadata (metadata, liveness, mutex: one hash tag).
+pub fn group_slot(group: &GroupId) -> u16 {
+    cluster_slot(&metadata_key(group))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +105,24 @@ mod tests {
         assert_eq!(fence_key(&group, 7), "redis-stream:coord:{orders:v1:7}:fence:billing");
         // Not a metadata key: a SCAN for metadata keys never mistakes a fence for a group.
         assert_eq!(parse_metadata_key(&fence_key(&group, 7)), None);
+    }
+
+    #[test]
+    fn cluster_slots_are_the_ones_redis_computes() {
+        // Each value is what `CLUSTER KEYSLOT` answered on redis-server 7.
+        for (key, slot) in [
+            ("somekey", 11058),
+            ("foo{hash_tag}", 2515),
+            ("123456789", 12739),
+            ("a{}b", 13694),
+            ("{}x", 10595),
+            ("x{a}{b}", 15495),
+            ("redis-stream:coord:{orders:billing}:metadata", 16124),
+        ] {
+            assert_eq!(cluster_slot(key), slot, "{key}");
+        }
+        let group = GroupId::new("orders", "billing");
+        assert_eq!(group_slot(&group), 16124);
+        assert_eq!(cluster_slot(&liveness_key(&group)), group_slot(&group));
     }
 }

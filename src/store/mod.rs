@@ -230,6 +230,52 @@ pub enum WriteOutcome {
 pub struct ServerIdentity {
     pub run_id: String,
     pub replication_id: String,
+    /// On a Redis Cluster, each serving primary with the slots it served when read (empty: one
+    /// server). Not part of [`same_servers`](Self::same_servers): a slot migration moves keys
+    /// between unchanged primaries and loses nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub primaries: Vec<PrimaryIdentity>,
+}
+
+/// One serving primary of a Redis Cluster, as [`ServerIdentity::primaries`] records it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PrimaryIdentity {
+    /// `host:port/node id`.
+    pub node: String,
+    pub run_id: String,
+    pub replication_id: String,
+    /// Inclusive slot ranges, as CLUSTER SLOTS lists them.
+    pub slots: Vec<(u16, u16)>,
+}
+
+impl ServerIdentity {
+    /// Whether both name the same servers, unchanged: no failover, restart or replacement between
+    /// the two reads. (Slots moving between the same primaries is no change.)
+    pub fn same_servers(&self, other: &ServerIdentity) -> bool {
+        self.run_id == other.run_id && self.replication_id == other.replication_id
+    }
+
+    /// Whether the change from `self` to `newer` may have lost writes to keys in `slot`. On one
+    /// server, always. On a Cluster, unless the same primary, unchanged (node, `run_id` and
+    /// `master_replid`: a promoted replica takes a new replication id), served `slot` in both
+    /// reads: the failover of one primary costs writes only to the slots it served. A slot that
+    /// also moved between the reads counts as lost (a failover and a migration between two reads
+    /// cannot be told apart), and so does a slot either read found unserved.
+    pub fn may_have_lost(&self, newer: &ServerIdentity, slot: u16) -> bool {
+        match (self.serving(slot), newer.serving(slot)) {
+            (Some(before), Some(after)) => {
+                before.node != after.node
+                    || before.run_id != after.run_id
+                    || before.replication_id != after.replication_id
+            }
+            _ => true,
+        }
+    }
+
+    /// The primary serving `slot` in this read (`None`: one server, or no primary served it).
+    fn serving(&self, slot: u16) -> Option<&PrimaryIdentity> {
+        self.primaries.iter().find(|p| p.slots.iter().any(|(start, end)| (*start..=*end).contains(&slot)))
+    }
 }
 
 /// What the startup compatibility probe found.
@@ -586,4 +632,58 @@ pub trait StreamStore: Send + Sync + 'static {
         consumer: &str,
         min_idle_ms: u64,
     ) -> impl Future<Output = Result<Vec<StreamEntry>, StoreError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn primary(node: &str, run_id: &str, replid: &str, slots: &[(u16, u16)]) -> PrimaryIdentity {
+        PrimaryIdentity {
+            node: node.into(),
+            run_id: run_id.into(),
+            replication_id: replid.into(),
+            slots: slots.to_vec(),
+        }
+    }
+
+    fn cluster(primaries: Vec<PrimaryIdentity>) -> ServerIdentity {
+        let join = |f: fn(&PrimaryIdentity) -> &str| {
+            primaries.iter().map(|p| format!("{}={}", p.node, f(p))).collect::<Vec<_>>().join(",")
+        };
+        ServerIdentity { run_id: join(|p| &p.run_id), replication_id: join(|p| &p.replication_id), primaries }
+    }
+
+    #[test]
+    fn a_failover_of_one_primary_may_have_lost_only_the_slots_it_served() {
+        let a = primary("a:1/a", "ra", "xa", &[(0, 5460)]);
+        let b = primary("b:1/b", "rb", "xb", &[(5461, 10922)]);
+        let c = primary("c:1/c", "rc", "xc", &[(10923, 16383)]);
+        let before = cluster(vec![a.clone(), b.clone(), c.clone()]);
+        // b's replica took over: a new node with a new replication id serves b's slots.
+        let after = cluster(vec![a.clone(), primary("d:1/d", "rd", "xd2", &[(5461, 10922)]), c.clone()]);
+        assert!(!before.same_servers(&after));
+        assert!(before.may_have_lost(&after, 7000));
+        assert!(!before.may_have_lost(&after, 0) && !before.may_have_lost(&after, 16383));
+        // b restarted in place (new run id), or was promoted again (new replication id).
+        for b2 in [primary("b:1/b", "rb2", "xb", &[(5461, 10922)]), primary("b:1/b", "rb", "xb2", &[(5461, 10922)])] {
+            let after = cluster(vec![a.clone(), b2, c.clone()]);
+            assert!(before.may_have_lost(&after, 5461) && !before.may_have_lost(&after, 5460));
+        }
+        // Slots moved between unchanged primaries: the same servers; a moved slot counts as lost
+        // if a change came with it (the two cannot be told apart), one that stayed does not.
+        let migrated = cluster(vec![
+            primary("a:1/a", "ra", "xa", &[(0, 5459)]),
+            primary("b:1/b", "rb", "xb", &[(5460, 10922)]),
+            c.clone(),
+        ]);
+        assert!(before.same_servers(&migrated));
+        assert!(before.may_have_lost(&migrated, 5460) && !before.may_have_lost(&migrated, 5459));
+        // An unserved slot, and one server (no slot map), always count as lost.
+        let partial = cluster(vec![a, b]);
+        assert!(before.may_have_lost(&partial, 16000));
+        let single = ServerIdentity { run_id: "r".into(), replication_id: "x".into(), primaries: Vec::new() };
+        let restarted = ServerIdentity { run_id: "r2".into(), ..single.clone() };
+        assert!(single.may_have_lost(&restarted, 0) && single.may_have_lost(&single, 0));
+    }
 }

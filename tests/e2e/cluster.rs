@@ -361,6 +361,16 @@ async fn a_cluster_failover_that_loses_writes_drives_a_correction_round_without_
     let a = fleet.consumer("alpha", AppSettings::default()).await;
     let b = fleet.consumer("bravo", AppSettings::default()).await;
     wait_until("two consumers share the 8 shards", Duration::from_secs(15), || shares_all(&[&a, &b], SHARDS)).await;
+    // A bystander: a group whose keys another primary serves. The failover costs it no write, so
+    // it must run no correction round (the evidence is mapped to the failed primary's slots).
+    let bystander = (0..)
+        .map(|i| crate::e2e_support::group(&format!("cluster-bystander-{i}")))
+        .find(|g| cluster.node_for_key(&metadata_key(g)).port() != primary_port)
+        .expect("a group on another primary");
+    coordinator.create_group(&bystander, 2, &fast_config()).await;
+    let bystanders = Fleet::new(bystander.clone(), vec![coordinator.addr()], target.clone());
+    let d = bystanders.consumer("delta", AppSettings::default()).await;
+    wait_until("delta owns the bystander's 2 shards", Duration::from_secs(15), || shares_all(&[&d], 2)).await;
     let stop = Arc::new(AtomicBool::new(false));
     let producer = spawn_producer(fleet.producer("producer").await, 0, stop.clone());
     let ledger = fleet.ledger.clone();
@@ -402,6 +412,7 @@ async fn a_cluster_failover_that_loses_writes_drives_a_correction_round_without_
     // still serves the old history, and a heartbeat it answers may be OK; every heartbeat sent
     // after that is answered from the promoted replica's history.
     let cut_ms = fleet.clock.now_ms();
+    let bystander_cut_ms = bystanders.clock.now_ms();
     block_in_place(|| cluster.failover_takeover(replica));
     let agreed_ms = fleet.clock.now_ms();
 
@@ -462,6 +473,25 @@ async fn a_cluster_failover_that_loses_writes_drives_a_correction_round_without_
     let described = coordinator.describe(&group).await;
     let final_version = described["metadata"]["metadataVersion"].as_u64().expect("version");
     assert!(final_version > seen_version, "version {final_version} reuses a lost one (clients saw {seen_version})");
+    // The bystander on an unchanged primary: no correction round, no SYNC_METADATA, still owned.
+    let bystander_statuses: Vec<HeartbeatStatus> = bystanders
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            ClientEvent::HeartbeatAnswered { status, at_ms, .. } if *at_ms > bystander_cut_ms => Some(*status),
+            _ => None,
+        })
+        .collect();
+    assert!(bystander_statuses.len() >= 3, "delta kept heartbeating: {bystander_statuses:?}");
+    // A round answers SYNC_METADATA, then REVOKE_PENDING until it ends.
+    assert!(
+        bystander_statuses.iter().all(|status| *status == HeartbeatStatus::Ok),
+        "a group on another primary ran a correction round: {bystander_statuses:?}\n{}",
+        bystanders.explain()
+    );
+    let bystander_described = coordinator.describe(&bystander).await;
+    assert!(bystander_described["metadata"]["correction"].is_null(), "{bystander_described}");
+    assert!(shares_all(&[&d], 2), "delta still owns the bystander's shards");
 
     // Nothing acknowledged is lost: the producer kept publishing throughout.
     let produced_before = ledger.lock().produced.len();
@@ -499,7 +529,7 @@ async fn a_cluster_failover_that_loses_writes_drives_a_correction_round_without_
         primary_revision - replicated_revision,
         started.elapsed().as_secs_f64()
     );
-    drop((a, b, c));
+    drop((a, b, c, d));
 }
 
 /// Moves the (still empty) slots of `group`'s shard streams that live on the primary of its

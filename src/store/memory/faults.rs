@@ -85,7 +85,7 @@ pub(super) fn unsupported(command: &str) -> StoreError {
 /// A fresh server identity: two 40-character hex ids, like Redis's `run_id` and `master_replid`.
 pub(super) fn random_identity(rng: &mut SmallRng) -> ServerIdentity {
     let mut hex40 = || (0..40).map(|_| char::from(b"0123456789abcdef"[rng.gen_range(0..16)])).collect::<String>();
-    ServerIdentity { run_id: hex40(), replication_id: hex40() }
+    ServerIdentity { run_id: hex40(), replication_id: hex40(), primaries: Vec::new() }
 }
 
 impl Inner {

@@ -11,13 +11,15 @@
 //! removing a node). A slot migration between serving primaries leaves it unchanged: MIGRATE
 //! moves keys synchronously and loses nothing.
 
+use std::collections::BTreeMap;
+
 use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use ::redis::{Cmd, FromRedisValue, Value};
 
 use super::conn::{Conn, Lane};
 use super::scripts::{number, text};
 use super::RedisStore;
-use crate::store::{ServerIdentity, StoreError};
+use crate::store::{PrimaryIdentity, ServerIdentity, StoreError};
 
 /// One serving primary: its address and node id.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -25,6 +27,8 @@ pub(super) struct Primary {
     pub host: String,
     pub port: u16,
     pub node_id: String,
+    /// The slot ranges it serves (inclusive, in reply order).
+    pub slots: Vec<(u16, u16)>,
 }
 
 /// The primaries of a CLUSTER SLOTS reply (`[[start, end, [host, port, id, ...], replicas...]]`),
@@ -32,18 +36,18 @@ pub(super) struct Primary {
 pub(super) fn parse_slots_primaries(reply: &Value) -> Result<Vec<Primary>, StoreError> {
     let bad = || StoreError::Protocol(format!("CLUSTER SLOTS: unexpected reply {reply:?}"));
     let Value::Array(ranges) = reply else { return Err(bad()) };
-    let mut primaries = Vec::new();
+    let mut primaries: BTreeMap<(String, u16, String), Vec<(u16, u16)>> = BTreeMap::new();
     for range in ranges {
         let Value::Array(parts) = range else { return Err(bad()) };
+        let slot = |i: usize| parts.get(i).and_then(number).and_then(|s| u16::try_from(s).ok());
+        let (Some(start), Some(end)) = (slot(0), slot(1)) else { return Err(bad()) };
         let Some(Value::Array(node)) = parts.get(2) else { return Err(bad()) };
         let host = node.first().and_then(text).ok_or_else(bad)?;
         let port = node.get(1).and_then(number).and_then(|p| u16::try_from(p).ok()).ok_or_else(bad)?;
         let node_id = node.get(2).and_then(text).unwrap_or_default();
-        primaries.push(Primary { host, port, node_id });
+        primaries.entry((host, port, node_id)).or_default().push((start, end));
     }
-    primaries.sort();
-    primaries.dedup();
-    Ok(primaries)
+    Ok(primaries.into_iter().map(|((host, port, node_id), slots)| Primary { host, port, node_id, slots }).collect())
 }
 
 impl RedisStore {
@@ -91,6 +95,7 @@ impl RedisStore {
         let primaries = self.cluster_primaries().await?;
         let mut run_ids = Vec::with_capacity(primaries.len());
         let mut replication_ids = Vec::with_capacity(primaries.len());
+        let mut identities = Vec::with_capacity(primaries.len());
         for primary in &primaries {
             let node = format!("{}:{}/{}", primary.host, primary.port, primary.node_id);
             let server = self.node_info(primary, "server").await?;
@@ -101,8 +106,13 @@ impl RedisStore {
                 .ok_or_else(|| StoreError::Protocol(format!("INFO replication of {node} has no master_replid")))?;
             run_ids.push(format!("{node}={run_id}"));
             replication_ids.push(format!("{node}={replid}"));
+            identities.push(PrimaryIdentity { node, run_id, replication_id: replid, slots: primary.slots.clone() });
         }
-        Ok(ServerIdentity { run_id: run_ids.join(","), replication_id: replication_ids.join(",") })
+        Ok(ServerIdentity {
+            run_id: run_ids.join(","),
+            replication_id: replication_ids.join(","),
+            primaries: identities,
+        })
     }
 
     pub(super) async fn node_info(&self, node: &Primary, section: &str) -> Result<String, StoreError> {
@@ -142,6 +152,7 @@ mod tests {
         let ports: Vec<u16> = primaries.iter().map(|p| p.port).collect();
         assert_eq!(ports, vec![7001, 7002]);
         assert_eq!(primaries[1].node_id, "b");
+        assert_eq!(primaries[1].slots, vec![(0, 10), (21, 30)]);
         assert!(parse_slots_primaries(&Value::Int(1)).is_err());
         assert!(parse_slots_primaries(&Value::Array(vec![Value::Array(vec![Value::Int(0)])])).is_err());
     }

@@ -68,7 +68,7 @@ impl RedisStore {
             info_field(&server, "run_id").ok_or_else(|| StoreError::Protocol("INFO server has no run_id".into()))?;
         let replication_id = info_field(&replication, "master_replid")
             .ok_or_else(|| StoreError::Protocol("INFO replication has no master_replid".into()))?;
-        Ok(ServerIdentity { run_id, replication_id })
+        Ok(ServerIdentity { run_id, replication_id, primaries: Vec::new() })
     }
 
     /// The INFO `server` section of the server, or of every serving primary of a Cluster.
