@@ -631,8 +631,8 @@ async fn idle_groups_are_not_read_by_every_tick() {
 
 /// An idle group whose member heartbeats through this instance costs its ticks no read: each
 /// heartbeat restarts the member's liveness window here and confirms the decoded record, so the
-/// deferral is renewed from them. When the member falls silent, the group is not read before the
-/// member could expire (a TTL, 400 ms here, after its last heartbeat), and then it expires.
+/// deferral is renewed from them. When the member falls silent, the group is read a quarter TTL
+/// (100 ms here) later, and the member expires a TTL (400 ms) after its last heartbeat.
 #[tokio::test]
 async fn heartbeats_through_this_instance_keep_an_idle_group_deferred_until_a_member_falls_silent() {
     let store = MemoryStore::new(11);
@@ -661,12 +661,13 @@ async fn heartbeats_through_this_instance_keep_an_idle_group_deferred_until_a_me
     let renewed = c.metrics().value("rsc_ticks_deferred_without_read_total", &Vec::new());
     // A renewal defers until the member's expiry as heard (about a TTL away): one per TTL or so.
     assert!(renewed >= 2.0, "deferrals renewed from heartbeats: {renewed}");
-    // Silent: nothing is read before its expiry could come due (a TTL after its last heartbeat
-    // here), and then it is read and expired.
+    // Silent for a quarter TTL: read again (its heartbeats may go to another instance now); not
+    // expired until a TTL after its last heartbeat here.
     tokio::time::sleep(Duration::from_millis(120)).await;
     let before = c.store().reads();
     c.tick_all().await;
-    assert_eq!(c.store().reads() - before, 0, "a quarter TTL into the silence: not read");
+    assert_eq!(c.store().reads() - before, 2, "a quarter TTL into the silence: its record and liveness");
+    assert_eq!(c.describe(&group()).await.expect("describe").metadata.members.len(), 1, "not expired yet");
     tokio::time::sleep(Duration::from_millis(300)).await;
     c.tick_all().await;
     c.tick_all().await;
@@ -795,4 +796,110 @@ async fn a_refusal_from_a_stale_cache_is_checked_against_the_store() {
     let restarted = HeartbeatRequest { member_session: Some(MemberSession("f".repeat(64))), ..join("a") };
     let answer = c2.heartbeat(restarted).await.expect("the new incarnation is admitted");
     assert_eq!(answer.status, HeartbeatStatus::Ok);
+}
+
+/// A member heard through this instance does not hide one whose heartbeats go to another: the
+/// group is still read about every quarter TTL (100 ms here), so the other's silence is noticed
+/// at most a quarter TTL late. Found by review: renewing the deferral from the heard member's
+/// heartbeats alone read the group about once per TTL, and the other member expired up to two
+/// TTLs after its last heartbeat.
+#[tokio::test]
+async fn a_member_heard_here_does_not_hide_one_whose_heartbeats_go_elsewhere() {
+    let store = MemoryStore::new(11);
+    let options = CoordinatorOptions {
+        instance_id: "c1".into(),
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ..CoordinatorOptions::default()
+    };
+    let c = Coordinator::new(held::HeldStore::new(store.connect()), options.clone());
+    c.start().await.expect("probe");
+    let other = Coordinator::new(store.connect(), CoordinatorOptions { instance_id: "c2".into(), ..options });
+    other.start().await.expect("probe");
+    c.admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() }).await.expect("create");
+    let mut a = c.heartbeat(join("a")).await.expect("join a");
+    let mut b = other.heartbeat(join("b")).await.expect("join b");
+    for _ in 0..40 {
+        a = c.heartbeat(next(&a)).await.expect("a through c1");
+        b = other.heartbeat(next(&b)).await.expect("b through c2");
+        c.tick_all().await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Steady: a heartbeats through c1 (which ticks the group), b through c2.
+    let before = c.store().reads();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(1_000) {
+        a = c.heartbeat(next(&a)).await.expect("a through c1");
+        b = other.heartbeat(next(&b)).await.expect("b through c2");
+        c.tick_all().await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let reads = c.store().reads() - before;
+    // A quarter TTL is 100 ms: about ten reads of record and liveness in a second (before the fix:
+    // about two and a half).
+    assert!(reads >= 12, "b is read about every quarter TTL: {reads} reads in 1 s");
+}
+
+/// On a Redis Cluster a failover is evidence for the groups whose metadata slot the failed
+/// primary served, not for the others: with the store's identity switched to a three-primary
+/// cluster whose middle primary is then taken over by its replica (new node, new replication
+/// id), the group on that primary records a correction round and the group on another does not.
+#[tokio::test]
+async fn a_cluster_failover_is_evidence_only_for_the_groups_on_the_failed_primary() {
+    use rsc::store::{keys, PrimaryIdentity, ServerIdentity};
+    let primary = |node: &str, replid: &str, slots: (u16, u16)| PrimaryIdentity {
+        node: node.into(),
+        run_id: format!("run-{node}"),
+        replication_id: replid.into(),
+        slots: vec![slots],
+    };
+    let identity = |primaries: Vec<PrimaryIdentity>| ServerIdentity {
+        run_id: primaries.iter().map(|p| format!("{}={}", p.node, p.run_id)).collect::<Vec<_>>().join(","),
+        replication_id: primaries
+            .iter()
+            .map(|p| format!("{}={}", p.node, p.replication_id))
+            .collect::<Vec<_>>()
+            .join(","),
+        primaries,
+    };
+    let (a, b, c3) = ((0, 5460), (5461, 10922), (10923, 16383));
+    let before = identity(vec![primary("a", "xa", a), primary("b", "xb", b), primary("c", "xc", c3)]);
+    let after = identity(vec![primary("a", "xa", a), primary("d", "xd", b), primary("c", "xc", c3)]);
+    // Two groups: one whose metadata slot b serves, one elsewhere.
+    let on_b = (0..)
+        .map(|i| GroupId::new("orders", format!("g{i}")))
+        .find(|g| (b.0..=b.1).contains(&keys::group_slot(g)))
+        .expect("a group on b");
+    let elsewhere = (0..)
+        .map(|i| GroupId::new("orders", format!("h{i}")))
+        .find(|g| !(b.0..=b.1).contains(&keys::group_slot(g)))
+        .expect("a group elsewhere");
+    let store = MemoryStore::new(21);
+    let options = CoordinatorOptions {
+        instance_id: "c1".into(),
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ..CoordinatorOptions::default()
+    };
+    let c = Coordinator::new(held::HeldStore::new(store.connect()), options);
+    c.store().set_identity(before);
+    c.start().await.expect("probe");
+    for g in [&on_b, &elsewhere] {
+        let create = AdminRequest::CreateGroup { group: g.clone(), shard_count: 2, config: fast_config() };
+        c.admin(create).await.expect("create");
+        let joined = c.heartbeat(HeartbeatRequest { group: g.clone(), ..join("m") }).await.expect("join");
+        assert_eq!(joined.status, HeartbeatStatus::Ok);
+    }
+    c.tick_all().await;
+    for g in [&on_b, &elsewhere] {
+        assert!(c.describe(g).await.expect("describe").metadata.correction.is_none(), "{g}: no round yet");
+    }
+    c.store().set_identity(after);
+    c.tick_all().await;
+    c.tick_all().await;
+    let round = |g: &GroupId| {
+        let c = c.clone();
+        let g = g.clone();
+        async move { c.describe(&g).await.expect("describe").metadata.correction.is_some() }
+    };
+    assert!(round(&on_b).await, "the group on the failed-over primary records a correction round");
+    assert!(!round(&elsewhere).await, "the group on an unchanged primary records none");
 }

@@ -350,12 +350,14 @@ fn left_response(g: &GroupMetadata, member: &str, revision: u64) -> HeartbeatRes
 /// due — so the group is ticked every pass. Otherwise the group is *idle*: no member is joining,
 /// leaving, draining or expiring and no round runs, so nothing can change without a request
 /// (which the answering coordinator ticks at once) except a member's expiry, and the deferral
-/// ends no later than the earliest member's expiry as observed (`unchanged_ms`). A member whose
-/// window a read restarted (its heartbeats went to another process, or none came since) caps it
-/// at a quarter of the member TTL, so that a silence is noticed at most a quarter TTL late; one
-/// whose window its own heartbeat through this process restarted (`heard`) needs no read before
-/// its expiry could come due, as a later heartbeat here restarts it again. Without members,
-/// `u64::MAX`: the caller's own audit period bounds it.
+/// ends no later than the earliest member's expiry as observed (`unchanged_ms`), and no later
+/// than a quarter of the member TTL after this process last learnt anything of a member: from a
+/// read, a quarter TTL from now (the caller just read); from the member's own heartbeat through
+/// this process (`heard`), a quarter TTL after that heartbeat. A silence is so noticed at most a
+/// quarter TTL late. Until then a heard member needs no read: a heartbeat here restarts its
+/// window (the caller may renew the deferral from its windows without reading only while every
+/// member's is heard within a quarter TTL). Without members, `u64::MAX`: the caller's own audit
+/// period bounds it.
 pub fn tick_deferral_ms(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> Option<u64> {
     let waiting = g.correction.is_some()
         || g.lease_transition.is_some()
@@ -364,18 +366,18 @@ pub fn tick_deferral_ms(g: &GroupMetadata, obs: &Observations, planted: PlantedB
         return None;
     }
     let ttl = g.effective_member_lease_ttl_ms();
+    let quarter = ttl / 4;
     let mut earliest = u64::MAX;
     for member in g.members.keys() {
         let cap = match obs.liveness.get(member) {
             Some(seen) => {
                 let left = ttl.checked_sub(seen.unchanged_ms).filter(|left| *left > 0)?;
-                if seen.heard {
-                    left
-                } else {
-                    left.min(ttl / 4)
+                match quarter.checked_sub(seen.unchanged_ms).filter(|fresh| seen.heard && *fresh > 0) {
+                    Some(fresh) => left.min(fresh),
+                    None => left.min(quarter),
                 }
             }
-            None => ttl / 4,
+            None => quarter,
         };
         earliest = earliest.min(cap);
     }

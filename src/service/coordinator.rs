@@ -12,7 +12,7 @@
 //! Loss evidence it detects itself (server identity change, revision regression) starts a
 //! correction round and resets this process's observation windows, so every wait restarts.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use rand::rngs::SmallRng;
@@ -110,10 +110,6 @@ pub const TICKER_SILENCE_MS_DEFAULT: u64 = 3_000;
 /// ([`Coordinator::recheck_refused_session`]).
 const SESSION_RECHECK_MS: u64 = 1_000;
 
-/// Identity changes a process remembers ([`LocalState::identity_changes`]): a group that recorded
-/// nothing since an older one counts as affected by every change (conservative).
-const IDENTITY_CHANGES_KEPT: usize = 64;
-
 /// Instances silent this long are removed from the tick roster (it would otherwise collect every
 /// instance id a deployment ever ran).
 const TICKER_FORGET_MS: u64 = 600_000;
@@ -135,11 +131,13 @@ pub(super) struct LocalState {
     identity: Option<ServerIdentity>,
     /// Bumped on every identity change: groups must record evidence once per generation.
     identity_generation: u64,
-    /// The last identity changes, oldest first (at most [`IDENTITY_CHANGES_KEPT`]): generation,
-    /// identity before, identity after. On a Redis Cluster they say which slots each may have cost
-    /// writes ([`ServerIdentity::may_have_lost`]), so the failover of one primary is evidence for
-    /// the groups whose keys it served only.
-    identity_changes: VecDeque<(u64, ServerIdentity, ServerIdentity)>,
+    /// The last identity generation that may have lost writes anywhere (a change on one server,
+    /// or to or from one): evidence for every group.
+    lost_everywhere: u64,
+    /// On a Redis Cluster, per hash slot, the last identity generation that may have lost writes
+    /// to it ([`ServerIdentity::may_have_lost`]): the failover of one primary is evidence for the
+    /// groups whose metadata slot it served only. Empty until the first such change.
+    lost_in_slot: Vec<u64>,
     /// Per group, the identity generation up to which it recorded evidence (or had none to
     /// record: its slot lost nothing); absent reads as 0.
     pub(super) evidence_recorded: BTreeMap<GroupId, u64>,
@@ -172,22 +170,17 @@ pub(super) struct LocalState {
 
 impl LocalState {
     /// Whether `group` must still record evidence of an identity change: some change since the
-    /// generation it recorded up to may have lost writes to its slot (every change does on one
-    /// server), or the log no longer reaches back that far.
+    /// generation it recorded up to may have lost writes to its metadata slot (every change does
+    /// on one server).
     fn identity_evidence_due(&self, group: &GroupId) -> bool {
         let recorded = self.evidence_recorded.get(group).copied().unwrap_or(0);
         if self.identity_generation <= recorded {
             return false;
         }
-        let reaches_back = self.identity_changes.front().is_some_and(|(generation, ..)| *generation <= recorded + 1);
-        if !reaches_back {
+        if self.lost_everywhere > recorded {
             return true;
         }
-        let slot = keys::group_slot(group);
-        self.identity_changes
-            .iter()
-            .filter(|(generation, ..)| *generation > recorded)
-            .any(|(_, before, after)| before.may_have_lost(after, slot))
+        self.lost_in_slot.get(usize::from(keys::group_slot(group))).is_some_and(|lost| *lost > recorded)
     }
 }
 
@@ -244,7 +237,8 @@ impl<S: MetadataStore> Coordinator<S> {
             view: LocalView::with_lease_ceiling(options.max_assignment_lease_ms),
             identity: None,
             identity_generation: 0,
-            identity_changes: VecDeque::new(),
+            lost_everywhere: 0,
+            lost_in_slot: Vec::new(),
             evidence_recorded: BTreeMap::new(),
             reads: ReadOrder::default(),
             regressed: BTreeMap::new(),
@@ -670,7 +664,10 @@ impl<S: MetadataStore> Coordinator<S> {
             }
             if !self.ticks_here(&group) {
                 not_mine += 1;
-                // Its gauges are the owner's to export: this instance's would only go stale.
+                // Its gauges are the owner's to export: this instance's would only go stale. Its
+                // deferral too: should the group come back to this instance, the first pass ticks
+                // it (and exports its gauges) instead of waiting out a deferral set long ago.
+                self.local().deferred.remove(&group);
                 if self.local().gauges_exported.remove(&group) {
                     self.inner.metrics.forget_named(TICK_GAUGES, "group", &group.to_string());
                 }
@@ -766,8 +763,9 @@ impl<S: MetadataStore> Coordinator<S> {
     /// ([`LocalView::note_heartbeat`](crate::core::LocalView::note_heartbeat)) and confirm the
     /// decoded record against the store, so a group whose members all heartbeat here stays
     /// deferred until one of them falls silent (or the audit is due) and its ticks cost no
-    /// command. This needs the record confirmed within a quarter member TTL: a member another
-    /// instance added, which this process's copy lacks, is then noticed as soon as before.
+    /// command. This needs the record confirmed and every member heard within a quarter member
+    /// TTL: a member another instance added (this process's copy lacks it), or one whose
+    /// heartbeats go elsewhere, is then read as often as before.
     fn tick_deferred(&self, group: &GroupId) -> bool {
         let now = Instant::now();
         let deferred = {
@@ -793,6 +791,15 @@ impl<S: MetadataStore> Coordinator<S> {
             return false;
         }
         let obs = self.observe(g, None);
+        // Only what heartbeats here told within a quarter TTL stands in for a read: a member
+        // known from a read, or heard too long ago (its heartbeats may have moved to another
+        // instance), is read now.
+        let quarter = g.effective_member_lease_ttl_ms() / 4;
+        let all_heard =
+            g.members.keys().all(|m| obs.liveness.get(m).is_some_and(|seen| seen.heard && seen.unchanged_ms < quarter));
+        if !all_heard {
+            return false;
+        }
         let Some(ms) = tick_deferral_ms(g, &obs, self.inner.options.planted).filter(|ms| *ms > 0) else {
             return false;
         };
@@ -833,7 +840,7 @@ impl<S: MetadataStore> Coordinator<S> {
 
     /// Records how long the ticker may skip `group` (`None`: not at all), capped by the audit
     /// period ([`CoordinatorOptions::idle_group_audit_ms`]).
-    fn defer_tick(&self, group: &GroupId, deferral_ms: Option<u64>) {
+    fn defer_tick(&self, group: &GroupId, deferral_ms: Option<u64>, generation: u64) {
         let audit_ms = self.inner.options.idle_group_audit_ms;
         let mut local = self.local();
         if deferral_ms.is_some() {
@@ -845,7 +852,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 let now = Instant::now();
                 let deferred = Deferred {
                     until: now + Duration::from_millis(ms),
-                    identity_generation: local.identity_generation,
+                    identity_generation: generation,
                     audit_at: now + Duration::from_millis(audit_ms),
                     confirmed: now,
                 };
@@ -865,6 +872,9 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     async fn tick_group(&self, group: &GroupId) -> Result<(), ApiError> {
+        // The generation this tick judged evidence in: a change that lands meanwhile must void the
+        // deferral it may end with.
+        let generation = self.local().identity_generation;
         let ticket = self.local().reads.begin_read();
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
@@ -886,7 +896,7 @@ impl<S: MetadataStore> Coordinator<S> {
         self.export_group_gauges(&g, &obs);
         let probe = decide_tick(&g, self.context(record.revision, &obs));
         if probe.write.next.is_none() {
-            self.defer_tick(group, tick_deferral_ms(&g, &obs, self.inner.options.planted));
+            self.defer_tick(group, tick_deferral_ms(&g, &obs, self.inner.options.planted), generation);
             return Ok(());
         }
         let empties = !g.members.is_empty() && probe.write.next.as_ref().is_some_and(|n| n.members.is_empty());
@@ -1007,19 +1017,26 @@ impl<S: MetadataStore> Coordinator<S> {
                 // server that is every group. Which groups record evidence is decided per group
                 // from the change log (`identity_evidence_due`).
                 if seen.primaries.is_empty() || identity.primaries.is_empty() {
+                    local.lost_everywhere = generation;
                     local.view.reset_all();
                     self.inner.cache.clear();
                 } else {
+                    local.lost_in_slot.resize(usize::from(keys::CLUSTER_SLOTS), 0);
+                    for slot in 0..keys::CLUSTER_SLOTS {
+                        if seen.may_have_lost(&identity, slot) {
+                            local.lost_in_slot[usize::from(slot)] = generation;
+                        }
+                    }
+                    let lost = |group: &GroupId, lost_in_slot: &[u64]| {
+                        lost_in_slot[usize::from(keys::group_slot(group))] == generation
+                    };
                     for group in local.view.groups() {
-                        if seen.may_have_lost(&identity, keys::group_slot(&group)) {
+                        if lost(&group, &local.lost_in_slot) {
                             local.view.reset(&group);
                         }
                     }
-                    self.inner.cache.retain(|group| !seen.may_have_lost(&identity, keys::group_slot(group)));
-                }
-                local.identity_changes.push_back((generation, seen, identity));
-                while local.identity_changes.len() > IDENTITY_CHANGES_KEPT {
-                    local.identity_changes.pop_front();
+                    let lost_in_slot = local.lost_in_slot.clone();
+                    self.inner.cache.retain(|group| !lost(group, &lost_in_slot));
                 }
             }
             // Slots moved between the same primaries: the slot map to judge the next change by.

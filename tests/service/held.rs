@@ -30,6 +30,8 @@ pub struct HeldStore {
     mutation: Gate,
     /// `load` and `liveness` calls: what a tick reads.
     reads: Arc<AtomicU64>,
+    /// What `identity` answers instead of the in-memory store's (a Redis Cluster's, say).
+    identity: Arc<Mutex<Option<ServerIdentity>>>,
 }
 
 fn arm(gate: &Gate) -> oneshot::Sender<()> {
@@ -47,7 +49,18 @@ async fn pass(gate: &Gate) {
 
 impl HeldStore {
     pub fn new(inner: MemoryStore) -> Self {
-        Self { inner, touch_answer: Gate::default(), mutation: Gate::default(), reads: Arc::default() }
+        Self {
+            inner,
+            touch_answer: Gate::default(),
+            mutation: Gate::default(),
+            reads: Arc::default(),
+            identity: Arc::default(),
+        }
+    }
+
+    /// From now on `identity` answers `identity` (a cluster's, with its slot map).
+    pub fn set_identity(&self, identity: ServerIdentity) {
+        *self.identity.lock().expect("identity lock") = Some(identity);
     }
 
     /// Arms the next touch: the store executes it at once, its answer waits for the sender.
@@ -132,10 +145,18 @@ impl MetadataStore for HeldStore {
         self.inner.rebuild_index().await
     }
     async fn identity(&self) -> Result<ServerIdentity, StoreError> {
-        self.inner.identity().await
+        let set = self.identity.lock().expect("identity lock").clone();
+        match set {
+            Some(identity) => Ok(identity),
+            None => self.inner.identity().await,
+        }
     }
     async fn probe(&self) -> Result<ProbeReport, StoreError> {
-        self.inner.probe().await
+        let mut report = self.inner.probe().await?;
+        if let Some(identity) = self.identity.lock().expect("identity lock").clone() {
+            report.identity = identity;
+        }
+        Ok(report)
     }
     async fn raise_fences(&self, raises: &[FenceRaise]) -> Result<Vec<Fence>, StoreError> {
         self.inner.raise_fences(raises).await

@@ -57,7 +57,13 @@ async fn a_slot_migration_keeps_the_identity_and_a_takeover_changes_it() {
     let target = cluster.primaries().into_iter().find(|p| p.port() != source).expect("another primary").port();
     cluster.move_slot(cluster.slot_of(&metadata), cluster.server(target));
     assert_eq!(cluster.node_for_key(&metadata).port(), target);
-    assert_eq!(store.identity().await, Ok(before.clone()), "a slot migration is not a new identity");
+    let migrated = store.identity().await.expect("identity after the move");
+    assert!(before.same_servers(&migrated), "a slot migration is not a new identity: {migrated:?}");
+    // The identity's slot map follows the move (the coordinator judges the next change by it).
+    let slot = keys::group_slot(&group);
+    let serving = migrated.primaries.iter().find(|p| p.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)));
+    assert!(serving.is_some_and(|p| p.node.contains(&format!(":{target}/"))), "{migrated:?}");
+    assert!(before.may_have_lost(&migrated, slot), "a slot that moved counts if a change came with it");
     assert!(store.load(&group).await.expect("load after the move").is_some());
 
     // A takeover of the primary now serving the group: a new identity (the evidence of possibly
@@ -67,7 +73,7 @@ async fn a_slot_migration_keeps_the_identity_and_a_takeover_changes_it() {
     let mut after = None;
     for _ in 0..20 {
         match store.identity().await {
-            Ok(identity) if identity != before => {
+            Ok(identity) if !identity.same_servers(&before) => {
                 after = Some(identity);
                 break;
             }
@@ -77,6 +83,12 @@ async fn a_slot_migration_keeps_the_identity_and_a_takeover_changes_it() {
     }
     let after = after.expect("the takeover changes the identity");
     assert!(after.run_id.contains(&format!(":{replica}/")), "the promoted replica is named: {after:?}");
+    // The evidence covers the slots the promoted replica took over, not the other primaries'.
+    assert!(migrated.may_have_lost(&after, slot), "the group's slot failed over");
+    let elsewhere = (0..keys::CLUSTER_SLOTS)
+        .find(|s| cluster.owner_of_slot(*s).port() != replica)
+        .expect("a slot another primary serves");
+    assert!(!migrated.may_have_lost(&after, elsewhere), "slot {elsewhere} stayed on an unchanged primary");
     assert!(store.load(&group).await.expect("load after the takeover").is_some());
 }
 
