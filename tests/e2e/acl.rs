@@ -8,7 +8,7 @@ use crate::e2e_support::checks::shares_all;
 use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, Fleet};
 use crate::e2e_support::ground_truth::assert_no_split;
 use crate::e2e_support::process::{cluster_target, serve_expecting_exit, CoordinatorProcess};
-use crate::e2e_support::{fast_config, group, wait_until, wait_until_explained};
+use crate::e2e_support::{fast_config, group, wait_until};
 use crate::support::{RedisServer, ServerConfig};
 
 /// Every command the coordinator's startup probe checks, plus COMMAND (the probe's own): what a
@@ -171,13 +171,7 @@ async fn acl_story(user: AclUser) {
     let producer = fleet.producer("producer").await;
     producer.publish_paced(0..MESSAGES, 2_000).await;
     let ledger = fleet.ledger.clone();
-    wait_until_explained(
-        "every message acked",
-        Duration::from_secs(20),
-        || ledger.acked_distinct() >= MESSAGES,
-        || fleet.explain(),
-    )
-    .await;
+    fleet.wait_all_acked(MESSAGES, Duration::from_secs(20)).await;
     assert_no_split(&fleet.reads);
     let summary = check_delivery(&ledger, &abandoned_entries(&fleet.events()));
     a.close(Duration::from_secs(10)).await;
@@ -232,13 +226,7 @@ async fn the_readme_users_run_the_whole_fenced_flow_on_a_cluster() {
     let producer = fleet.producer("producer").await;
     producer.publish_paced(0..MESSAGES, 2_000).await;
     let ledger = fleet.ledger.clone();
-    wait_until_explained(
-        "every message acked",
-        Duration::from_secs(20),
-        || ledger.acked_distinct() >= MESSAGES,
-        || fleet.explain(),
-    )
-    .await;
+    fleet.wait_all_acked(MESSAGES, Duration::from_secs(20)).await;
     assert_no_split(&fleet.reads);
     let summary = check_delivery(&ledger, &abandoned_entries(&fleet.events()));
     a.close(Duration::from_secs(10)).await;

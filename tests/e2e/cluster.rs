@@ -14,7 +14,7 @@ use crate::e2e_support::checks::{pending_count, settled, shares_all, versions_in
 use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, Fleet, ProducerApp};
 use crate::e2e_support::ground_truth::assert_no_split;
 use crate::e2e_support::process::{cluster_target, CoordinatorProcess};
-use crate::e2e_support::{fast_config, group, metric_total, wait_until, wait_until_explained};
+use crate::e2e_support::{fast_config, group, metric_total, wait_until};
 use crate::support::redis_cluster::{RedisCluster, SlotMove};
 use crate::support::RedisServer;
 use rsc::client::events::ClientEvent;
@@ -91,13 +91,7 @@ async fn consumers_and_producers_spread_over_three_primaries_and_a_slot_migratio
     }
     let produced = ledger.lock().produced.len();
     assert_eq!(ledger.lock().publish_failures, Vec::<String>::new(), "no publish failed");
-    wait_until_explained(
-        "every message acked",
-        Duration::from_secs(30),
-        || ledger.acked_distinct() >= produced,
-        || fleet.explain(),
-    )
-    .await;
+    fleet.wait_all_acked(produced, Duration::from_secs(30)).await;
 
     assert_no_split(&fleet.reads);
     let events = fleet.events();
@@ -396,15 +390,7 @@ async fn a_cluster_failover_that_loses_writes_drives_a_correction_round_without_
         "the primary recorded more: revision {primary_revision} vs {replicated_revision}, version {primary_version} \
          vs {replicated_version}"
     );
-    let seen_version = fleet
-        .events()
-        .iter()
-        .filter_map(|e| match e {
-            ClientEvent::HeartbeatAnswered { metadata_version, .. } => Some(*metadata_version),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0);
+    let seen_version = fleet.highest_version_seen();
     assert!(seen_version > replicated_version, "clients saw versions the replica never got");
 
     // Failover: the replica takes the slots over without those writes. Until the old primary
@@ -503,13 +489,7 @@ async fn a_cluster_failover_that_loses_writes_drives_a_correction_round_without_
     producer.await.expect("producer task");
     let produced = ledger.lock().produced.len();
     assert_eq!(ledger.lock().publish_failures, Vec::<String>::new(), "no publish failed");
-    wait_until_explained(
-        "every message acked",
-        Duration::from_secs(30),
-        || ledger.acked_distinct() >= produced,
-        || fleet.explain(),
-    )
-    .await;
+    fleet.wait_all_acked(produced, Duration::from_secs(30)).await;
     assert_no_split(&fleet.reads);
     let summary = check_delivery(&ledger, &abandoned_entries(&fleet.events()));
     for shard in 0..SHARDS {

@@ -10,7 +10,7 @@ use crate::e2e_support::checks::{pending_count, shares_all};
 use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, Fleet};
 use crate::e2e_support::ground_truth::assert_no_split;
 use crate::e2e_support::process::{cluster_target, serve_expecting_exit_with, CoordinatorProcess};
-use crate::e2e_support::{fast_config, group, wait_until, wait_until_explained};
+use crate::e2e_support::{fast_config, group, wait_until};
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::redis_server::TlsClientAuth;
 use rsc::store::redis::RedisTlsOptions;
@@ -57,13 +57,7 @@ async fn a_group_runs_on_a_mutual_tls_cluster_and_a_coordinator_without_a_client
     let producer = fleet.producer("producer").await;
     producer.publish_paced(0..MESSAGES, 1_000).await;
     let ledger = fleet.ledger.clone();
-    wait_until_explained(
-        "every message acked",
-        Duration::from_secs(15),
-        || ledger.acked_distinct() >= MESSAGES,
-        || fleet.explain(),
-    )
-    .await;
+    fleet.wait_all_acked(MESSAGES, Duration::from_secs(15)).await;
     assert_eq!(ledger.lock().publish_failures, Vec::<String>::new(), "no publish failed");
     assert_no_split(&fleet.reads);
     let summary = check_delivery(&ledger, &abandoned_entries(&fleet.events()));

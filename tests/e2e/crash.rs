@@ -7,7 +7,7 @@ use crate::e2e_support::checks::{pending_count, shares_all};
 use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, Fleet};
 use crate::e2e_support::ground_truth::assert_no_split;
 use crate::e2e_support::process::CoordinatorProcess;
-use crate::e2e_support::{fast_config, group, wait_until, wait_until_explained};
+use crate::e2e_support::{fast_config, group, wait_until};
 use crate::support::RedisServer;
 use rsc::client::events::ClientEvent;
 
@@ -45,13 +45,7 @@ async fn a_consumer_crash_mid_run_loses_nothing_redelivers_only_its_unacked_entr
     let _producer = production.await.expect("producer task");
     assert_eq!(ledger.lock().publish_failures, Vec::<String>::new(), "no publish failed");
     assert_eq!(ledger.lock().produced.len(), MESSAGES);
-    wait_until_explained(
-        "every message acked",
-        Duration::from_secs(30),
-        || ledger.acked_distinct() >= MESSAGES,
-        || fleet.explain(),
-    )
-    .await;
+    fleet.wait_all_acked(MESSAGES, Duration::from_secs(30)).await;
     wait_until("the survivors share the 8 shards", Duration::from_secs(10), || shares_all(&[&a, &b], SHARDS)).await;
 
     // Ground truth: no shard was read by two consumers at once, and each of the victim's shards

@@ -7,7 +7,7 @@ use crate::e2e_support::checks::{pending_count, shares_all};
 use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, Fleet};
 use crate::e2e_support::ground_truth::assert_no_split;
 use crate::e2e_support::process::CoordinatorProcess;
-use crate::e2e_support::{fast_config, group, wait_until, wait_until_explained};
+use crate::e2e_support::{fast_config, group, wait_until};
 use crate::support::RedisServer;
 use rsc::client::events::ClientEvent;
 
@@ -60,13 +60,7 @@ async fn shards_added_under_traffic_reach_the_producer_within_a_routing_ttl_and_
 
     let _producer = production.await.expect("producer task");
     assert_eq!(ledger.lock().publish_failures, Vec::<String>::new(), "no publish failed");
-    wait_until_explained(
-        "every message acked",
-        Duration::from_secs(30),
-        || ledger.acked_distinct() >= MESSAGES,
-        || fleet.explain(),
-    )
-    .await;
+    fleet.wait_all_acked(MESSAGES, Duration::from_secs(30)).await;
     wait_until("two consumers share 8 shards", Duration::from_secs(10), || shares_all(&[&a, &b], 8)).await;
 
     // The producer used the old shard count for at most one routing cache TTL after the change.

@@ -8,7 +8,7 @@ use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, 
 use crate::e2e_support::ground_truth::assert_no_split;
 use crate::e2e_support::http_tap::{HttpTap, TapAnswer};
 use crate::e2e_support::process::CoordinatorProcess;
-use crate::e2e_support::{fast_config, group, wait_until, wait_until_explained};
+use crate::e2e_support::{fast_config, group, wait_until};
 use crate::support::RedisServer;
 use rsc::client::events::{ClientEvent, StopReason};
 use rsc::core::protocol::ErrorCode;
@@ -53,13 +53,7 @@ async fn a_rolling_update_drains_the_sigtermed_coordinator_and_clients_move_on_w
 
     let _producer = production.await.expect("producer task");
     assert_eq!(ledger.lock().publish_failures, Vec::<String>::new(), "no publish failed");
-    wait_until_explained(
-        "every message acked",
-        Duration::from_secs(30),
-        || ledger.acked_distinct() >= MESSAGES,
-        || fleet.explain(),
-    )
-    .await;
+    fleet.wait_all_acked(MESSAGES, Duration::from_secs(30)).await;
     wait_until("the consumers still share the 8 shards", Duration::from_secs(10), || shares_all(&all, SHARDS)).await;
 
     // On the wire: the only 5xx either coordinator ever answered is 503 COORDINATOR_TERMINATING.

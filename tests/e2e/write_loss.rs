@@ -83,15 +83,7 @@ async fn lost_writes_story(follow: Follow) {
         "the primary recorded more: revision {primary_revision} vs {replicated_revision}, version {primary_version} \
          vs {replicated_version}"
     );
-    let seen_version = fleet
-        .events()
-        .iter()
-        .filter_map(|e| match e {
-            ClientEvent::HeartbeatAnswered { metadata_version, .. } => Some(*metadata_version),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0);
+    let seen_version = fleet.highest_version_seen();
     assert!(seen_version > replicated_version, "clients saw versions the replica never got");
 
     // Failover: the replica becomes the primary without those writes.

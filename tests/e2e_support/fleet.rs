@@ -126,6 +126,30 @@ impl Fleet {
         self.events.events()
     }
 
+    /// Waits until `count` distinct entries were acked, explaining the fleet on a timeout.
+    pub async fn wait_all_acked(&self, count: usize, timeout: Duration) {
+        let ledger = self.ledger.clone();
+        super::wait_until_explained(
+            "every message acked",
+            timeout,
+            || ledger.acked_distinct() >= count,
+            || self.explain(),
+        )
+        .await;
+    }
+
+    /// The highest `metadataVersion` any heartbeat answer gave the fleet's consumers (0: none).
+    pub fn highest_version_seen(&self) -> u64 {
+        self.events()
+            .iter()
+            .filter_map(|e| match e {
+                ClientEvent::HeartbeatAnswered { metadata_version, .. } => Some(*metadata_version),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// What the fleet did, for a failure message: ledger counts, read tenures, the last events.
     pub fn explain(&self) -> String {
         let ledger = self.ledger.lock();
