@@ -384,6 +384,15 @@ pub fn tick_deferral_ms(g: &GroupMetadata, obs: &Observations, planted: PlantedB
     Some(earliest)
 }
 
+/// Whether a coordinator whose deferral of `g` ran out may compute it again from `obs` without
+/// reading ([`tick_deferral_ms`]): only what heartbeats through it told within a quarter member
+/// TTL stands in for a read. A member known from a read, or heard too long ago (its heartbeats
+/// may have moved to another coordinator), needs one.
+pub fn deferral_renewable_without_read(g: &GroupMetadata, obs: &Observations) -> bool {
+    let quarter = g.effective_member_lease_ttl_ms() / 4;
+    g.members.keys().all(|m| obs.liveness.get(m).is_some_and(|seen| seen.heard && seen.unchanged_ms < quarter))
+}
+
 /// Decides a periodic tick: member expiry, rebalance-timeout fencing, and every time-driven rule.
 pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
     let mut tx = Transition::new(g, ctx);

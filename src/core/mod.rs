@@ -15,8 +15,8 @@ pub mod transition;
 pub mod validate;
 
 pub use engine::{
-    check_session, decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, tick_deferral_ms,
-    Context, Decision,
+    check_session, decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick,
+    deferral_renewable_without_read, tick_deferral_ms, Context, Decision,
 };
 pub use model::{GroupConfig, GroupId, GroupMetadata, MemberId, ShardId};
 pub use observe::{LocalView, Observations};

@@ -33,8 +33,8 @@ use crate::core::protocol::{
     RoutingResponse,
 };
 use crate::core::{
-    check_session, decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, tick_deferral_ms,
-    Decision, LocalView, Observations, PlantedBug, PlantedBugs,
+    check_session, decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick,
+    deferral_renewable_without_read, tick_deferral_ms, Decision, LocalView, Observations, PlantedBug, PlantedBugs,
 };
 use crate::metrics::Metrics;
 use crate::store::{keys, MetadataStore, ProbeReport, ServerIdentity, TouchCheck, WriteOutcome};
@@ -791,13 +791,7 @@ impl<S: MetadataStore> Coordinator<S> {
             return false;
         }
         let obs = self.observe(g, None);
-        // Only what heartbeats here told within a quarter TTL stands in for a read: a member
-        // known from a read, or heard too long ago (its heartbeats may have moved to another
-        // instance), is read now.
-        let quarter = g.effective_member_lease_ttl_ms() / 4;
-        let all_heard =
-            g.members.keys().all(|m| obs.liveness.get(m).is_some_and(|seen| seen.heard && seen.unchanged_ms < quarter));
-        if !all_heard {
+        if !deferral_renewable_without_read(g, &obs) {
             return false;
         }
         let Some(ms) = tick_deferral_ms(g, &obs, self.inner.options.planted).filter(|ms| *ms > 0) else {
