@@ -739,6 +739,7 @@ mod bench {
         index_members() -> Vec<GroupId>;
         tick_roster(instance: &str) -> BTreeMap<String, u64>;
         forget_tickers(instances: &[String]) -> ();
+        exchange_heard(sender: &str, outgoing: &[(String, String)], ttl_ms: u64, senders: &[String]) -> Vec<Option<String>>;
         rebuild_index() -> Vec<GroupId>;
         identity() -> ServerIdentity;
         probe() -> ProbeReport;

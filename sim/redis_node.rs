@@ -60,6 +60,12 @@ pub enum Command {
     IndexMembers,
     TickRoster(String),
     ForgetTickers(Vec<String>),
+    ExchangeHeard {
+        sender: String,
+        outgoing: Vec<(String, String)>,
+        ttl_ms: u64,
+        senders: Vec<String>,
+    },
     RebuildIndex,
     Identity,
     Probe,
@@ -123,6 +129,9 @@ impl Command {
             Command::IndexMembers => "SMEMBERS index".into(),
             Command::TickRoster(i) => format!("ROSTER {i}"),
             Command::ForgetTickers(i) => format!("ROSTER- {}", i.join(",")),
+            Command::ExchangeHeard { sender, outgoing, senders, .. } => {
+                format!("HEARD {sender} out={} in={}", outgoing.len(), senders.len())
+            }
             Command::RebuildIndex => "SCAN index".into(),
             Command::Identity => "INFO".into(),
             Command::Probe => "PROBE".into(),
@@ -212,6 +221,9 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder, s
         Command::IndexMembers => Box::new(store.index_members().await),
         Command::TickRoster(i) => Box::new(store.tick_roster(&i).await),
         Command::ForgetTickers(i) => Box::new(store.forget_tickers(&i).await),
+        Command::ExchangeHeard { sender, outgoing, ttl_ms, senders } => {
+            Box::new(store.exchange_heard(&sender, &outgoing, ttl_ms, &senders).await)
+        }
         Command::RebuildIndex => Box::new(store.rebuild_index().await),
         Command::Identity => Box::new(store.identity().await),
         Command::Probe => Box::new(store.probe().await),
@@ -477,6 +489,22 @@ impl MetadataStore for RemoteStore {
 
     async fn forget_tickers(&self, instances: &[String]) -> Result<(), StoreError> {
         self.call(Command::ForgetTickers(instances.to_vec())).await
+    }
+
+    async fn exchange_heard(
+        &self,
+        sender: &str,
+        outgoing: &[(String, String)],
+        ttl_ms: u64,
+        senders: &[String],
+    ) -> Result<Vec<Option<String>>, StoreError> {
+        let command = Command::ExchangeHeard {
+            sender: sender.to_string(),
+            outgoing: outgoing.to_vec(),
+            ttl_ms,
+            senders: senders.to_vec(),
+        };
+        self.call(command).await
     }
 
     async fn identity(&self) -> Result<ServerIdentity, StoreError> {

@@ -154,6 +154,7 @@ contract_suite!(
         contract_a_write_needs_a_write_id,
         contract_mutex,
         contract_index_and_rebuild,
+        contract_heard_relay_blobs_reach_their_owner_and_expire,
         contract_identity_and_probe,
         contract_stream_ids_increase,
         contract_ensure_group_idempotent_and_delivers_preexisting,

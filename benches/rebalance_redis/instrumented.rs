@@ -317,6 +317,16 @@ impl<S: MetadataStore> MetadataStore for Instrumented<S> {
         self.inner.tick_roster(instance).await
     }
 
+    async fn exchange_heard(
+        &self,
+        sender: &str,
+        outgoing: &[(String, String)],
+        ttl_ms: u64,
+        senders: &[String],
+    ) -> Result<Vec<Option<String>>, StoreError> {
+        self.inner.exchange_heard(sender, outgoing, ttl_ms, senders).await
+    }
+
     async fn forget_tickers(&self, instances: &[String]) -> Result<(), StoreError> {
         self.inner.forget_tickers(instances).await
     }

@@ -7,6 +7,8 @@ use crate::core::model::{GroupId, ShardId};
 pub const INDEX_KEY: &str = "redis-stream:coord:groups";
 /// The tick roster: a hash coordinator instance id -> ticker pass counter (`service::roster`).
 pub const TICK_ROSTER_KEY: &str = "redis-stream:coord:tickers";
+/// Prefix of the heard-relay keys ([`heard_relay_key`]).
+pub const HEARD_RELAY_PREFIX: &str = "redis-stream:coord:heard:";
 /// SCAN pattern matching every metadata key.
 pub const METADATA_SCAN_PATTERN: &str = "redis-stream:coord:{*}:metadata";
 
@@ -40,6 +42,13 @@ pub fn liveness_key(group: &GroupId) -> String {
 /// Cluster slot and one script can check the fence and touch the stream. Never has a TTL.
 pub fn fence_key(group: &GroupId, shard: ShardId) -> String {
     format!("redis-stream:coord:{{{}}}:fence:{}", group.stream_key(shard), group.consumer_group)
+}
+
+/// `redis-stream:coord:heard:<len>:<owner>:<sender>` — what instance `sender` heard for the groups
+/// whose ticks `owner` holds (a string with a PX deadline, `service::relay`). The owner's length
+/// prefix keeps every (owner, sender) pair distinct whatever colons the ids contain.
+pub fn heard_relay_key(owner: &str, sender: &str) -> String {
+    format!("{HEARD_RELAY_PREFIX}{}:{owner}:{sender}", owner.len())
 }
 
 /// The fence hash's fields.

@@ -126,7 +126,8 @@ impl StoredRecord {
 
 /// Identifies one stored write: (revision, writeId), plus the schema and layout versions so that
 /// an out-of-band edit of either is seen by the next heartbeat. See [`StoredRecord::write_id`].
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct RecordStamp {
     pub revision: u64,
     pub write_id: String,
@@ -377,6 +378,19 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Removes `instances` from the tick roster (HDEL): those a coordinator saw silent for long.
     /// A live instance that was removed adds itself again at its next pass.
     fn forget_tickers(&self, instances: &[String]) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The heard relay between coordinator instances (`service::relay`), one round trip: stores
+    /// each `(owner, blob)` of `outgoing` under [`keys::heard_relay_key`]`(owner, sender)` for
+    /// `ttl_ms` (`SET … PX`), then reads what each of `senders` left for `sender` (`GET`, `None`:
+    /// nothing, or expired). Every command is its own atomic step: other clients may interleave.
+    /// Never truth about anything: a lost or stale blob only makes the reader read the store.
+    fn exchange_heard(
+        &self,
+        sender: &str,
+        outgoing: &[(String, String)],
+        ttl_ms: u64,
+        senders: &[String],
+    ) -> impl Future<Output = Result<Vec<Option<String>>, StoreError>> + Send;
 
     /// The server's current identity.
     fn identity(&self) -> impl Future<Output = Result<ServerIdentity, StoreError>> + Send;

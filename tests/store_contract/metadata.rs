@@ -291,6 +291,32 @@ pub async fn contract_index_and_rebuild<S: MetadataStore + StreamStore + Clone>(
     assert_eq!(store.index_members().await, Ok(vec![a, c]));
 }
 
+/// The heard relay between coordinator instances: what a sender leaves for each owner reaches
+/// that owner only, under its own key whatever colons the ids hold, and is gone after its TTL.
+pub async fn contract_heard_relay_blobs_reach_their_owner_and_expire<S: MetadataStore + StreamStore + Clone>(
+    store: &S,
+) {
+    let senders = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // Nothing relayed yet.
+    assert_eq!(store.exchange_heard("b", &[], 1_000, &senders(&["a", "c"])).await, Ok(vec![None, None]));
+    let outgoing = vec![("b".to_string(), "for b".to_string()), ("x:y".to_string(), "for x:y".to_string())];
+    assert_eq!(store.exchange_heard("a", &outgoing, 60_000, &[]).await, Ok(vec![]));
+    // b reads a's blob (not c's, which never wrote); the owner "x:y" and sender "a" do not meet
+    // the owner "x" and sender "y:a".
+    assert_eq!(
+        store.exchange_heard("b", &[], 1_000, &senders(&["a", "c"])).await,
+        Ok(vec![Some("for b".to_string()), None])
+    );
+    assert_eq!(store.exchange_heard("x:y", &[], 1_000, &senders(&["a"])).await, Ok(vec![Some("for x:y".into())]));
+    assert_eq!(store.exchange_heard("x", &[], 1_000, &senders(&["y:a"])).await, Ok(vec![None]));
+    // A sender's next blob replaces its last; a short-lived one expires.
+    let short = vec![("b".to_string(), "again".to_string())];
+    assert_eq!(store.exchange_heard("a", &short, 150, &senders(&["b"])).await, Ok(vec![None]));
+    assert_eq!(store.exchange_heard("b", &[], 1_000, &senders(&["a"])).await, Ok(vec![Some("again".into())]));
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert_eq!(store.exchange_heard("b", &[], 1_000, &senders(&["a"])).await, Ok(vec![None]));
+}
+
 pub async fn contract_identity_and_probe<S: MetadataStore + StreamStore + Clone>(store: &S) {
     let first = store.identity().await.expect("identity");
     assert!(!first.run_id.is_empty() && !first.replication_id.is_empty(), "{first:?}");

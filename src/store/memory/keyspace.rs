@@ -92,6 +92,10 @@ pub(super) struct Keyspace {
     /// increments would only make a counter change again, which readers take as "alive", as they
     /// do for every increment; nothing else depends on its values.
     roster: BTreeMap<String, u64>,
+    /// The heard-relay strings (`redis-stream:coord:heard:…`) with their PX deadline. Not
+    /// journaled, like the roster: readers order blobs by their own sequence numbers, so a
+    /// rollback that restored an older blob would only be ignored, and a lost one costs a read.
+    relays: BTreeMap<String, (String, u64)>,
 }
 
 impl Keyspace {
@@ -104,6 +108,24 @@ impl Keyspace {
     /// `HGETALL redis-stream:coord:tickers`.
     pub(super) fn tick_roster(&self) -> BTreeMap<String, u64> {
         self.roster.clone()
+    }
+
+    /// `SET <key> <blob> PX <ttl>` on a heard-relay key, at store-clock `now_ms`.
+    pub(super) fn put_relay(&mut self, key: String, blob: String, now_ms: u64, ttl_ms: u64) {
+        self.relays.insert(key, (blob, now_ms.saturating_add(ttl_ms)));
+    }
+
+    /// `GET <key>` on a heard-relay key at store-clock `now_ms` (an expired key is removed, as
+    /// Redis does on access).
+    pub(super) fn get_relay(&mut self, key: &str, now_ms: u64) -> Option<String> {
+        match self.relays.get(key) {
+            Some((blob, expires_at_ms)) if now_ms <= *expires_at_ms => Some(blob.clone()),
+            Some(_) => {
+                self.relays.remove(key);
+                None
+            }
+            None => None,
+        }
     }
 
     /// `HDEL redis-stream:coord:tickers <instance>...`.

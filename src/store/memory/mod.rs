@@ -40,6 +40,7 @@
 //! | `delete` | `EVALSHA`, `HGET`, `DEL` (then `SREM`, best effort) |
 //! | `acquire_mutex` / `release_mutex` | `SET` / `EVALSHA`, `GET`, `DEL` |
 //! | `index_add` / `index_members` / `rebuild_index` | `SADD` / `SMEMBERS` / `SCAN`, `SADD` |
+//! | `exchange_heard` | `SET` per blob, `GET` per sender |
 //! | `identity` | `INFO` |
 //! | `probe` | every name in [`REQUIRED_COMMANDS`], in that order |
 //! | `xadd` / `ensure_group` / `xack` | `XADD` / `XGROUP` / `XACK` |
@@ -97,9 +98,9 @@ use tokio::time::{Duration, Instant};
 use crate::core::model::{Fence, GroupId, MemberId};
 use crate::core::PlantedBugs;
 use crate::store::{
-    CasStamp, Doorbell, EntryId, FenceCheck, FenceRaise, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp,
-    ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome,
-    WriteRequest,
+    keys, CasStamp, Doorbell, EntryId, FenceCheck, FenceRaise, GroupStart, MetadataStore, ProbeReport, ReadFrom,
+    RecordStamp, ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult,
+    WriteOutcome, WriteRequest,
 };
 
 pub use faults::{OutageMode, RollbackMode, CORRUPT_AGGREGATE};
@@ -594,6 +595,42 @@ impl MetadataStore for MemoryStore {
             Ok(())
         })
         .await
+    }
+
+    async fn exchange_heard(
+        &self,
+        sender: &str,
+        outgoing: &[(String, String)],
+        ttl_ms: u64,
+        senders: &[String],
+    ) -> Result<Vec<Option<String>>, StoreError> {
+        if ttl_ms == 0 && !outgoing.is_empty() {
+            return Err(StoreError::Protocol("ERR invalid expire time in 'set' command".into()));
+        }
+        // One round trip; each SET and GET its own atomic step, other clients' commands between.
+        let latency_ms = self.admitted().await?;
+        let request_ms = latency_ms / 2;
+        sleep_ms(request_ms).await;
+        for (owner, blob) in outgoing {
+            let key = keys::heard_relay_key(owner, sender);
+            self.execute(&["SET"], |inner| {
+                let now_ms = inner.now_ms();
+                inner.keys.put_relay(key, blob.clone(), now_ms, ttl_ms);
+                Ok(())
+            })??;
+            tokio::task::yield_now().await;
+        }
+        let mut read = Vec::with_capacity(senders.len());
+        for from in senders {
+            let key = keys::heard_relay_key(sender, from);
+            read.push(self.execute(&["GET"], |inner| {
+                let now_ms = inner.now_ms();
+                Ok(inner.keys.get_relay(&key, now_ms))
+            })??);
+            tokio::task::yield_now().await;
+        }
+        sleep_ms(latency_ms - request_ms).await;
+        Ok(read)
     }
 
     async fn identity(&self) -> Result<ServerIdentity, StoreError> {

@@ -262,6 +262,50 @@ impl MetadataStore for RedisStore {
         Ok(())
     }
 
+    async fn exchange_heard(
+        &self,
+        sender: &str,
+        outgoing: &[(String, String)],
+        ttl_ms: u64,
+        senders: &[String],
+    ) -> Result<Vec<Option<String>>, StoreError> {
+        let mut commands = Vec::with_capacity(outgoing.len() + senders.len());
+        for (owner, blob) in outgoing {
+            let mut set = ::redis::cmd("SET");
+            set.arg(keys::heard_relay_key(owner, sender)).arg(blob).arg("PX").arg(ttl_ms);
+            commands.push(set);
+        }
+        for from in senders {
+            let mut get = ::redis::cmd("GET");
+            get.arg(keys::heard_relay_key(sender, from));
+            commands.push(get);
+        }
+        if commands.is_empty() {
+            return Ok(Vec::new());
+        }
+        let replies: Vec<Value> = if self.is_cluster() {
+            // Each key in its own slot: one request per command, all at once.
+            futures_util::future::try_join_all(commands.into_iter().map(|cmd| self.query::<Value>("SET/GET", cmd)))
+                .await?
+        } else {
+            let mut pipe = ::redis::pipe();
+            for cmd in commands {
+                pipe.add_command(cmd);
+            }
+            self.pipeline("SET+GET", pipe).await?
+        };
+        replies
+            .into_iter()
+            .skip(outgoing.len())
+            .map(|reply| match reply {
+                Value::Nil => Ok(None),
+                other => text(&other)
+                    .map(Some)
+                    .ok_or_else(|| StoreError::Protocol(format!("GET heard relay: unexpected reply {other:?}"))),
+            })
+            .collect()
+    }
+
     async fn identity(&self) -> Result<ServerIdentity, StoreError> {
         self.server_identity().await
     }
