@@ -178,6 +178,36 @@ impl LocalView {
         windows.liveness.insert(member.to_string(), window);
     }
 
+    /// Records that another coordinator process relayed a heartbeat of `member` (incarnation
+    /// `incarnation_epoch`) that left its liveness counter at `value`, and that this process
+    /// received the relay just now. The window restarts now, as for a heartbeat through this
+    /// process ([`note_heartbeat`](Self::note_heartbeat)), but only on news: the incarnation is
+    /// the one `metadata` records and `value` is above the counter this process already knows.
+    /// A relayed value at or below it may be older than what this process saw itself (relays
+    /// arrive late, and a blob may be read twice), and restarting on it would keep a member
+    /// alive on old news. Returns whether the window restarted.
+    pub fn note_relayed(
+        &mut self,
+        now_ms: u64,
+        metadata: &GroupMetadata,
+        member: &str,
+        incarnation_epoch: u64,
+        value: u64,
+    ) -> bool {
+        let Some(record) = metadata.members.get(member) else { return false };
+        if value == 0 || record.incarnation_epoch != incarnation_epoch {
+            return false;
+        }
+        let windows = self.groups.entry(metadata.group.clone()).or_default();
+        let known = windows.liveness.get(member).filter(|w| w.incarnation_epoch == incarnation_epoch);
+        if known.is_some_and(|w| value <= w.value) {
+            return false;
+        }
+        let window = LivenessWindow { incarnation_epoch, value, since_ms: now_ms, heard: true };
+        windows.liveness.insert(member.to_string(), window);
+        true
+    }
+
     /// A heartbeat's observations: records every wait `metadata` records that this process had not
     /// seen (it starts now) and reports how long each has been observed. Liveness is left out, as
     /// heartbeat decisions never read it (expiry is a tick rule: [`crate::core::decide_tick`]),
@@ -283,6 +313,31 @@ mod tests {
         view.note_heartbeat(800, &g, "zed", 3);
         let seen = view.observe(900, &g, None).liveness;
         assert_eq!((seen["a"].unchanged_ms, seen.len()), (200, 1));
+    }
+
+    #[test]
+    fn a_relayed_heartbeat_restarts_a_window_only_on_news_of_the_recorded_incarnation() {
+        let g = group_with_member();
+        let incarnation = g.members["a"].incarnation_epoch;
+        let mut view = LocalView::default();
+        let live = |v: u64| BTreeMap::from([("a".to_string(), v)]);
+        view.observe(0, &g, Some(&live(5)));
+        // Old news (the value this process read, or below: a blob read twice, or late) and
+        // another incarnation's counter change nothing.
+        assert!(!view.note_relayed(100, &g, "a", incarnation, 5));
+        assert!(!view.note_relayed(100, &g, "a", incarnation, 4));
+        assert!(!view.note_relayed(100, &g, "a", incarnation + 1, 9));
+        assert!(!view.note_relayed(100, &g, "zed", incarnation, 9));
+        assert!(!view.note_relayed(100, &g, "a", incarnation, 0));
+        let seen = view.observe(200, &g, None).liveness["a"];
+        assert_eq!((seen.value, seen.unchanged_ms, seen.heard), (5, 200, false));
+        // A higher counter is a heartbeat after what this process knew: heard, from now.
+        assert!(view.note_relayed(300, &g, "a", incarnation, 6));
+        let seen = view.observe(400, &g, None).liveness["a"];
+        assert_eq!((seen.value, seen.unchanged_ms, seen.heard), (6, 100, true));
+        // The same blob read again restarts nothing.
+        assert!(!view.note_relayed(900, &g, "a", incarnation, 6));
+        assert_eq!(view.observe(1_000, &g, None).liveness["a"].unchanged_ms, 700);
     }
 
     #[test]
