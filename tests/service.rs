@@ -761,6 +761,125 @@ async fn quiet_groups_are_ticked_by_one_instance_and_a_silent_ones_groups_are_ta
     }
 }
 
+/// Heartbeats a load balancer sends to another instance reach the group's tick owner through the
+/// heard relay: the owner renews the idle group's deferral without reading it, as it does for
+/// heartbeats through itself. Without the relay it reads the group (record and liveness) every
+/// quarter TTL. A member that falls silent still expires, a TTL after its last heartbeat plus
+/// the relay's lateness, and only from a read.
+#[tokio::test]
+async fn heartbeats_through_another_instance_are_relayed_to_the_tick_owner() {
+    for relay_ms in [20, 0] {
+        let store = MemoryStore::new(14);
+        let instance = |id: &str| {
+            let options = CoordinatorOptions {
+                instance_id: id.into(),
+                max_assignment_lease_ms: fast_config().assignment_lease_ms,
+                ticker_silence_ms: 2_000,
+                heard_relay_ms: relay_ms,
+                ..CoordinatorOptions::default()
+            };
+            Coordinator::new(held::HeldStore::new(store.connect()), options)
+        };
+        let (c1, c2) = (instance("c1"), instance("c2"));
+        for c in [&c1, &c2] {
+            c.start().await.expect("probe");
+        }
+        c1.admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() })
+            .await
+            .expect("create");
+        for _ in 0..2 {
+            c1.tick_all().await;
+            c2.tick_all().await;
+        }
+        let (owner, other) = if c1.owns_tick(&group()) { (&c1, &c2) } else { (&c2, &c1) };
+        assert!(!other.owns_tick(&group()), "one owner");
+        // The member joins through the owner, then heartbeats through the other instance only.
+        let joined = owner.heartbeat(join("a")).await.expect("join");
+        assert_eq!(joined.status, HeartbeatStatus::Ok);
+        let round = || async {
+            other.heartbeat(next(&joined)).await.expect("steady");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            other.tick_all().await;
+            owner.tick_all().await;
+        };
+        for _ in 0..10 {
+            round().await;
+        }
+        let before = owner.store().reads();
+        // Two and a half TTLs of steady heartbeats.
+        for _ in 0..20 {
+            round().await;
+        }
+        let reads = owner.store().reads() - before;
+        let restarted = owner.metrics().value("rsc_heard_relay_windows_restarted_total", &Vec::new());
+        if relay_ms == 0 {
+            assert!(reads >= 8, "no relay: the owner reads the group every quarter TTL ({reads} reads)");
+            assert_eq!(restarted, 0.0);
+            continue;
+        }
+        assert_eq!(reads, 0, "the relayed heartbeats kept the group deferred without a read");
+        assert!(restarted >= 10.0, "windows restarted from relays: {restarted}");
+        // Silent now: the owner reads again and expires the member from what it read.
+        let silent_at = tokio::time::Instant::now();
+        let before = owner.store().reads();
+        while !owner.describe(&group()).await.expect("describe").metadata.members.is_empty() {
+            assert!(silent_at.elapsed() < Duration::from_millis(1_500), "the silent member expires");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+            owner.tick_all().await;
+        }
+        let expired_after = silent_at.elapsed();
+        assert!(
+            expired_after >= Duration::from_millis(fast_config().member_lease_ttl_ms),
+            "not before a TTL of silence: {expired_after:?}"
+        );
+        assert!(owner.store().reads() > before, "decided from a read");
+    }
+}
+
+/// A member that joins through an instance that does not tick the group and falls silent at
+/// once still expires about a TTL later. The group's owner deferred the group while it had no
+/// members, for the audit period (120 s); the instance that wrote the join ticks the group
+/// itself only until it finds it idle. Found while building the heard relay: the writer now
+/// relays its write's stamp, which ends the owner's deferral, and keeps ticking the group until
+/// the relay is stored. Without the relay (`heard_relay_ms = 0`) the member waited for the audit.
+#[tokio::test]
+async fn a_member_joined_through_a_non_owner_that_falls_silent_at_once_expires_within_its_ttl() {
+    let store = MemoryStore::new(15);
+    let instance = |id: &str| {
+        let options = CoordinatorOptions {
+            instance_id: id.into(),
+            max_assignment_lease_ms: fast_config().assignment_lease_ms,
+            ticker_silence_ms: 2_000,
+            heard_relay_ms: 20,
+            ..CoordinatorOptions::default()
+        };
+        Coordinator::new(store.connect(), options)
+    };
+    let (c1, c2) = (instance("c1"), instance("c2"));
+    for c in [&c1, &c2] {
+        c.start().await.expect("probe");
+    }
+    c1.admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() })
+        .await
+        .expect("create");
+    for _ in 0..2 {
+        c1.tick_all().await;
+        c2.tick_all().await;
+    }
+    let (owner, other) = if c1.owns_tick(&group()) { (&c1, &c2) } else { (&c2, &c1) };
+    let joined = other.heartbeat(join("a")).await.expect("join");
+    assert_eq!(joined.status, HeartbeatStatus::Ok);
+    let silent_at = tokio::time::Instant::now();
+    // Watched through the other instance: a read through the owner would refresh its copy.
+    while !other.describe(&group()).await.expect("describe").metadata.members.is_empty() {
+        let waited = silent_at.elapsed();
+        assert!(waited < Duration::from_millis(2_000), "the silent member expires (waited {waited:?})");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        other.tick_all().await;
+        owner.tick_all().await;
+    }
+}
+
 /// A refusal from a stale decoded cache is re-read before it stands. Found by the simulation
 /// (`standard` seed 31 once instances shared their ticks): a consumer restarted under the same
 /// member id was refused `MEMBER_ID_IN_USE` by an instance whose cache still held the old

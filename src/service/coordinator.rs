@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use rand::rngs::SmallRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tokio::time::{Duration, Instant};
 
@@ -37,9 +37,10 @@ use crate::core::{
     deferral_renewable_without_read, tick_deferral_ms, Decision, LocalView, Observations, PlantedBug, PlantedBugs,
 };
 use crate::metrics::Metrics;
-use crate::store::{keys, MetadataStore, ProbeReport, ServerIdentity, TouchCheck, WriteOutcome};
+use crate::store::{keys, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, TouchCheck, WriteOutcome};
 
 use super::critical::TICK_GAUGES;
+use super::relay::Relay;
 use super::roster::Roster;
 
 /// Tunables of one coordinator process.
@@ -66,6 +67,12 @@ pub struct CoordinatorOptions {
     /// read (on in production; off only for the `idle_ticks` benchmark's before column).
     #[doc(hidden)]
     pub renew_deferrals_from_heartbeats: bool,
+    /// Period of the heard relay (`service::relay`): instances tell a group's tick owner which of
+    /// its members heartbeated through them, so an idle group whose heartbeats a load balancer
+    /// spreads over the instances is not read every quarter member TTL. A relayed member's
+    /// silence is noticed up to about three periods later than a heartbeat through the owner
+    /// would let it be. 0: no relay (and the owner reads such groups).
+    pub heard_relay_ms: u64,
     /// How long another instance's ticker may stay silent in the tick roster before this instance
     /// stops counting it live (`service::roster`): instances share the ticks of quiet groups, one
     /// owner each, and a dead instance's groups are taken over within this plus one pass. 0: no
@@ -94,6 +101,7 @@ impl Default for CoordinatorOptions {
             tick_interval_ms: 250,
             idle_group_audit_ms: 120_000,
             renew_deferrals_from_heartbeats: true,
+            heard_relay_ms: HEARD_RELAY_MS_DEFAULT,
             ticker_silence_ms: TICKER_SILENCE_MS_DEFAULT,
             rng_seed: 0,
             max_assignment_lease_ms: MAX_ASSIGNMENT_LEASE_MS_DEFAULT,
@@ -101,6 +109,11 @@ impl Default for CoordinatorOptions {
         }
     }
 }
+
+/// Default [`CoordinatorOptions::heard_relay_ms`]: a relayed window then starts at most about
+/// 3 s after the heartbeat, near the quarter TTL (2.5 s) a read every quarter TTL would allow for
+/// the default 10 s member TTL; 2(n-1) commands per second per instance of n.
+pub const HEARD_RELAY_MS_DEFAULT: u64 = 1_000;
 
 /// Default [`CoordinatorOptions::ticker_silence_ms`]: twelve default tick periods, so a pass slowed
 /// by a busy store does not make an instance look dead.
@@ -163,6 +176,8 @@ pub(super) struct LocalState {
     pub(super) gauges_exported: BTreeSet<GroupId>,
     /// The tick roster as this process read it (who owns which quiet group).
     pub(super) roster: Roster,
+    /// The heard relay's outgoing heartbeats and applied blobs.
+    pub(super) relay: Relay,
     pub(super) rng: SmallRng,
     /// Draws `writeId`s.
     pub(super) write_rng: SmallRng,
@@ -184,8 +199,11 @@ impl LocalState {
     }
 }
 
+/// What a heartbeat's touch found ([`Coordinator::heartbeat_touch`]).
+type Touched = (Arc<GroupMetadata>, u64, Option<RecordStamp>, u64, bool);
+
 /// Until when the ticker may skip an idle group.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Deferred {
     until: Instant,
     identity_generation: u64,
@@ -193,8 +211,12 @@ pub(super) struct Deferred {
     /// ([`CoordinatorOptions::idle_group_audit_ms`] after the read that deferred it).
     audit_at: Instant,
     /// When the store last confirmed the decoded record this process holds for the group (the
-    /// tick's read, or a heartbeat's stamp check through this process).
-    confirmed: Instant,
+    /// tick's read, a heartbeat's stamp check through this process, or one another instance
+    /// relayed).
+    pub(super) confirmed: Instant,
+    /// The stamp so confirmed. A renewal without a read needs the decoded copy to still carry it:
+    /// a read that finished late may have put an older record in the cache since.
+    pub(super) confirmed_stamp: Option<RecordStamp>,
 }
 
 pub(super) struct Inner<S> {
@@ -228,6 +250,8 @@ pub const MAX_ASSIGNMENT_LEASE_MS_DEFAULT: u64 = 8_000;
 const HEARTBEATS: &str = "rsc_heartbeats_total";
 /// Separates the `writeId` RNG's seed from the token RNG's.
 const WRITE_ID_SALT: u64 = 0x5772_6974_6549_6421;
+/// Separates the heard relay's nonce from both.
+const RELAY_SALT: u64 = 0x4865_6172_6452_6c79;
 const TERMINATING_HELP: &str = "1 while the coordinator is terminating (refusing new mutations), else 0.";
 const HEARTBEATS_HELP: &str = "Heartbeats answered, by status or error code.";
 
@@ -249,6 +273,7 @@ impl<S: MetadataStore> Coordinator<S> {
             session_rechecked: BTreeMap::new(),
             gauges_exported: BTreeSet::new(),
             roster: Roster::default(),
+            relay: Relay::new(SmallRng::seed_from_u64(options.rng_seed ^ RELAY_SALT).gen()),
             rng: SmallRng::seed_from_u64(options.rng_seed),
             write_rng: SmallRng::seed_from_u64(options.rng_seed ^ WRITE_ID_SALT),
         };
@@ -355,15 +380,18 @@ impl<S: MetadataStore> Coordinator<S> {
     /// refused for its session leaves no trace, so a forger cannot keep a dead member from
     /// expiring. The decision checks it again against the state it decides on.
     async fn heartbeat_read(&self, req: &HeartbeatRequest) -> Result<(Arc<GroupMetadata>, u64), ApiError> {
-        let (g, revision, liveness, changed) = self.heartbeat_touch(req).await?;
-        self.note_heartbeat(&g, &req.member_id, liveness, changed);
+        let (g, revision, stamp, liveness, changed) = self.heartbeat_touch(req).await?;
+        if let Some(stamp) = &stamp {
+            self.note_heartbeat(&g, stamp, &req.member_id, liveness, changed);
+        }
         Ok((g, revision))
     }
 
     /// [`heartbeat_read`](Self::heartbeat_read) without the bookkeeping; also returns the
-    /// member's liveness counter as the touch left it, and whether the record differed from the
-    /// decoded copy this process held (or it held none).
-    async fn heartbeat_touch(&self, req: &HeartbeatRequest) -> Result<(Arc<GroupMetadata>, u64, u64, bool), ApiError> {
+    /// record's stamp (`None`: it has no `writeId`), the member's liveness counter as the touch
+    /// left it, and whether the record differed from the decoded copy this process held (or it
+    /// held none).
+    async fn heartbeat_touch(&self, req: &HeartbeatRequest) -> Result<Touched, ApiError> {
         let store = &self.inner.store;
         let known = match self.inner.cache.get(&req.group) {
             Some(cached) => Arc::clone(&cached.metadata),
@@ -382,7 +410,8 @@ impl<S: MetadataStore> Coordinator<S> {
         let touched = match self.inner.cache.get(&req.group) {
             Some(cached) => match store.touch_and_check(&req.group, &req.member_id, &cached.stamp).await {
                 Ok(TouchCheck::Unchanged { liveness }) => {
-                    return Ok((Arc::clone(&cached.metadata), cached.stamp.revision, liveness, false));
+                    let stamp = Some(cached.stamp.clone());
+                    return Ok((Arc::clone(&cached.metadata), cached.stamp.revision, stamp, liveness, false));
                 }
                 Ok(TouchCheck::Changed(touched)) => touched,
                 Err(e) => return Err(self.group_store_error(&req.group, e)),
@@ -396,7 +425,7 @@ impl<S: MetadataStore> Coordinator<S> {
             let client_knows = req.member_epoch > 0 || req.metadata_version > 0;
             return Err(self.missing(&req.group, client_knows).await);
         };
-        Ok((self.decode_counted(&req.group, &record)?, record.revision, touched.liveness, true))
+        Ok((self.decode_counted(&req.group, &record)?, record.revision, record.stamp(), touched.liveness, true))
     }
 
     /// A session refused against the decoded cache: the cache may be stale (another instance
@@ -654,9 +683,11 @@ impl<S: MetadataStore> Coordinator<S> {
         self.local().dirty.retain(|group| indexed.contains(group));
         self.local().session_rechecked.retain(|group, _| indexed.contains(group));
         self.local().gauges_exported.retain(|group| indexed.contains(group));
+        self.local().relay.retain(|group| indexed.contains(group));
         self.forget_unindexed_absent_groups(&indexed).await;
         drop(indexed);
         self.read_roster().await;
+        self.exchange_relays().await;
         let mut not_mine = 0u64;
         for group in groups {
             if self.is_terminating() {
@@ -774,7 +805,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 return false;
             }
             match local.deferred.get(group) {
-                Some(d) if d.identity_generation == local.identity_generation => *d,
+                Some(d) if d.identity_generation == local.identity_generation => d.clone(),
                 _ => return false,
             }
         };
@@ -787,7 +818,9 @@ impl<S: MetadataStore> Coordinator<S> {
         let Some(cached) = self.inner.cache.get(group) else { return false };
         let g = &cached.metadata;
         let confirm_within = Duration::from_millis(g.effective_member_lease_ttl_ms() / 4);
-        if now.saturating_duration_since(deferred.confirmed) > confirm_within {
+        if now.saturating_duration_since(deferred.confirmed) > confirm_within
+            || deferred.confirmed_stamp.as_ref() != Some(&cached.stamp)
+        {
             return false;
         }
         let obs = self.observe(g, None);
@@ -818,27 +851,31 @@ impl<S: MetadataStore> Coordinator<S> {
     /// `changed` under this process's copy (another instance wrote it) ends the group's deferral:
     /// the deferral was computed from the old copy (a member added there would otherwise be
     /// watched only from the deferral's end).
-    fn note_heartbeat(&self, g: &GroupMetadata, member: &str, liveness: u64, changed: bool) {
+    fn note_heartbeat(&self, g: &GroupMetadata, stamp: &RecordStamp, member: &str, liveness: u64, changed: bool) {
         if !self.inner.options.renew_deferrals_from_heartbeats {
             return;
         }
         let now_ms = self.now_ms();
-        let mut local = self.local();
-        local.view.note_heartbeat(now_ms, g, member, liveness);
-        if changed {
-            local.deferred.remove(&g.group);
-        } else if let Some(d) = local.deferred.get_mut(&g.group) {
-            d.confirmed = Instant::now();
+        {
+            let mut local = self.local();
+            local.view.note_heartbeat(now_ms, g, member, liveness);
+            if changed {
+                local.deferred.remove(&g.group);
+            } else if let Some(d) = local.deferred.get_mut(&g.group) {
+                d.confirmed = Instant::now();
+                d.confirmed_stamp = Some(stamp.clone());
+            }
         }
+        self.relay_heartbeat(g, stamp, member, liveness);
     }
 
     /// Records how long the ticker may skip `group` (`None`: not at all), capped by the audit
     /// period ([`CoordinatorOptions::idle_group_audit_ms`]).
-    fn defer_tick(&self, group: &GroupId, deferral_ms: Option<u64>, generation: u64) {
+    fn defer_tick(&self, group: &GroupId, deferral_ms: Option<u64>, generation: u64, read: Option<RecordStamp>) {
         let audit_ms = self.inner.options.idle_group_audit_ms;
         let mut local = self.local();
-        if deferral_ms.is_some() {
-            // Idle: from now on its owner ticks it.
+        if deferral_ms.is_some() && !local.relay.holds_write(group) {
+            // Idle: from now on its owner ticks it (told of this process's last write to it).
             local.dirty.remove(group);
         }
         match deferral_ms.map(|ms| ms.min(audit_ms)).filter(|ms| *ms > 0) {
@@ -849,6 +886,7 @@ impl<S: MetadataStore> Coordinator<S> {
                     identity_generation: generation,
                     audit_at: now + Duration::from_millis(audit_ms),
                     confirmed: now,
+                    confirmed_stamp: read,
                 };
                 local.deferred.insert(group.clone(), deferred);
             }
@@ -890,7 +928,8 @@ impl<S: MetadataStore> Coordinator<S> {
         self.export_group_gauges(&g, &obs);
         let probe = decide_tick(&g, self.context(record.revision, &obs));
         if probe.write.next.is_none() {
-            self.defer_tick(group, tick_deferral_ms(&g, &obs, self.inner.options.planted), generation);
+            let deferral_ms = tick_deferral_ms(&g, &obs, self.inner.options.planted);
+            self.defer_tick(group, deferral_ms, generation, record.stamp());
             return Ok(());
         }
         let empties = !g.members.is_empty() && probe.write.next.as_ref().is_some_and(|n| n.members.is_empty());

@@ -108,7 +108,11 @@ impl<S: MetadataStore> Coordinator<S> {
                     self.observe(&next, None);
                     // If the store dropped the write after all, the next read's stamp differs and
                     // replaces this entry: the cache never answers for a write Redis lacks.
-                    self.inner.cache.put(group, StoredRecord { revision: written, ..written_record }, Arc::new(next));
+                    let written_record = StoredRecord { revision: written, ..written_record };
+                    if let Some(stamp) = written_record.stamp() {
+                        self.relay_write(&next, &stamp);
+                    }
+                    self.inner.cache.put(group, written_record, Arc::new(next));
                     for member in &decision.write.liveness_remove {
                         self.inner.metrics.forget("rsc_member_heartbeat_age_seconds", "member", member);
                         self.inner.metrics.forget("rsc_member_revoking_shards", "member", member);
@@ -244,6 +248,16 @@ impl<S: MetadataStore> Coordinator<S> {
         group: &GroupId,
         record: &StoredRecord,
     ) -> Result<Arc<GroupMetadata>, ApiError> {
+        {
+            // A tick deferral stands on the record it was computed from: any read that finds
+            // another one (a member joined through another instance, and a describe or routing
+            // read here saw it first) ends it, so the next pass ticks the group.
+            let mut local = self.local();
+            let stale = local.deferred.get(group).is_some_and(|d| d.confirmed_stamp != record.stamp());
+            if stale {
+                local.deferred.remove(group);
+            }
+        }
         self.inner.cache.decode(group, record, |record| decode(group, record)).inspect_err(|e| {
             tracing::error!(%group, message = %e.message, "stored metadata is incompatible; failing closed");
             self.count_schema_error(group);

@@ -9,6 +9,7 @@ mod critical;
 mod marks;
 mod monitors;
 mod pruning;
+mod relay;
 mod roster;
 pub mod shutdown;
 

@@ -92,6 +92,7 @@ impl<S: MetadataStore> Coordinator<S> {
             local.dirty.remove(group);
             local.session_rechecked.remove(group);
             local.gauges_exported.remove(group);
+            local.relay.retain(|g| g != group);
         }
         let except: &[&str] = match why {
             Forget::Deleted => &[],
@@ -174,8 +175,11 @@ impl<S: MetadataStore> Coordinator<S> {
         let (view, marks, evidence_recorded, regressed, missing_at_tick, tick_state) = {
             let local = self.local();
             let view = local.view.groups().len();
-            let tick_state =
-                local.deferred.len() + local.dirty.len() + local.session_rechecked.len() + local.gauges_exported.len();
+            let tick_state = local.deferred.len()
+                + local.dirty.len()
+                + local.session_rechecked.len()
+                + local.gauges_exported.len()
+                + local.relay.pending();
             let counts = (local.reads.len(), local.evidence_recorded.len(), local.regressed.len());
             (view, counts.0, counts.1, counts.2, local.missing_at_tick.len(), tick_state)
         };

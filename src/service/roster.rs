@@ -96,6 +96,11 @@ impl Roster {
     pub(super) fn owns(&self, me: &str, group: &GroupId) -> bool {
         owner(&self.live, group).is_none_or(|owner| owner == me)
     }
+
+    /// The live instance that owns `group` (`None` before the first read).
+    pub(super) fn owner(&self, group: &GroupId) -> Option<&str> {
+        owner(&self.live, group)
+    }
 }
 
 /// The owner of `group` among `instances` (`None` when there are none).

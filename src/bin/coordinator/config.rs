@@ -21,6 +21,7 @@
 //! tick_interval_ms = 250
 //! idle_group_audit_ms = 120000                             # longest an idle group goes unticked (0: never skip)
 //! ticker_silence_ms = 3000                                 # another instance's ticker counts dead after (0: no sharing)
+//! heard_relay_ms = 1000                                    # relay heard heartbeats to tick owners every (0: off)
 //! max_assignment_lease_ms = 8000                           # longest lease a group may use; same on every instance
 //! mutex_ttl_ms = 2000
 //! mutex_attempts_max = 20
@@ -91,6 +92,7 @@ pub struct FileConfig {
     pub tick_interval_ms: Option<u64>,
     pub idle_group_audit_ms: Option<u64>,
     pub ticker_silence_ms: Option<u64>,
+    pub heard_relay_ms: Option<u64>,
     pub max_assignment_lease_ms: Option<u64>,
     pub mutex_ttl_ms: Option<u64>,
     pub mutex_attempts_max: Option<u32>,
@@ -247,6 +249,7 @@ impl Settings {
             idle_group_audit_ms: file.idle_group_audit_ms.unwrap_or(defaults.idle_group_audit_ms),
             renew_deferrals_from_heartbeats: defaults.renew_deferrals_from_heartbeats,
             ticker_silence_ms: file.ticker_silence_ms.unwrap_or(defaults.ticker_silence_ms),
+            heard_relay_ms: file.heard_relay_ms.unwrap_or(defaults.heard_relay_ms),
             rng_seed,
             max_assignment_lease_ms: args
                 .max_assignment_lease_ms
