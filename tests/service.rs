@@ -851,6 +851,7 @@ async fn a_cluster_failover_is_evidence_only_for_the_groups_on_the_failed_primar
         run_id: format!("run-{node}"),
         replication_id: replid.into(),
         slots: vec![slots],
+        claimed: vec![slots],
     };
     let identity = |primaries: Vec<PrimaryIdentity>| ServerIdentity {
         run_id: primaries.iter().map(|p| format!("{}={}", p.node, p.run_id)).collect::<Vec<_>>().join(","),
