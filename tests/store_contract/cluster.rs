@@ -50,6 +50,13 @@ async fn a_slot_migration_keeps_the_identity_and_a_takeover_changes_it() {
     assert_eq!(store.write(&group, create("v1")).await, Ok(written(1)));
     let before = store.identity().await.expect("identity");
     assert_eq!(before.run_id.split(',').count(), 3, "one entry per serving primary: {before:?}");
+    // Each primary, asked itself, claims what the view lists for it: no slot is disputed.
+    for primary in &before.primaries {
+        let mut listed = primary.slots.clone();
+        listed.sort_unstable();
+        assert_eq!(primary.claimed, listed, "{} claims what the view lists", primary.node);
+    }
+    assert_eq!(before.disputed_slots(), vec![], "{before:?}");
 
     // The group's slot moves to another primary: same primaries, same identity, same record.
     let metadata = keys::metadata_key(&group);
@@ -59,6 +66,7 @@ async fn a_slot_migration_keeps_the_identity_and_a_takeover_changes_it() {
     assert_eq!(cluster.node_for_key(&metadata).port(), target);
     let migrated = store.identity().await.expect("identity after the move");
     assert!(before.same_servers(&migrated), "a slot migration is not a new identity: {migrated:?}");
+    assert_eq!(migrated.disputed_slots(), vec![], "the handover settled: {migrated:?}");
     // The identity's slot map follows the move (the coordinator judges the next change by it).
     let slot = keys::group_slot(&group);
     let serving = migrated.primaries.iter().find(|p| p.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)));
