@@ -310,6 +310,10 @@ impl ServerIdentity {
     /// The [disputed](Self::disputed) slots of this read as inclusive ranges, ascending.
     pub fn disputed_slots(&self) -> Vec<(u16, u16)> {
         let mut ranges: Vec<(u16, u16)> = Vec::new();
+        if self.primaries.is_empty() {
+            // One server: no slot map, and this runs on every identity check.
+            return ranges;
+        }
         for slot in (0..keys::CLUSTER_SLOTS).filter(|slot| self.disputed(*slot)) {
             match ranges.last_mut() {
                 Some((_, end)) if end.checked_add(1) == Some(slot) => *end = slot,
