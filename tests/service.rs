@@ -964,33 +964,64 @@ async fn a_member_heard_here_does_not_hide_one_whose_heartbeats_go_elsewhere() {
 /// id), the group on that primary records a correction round and the group on another does not.
 #[tokio::test]
 async fn a_cluster_failover_is_evidence_only_for_the_groups_on_the_failed_primary() {
-    use rsc::store::{keys, PrimaryIdentity, ServerIdentity};
-    let primary = |node: &str, replid: &str, slots: (u16, u16)| PrimaryIdentity {
+    let (a, b, c3) = ((0, 5460), (5461, 10922), (10923, 16383));
+    let before = cluster_identity(vec![primary("a", "xa", a), primary("b", "xb", b), primary("c", "xc", c3)]);
+    let after = cluster_identity(vec![primary("a", "xa", a), primary("d", "xd", b), primary("c", "xc", c3)]);
+    let (on_b, elsewhere) = correction_rounds_after(before, after, b).await;
+    assert!(on_b, "the group on the failed-over primary records a correction round");
+    assert!(!elsewhere, "the group on an unchanged primary records none");
+}
+
+/// The same servers, unchanged, but the primary the view lists for b's slots is no longer the only
+/// one claiming them (a claims them too, as a deposed primary on the far side of a partition
+/// would): the identity's run and replication ids are equal, yet the dispute is evidence for the
+/// groups in those slots, and only for them.
+#[tokio::test]
+async fn a_slot_two_primaries_claim_is_evidence_only_for_its_groups() {
+    let (a, b, c3) = ((0, 5460), (5461, 10922), (10923, 16383));
+    let before = cluster_identity(vec![primary("a", "xa", a), primary("b", "xb", b), primary("c", "xc", c3)]);
+    let split = rsc::store::PrimaryIdentity { claimed: vec![a, b], ..primary("a", "xa", a) };
+    let after = cluster_identity(vec![split, primary("b", "xb", b), primary("c", "xc", c3)]);
+    assert_eq!((&before.run_id, &before.replication_id), (&after.run_id, &after.replication_id));
+    let (on_b, elsewhere) = correction_rounds_after(before, after, b).await;
+    assert!(on_b, "the group in the disputed slots records a correction round");
+    assert!(!elsewhere, "the group in undisputed slots records none");
+}
+
+/// A Cluster primary that claims exactly the slots the view lists for it.
+fn primary(node: &str, replid: &str, slots: (u16, u16)) -> rsc::store::PrimaryIdentity {
+    rsc::store::PrimaryIdentity {
         node: node.into(),
         run_id: format!("run-{node}"),
         replication_id: replid.into(),
         slots: vec![slots],
+        claimed: vec![slots],
+    }
+}
+
+fn cluster_identity(primaries: Vec<rsc::store::PrimaryIdentity>) -> rsc::store::ServerIdentity {
+    let join = |field: fn(&rsc::store::PrimaryIdentity) -> &str| {
+        primaries.iter().map(|p| format!("{}={}", p.node, field(p))).collect::<Vec<_>>().join(",")
     };
-    let identity = |primaries: Vec<PrimaryIdentity>| ServerIdentity {
-        run_id: primaries.iter().map(|p| format!("{}={}", p.node, p.run_id)).collect::<Vec<_>>().join(","),
-        replication_id: primaries
-            .iter()
-            .map(|p| format!("{}={}", p.node, p.replication_id))
-            .collect::<Vec<_>>()
-            .join(","),
-        primaries,
-    };
-    let (a, b, c3) = ((0, 5460), (5461, 10922), (10923, 16383));
-    let before = identity(vec![primary("a", "xa", a), primary("b", "xb", b), primary("c", "xc", c3)]);
-    let after = identity(vec![primary("a", "xa", a), primary("d", "xd", b), primary("c", "xc", c3)]);
-    // Two groups: one whose metadata slot b serves, one elsewhere.
-    let on_b = (0..)
+    rsc::store::ServerIdentity { run_id: join(|p| &p.run_id), replication_id: join(|p| &p.replication_id), primaries }
+}
+
+/// With one group whose metadata slot lies in `range` and one elsewhere, both joined and ticked
+/// under the store identity `before`, then ticked under `after`: whether each records a
+/// correction round.
+async fn correction_rounds_after(
+    before: rsc::store::ServerIdentity,
+    after: rsc::store::ServerIdentity,
+    range: (u16, u16),
+) -> (bool, bool) {
+    use rsc::store::keys;
+    let in_range = (0..)
         .map(|i| GroupId::new("orders", format!("g{i}")))
-        .find(|g| (b.0..=b.1).contains(&keys::group_slot(g)))
-        .expect("a group on b");
+        .find(|g| (range.0..=range.1).contains(&keys::group_slot(g)))
+        .expect("a group in the range");
     let elsewhere = (0..)
         .map(|i| GroupId::new("orders", format!("h{i}")))
-        .find(|g| !(b.0..=b.1).contains(&keys::group_slot(g)))
+        .find(|g| !(range.0..=range.1).contains(&keys::group_slot(g)))
         .expect("a group elsewhere");
     let store = MemoryStore::new(21);
     let options = CoordinatorOptions {
@@ -1001,24 +1032,22 @@ async fn a_cluster_failover_is_evidence_only_for_the_groups_on_the_failed_primar
     let c = Coordinator::new(held::HeldStore::new(store.connect()), options);
     c.store().set_identity(before);
     c.start().await.expect("probe");
-    for g in [&on_b, &elsewhere] {
+    for g in [&in_range, &elsewhere] {
         let create = AdminRequest::CreateGroup { group: g.clone(), shard_count: 2, config: fast_config() };
         c.admin(create).await.expect("create");
         let joined = c.heartbeat(HeartbeatRequest { group: g.clone(), ..join("m") }).await.expect("join");
         assert_eq!(joined.status, HeartbeatStatus::Ok);
     }
     c.tick_all().await;
-    for g in [&on_b, &elsewhere] {
+    for g in [&in_range, &elsewhere] {
         assert!(c.describe(g).await.expect("describe").metadata.correction.is_none(), "{g}: no round yet");
     }
     c.store().set_identity(after);
     c.tick_all().await;
     c.tick_all().await;
-    let round = |g: &GroupId| {
-        let c = c.clone();
-        let g = g.clone();
-        async move { c.describe(&g).await.expect("describe").metadata.correction.is_some() }
-    };
-    assert!(round(&on_b).await, "the group on the failed-over primary records a correction round");
-    assert!(!round(&elsewhere).await, "the group on an unchanged primary records none");
+    let mut rounds = Vec::new();
+    for g in [&in_range, &elsewhere] {
+        rounds.push(c.describe(g).await.expect("describe").metadata.correction.is_some());
+    }
+    (rounds[0], rounds[1])
 }

@@ -226,13 +226,16 @@ pub enum WriteOutcome {
 }
 
 /// Who the store server is. A change of either field between two reads is evidence that the
-/// server failed over or restarted and may have lost recent writes.
+/// server failed over or restarted and may have lost recent writes; on a Cluster, so is a slot
+/// whose serving primary the read could not confirm by that primary's own account
+/// ([`disputed`](Self::disputed)).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ServerIdentity {
     pub run_id: String,
     pub replication_id: String,
-    /// On a Redis Cluster, each serving primary with the slots it served when read (empty: one
-    /// server). Not part of [`same_servers`](Self::same_servers): a slot migration moves keys
+    /// On a Redis Cluster, each primary the view lists serving slots, with those slots and the
+    /// ones it claims itself (empty: one server). Its slots are not part of
+    /// [`same_servers`](Self::same_servers), only their disputes: a slot migration moves keys
     /// between unchanged primaries and loses nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub primaries: Vec<PrimaryIdentity>,
@@ -245,24 +248,41 @@ pub struct PrimaryIdentity {
     pub node: String,
     pub run_id: String,
     pub replication_id: String,
-    /// Inclusive slot ranges, as CLUSTER SLOTS lists them.
+    /// Inclusive slot ranges the view lists it serving: the CLUSTER SLOTS of the one node that
+    /// answered it, which may be stale (mid-failover, or one side of a partition).
     pub slots: Vec<(u16, u16)>,
+    /// Inclusive slot ranges it serves by its own account: its own CLUSTER SLOTS, the ranges under
+    /// its own node id; none when its own INFO says it is a replica (a demoted primary the view
+    /// still lists). Absent in an identity recorded without it, which reads as claiming nothing:
+    /// every slot the view lists for it is disputed, the safe case (DESIGN §6).
+    #[serde(default)]
+    pub claimed: Vec<(u16, u16)>,
 }
 
 impl ServerIdentity {
     /// Whether both name the same servers, unchanged: no failover, restart or replacement between
-    /// the two reads. (Slots moving between the same primaries is no change.)
+    /// the two reads, and on a Cluster the same [disputed](Self::disputed) slots (a dispute that
+    /// starts or ends is a change; one that lasts is not news). Slots moving between the same
+    /// primaries, views and claims agreeing, is no change.
     pub fn same_servers(&self, other: &ServerIdentity) -> bool {
-        self.run_id == other.run_id && self.replication_id == other.replication_id
+        self.run_id == other.run_id
+            && self.replication_id == other.replication_id
+            && self.disputed_slots() == other.disputed_slots()
     }
 
     /// Whether the change from `self` to `newer` may have lost writes to keys in `slot`. On one
     /// server, always. On a Cluster, unless the same primary, unchanged (node, `run_id` and
     /// `master_replid`: a promoted replica takes a new replication id), served `slot` in both
-    /// reads: the failover of one primary costs writes only to the slots it served. A slot that
-    /// also moved between the reads counts as lost (a failover and a migration between two reads
-    /// cannot be told apart), and so does a slot either read found unserved.
+    /// reads and neither read found it [disputed](Self::disputed): the failover of one primary
+    /// costs writes only to the slots it served. A slot that also moved between the reads counts
+    /// as lost (a failover and a migration between two reads cannot be told apart), and so does a
+    /// slot either read found unserved. A disputed slot counts because the view that names its
+    /// primary may be stale: a deposed primary still claiming it, or a replica promoted in its
+    /// place that the view does not know, is what a lost write looks like from outside.
     pub fn may_have_lost(&self, newer: &ServerIdentity, slot: u16) -> bool {
+        if self.disputed(slot) || newer.disputed(slot) {
+            return true;
+        }
         match (self.serving(slot), newer.serving(slot)) {
             (Some(before), Some(after)) => {
                 before.node != after.node
@@ -273,10 +293,46 @@ impl ServerIdentity {
         }
     }
 
-    /// The primary serving `slot` in this read (`None`: one server, or no primary served it).
-    fn serving(&self, slot: u16) -> Option<&PrimaryIdentity> {
-        self.primaries.iter().find(|p| p.slots.iter().any(|(start, end)| (*start..=*end).contains(&slot)))
+    /// Whether this read cannot name one primary for `slot` by the primaries' own accounts: no
+    /// listed primary claims it, more than one does (two primaries after a partition), or the one
+    /// the view lists serving it does not claim it itself (a demoted primary claims nothing).
+    /// Never on one server (no slot map).
+    pub fn disputed(&self, slot: u16) -> bool {
+        if self.primaries.is_empty() {
+            return false;
+        }
+        let mut claimants = self.primaries.iter().filter(|p| in_ranges(&p.claimed, slot));
+        match (claimants.next(), claimants.next(), self.serving(slot)) {
+            (Some(claimant), None, Some(serving)) => !std::ptr::eq(claimant, serving),
+            _ => true,
+        }
     }
+
+    /// The [disputed](Self::disputed) slots of this read as inclusive ranges, ascending.
+    pub fn disputed_slots(&self) -> Vec<(u16, u16)> {
+        let mut ranges: Vec<(u16, u16)> = Vec::new();
+        if self.primaries.is_empty() {
+            // One server: no slot map, and this runs on every identity check.
+            return ranges;
+        }
+        for slot in (0..keys::CLUSTER_SLOTS).filter(|slot| self.disputed(*slot)) {
+            match ranges.last_mut() {
+                Some((_, end)) if end.checked_add(1) == Some(slot) => *end = slot,
+                _ => ranges.push((slot, slot)),
+            }
+        }
+        ranges
+    }
+
+    /// The primary the view lists serving `slot` (`None`: one server, or no primary served it).
+    fn serving(&self, slot: u16) -> Option<&PrimaryIdentity> {
+        self.primaries.iter().find(|p| in_ranges(&p.slots, slot))
+    }
+}
+
+/// Whether `slot` lies in one of the inclusive `ranges`.
+fn in_ranges(ranges: &[(u16, u16)], slot: u16) -> bool {
+    ranges.iter().any(|(start, end)| (*start..=*end).contains(&slot))
 }
 
 /// What the startup compatibility probe found.
@@ -652,13 +708,28 @@ pub trait StreamStore: Send + Sync + 'static {
 mod tests {
     use super::*;
 
+    /// A primary that claims itself exactly the slots the view lists for it.
     fn primary(node: &str, run_id: &str, replid: &str, slots: &[(u16, u16)]) -> PrimaryIdentity {
         PrimaryIdentity {
             node: node.into(),
             run_id: run_id.into(),
             replication_id: replid.into(),
             slots: slots.to_vec(),
+            claimed: slots.to_vec(),
         }
+    }
+
+    fn claiming(primary: &PrimaryIdentity, claimed: &[(u16, u16)]) -> PrimaryIdentity {
+        PrimaryIdentity { claimed: claimed.to_vec(), ..primary.clone() }
+    }
+
+    /// Three primaries that agree with the view, the cluster every case below starts from.
+    fn three() -> [PrimaryIdentity; 3] {
+        [
+            primary("a:1/a", "ra", "xa", &[(0, 5460)]),
+            primary("b:1/b", "rb", "xb", &[(5461, 10922)]),
+            primary("c:1/c", "rc", "xc", &[(10923, 16383)]),
+        ]
     }
 
     fn cluster(primaries: Vec<PrimaryIdentity>) -> ServerIdentity {
@@ -699,5 +770,78 @@ mod tests {
         let single = ServerIdentity { run_id: "r".into(), replication_id: "x".into(), primaries: Vec::new() };
         let restarted = ServerIdentity { run_id: "r2".into(), ..single.clone() };
         assert!(single.may_have_lost(&restarted, 0) && single.may_have_lost(&single, 0));
+    }
+
+    #[test]
+    fn an_unchanged_cluster_whose_primaries_confirm_the_view_lost_nothing() {
+        let [a, b, c] = three();
+        let before = cluster(vec![a.clone(), b.clone(), c.clone()]);
+        let again = cluster(vec![a, b, c]);
+        assert_eq!(before.disputed_slots(), vec![]);
+        assert!(before.same_servers(&again));
+        assert!((0..keys::CLUSTER_SLOTS).all(|slot| !before.may_have_lost(&again, slot)));
+    }
+
+    #[test]
+    fn two_primaries_claiming_a_slot_may_have_lost_it() {
+        let [a, b, c] = three();
+        let before = cluster(vec![a.clone(), b.clone(), c.clone()]);
+        // The view lists b for its slots, but a still claims 5461..=6000 too (a primary deposed
+        // from them on the other side of a partition, or one that has not learnt of a move).
+        let split = cluster(vec![claiming(&a, &[(0, 6000)]), b, c]);
+        assert_eq!(split.disputed_slots(), vec![(5461, 6000)]);
+        assert!(!before.same_servers(&split), "a dispute that starts is a change");
+        assert!(before.may_have_lost(&split, 5461) && before.may_have_lost(&split, 6000));
+        assert!(!before.may_have_lost(&split, 6001) && !before.may_have_lost(&split, 0));
+    }
+
+    #[test]
+    fn a_demoted_primary_the_view_still_lists_serves_nothing() {
+        let [a, b, c] = three();
+        let before = cluster(vec![a.clone(), b.clone(), c.clone()]);
+        // b's own INFO says `role:slave`: it claims nothing, and nobody else claims its slots.
+        let demoted = cluster(vec![a, claiming(&b, &[]), c]);
+        assert_eq!(demoted.disputed_slots(), vec![(5461, 10922)]);
+        assert!(!before.same_servers(&demoted));
+        assert!(before.may_have_lost(&demoted, 7000));
+        assert!(!before.may_have_lost(&demoted, 0) && !before.may_have_lost(&demoted, 16383));
+    }
+
+    #[test]
+    fn a_slot_the_view_and_its_claimant_disagree_on_may_have_lost_writes() {
+        let [a, b, c] = three();
+        let before = cluster(vec![a.clone(), b.clone(), c.clone()]);
+        // The view lists a for 5000..=5460; a says c serves them now, and c agrees.
+        let stale = cluster(vec![claiming(&a, &[(0, 4999)]), b.clone(), claiming(&c, &[(5000, 5460), (10923, 16383)])]);
+        assert_eq!(stale.disputed_slots(), vec![(5000, 5460)]);
+        assert!(before.may_have_lost(&stale, 5000) && !before.may_have_lost(&stale, 4999));
+        // A slot the view lists nobody for but one primary claims is disputed as well.
+        let unlisted =
+            cluster(vec![primary("a:1/a", "ra", "xa", &[(0, 5459)]), claiming(&b, &[(5460, 10922)]), c.clone()]);
+        assert_eq!(unlisted.disputed_slots(), vec![(5460, 5460)]);
+        // A slot nobody claims or lists (a Cluster without full coverage) is disputed too.
+        let uncovered = cluster(vec![a.clone(), b.clone()]);
+        assert_eq!(uncovered.disputed_slots(), vec![(10923, 16383)]);
+    }
+
+    #[test]
+    fn a_dispute_that_lasts_is_no_news_and_its_end_is() {
+        let [a, b, c] = three();
+        let split = cluster(vec![claiming(&a, &[(0, 6000)]), b.clone(), c.clone()]);
+        assert!(split.same_servers(&split.clone()), "the same dispute read again");
+        let healed = cluster(vec![a, b, c]);
+        assert!(!split.same_servers(&healed), "a dispute that ends is a change");
+        assert!(split.may_have_lost(&healed, 6000) && !split.may_have_lost(&healed, 6001));
+    }
+
+    #[test]
+    fn an_identity_recorded_without_claims_reads_as_disputed() {
+        let json = r#"{"run_id":"a:1/a=ra","replication_id":"a:1/a=xa","primaries":
+            [{"node":"a:1/a","run_id":"ra","replication_id":"xa","slots":[[0,16383]]}]}"#;
+        let old: ServerIdentity = serde_json::from_str(json).expect("decodes without `claimed`");
+        assert_eq!(old.primaries[0].claimed, vec![]);
+        assert_eq!(old.disputed_slots(), vec![(0, 16383)]);
+        let now = cluster(vec![primary("a:1/a", "ra", "xa", &[(0, 16383)])]);
+        assert!(!old.same_servers(&now) && old.may_have_lost(&now, 0));
     }
 }

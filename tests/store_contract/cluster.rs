@@ -1,8 +1,8 @@
 //! What only a real Redis Cluster can show about `RedisStore::open_cluster`: which primaries the
 //! contract's keys land on (so its batched calls really are split), an identity that a slot
-//! migration leaves alone and a takeover changes, a `rebuild_index` that scans every primary, and
-//! the one documented difference from a single server (a read of several slots is one call per
-//! slot).
+//! migration leaves alone and a takeover changes, a slot its primary disowns read as disputed
+//! whatever the view says, a `rebuild_index` that scans every primary, and the one documented
+//! difference from a single server (a read of several slots is one call per slot).
 
 use std::collections::BTreeSet;
 
@@ -50,6 +50,13 @@ async fn a_slot_migration_keeps_the_identity_and_a_takeover_changes_it() {
     assert_eq!(store.write(&group, create("v1")).await, Ok(written(1)));
     let before = store.identity().await.expect("identity");
     assert_eq!(before.run_id.split(',').count(), 3, "one entry per serving primary: {before:?}");
+    // Each primary, asked itself, claims what the view lists for it: no slot is disputed.
+    for primary in &before.primaries {
+        let mut listed = primary.slots.clone();
+        listed.sort_unstable();
+        assert_eq!(primary.claimed, listed, "{} claims what the view lists", primary.node);
+    }
+    assert_eq!(before.disputed_slots(), vec![], "{before:?}");
 
     // The group's slot moves to another primary: same primaries, same identity, same record.
     let metadata = keys::metadata_key(&group);
@@ -59,6 +66,7 @@ async fn a_slot_migration_keeps_the_identity_and_a_takeover_changes_it() {
     assert_eq!(cluster.node_for_key(&metadata).port(), target);
     let migrated = store.identity().await.expect("identity after the move");
     assert!(before.same_servers(&migrated), "a slot migration is not a new identity: {migrated:?}");
+    assert_eq!(migrated.disputed_slots(), vec![], "the handover settled: {migrated:?}");
     // The identity's slot map follows the move (the coordinator judges the next change by it).
     let slot = keys::group_slot(&group);
     let serving = migrated.primaries.iter().find(|p| p.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)));
@@ -90,6 +98,37 @@ async fn a_slot_migration_keeps_the_identity_and_a_takeover_changes_it() {
         .expect("a slot another primary serves");
     assert!(!migrated.may_have_lost(&after, elsewhere), "slot {elsewhere} stayed on an unchanged primary");
     assert!(store.load(&group).await.expect("load after the takeover").is_some());
+}
+
+/// A primary that stops claiming a slot by its own account (`CLUSTER DELSLOTS` on it alone, which
+/// the other nodes do not learn of: their views keep listing it) leaves the slot disputed, whichever
+/// node answers the view: a change of identity that may have lost that slot's writes and no
+/// other's. Claiming it again ends the dispute, which is a change too.
+#[tokio::test]
+async fn a_slot_its_primary_no_longer_claims_is_disputed_whatever_the_view_says() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store_on(&cluster).await;
+    let before = store.identity().await.expect("identity");
+    assert_eq!(before.disputed_slots(), vec![], "{before:?}");
+    let slot: u16 = 100;
+    let owner = cluster.owner_of_slot(slot);
+    let map = cluster.slot_map();
+    let elsewhere = map.iter().find(|range| range.primary_port != owner.port()).expect("another primary").start;
+    let slot_text = slot.to_string();
+
+    owner.cmd(&["CLUSTER", "DELSLOTS", &slot_text]);
+    let during = store.identity().await.expect("identity while the owner disowns the slot");
+    assert_eq!(during.disputed_slots(), vec![(slot, slot)], "{during:?}");
+    assert!(!before.same_servers(&during), "a dispute that starts is a change");
+    assert!(before.may_have_lost(&during, slot));
+    assert!(!before.may_have_lost(&during, slot + 1) && !before.may_have_lost(&during, elsewhere));
+
+    owner.cmd(&["CLUSTER", "ADDSLOTS", &slot_text]);
+    let after = store.identity().await.expect("identity after the owner claims the slot again");
+    assert_eq!(after.disputed_slots(), vec![], "{after:?}");
+    assert!(!during.same_servers(&after), "a dispute that ends is a change");
+    assert!(during.may_have_lost(&after, slot) && !during.may_have_lost(&after, elsewhere));
+    assert!(before.same_servers(&after));
 }
 
 #[tokio::test]

@@ -1,15 +1,19 @@
 //! What a Redis Cluster needs beyond routing by key: commands that must reach every primary.
 //!
 //! Owns: the list of primaries serving slots (CLUSTER SLOTS), one command sent to one named node,
-//! the cluster's identity (every serving primary's `run_id` and `master_replid`), and the SCAN of
-//! every primary. Never: treats a slot moving between primaries as a new identity (the identity
-//! names the primaries, not which slots they serve), or SCANs a replica (it may lag).
+//! the cluster's identity (every serving primary's `run_id` and `master_replid`, the slots one
+//! node's view lists for it and the slots it claims itself), and the SCAN of every primary.
+//! Never: treats a settled slot move between primaries as a new identity (the identity names the
+//! primaries, not which slots they serve), trusts one node's view of who serves a slot without
+//! that primary's own account, or SCANs a replica (it may lag).
 //!
 //! The identity is conservative: a failover, restart or replacement of any serving primary
-//! changes it, so every group runs a correction round, also the groups whose slots live on other
-//! primaries; so does a primary that gains its first slot or gives away its last (adding or
-//! removing a node). A slot migration between serving primaries leaves it unchanged: MIGRATE
-//! moves keys synchronously and loses nothing.
+//! changes it; so does a primary that gains its first slot or gives away its last (adding or
+//! removing a node), and a slot that starts or stops being disputed (claimed by no listed
+//! primary, by two, or not by the one the view names). The coordinator maps each change to the
+//! slots it may have cost (`ServerIdentity::may_have_lost`). A slot migration between serving
+//! primaries leaves it unchanged once the handover settled: MIGRATE moves keys synchronously and
+//! loses nothing.
 
 use std::collections::BTreeMap;
 
@@ -48,6 +52,27 @@ pub(super) fn parse_slots_primaries(reply: &Value) -> Result<Vec<Primary>, Store
         primaries.entry((host, port, node_id)).or_default().push((start, end));
     }
     Ok(primaries.into_iter().map(|((host, port, node_id), slots)| Primary { host, port, node_id, slots }).collect())
+}
+
+/// How long a [`RedisStore::cluster_identity`] read that found a dispute waits before reading
+/// again: long enough for a migration's handover between two primaries (consecutive `SETSLOT`
+/// calls) to settle, short against a tick.
+const DISPUTE_REREAD_MS: u64 = 50;
+
+/// The slots `node` serves by its own account: the ranges its own CLUSTER SLOTS reply (`own_view`,
+/// parsed) lists under its node id, or under its address when the view named no id. Another node
+/// now at its address (a replacement, with a new id) claims nothing for it.
+pub(super) fn own_claim(node: &Primary, own_view: &[Primary]) -> Vec<(u16, u16)> {
+    let mine = |entry: &&Primary| {
+        if node.node_id.is_empty() {
+            entry.host == node.host && entry.port == node.port
+        } else {
+            entry.node_id == node.node_id
+        }
+    };
+    let mut claimed: Vec<(u16, u16)> = own_view.iter().filter(mine).flat_map(|entry| entry.slots.clone()).collect();
+    claimed.sort_unstable();
+    claimed
 }
 
 impl RedisStore {
@@ -89,30 +114,60 @@ impl RedisStore {
         T::from_redis_value(value).map_err(|e| StoreError::Protocol(format!("{command}: {e}")))
     }
 
-    /// The cluster's identity: per serving primary (sorted by address), `<host>:<port>/<node id>`
-    /// with its `run_id`, and its `master_replid`, each joined with `,`.
+    /// The cluster's identity: per primary the view lists serving slots (sorted by address),
+    /// `<host>:<port>/<node id>` with its `run_id`, and its `master_replid`, each joined with `,`;
+    /// with the slots the view lists for it and the slots it claims itself ([`own_claim`]).
+    ///
+    /// The view is one node's CLUSTER SLOTS, which may be stale: mid-failover, or on one side of
+    /// a partition, it can name a deposed primary for slots a promoted replica now serves. So each
+    /// listed primary is also asked for its own account, and a slot the accounts do not settle on
+    /// one primary is disputed ([`ServerIdentity::disputed`]), which counts as possibly lost. A
+    /// slot migration is disputed for as long as its handover takes (the last `SETSLOT NODE`
+    /// reaches the two primaries one after the other, and the other nodes by gossip), so a read
+    /// that finds a dispute is repeated once after [`DISPUTE_REREAD_MS`]; the second read is the
+    /// identity, its disputes included.
     pub(super) async fn cluster_identity(&self) -> Result<ServerIdentity, StoreError> {
-        let primaries = self.cluster_primaries().await?;
-        let mut run_ids = Vec::with_capacity(primaries.len());
-        let mut replication_ids = Vec::with_capacity(primaries.len());
-        let mut identities = Vec::with_capacity(primaries.len());
-        for primary in &primaries {
-            let node = format!("{}:{}/{}", primary.host, primary.port, primary.node_id);
-            let server = self.node_info(primary, "server").await?;
-            let replication = self.node_info(primary, "replication").await?;
-            let run_id = super::probe::info_field(&server, "run_id")
-                .ok_or_else(|| StoreError::Protocol(format!("INFO server of {node} has no run_id")))?;
-            let replid = super::probe::info_field(&replication, "master_replid")
-                .ok_or_else(|| StoreError::Protocol(format!("INFO replication of {node} has no master_replid")))?;
-            run_ids.push(format!("{node}={run_id}"));
-            replication_ids.push(format!("{node}={replid}"));
-            identities.push(PrimaryIdentity { node, run_id, replication_id: replid, slots: primary.slots.clone() });
+        let identity = self.read_cluster_identity().await?;
+        if identity.disputed_slots().is_empty() {
+            return Ok(identity);
         }
-        Ok(ServerIdentity {
-            run_id: run_ids.join(","),
-            replication_id: replication_ids.join(","),
-            primaries: identities,
-        })
+        tokio::time::sleep(std::time::Duration::from_millis(DISPUTE_REREAD_MS)).await;
+        self.read_cluster_identity().await
+    }
+
+    /// One read of the identity: the view, then each primary it lists ([`primary_identity`]).
+    ///
+    /// [`primary_identity`]: Self::primary_identity
+    async fn read_cluster_identity(&self) -> Result<ServerIdentity, StoreError> {
+        let mut primaries = Vec::new();
+        for primary in &self.cluster_primaries().await? {
+            primaries.push(self.primary_identity(primary).await?);
+        }
+        let join = |field: fn(&PrimaryIdentity) -> &str| {
+            primaries.iter().map(|p| format!("{}={}", p.node, field(p))).collect::<Vec<_>>().join(",")
+        };
+        Ok(ServerIdentity { run_id: join(|p| &p.run_id), replication_id: join(|p| &p.replication_id), primaries })
+    }
+
+    /// INFO `server` and `replication` and CLUSTER SLOTS of one primary the view lists, asked of
+    /// that node itself. One whose own INFO does not say `role:master` (a demoted primary the view
+    /// still lists) claims nothing.
+    async fn primary_identity(&self, primary: &Primary) -> Result<PrimaryIdentity, StoreError> {
+        let node = format!("{}:{}/{}", primary.host, primary.port, primary.node_id);
+        let server = self.node_info(primary, "server").await?;
+        let replication = self.node_info(primary, "replication").await?;
+        let field = |info: &str, section: &str, name: &str| {
+            super::probe::info_field(info, name)
+                .ok_or_else(|| StoreError::Protocol(format!("INFO {section} of {node} has no {name}")))
+        };
+        let run_id = field(&server, "server", "run_id")?;
+        let replication_id = field(&replication, "replication", "master_replid")?;
+        let role = field(&replication, "replication", "role")?;
+        let own_view: Value =
+            self.on_node("CLUSTER SLOTS", primary, ::redis::cmd("CLUSTER").arg("SLOTS").clone()).await?;
+        let claimed =
+            if role == "master" { own_claim(primary, &parse_slots_primaries(&own_view)?) } else { Vec::new() };
+        Ok(PrimaryIdentity { node, run_id, replication_id, slots: primary.slots.clone(), claimed })
     }
 
     pub(super) async fn node_info(&self, node: &Primary, section: &str) -> Result<String, StoreError> {
@@ -155,5 +210,35 @@ mod tests {
         assert_eq!(primaries[1].slots, vec![(0, 10), (21, 30)]);
         assert!(parse_slots_primaries(&Value::Int(1)).is_err());
         assert!(parse_slots_primaries(&Value::Array(vec![Value::Array(vec![Value::Int(0)])])).is_err());
+    }
+
+    #[test]
+    fn a_node_claims_the_slots_its_own_view_lists_under_its_id() {
+        let view = parse_slots_primaries(&Value::Array(vec![
+            Value::Array(vec![Value::Int(0), Value::Int(10), node("127.0.0.1", 7001, "a")]),
+            Value::Array(vec![Value::Int(11), Value::Int(20), node("127.0.0.1", 7002, "b")]),
+        ]))
+        .expect("parses");
+        let a = &view[0];
+        // a's own reply: it also claims 11..=20 (it missed b's takeover) and names b for 21..=30.
+        let own = parse_slots_primaries(&Value::Array(vec![
+            Value::Array(vec![Value::Int(11), Value::Int(20), node("127.0.0.1", 7001, "a")]),
+            Value::Array(vec![Value::Int(0), Value::Int(10), node("127.0.0.1", 7001, "a")]),
+            Value::Array(vec![Value::Int(21), Value::Int(30), node("127.0.0.1", 7002, "b")]),
+        ]))
+        .expect("parses");
+        assert_eq!(own_claim(a, &own), vec![(0, 10), (11, 20)]);
+        // Another node at a's address (a replacement, new id) claims nothing for a.
+        let replaced = parse_slots_primaries(&Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(10),
+            node("127.0.0.1", 7001, "a2"),
+        ])]))
+        .expect("parses");
+        assert_eq!(own_claim(a, &replaced), vec![]);
+        // A view without node ids is matched by address.
+        let anonymous = Primary { node_id: String::new(), ..a.clone() };
+        assert_eq!(own_claim(&anonymous, &own), vec![(0, 10), (11, 20)]);
+        assert_eq!(own_claim(a, &[]), vec![]);
     }
 }
