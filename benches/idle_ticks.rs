@@ -182,6 +182,7 @@ mod bench {
         instances: usize,
         groups: usize,
         renew: bool,
+        relay: bool,
         window: Duration,
     ) -> f64 {
         redis.cmd(&["DEL", rsc::store::keys::TICK_ROSTER_KEY]);
@@ -191,6 +192,7 @@ mod bench {
             let options = CoordinatorOptions {
                 instance_id: format!("bench-m{i}"),
                 renew_deferrals_from_heartbeats: renew,
+                heard_relay_ms: if relay { relay_ms() } else { 0 },
                 ..CoordinatorOptions::default()
             };
             let coordinator = Coordinator::new(store, options);
@@ -262,6 +264,14 @@ mod bench {
         let executed = commands_after.saturating_sub(commands_before).saturating_sub(1);
         let own = 2 * heartbeats.load(std::sync::atomic::Ordering::SeqCst);
         executed.saturating_sub(own) as f64 / elapsed.as_secs_f64()
+    }
+
+    /// The relay period of the "renewal + relay" column: `IT_RELAY_MS`, else the default.
+    fn relay_ms() -> u64 {
+        std::env::var("IT_RELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(CoordinatorOptions::default().heard_relay_ms)
     }
 
     async fn create_groups(redis: &RedisServer, from: usize, to: usize) {
@@ -352,7 +362,10 @@ mod bench {
                  commands/s besides the heartbeats' own (2 each)",
                 GroupConfig::default().heartbeat_interval_ms
             );
-            println!("{:>7} {:>9}  {:>18} {:>18} {:>7}", "groups", "instances", "renewal off (before)", "renewal on", "ratio");
+            println!(
+                "{:>7} {:>9}  {:>20} {:>18} {:>22} {:>7}",
+                "groups", "instances", "renewal off (before)", "renewal, no relay", "renewal + relay (def.)", "ratio"
+            );
             for &groups in &settings.member_groups {
                 let store = RedisStore::connect(&redis.url(), RedisStoreOptions::default()).await.expect("connect");
                 let admin = Coordinator::new(store, CoordinatorOptions::default());
@@ -363,9 +376,13 @@ mod bench {
                     let _ = admin.admin(create).await;
                 }
                 for &instances in &settings.instances {
-                    let off = measure_members(&redis, instances, groups, false, settings.window).await;
-                    let on = measure_members(&redis, instances, groups, true, settings.window).await;
-                    println!("{groups:>7} {instances:>9}  {off:>20.1} {on:>18.1} {:>7.2}", on / off.max(1e-9));
+                    let off = measure_members(&redis, instances, groups, false, false, settings.window).await;
+                    let local = measure_members(&redis, instances, groups, true, false, settings.window).await;
+                    let on = measure_members(&redis, instances, groups, true, true, settings.window).await;
+                    println!(
+                        "{groups:>7} {instances:>9}  {off:>20.1} {local:>18.1} {on:>22.1} {:>7.2}",
+                        on / off.max(1e-9)
+                    );
                     if settings.smoke && on >= off {
                         eprintln!("heartbeats through the instance did not save tick commands ({groups} groups)");
                         ok = false;

@@ -239,7 +239,10 @@ impl<S: MetadataStore> Coordinator<S> {
             if local.relay.next_at.is_some_and(|at| now < at) {
                 return;
             }
-            local.relay.next_at = Some(now + period);
+            // On a fixed schedule (not a period after this pass, which would drift by up to a
+            // pass each time), and never more than a period behind it.
+            let next = local.relay.next_at.map_or(now, |at| at + period);
+            local.relay.next_at = Some(if next <= now { now + period } else { next });
             let live: Vec<String> = local.roster.live().to_vec();
             local.relay.forget_senders(&live);
             let outgoing = local.relay.take_outgoing(&live);

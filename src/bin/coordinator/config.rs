@@ -21,7 +21,7 @@
 //! tick_interval_ms = 250
 //! idle_group_audit_ms = 120000                             # longest an idle group goes unticked (0: never skip)
 //! ticker_silence_ms = 3000                                 # another instance's ticker counts dead after (0: no sharing)
-//! heard_relay_ms = 1000                                    # relay heard heartbeats to tick owners every (0: off)
+//! heard_relay_ms = 500                                     # relay heard heartbeats to tick owners every (0: off)
 //! max_assignment_lease_ms = 8000                           # longest lease a group may use; same on every instance
 //! mutex_ttl_ms = 2000
 //! mutex_attempts_max = 20
