@@ -70,7 +70,7 @@ pub struct CoordinatorOptions {
     /// Period of the heard relay (`service::relay`): instances tell a group's tick owner which of
     /// its members heartbeated through them, so an idle group whose heartbeats a load balancer
     /// spreads over the instances is not read every quarter member TTL. A relayed member's
-    /// silence is noticed up to about three periods later than a heartbeat through the owner
+    /// silence is noticed up to about four periods later than a heartbeat through the owner
     /// would let it be. 0: no relay (and the owner reads such groups).
     pub heard_relay_ms: u64,
     /// How long another instance's ticker may stay silent in the tick roster before this instance
@@ -111,7 +111,7 @@ impl Default for CoordinatorOptions {
 }
 
 /// Default [`CoordinatorOptions::heard_relay_ms`]: a relayed window then starts at most about
-/// 1.5 s after the heartbeat, within the quarter TTL (2.5 s) a read every quarter TTL allows for
+/// 2 s after the heartbeat, within the quarter TTL (2.5 s) a read every quarter TTL allows for
 /// the default 10 s member TTL; 4(n-1) commands per second per instance of n. (At 1 s, relays
 /// arrived too late to renew about one deferral in ten behind a round-robin balancer: `idle_ticks`
 /// measured 175 commands/s for 1,000 such groups on 3 instances, against 84 at 500 ms.)
@@ -186,6 +186,17 @@ pub(super) struct LocalState {
 }
 
 impl LocalState {
+    /// The store identity generation (bumped at every identity change this process saw).
+    pub(super) fn identity_generation(&self) -> u64 {
+        self.identity_generation
+    }
+
+    /// [`identity_label`](super::relay::identity_label) of the identity this process holds
+    /// (`None` before the first check).
+    pub(super) fn identity_label(&self) -> Option<String> {
+        self.identity.as_ref().map(super::relay::identity_label)
+    }
+
     /// Whether `group` must still record evidence of an identity change: some change since the
     /// generation it recorded up to may have lost writes to its metadata slot (every change does
     /// on one server).
@@ -382,10 +393,9 @@ impl<S: MetadataStore> Coordinator<S> {
     /// refused for its session leaves no trace, so a forger cannot keep a dead member from
     /// expiring. The decision checks it again against the state it decides on.
     async fn heartbeat_read(&self, req: &HeartbeatRequest) -> Result<(Arc<GroupMetadata>, u64), ApiError> {
+        let generation = self.local().identity_generation;
         let (g, revision, stamp, liveness, changed) = self.heartbeat_touch(req).await?;
-        if let Some(stamp) = &stamp {
-            self.note_heartbeat(&g, stamp, &req.member_id, liveness, changed);
-        }
+        self.note_heartbeat(&g, stamp.as_ref(), &req.member_id, liveness, changed, generation);
         Ok((g, revision))
     }
 
@@ -853,7 +863,15 @@ impl<S: MetadataStore> Coordinator<S> {
     /// `changed` under this process's copy (another instance wrote it) ends the group's deferral:
     /// the deferral was computed from the old copy (a member added there would otherwise be
     /// watched only from the deferral's end).
-    fn note_heartbeat(&self, g: &GroupMetadata, stamp: &RecordStamp, member: &str, liveness: u64, changed: bool) {
+    fn note_heartbeat(
+        &self,
+        g: &GroupMetadata,
+        stamp: Option<&RecordStamp>,
+        member: &str,
+        liveness: u64,
+        changed: bool,
+        generation: u64,
+    ) {
         if !self.inner.options.renew_deferrals_from_heartbeats {
             return;
         }
@@ -861,14 +879,22 @@ impl<S: MetadataStore> Coordinator<S> {
         {
             let mut local = self.local();
             local.view.note_heartbeat(now_ms, g, member, liveness);
-            if changed {
-                local.deferred.remove(&g.group);
-            } else if let Some(d) = local.deferred.get_mut(&g.group) {
-                d.confirmed = Instant::now();
-                d.confirmed_stamp = Some(stamp.clone());
+            match (changed, stamp) {
+                (false, Some(stamp)) => {
+                    if let Some(d) = local.deferred.get_mut(&g.group) {
+                        d.confirmed = Instant::now();
+                        d.confirmed_stamp = Some(stamp.clone());
+                    }
+                }
+                // Changed, or a record without a `writeId` (nothing confirms it).
+                _ => {
+                    local.deferred.remove(&g.group);
+                }
             }
         }
-        self.relay_heartbeat(g, stamp, member, liveness);
+        if let Some(stamp) = stamp {
+            self.relay_heartbeat(g, stamp, member, liveness, generation);
+        }
     }
 
     /// Records how long the ticker may skip `group` (`None`: not at all), capped by the audit
@@ -1047,6 +1073,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 );
                 local.identity = Some(identity.clone());
                 local.identity_generation += 1;
+                local.relay.clear_outgoing();
                 let generation = local.identity_generation;
                 // Windows and decoded copies of the groups whose writes may be lost restart; on one
                 // server that is every group. Which groups record evidence is decided per group

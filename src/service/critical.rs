@@ -253,7 +253,10 @@ impl<S: MetadataStore> Coordinator<S> {
             // another one (a member joined through another instance, and a describe or routing
             // read here saw it first) ends it, so the next pass ticks the group.
             let mut local = self.local();
-            let stale = local.deferred.get(group).is_some_and(|d| d.confirmed_stamp != record.stamp());
+            let stale = local
+                .deferred
+                .get(group)
+                .is_some_and(|d| d.confirmed_stamp.is_none() || d.confirmed_stamp != record.stamp());
             if stale {
                 local.deferred.remove(group);
             }

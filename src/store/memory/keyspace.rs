@@ -93,8 +93,14 @@ pub(super) struct Keyspace {
     /// do for every increment; nothing else depends on its values.
     roster: BTreeMap<String, u64>,
     /// The heard-relay strings (`redis-stream:coord:heard:…`) with their PX deadline. Not
-    /// journaled, like the roster: readers order blobs by their own sequence numbers, so a
-    /// rollback that restored an older blob would only be ignored, and a lost one costs a read.
+    /// journaled, like the roster, so no fault loses them (Redis could): journaled, they would
+    /// take most of the "last k writes" a rollback fault loses (every instance writes them twice
+    /// a second) and leave the metadata writes the faults exist for standing. What a loss would
+    /// do: an older blob restored is ignored (readers order a sender's blobs by its sequence
+    /// numbers); a lost one costs the owner a read (its members were not heard), except a lost
+    /// relayed write, which a member that falls silent at once then pays with a wait of up to
+    /// the audit period (`idle_group_audit_ms`) — after a failover every deferral is voided
+    /// anyway (the identity changed), so only a silent rollback can cost that.
     relays: BTreeMap<String, (String, u64)>,
 }
 

@@ -284,9 +284,16 @@ impl MetadataStore for RedisStore {
             return Ok(Vec::new());
         }
         let replies: Vec<Value> = if self.is_cluster() {
-            // Each key in its own slot: one request per command, all at once.
-            futures_util::future::try_join_all(commands.into_iter().map(|cmd| self.query::<Value>("SET/GET", cmd)))
-                .await?
+            // Each key in its own slot: one request per command, all at once. A node that fails
+            // costs only its keys (a GET there reads as nothing); the exchange fails only when
+            // every command did.
+            let results =
+                futures_util::future::join_all(commands.into_iter().map(|cmd| self.query::<Value>("SET/GET", cmd)))
+                    .await;
+            if let Some(Err(e)) = results.iter().find(|r| r.is_err()).filter(|_| results.iter().all(Result::is_err)) {
+                return Err(e.clone());
+            }
+            results.into_iter().map(|r| r.unwrap_or(Value::Nil)).collect()
         } else {
             let mut pipe = ::redis::pipe();
             for cmd in commands {
