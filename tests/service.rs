@@ -854,7 +854,8 @@ async fn heartbeats_through_another_instance_are_relayed_to_the_tick_owner() {
 /// members, for the audit period (120 s); the instance that wrote the join ticks the group
 /// itself only until it finds it idle. Found while building the heard relay: the writer now
 /// relays its write's stamp, which ends the owner's deferral, and keeps ticking the group until
-/// two stored blobs carried it. Without the relay (`heard_relay_ms = 0`) the member waited for the audit.
+/// two stored blobs carried it. Without the relay (`heard_relay_ms = 0`) the member waited for
+/// the audit.
 #[tokio::test]
 async fn a_member_joined_through_a_non_owner_that_falls_silent_at_once_expires_within_its_ttl() {
     let store = MemoryStore::new(15);
