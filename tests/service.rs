@@ -761,6 +761,29 @@ async fn quiet_groups_are_ticked_by_one_instance_and_a_silent_ones_groups_are_ta
     }
 }
 
+/// Starts two instances sharing ticks, creates `group()` through the first and lets both read
+/// the tick roster twice; returns them as (the group's tick owner, the other).
+async fn owner_and_other<'a, S: MetadataStore>(
+    c1: &'a Coordinator<S>,
+    c2: &'a Coordinator<S>,
+) -> (&'a Coordinator<S>, &'a Coordinator<S>) {
+    for c in [c1, c2] {
+        c.start().await.expect("probe");
+    }
+    c1.admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() })
+        .await
+        .expect("create");
+    for _ in 0..2 {
+        c1.tick_all().await;
+        c2.tick_all().await;
+    }
+    if c1.owns_tick(&group()) {
+        (c1, c2)
+    } else {
+        (c2, c1)
+    }
+}
+
 /// Heartbeats a load balancer sends to another instance reach the group's tick owner through the
 /// heard relay: the owner renews the idle group's deferral without reading it, as it does for
 /// heartbeats through itself. Without the relay it reads the group (record and liveness) every
@@ -791,17 +814,7 @@ async fn heartbeats_through_another_instance_are_relayed_to_the_tick_owner() {
             };
             c2.store().set_identity(elsewhere);
         }
-        for c in [&c1, &c2] {
-            c.start().await.expect("probe");
-        }
-        c1.admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() })
-            .await
-            .expect("create");
-        for _ in 0..2 {
-            c1.tick_all().await;
-            c2.tick_all().await;
-        }
-        let (owner, other) = if c1.owns_tick(&group()) { (&c1, &c2) } else { (&c2, &c1) };
+        let (owner, other) = owner_and_other(&c1, &c2).await;
         assert!(!other.owns_tick(&group()), "one owner");
         // The member joins through the owner, then heartbeats through the other instance only.
         let joined = owner.heartbeat(join("a")).await.expect("join");
@@ -870,17 +883,7 @@ async fn a_member_joined_through_a_non_owner_that_falls_silent_at_once_expires_w
         Coordinator::new(store.connect(), options)
     };
     let (c1, c2) = (instance("c1"), instance("c2"));
-    for c in [&c1, &c2] {
-        c.start().await.expect("probe");
-    }
-    c1.admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() })
-        .await
-        .expect("create");
-    for _ in 0..2 {
-        c1.tick_all().await;
-        c2.tick_all().await;
-    }
-    let (owner, other) = if c1.owns_tick(&group()) { (&c1, &c2) } else { (&c2, &c1) };
+    let (owner, other) = owner_and_other(&c1, &c2).await;
     let joined = other.heartbeat(join("a")).await.expect("join");
     assert_eq!(joined.status, HeartbeatStatus::Ok);
     let silent_at = tokio::time::Instant::now();
