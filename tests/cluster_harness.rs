@@ -244,3 +244,15 @@ async fn a_tls_cluster_speaks_only_tls_and_replicates_and_moves_slots_over_tls()
     assert_eq!(cluster.node_for_key(key).port(), target.port());
     assert_eq!(text(target.cmd(&["GET", key])), "v1");
 }
+
+/// A port can be taken by another test process's server between `free_port` and our bind. The
+/// other server then answers our PING while ours exits with "Address already in use"; CI once
+/// formed a cluster with a foreign node that way ("Node config epoch is already non-zero").
+#[test]
+fn a_port_another_server_answers_is_not_taken_for_ours() {
+    let other = RedisServer::start();
+    let result = RedisServer::try_start_on(support::ServerConfig::default(), other.port());
+    let err = result.err().expect("a server whose port another process answers must not count as started");
+    assert!(err.contains("Address already in use"), "the retry loop keys on this text: {err}");
+    assert!(other.try_cmd(&["PING"]).is_ok(), "the other server is left alone");
+}

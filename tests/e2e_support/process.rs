@@ -250,7 +250,10 @@ impl CoordinatorProcess {
                 return Err(format!("exited with {status}:\n{}", self.log()));
             }
             if let Ok(answer) = self.request("GET", "/readyz", &[], Vec::new()).await {
-                if answer.status == 200 {
+                // Another process may have taken the port before ours bound it: ours then exits
+                // with "cannot listen" (caught above) while the other one answers. Ours logs that
+                // it serves before it answers anything.
+                if answer.status == 200 && self.log().contains("coordinator serving") {
                     return Ok(());
                 }
             }

@@ -139,6 +139,16 @@ impl RedisServer {
         unreachable!("the loop returns or panics")
     }
 
+    /// One attempt to start a server with `config` on exactly `port`; Err carries why not (the
+    /// harness's own test uses it to show a port another server answers is refused).
+    pub fn try_start_on(config: ServerConfig, port: u16) -> Result<Self, String> {
+        let dir = fresh_dir();
+        let tls =
+            config.tls.map(|_| config.tls_files.clone().unwrap_or_else(|| super::tls::generate(&dir.join("tls"))));
+        let mut server = RedisServer { binary: binary(), port, dir, config, tls, child: None };
+        server.spawn_and_wait().map(|()| server)
+    }
+
     fn log_path(&self) -> PathBuf {
         self.dir.join("redis.log")
     }
@@ -225,7 +235,16 @@ impl RedisServer {
                 None => answers_ping(self.port),
             };
             if ready {
-                return Ok(());
+                // A port picked by `free_port` can be taken by another test process's server
+                // before ours binds it: then ours exits with "Address already in use" while the
+                // other one answers the PING. Only our own process counts as started.
+                return match self.answering_pid() {
+                    Some(pid) if pid == self.pid() => Ok(()),
+                    other => {
+                        self.kill();
+                        Err(format!("Address already in use: port {} is answered by pid {other:?}", self.port))
+                    }
+                };
             }
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
@@ -311,6 +330,12 @@ impl RedisServer {
     /// Runs one command as the default user; panics on any error.
     pub fn cmd(&self, args: &[&str]) -> redis::Value {
         self.try_cmd(args).unwrap_or_else(|e| panic!("{args:?} on port {} failed: {e}", self.port))
+    }
+
+    /// `process_id` of whatever answers on this server's port, if anything does.
+    fn answering_pid(&self) -> Option<u32> {
+        let info: String = redis::from_redis_value(self.try_cmd(&["INFO", "server"]).ok()?).ok()?;
+        info.lines().find_map(|l| l.strip_prefix("process_id:")?.trim().parse().ok())
     }
 
     /// A field of `INFO <section>`.

@@ -108,7 +108,18 @@ impl SentinelServer {
         let deadline = Instant::now() + READY_TIMEOUT;
         while Instant::now() < deadline {
             if self.try_cmd(&["PING"]).is_ok() {
-                return Ok(());
+                // Another process may have taken the port before ours bound it (then ours exits
+                // with "Address already in use"): only our own process counts as started.
+                let info: Option<String> =
+                    self.try_cmd(&["INFO", "server"]).ok().and_then(|v| redis::from_redis_value(v).ok());
+                let pid = info.as_deref().and_then(|info| {
+                    info.lines().find_map(|l| l.strip_prefix("process_id:")?.trim().parse::<u32>().ok())
+                });
+                if pid.is_some() && pid == self.child.as_ref().map(Child::id) {
+                    return Ok(());
+                }
+                self.kill();
+                return Err(format!("Address already in use: port {} is answered by pid {pid:?}", self.port));
             }
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
