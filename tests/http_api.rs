@@ -517,3 +517,76 @@ async fn the_client_transport_reaches_the_router_over_tcp_with_encoded_group_nam
     let _ = stop.send(());
     server.await.expect("server stops");
 }
+
+/// Sends `request` on a new connection and reads the answer until the server closes it.
+async fn tcp_exchange(addr: std::net::SocketAddr, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("read the answer");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A black-box review held every concurrency slot with slow request bodies (1,100 connections
+/// sending a byte a second): heartbeats waited for the body read deadline and every member of
+/// every group expired. Bodies are now read before a request takes a slot, so slow ones hold
+/// connections only, and are answered 408 at the deadline.
+#[tokio::test]
+async fn slow_request_bodies_take_no_concurrency_slot_from_other_requests() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let api = Api::with_group(None, 2).await;
+    let options = HttpOptions { concurrency_max: 2, readiness: api.readiness.clone(), ..HttpOptions::default() };
+    let router = app(api.coordinator.clone(), options);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let config = rsc::http::serve::ServeConfig { header_read_timeout: Duration::from_secs(3), ..Default::default() };
+    let server = tokio::spawn(rsc::http::serve::serve_with(listener, router, config, async {
+        let _ = stopped.await;
+    }));
+
+    // Three times as many stalled bodies as there are slots.
+    let mut stalled = Vec::new();
+    for _ in 0..6 {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "POST {HEARTBEAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
+        );
+        stream.write_all(head.as_bytes()).await.expect("send the head and one byte");
+        stalled.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let join = json!({"group": {"streamPrefix": "orders", "consumerGroup": "billing"}, "memberId": "a",
+        "memberEpoch": 0, "metadataVersion": 0, "assignmentEpoch": 0});
+    let body = join.to_string();
+    let heartbeat = format!(
+        "POST {HEARTBEAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let answered = tokio::time::timeout(Duration::from_secs(1), tcp_exchange(addr, &heartbeat)).await;
+    let answer = answered.expect("a heartbeat is answered while slow bodies are open");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let health = tokio::time::timeout(
+        Duration::from_secs(1),
+        tcp_exchange(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+    .expect("/healthz is answered while slow bodies are open");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+
+    // Each stalled body is answered 408 at the body read deadline.
+    for mut stream in stalled {
+        let mut answer = vec![0; 64];
+        let read = tokio::time::timeout(Duration::from_secs(6), stream.read(&mut answer)).await;
+        let n = read.expect("a stalled body is answered by its deadline").expect("read");
+        let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
+    let _ = stop.send(());
+    server.await.expect("server stops");
+}

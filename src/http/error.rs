@@ -163,7 +163,7 @@ where
 }
 
 /// Body read bound when the request did not come through [`super::serve::serve`] (tests).
-const BODY_READ_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(super) const BODY_READ_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Parses `bytes` as `T`, rejecting unknown fields at any depth.
 pub fn parse_strict<T: DeserializeOwned + Serialize>(bytes: &[u8]) -> Result<T, HttpError> {

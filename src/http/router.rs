@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{DefaultBodyLimit, RawPathParams, Request, State};
 use axum::http::{header, StatusCode};
@@ -21,13 +22,17 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Router;
+use bytes::BytesMut;
+use http_body_util::BodyExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tracing::Instrument;
 
 use super::auth::{check_admin_token, ClientTokens};
-use super::error::HttpError;
+use super::error::{HttpError, BODY_READ_TIMEOUT_DEFAULT};
 use super::routes::{HttpMethod, RouteAuth, RouteId, RouteSpec, ROUTES};
+use super::serve::BodyReadTimeout;
 use super::{handlers, health};
 use crate::core::model::GroupId;
 use crate::metrics::Metrics;
@@ -104,6 +109,8 @@ pub fn app<S: MetadataStore>(coordinator: Coordinator<S>, options: HttpOptions) 
     let body_bytes_max = options.body_bytes_max;
     let concurrency_max = options.concurrency_max.max(1);
     let state = AppState { coordinator, options: Arc::new(options) };
+    let budget = Arc::new(Semaphore::new(BODY_BUFFER_BYTES_MAX.max(body_bytes_max)));
+    let body_gate = BodyGate { state: state.clone(), budget };
     let mut router = Router::new();
     for spec in ROUTES {
         let context = RouteContext { spec, state: state.clone() };
@@ -115,8 +122,79 @@ pub fn app<S: MetadataStore>(coordinator: Coordinator<S>, options: HttpOptions) 
         .fallback(not_found::<S>)
         .layer(DefaultBodyLimit::max(body_bytes_max))
         .layer(GlobalConcurrencyLimitLayer::new(concurrency_max))
+        .layer(middleware::from_fn_with_state(body_gate, buffer_body::<S>))
         .layer(middleware::from_fn_with_state(state.clone(), limit_request_head::<S>))
         .with_state(state)
+}
+
+/// Request body bytes buffered at once across all requests still reading theirs (at least one
+/// body of the limit): memory stays bounded however many connections send bodies.
+pub const BODY_BUFFER_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// State of [`buffer_body`]: the app, and the byte budget every buffered body draws from.
+struct BodyGate<S> {
+    state: AppState<S>,
+    budget: Arc<Semaphore>,
+}
+
+impl<S> Clone for BodyGate<S> {
+    fn clone(&self) -> Self {
+        Self { state: self.state.clone(), budget: Arc::clone(&self.budget) }
+    }
+}
+
+/// Reads a request's whole body *before* the request takes a concurrency slot. A client that
+/// sends its body slowly (or not at all) then holds a connection and the bytes that did arrive,
+/// never one of the `concurrency_max` slots every group's heartbeats need: a thousand slow
+/// bodies used to take every slot for the body read deadline, and every member of every group
+/// expired meanwhile (found by a black-box review). The bytes buffered count against
+/// [`BODY_BUFFER_BYTES_MAX`] as they arrive, so a slow body costs what it sent, and the read is
+/// bounded by the connection's [`BodyReadTimeout`] (408). Over the body limit: 413.
+async fn buffer_body<S: MetadataStore>(State(gate): State<BodyGate<S>>, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let deadline = parts.extensions.get::<BodyReadTimeout>().map_or(BODY_READ_TIMEOUT_DEFAULT, |t| t.0);
+    let limit = gate.state.options.body_bytes_max;
+    let method = method_label(&parts.method);
+    let read = async {
+        let mut body = body;
+        let mut buffered = BytesMut::new();
+        let mut held: Option<OwnedSemaphorePermit> = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| (StatusCode::BAD_REQUEST, "body_unreadable"))?;
+            // Trailers carry nothing a handler reads.
+            let Ok(chunk) = frame.into_data() else { continue };
+            if buffered.len() + chunk.len() > limit {
+                return Err((StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"));
+            }
+            // `limit` is at most the budget, so this never asks for more than exists.
+            let permits = u32::try_from(chunk.len()).unwrap_or(u32::MAX);
+            let permit = Arc::clone(&gate.budget).acquire_many_owned(permits).await;
+            let permit = permit.map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "body_budget_closed"))?;
+            match held.as_mut() {
+                Some(held) => held.merge(permit),
+                None => held = Some(permit),
+            }
+            buffered.extend_from_slice(&chunk);
+        }
+        Ok((buffered.freeze(), held))
+    };
+    let (bytes, _held) = match tokio::time::timeout(deadline, read).await {
+        Ok(Ok(read)) => read,
+        Ok(Err((status, label))) => {
+            record(&gate.state.coordinator.metrics(), method, label, status, 0.0);
+            let message = match status {
+                StatusCode::PAYLOAD_TOO_LARGE => format!("request body is over the limit of {limit} bytes"),
+                _ => "the request body could not be read".to_string(),
+            };
+            return HttpError::rejected(status, message).into_response();
+        }
+        Err(_) => {
+            let status = StatusCode::REQUEST_TIMEOUT;
+            record(&gate.state.coordinator.metrics(), method, "body_timeout", status, 0.0);
+            return HttpError::rejected(status, "the request body did not arrive in time").into_response();
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
 }
 
 /// Answers a request head over [`HEAD_BYTES_MAX`] or [`HEADERS_MAX`] with a typed JSON 431 before
