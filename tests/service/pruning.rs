@@ -196,3 +196,29 @@ async fn a_tick_counts_a_missing_key_only_when_the_next_tick_still_finds_it_miss
     c.tick_all().await;
     assert_eq!(c.debug_sizes().missing_at_tick, 0);
 }
+
+#[tokio::test]
+async fn groups_only_a_client_claims_existed_share_one_missing_metadata_series() {
+    let store = MemoryStore::new(40);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    // A black-box review named 4,000 made-up groups with `memberEpoch > 0`: each answer is
+    // METADATA_MISSING (the coordinator cannot tell a lost group from one that never was), but
+    // each also added a `group` series to /metrics.
+    for i in 0..50 {
+        let mut request = for_group(join("c"), &named(100 + i));
+        request.member_epoch = 3;
+        let refused = c.heartbeat(request).await.expect_err("no such group");
+        assert_eq!(refused.code, ErrorCode::MetadataMissing);
+    }
+    assert_eq!(c.metrics().total("rsc_metadata_missing_total"), 50.0, "every one is still counted");
+    assert_eq!(c.debug_sizes().group_series, 1, "under one shared label");
+    // A group this process served keeps its own label.
+    let group = named(1);
+    use_group(&c, &group).await;
+    let member = c.heartbeat(for_group(join("m"), &group)).await.expect("join");
+    assert!(store.delete_metadata_key(&group));
+    let refused = c.heartbeat(for_group(next(&member), &group)).await.expect_err("lost");
+    assert_eq!(refused.code, ErrorCode::MetadataMissing);
+    let missing_series = c.metrics().render().lines().filter(|l| l.starts_with("rsc_metadata_missing_total{")).count();
+    assert_eq!(missing_series, 2, "{}", c.metrics().render());
+}
