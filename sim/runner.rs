@@ -99,27 +99,32 @@ async fn simulate(plan: Arc<Plan>, verbose: bool) -> Run {
         injector.apply_due(&mut world, recorder.now_us());
     }
     recorder.trace("runner", "end of run");
+    // The run is over: nothing reads the stores again, so their records are moved, not copied.
     let split_brains = world
         .split_brains
         .iter()
-        .map(|split| SplitBrain {
-            server: split.server,
-            fork_us: split.fork_us,
-            switch_us: split.switch_us.unwrap_or(end_us),
-            fork_len: split.fork_len,
-            history: split.store.history(),
-            store_reads: split.store.read_log(),
-            store_acks: split.store.ack_log(),
-            fence_refusals: split.store.fence_refusals().values().sum(),
+        .map(|split| {
+            let (history, store_reads, store_acks) = split.store.take_history_and_logs();
+            SplitBrain {
+                server: split.server,
+                fork_us: split.fork_us,
+                switch_us: split.switch_us.unwrap_or(end_us),
+                fork_len: split.fork_len,
+                history,
+                store_reads,
+                store_acks,
+                fence_refusals: split.store.fence_refusals().values().sum(),
+            }
         })
         .collect();
+    let (history, store_reads, store_acks) = world.store.take_history_and_logs();
     Run {
         split_brains,
         records: recorder.take(),
-        history: world.store.history(),
+        history,
         end_us,
-        store_reads: world.store.read_log(),
-        store_acks: world.store.ack_log(),
+        store_reads,
+        store_acks,
         fence_refusals: world.store.fence_refusals().values().sum(),
     }
 }

@@ -244,6 +244,15 @@ impl History {
             })
     }
 
+    /// Moves the metadata history and the read and ack logs out, leaving them empty (the add
+    /// log and the counters stay).
+    pub(super) fn take(&mut self) -> (Vec<HistoryEvent>, Vec<ReadRecord>, Vec<AckRecord>) {
+        let events = std::mem::take(&mut self.events).into();
+        let reads = std::mem::take(&mut self.reads).into();
+        let acks = std::mem::take(&mut self.acks).into();
+        (events, reads, acks)
+    }
+
     pub(super) fn clear_logs(&mut self) {
         self.reads.clear();
         self.adds.clear();
