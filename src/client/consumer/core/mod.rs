@@ -24,6 +24,13 @@ use crate::core::protocol::{HeartbeatRequest, HeartbeatResponse, MemberSession, 
 use crate::store::{EntryId, ReadFrom, StreamEntry};
 
 use super::super::events::{ClientEvent, StopReason};
+
+/// Most draining shards one heartbeat reports (about 90 bytes of JSON each). With the fenced
+/// reports' cap and every owned shard of the largest group (65,536), a heartbeat stays well under
+/// the coordinator's default 1 MiB body limit.
+pub const REVOKE_REPORTS_MAX: usize = 2_048;
+/// Most fenced reports one heartbeat carries; the rest are sent with the next ones.
+pub const FENCED_REPORTS_MAX: usize = 2_048;
 use super::super::transport::TransportError;
 
 /// Consumer settings. Durations in milliseconds.
@@ -306,7 +313,8 @@ impl ConsumerCore {
         }
     }
 
-    /// The heartbeat to send now, if one is due and none is in flight. The caller must send it at
+    /// The heartbeat to send now, if one is due and none is in flight. It names at most
+    /// [`REVOKE_REPORTS_MAX`] draining shards (REVOKED ones first). The caller must send it at
     /// `now_ms` (its lease is counted from this instant) and report the result with
     /// [`ConsumerCore::handle_heartbeat`].
     pub fn poll_heartbeat(&mut self, now_ms: u64) -> Option<HeartbeatRequest> {
@@ -335,6 +343,17 @@ impl ConsumerCore {
                 reported_revoked.insert(*shard);
             }
             revoking.push(RevokeReport { shard: *shard, in_flight, revoked, revoke_id: s.revoke_id });
+        }
+        // One heartbeat stays under the coordinator's default body limit at any shard count: at
+        // 65,536 shards a member asked to drain half of them used to send 2.8 MB of reports, was
+        // refused 413 on every retry and expired (found by a black-box review). REVOKED reports
+        // go first, since they release shards; the rest follow once those are released. A report
+        // left out releases nothing (the coordinator only acts on what a report names), and a
+        // leave that cannot name every drained shard leaves the rest to wait out their lease.
+        if revoking.len() > REVOKE_REPORTS_MAX {
+            revoking.sort_by_key(|r| !r.revoked);
+            revoking.truncate(REVOKE_REPORTS_MAX);
+            reported_revoked = revoking.iter().filter(|r| r.revoked).map(|r| r.shard).collect();
         }
         let req = HeartbeatRequest {
             group: self.config.group.clone(),
@@ -587,7 +606,8 @@ impl ConsumerCore {
         if !self.reports_fenced {
             return Vec::new();
         }
-        self.fenced.iter().map(|(shard, fence)| ShardFence { shard: *shard, fence: *fence }).collect()
+        let reports = self.fenced.iter().take(FENCED_REPORTS_MAX);
+        reports.map(|(shard, fence)| ShardFence { shard: *shard, fence: *fence }).collect()
     }
 
     /// A call on `shard` is about to be issued (the caller holds the permission of a [`ReadPlan`]).

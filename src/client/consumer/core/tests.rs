@@ -661,3 +661,37 @@ fn fenced_reports_go_only_to_coordinators_that_read_them() {
     let req = c.poll_heartbeat(60).expect("prompt retry");
     assert!(req.fenced.is_empty());
 }
+
+#[test]
+fn a_drain_of_thousands_of_shards_is_reported_in_heartbeats_that_fit_the_body_limit() {
+    // A black-box review: at 65,536 shards a member asked to drain 32,768 sent 2.8 MB of reports,
+    // was refused 413 on every retry and expired.
+    let mut c = core();
+    let all: Vec<ShardId> = (0..65_536).collect();
+    let (kept, drained) = all.split_at(32_768);
+    let mut big = |status, assigned: &[ShardId], revoke: &[ShardId]| {
+        let mut answer = response(status, assigned, revoke);
+        answer.shard_count = 65_536;
+        answer
+    };
+    exchange(&mut c, 0, 10, Ok(big(HeartbeatStatus::Ok, &all, &[])));
+    let first = exchange(&mut c, 210, 220, Ok(big(HeartbeatStatus::RevokePending, kept, drained)));
+    assert!(first.revoking.is_empty());
+    let mut reported = BTreeSet::new();
+    let mut remaining: Vec<ShardId> = drained.to_vec();
+    let mut now = 420;
+    while !remaining.is_empty() {
+        let req = c.poll_heartbeat(now).expect("due");
+        let body = serde_json::to_vec(&req).expect("encode");
+        assert!(body.len() < crate::http::router::BODY_BYTES_MAX_DEFAULT, "{} bytes", body.len());
+        assert!(req.revoking.len() <= REVOKE_REPORTS_MAX);
+        assert!(req.revoking.iter().all(|r| r.revoked), "every drained shard is ready");
+        reported.extend(req.revoking.iter().map(|r| r.shard));
+        // The coordinator releases what was reported; the answer's `revoke` lists the rest.
+        let released: BTreeSet<ShardId> = req.revoking.iter().map(|r| r.shard).collect();
+        remaining.retain(|s| !released.contains(s));
+        c.handle_heartbeat(now + 10, Ok(big(HeartbeatStatus::RevokePending, kept, &remaining)));
+        now += 210;
+    }
+    assert_eq!(reported.len(), drained.len(), "every drained shard was reported, in {} heartbeats", now / 210);
+}
