@@ -669,7 +669,7 @@ fn a_drain_of_thousands_of_shards_is_reported_in_heartbeats_that_fit_the_body_li
     let mut c = core();
     let all: Vec<ShardId> = (0..65_536).collect();
     let (kept, drained) = all.split_at(32_768);
-    let mut big = |status, assigned: &[ShardId], revoke: &[ShardId]| {
+    let big = |status, assigned: &[ShardId], revoke: &[ShardId]| {
         let mut answer = response(status, assigned, revoke);
         answer.shard_count = 65_536;
         answer
