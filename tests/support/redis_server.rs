@@ -102,6 +102,12 @@ pub(super) fn fresh_dir() -> PathBuf {
     dir
 }
 
+/// The `process_id` field of an `INFO server` answer (a server's or a sentinel's).
+pub(super) fn process_id(info: redis::RedisResult<redis::Value>) -> Option<u32> {
+    let info: String = redis::from_redis_value(info.ok()?).ok()?;
+    info.lines().find_map(|l| l.strip_prefix("process_id:")?.trim().parse().ok())
+}
+
 /// One raw RESP PING; true on `+PONG` (false while loading, refusing, or not yet listening).
 pub(super) fn answers_ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)) else {
@@ -124,10 +130,7 @@ impl RedisServer {
     /// A server with `config` on a free port (retrying if the port is taken before it binds).
     pub fn start_with(config: ServerConfig) -> Self {
         server_version();
-        let dir = fresh_dir();
-        let tls =
-            config.tls.map(|_| config.tls_files.clone().unwrap_or_else(|| super::tls::generate(&dir.join("tls"))));
-        let mut server = RedisServer { binary: binary(), port: 0, dir, config, tls, child: None };
+        let mut server = Self::unstarted(config, 0);
         for attempt in 1..=PORT_ATTEMPTS_MAX {
             server.port = free_port();
             match server.spawn_and_wait() {
@@ -142,11 +145,16 @@ impl RedisServer {
     /// One attempt to start a server with `config` on exactly `port`; Err carries why not (the
     /// harness's own test uses it to show a port another server answers is refused).
     pub fn try_start_on(config: ServerConfig, port: u16) -> Result<Self, String> {
+        let mut server = Self::unstarted(config, port);
+        server.spawn_and_wait().map(|()| server)
+    }
+
+    /// A server not yet spawned: its own directory, and TLS files when `config` asks for TLS.
+    fn unstarted(config: ServerConfig, port: u16) -> Self {
         let dir = fresh_dir();
         let tls =
             config.tls.map(|_| config.tls_files.clone().unwrap_or_else(|| super::tls::generate(&dir.join("tls"))));
-        let mut server = RedisServer { binary: binary(), port, dir, config, tls, child: None };
-        server.spawn_and_wait().map(|()| server)
+        RedisServer { binary: binary(), port, dir, config, tls, child: None }
     }
 
     fn log_path(&self) -> PathBuf {
@@ -334,8 +342,7 @@ impl RedisServer {
 
     /// `process_id` of whatever answers on this server's port, if anything does.
     fn answering_pid(&self) -> Option<u32> {
-        let info: String = redis::from_redis_value(self.try_cmd(&["INFO", "server"]).ok()?).ok()?;
-        info.lines().find_map(|l| l.strip_prefix("process_id:")?.trim().parse().ok())
+        process_id(self.try_cmd(&["INFO", "server"]))
     }
 
     /// A field of `INFO <section>`.

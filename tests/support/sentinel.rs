@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::redis_server::{binary, free_port, fresh_dir, RedisServer};
+use super::redis_server::{binary, free_port, fresh_dir, process_id, RedisServer};
 
 /// How long a sentinel may take to answer PING after it was spawned.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -110,11 +110,7 @@ impl SentinelServer {
             if self.try_cmd(&["PING"]).is_ok() {
                 // Another process may have taken the port before ours bound it (then ours exits
                 // with "Address already in use"): only our own process counts as started.
-                let info: Option<String> =
-                    self.try_cmd(&["INFO", "server"]).ok().and_then(|v| redis::from_redis_value(v).ok());
-                let pid = info.as_deref().and_then(|info| {
-                    info.lines().find_map(|l| l.strip_prefix("process_id:")?.trim().parse::<u32>().ok())
-                });
+                let pid = process_id(self.try_cmd(&["INFO", "server"]));
                 if pid.is_some() && pid == self.child.as_ref().map(Child::id) {
                     return Ok(());
                 }

@@ -24,6 +24,7 @@ use crate::core::protocol::{HeartbeatRequest, HeartbeatResponse, MemberSession, 
 use crate::store::{EntryId, ReadFrom, StreamEntry};
 
 use super::super::events::{ClientEvent, StopReason};
+use super::super::transport::TransportError;
 
 /// Most draining shards one heartbeat reports (about 90 bytes of JSON each). With the fenced
 /// reports' cap and every owned shard of the largest group (65,536), a heartbeat stays well under
@@ -31,7 +32,6 @@ use super::super::events::{ClientEvent, StopReason};
 pub const REVOKE_REPORTS_MAX: usize = 2_048;
 /// Most fenced reports one heartbeat carries; the rest are sent with the next ones.
 pub const FENCED_REPORTS_MAX: usize = 2_048;
-use super::super::transport::TransportError;
 
 /// Consumer settings. Durations in milliseconds.
 #[derive(Clone, Debug, PartialEq, Eq)]
