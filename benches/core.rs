@@ -44,6 +44,7 @@ fn settled(members: usize, shards: u32) -> GroupMetadata {
 
 fn request(g: &GroupMetadata, member: &str, epoch: u64) -> HeartbeatRequest {
     HeartbeatRequest {
+        metadata_version_proof: None,
         group: g.group.clone(),
         member_id: member.into(),
         member_epoch: epoch,
@@ -78,7 +79,13 @@ fn main() {
     for members in [10usize, 100, 1_000] {
         for shards in [64u32, 1_024, 16_384] {
             let g = settled(members, shards);
-            let ctx = Context { stored_revision: 7, observations: &obs, planted: Default::default(), nonce: 1 };
+            let ctx = Context {
+                fresh_view_key: None,
+                stored_revision: 7,
+                observations: &obs,
+                planted: Default::default(),
+                nonce: 1,
+            };
             let runs = if shards >= 16_384 { 15 } else { 51 };
             let join = request(&g, "member-new", 0);
             let rebalance = median_us(runs, || {

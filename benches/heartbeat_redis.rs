@@ -440,6 +440,7 @@ mod bench {
     ) -> Result<(Vec<HeartbeatRequest>, usize), String> {
         let mut members: Vec<HeartbeatRequest> = (0..count)
             .map(|i| HeartbeatRequest {
+                metadata_version_proof: None,
                 group: group.clone(),
                 member_id: format!("member-{i:04}"),
                 member_epoch: 0,
@@ -766,8 +767,13 @@ mod bench {
         let started = Instant::now();
         for round in 0..ROUNDS {
             let obs = view.observe_waits(u64::from(round), &g);
-            let context =
-                Context { stored_revision: record.revision, observations: &obs, planted: PlantedBugs::NONE, nonce: 1 };
+            let context = Context {
+                fresh_view_key: None,
+                stored_revision: record.revision,
+                observations: &obs,
+                planted: PlantedBugs::NONE,
+                nonce: 1,
+            };
             std::hint::black_box(decide_heartbeat(&g, std::hint::black_box(req), context));
         }
         let decide_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(ROUNDS);

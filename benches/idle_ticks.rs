@@ -160,6 +160,7 @@ mod bench {
     /// The steady heartbeat of a client that applied `r` (it owns what it was assigned).
     fn next(group: &GroupId, r: &HeartbeatResponse) -> HeartbeatRequest {
         HeartbeatRequest {
+            metadata_version_proof: None,
             group: group.clone(),
             member_id: r.member_id.clone(),
             member_epoch: r.member_epoch,
@@ -222,6 +223,7 @@ mod bench {
                 // Spread over the interval; each member (re)joins as a new incarnation.
                 tokio::time::sleep(interval.mul_f64(g as f64 / groups as f64)).await;
                 let join = HeartbeatRequest {
+                    metadata_version_proof: None,
                     group: group.clone(),
                     member_id: format!("member-{g}"),
                     member_epoch: 0,

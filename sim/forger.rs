@@ -8,8 +8,11 @@
 //!
 //! The `n`-th forgery, by `n % 5`: a leave reporting every shard REVOKED without a session; the
 //! same with a wrong session; a steady heartbeat with a wrong session; a join of the victim's id
-//! with another session; and loss evidence (a version and a shard count above the recorded ones)
-//! without any token.
+//! with another session; loss evidence (a version and a shard count above the recorded ones)
+//! without any token; the same loss evidence with the token, carrying the victim's proof of its
+//! real version (a proof of another number); and a heartbeat of a member id nobody joined, with
+//! an epoch and a version ahead (DESIGN §8: a report above the recorded state is evidence only
+//! with its proof).
 
 use rsc::client::CoordinatorTransport;
 use rsc::core::protocol::{HeartbeatRequest, HeartbeatResponse, MemberSession, RevokeReport, RoutingReport};
@@ -22,20 +25,25 @@ use crate::records::ProcessId;
 pub async fn forge(env: Env, process: ProcessId, n: u64) {
     let Some(victim) = victim(&env, n) else { return };
     let wrong = MemberSession(format!("{:032x}", n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1));
-    let what = match n % 5 {
+    let what = match n % KINDS {
         0 => "leave without a session",
         1 => "leave with a wrong session",
         2 => "steady heartbeat with a wrong session",
         3 => "join of a live member's id",
-        _ => "loss evidence without a token",
+        4 => "loss evidence without a token",
+        5 => "unproven loss evidence with a token",
+        _ => "heartbeat of an unknown member naming a version ahead",
     };
-    let answer = if n % 5 == 4 {
+    let answer = if matches!(n % KINDS, 4 | 5) {
         let report = RoutingReport {
             known_version: victim.metadata_version.saturating_add(1_000),
             known_shard_count: victim.shard_count.saturating_add(8),
+            known_version_proof: victim.metadata_version_proof,
+            known_shard_count_proof: None,
         };
-        let transport = env.raw_transport(None).await;
-        transport.routing(&env.group, report).await.map(|_| "accepted".to_string())
+        let token = (n % KINDS == 5).then_some(SIM_CLIENT_TOKEN);
+        let transport = env.raw_transport(token).await;
+        transport.routing(&env.group, report).await.map(|r| format!("answered: {} shards", r.shard_count))
     } else {
         let request = forged_heartbeat(&env, &victim, n, wrong);
         let transport = env.raw_transport(Some(SIM_CLIENT_TOKEN)).await;
@@ -43,6 +51,9 @@ pub async fn forge(env: Env, process: ProcessId, n: u64) {
     };
     env.recorder.trace(process, format!("forged {what} for {}: {answer:?}", victim.member_id));
 }
+
+/// How many kinds of forgery the forger cycles through.
+const KINDS: u64 = 7;
 
 /// The heartbeat of forgery `n` for `victim`'s incarnation, as its latest answer describes it.
 fn forged_heartbeat(env: &Env, victim: &HeartbeatResponse, n: u64, wrong: MemberSession) -> HeartbeatRequest {
@@ -68,11 +79,18 @@ fn forged_heartbeat(env: &Env, victim: &HeartbeatResponse, n: u64, wrong: Member
         leave: false,
         member_session: Some(wrong),
         fenced: Vec::new(),
+        metadata_version_proof: victim.metadata_version_proof,
     };
-    match n % 5 {
+    match n % KINDS {
         0 => HeartbeatRequest { owned: Vec::new(), revoking: released, leave: true, member_session: None, ..steady },
         1 => HeartbeatRequest { owned: Vec::new(), revoking: released, leave: true, ..steady },
         2 => steady,
+        6 => HeartbeatRequest {
+            member_id: format!("forged-{n}"),
+            metadata_version: victim.metadata_version.saturating_add(1_000),
+            owned: Vec::new(),
+            ..steady
+        },
         _ => {
             HeartbeatRequest { member_epoch: 0, metadata_version: 0, assignment_epoch: 0, owned: Vec::new(), ..steady }
         }
@@ -96,6 +114,6 @@ fn victim(env: &Env, n: u64) -> Option<HeartbeatResponse> {
     }
     let candidates: Vec<&HeartbeatResponse> = latest.values().map(|(_, r)| *r).collect();
     let count = u64::try_from(candidates.len()).ok().filter(|c| *c > 0)?;
-    let index = usize::try_from(n / 5 % count).ok()?;
+    let index = usize::try_from(n / KINDS % count).ok()?;
     candidates.get(index).map(|r| (*r).clone())
 }

@@ -9,6 +9,7 @@ mod core_support;
 
 use core_support::{beat, group_id, Client, World};
 use rsc::core::model::{CorrectionRound, LossEvidence, CLIENT_NUMBER_MAX, CLIENT_VERSION_AHEAD_MAX};
+use rsc::core::proof::Fact;
 use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatResponse, HeartbeatStatus, RoutingReport};
 use rsc::core::{decide_heartbeat, decide_routing, Context, GroupConfig, Observations, PlantedBugs};
 
@@ -74,7 +75,8 @@ fn the_largest_valid_report_leaves_the_group_working_and_every_number_echoable()
     let mut a = Client::new("a");
     beat(&mut w, &mut a).expect("a joins");
     let stored = w.g.metadata_version;
-    let told = w.routing(CLIENT_NUMBER_MAX).expect("a valid report");
+    let top = RoutingReport::version(CLIENT_NUMBER_MAX).proven(w.proof(Fact::MetadataVersion, CLIENT_NUMBER_MAX), None);
+    let told = w.routing_report(top).expect("a valid report");
     assert_eq!(told.lost_version, Some(CLIENT_NUMBER_MAX), "the producer is told its version was lost");
     assert!(w.g.correction.is_some(), "recorded as loss evidence");
     assert_eq!(w.g.max_client_version_seen, stored + CLIENT_VERSION_AHEAD_MAX, "credited up to the cap");
@@ -153,7 +155,13 @@ fn a_stored_revision_at_the_top_refuses_writes_and_still_answers_reads() {
     let mut a = Client::new("a");
     beat(&mut w, &mut a).expect("a joins");
     let obs = Observations::default();
-    let ctx = Context { stored_revision: u64::MAX, observations: &obs, planted: PlantedBugs::NONE, nonce: 1 };
+    let ctx = Context {
+        fresh_view_key: None,
+        stored_revision: u64::MAX,
+        observations: &obs,
+        planted: PlantedBugs::NONE,
+        nonce: 1,
+    };
 
     let join = decide_heartbeat(&w.g, &Client::new("b").request(), ctx);
     assert_eq!(join.outcome.as_ref().map_err(|e| e.code), Err(ErrorCode::Internal), "{join:?}");
@@ -161,7 +169,9 @@ fn a_stored_revision_at_the_top_refuses_writes_and_still_answers_reads() {
     let steady = decide_heartbeat(&w.g, &a.request(), ctx);
     assert_eq!(steady.outcome.map(|r| (r.status, r.store_revision)), Ok((HeartbeatStatus::Ok, u64::MAX)));
 
-    let ahead = decide_routing(&w.g, RoutingReport::version(w.g.metadata_version + 1), ctx);
+    let next = w.g.metadata_version + 1;
+    let ahead =
+        decide_routing(&w.g, RoutingReport::version(next).proven(w.proof(Fact::MetadataVersion, next), None), ctx);
     assert_eq!(ahead.outcome.map_err(|e| e.code), Err(ErrorCode::Internal));
     assert!(ahead.write.next.is_none());
     let read = decide_routing(&w.g, RoutingReport::version(w.g.metadata_version), ctx);

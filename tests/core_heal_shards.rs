@@ -8,6 +8,7 @@ mod core_support;
 
 use core_support::{config, group_id, World};
 use rsc::core::model::{ReshardReason, SHARD_COUNT_MAX};
+use rsc::core::proof::Fact;
 use rsc::core::protocol::{AdminRequest, ErrorCode, RoutingReport};
 use rsc::core::{GroupConfig, PlantedBug, PlantedBugs};
 
@@ -31,8 +32,14 @@ fn lost_add_shards(w: &mut World) -> u64 {
 fn a_producer_that_published_with_lost_shards_makes_the_coordinator_add_them_again() {
     let mut w = World::new(4);
     let cached = lost_add_shards(&mut w);
-    let answer =
-        w.routing_report(RoutingReport { known_version: cached, known_shard_count: 8 }).expect("the heal is recorded");
+    let answer = w
+        .routing_report(RoutingReport {
+            known_shard_count_proof: w.proof(Fact::ShardCount, 8),
+            known_version_proof: w.proof(Fact::MetadataVersion, cached),
+            known_version: cached,
+            known_shard_count: 8,
+        })
+        .expect("the heal is recorded");
 
     assert_eq!(answer.shard_count, 8, "{answer:?}");
     assert_eq!(answer.stream_keys.len(), 8);
@@ -58,7 +65,14 @@ fn a_producer_whose_version_was_overtaken_still_heals_its_shards() {
         add_shards(&mut w, to);
     }
     let before = w.g.shard_count;
-    let answer = w.routing_report(RoutingReport { known_version: cached, known_shard_count: 8 }).expect("routing");
+    let answer = w
+        .routing_report(RoutingReport {
+            known_shard_count_proof: w.proof(Fact::ShardCount, 8),
+            known_version_proof: w.proof(Fact::MetadataVersion, cached),
+            known_version: cached,
+            known_shard_count: 8,
+        })
+        .expect("routing");
     assert!(before < 8);
     assert_eq!(answer.shard_count, 8);
     assert_eq!(answer.lost_version, None);
@@ -68,7 +82,14 @@ fn a_producer_whose_version_was_overtaken_still_heals_its_shards() {
 fn healing_turned_off_leaves_the_count_and_only_records_the_version_evidence() {
     let mut w = World::with_config(4, GroupConfig { heal_lost_add_shards: false, ..config() });
     let cached = lost_add_shards(&mut w);
-    let answer = w.routing_report(RoutingReport { known_version: cached, known_shard_count: 8 }).expect("routing");
+    let answer = w
+        .routing_report(RoutingReport {
+            known_shard_count_proof: w.proof(Fact::ShardCount, 8),
+            known_version_proof: w.proof(Fact::MetadataVersion, cached),
+            known_version: cached,
+            known_shard_count: 8,
+        })
+        .expect("routing");
     assert_eq!(answer.shard_count, 4);
     assert_eq!(answer.lost_version, Some(cached), "the producer is still told its view is lost");
     assert_eq!(w.g.shard_count, 4);
@@ -79,7 +100,14 @@ fn the_planted_bug_skips_the_heal() {
     let mut w = World::new(4);
     let cached = lost_add_shards(&mut w);
     w.planted = PlantedBugs::only(PlantedBug::SkipAddShardsHealing);
-    let answer = w.routing_report(RoutingReport { known_version: cached, known_shard_count: 8 }).expect("routing");
+    let answer = w
+        .routing_report(RoutingReport {
+            known_shard_count_proof: w.proof(Fact::ShardCount, 8),
+            known_version_proof: w.proof(Fact::MetadataVersion, cached),
+            known_version: cached,
+            known_shard_count: 8,
+        })
+        .expect("routing");
     assert_eq!(answer.shard_count, 4);
 }
 
@@ -89,7 +117,14 @@ fn a_count_at_or_below_the_recorded_one_writes_nothing() {
     let revision = w.revision;
     for known_shard_count in [0, 1, 4] {
         let version = w.g.metadata_version;
-        let answer = w.routing_report(RoutingReport { known_version: version, known_shard_count }).expect("read");
+        let answer = w
+            .routing_report(RoutingReport {
+                known_shard_count_proof: None,
+                known_version_proof: None,
+                known_version: version,
+                known_shard_count,
+            })
+            .expect("read");
         assert_eq!(answer.shard_count, 4);
     }
     assert_eq!(w.revision, revision, "a read writes nothing");
@@ -101,8 +136,14 @@ fn a_count_above_the_bound_is_bad_request_and_writes_nothing() {
     let revision = w.revision;
     for known_shard_count in [SHARD_COUNT_MAX + 1, u32::MAX] {
         let version = w.g.metadata_version;
-        let refused =
-            w.routing_report(RoutingReport { known_version: version, known_shard_count }).expect_err("refused");
+        let refused = w
+            .routing_report(RoutingReport {
+                known_shard_count_proof: None,
+                known_version_proof: None,
+                known_version: version,
+                known_shard_count,
+            })
+            .expect_err("refused");
         assert_eq!(refused.code, ErrorCode::BadRequest);
         assert!(refused.message.contains("knownShardCount"), "{refused:?}");
     }
@@ -110,7 +151,12 @@ fn a_count_above_the_bound_is_bad_request_and_writes_nothing() {
     assert_eq!(w.g.shard_count, 4);
     // The bound itself is a valid report.
     let answer = w
-        .routing_report(RoutingReport { known_version: 0, known_shard_count: SHARD_COUNT_MAX })
+        .routing_report(RoutingReport {
+            known_shard_count_proof: w.proof(Fact::ShardCount, u64::from(SHARD_COUNT_MAX)),
+            known_version_proof: None,
+            known_version: 0,
+            known_shard_count: SHARD_COUNT_MAX,
+        })
         .expect("the largest count is valid");
     assert_eq!(answer.shard_count, SHARD_COUNT_MAX);
 }

@@ -5,6 +5,7 @@ mod core_support;
 
 use core_support::{beat, recorded_revoke_id, Client, World};
 use rsc::core::model::ShardOwner;
+use rsc::core::proof::Fact;
 use rsc::core::protocol::{HeartbeatStatus, RevokeReport};
 use rsc::core::{tick_deferral_ms, PlantedBugs};
 
@@ -167,6 +168,7 @@ fn concurrent_stale_revokes_in_a_correction_round_are_accepted_only_when_they_ma
     // Record the loss evidence: a report from a client ahead of the store.
     let mut ahead = a.request();
     ahead.metadata_version = w.g.metadata_version + 5;
+    ahead.metadata_version_proof = w.proof(Fact::MetadataVersion, ahead.metadata_version);
     w.heartbeat(&ahead).expect("sync");
     assert!(w.g.correction.is_some());
     let revoking_a: Vec<u32> = w.g.revoking_shards("a");
@@ -225,6 +227,7 @@ fn new_evidence_during_a_round_whose_wait_is_over_restarts_the_wait() {
     // lost meanwhile.
     let mut ahead = a.request();
     ahead.metadata_version = w.g.metadata_version + 3;
+    ahead.metadata_version_proof = w.proof(Fact::MetadataVersion, ahead.metadata_version);
     let evidence_at = w.now_ms;
     let sync = w.heartbeat(&ahead).expect("sync");
     assert_eq!(sync.status, HeartbeatStatus::SyncMetadata);

@@ -25,6 +25,7 @@ fn two_members() -> (World, Client, Client) {
 fn forged_leave(w: &World, victim: &Client, session: Option<MemberSession>) -> HeartbeatRequest {
     let owned: Vec<u32> = w.g.owned_shards(&victim.id);
     HeartbeatRequest {
+        metadata_version_proof: None,
         group: group_id(),
         member_id: victim.id.clone(),
         member_epoch: w.g.members[&victim.id].member_epoch,

@@ -5,6 +5,7 @@ mod core_support;
 
 use core_support::{beat, group_id, Client, World};
 use rsc::core::model::{GroupConfig, MemberState, ShardOwner};
+use rsc::core::proof::Fact;
 use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatStatus, RevokeReport};
 use rsc::core::{decide_admin, Context, LocalView};
 
@@ -205,6 +206,7 @@ fn version_bumps_go_past_every_version_a_client_reported() {
     beat(&mut w, &mut a).expect("a");
     let mut ahead = a.request();
     ahead.metadata_version = 50;
+    ahead.metadata_version_proof = w.proof(Fact::MetadataVersion, 50);
     assert_eq!(w.heartbeat(&ahead).expect("sync").status, HeartbeatStatus::SyncMetadata);
     let mut b = Client::new("b");
     let r = beat(&mut w, &mut b).expect("a join bumps the version");
@@ -233,7 +235,8 @@ fn admin_mutations_check_revisions_and_inputs() {
     assert!(short.validate().is_err());
 
     let obs = Default::default();
-    let ctx = Context { stored_revision: 0, observations: &obs, planted: Default::default(), nonce: 1 };
+    let ctx =
+        Context { fresh_view_key: None, stored_revision: 0, observations: &obs, planted: Default::default(), nonce: 1 };
     let missing = AdminRequest::DeleteGroup { group: group.clone(), expected_revision: 1 };
     assert_eq!(decide_admin(None, &missing, false, ctx).outcome.unwrap_err().code, ErrorCode::GroupNotFound);
 

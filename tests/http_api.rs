@@ -494,6 +494,7 @@ async fn the_client_transport_reaches_the_router_over_tcp_with_encoded_group_nam
 
     let transport = HttpTransport::with_addrs(vec![addr]);
     let join = HeartbeatRequest {
+        metadata_version_proof: None,
         group: group.clone(),
         member_id: "a".into(),
         member_epoch: 0,

@@ -20,6 +20,7 @@ mod stalled;
 use std::time::Duration;
 
 use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, ReshardReason, ShardOwner};
+use rsc::core::proof::Fact;
 use rsc::core::protocol::{
     AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberSession, RevokeReport,
     RoutingReport,
@@ -27,7 +28,7 @@ use rsc::core::protocol::{
 use rsc::core::{PlantedBug, PlantedBugs};
 use rsc::service::{Coordinator, CoordinatorOptions};
 use rsc::store::memory::{MemoryStore, RollbackMode};
-use rsc::store::MetadataStore;
+use rsc::store::{MetadataStore, WriteRequest};
 
 fn group() -> GroupId {
     GroupId::new("orders", "billing")
@@ -63,6 +64,7 @@ async fn create(c: &Coordinator<MemoryStore>, shards: u32) {
 
 fn join(member: &str) -> HeartbeatRequest {
     HeartbeatRequest {
+        metadata_version_proof: None,
         group: group(),
         member_id: member.into(),
         member_epoch: 0,
@@ -85,6 +87,7 @@ fn session_of(member: &str) -> MemberSession {
 /// The next heartbeat of a client that applied `r` (drains finish at once).
 fn next(r: &HeartbeatResponse) -> HeartbeatRequest {
     HeartbeatRequest {
+        metadata_version_proof: None,
         group: group(),
         member_id: r.member_id.clone(),
         member_epoch: r.member_epoch,
@@ -438,7 +441,10 @@ async fn a_producer_reporting_a_lost_version_is_told_so_and_the_evidence_is_reco
     let stored = recorded(&store).expect("record");
     assert!(stored.metadata_version < seen.metadata_version && stored.correction.is_none());
 
-    let told = c.routing(&group(), RoutingReport::version(seen.metadata_version)).await.expect("routing");
+    // The producer holds the proof the answer gave of its version (DESIGN §8).
+    let report = RoutingReport::version(seen.metadata_version).proven(seen.metadata_version_proof, None);
+    assert!(report.known_version_proof.is_some());
+    let told = c.routing(&group(), report).await.expect("routing");
     assert_eq!((told.shard_count, told.lost_version), (2, Some(seen.metadata_version)));
     let after = recorded(&store).expect("record");
     assert!(after.correction.is_some(), "a correction round was recorded");
@@ -447,10 +453,7 @@ async fn a_producer_reporting_a_lost_version_is_told_so_and_the_evidence_is_reco
     assert!(c.metrics().total("rsc_client_metadata_version_ahead_total") >= 1.0);
     // The same report again changes nothing (the round already covers it).
     let revision = store.peek_record(&group()).expect("record").revision;
-    assert_eq!(
-        c.routing(&group(), RoutingReport::version(seen.metadata_version)).await.expect("again").lost_version,
-        told.lost_version
-    );
+    assert_eq!(c.routing(&group(), report).await.expect("again").lost_version, told.lost_version);
     assert_eq!(store.peek_record(&group()).expect("record").revision, revision);
 }
 
@@ -472,7 +475,12 @@ async fn a_producer_reporting_the_shards_of_a_lost_add_shards_makes_the_coordina
     }
     assert_eq!(recorded(&store).expect("record").shard_count, 2, "the add-shards is lost");
 
-    let report = RoutingReport { known_version: seen.metadata_version, known_shard_count: 5 };
+    let report = RoutingReport {
+        known_shard_count_proof: seen.shard_count_proof,
+        known_version_proof: seen.metadata_version_proof,
+        known_version: seen.metadata_version,
+        known_shard_count: 5,
+    };
     let healed = c.routing(&group(), report).await.expect("routing");
     assert_eq!((healed.shard_count, healed.lost_version), (5, None), "{healed:?}");
     assert!(healed.metadata_version > seen.metadata_version);
@@ -487,6 +495,106 @@ async fn a_producer_reporting_the_shards_of_a_lost_add_shards_makes_the_coordina
     assert_eq!(again.shard_count, 5);
     assert_eq!(store.peek_record(&group()).expect("record").revision, revision, "nothing more to heal");
     assert_eq!(c.metrics().total("rsc_lost_add_shards_healed_total"), 1.0);
+}
+
+/// The black-box review's findings, through the service: one routing request naming 65,536 shards
+/// grew a 4-shard group for good, and forged "version ahead" reports (routing, a heartbeat of an
+/// unknown member) started correction rounds at will. Without the proof the coordinator gave of
+/// a number, a report of it changes nothing and is counted; `describe` never shows the key.
+#[tokio::test]
+async fn reports_above_the_recorded_state_without_their_proof_change_nothing() {
+    let store = MemoryStore::new(15);
+    let c = short_mutex(&store, "c1");
+    create(&c, 4).await;
+    let a = c.heartbeat(join("a")).await.expect("a joins");
+    assert!(a.metadata_version_proof.is_some(), "answers prove their version");
+    let before = store.peek_record(&group()).expect("record");
+    let ahead = a.metadata_version + 1_000;
+
+    let grow = RoutingReport { known_shard_count: 65_536, ..RoutingReport::NONE };
+    assert_eq!(c.routing(&group(), grow).await.expect("answered").shard_count, 4);
+    // The member's real proof, attached to a version it never saw.
+    let lie = RoutingReport::version(ahead).proven(a.metadata_version_proof, a.metadata_version_proof);
+    assert_eq!(c.routing(&group(), lie).await.expect("answered").lost_version, Some(ahead));
+    let ghost = HeartbeatRequest { member_id: "ghost".into(), member_epoch: 3, metadata_version: ahead, ..next(&a) };
+    assert_eq!(c.heartbeat(ghost).await.expect_err("refused").code, ErrorCode::UnknownMember);
+
+    let after = store.peek_record(&group()).expect("record");
+    assert_eq!(after.revision, before.revision, "nothing was written");
+    let g = recorded(&store).expect("record");
+    assert_eq!((g.shard_count, g.correction.is_none()), (4, true));
+    assert!(c.metrics().total("rsc_unproven_client_reports_total") >= 3.0);
+    assert_eq!(c.metrics().total("rsc_client_metadata_version_ahead_total"), 0.0);
+
+    let described = c.describe(&group()).await.expect("describe");
+    assert!(g.view_key.is_some() && described.metadata.view_key.is_none(), "the key stays in the store");
+}
+
+/// A group an older release wrote has no key: reports are credited as before (the compatibility
+/// rule's safe case) until this release's first write of it draws one.
+#[tokio::test]
+async fn a_group_without_a_key_gets_one_at_its_first_write() {
+    let store = MemoryStore::new(16);
+    let c = short_mutex(&store, "c1");
+    create(&c, 2).await;
+    let mut old = recorded(&store).expect("record");
+    assert!(old.view_key.is_some(), "a create draws a key");
+    old.view_key = None;
+    // Rewritten as an older coordinator would: its record has no key.
+    let stored = store.peek_record(&group()).expect("record");
+    let rewrite = WriteRequest {
+        expected: Some(stored.cas_stamp()),
+        aggregate: serde_json::to_string(&old).expect("encode"),
+        schema_version: stored.schema_version,
+        layout_version: stored.layout_version,
+        updated_at_ms: stored.updated_at_ms,
+        write_id: "older-release".into(),
+        liveness_guards: Vec::new(),
+        liveness_remove: Vec::new(),
+    };
+    store.write(&group(), rewrite).await.expect("rewritten");
+    let c = short_mutex(&store, "c2");
+    let a = c.heartbeat(join("a")).await.expect("a joins");
+    let keyed = recorded(&store).expect("record");
+    assert!(keyed.view_key.is_some(), "the join's write drew a key");
+    assert_eq!(
+        a.metadata_version_proof,
+        keyed.view_key.map(|k| k.prove(&group(), Fact::MetadataVersion, a.metadata_version))
+    );
+}
+
+/// Found by the simulation (lost-add-shards seed 7, capsule in fault-plans/capsules/): a failover
+/// lost the group's record *and* its index entry, and the operator's create made a new group with
+/// a new key, under which the old incarnation's proofs no longer verified. A process that held the
+/// group and found it gone without deleting it now treats the create as a recreate: a correction
+/// round, no key until it ends, so reports of the lost versions are credited. A process that never
+/// held the group cannot tell it from a new one: a plain create.
+#[tokio::test]
+async fn a_create_of_a_group_this_process_saw_vanish_is_a_recreate() {
+    let store = MemoryStore::new(17);
+    let c = short_mutex(&store, "c1");
+    create(&c, 2).await;
+    let a = c.heartbeat(join("a")).await.expect("a joins");
+    store.flush_all();
+    c.tick_all().await;
+    c.tick_all().await;
+    let create_again = AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() };
+    let fresh = short_mutex(&store, "c2");
+    fresh.admin(create_again.clone()).await.expect("created");
+    let plain = recorded(&store).expect("record");
+    assert!(plain.correction.is_none() && plain.view_key.is_some(), "c2 never held it: a plain create");
+
+    store.flush_all();
+    c.tick_all().await;
+    c.tick_all().await;
+    c.admin(create_again).await.expect("recreated");
+    let recreated = recorded(&store).expect("record");
+    assert!(recreated.correction.is_some(), "c1 saw it vanish: a recreate, with a round");
+    assert_eq!(recreated.view_key, None, "no key while the round runs");
+    // A's version from the lost incarnation is credited: later versions skip past it.
+    let report = RoutingReport::version(a.metadata_version + 3).proven(a.metadata_version_proof, None);
+    c.routing(&group(), report).await.expect("routing");
+    assert_eq!(recorded(&store).expect("record").max_client_version_seen, a.metadata_version + 3);
 }
 
 /// Issue #9: a heartbeat without the member's session is refused before the liveness touch, on

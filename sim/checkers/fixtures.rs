@@ -110,6 +110,7 @@ impl World {
 
     fn heartbeat(&mut self, p: ProcessId, sent: Us, received: Us, answer: Result<HeartbeatResponse, TransportError>) {
         let request = HeartbeatRequest {
+            metadata_version_proof: None,
             group: self.group.clone(),
             member_id: p.node.to_string(),
             member_epoch: 1,
@@ -134,6 +135,7 @@ impl World {
 
     fn response(&self, p: ProcessId, status: HeartbeatStatus, shards: &[ShardId], lease_ms: u64) -> HeartbeatResponse {
         HeartbeatResponse {
+            metadata_version_proof: None,
             status,
             member_id: p.node.to_string(),
             member_epoch: 1,
@@ -273,6 +275,8 @@ impl World {
 
     pub fn routing(&mut self, p: ProcessId, sent: Us, received: Us, ttl_ms: u64, shard_count: u32) {
         let resp = RoutingResponse {
+            metadata_version_proof: None,
+            shard_count_proof: None,
             group: self.group.clone(),
             metadata_version: 1,
             shard_count,

@@ -43,6 +43,7 @@ use spec::{spec_member_view, spec_routing_view, spec_status};
 mod spec {
     use rsc::core::fence::ShardFence;
     use rsc::core::model::{GroupMetadata, ShardOwner};
+    use rsc::core::proof::ViewProof;
     use rsc::core::protocol::{Drain, HeartbeatResponse, HeartbeatStatus, RoutingResponse};
 
     /// The status the state gives `member`: during a correction round, SYNC_METADATA until the
@@ -90,6 +91,7 @@ mod spec {
             heartbeat_interval_ms: g.config.heartbeat_interval_ms,
             store_revision: revision,
             fences: Vec::new(),
+            metadata_version_proof: spec_proof(g, "metadataVersion", g.metadata_version),
         };
         for shard in 0..g.shard_count {
             match g.current.get(&shard) {
@@ -127,7 +129,30 @@ mod spec {
             lost_version: None,
             // This coordinator reads `knownShardCount` (DESIGN §8).
             accepts_known_shard_count: true,
+            metadata_version_proof: spec_proof(g, "metadataVersion", g.metadata_version),
+            shard_count_proof: spec_proof(g, "shardCount", u64::from(g.shard_count)),
         }
+    }
+
+    /// DESIGN §8's proof of a number the state records: the first 16 bytes of HMAC-SHA256 under
+    /// the group's recorded key over the length-prefixed domain `rsc-view-proof-v1`, stream
+    /// prefix, group name and fact name, then the value as 8 big-endian bytes. None without a key.
+    pub fn spec_proof(g: &GroupMetadata, fact: &str, value: u64) -> Option<ViewProof> {
+        use hmac::{Hmac, Mac};
+        let key_hex = serde_json::to_value(g.view_key?).ok()?.as_str()?.to_string();
+        let key: Vec<u8> = (0..key_hex.len() / 2)
+            .map(|i| u8::from_str_radix(&key_hex[2 * i..2 * i + 2], 16))
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(&key).ok()?;
+        for field in ["rsc-view-proof-v1", &g.group.stream_prefix, &g.group.consumer_group, fact] {
+            mac.update(&(field.len() as u64).to_be_bytes());
+            mac.update(field.as_bytes());
+        }
+        mac.update(&value.to_be_bytes());
+        let tag = mac.finalize().into_bytes();
+        let hex: String = tag[..16].iter().map(|b| format!("{b:02x}")).collect();
+        hex.parse().ok()
     }
 }
 

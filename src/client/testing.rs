@@ -67,6 +67,8 @@ pub(crate) fn routing(
     interval_ms: u64,
 ) -> RoutingResponse {
     RoutingResponse {
+        metadata_version_proof: None,
+        shard_count_proof: None,
         group: group.clone(),
         metadata_version: version,
         shard_count,
@@ -96,6 +98,7 @@ impl CoordinatorTransport for FakeCoordinator {
             // One revoke instruction per shard, named after it: the fake records no history.
             let drains = revoke.iter().map(|&shard| Drain { shard, revoke_id: u64::from(shard) + 1 }).collect();
             Ok(HeartbeatResponse {
+                metadata_version_proof: None,
                 status: HeartbeatStatus::Ok,
                 member_id: req.member_id.clone(),
                 member_epoch: if req.leave { 0 } else { req.member_epoch.max(1) },

@@ -6,6 +6,7 @@
 use super::engine::{Context, Decision};
 use super::input::check_admin_request;
 use super::model::{GroupMetadata, LeaseTransition, LossEvidence, ReshardReason, SHARD_COUNT_MAX};
+use super::proof::ViewKey;
 use super::protocol::{AdminRequest, AdminResponse, ApiError, ErrorCode};
 use super::transition::{Transition, Written};
 
@@ -28,7 +29,9 @@ pub fn decide_admin(
     }
     let Some(g) = g else {
         return match req {
-            AdminRequest::CreateGroup { shard_count, config, .. } => create(group, *shard_count, config, recreate),
+            AdminRequest::CreateGroup { shard_count, config, .. } => {
+                create(group, *shard_count, config, recreate, ctx.fresh_view_key)
+            }
             _ => reject(ErrorCode::GroupNotFound, format!("group {group} does not exist")),
         };
     };
@@ -81,8 +84,13 @@ fn create(
     shard_count: u32,
     config: &super::model::GroupConfig,
     recreate: bool,
+    view_key: Option<ViewKey>,
 ) -> Decision<AdminResponse> {
     let mut next = GroupMetadata::new(group.clone(), shard_count, config.clone());
+    // A recreate after the record was lost draws no key yet: the proofs clients hold died with
+    // the old key, and their reports of the lost versions must still count, or versions would be
+    // issued again. Its first write after the round draws one (`Transition::finish`).
+    next.view_key = if recreate { None } else { view_key };
     if recreate {
         let wait = match next.allocate_wait() {
             Ok(wait) => wait,

@@ -13,6 +13,7 @@ use super::model::ShardOwner;
 use super::model::{CounterExhausted, GroupMetadata, LossEvidence, MemberState, ReshardReason, ShardId, MEMBERS_MAX};
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
+use super::proof::{credited, Fact, ViewKey, ViewProof};
 use super::protocol::{
     ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingReport, RoutingResponse,
 };
@@ -51,6 +52,10 @@ pub struct Context<'a> {
     /// that must never repeat, even after a metadata rollback restores counters, derive from it
     /// ([`crate::core::model::RevokeId`]).
     pub nonce: u64,
+    /// A fresh view-proof key, drawn by the caller from the OS when the group has none (a create,
+    /// or the first write of a group an older release created); `None` otherwise. A written state
+    /// without a key takes it ([`crate::core::proof`]).
+    pub fresh_view_key: Option<ViewKey>,
 }
 
 impl Context<'_> {
@@ -83,7 +88,9 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
         return Decision { write: Written::default(), outcome };
     }
     let mut tx = Transition::new(g, ctx);
-    tx.record_client_version(req.metadata_version);
+    if version_credited(g, req.metadata_version, req.metadata_version_proof.as_ref(), ctx.planted) {
+        tx.record_client_version(req.metadata_version);
+    }
     let ahead = req.metadata_version > g.metadata_version;
     let step = if req.member_epoch == 0 {
         if !repeats_a_join(g, req) {
@@ -328,6 +335,7 @@ pub fn member_view(g: &GroupMetadata, member: &str, status: HeartbeatStatus, rev
         heartbeat_interval_ms: g.config.heartbeat_interval_ms,
         store_revision: revision,
         fences: fences_for(g, member),
+        metadata_version_proof: g.view_key.map(|key| key.prove(&g.group, Fact::MetadataVersion, g.metadata_version)),
     }
 }
 
@@ -449,6 +457,8 @@ pub fn routing_view(g: &GroupMetadata, revision: u64) -> RoutingResponse {
         store_revision: revision,
         lost_version: None,
         accepts_known_shard_count: true,
+        metadata_version_proof: g.view_key.map(|key| key.prove(&g.group, Fact::MetadataVersion, g.metadata_version)),
+        shard_count_proof: g.view_key.map(|key| key.prove(&g.group, Fact::ShardCount, u64::from(g.shard_count))),
     }
 }
 
@@ -468,8 +478,10 @@ pub fn decide_routing(g: &GroupMetadata, report: RoutingReport, ctx: Context<'_>
         return Decision::reject(ErrorCode::BadRequest, refused.to_string());
     }
     let mut tx = Transition::new(g, ctx);
-    tx.record_client_version(report.known_version);
-    if heals_lost_add_shards(g, &report) && !ctx.planted.has(PlantedBug::SkipAddShardsHealing) {
+    if version_credited(g, report.known_version, report.known_version_proof.as_ref(), ctx.planted) {
+        tx.record_client_version(report.known_version);
+    }
+    if heals_lost_add_shards(g, &report, ctx.planted) && !ctx.planted.has(PlantedBug::SkipAddShardsHealing) {
         tx.add_shards(report.known_shard_count, ReshardReason::RecoveredLostAddShards);
     }
     let (write, revision) = match ctx.finish(tx) {
@@ -482,9 +494,28 @@ pub fn decide_routing(g: &GroupMetadata, report: RoutingReport, ctx: Context<'_>
     Decision { write, outcome: Ok(view) }
 }
 
-/// Whether a routing report is evidence of a lost `add-shards` this group heals.
-pub fn heals_lost_add_shards(g: &GroupMetadata, report: &RoutingReport) -> bool {
-    g.config.heal_lost_add_shards && report.known_shard_count > g.shard_count
+/// Whether a routing report is evidence of a lost `add-shards` this group heals: a count above
+/// the recorded one, proven issued by this deployment (DESIGN §8).
+pub fn heals_lost_add_shards(g: &GroupMetadata, report: &RoutingReport, planted: PlantedBugs) -> bool {
+    g.config.heal_lost_add_shards
+        && report.known_shard_count > g.shard_count
+        && (planted.has(PlantedBug::CreditUnprovenReports)
+            || credited(
+                g.view_key.as_ref(),
+                &g.group,
+                Fact::ShardCount,
+                u64::from(report.known_shard_count),
+                report.known_shard_count_proof.as_ref(),
+            ))
+}
+
+/// Whether a client's reported `metadataVersion` may be credited as evidence of lost writes when
+/// it is above the stored one: proven issued by this deployment (DESIGN §4). An unproven version
+/// ahead is still answered as ahead (the client adopts the recorded view), but starts no round.
+pub fn version_credited(g: &GroupMetadata, version: u64, proof: Option<&ViewProof>, planted: PlantedBugs) -> bool {
+    version <= g.metadata_version
+        || planted.has(PlantedBug::CreditUnprovenReports)
+        || credited(g.view_key.as_ref(), &g.group, Fact::MetadataVersion, version, proof)
 }
 
 pub use super::admin::decide_admin;

@@ -137,6 +137,7 @@ mod tests {
 
     fn heartbeat() -> HeartbeatRequest {
         HeartbeatRequest {
+            metadata_version_proof: None,
             group: GroupId::new("orders", "billing"),
             member_id: "a".into(),
             member_epoch: 3,

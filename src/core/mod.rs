@@ -10,6 +10,7 @@ pub mod input;
 pub mod model;
 pub mod observe;
 pub mod planted;
+pub mod proof;
 pub mod protocol;
 pub mod transition;
 pub mod validate;

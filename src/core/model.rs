@@ -19,6 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::proof::ViewKey;
+
 pub use super::fence::Fence;
 
 /// Index of a shard stream, `0..shard_count`.
@@ -401,6 +403,11 @@ pub struct GroupMetadata {
     /// to pass, the old (longer) values stay in force, because grants made under them still run.
     #[serde(default)]
     pub lease_transition: Option<LeaseTransition>,
+    /// The key of this group's view proofs ([`crate::core::proof`]): drawn at creation (or at the
+    /// first write of a group an older release created) and never changed. Absent: every client
+    /// report is credited, as before proofs existed. Never part of an answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view_key: Option<ViewKey>,
 }
 
 /// The leases in force before a config change lowered them.
@@ -429,6 +436,7 @@ impl GroupMetadata {
             max_client_version_seen: 0,
             next_wait_id: 1,
             lease_transition: None,
+            view_key: None,
         }
     }
 

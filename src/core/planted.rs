@@ -76,10 +76,13 @@ pub enum PlantedBug {
     /// counter plus one), without raising it first; the key is raised only when the new owner
     /// first uses it, so until then the previous owner's reads and acks still pass.
     FenceAfterAnswer,
+    /// Core: credit a client's report of a version or shard count above the recorded one without
+    /// checking its proof, so a forged report starts a correction round or grows the group.
+    CreditUnprovenReports,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 24] = [
+    pub const ALL: [PlantedBug; 25] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -104,6 +107,7 @@ impl PlantedBug {
         PlantedBug::DeleteGroupOfLastExpiredMember,
         PlantedBug::NoFenceCheckInAck,
         PlantedBug::FenceAfterAnswer,
+        PlantedBug::CreditUnprovenReports,
     ];
 }
 

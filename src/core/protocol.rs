@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fence::ShardFence;
 use super::model::{GroupConfig, GroupId, MemberId, RevokeId, ShardId};
+use super::proof::ViewProof;
 
 /// A consumer's report on one shard it is draining.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +115,12 @@ pub struct HeartbeatRequest {
     /// unknown fields).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fenced: Vec<ShardFence>,
+    /// The proof an answer gave of `metadataVersion` ([`HeartbeatResponse::metadata_version_proof`]).
+    /// A version above the stored one is evidence of lost writes only with a proof that verifies
+    /// (DESIGN §4, §8). Sent only when an answer gave one (older coordinators give none and
+    /// refuse unknown fields).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_version_proof: Option<ViewProof>,
 }
 
 /// Status of a successful heartbeat.
@@ -159,6 +166,10 @@ pub struct HeartbeatResponse {
     /// Absent from older coordinators.
     #[serde(default)]
     pub fences: Vec<ShardFence>,
+    /// Proof that this deployment recorded `metadataVersion` for this group: the client sends it
+    /// back with that version. Absent from older coordinators and for groups without a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_version_proof: Option<ViewProof>,
 }
 
 impl HeartbeatResponse {
@@ -207,6 +218,13 @@ pub struct RoutingResponse {
     /// (DESIGN §6, rule 2). Absent (false) from older coordinators.
     #[serde(default)]
     pub accepts_known_shard_count: bool,
+    /// Proofs that this deployment recorded `metadataVersion` and `shardCount` for this group
+    /// (DESIGN §8): a producer reports them with `knownVersion` and `knownShardCount`. Absent from
+    /// older coordinators and for groups without a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_version_proof: Option<ViewProof>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_count_proof: Option<ViewProof>,
 }
 
 /// What a producer reports with a routing request (`0`: nothing to report).
@@ -218,14 +236,30 @@ pub struct RoutingReport {
     /// The highest shard count this producer published with. Above the recorded count, it is
     /// evidence of a lost `add-shards` whose shards hold acknowledged entries (DESIGN §8).
     pub known_shard_count: u32,
+    /// The proofs the coordinator gave of those numbers: a report above the recorded state is
+    /// evidence only with a proof that verifies (DESIGN §8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub known_version_proof: Option<ViewProof>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub known_shard_count_proof: Option<ViewProof>,
 }
 
 impl RoutingReport {
     /// Nothing cached, nothing published.
-    pub const NONE: RoutingReport = RoutingReport { known_version: 0, known_shard_count: 0 };
+    pub const NONE: RoutingReport = RoutingReport {
+        known_version: 0,
+        known_shard_count: 0,
+        known_version_proof: None,
+        known_shard_count_proof: None,
+    };
 
     pub fn version(known_version: u64) -> Self {
-        Self { known_version, known_shard_count: 0 }
+        Self { known_version, ..Self::NONE }
+    }
+
+    /// The report with its proofs: for tests and clients that hold them.
+    pub fn proven(self, version: Option<ViewProof>, shard_count: Option<ViewProof>) -> Self {
+        Self { known_version_proof: version, known_shard_count_proof: shard_count, ..self }
     }
 }
 

@@ -18,6 +18,7 @@ use super::model::{
 };
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
+use super::proof::ViewKey;
 use super::protocol::{RevokeReport, SessionDigest};
 
 /// The result of [`Transition::finish`]: what to write (if anything) and the store conditions.
@@ -35,6 +36,8 @@ pub(crate) struct Transition<'a> {
     planted: PlantedBugs,
     /// The decision's fresh randomness ([`Context::nonce`]); revoke ids derive from it.
     nonce: u64,
+    /// A key for a state that has none ([`Context::fresh_view_key`]).
+    fresh_view_key: Option<ViewKey>,
     /// `next` differs from `before`: there is something to write.
     dirty: bool,
     /// A client-visible change happened: bump metadataVersion in `finish`.
@@ -57,6 +60,7 @@ impl<'a> Transition<'a> {
             obs: ctx.observations,
             planted: ctx.planted,
             nonce: ctx.nonce,
+            fresh_view_key: ctx.fresh_view_key,
             dirty: false,
             visible_change: false,
             retarget: false,
@@ -304,6 +308,12 @@ impl<'a> Transition<'a> {
         }
         debug_assert!(self.dirty || self.next == *self.before, "a change was not marked dirty");
         let changed = self.dirty;
+        // A keyless group (an older release's, or one recreated after its record was lost) takes
+        // a key at its first write outside a correction round: during a round, reports of the
+        // lost history carry no proof this group can check, and are credited.
+        if changed && self.next.view_key.is_none() && self.next.correction.is_none() {
+            self.next.view_key = self.fresh_view_key;
+        }
         Ok(Written { next: changed.then_some(self.next), liveness_guards: self.guards, liveness_remove: self.remove })
     }
 

@@ -230,6 +230,12 @@ impl CoordinatorTransport for HttpTransport {
         if report.known_shard_count > 0 {
             params.push(format!("knownShardCount={}", report.known_shard_count));
         }
+        if let Some(proof) = report.known_version_proof {
+            params.push(format!("knownVersionProof={proof}"));
+        }
+        if let Some(proof) = report.known_shard_count_proof {
+            params.push(format!("knownShardCountProof={proof}"));
+        }
         let mut path = group_path(group, "routing");
         if !params.is_empty() {
             path.push('?');

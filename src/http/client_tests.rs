@@ -57,6 +57,7 @@ async fn heartbeat(
     }
     assert_eq!(GroupId::new(prefix, group), req.group, "path segments round-trip");
     Json(HeartbeatResponse {
+        metadata_version_proof: None,
         status: HeartbeatStatus::Ok,
         member_id: req.member_id,
         member_epoch: req.member_epoch + 1,
@@ -81,6 +82,8 @@ async fn routing(State(state): State<Arc<TestState>>, Path((prefix, group)): Pat
     }
     let group = GroupId::new(prefix, group);
     Json(RoutingResponse {
+        metadata_version_proof: None,
+        shard_count_proof: None,
         stream_keys: vec![group.stream_key(0), group.stream_key(1)],
         group,
         metadata_version: 4,
@@ -139,6 +142,7 @@ impl TestServer {
 
 fn request(group: &GroupId) -> HeartbeatRequest {
     HeartbeatRequest {
+        metadata_version_proof: None,
         group: group.clone(),
         member_id: "m1".into(),
         member_epoch: 3,

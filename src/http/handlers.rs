@@ -20,6 +20,7 @@ use super::error::{ApiJson, ApiPath, ApiQuery, HttpError};
 use super::router::AppState;
 use crate::core::input::{check_admin_request, check_heartbeat_request, check_routing_report, InputError};
 use crate::core::model::{GroupConfig, GroupId};
+use crate::core::proof::ViewProof;
 use crate::core::protocol::{AdminRequest, AdminResponse, HeartbeatRequest, RoutingReport};
 use crate::store::MetadataStore;
 
@@ -35,6 +36,12 @@ pub struct RoutingQuery {
     /// only to coordinators whose answers carry `acceptsKnownShardCount`.
     #[serde(default)]
     pub known_shard_count: Option<u32>,
+    /// The proofs an answer gave of those numbers (`metadataVersionProof`, `shardCountProof`):
+    /// a number above the recorded one is evidence only with its proof (DESIGN §8).
+    #[serde(default)]
+    pub known_version_proof: Option<ViewProof>,
+    #[serde(default)]
+    pub known_shard_count_proof: Option<ViewProof>,
 }
 
 /// `POST /v1/admin/groups` body.
@@ -121,6 +128,8 @@ pub(super) async fn routing<S: MetadataStore>(
     let report = RoutingReport {
         known_version: query.known_version.unwrap_or(0),
         known_shard_count: query.known_shard_count.unwrap_or(0),
+        known_version_proof: query.known_version_proof,
+        known_shard_count_proof: query.known_shard_count_proof,
     };
     check_routing_report(&report).map_err(refused)?;
     Ok(Json(app.coordinator.routing(&group, report).await?).into_response())

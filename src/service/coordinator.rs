@@ -25,7 +25,7 @@ use super::marks::{ReadOrder, ReadTicket, RevisionVerdict};
 use super::monitors::GroupMonitors;
 use super::pruning::Forget;
 use super::shutdown::ShutdownGate;
-use crate::core::engine::{heals_lost_add_shards, routing_view};
+use crate::core::engine::{heals_lost_add_shards, routing_view, version_credited};
 use crate::core::input::{check_admin_request, check_heartbeat_request, check_routing_report, InputError};
 use crate::core::model::{GroupId, GroupMetadata, LossEvidence, MemberId};
 use crate::core::protocol::{
@@ -163,6 +163,12 @@ pub(super) struct LocalState {
     /// Indexed groups the last tick found without a metadata key (see
     /// [`missing_at_tick`](Coordinator::missing_at_tick)).
     pub(super) missing_at_tick: BTreeSet<GroupId>,
+    /// Groups this process held that it later found gone (key and index entry) without deleting
+    /// them itself, and when: a store that lost a group's record *and* its index entry looks
+    /// like a group that never existed, and an operator's create of the name is then a recreate
+    /// (DESIGN §8: the old incarnation's proofs cannot be checked). At most
+    /// `VANISHED_MAX` entries, each kept for `VANISHED_MEMORY` (`super::pruning`).
+    pub(super) vanished: BTreeMap<GroupId, Instant>,
     /// Set by any `Unavailable` store error (a failover or restart breaks connections): the next
     /// request re-checks the server identity before answering from what it reads.
     pub(super) identity_suspect: bool,
@@ -280,6 +286,7 @@ impl<S: MetadataStore> Coordinator<S> {
             reads: ReadOrder::default(),
             regressed: BTreeMap::new(),
             missing_at_tick: BTreeSet::new(),
+            vanished: BTreeMap::new(),
             identity_suspect: false,
             deferred: BTreeMap::new(),
             dirty: BTreeSet::new(),
@@ -363,10 +370,19 @@ impl<S: MetadataStore> Coordinator<S> {
         let (g, revision) = self.heartbeat_read(req).await?;
         let evidence_recorded = self.record_pending_evidence(&g, revision, ticket).await?;
         if req.metadata_version > g.metadata_version {
-            self.count_version_ahead(&g.group);
+            if version_credited(
+                &g,
+                req.metadata_version,
+                req.metadata_version_proof.as_ref(),
+                self.inner.options.planted,
+            ) {
+                self.count_version_ahead(&g.group);
+            } else {
+                self.count_unproven(&g, "metadataVersion");
+            }
         }
         let obs = self.observe_waits(&g);
-        let fast = decide_heartbeat(&g, req, self.context(revision, &obs));
+        let fast = decide_heartbeat(&g, req, self.context(Some(&g), revision, &obs));
         // After recording evidence, `g` is stale: only the critical path (which reloads) may answer.
         if fast.write.next.is_none() && !evidence_recorded {
             return fast.outcome;
@@ -481,7 +497,7 @@ impl<S: MetadataStore> Coordinator<S> {
         obs: &Observations,
     ) -> Decision<HeartbeatResponse> {
         match g {
-            Some(g) => decide_heartbeat(g, req, self.context(revision, obs)),
+            Some(g) => decide_heartbeat(g, req, self.context(Some(g), revision, obs)),
             None => Decision {
                 write: Default::default(),
                 outcome: Err(ApiError::new(ErrorCode::MetadataMissing, "group metadata vanished; failing closed")),
@@ -504,12 +520,25 @@ impl<S: MetadataStore> Coordinator<S> {
             return Err(self.missing(group, report.known_version > 0).await);
         };
         let g = self.decode_counted(group, &record)?;
-        let view = routing_view(&g, record.revision);
+        let mut view = routing_view(&g, record.revision);
+        let planted = self.inner.options.planted;
         let ahead = report.known_version > g.metadata_version;
-        if !ahead && !heals_lost_add_shards(&g, &report) {
+        let credited_ahead =
+            ahead && version_credited(&g, report.known_version, report.known_version_proof.as_ref(), planted);
+        let heals = heals_lost_add_shards(&g, &report, planted);
+        if ahead && !credited_ahead {
+            self.count_unproven(&g, "metadataVersion");
+        }
+        if report.known_shard_count > g.shard_count && g.config.heal_lost_add_shards && !heals {
+            self.count_unproven(&g, "shardCount");
+        }
+        if !credited_ahead && !heals {
+            // Nothing proven to act on: the recorded view. A version ahead is still named as lost
+            // (the producer adopts this view at once), which only echoes the request.
+            view.lost_version = ahead.then_some(report.known_version);
             return Ok(view);
         }
-        if ahead {
+        if credited_ahead {
             self.count_version_ahead(group);
         }
         // The shard count the last attempt's decision healed from (attempts repeat on a conflict).
@@ -517,7 +546,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let recorded = self
             .critical(group, false, |g, rev, obs| match g {
                 Some(g) => {
-                    let decision = decide_routing(g, report, self.context(rev, obs));
+                    let decision = decide_routing(g, report, self.context(Some(g), rev, obs));
                     healed_from = decision
                         .outcome
                         .as_ref()
@@ -564,6 +593,16 @@ impl<S: MetadataStore> Coordinator<S> {
         );
     }
 
+    /// A report of a number above the recorded one without a proof that this deployment issued
+    /// it (DESIGN §8): not evidence, so it changed nothing. An old client, or a forged report.
+    fn count_unproven(&self, g: &GroupMetadata, fact: &'static str) {
+        self.inner.metrics.inc(
+            "rsc_unproven_client_reports_total",
+            "Client reports of a metadataVersion or shard count above the recorded one that carried no valid proof (not evidence: nothing changed).",
+            vec![("group", g.group.to_string()), ("fact", fact.to_string())],
+        );
+    }
+
     fn count_version_ahead(&self, group: &GroupId) {
         self.inner.metrics.inc(
             "rsc_client_metadata_version_ahead_total",
@@ -581,8 +620,11 @@ impl<S: MetadataStore> Coordinator<S> {
         };
         let metadata = self.decode_counted(group, &record)?;
         let liveness = self.inner.store.liveness(group).await.map_err(|e| self.store_error(e))?;
+        let mut metadata = Arc::unwrap_or_clone(metadata);
+        // The view-proof key is the group's secret: proofs are only as good as it stays unknown.
+        metadata.view_key = None;
         Ok(GroupDescription {
-            metadata: Arc::unwrap_or_clone(metadata),
+            metadata,
             store_revision: record.revision,
             updated_at_ms: record.updated_at_ms,
             liveness,
@@ -618,15 +660,20 @@ impl<S: MetadataStore> Coordinator<S> {
         // Before the mutex and the index read: a malformed mutation costs the store nothing.
         check_admin_request(&req).map_err(bad_request)?;
         self.check_lease_ceiling(&req)?;
-        let recreate = matches!(req, AdminRequest::CreateGroup { .. }) && self.index_knows(&group).await?;
-        let decided =
-            self.critical(&group, false, |g, rev, obs| decide_admin(g, &req, recreate, self.context(rev, obs))).await;
+        let create = matches!(req, AdminRequest::CreateGroup { .. });
+        let recreate = create && (self.vanished_here(&group) || self.index_knows(&group).await?);
+        let decided = self
+            .critical(&group, false, |g, rev, obs| decide_admin(g, &req, recreate, self.context(g, rev, obs)))
+            .await;
         let response = match decided {
             // A mutation of a group whose metadata key is gone: METADATA_MISSING when the group is
             // known to have existed, as every other request answers, else GROUP_NOT_FOUND.
             Err(e) if e.code == ErrorCode::GroupNotFound => return Err(self.missing(&group, false).await),
             other => other?,
         };
+        if create {
+            self.local().vanished.remove(&group);
+        }
         match &req {
             AdminRequest::CreateGroup { .. } => {
                 // The index is rebuildable, never truth: a failure here is repaired by rebuild.
@@ -954,7 +1001,7 @@ impl<S: MetadataStore> Coordinator<S> {
         };
         let obs = self.observe(&g, Some(&liveness));
         self.export_group_gauges(&g, &obs);
-        let probe = decide_tick(&g, self.context(record.revision, &obs));
+        let probe = decide_tick(&g, self.context(Some(&g), record.revision, &obs));
         if probe.write.next.is_none() {
             let deferral_ms = tick_deferral_ms(&g, &obs, self.inner.options.planted);
             self.defer_tick(group, deferral_ms, generation, record.stamp());
@@ -962,7 +1009,7 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         let empties = !g.members.is_empty() && probe.write.next.as_ref().is_some_and(|n| n.members.is_empty());
         self.critical(group, true, |g, rev, obs| match g {
-            Some(g) => decide_tick(g, self.context(rev, obs)),
+            Some(g) => decide_tick(g, self.context(Some(g), rev, obs)),
             None => Decision { write: Default::default(), outcome: Ok(()) },
         })
         .await?;
@@ -997,7 +1044,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let Some(evidence) = evidence else { return Ok(false) };
         let generation = self.local().identity_generation;
         self.critical(&g.group, false, |g, rev, obs| match g {
-            Some(g) => decide_evidence(g, evidence.clone(), self.context(rev, obs)),
+            Some(g) => decide_evidence(g, evidence.clone(), self.context(Some(g), rev, obs)),
             None => Decision { write: Default::default(), outcome: Ok(()) },
         })
         .await?;

@@ -17,6 +17,7 @@ use crate::core::fence::{attach_fences, unfenced_grants, CarriesFences};
 use crate::core::model::{
     Fence, GroupId, GroupMetadata, MemberId, ShardId, ShardOwner, LAYOUT_VERSION, SCHEMA_VERSION,
 };
+use crate::core::proof::ViewKey;
 use crate::core::protocol::{ApiError, ErrorCode};
 use crate::core::{Context, Decision, Observations, PlantedBug};
 use crate::store::{keys, FenceRaise, MetadataStore, StoreError, StoredRecord, WriteOutcome, WriteRequest};
@@ -206,9 +207,18 @@ impl<S: MetadataStore> Coordinator<S> {
         Err(ApiError::new(ErrorCode::StoreUnavailable, "group mutex is busy; retry"))
     }
 
-    pub(super) fn context<'a>(&self, stored_revision: u64, observations: &'a Observations) -> Context<'a> {
+    /// The context of one decision on `g` (`None`: no record). A group without a view-proof key
+    /// gets a fresh one drawn from the OS (in the simulation madsim's `getrandom`, so per seed),
+    /// which the decision records with its first write ([`crate::core::proof`]).
+    pub(super) fn context<'a>(
+        &self,
+        g: Option<&GroupMetadata>,
+        stored_revision: u64,
+        observations: &'a Observations,
+    ) -> Context<'a> {
         let nonce = self.local().rng.gen();
-        Context { stored_revision, observations, planted: self.inner.options.planted, nonce }
+        let fresh_view_key = g.is_none_or(|g| g.view_key.is_none()).then(draw_view_key).flatten();
+        Context { stored_revision, observations, planted: self.inner.options.planted, nonce, fresh_view_key }
     }
 
     pub(super) fn local(&self) -> MutexGuard<'_, LocalState> {
@@ -343,7 +353,9 @@ impl<S: MetadataStore> Coordinator<S> {
             config: Default::default(),
         };
         let _ = self
-            .critical(group, false, |g, rev, obs| crate::core::decide_admin(g, &create, false, self.context(rev, obs)))
+            .critical(group, false, |g, rev, obs| {
+                crate::core::decide_admin(g, &create, false, self.context(g, rev, obs))
+            })
             .await;
     }
 
@@ -453,4 +465,17 @@ async fn release_mutex<S: MetadataStore>(coordinator: &Coordinator<S>, group: &G
 /// Under the simulation madsim intercepts the system clock, so this stays deterministic.
 fn wall_clock_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// 32 bytes from the OS for a group's view-proof key. `None` if the OS refuses: the group then
+/// stays without a key (reports credited as before) until a later write draws one.
+fn draw_view_key() -> Option<ViewKey> {
+    let mut bytes = [0u8; 32];
+    match getrandom::fill(&mut bytes) {
+        Ok(()) => Some(ViewKey::from_bytes(bytes)),
+        Err(error) => {
+            tracing::error!(%error, "no randomness for a view-proof key; the group keeps crediting unproven reports");
+            None
+        }
+    }
 }

@@ -10,16 +10,23 @@
 //! (`METADATA_MISSING`). That group is known to have existed and may be recreated, which starts a
 //! correction round whose wait must last the longest lease this process saw recorded for it
 //! (DESIGN §7, "A lease increase lost in a rollback"); its state stays, bounded by the index.
-//! A group absent from both is indistinguishable, for every request, from a deleted one: a create
-//! is then a plain create (no correction round), so its old lease governs no wait.
-//! Invariant: after [`Coordinator::forget_group`], no per-group map of this process names the group.
+//! A group absent from both is indistinguishable, for every request, from a deleted one. Only its
+//! name is kept, and when it vanished (`LocalState::vanished`, bounded in count and time), if
+//! this process held it and did not delete it itself: a store that lost the record *and* the
+//! index entry leaves the same state as a delete through another instance, and a create of the
+//! name is then a recreate — a correction round, and reports of the lost incarnation credited
+//! during it, since their proofs died with its key (DESIGN §8). A delete through another instance
+//! followed by a create of the same name pays that round too.
+//! Invariant: after [`Coordinator::forget_group`], no per-group map of this process names the
+//! group but `vanished`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::core::model::GroupId;
 use crate::core::protocol::{ApiError, ErrorCode};
 use crate::store::keys::parse_index_entry;
 use crate::store::MetadataStore;
+use tokio::time::{Duration, Instant};
 
 use super::coordinator::Coordinator;
 
@@ -83,6 +90,9 @@ impl<S: MetadataStore> Coordinator<S> {
         self.inner.cache.forget(group);
         {
             let mut local = self.local();
+            if matches!(why, Forget::FoundAbsent) && local.view.holds(group) {
+                remember_vanished(&mut local.vanished, group, Instant::now());
+            }
             local.view.forget(group);
             local.reads.forget(group);
             local.evidence_recorded.remove(group);
@@ -194,5 +204,30 @@ impl<S: MetadataStore> Coordinator<S> {
             tick_state,
             group_series: self.inner.metrics.labelled_series("group"),
         }
+    }
+}
+
+/// How long a process remembers a group it held that vanished (`LocalState::vanished`).
+pub(super) const VANISHED_MEMORY: Duration = Duration::from_secs(3_600);
+/// At most this many vanished groups are remembered (the oldest go first).
+pub(super) const VANISHED_MAX: usize = 4_096;
+
+/// Records that `group` vanished at `now`, forgetting entries older than [`VANISHED_MEMORY`] and
+/// the oldest beyond [`VANISHED_MAX`].
+fn remember_vanished(vanished: &mut BTreeMap<GroupId, Instant>, group: &GroupId, now: Instant) {
+    vanished.retain(|_, at| now.saturating_duration_since(*at) < VANISHED_MEMORY);
+    vanished.insert(group.clone(), now);
+    while vanished.len() > VANISHED_MAX {
+        let Some(oldest) = vanished.iter().min_by_key(|(_, at)| **at).map(|(g, _)| g.clone()) else { break };
+        vanished.remove(&oldest);
+    }
+}
+
+impl<S: MetadataStore> Coordinator<S> {
+    /// Whether this process held `group` and found it gone, without deleting it itself, within
+    /// [`VANISHED_MEMORY`]: a create of it is a recreate.
+    pub(super) fn vanished_here(&self, group: &GroupId) -> bool {
+        let local = self.local();
+        local.vanished.get(group).is_some_and(|at| at.elapsed() < VANISHED_MEMORY)
     }
 }

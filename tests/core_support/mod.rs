@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use rsc::core::fence::{attach_fences, unfenced_grants, CarriesFences};
 use rsc::core::model::{Fence, GroupConfig, GroupId, GroupMetadata, LossEvidence, MemberId, RevokeId, ShardId};
+use rsc::core::proof::{Fact, ViewKey, ViewProof};
 use rsc::core::protocol::{
     AdminRequest, ApiError, HeartbeatRequest, HeartbeatResponse, MemberSession, RevokeReport, RoutingReport,
     RoutingResponse,
@@ -15,6 +16,12 @@ use rsc::core::protocol::{
 use rsc::core::{
     decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Context, Decision, LocalView,
 };
+
+/// The view-proof key of every test world's group (DESIGN §8); tests that forge proofs use
+/// another.
+pub fn test_view_key() -> ViewKey {
+    ViewKey::from_bytes([0x5a; 32])
+}
 
 pub fn group_id() -> GroupId {
     GroupId::new("orders", "billing")
@@ -51,7 +58,13 @@ impl World {
     pub fn with_config(shard_count: u32, config: GroupConfig) -> Self {
         let create = AdminRequest::CreateGroup { group: group_id(), shard_count, config };
         let obs = Default::default();
-        let ctx = Context { stored_revision: 0, observations: &obs, planted: Default::default(), nonce: 1 };
+        let ctx = Context {
+            fresh_view_key: Some(test_view_key()),
+            stored_revision: 0,
+            observations: &obs,
+            planted: Default::default(),
+            nonce: 1,
+        };
         let decision = decide_admin(None, &create, false, ctx);
         let g = decision.write.next.expect("create writes");
         g.validate().expect("valid");
@@ -119,8 +132,13 @@ impl World {
     pub fn heartbeat(&mut self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
         *self.liveness.entry(req.member_id.clone()).or_default() += 1;
         let obs = self.view.observe(self.now_ms, &self.g, None);
-        let ctx =
-            Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
+        let ctx = Context {
+            fresh_view_key: None,
+            stored_revision: self.revision,
+            observations: &obs,
+            planted: self.planted,
+            nonce: self.nonce(),
+        };
         let mut decision = decide_heartbeat(&self.g, req, ctx);
         let decided_write = decision.write.next.is_some();
         let recorded = self.apply(&mut decision);
@@ -134,19 +152,35 @@ impl World {
     /// Runs one tick with a fresh liveness read.
     pub fn tick(&mut self) {
         let obs = self.view.observe(self.now_ms, &self.g, Some(&self.liveness));
-        let ctx =
-            Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
+        let ctx = Context {
+            fresh_view_key: None,
+            stored_revision: self.revision,
+            observations: &obs,
+            planted: self.planted,
+            nonce: self.nonce(),
+        };
         let mut decision = decide_tick(&self.g, ctx);
         self.apply(&mut decision);
     }
 
     pub fn admin(&mut self, req: &AdminRequest) -> Result<rsc::core::protocol::AdminResponse, ApiError> {
         let obs = self.view.observe(self.now_ms, &self.g, None);
-        let ctx =
-            Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
+        let ctx = Context {
+            fresh_view_key: None,
+            stored_revision: self.revision,
+            observations: &obs,
+            planted: self.planted,
+            nonce: self.nonce(),
+        };
         let mut decision = decide_admin(Some(&self.g), req, false, ctx);
         self.apply(&mut decision);
         decision.outcome
+    }
+
+    /// The proof this group's key gives of `fact = value`: what a client that really saw the
+    /// number holds (an honest report from a lost history).
+    pub fn proof(&self, fact: Fact, value: u64) -> Option<ViewProof> {
+        self.g.view_key.map(|key| key.prove(&self.g.group, fact, value))
     }
 
     /// Processes a producer's routing refresh reporting `known_version`, as the service would.
@@ -157,8 +191,13 @@ impl World {
     /// Processes a producer's routing refresh reporting `report`, as the service would.
     pub fn routing_report(&mut self, report: RoutingReport) -> Result<RoutingResponse, ApiError> {
         let obs = self.view.observe(self.now_ms, &self.g, None);
-        let ctx =
-            Context { stored_revision: self.revision, observations: &obs, planted: self.planted, nonce: self.nonce() };
+        let ctx = Context {
+            fresh_view_key: None,
+            stored_revision: self.revision,
+            observations: &obs,
+            planted: self.planted,
+            nonce: self.nonce(),
+        };
         let mut decision = decide_routing(&self.g, report, ctx);
         self.apply(&mut decision);
         decision.outcome
@@ -176,6 +215,7 @@ impl World {
             self.view.reset_all();
             let obs = self.view.observe(self.now_ms, &self.g, None);
             let ctx = Context {
+                fresh_view_key: None,
                 stored_revision: self.revision,
                 observations: &obs,
                 planted: self.planted,
@@ -203,6 +243,8 @@ pub struct Client {
     pub lease_end_ms: u64,
     /// This client process's member session secret (derived from its id: deterministic).
     pub session: MemberSession,
+    /// The last answer's proof of `version`, sent back with it.
+    pub proof: Option<ViewProof>,
 }
 
 /// A well-formed session secret derived from `id` (the tests need no randomness).
@@ -223,12 +265,14 @@ impl Client {
             drains: BTreeMap::new(),
             lease_end_ms: 0,
             session: session_of(id),
+            proof: None,
         }
     }
 
     /// The heartbeat it would send now (drains finish instantly: revoking shards report REVOKED).
     pub fn request(&self) -> HeartbeatRequest {
         HeartbeatRequest {
+            metadata_version_proof: self.proof,
             group: group_id(),
             member_id: self.id.clone(),
             member_epoch: self.epoch,
@@ -276,6 +320,7 @@ impl Client {
                 self.drains = r.drains.iter().map(|d| (d.shard, d.revoke_id)).collect();
                 self.epoch = r.member_epoch;
                 self.version = r.metadata_version;
+                self.proof = r.metadata_version_proof;
                 self.assignment_epoch = r.assignment_epoch;
                 self.lease_end_ms = sent_at_ms + r.assignment_lease_ms;
             }

@@ -43,6 +43,11 @@ pub(crate) const SETTLE: Duration = Duration::from_secs(20);
 /// The message the new consumer recognises as an older coordinator refusing `fenced`
 /// (`src/client/consumer/core/apply.rs`).
 pub(crate) const FENCED_REFUSED: &str = "unknown field `fenced`";
+/// An older coordinator refusing the proof a new consumer sends back with its version (DESIGN §8).
+const PROOF_REFUSED: &str = "unknown field `metadataVersionProof`";
+/// The proofs a new producer sends back with its routing report; an older coordinator refuses
+/// them and the producer asks again without.
+const PROOF_PARAMETERS: [&str; 2] = ["knownVersionProof", "knownShardCountProof"];
 
 /// The stored aggregate of `group` (the metadata hash's `aggregate` field, as JSON).
 pub(crate) fn aggregate(redis: &RedisServer, group: &GroupId) -> Value {
@@ -170,7 +175,7 @@ fn check_delivery_mixed(
 
 /// The answers on the wire that were not 2xx, as `status code` → count. Panics on a 5xx other
 /// than 503 COORDINATOR_TERMINATING, and on a 4xx other than the old coordinator's 400 refusing
-/// `fenced` (which only the old coordinator may answer).
+/// `fenced` or a view proof (which only the old coordinator may answer).
 fn non_success(old: &[TapAnswer], new: &[TapAnswer]) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for (answers, is_old) in [(old, true), (new, false)] {
@@ -179,7 +184,13 @@ fn non_success(old: &[TapAnswer], new: &[TapAnswer]) -> BTreeMap<String, usize> 
             let code = a.error_code().unwrap_or_default();
             let documented = match a.status {
                 503 => code == "COORDINATOR_TERMINATING",
-                400 => is_old && a.request.ends_with("/heartbeat") && body.contains(FENCED_REFUSED),
+                400 => {
+                    let heartbeat = a.request.ends_with("/heartbeat")
+                        && (body.contains(FENCED_REFUSED) || body.contains(PROOF_REFUSED));
+                    let routing = a.request.contains("/routing")
+                        && PROOF_PARAMETERS.iter().any(|p| body.contains(&format!("unknown field `{p}`")));
+                    is_old && (heartbeat || routing)
+                }
                 _ => false,
             };
             let who = if is_old { "old" } else { "new" };
@@ -357,7 +368,9 @@ async fn a_rolling_update_from_the_previous_release_and_back_loses_nothing_and_s
                 let text = error.to_string();
                 let allowed = match error.code() {
                     Some(ErrorCode::CoordinatorTerminating) => true,
-                    Some(ErrorCode::BadRequest) => text.contains(FENCED_REFUSED),
+                    // The old coordinator refusing `fenced` or the proof sent back with a version
+                    // (the consumer then sends neither to it again).
+                    Some(ErrorCode::BadRequest) => text.contains(FENCED_REFUSED) || text.contains(PROOF_REFUSED),
                     Some(_) => false,
                     // A connection the load balancer cut when its list changed.
                     None => true,

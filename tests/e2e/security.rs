@@ -12,7 +12,10 @@
 //!   (the two no longer fence each other); once the victim leaves, the id is free;
 //! - forged loss evidence (`routing?knownVersion=stored+1`) without a token or with one scoped to
 //!   another group: 401 / 403, no correction round;
-//! - a heartbeat without a token: 401.
+//! - a heartbeat without a token: 401;
+//! - forged loss evidence *with* the token (a shard count of 65,536, a version ahead with a
+//!   made-up proof, a heartbeat of a member nobody joined naming a version ahead): no effect,
+//!   since none carries a proof the coordinator gave (DESIGN §8).
 
 use std::time::Duration;
 
@@ -119,6 +122,32 @@ async fn forged_leaves_impersonating_joins_and_unauthenticated_evidence_are_refu
             .await
             .expect("answer");
         assert_eq!(answer.status, 401);
+        // Forged evidence *with* the token (the black-box review's findings): a shard count, a
+        // version with a made-up proof, and a heartbeat of a member nobody joined naming a
+        // version ahead. None carries a proof the coordinator gave, so none changes anything.
+        for forged in [
+            format!("{routing}?knownShardCount=65536"),
+            format!("{routing}?knownVersion={}&knownVersionProof={}", version + 5, "0".repeat(32)),
+        ] {
+            let answer = http(coordinator.addr(), "GET", &forged, &[auth], Vec::new()).await.expect("answer");
+            assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+            assert_eq!(answer.json()["shardCount"], 4, "{forged}");
+            documented(routing_template, "get", &answer);
+        }
+        let malformed = format!("{routing}?knownVersion={}&knownVersionProof=xyz", version + 5);
+        let answer = http(coordinator.addr(), "GET", &malformed, &[auth], Vec::new()).await.expect("answer");
+        assert_eq!(answer.status, 400, "a malformed proof is a typed error");
+        documented(routing_template, "get", &answer);
+        let ghost = serde_json::json!({
+            "group": {"streamPrefix": group.stream_prefix, "consumerGroup": group.consumer_group},
+            "memberId": "ghost", "memberEpoch": epoch, "metadataVersion": version + 5, "assignmentEpoch": 0,
+            "memberSession": "00112233445566778899aabbccddeeff",
+        });
+        let answer = http(coordinator.addr(), "POST", &heartbeat, &[json, auth], ghost.to_string().into_bytes())
+            .await
+            .expect("answer");
+        assert_eq!(answer.error().code, rsc::core::protocol::ErrorCode::UnknownMember);
+        documented(heartbeat_template, "post", &answer);
         assert_eq!(redis.cmd(&["HGETALL", &metadata_key]), before_metadata, "no attack recorded anything");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -130,6 +159,7 @@ async fn forged_leaves_impersonating_joins_and_unauthenticated_evidence_are_refu
     assert!(shares_all(&[&alpha, &bravo], 4), "both still read their shards");
     let metrics = coordinator.metrics().await;
     assert!(metric_total(&metrics, "rsc_member_session_refused_total") >= 9.0, "{metrics}");
+    assert!(metric_total(&metrics, "rsc_unproven_client_reports_total") >= 9.0, "{metrics}");
     assert_no_split(&fleet.reads);
 
     // Once alpha leaves, its id is free for another process.

@@ -111,6 +111,7 @@ fn the_body_schemas_name_exactly_the_fields_of_the_types() {
         RevokeReport, RoutingResponse,
     };
     let group = GroupId::new("orders", "billing");
+    let proof: rsc::core::proof::ViewProof = "0".repeat(32).parse().expect("a proof");
     let report = RevokeReport { shard: 1, in_flight: 0, revoked: true, revoke_id: Some(7) };
     let samples: Vec<(&str, Value)> = vec![
         ("ApiError", serde_json::to_value(ApiError::new(ErrorCode::BadRequest, "m")).expect("json")),
@@ -120,6 +121,7 @@ fn the_body_schemas_name_exactly_the_fields_of_the_types() {
         (
             "HeartbeatRequest",
             serde_json::to_value(HeartbeatRequest {
+                metadata_version_proof: Some(proof),
                 group: group.clone(),
                 member_id: "a".into(),
                 member_epoch: 1,
@@ -139,6 +141,7 @@ fn the_body_schemas_name_exactly_the_fields_of_the_types() {
         (
             "HeartbeatResponse",
             serde_json::to_value(HeartbeatResponse {
+                metadata_version_proof: Some(proof),
                 status: HeartbeatStatus::Ok,
                 member_id: "a".into(),
                 member_epoch: 1,
@@ -159,6 +162,8 @@ fn the_body_schemas_name_exactly_the_fields_of_the_types() {
         (
             "RoutingResponse",
             serde_json::to_value(RoutingResponse {
+                metadata_version_proof: Some(proof),
+                shard_count_proof: Some(proof),
                 group: group.clone(),
                 metadata_version: 1,
                 shard_count: 1,

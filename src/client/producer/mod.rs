@@ -210,12 +210,13 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
         let report = self.cache().report();
         let give_up = tokio::time::Instant::now() + Duration::from_millis(self.config.refresh_timeout_ms);
         let mut result = self.routing_until(report, give_up).await;
-        if report.known_shard_count > 0
-            && matches!(&result, Err(TransportError::Api(e)) if e.code == ErrorCode::BadRequest)
-        {
-            // An older coordinator behind the same address refuses the parameter: ask it without.
+        let extras = report.known_shard_count > 0
+            || report.known_version_proof.is_some()
+            || report.known_shard_count_proof.is_some();
+        if extras && matches!(&result, Err(TransportError::Api(e)) if e.code == ErrorCode::BadRequest) {
+            // An older coordinator behind the same address refuses the parameters: ask it without.
             self.cache().peer_refused_shard_count();
-            result = self.routing_until(RoutingReport { known_shard_count: 0, ..report }, give_up).await;
+            result = self.routing_until(RoutingReport::version(report.known_version), give_up).await;
         }
         if matches!(&result, Err(TransportError::Api(e)) if e.code == ErrorCode::GroupNotFound) {
             self.cache().forget_published();

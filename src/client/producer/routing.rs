@@ -22,6 +22,7 @@
 
 use crate::core::model::ShardId;
 use crate::core::planted::{PlantedBug, PlantedBugs};
+use crate::core::proof::ViewProof;
 use crate::core::protocol::{RoutingReport, RoutingResponse};
 
 use super::super::hash::shard_for_key;
@@ -74,34 +75,54 @@ pub struct RoutingCache {
     refresh_now: bool,
     /// The highest shard count a publish was routed with (0: none yet).
     published_shard_count: u32,
+    /// The coordinator's proof of `published_shard_count`, from the view routed with.
+    published_shard_count_proof: Option<ViewProof>,
     /// The last answer said its coordinator reads `knownShardCount`.
     peer_reads_shard_count: bool,
+    /// The last answer carried proofs, so its coordinator reads them (older ones refuse them).
+    peer_reads_proofs: bool,
     planted: PlantedBugs,
 }
 
 impl RoutingCache {
     pub fn new(planted: PlantedBugs) -> Self {
-        Self { cached: None, refresh_now: true, published_shard_count: 0, peer_reads_shard_count: false, planted }
-    }
-
-    /// What the next refresh reports: the cached version and, to a coordinator that reads it,
-    /// the highest shard count a publish was routed with.
-    pub fn report(&self) -> RoutingReport {
-        RoutingReport {
-            known_version: self.routing().map_or(0, |r| r.metadata_version),
-            known_shard_count: if self.peer_reads_shard_count { self.published_shard_count } else { 0 },
+        Self {
+            cached: None,
+            refresh_now: true,
+            published_shard_count: 0,
+            published_shard_count_proof: None,
+            peer_reads_shard_count: false,
+            peer_reads_proofs: false,
+            planted,
         }
     }
 
-    /// A coordinator refused a report naming a shard count (an older binary behind the same
-    /// address): stop sending it until an answer says otherwise.
+    /// What the next refresh reports: the cached version and, to a coordinator that reads it,
+    /// the highest shard count a publish was routed with, each with the proof the coordinator gave
+    /// of it (to a coordinator that reads proofs: a number above the recorded one is evidence of
+    /// lost writes only with its proof, DESIGN §8).
+    pub fn report(&self) -> RoutingReport {
+        let known_shard_count = if self.peer_reads_shard_count { self.published_shard_count } else { 0 };
+        let proofs = self.peer_reads_proofs;
+        RoutingReport {
+            known_version: self.routing().map_or(0, |r| r.metadata_version),
+            known_shard_count,
+            known_version_proof: self.routing().and_then(|r| r.metadata_version_proof).filter(|_| proofs),
+            known_shard_count_proof: self.published_shard_count_proof.filter(|_| proofs && known_shard_count > 0),
+        }
+    }
+
+    /// A coordinator refused a report naming a shard count or a proof (an older binary behind the
+    /// same address): send only the version until an answer says otherwise.
     pub fn peer_refused_shard_count(&mut self) {
         self.peer_reads_shard_count = false;
+        self.peer_reads_proofs = false;
     }
 
     /// The group was deleted: shards published to before belong to an incarnation that is gone.
     pub fn forget_published(&mut self) {
         self.published_shard_count = 0;
+        self.published_shard_count_proof = None;
     }
 
     /// The cached view, valid or not.
@@ -142,11 +163,18 @@ impl RoutingCache {
         let refresh_due_ms = sent_ms.saturating_add(routing.routing_refresh_interval_ms);
         let valid = self.is_valid(now_ms);
         self.peer_reads_shard_count = routing.accepts_known_shard_count;
+        self.peer_reads_proofs = routing.metadata_version_proof.is_some();
         let outcome = match &mut self.cached {
             Some(c) if routing.metadata_version == c.routing.metadata_version && same_view(&c.routing, &routing) => {
                 // Refreshes may be answered out of order: never shorten the lease.
                 c.expires_ms = c.expires_ms.max(expires_ms);
                 c.refresh_due_ms = c.refresh_due_ms.max(refresh_due_ms);
+                // The same view, proven again: keep the proof a coordinator gave last (a group's
+                // key changes only when an older release rewrote its record).
+                if routing.metadata_version_proof.is_some() {
+                    c.routing.metadata_version_proof = routing.metadata_version_proof;
+                    c.routing.shard_count_proof = routing.shard_count_proof;
+                }
                 RefreshOutcome::Extended
             }
             // An older version is kept out while the cache is valid, unless the coordinator says
@@ -184,7 +212,13 @@ impl RoutingCache {
             routing.shard_count
         };
         let shard = shard_for_key(key, buckets);
-        self.published_shard_count = self.published_shard_count.max(routing.shard_count);
+        if routing.shard_count > self.published_shard_count {
+            self.published_shard_count = routing.shard_count;
+            self.published_shard_count_proof = routing.shard_count_proof;
+        } else if routing.shard_count == self.published_shard_count && routing.shard_count_proof.is_some() {
+            // The latest proof of the same count (a group's key changes only across an update).
+            self.published_shard_count_proof = routing.shard_count_proof;
+        }
         let stream = match routing.stream_keys.get(shard as usize) {
             Some(stream) => stream.clone(),
             None => routing.group.stream_key(shard),
@@ -209,6 +243,8 @@ mod tests {
     fn routing(version: u64, shard_count: u32) -> RoutingResponse {
         let group = GroupId::new("orders", "billing");
         RoutingResponse {
+            metadata_version_proof: None,
+            shard_count_proof: None,
             stream_keys: (0..shard_count).map(|s| group.stream_key(s)).collect(),
             group,
             metadata_version: version,
@@ -270,6 +306,40 @@ mod tests {
         assert_eq!(cache.apply_refresh(500, 505, routing(6, 8)), RefreshOutcome::Replaced);
         assert_eq!(cache.routing().map(|r| r.shard_count), Some(8));
         assert_eq!(cache.expires_ms(), Some(500 + TTL_MS));
+    }
+
+    #[test]
+    fn reports_carry_the_proofs_of_the_cached_version_and_of_the_widest_view_published_with() {
+        let proof = |n: u8| -> ViewProof { format!("{:032x}", n).parse().expect("a proof") };
+        let proven = |version, shards, v: u8, n: u8| RoutingResponse {
+            metadata_version_proof: Some(proof(v)),
+            shard_count_proof: Some(proof(n)),
+            ..routing(version, shards)
+        };
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
+        cache.apply_refresh(0, 5, proven(5, 8, 1, 2));
+        cache.route(10, b"k").expect("routed");
+        let report = cache.report();
+        assert_eq!((report.known_version, report.known_shard_count), (5, 8));
+        assert_eq!((report.known_version_proof, report.known_shard_count_proof), (Some(proof(1)), Some(proof(2))));
+        // The store lost the add-shards: a smaller view replaces the cache, but the count published
+        // with, and its proof, stay (that is the evidence the heal needs).
+        cache.mark_stale();
+        cache.apply_refresh(2_000, 2_005, RoutingResponse { lost_version: Some(5), ..proven(4, 2, 3, 4) });
+        cache.route(2_010, b"k").expect("routed");
+        let report = cache.report();
+        assert_eq!((report.known_version, report.known_shard_count), (4, 8));
+        assert_eq!((report.known_version_proof, report.known_shard_count_proof), (Some(proof(3)), Some(proof(2))));
+        // An older coordinator refused the parameters: only the version goes until an answer
+        // carries proofs again.
+        cache.peer_refused_shard_count();
+        assert_eq!(cache.report(), RoutingReport::version(4));
+        cache.apply_refresh(2_100, 2_105, proven(4, 2, 3, 4));
+        assert_eq!(cache.report().known_shard_count_proof, Some(proof(2)));
+        // An answer without proofs (an older coordinator) turns them off.
+        cache.apply_refresh(2_200, 2_205, routing(4, 2));
+        assert_eq!(cache.report().known_version_proof, None);
+        assert_eq!(cache.report().known_shard_count_proof, None);
     }
 
     /// Found by the simulation (swarm seed 1106): a failover lost an AddShards write (v9, 23

@@ -32,6 +32,7 @@ impl ConsumerCore {
         // SYNC_METADATA that means going *back* to the store's version).
         self.member_epoch = r.member_epoch;
         self.metadata_version = r.metadata_version;
+        self.metadata_version_proof = r.metadata_version_proof;
         self.assignment_epoch = r.assignment_epoch;
         if r.heartbeat_interval_ms > 0 {
             self.heartbeat_interval_ms = r.heartbeat_interval_ms;
@@ -124,6 +125,8 @@ impl ConsumerCore {
         let refuses_sessions =
             matches!(&error, TransportError::Api(e) if e.message.contains("unknown field `memberSession`"));
         let refuses_fenced = matches!(&error, TransportError::Api(e) if e.message.contains("unknown field `fenced`"));
+        let refuses_proof =
+            matches!(&error, TransportError::Api(e) if e.message.contains("unknown field `metadataVersionProof`"));
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::HeartbeatFailed { at_ms: now_ms, member, sent_at_ms: sent.sent_ms, error });
         match code {
@@ -162,6 +165,12 @@ impl ConsumerCore {
             Some(ErrorCode::BadRequest) if refuses_fenced && self.reports_fenced => {
                 // An older coordinator: it records no fences, so it has none to raise again.
                 self.reports_fenced = false;
+                self.next_heartbeat_ms = now_ms.saturating_add(self.config.prompt_ms);
+            }
+            Some(ErrorCode::BadRequest) if refuses_proof && self.metadata_version_proof.is_some() => {
+                // An older coordinator behind the same address: it checks no proof. Its answers
+                // give none, so none is sent again until a newer coordinator answers.
+                self.metadata_version_proof = None;
                 self.next_heartbeat_ms = now_ms.saturating_add(self.config.prompt_ms);
             }
             Some(ErrorCode::BadRequest) if refuses_sessions && !self.session_refused => {

@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::core::fence::ShardFence;
 use crate::core::model::{Fence, GroupId, MemberId, RevokeId, ShardId};
 use crate::core::planted::PlantedBugs;
+use crate::core::proof::ViewProof;
 use crate::core::protocol::{HeartbeatRequest, HeartbeatResponse, MemberSession, RevokeReport};
 use crate::store::{EntryId, ReadFrom, StreamEntry};
 
@@ -197,6 +198,10 @@ pub struct ConsumerCore {
     member_epoch: u64,
     /// Highest version seen (or the version a `SYNC_METADATA` corrected it to).
     metadata_version: u64,
+    /// The answer's proof of `metadata_version`, sent back with it: a version above the stored
+    /// one is evidence of lost writes only with its proof (DESIGN §4). `None` from coordinators
+    /// that give none (older ones refuse the field).
+    metadata_version_proof: Option<ViewProof>,
     assignment_epoch: u64,
     heartbeat_interval_ms: u64,
     /// End of the assignment lease; `None`: no lease (nothing may be read).
@@ -232,6 +237,7 @@ impl ConsumerCore {
             phase: Phase::Active,
             member_epoch: 0,
             metadata_version: 0,
+            metadata_version_proof: None,
             assignment_epoch: 0,
             lease_end_ms: None,
             last_lease_ms: 0,
@@ -366,6 +372,7 @@ impl ConsumerCore {
             leave,
             member_session: (!self.session_refused).then(|| self.config.member_session.clone()),
             fenced: self.fenced_reports(),
+            metadata_version_proof: self.metadata_version_proof,
         };
         self.outstanding = Some(Outstanding { sent_ms: now_ms, reported_revoked, leave });
         self.emit(ClientEvent::HeartbeatSent {

@@ -74,6 +74,7 @@ fn step() -> impl Strategy<Value = Step> {
 
 fn response(status: HeartbeatStatus, assigned: &BTreeSet<ShardId>, revoke: &BTreeSet<ShardId>) -> HeartbeatResponse {
     HeartbeatResponse {
+        metadata_version_proof: None,
         status,
         member_id: "m1".into(),
         member_epoch: 3,

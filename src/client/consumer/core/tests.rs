@@ -21,6 +21,7 @@ fn planted(bug: PlantedBug) -> ConsumerCore {
 
 fn response(status: HeartbeatStatus, assigned: &[ShardId], revoke: &[ShardId]) -> HeartbeatResponse {
     HeartbeatResponse {
+        metadata_version_proof: None,
         status,
         member_id: "m1".into(),
         member_epoch: 5,
@@ -551,6 +552,37 @@ fn an_older_coordinator_that_refuses_the_session_field_gets_heartbeats_without_i
     let mut c = core();
     exchange(&mut c, 0, 5, Err(api(ErrorCode::BadRequest)));
     assert!(c.poll_heartbeat(5 + c.config().slow_retry_ms).expect("later").member_session.is_some());
+}
+
+#[test]
+fn the_proof_of_the_adopted_version_goes_back_with_it_and_an_older_coordinator_gets_none() {
+    let proof: ViewProof = "0123456789abcdef0123456789abcdef".parse().expect("a proof");
+    let mut c = core();
+    let prompt_ms = c.config().prompt_ms;
+    let first = exchange(&mut c, 0, 5, Ok(HeartbeatResponse { metadata_version_proof: Some(proof), ..ok(&[1]) }));
+    assert_eq!(first.metadata_version_proof, None, "nothing to prove before any answer");
+    // The answer's version and its proof travel together.
+    let refused = TransportError::Api(ApiError::new(
+        ErrorCode::BadRequest,
+        "invalid request body: unknown field `metadataVersionProof`, expected one of ...",
+    ));
+    let second = exchange(&mut c, 250, 255, Err(refused));
+    assert_eq!((second.metadata_version, second.metadata_version_proof), (7, Some(proof)));
+    // An older coordinator refused the field: the next heartbeat, sent promptly, goes without it.
+    let third = exchange(&mut c, 255 + prompt_ms, 260 + prompt_ms, Ok(ok(&[1])));
+    assert_eq!((third.metadata_version, third.metadata_version_proof), (7, None));
+    // An answer without a proof (an older coordinator) leaves none to send.
+    let at = 260 + prompt_ms + INTERVAL_MS + 10;
+    let sync = HeartbeatResponse {
+        metadata_version: 6,
+        metadata_version_proof: Some(proof),
+        ..response(HeartbeatStatus::SyncMetadata, &[1], &[])
+    };
+    let fourth = exchange(&mut c, at, at + 5, Ok(sync));
+    assert_eq!(fourth.metadata_version_proof, None);
+    // A newer coordinator's answer (here a SYNC_METADATA back to version 6) gives one again.
+    let next = c.poll_heartbeat(at + 5 + prompt_ms.max(INTERVAL_MS)).expect("due");
+    assert_eq!((next.metadata_version, next.metadata_version_proof), (6, Some(proof)));
 }
 
 #[test]

@@ -1,0 +1,188 @@
+//! Signed views (DESIGN §8), against the pure core: a client's report of a number above the
+//! recorded state is evidence of lost writes only with the proof the group's key gave of it. A
+//! black-box review grew a 4-shard group to 65,536 shards with one routing request, and kept a
+//! group ~90% stalled with forged "version ahead" reports from a heartbeat of an unknown member
+//! and from routing requests; here each of those changes nothing, while the honest reports of a
+//! real lost history (proofs from before the rollback) still heal and still start a round.
+
+mod core_support;
+
+use core_support::{beat, group_id, test_view_key, Client, World};
+use rsc::core::model::LossEvidence;
+use rsc::core::proof::{Fact, ViewKey};
+use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatStatus, RoutingReport};
+use rsc::core::{decide_admin, Context, Observations, PlantedBug, PlantedBugs};
+
+/// A report of `version` and `count` with proofs under a key that is not the group's.
+fn forged(version: u64, count: u32) -> RoutingReport {
+    let other = ViewKey::from_bytes([0x11; 32]);
+    RoutingReport {
+        known_version: version,
+        known_shard_count: count,
+        known_version_proof: Some(other.prove(&group_id(), Fact::MetadataVersion, version)),
+        known_shard_count_proof: Some(other.prove(&group_id(), Fact::ShardCount, u64::from(count))),
+    }
+}
+
+#[test]
+fn a_routing_report_of_65536_shards_without_a_valid_proof_changes_nothing() {
+    let mut w = World::new(4);
+    let (before, revision) = (w.g.clone(), w.revision);
+    let stored = w.g.metadata_version;
+    for report in [
+        RoutingReport { known_shard_count: 65_536, ..RoutingReport::NONE },
+        forged(0, 65_536),
+        // A proof of another number: the group's own proof of its real count.
+        RoutingReport { known_shard_count: 65_536, ..RoutingReport::NONE }.proven(None, w.proof(Fact::ShardCount, 4)),
+    ] {
+        let answer = w.routing_report(report).expect("answered");
+        assert_eq!(answer.shard_count, 4, "{report:?}");
+        assert_eq!(answer.metadata_version, stored);
+    }
+    assert_eq!((w.g.clone(), w.revision), (before, revision), "nothing recorded");
+}
+
+#[test]
+fn a_version_ahead_without_a_valid_proof_starts_no_round_from_any_request() {
+    let mut w = World::new(2);
+    let mut a = Client::new("a");
+    beat(&mut w, &mut a).expect("a joins");
+    assert_eq!(beat(&mut w, &mut a).expect("a").status, HeartbeatStatus::Ok);
+    let (before, revision) = (w.g.clone(), w.revision);
+    let ahead = w.g.metadata_version + 1;
+
+    // Routing, unproven and forged: answered as lost (an echo of the claim), nothing recorded.
+    for report in [RoutingReport::version(ahead), forged(ahead, 0)] {
+        let answer = w.routing_report(report).expect("answered");
+        assert_eq!(answer.lost_version, Some(ahead));
+    }
+    // A heartbeat of an unknown member with an epoch: refused, nothing recorded.
+    let mut ghost = Client::new("ghost");
+    ghost.epoch = 3;
+    ghost.version = ahead;
+    assert_eq!(w.heartbeat(&ghost.request()).unwrap_err().code, ErrorCode::UnknownMember);
+    let seen_before = before.max_client_version_seen;
+    assert_eq!((w.g.clone(), w.revision), (before, revision), "nothing recorded");
+
+    // A member's own heartbeat naming a version ahead with a proof of its real version: told to
+    // sync (it adopts the recorded view), but no round starts and the others keep OK.
+    let mut lying = a.request();
+    lying.metadata_version = ahead;
+    let answer = w.heartbeat(&lying).expect("answered");
+    assert_eq!(answer.status, HeartbeatStatus::SyncMetadata);
+    assert!(w.g.correction.is_none(), "no round: {:?}", w.g.correction);
+    assert_eq!(w.g.max_client_version_seen, seen_before, "not credited");
+    // A join naming a version ahead: joins, no round.
+    let mut joiner = Client::new("b");
+    joiner.version = ahead;
+    let joined = beat(&mut w, &mut joiner).expect("b joins");
+    assert_eq!(joined.status, HeartbeatStatus::SyncMetadata);
+    assert!(w.g.correction.is_none(), "no round after the join either");
+}
+
+#[test]
+fn a_client_of_the_lost_history_still_proves_its_version_and_starts_the_round() {
+    let mut w = World::new(2);
+    let mut a = Client::new("a");
+    beat(&mut w, &mut a).expect("a joins");
+    let mut b = Client::new("b");
+    beat(&mut w, &mut b).expect("b joins");
+    let lost = b.version;
+    assert!(b.proof.is_some(), "every answer of a keyed group proves its version");
+    // The store loses b's join; b still holds the answer, and its proof.
+    w.rollback(1, false);
+    assert!(w.g.metadata_version < lost);
+    let answer = w.heartbeat(&b.request()).unwrap_err();
+    assert_eq!(answer.code, ErrorCode::UnknownMember, "b's join is gone");
+    match &w.g.correction {
+        Some(round) => {
+            assert!(matches!(round.reason, LossEvidence::ClientVersionAhead { reported, .. } if reported == lost))
+        }
+        None => panic!("the proven report of a lost version starts a round"),
+    }
+    assert_eq!(w.g.max_client_version_seen, lost);
+}
+
+#[test]
+fn the_key_is_drawn_at_create_kept_across_writes_and_never_answered() {
+    let mut w = World::new(2);
+    assert_eq!(w.g.view_key, Some(test_view_key()));
+    let mut a = Client::new("a");
+    for _ in 0..3 {
+        beat(&mut w, &mut a).expect("a");
+    }
+    let add = AdminRequest::AddShards { group: group_id(), expected_revision: w.revision, new_shard_count: 3 };
+    w.admin(&add).expect("added");
+    assert_eq!(w.g.view_key, Some(test_view_key()), "no write changes the key");
+    let answer = serde_json::to_string(&beat(&mut w, &mut a).expect("a")).expect("encode");
+    let routing = serde_json::to_string(&w.routing(0).expect("routing")).expect("encode");
+    let key = serde_json::to_value(test_view_key()).expect("encode");
+    let key = key.as_str().expect("hex");
+    assert!(!answer.contains(key) && !routing.contains(key), "the key is in no answer");
+    assert!(answer.contains("metadataVersionProof") && routing.contains("shardCountProof"));
+}
+
+#[test]
+fn a_group_an_older_release_wrote_credits_reports_until_its_first_write_outside_a_round_draws_a_key() {
+    let mut w = World::new(2);
+    w.g.view_key = None;
+    let mut a = Client::new("a");
+    let joined = beat(&mut w, &mut a).expect("a joins");
+    assert_eq!(w.g.view_key, None, "the test world draws no key for later writes");
+    assert_eq!(joined.metadata_version_proof, None, "a keyless group proves nothing");
+    let quiet = w.g.clone();
+
+    // The service hands a fresh key to any decision on a keyless group; a write keeps it.
+    let key = ViewKey::from_bytes([0x77; 32]);
+    let add = AdminRequest::AddShards { group: group_id(), expected_revision: w.revision, new_shard_count: 3 };
+    let obs = Observations::default();
+    let ctx = |revision| Context {
+        stored_revision: revision,
+        observations: &obs,
+        planted: PlantedBugs::NONE,
+        nonce: 9,
+        fresh_view_key: Some(key),
+    };
+    let decision = decide_admin(Some(&quiet), &add, false, ctx(w.revision));
+    assert_eq!(decision.write.next.expect("a write").view_key, Some(key));
+
+    // The compatibility rule's safe case: without a key, a report is credited as before.
+    let ahead = w.g.metadata_version + 1;
+    w.routing(ahead).expect("answered");
+    assert!(w.g.correction.is_some(), "credited: a keyless group cannot tell a forged report");
+    // During the round no key is drawn: the lost history's reports must keep counting.
+    let add = AdminRequest::AddShards { group: group_id(), expected_revision: w.revision, new_shard_count: 3 };
+    let decision = decide_admin(Some(&w.g), &add, false, ctx(w.revision));
+    assert_eq!(decision.write.next.expect("a write").view_key, None, "no key while a round runs");
+}
+
+#[test]
+fn a_group_recreated_after_its_record_was_lost_credits_the_lost_history_during_its_round() {
+    let obs = Observations::default();
+    let ctx = Context {
+        stored_revision: 0,
+        observations: &obs,
+        planted: PlantedBugs::NONE,
+        nonce: 3,
+        fresh_view_key: Some(ViewKey::from_bytes([0x33; 32])),
+    };
+    let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
+    let fresh = decide_admin(None, &create, false, ctx).write.next.expect("created");
+    assert!(fresh.view_key.is_some(), "a create draws a key");
+    let recreated = decide_admin(None, &create, true, ctx).write.next.expect("recreated");
+    assert_eq!(
+        recreated.view_key, None,
+        "the old key died with the record: proofs of the lost history cannot be checked"
+    );
+    assert!(recreated.correction.is_some());
+}
+
+#[test]
+fn the_planted_bug_credits_unproven_reports() {
+    let mut w = World::new(4);
+    w.planted = PlantedBugs::only(PlantedBug::CreditUnprovenReports);
+    let answer = w.routing_report(RoutingReport { known_shard_count: 64, ..RoutingReport::NONE }).expect("answered");
+    assert_eq!(answer.shard_count, 64, "grown by a report nobody proved");
+    w.routing(w.g.metadata_version + 1).expect("answered");
+    assert!(w.g.correction.is_some(), "a round from a report nobody proved");
+}
