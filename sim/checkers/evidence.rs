@@ -10,11 +10,16 @@
 //! consulted. The check is deliberately weak after the first real cause (evidence may surface much
 //! later, e.g. when a long-paused client reports a lost version), and exact where it matters most:
 //! a run whose store lost nothing and never changed identity must have no correction round at all.
+//!
+//! The same holds for shards: every shard count a write records must be one an operator asked for
+//! (a create or an add-shards sent before the write, from the operator's records). A heal after a
+//! lost add-shards restores a count an operator asked for; a client's made-up count does not.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use rsc::core::model::GroupMetadata;
+use rsc::core::protocol::AdminRequest;
 use rsc::store::memory::HistoryKind;
 
 use super::Facts;
@@ -25,16 +30,23 @@ use crate::records::{fmt_us, Us};
 pub enum Violation {
     /// A correction round started although the store had lost nothing and kept its identity.
     FalseLossEvidence { at_us: Us, revision: u64, claimed: String },
+    /// A write recorded a shard count no operator asked for (a create's count or an add-shards'
+    /// new count, sent before the write): shards are added only by operators, or again after the
+    /// store lost an operator's add-shards (DESIGN §8), never by a client's word alone.
+    UnaskedShardCount { at_us: Us, revision: u64, shard_count: u32, asked: Vec<u32> },
 }
 
 impl super::Violation for Violation {
     fn kind(&self) -> &'static str {
-        "false-loss-evidence"
+        match self {
+            Violation::FalseLossEvidence { .. } => "false-loss-evidence",
+            Violation::UnaskedShardCount { .. } => "unasked-shard-count",
+        }
     }
 
     fn at_us(&self) -> Us {
         match self {
-            Violation::FalseLossEvidence { at_us, .. } => *at_us,
+            Violation::FalseLossEvidence { at_us, .. } | Violation::UnaskedShardCount { at_us, .. } => *at_us,
         }
     }
 }
@@ -46,6 +58,12 @@ impl fmt::Display for Violation {
                 f,
                 "a correction round started at {}s (revision {revision}, claimed {claimed}) with no lost write, \
                  dropped write, deleted key or identity change in the store before it",
+                fmt_us(*at_us).trim()
+            ),
+            Violation::UnaskedShardCount { at_us, revision, shard_count, asked } => write!(
+                f,
+                "a write at {}s (revision {revision}) recorded {shard_count} shards, a count no operator asked for \
+                 before it (asked: {asked:?})",
                 fmt_us(*at_us).trim()
             ),
         }
@@ -86,13 +104,42 @@ pub fn check(facts: &Facts<'_>) -> (Vec<Violation>, BTreeMap<&'static str, usize
             match latest_cause {
                 Some(cause) => *rounds_by_cause.entry(cause).or_insert(0) += 1,
                 None => {
-                    let claimed =
-                        state.and_then(|g| g.correction.map(|round| format!("{:?}", round.reason))).unwrap_or_default();
+                    let claimed = state
+                        .as_ref()
+                        .and_then(|g| g.correction.as_ref().map(|round| format!("{:?}", round.reason)))
+                        .unwrap_or_default();
                     violations.push(Violation::FalseLossEvidence { at_us: event.at_ms * 1_000, revision, claimed });
                 }
             }
         }
         round_wait = wait;
+        if let Some(g) = &state {
+            let at_us = event.at_ms * 1_000;
+            // The history counts whole milliseconds: a request sent within the write's own
+            // millisecond was sent before it.
+            let asked = asked_shard_counts(facts, at_us + 999);
+            if !asked.contains(&g.shard_count) {
+                let shard_count = g.shard_count;
+                violations.push(Violation::UnaskedShardCount { at_us, revision, shard_count, asked });
+            }
+        }
     }
     (violations, rounds_by_cause)
+}
+
+/// The shard counts operators' requests sent at or before `at_us` named (create and add-shards),
+/// in ascending order: ground truth from the operator's own records.
+fn asked_shard_counts(facts: &Facts<'_>, at_us: Us) -> Vec<u32> {
+    let counts: std::collections::BTreeSet<u32> = facts
+        .records
+        .admins
+        .iter()
+        .filter(|call| call.sent_at_us <= at_us)
+        .filter_map(|call| match &call.request {
+            AdminRequest::CreateGroup { group, shard_count, .. } if group == facts.group => Some(*shard_count),
+            AdminRequest::AddShards { group, new_shard_count, .. } if group == facts.group => Some(*new_shard_count),
+            _ => None,
+        })
+        .collect();
+    counts.into_iter().collect()
 }

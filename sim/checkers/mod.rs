@@ -231,6 +231,7 @@ pub const KINDS: &[&str] = &[
     "acknowledged-stranded",
     "concurrent-processing",
     "false-loss-evidence",
+    "unasked-shard-count",
     "stale-fence-succeeded",
     "unfenced-operation",
 ];
