@@ -76,6 +76,25 @@ async fn rebuild_restores_a_lost_index() {
     assert_eq!(store.index_members().await, Ok(vec![group()]));
 }
 
+/// The ticker checks the identity every pass: on Redis 7.0+ that is one `INFO server replication`
+/// (it was `INFO server` then `INFO replication`, two commands and two round trips).
+#[tokio::test]
+async fn an_identity_check_is_one_info_command() {
+    let server = RedisServer::start();
+    let store = store_for(&server.url()).await;
+    let expected = store.identity().await.expect("identity (connects)");
+    let calls = |server: &RedisServer| -> u64 {
+        let stats = server.info_field("commandstats", "cmdstat_info").unwrap_or_default();
+        stats.split(',').find_map(|kv| kv.strip_prefix("calls=")?.parse().ok()).unwrap_or(0)
+    };
+    let before = calls(&server);
+    let identity = store.identity().await.expect("identity");
+    // The INFO of `calls` itself is counted once: before reads its own call, after adds one.
+    assert_eq!(calls(&server) - before, 2, "the identity check's INFO and the reading one");
+    assert_eq!(identity, expected);
+    assert_eq!((identity.run_id, identity.replication_id), (server.run_id(), server.replication_id()));
+}
+
 #[tokio::test]
 async fn restart_changes_identity_keeps_persisted_data_and_the_store_reconnects() {
     let mut server = RedisServer::start_with(ServerConfig { persistence: true, ..ServerConfig::default() });

@@ -143,6 +143,9 @@ struct Inner {
     conn: Connector,
     scripts: Scripts,
     options: RedisStoreOptions,
+    /// The server refused an INFO naming two sections (before Redis 7.0): identity checks send
+    /// one INFO per section, pipelined.
+    info_one_section: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -195,7 +198,9 @@ impl RedisStore {
             }
         };
         let conn = Connector::new(target, options.timeout_ms, redactor, sentinel_redactor);
-        Ok(Self { inner: Arc::new(Inner { conn, scripts: Scripts::new(), options }) })
+        Ok(Self {
+            inner: Arc::new(Inner { conn, scripts: Scripts::new(), options, info_one_section: Default::default() }),
+        })
     }
 
     /// [`open`](Self::open), then one PING so an unreachable or misconfigured server is reported
@@ -280,7 +285,9 @@ impl RedisStore {
         let client =
             builder.build().map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))?;
         let conn = Connector::new(Target::Cluster(client), options.timeout_ms, redactor, Redactor::default());
-        Ok(Self { inner: Arc::new(Inner { conn, scripts: Scripts::new(), options }) })
+        Ok(Self {
+            inner: Arc::new(Inner { conn, scripts: Scripts::new(), options, info_one_section: Default::default() }),
+        })
     }
 
     /// [`open_cluster`](Self::open_cluster), then one PING so an unreachable cluster is reported

@@ -8,6 +8,7 @@
 //! deletes them before returning, whatever the outcome.
 
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::Ordering;
 
 use ::redis::{Cmd, Value};
 
@@ -51,10 +52,15 @@ fn cmd(name: &str, args: &[&str]) -> Cmd {
 
 impl RedisStore {
     async fn info(&self, section: &str) -> Result<String, StoreError> {
-        let reply: Value = self.query("INFO", cmd("INFO", &[section])).await?;
+        self.info_sections(&[section]).await
+    }
+
+    /// One INFO naming `sections` (several only on Redis 7.0+).
+    async fn info_sections(&self, sections: &[&str]) -> Result<String, StoreError> {
+        let reply: Value = self.query("INFO", cmd("INFO", sections)).await?;
         match &reply {
             Value::VerbatimString { text, .. } => Ok(text.clone()),
-            other => text(other).ok_or_else(|| StoreError::Protocol(format!("INFO {section}: unexpected reply"))),
+            other => text(other).ok_or_else(|| StoreError::Protocol(format!("INFO {sections:?}: unexpected reply"))),
         }
     }
 
@@ -62,13 +68,37 @@ impl RedisStore {
         if self.is_cluster() {
             return self.cluster_identity().await;
         }
-        let server = self.info("server").await?;
-        let replication = self.info("replication").await?;
+        // One INFO naming both sections (Redis 7.0+): one command per identity check, which every
+        // ticker pass makes. Redis 6.2 takes one section per INFO: both then go in one round trip.
+        let (server, replication) = if self.inner.info_one_section.load(Ordering::Relaxed) {
+            self.info_pair().await?
+        } else {
+            match self.info_sections(&["server", "replication"]).await {
+                Ok(both) if info_field(&both, "master_replid").is_some() => (both.clone(), both),
+                Ok(_) | Err(StoreError::Unsupported { .. }) | Err(StoreError::Protocol(_)) => {
+                    self.inner.info_one_section.store(true, Ordering::Relaxed);
+                    self.info_pair().await?
+                }
+                Err(error) => return Err(error),
+            }
+        };
         let run_id =
             info_field(&server, "run_id").ok_or_else(|| StoreError::Protocol("INFO server has no run_id".into()))?;
         let replication_id = info_field(&replication, "master_replid")
             .ok_or_else(|| StoreError::Protocol("INFO replication has no master_replid".into()))?;
         Ok(ServerIdentity { run_id, replication_id, primaries: Vec::new() })
+    }
+
+    /// `INFO server` and `INFO replication`, pipelined (servers before 7.0).
+    async fn info_pair(&self) -> Result<(String, String), StoreError> {
+        let mut pipe = ::redis::pipe();
+        pipe.add_command(cmd("INFO", &["server"])).add_command(cmd("INFO", &["replication"]));
+        let (server, replication): (Value, Value) = self.pipeline("INFO", pipe).await?;
+        let section = |reply: &Value, name: &str| match reply {
+            Value::VerbatimString { text, .. } => Ok(text.clone()),
+            other => text(other).ok_or_else(|| StoreError::Protocol(format!("INFO {name}: unexpected reply"))),
+        };
+        Ok((section(&server, "server")?, section(&replication, "replication")?))
     }
 
     /// The INFO `server` section of the server, or of every serving primary of a Cluster.
