@@ -11,8 +11,10 @@
 //! defaults), four rows side by side. Measured over the
 //! window: Redis commands/s (`INFO stats` `total_commands_processed` delta, the INFO calls
 //! themselves excluded), this process's CPU (`/proc/self/stat`, all instances together) and the
-//! longest `tick_all` pass of any instance. The window starts after two passes, so the first pass
-//! of every group (which reads it) is not in it: what is printed is the steady cost.
+//! longest `tick_all` pass of any instance. The window starts once every instance counts all of
+//! them live and then two passes later, so the first pass of every group (which reads it) and the
+//! reads that follow an instance entering the live set are not in it: what is printed is the
+//! steady cost.
 //!
 //! Run: `cargo bench --bench idle_ticks`; `RSC_BENCH_QUICK=1` for a short run. Knobs
 //! (environment): `IT_GROUPS` (`1,100,10000`; quick `1,100,1000`), `IT_INSTANCES` (`1,3`),
@@ -43,7 +45,7 @@ mod bench {
 
     use rsc::core::model::{GroupConfig, GroupId};
     use rsc::core::protocol::{AdminRequest, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberSession};
-    use rsc::service::{Coordinator, CoordinatorOptions, TICKER_SILENCE_MS_DEFAULT};
+    use rsc::service::{Coordinator, CoordinatorOptions, TICKER_REFRESH_MS_DEFAULT, TICKER_SILENCE_MS_DEFAULT};
     use rsc::store::redis::{RedisStore, RedisStoreOptions};
 
     use crate::support::cpu::process_cpu as cpu;
@@ -95,7 +97,12 @@ mod bench {
     }
 
     /// One timed window: `instances` coordinators ticking `groups` idle groups.
-    async fn measure(redis: &RedisServer, instances: usize, audit_ms: u64, silence_ms: u64, window: Duration) -> Row {
+    async fn measure(
+        redis: &RedisServer,
+        instances: usize,
+        (audit_ms, silence_ms, refresh_ms): (u64, u64, u64),
+        window: Duration,
+    ) -> Row {
         // A fresh tick roster: the instances of the previous row are gone, and would otherwise
         // count live for `ticker_silence_ms`, their groups moving to this row's instances (one
         // first read each) inside its window.
@@ -107,6 +114,7 @@ mod bench {
                 instance_id: format!("bench-{i}"),
                 idle_group_audit_ms: audit_ms,
                 ticker_silence_ms: silence_ms,
+                ticker_refresh_ms: refresh_ms,
                 ..CoordinatorOptions::default()
             };
             let coordinator = Coordinator::new(store, options);
@@ -118,6 +126,7 @@ mod bench {
         let measuring = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut tasks = Vec::new();
         let counters: Vec<Arc<std::sync::atomic::AtomicUsize>> = coordinators.iter().map(|_| Arc::default()).collect();
+        let watched = coordinators.clone();
         for (coordinator, passes) in coordinators.into_iter().zip(counters.iter().cloned()) {
             let (stop, measuring) = (Arc::clone(&stop), Arc::clone(&measuring));
             tasks.push(tokio::spawn(async move {
@@ -134,10 +143,20 @@ mod bench {
                 longest
             }));
         }
-        // Two passes of every instance first (at least): each group's first tick reads it.
-        while counters.iter().any(|passes| passes.load(std::sync::atomic::Ordering::SeqCst) < 2) {
+        // Every instance counting all of them live first (sharing on): an instance entering another's
+        // live set ends that one's deferrals (DESIGN §12), a one-time read of each group. Then two
+        // more passes of every instance (at least): each group's first tick reads it.
+        if silence_ms > 0 {
+            let live = |c: &Coordinator<RedisStore>| c.metrics().total("rsc_ticker_live_instances") as usize;
+            while watched.iter().any(|c| live(c) < instances) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let settled: Vec<usize> = counters.iter().map(|p| p.load(std::sync::atomic::Ordering::SeqCst)).collect();
+        while counters.iter().zip(&settled).any(|(p, s)| p.load(std::sync::atomic::Ordering::SeqCst) < s + 2) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        drop(watched);
         tokio::time::sleep(tick).await;
         let (commands_before, cpu_before, started) = (commands(redis), cpu(), Instant::now());
         measuring.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -298,21 +317,24 @@ mod bench {
                 settings.window
             );
             println!(
-                "{:>7} {:>9}  {:>12} {:>12} {:>12} {:>12}  {:>9} {:>9} {:>9} {:>9}  {:>10} {:>10} {:>10} {:>10}",
+                "{:>7} {:>9}  {:>12} {:>12} {:>12} {:>12} {:>12}  {:>9} {:>9} {:>9} {:>9} {:>9}  {:>10} {:>10} {:>10} {:>10} {:>10}",
                 "groups",
                 "instances",
                 "cmds/s every",
                 "shared",
                 "deferred",
-                "def.+shared",
+                "def+sh rd/p",
+                "def+sh+pace",
                 "CPU% ev.",
                 "shared",
                 "deferred",
-                "def+sh",
+                "d+s rd/p",
+                "default",
                 "pass ms ev",
                 "shared",
                 "deferred",
-                "def+sh"
+                "d+s rd/p",
+                "default"
             );
             let mut created = 0;
             let mut ok = true;
@@ -321,29 +343,36 @@ mod bench {
                 created = created.max(groups);
                 for &instances in &settings.instances {
                     // Every pass, no sharing: the ticker before idle groups were deferred and before
-                    // instances shared ticks. Then each change alone, then both (the defaults).
-                    let every = measure(&redis, instances, 0, 0, settings.window).await;
-                    let shared = measure(&redis, instances, 0, TICKER_SILENCE_MS_DEFAULT, settings.window).await;
-                    let deferred = measure(&redis, instances, 120_000, 0, settings.window).await;
-                    let both = measure(&redis, instances, 120_000, TICKER_SILENCE_MS_DEFAULT, settings.window).await;
-                    let rows = [&every, &shared, &deferred, &both];
+                    // instances shared ticks. Then each change alone, then both with the index and
+                    // the roster read every pass, then the defaults (both read every
+                    // `ticker_refresh_ms`).
+                    let (silence, pace) = (TICKER_SILENCE_MS_DEFAULT, TICKER_REFRESH_MS_DEFAULT);
+                    let every = measure(&redis, instances, (0, 0, 0), settings.window).await;
+                    let shared = measure(&redis, instances, (0, silence, 0), settings.window).await;
+                    let deferred = measure(&redis, instances, (120_000, 0, 0), settings.window).await;
+                    let unpaced = measure(&redis, instances, (120_000, silence, 0), settings.window).await;
+                    let both = measure(&redis, instances, (120_000, silence, pace), settings.window).await;
+                    let rows = [&every, &shared, &deferred, &unpaced, &both];
                     let ms = |row: &Row| row.longest_pass.as_secs_f64() * 1e3;
                     println!(
-                        "{:>7} {:>9}  {:>12.1} {:>12.1} {:>12.1} {:>12.1}  {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+                        "{:>7} {:>9}  {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>12.1}  {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
                         groups,
                         instances,
                         rows[0].commands_per_s,
                         rows[1].commands_per_s,
                         rows[2].commands_per_s,
                         rows[3].commands_per_s,
+                        rows[4].commands_per_s,
                         rows[0].cpu_percent,
                         rows[1].cpu_percent,
                         rows[2].cpu_percent,
                         rows[3].cpu_percent,
+                        rows[4].cpu_percent,
                         ms(rows[0]),
                         ms(rows[1]),
                         ms(rows[2]),
-                        ms(rows[3])
+                        ms(rows[3]),
+                        ms(rows[4])
                     );
                     if settings.smoke && groups > 1 && deferred.commands_per_s >= every.commands_per_s {
                         eprintln!("deferred idle groups did not cost fewer commands ({groups} groups)");
@@ -352,9 +381,9 @@ mod bench {
                 }
             }
             println!(
-                "(commands that remain when deferred: per instance and pass, the identity check (INFO), the \
-                 index (SMEMBERS) and, shared, the tick roster (HINCRBY + HGETALL), independent of the group \
-                 count. Not in the window: each idle group's record is read once per 120 s audit, one command, \
+                "(commands that remain when deferred: per instance and pass, the identity check (one INFO), \
+                 and every pass (rd/p) or every ticker_refresh_ms (default) the index (SMEMBERS) and, shared, \
+                 the tick roster (HINCRBY + HGETALL), independent of the group count. Not in the window: each idle group's record is read once per 120 s audit, one command, \
                  so N groups add N/120 commands/s per instance, or in all when shared)"
             );
             // Groups with members: the heartbeats of their members renew the deferral.

@@ -597,6 +597,25 @@ async fn a_create_of_a_group_this_process_saw_vanish_is_a_recreate() {
     assert_eq!(recorded(&store).expect("record").max_client_version_seen, a.metadata_version + 3);
 }
 
+/// The same without a tick between the loss and the create: the ticker reads the index only every
+/// `ticker_refresh_ms`, so no sweep may have noticed the group gone; holding it (and not having
+/// deleted it) is enough to know a create of it is a recreate.
+#[tokio::test]
+async fn a_create_of_a_held_group_whose_record_is_gone_is_a_recreate_before_any_tick() {
+    let store = MemoryStore::new(18);
+    let c = short_mutex(&store, "c1");
+    create(&c, 2).await;
+    c.heartbeat(join("a")).await.expect("a joins");
+    store.flush_all();
+    let create_again = AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() };
+    // The flush broke the connections (a restart): the first call finds out, as an operator's would.
+    let first = c.admin(create_again.clone()).await.expect_err("the connection was reset");
+    assert_eq!(first.code, ErrorCode::StoreUnavailable, "{first:?}");
+    c.admin(create_again).await.expect("recreated");
+    let recreated = recorded(&store).expect("record");
+    assert!(recreated.correction.is_some(), "c1 held it and did not delete it: a recreate, with a round");
+}
+
 /// Issue #9: a heartbeat without the member's session is refused before the liveness touch, on
 /// a warm decoded cache and on a cold one (a fresh coordinator): a forger can neither make the
 /// member leave nor keep a dead member from expiring. The real member's next heartbeat works.
@@ -813,11 +832,13 @@ async fn quiet_groups_are_ticked_by_one_instance_and_a_silent_ones_groups_are_ta
                 .await
                 .expect("create");
         }
-        // Two passes each: every instance has read the roster with all three counting.
+        // Two passes each, a roster read period apart (a quarter of the silence): every instance
+        // has read the roster with all three counting.
         for _ in 0..2 {
             for c in &coordinators {
                 c.tick_all().await;
             }
+            tokio::time::sleep(Duration::from_millis(silence_ms / 4 + 5)).await;
         }
         let pass = |cs: &[&Coordinator<held::HeldStore>]| {
             let cs: Vec<Coordinator<held::HeldStore>> = cs.iter().map(|c| (*c).clone()).collect();
@@ -850,7 +871,12 @@ async fn quiet_groups_are_ticked_by_one_instance_and_a_silent_ones_groups_are_ta
         let survivors: Vec<&Coordinator<held::HeldStore>> = coordinators[..2].iter().collect();
         let reads = pass(&survivors).await;
         assert!(reads.iter().sum::<u64>() < GROUPS as u64, "c3's groups wait out its silence: {reads:?}");
-        tokio::time::sleep(Duration::from_millis(silence_ms + 50)).await;
+        // The roster is read at most every quarter silence: c3 counts dead at the first read a
+        // silence after the read that saw its last count.
+        let read_period = Duration::from_millis(silence_ms / 4 + 5);
+        tokio::time::sleep(read_period).await;
+        pass(&survivors).await;
+        tokio::time::sleep(Duration::from_millis(silence_ms + 50) + read_period).await;
         pass(&survivors).await;
         let reads = pass(&survivors).await;
         assert_eq!(reads.iter().sum::<u64>(), GROUPS as u64, "c1 and c2 tick every group now: {reads:?}");

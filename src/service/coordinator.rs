@@ -37,7 +37,9 @@ use crate::core::{
     deferral_renewable_without_read, tick_deferral_ms, Decision, LocalView, Observations, PlantedBug, PlantedBugs,
 };
 use crate::metrics::Metrics;
-use crate::store::{keys, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, TouchCheck, WriteOutcome};
+use crate::store::{
+    keys, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, TouchCheck, WriteOutcome,
+};
 
 use super::critical::TICK_GAUGES;
 use super::relay::Relay;
@@ -75,9 +77,16 @@ pub struct CoordinatorOptions {
     pub heard_relay_ms: u64,
     /// How long another instance's ticker may stay silent in the tick roster before this instance
     /// stops counting it live (`service::roster`): instances share the ticks of quiet groups, one
-    /// owner each, and a dead instance's groups are taken over within this plus one pass. 0: no
-    /// sharing (every instance ticks every group it does not defer).
+    /// owner each, and a dead instance's groups are taken over within this plus `ticker_refresh_ms`
+    /// plus one pass. 0: no sharing (every instance ticks every group it does not defer).
     pub ticker_silence_ms: u64,
+    /// Least time between two ticker reads of the group index, and of the tick roster (at most a
+    /// quarter of `ticker_silence_ms` for the roster): a pass in between ticks the groups the last
+    /// read listed. A group created or deleted through this instance is listed at the next pass;
+    /// one created elsewhere is ticked by its creator meanwhile, and reaches this instance's list
+    /// within this period; an instance that died is dropped within `ticker_silence_ms` plus this
+    /// plus one pass. 0: read both every pass.
+    pub ticker_refresh_ms: u64,
     /// Seeds mutex tokens and retry jitter.
     pub rng_seed: u64,
     /// The longest assignment lease this instance lets a group configure (like Kafka's
@@ -103,6 +112,7 @@ impl Default for CoordinatorOptions {
             renew_deferrals_from_heartbeats: true,
             heard_relay_ms: HEARD_RELAY_MS_DEFAULT,
             ticker_silence_ms: TICKER_SILENCE_MS_DEFAULT,
+            ticker_refresh_ms: TICKER_REFRESH_MS_DEFAULT,
             rng_seed: 0,
             max_assignment_lease_ms: MAX_ASSIGNMENT_LEASE_MS_DEFAULT,
             planted: PlantedBugs::NONE,
@@ -120,6 +130,10 @@ pub const HEARD_RELAY_MS_DEFAULT: u64 = 500;
 /// Default [`CoordinatorOptions::ticker_silence_ms`]: twelve default tick periods, so a pass slowed
 /// by a busy store does not make an instance look dead.
 pub const TICKER_SILENCE_MS_DEFAULT: u64 = 3_000;
+
+/// Default [`CoordinatorOptions::ticker_refresh_ms`]: an idle instance reads the index once a
+/// second and the roster every 750 ms instead of both every 250 ms pass.
+pub const TICKER_REFRESH_MS_DEFAULT: u64 = 1_000;
 
 /// Least time between two re-reads of a group's record for heartbeats its cached state refuses
 /// ([`Coordinator::recheck_refused_session`]).
@@ -186,6 +200,13 @@ pub(super) struct LocalState {
     pub(super) roster: Roster,
     /// The heard relay's outgoing heartbeats and applied blobs.
     pub(super) relay: Relay,
+    /// The ticker's last read of the group index and when it was issued; dropped when this
+    /// process changes the index or sees the store's identity change.
+    index_read: Option<(Instant, Vec<GroupId>)>,
+    /// Bumped whenever `index_read` is dropped, so a read issued before does not store its answer.
+    index_generation: u64,
+    /// When the ticker last counted itself in the tick roster and read it.
+    roster_read_at: Option<Instant>,
     pub(super) rng: SmallRng,
     /// Draws `writeId`s.
     pub(super) write_rng: SmallRng,
@@ -294,6 +315,9 @@ impl<S: MetadataStore> Coordinator<S> {
             gauges_exported: BTreeSet::new(),
             roster: Roster::default(),
             relay: Relay::new(SmallRng::seed_from_u64(options.rng_seed ^ RELAY_SALT).gen()),
+            index_read: None,
+            index_generation: 0,
+            roster_read_at: None,
             rng: SmallRng::seed_from_u64(options.rng_seed),
             write_rng: SmallRng::seed_from_u64(options.rng_seed ^ WRITE_ID_SALT),
         };
@@ -709,13 +733,18 @@ impl<S: MetadataStore> Coordinator<S> {
             }
             _ => {}
         }
+        if matches!(req, AdminRequest::CreateGroup { .. } | AdminRequest::DeleteGroup { .. }) {
+            self.index_changed();
+        }
         Ok(response)
     }
 
     /// Rebuilds the group index from a SCAN of metadata keys.
     pub async fn rebuild_index(&self) -> Result<Vec<GroupId>, ApiError> {
         self.inner.gate.check()?;
-        self.inner.store.rebuild_index().await.map_err(|e| self.store_error(e))
+        let rebuilt = self.inner.store.rebuild_index().await.map_err(|e| self.store_error(e));
+        self.index_changed();
+        rebuilt
     }
 
     /// One event-loop pass over every indexed group. Does nothing once terminating.
@@ -724,7 +753,7 @@ impl<S: MetadataStore> Coordinator<S> {
             return;
         }
         self.check_identity().await;
-        let groups = match self.inner.store.index_members().await {
+        let groups = match self.indexed_groups().await {
             Ok(groups) => groups,
             Err(e) => {
                 self.store_error(e);
@@ -778,12 +807,51 @@ impl<S: MetadataStore> Coordinator<S> {
         );
     }
 
-    /// Counts this pass in the tick roster and reads who else ticks (sharing on). A failed read
-    /// keeps the last live set: ownership never depends on a store that did not answer.
+    /// The groups the index lists: read at most every `ticker_refresh_ms`, else the last read's.
+    async fn indexed_groups(&self) -> Result<Vec<GroupId>, StoreError> {
+        let refresh = Duration::from_millis(self.inner.options.ticker_refresh_ms);
+        let generation = {
+            let local = self.local();
+            if let Some((at, groups)) = &local.index_read {
+                if at.elapsed() < refresh {
+                    return Ok(groups.clone());
+                }
+            }
+            local.index_generation
+        };
+        let issued = Instant::now();
+        let groups = self.inner.store.index_members().await?;
+        let mut local = self.local();
+        if local.index_generation == generation {
+            local.index_read = Some((issued, groups.clone()));
+        }
+        Ok(groups)
+    }
+
+    /// This process changed the index (or the store may have lost entries of it): the next pass
+    /// reads it.
+    pub(super) fn index_changed(&self) {
+        let mut local = self.local();
+        local.index_read = None;
+        local.index_generation += 1;
+    }
+
+    /// Counts this pass in the tick roster and reads who else ticks (sharing on), at most every
+    /// `ticker_refresh_ms` and every quarter `ticker_silence_ms`. A failed read keeps the last
+    /// live set: ownership never depends on a store that did not answer.
     async fn read_roster(&self) {
         let silence_ms = self.inner.options.ticker_silence_ms;
         if silence_ms == 0 {
             return;
+        }
+        let period = Duration::from_millis(self.inner.options.ticker_refresh_ms.min(silence_ms / 4));
+        {
+            let mut local = self.local();
+            let now = Instant::now();
+            if local.roster_read_at.is_some_and(|at| now.saturating_duration_since(at) < period) {
+                return;
+            }
+            local.roster_read_at = Some(now);
         }
         let me = &self.inner.options.instance_id;
         let roster = match self.inner.store.tick_roster(me).await {
@@ -797,9 +865,17 @@ impl<S: MetadataStore> Coordinator<S> {
             let mut local = self.local();
             let silence = Duration::from_millis(silence_ms);
             let forget = Duration::from_millis(TICKER_FORGET_MS.max(silence_ms));
+            let before = local.roster.live().to_vec();
             let (forgotten, changed) = local.roster.observe(me, &roster, Instant::now(), silence, forget);
             if changed {
                 tracing::info!(live = ?local.roster.live(), "tick roster changed");
+                // An instance this process did not count live may have relayed writes meanwhile,
+                // in blobs that expired unread: a group deferred on a record it since changed
+                // would wait for the audit. When one enters, every deferral ends (each group is
+                // read once).
+                if local.roster.live().iter().any(|instance| !before.contains(instance)) {
+                    local.deferred.clear();
+                }
             }
             (forgotten, local.roster.live().len())
         };
@@ -1120,6 +1196,8 @@ impl<S: MetadataStore> Coordinator<S> {
                 );
                 local.identity = Some(identity.clone());
                 local.identity_generation += 1;
+                local.index_read = None;
+                local.index_generation += 1;
                 local.relay.clear_outgoing();
                 let generation = local.identity_generation;
                 // Windows and decoded copies of the groups whose writes may be lost restart; on one

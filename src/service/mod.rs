@@ -14,7 +14,8 @@ mod roster;
 pub mod shutdown;
 
 pub use coordinator::{
-    Coordinator, CoordinatorOptions, GroupDescription, MAX_ASSIGNMENT_LEASE_MS_DEFAULT, TICKER_SILENCE_MS_DEFAULT,
+    Coordinator, CoordinatorOptions, GroupDescription, MAX_ASSIGNMENT_LEASE_MS_DEFAULT, TICKER_REFRESH_MS_DEFAULT,
+    TICKER_SILENCE_MS_DEFAULT,
 };
 #[doc(hidden)]
 pub use pruning::LocalSizes;

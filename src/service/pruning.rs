@@ -225,9 +225,13 @@ fn remember_vanished(vanished: &mut BTreeMap<GroupId, Instant>, group: &GroupId,
 
 impl<S: MetadataStore> Coordinator<S> {
     /// Whether this process held `group` and found it gone, without deleting it itself, within
-    /// [`VANISHED_MEMORY`]: a create of it is a recreate.
+    /// [`VANISHED_MEMORY`], or still holds it: a create of it is then a recreate (a create of a
+    /// group whose record exists is refused whatever this says).
     pub(super) fn vanished_here(&self, group: &GroupId) -> bool {
         let local = self.local();
         local.vanished.get(group).is_some_and(|at| at.elapsed() < VANISHED_MEMORY)
+            // Held, and not deleted here (a delete forgets it): if its record is gone, it vanished
+            // before a tick's sweep noticed (the sweep reads the index only every refresh period).
+            || local.view.holds(group)
     }
 }

@@ -9,10 +9,11 @@
 //! by rendezvous hashing (SHA-256 of instance and group: stable across processes, releases and
 //! platforms). Never: is trusted for safety. Ticks are safe when instances disagree (every write
 //! is a conditioned critical section): two owners tick a group twice, and no owner leaves it
-//! unticked only until the instances' live sets agree again, within `silence_ms` plus a pass.
+//! unticked only until the instances' live sets agree again, within `silence_ms` plus a roster
+//! read period (`ticker_refresh_ms`, at most a quarter `silence_ms`) plus a pass.
 //!
-//! Bounds: an instance that dies stops counting; within `silence_ms` every other instance drops
-//! it, and the groups it owned are ticked by their new owners at the next pass. Until the first
+//! Bounds: an instance that dies stops counting; within `silence_ms` plus a read period every
+//! other instance drops it, and the groups it owned are ticked by their new owners at that pass. Until the first
 //! roster read succeeds (or when sharing is off) this process owns every group, as before
 //! sharing existed; so does a process whose roster read failed at this pass (it keeps the last
 //! live set it read, and counts itself live).

@@ -6,11 +6,32 @@
 use rsc::core::model::GroupId;
 use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatRequest, RoutingReport};
 use rsc::core::PlantedBugs;
-use rsc::service::{Coordinator, LocalSizes};
+use rsc::service::{Coordinator, CoordinatorOptions, LocalSizes};
 use rsc::store::memory::MemoryStore;
 use rsc::store::MetadataStore;
 
 use super::{coordinator, fast_config, join, next};
+
+/// `ticker_refresh_ms` of [`watcher`]: its ticker re-reads the group index at most this often.
+const REFRESH_MS: u64 = 30;
+
+/// An instance whose ticks learn of a delete through another instance at the first pass after
+/// [`REFRESH_MS`] (the index read of the pass before is reused until then).
+fn watcher(store: &MemoryStore, id: &str) -> Coordinator<MemoryStore> {
+    let options = CoordinatorOptions {
+        instance_id: id.into(),
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ticker_refresh_ms: REFRESH_MS,
+        ..CoordinatorOptions::default()
+    };
+    Coordinator::new(store.connect(), options)
+}
+
+/// A tick pass once the index read of the last pass is older than [`REFRESH_MS`].
+async fn tick_after_refresh(c: &Coordinator<MemoryStore>) {
+    tokio::time::sleep(std::time::Duration::from_millis(REFRESH_MS + 5)).await;
+    c.tick_all().await;
+}
 
 fn named(i: usize) -> GroupId {
     GroupId::new("churn", format!("g{i}"))
@@ -60,15 +81,15 @@ async fn deleted_groups_leave_no_per_group_state_behind() {
 }
 
 #[tokio::test]
-async fn a_group_deleted_through_another_instance_is_forgotten_at_the_next_tick() {
+async fn a_group_deleted_through_another_instance_is_forgotten_at_the_first_tick_that_reads_the_index() {
     let store = MemoryStore::new(32);
-    let (c1, c2) = (coordinator(&store, "c1", PlantedBugs::NONE), coordinator(&store, "c2", PlantedBugs::NONE));
+    let (c1, c2) = (watcher(&store, "c1"), coordinator(&store, "c2", PlantedBugs::NONE));
     let (gone, kept) = (named(1), named(2));
     use_group(&c1, &gone).await;
     use_group(&c1, &kept).await;
     delete(&c2, &store, &gone).await;
     assert_eq!(c1.debug_sizes().view, 2, "nothing told c1 yet");
-    c1.tick_all().await;
+    tick_after_refresh(&c1).await;
     let sizes = c1.debug_sizes();
     assert_eq!((sizes.cache, sizes.view, sizes.marks), (1, 1, 1), "{sizes:?}");
     let text = c1.metrics().render();
@@ -107,7 +128,7 @@ async fn a_group_whose_key_vanished_but_is_still_indexed_keeps_its_evidence() {
 #[tokio::test]
 async fn a_found_absent_group_keeps_only_its_missing_metadata_counter() {
     let store = MemoryStore::new(35);
-    let (c1, c2) = (coordinator(&store, "c1", PlantedBugs::NONE), coordinator(&store, "c2", PlantedBugs::NONE));
+    let (c1, c2) = (watcher(&store, "c1"), coordinator(&store, "c2", PlantedBugs::NONE));
     let group = named(1);
     use_group(&c1, &group).await;
     let member = c1.heartbeat(for_group(join("c"), &group)).await.expect("join");
@@ -115,7 +136,7 @@ async fn a_found_absent_group_keeps_only_its_missing_metadata_counter() {
     // A client that knew the group: METADATA_MISSING, counted for the operator.
     let refused = c1.heartbeat(for_group(next(&member), &group)).await.expect_err("deleted");
     assert_eq!(refused.code, ErrorCode::MetadataMissing);
-    c1.tick_all().await;
+    tick_after_refresh(&c1).await;
     let sizes = c1.debug_sizes();
     assert_eq!(sizes.total(), 1, "{sizes:?}");
     assert_eq!(c1.metrics().total("rsc_metadata_missing_total"), 1.0);
@@ -162,11 +183,11 @@ async fn concurrent_sections_share_a_monitor_and_leave_none_behind() {
 #[tokio::test]
 async fn a_series_exported_after_the_group_was_forgotten_goes_at_the_next_tick() {
     let store = MemoryStore::new(38);
-    let (c1, c2) = (coordinator(&store, "c1", PlantedBugs::NONE), coordinator(&store, "c2", PlantedBugs::NONE));
+    let (c1, c2) = (watcher(&store, "c1"), coordinator(&store, "c2", PlantedBugs::NONE));
     let group = named(1);
     use_group(&c1, &group).await;
     delete(&c2, &store, &group).await;
-    c1.tick_all().await;
+    tick_after_refresh(&c1).await;
     assert_eq!(c1.debug_sizes(), LocalSizes::default());
     // A tick that read the group just before the delete exports its gauges after it was forgotten.
     c1.metrics().set("rsc_group_revoking_shards", "h", vec![("group", group.to_string())], 0.0);

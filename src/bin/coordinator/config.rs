@@ -22,6 +22,7 @@
 //! idle_group_audit_ms = 120000                             # longest an idle group goes unticked (0: never skip)
 //! ticker_silence_ms = 3000                                 # another instance's ticker counts dead after (0: no sharing)
 //! heard_relay_ms = 500                                     # relay heard heartbeats to tick owners every (0: off)
+//! ticker_refresh_ms = 1000                                 # re-read the group index and tick roster at most every (0: every pass)
 //! max_assignment_lease_ms = 8000                           # longest lease a group may use; same on every instance
 //! mutex_ttl_ms = 2000
 //! mutex_attempts_max = 20
@@ -93,6 +94,7 @@ pub struct FileConfig {
     pub idle_group_audit_ms: Option<u64>,
     pub ticker_silence_ms: Option<u64>,
     pub heard_relay_ms: Option<u64>,
+    pub ticker_refresh_ms: Option<u64>,
     pub max_assignment_lease_ms: Option<u64>,
     pub mutex_ttl_ms: Option<u64>,
     pub mutex_attempts_max: Option<u32>,
@@ -225,6 +227,9 @@ impl std::fmt::Debug for Settings {
 /// The largest `max_assignment_lease_ms`: 24 h, the longest lease a group config may name.
 const LEASE_CEILING_MS_MAX: u64 = 24 * 3_600_000;
 
+/// Bound of `ticker_refresh_ms`.
+const TICKER_REFRESH_MS_MAX: u64 = 60_000;
+
 impl Settings {
     /// Flags and environment over the file over defaults. `rng_seed` seeds mutex tokens; pass
     /// something that differs between processes.
@@ -250,6 +255,7 @@ impl Settings {
             renew_deferrals_from_heartbeats: defaults.renew_deferrals_from_heartbeats,
             ticker_silence_ms: file.ticker_silence_ms.unwrap_or(defaults.ticker_silence_ms),
             heard_relay_ms: file.heard_relay_ms.unwrap_or(defaults.heard_relay_ms),
+            ticker_refresh_ms: file.ticker_refresh_ms.unwrap_or(defaults.ticker_refresh_ms),
             rng_seed,
             max_assignment_lease_ms: args
                 .max_assignment_lease_ms
@@ -319,6 +325,11 @@ impl Settings {
                 key: "max_assignment_lease_ms",
                 message: format!("must be in 1..={LEASE_CEILING_MS_MAX}"),
             });
+        }
+        // A group created through another instance waits this long for this instance's ticks.
+        if c.ticker_refresh_ms > TICKER_REFRESH_MS_MAX {
+            let message = format!("must be at most {TICKER_REFRESH_MS_MAX}");
+            return Err(ConfigError::Invalid { key: "ticker_refresh_ms", message });
         }
         self.validate_cluster()?;
         self.validate_sentinel()?;
@@ -667,6 +678,16 @@ mod tests {
         let file = FileConfig { tick_interval_ms: Some(0), ..FileConfig::default() };
         let error = Settings::resolve(&ServeArgs::default(), file, 1).unwrap_err();
         assert!(matches!(error, ConfigError::Invalid { key: "tick_interval_ms", .. }), "{error}");
+    }
+
+    #[test]
+    fn the_ticker_refresh_period_is_bounded() {
+        let file = FileConfig { ticker_refresh_ms: Some(TICKER_REFRESH_MS_MAX + 1), ..FileConfig::default() };
+        let error = Settings::resolve(&ServeArgs::default(), file, 1).unwrap_err();
+        assert!(matches!(error, ConfigError::Invalid { key: "ticker_refresh_ms", .. }), "{error}");
+        let file = FileConfig { ticker_refresh_ms: Some(0), ..FileConfig::default() };
+        let settings = Settings::resolve(&ServeArgs::default(), file, 1).expect("0 reads every pass");
+        assert_eq!(settings.coordinator.ticker_refresh_ms, 0);
     }
 
     #[test]
