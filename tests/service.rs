@@ -1031,6 +1031,63 @@ async fn a_member_joined_through_a_non_owner_that_falls_silent_at_once_expires_w
     }
 }
 
+/// The ticker reuses its last index read for `ticker_refresh_ms`. A group created through another
+/// instance since is missing from that list; a member that joins it through this instance, which
+/// neither created nor owns it, and falls silent at once must still expire within its TTL plus
+/// the refresh period: the write makes the next pass read the index, instead of the stale list
+/// dropping the write's notice (and its relay to the owner, which deferred the group while it was
+/// empty). Found by review: before the fix the member waited for the owner's 120 s audit.
+#[tokio::test]
+async fn a_member_joined_through_an_instance_whose_index_read_predates_the_group_expires() {
+    let store = MemoryStore::new(16);
+    let instance = |id: &str, refresh_ms: u64| {
+        let options = CoordinatorOptions {
+            instance_id: id.into(),
+            max_assignment_lease_ms: fast_config().assignment_lease_ms,
+            ticker_silence_ms: 2_000,
+            heard_relay_ms: 20,
+            ticker_refresh_ms: refresh_ms,
+            ..CoordinatorOptions::default()
+        };
+        Coordinator::new(store.connect(), options)
+    };
+    // The joiner reuses its index read for a second; the others read the index every pass.
+    let all = [instance("c1", 1_000), instance("c2", 0), instance("c3", 0)];
+    for c in &all {
+        c.start().await.expect("probe");
+    }
+    for _ in 0..2 {
+        for c in &all {
+            c.tick_all().await;
+        }
+        tokio::time::sleep(Duration::from_millis(2_000 / 4 + 5)).await;
+    }
+    let joiner = &all[0];
+    // A group neither created nor owned by the joiner.
+    let (group, owner) = (0..64)
+        .map(|i| GroupId::new("orders", format!("g{i}")))
+        .find_map(|g| all[1..].iter().find(|c| c.owns_tick(&g)).map(|owner| (g, owner)))
+        .expect("a group another instance owns");
+    let creator = all[1..].iter().find(|c| c.options().instance_id != owner.options().instance_id).expect("creator");
+    joiner.tick_all().await; // its index read, before the group exists
+    let create = AdminRequest::CreateGroup { group: group.clone(), shard_count: 2, config: fast_config() };
+    creator.admin(create).await.expect("create");
+    // Creator and owner find the new group empty and defer it.
+    creator.tick_all().await;
+    owner.tick_all().await;
+    let joined = joiner.heartbeat(HeartbeatRequest { group: group.clone(), ..join("a") }).await.expect("join");
+    assert_eq!(joined.status, HeartbeatStatus::Ok);
+    let silent_at = tokio::time::Instant::now();
+    while !creator.describe(&group).await.expect("describe").metadata.members.is_empty() {
+        let waited = silent_at.elapsed();
+        assert!(waited < Duration::from_millis(3_000), "the silent member expires (waited {waited:?})");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        for c in &all {
+            c.tick_all().await;
+        }
+    }
+}
+
 /// A refusal from a stale decoded cache is re-read before it stands. Found by the simulation
 /// (`standard` seed 31 once instances shared their ticks): a consumer restarted under the same
 /// member id was refused `MEMBER_ID_IN_USE` by an instance whose cache still held the old

@@ -82,10 +82,11 @@ pub struct CoordinatorOptions {
     pub ticker_silence_ms: u64,
     /// Least time between two ticker reads of the group index, and of the tick roster (at most a
     /// quarter of `ticker_silence_ms` for the roster): a pass in between ticks the groups the last
-    /// read listed. A group created or deleted through this instance is listed at the next pass;
-    /// one created elsewhere is ticked by its creator meanwhile, and reaches this instance's list
-    /// within this period; an instance that died is dropped within `ticker_silence_ms` plus this
-    /// plus one pass. 0: read both every pass.
+    /// read listed. A group created or deleted through this instance is listed at the next pass,
+    /// and so is one a write or heartbeat through this instance concerns that the last read did
+    /// not list; any other created elsewhere reaches this instance's list within this period plus
+    /// a pass; an instance that died is dropped within `ticker_silence_ms` plus this plus one
+    /// pass. 0: read both every pass.
     pub ticker_refresh_ms: u64,
     /// Seeds mutex tokens and retry jitter.
     pub rng_seed: u64,
@@ -130,6 +131,16 @@ pub const HEARD_RELAY_MS_DEFAULT: u64 = 500;
 /// Default [`CoordinatorOptions::ticker_silence_ms`]: twelve default tick periods, so a pass slowed
 /// by a busy store does not make an instance look dead.
 pub const TICKER_SILENCE_MS_DEFAULT: u64 = 3_000;
+
+/// The ticker's last read of the group index.
+#[derive(Debug)]
+struct IndexRead {
+    /// When the read was issued.
+    at: Instant,
+    /// The groups it listed, in the order the store gave them (the order of a pass).
+    groups: Vec<GroupId>,
+    listed: BTreeSet<GroupId>,
+}
 
 /// Default [`CoordinatorOptions::ticker_refresh_ms`]: an idle instance reads the index once a
 /// second and the roster every 750 ms instead of both every 250 ms pass.
@@ -202,7 +213,7 @@ pub(super) struct LocalState {
     pub(super) relay: Relay,
     /// The ticker's last read of the group index and when it was issued; dropped when this
     /// process changes the index or sees the store's identity change.
-    index_read: Option<(Instant, Vec<GroupId>)>,
+    index_read: Option<IndexRead>,
     /// Bumped whenever `index_read` is dropped, so a read issued before does not store its answer.
     index_generation: u64,
     /// When the ticker last counted itself in the tick roster and read it.
@@ -213,6 +224,21 @@ pub(super) struct LocalState {
 }
 
 impl LocalState {
+    /// The next tick pass reads the group index instead of reusing the last read.
+    fn index_changed(&mut self) {
+        self.index_read = None;
+        self.index_generation += 1;
+    }
+
+    /// A write or heartbeat through this process concerns `group`: if the last index read did
+    /// not list it (created through another instance since), the next pass reads the index, so
+    /// the group is ticked (and the write relayed) without waiting for the refresh period.
+    fn note_listed(&mut self, group: &GroupId) {
+        if self.index_read.as_ref().is_some_and(|read| !read.listed.contains(group)) {
+            self.index_changed();
+        }
+    }
+
     /// The store identity generation (bumped at every identity change this process saw).
     pub(super) fn identity_generation(&self) -> u64 {
         self.identity_generation
@@ -752,35 +778,45 @@ impl<S: MetadataStore> Coordinator<S> {
         if self.is_terminating() {
             return;
         }
-        self.check_identity().await;
-        let groups = match self.indexed_groups().await {
-            Ok(groups) => groups,
+        if !self.check_identity().await {
+            // The store did not answer: the index is read (not the last read reused), and a
+            // failed read ends the pass, as before reads were paced.
+            self.index_changed();
+        }
+        let (groups, fresh) = match self.indexed_groups().await {
+            Ok(read) => read,
             Err(e) => {
                 self.store_error(e);
                 return;
             }
         };
-        // Groups deleted through another instance leave the index: drop their decoded copies so
-        // the cache stays bounded by the groups that exist (an unindexed live group only pays
-        // one decode at its next heartbeat).
-        // A set: `Vec::contains` per retained entry was quadratic (0.6 s a pass at 10,000 groups).
-        let indexed: BTreeSet<&GroupId> = groups.iter().collect();
-        self.inner.cache.retain(|group| indexed.contains(group));
-        self.local().reads.retain(|group| indexed.contains(group));
-        self.local().deferred.retain(|group, _| indexed.contains(group));
-        self.local().dirty.retain(|group| indexed.contains(group));
-        self.local().session_rechecked.retain(|group, _| indexed.contains(group));
-        self.local().gauges_exported.retain(|group| indexed.contains(group));
-        self.local().relay.retain(|group| indexed.contains(group));
-        self.forget_unindexed_absent_groups(&indexed).await;
-        drop(indexed);
-        self.read_roster().await;
+        if fresh {
+            // Groups deleted through another instance leave the index: drop their decoded copies
+            // so the cache stays bounded by the groups that exist (an unindexed live group only
+            // pays one decode at its next heartbeat). Only against a list read for this pass: an
+            // older one lacks groups created since, whose writes through this process must stay
+            // noted (`dirty`, the relay).
+            // A set: `Vec::contains` per retained entry was quadratic (0.6 s a pass at 10,000 groups).
+            let indexed: BTreeSet<&GroupId> = groups.iter().collect();
+            self.inner.cache.retain(|group| indexed.contains(group));
+            self.local().reads.retain(|group| indexed.contains(group));
+            self.local().deferred.retain(|group, _| indexed.contains(group));
+            self.local().dirty.retain(|group| indexed.contains(group));
+            self.local().session_rechecked.retain(|group, _| indexed.contains(group));
+            self.local().gauges_exported.retain(|group| indexed.contains(group));
+            self.local().relay.retain(|group| indexed.contains(group));
+            self.forget_unindexed_absent_groups(&indexed).await;
+        }
+        self.read_roster(false).await;
         self.exchange_relays().await;
         let mut not_mine = 0u64;
         for group in groups {
             if self.is_terminating() {
                 return;
             }
+            // A long pass still counts in the roster every quarter silence, so the other instances
+            // do not count this one dead (and take its groups) while it works through the groups.
+            self.read_roster(true).await;
             if !self.ticks_here(&group) {
                 not_mine += 1;
                 // Its gauges are the owner's to export: this instance's would only go stale. Its
@@ -807,44 +843,47 @@ impl<S: MetadataStore> Coordinator<S> {
         );
     }
 
-    /// The groups the index lists: read at most every `ticker_refresh_ms`, else the last read's.
-    async fn indexed_groups(&self) -> Result<Vec<GroupId>, StoreError> {
+    /// The groups the index lists, and whether they were read for this pass: read at most every
+    /// `ticker_refresh_ms`, else the last read's.
+    async fn indexed_groups(&self) -> Result<(Vec<GroupId>, bool), StoreError> {
         let refresh = Duration::from_millis(self.inner.options.ticker_refresh_ms);
         let generation = {
             let local = self.local();
-            if let Some((at, groups)) = &local.index_read {
-                if at.elapsed() < refresh {
-                    return Ok(groups.clone());
+            if let Some(read) = &local.index_read {
+                if read.at.elapsed() < refresh {
+                    return Ok((read.groups.clone(), false));
                 }
             }
             local.index_generation
         };
-        let issued = Instant::now();
+        let at = Instant::now();
         let groups = self.inner.store.index_members().await?;
         let mut local = self.local();
         if local.index_generation == generation {
-            local.index_read = Some((issued, groups.clone()));
+            let listed = groups.iter().cloned().collect();
+            local.index_read = Some(IndexRead { at, groups: groups.clone(), listed });
         }
-        Ok(groups)
+        Ok((groups, true))
     }
 
     /// This process changed the index (or the store may have lost entries of it): the next pass
     /// reads it.
     pub(super) fn index_changed(&self) {
-        let mut local = self.local();
-        local.index_read = None;
-        local.index_generation += 1;
+        self.local().index_changed();
     }
 
     /// Counts this pass in the tick roster and reads who else ticks (sharing on), at most every
-    /// `ticker_refresh_ms` and every quarter `ticker_silence_ms`. A failed read keeps the last
-    /// live set: ownership never depends on a store that did not answer.
-    async fn read_roster(&self) {
+    /// `ticker_refresh_ms` and every quarter `ticker_silence_ms` (`mid_pass`, between two groups
+    /// of a pass: every quarter silence). A failed read keeps the last live set: ownership never
+    /// depends on a store that did not answer.
+    async fn read_roster(&self, mid_pass: bool) {
         let silence_ms = self.inner.options.ticker_silence_ms;
         if silence_ms == 0 {
             return;
         }
-        let period = Duration::from_millis(self.inner.options.ticker_refresh_ms.min(silence_ms / 4));
+        let period_ms =
+            if mid_pass { silence_ms / 4 } else { self.inner.options.ticker_refresh_ms.min(silence_ms / 4) };
+        let period = Duration::from_millis(period_ms);
         {
             let mut local = self.local();
             let now = Instant::now();
@@ -1002,6 +1041,7 @@ impl<S: MetadataStore> Coordinator<S> {
         {
             let mut local = self.local();
             local.view.note_heartbeat(now_ms, g, member, liveness);
+            local.note_listed(&g.group);
             match (changed, stamp) {
                 (false, Some(stamp)) => {
                     if let Some(d) = local.deferred.get_mut(&g.group) {
@@ -1052,6 +1092,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let mut local = self.local();
         local.deferred.remove(group);
         local.dirty.insert(group.clone());
+        local.note_listed(group);
     }
 
     async fn tick_group(&self, group: &GroupId) -> Result<(), ApiError> {
@@ -1196,8 +1237,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 );
                 local.identity = Some(identity.clone());
                 local.identity_generation += 1;
-                local.index_read = None;
-                local.index_generation += 1;
+                local.index_changed();
                 local.relay.clear_outgoing();
                 let generation = local.identity_generation;
                 // Windows and decoded copies of the groups whose writes may be lost restart; on one

@@ -181,7 +181,7 @@ async fn concurrent_sections_share_a_monitor_and_leave_none_behind() {
 }
 
 #[tokio::test]
-async fn a_series_exported_after_the_group_was_forgotten_goes_at_the_next_tick() {
+async fn a_series_exported_after_the_group_was_forgotten_goes_at_the_next_index_read() {
     let store = MemoryStore::new(38);
     let (c1, c2) = (watcher(&store, "c1"), coordinator(&store, "c2", PlantedBugs::NONE));
     let group = named(1);
@@ -192,7 +192,7 @@ async fn a_series_exported_after_the_group_was_forgotten_goes_at_the_next_tick()
     // A tick that read the group just before the delete exports its gauges after it was forgotten.
     c1.metrics().set("rsc_group_revoking_shards", "h", vec![("group", group.to_string())], 0.0);
     assert_eq!(c1.debug_sizes().group_series, 1);
-    c1.tick_all().await;
+    tick_after_refresh(&c1).await;
     assert_eq!(c1.debug_sizes(), LocalSizes::default());
 }
 

@@ -87,10 +87,13 @@ async fn an_identity_check_is_one_info_command() {
         let stats = server.info_field("commandstats", "cmdstat_info").unwrap_or_default();
         stats.split(',').find_map(|kv| kv.strip_prefix("calls=")?.parse().ok()).unwrap_or(0)
     };
+    // Redis 6.2 takes one section per INFO: two pipelined there.
+    let version = server.info_field("server", "redis_version").expect("redis_version");
     let before = calls(&server);
     let identity = store.identity().await.expect("identity");
     // The INFO of `calls` itself is counted once: before reads its own call, after adds one.
-    assert_eq!(calls(&server) - before, 2, "the identity check's INFO and the reading one");
+    let per_check = if version.starts_with("6.") { 2 } else { 1 };
+    assert_eq!(calls(&server) - before, per_check + 1, "the identity check's INFO and the reading one ({version})");
     assert_eq!(identity, expected);
     assert_eq!((identity.run_id, identity.replication_id), (server.run_id(), server.replication_id()));
 }

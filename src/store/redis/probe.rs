@@ -75,10 +75,13 @@ impl RedisStore {
         } else {
             match self.info_sections(&["server", "replication"]).await {
                 Ok(both) if info_field(&both, "master_replid").is_some() => (both.clone(), both),
-                Ok(_) | Err(StoreError::Unsupported { .. }) | Err(StoreError::Protocol(_)) => {
+                // Redis 6.2 answers `ERR syntax error` to a second section. Anything else (a denial,
+                // an outage) is no news about the server's INFO, and is the caller's.
+                Err(StoreError::Protocol(text)) if text.to_ascii_lowercase().contains("syntax error") => {
                     self.inner.info_one_section.store(true, Ordering::Relaxed);
                     self.info_pair().await?
                 }
+                Ok(_) => self.info_pair().await?,
                 Err(error) => return Err(error),
             }
         };
