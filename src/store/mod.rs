@@ -86,8 +86,9 @@ pub const REQUIRED_COMMANDS: &[&str] = &[
     "XINFO",
 ];
 
-/// The hash fields of the metadata key, as stored: the seed's five plus `writeId`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The hash fields of the metadata key, as stored: the seed's five plus `writeId`. Its `Debug`
+/// shows the aggregate's length, not its text, which holds the group's secret view key.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredRecord {
     /// `aggregate`: GroupMetadata JSON (unparsed).
     pub aggregate: String,
@@ -183,8 +184,9 @@ impl std::fmt::Display for CasStamp {
     }
 }
 
-/// A conditional write of the metadata key.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A conditional write of the metadata key. Its `Debug` shows the aggregate's length, not its
+/// text (see [`StoredRecord`]).
+#[derive(Clone, PartialEq, Eq)]
 pub struct WriteRequest {
     /// `None`: create, only if the key does not exist. `Some(stamp)`: only if the key holds the
     /// write `stamp` names (see [`CasStamp`]).
@@ -201,6 +203,43 @@ pub struct WriteRequest {
     pub liveness_guards: Vec<(MemberId, u64)>,
     /// Liveness counters to delete with the write (members removed by it).
     pub liveness_remove: Vec<MemberId>,
+}
+
+/// How an aggregate appears in `Debug` output: its length only.
+struct AggregateText<'a>(&'a str);
+
+impl std::fmt::Debug for AggregateText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} bytes of JSON>", self.0.len())
+    }
+}
+
+impl std::fmt::Debug for StoredRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredRecord")
+            .field("aggregate", &AggregateText(&self.aggregate))
+            .field("revision", &self.revision)
+            .field("schema_version", &self.schema_version)
+            .field("layout_version", &self.layout_version)
+            .field("updated_at_ms", &self.updated_at_ms)
+            .field("write_id", &self.write_id)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for WriteRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteRequest")
+            .field("expected", &self.expected)
+            .field("aggregate", &AggregateText(&self.aggregate))
+            .field("schema_version", &self.schema_version)
+            .field("layout_version", &self.layout_version)
+            .field("updated_at_ms", &self.updated_at_ms)
+            .field("write_id", &self.write_id)
+            .field("liveness_guards", &self.liveness_guards)
+            .field("liveness_remove", &self.liveness_remove)
+            .finish()
+    }
 }
 
 impl WriteRequest {
@@ -707,6 +746,35 @@ pub trait StreamStore: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The aggregate holds the group's secret view key: `Debug` (logs, panics) must not show it.
+    #[test]
+    fn debug_output_of_a_record_or_a_write_does_not_show_the_aggregate() {
+        let secret = "{\"viewKey\":\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"}";
+        let record = StoredRecord {
+            aggregate: secret.into(),
+            revision: 3,
+            schema_version: 1,
+            layout_version: 1,
+            updated_at_ms: 0,
+            write_id: "w".into(),
+        };
+        let write = WriteRequest {
+            expected: Some(record.cas_stamp()),
+            aggregate: secret.into(),
+            schema_version: 1,
+            layout_version: 1,
+            updated_at_ms: 0,
+            write_id: "w2".into(),
+            liveness_guards: Vec::new(),
+            liveness_remove: Vec::new(),
+        };
+        for shown in [format!("{record:?}"), format!("{write:?}"), format!("{record:#?}")] {
+            assert!(!shown.contains("00112233"), "{shown}");
+            assert!(shown.contains(&format!("<{} bytes of JSON>", secret.len())), "{shown}");
+        }
+        assert!(format!("{record:?}").contains("revision: 3"));
+    }
 
     /// A primary that claims itself exactly the slots the view lists for it.
     fn primary(node: &str, run_id: &str, replid: &str, slots: &[(u16, u16)]) -> PrimaryIdentity {
