@@ -9,6 +9,7 @@
 //! Never: hands out an entry a cancelled poll read (it is abandoned, stays pending at Redis and
 //! is redelivered), or lets a shard be reported REVOKED while a call on it may still reach Redis.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -17,7 +18,9 @@ use super::{Consumer, Delivery, PollError, ReadPlan, ReadStep, Shared};
 use crate::client::transport::CoordinatorTransport;
 use crate::core::model::ShardId;
 use crate::core::planted::PlantedBug;
-use crate::store::{join_all, keys, FenceCheck, FencedRead, GroupStart, ReadFrom, StoreError, StreamStore};
+use crate::store::{
+    join_all, keys, FenceCheck, FencedRead, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore,
+};
 
 /// A shard to read, and how many entries at most.
 type Share = (ReadPlan, usize);
@@ -48,9 +51,10 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         let shares = plans.iter().cycle().skip(start).take(chosen).enumerate();
         let (together, alone): (Vec<Share>, Vec<Share>) = shares
             .map(|(i, plan)| (*plan, max / chosen + usize::from(i < max % chosen)))
-            .partition(|(plan, _)| plan.step == ReadStep::Read(ReadFrom::New) && plan.fence.is_some());
-        // Fenced reads of new entries (the steady state) go to the store as one call; a shard being
-        // set up, re-reading its own pending entries, or unfenced is read on its own, concurrently.
+            .partition(|(plan, _)| plan.step == ReadStep::Read(ReadFrom::New));
+        // Reads of new entries (the steady state) go to the store as one call (one multi-stream
+        // XREADGROUP, gated when fenced); a shard being set up or re-reading its own pending
+        // entries is read on its own, concurrently.
         let mut reads: Vec<ShardReads<'_, T, S>> = alone
             .into_iter()
             .map(|(plan, share)| Box::pin(async move { vec![self.read_shard(plan, share).await] }) as _)
@@ -173,48 +177,92 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         Ok(Handed::new(&self.shared, Vec::new()))
     }
 
-    /// Reads new entries of several fenced shards (`(plan, count)`) in one store call, each shard
-    /// checked (lease, still readable, the call counted) right before it, with no `.await` between
-    /// the checks and the call. A shard whose step changed since `plans` was taken is left for the
-    /// next poll. One result per shard read.
+    /// Reads new entries of several shards (`(plan, count)`) in one store call per kind: the
+    /// fenced ones in one fenced call, the unfenced ones in one XREADGROUP naming all their
+    /// streams with the smallest of their counts (shares differ by at most one, and a poll never
+    /// reads more than it asked for). Each shard is checked (lease, still reading new entries, the
+    /// call counted) right before the calls, with no `.await` between the checks and the calls. A
+    /// shard whose step changed since `plans` was taken is left for the next poll. One result per
+    /// shard read.
     async fn read_new_together(&self, plans: Vec<(ReadPlan, usize)>) -> Vec<Result<Handed<'_, T, S>, StoreError>> {
         let (group, member) = (&self.shared.group, &self.shared.member_id);
         let now_ms = self.shared.clock.now_ms();
         let mut calls = Vec::with_capacity(plans.len());
         let mut reads = Vec::with_capacity(plans.len());
+        let mut plain: Vec<(String, ReadFrom)> = Vec::new();
         for (first, count) in plans {
             let plan = self.shared.with_core(|core| {
                 let plan = core.plan_for(now_ms, first.shard, first.generation)?;
-                let fenced = plan.step == ReadStep::Read(ReadFrom::New) && plan.fence.is_some();
-                fenced.then(|| core.call_started(first.shard)).map(|()| plan)
+                (plan.step == ReadStep::Read(ReadFrom::New)).then(|| core.call_started(first.shard)).map(|()| plan)
             });
             let Some(plan) = plan else { continue };
             // Held until the read's result is registered (dropped on error or cancellation too).
             let guard = CallGuard { shared: &self.shared, shard: plan.shard };
-            let Some(fence) = plan.fence else { continue };
-            reads.push(FencedRead {
-                fence: FenceCheck { key: keys::fence_key(group, plan.shard), fence },
-                stream: group.stream_key(plan.shard),
-                from: ReadFrom::New,
-                count,
-            });
+            match plan.fence {
+                Some(fence) => reads.push(FencedRead {
+                    fence: FenceCheck { key: keys::fence_key(group, plan.shard), fence },
+                    stream: group.stream_key(plan.shard),
+                    from: ReadFrom::New,
+                    count,
+                }),
+                None => plain.push((group.stream_key(plan.shard), ReadFrom::New)),
+            }
             calls.push((plan, count, guard));
         }
-        if reads.is_empty() {
+        if calls.is_empty() {
             return Vec::new();
         }
-        let results = match self.shared.store.fenced_xreadgroup_many(&group.consumer_group, member, &reads).await {
-            Ok(results) => results,
-            Err(error) => return vec![Err(error)],
+        let plain_count = calls.iter().filter(|(plan, ..)| plan.fence.is_none()).map(|(_, count, _)| *count).min();
+        let fenced = async {
+            match reads.is_empty() {
+                true => Ok(Vec::new()),
+                false => self.shared.store.fenced_xreadgroup_many(&group.consumer_group, member, &reads).await,
+            }
         };
+        let unfenced = async {
+            match plain_count {
+                None => Ok(Vec::new()),
+                Some(count) => self.shared.store.xreadgroup(&group.consumer_group, member, &plain, count, None).await,
+            }
+        };
+        let (fenced, unfenced) = futures_util::future::join(fenced, unfenced).await;
+        // A store that answered fewer fenced reads than it was sent: the missing ones failed.
+        let missing = || Err::<Vec<StreamEntry>, _>(StoreError::Protocol("fewer read results than shards".into()));
+        // A call that failed as a whole is that error for each of its shards, never a refusal of
+        // one shard (only a shard's own answer can say `FENCED` about it): `Err(Err(error))`.
+        let mut fenced = match fenced {
+            Ok(results) => Box::new(results.into_iter().map(Ok).chain(std::iter::repeat_with(|| Ok(missing()))))
+                as Box<dyn Iterator<Item = Result<Result<Vec<StreamEntry>, StoreError>, StoreError>> + Send>,
+            Err(error) => Box::new(std::iter::repeat_with(move || Err(error.clone()))),
+        };
+        // XREADGROUP leaves out a stream that had nothing new.
+        let mut unfenced = unfenced.map(|replies| replies.into_iter().collect::<BTreeMap<String, Vec<StreamEntry>>>());
+        let results: Vec<_> = calls
+            .into_iter()
+            .map(|(plan, count, guard)| {
+                let result = match plan.fence {
+                    Some(_) => fenced.next().unwrap_or_else(|| Ok(missing())),
+                    None => match &mut unfenced {
+                        Ok(by_stream) => Ok(Ok(by_stream.remove(&group.stream_key(plan.shard)).unwrap_or_default())),
+                        Err(error) => Err(error.clone()),
+                    },
+                };
+                let count = if plan.fence.is_none() { plain_count.unwrap_or(count) } else { count };
+                (plan, count, guard, result)
+            })
+            .collect();
         // Every shard's entries are registered in flight first (no `.await`), so a cancellation
         // while trimmed entries are acked below abandons them instead of losing track of them.
         let now_ms = self.shared.clock.now_ms();
-        let mut out = Vec::with_capacity(calls.len());
-        // A store that answered fewer reads than it was sent: the missing ones failed.
-        let missing = || Err(StoreError::Protocol("fewer read results than shards".into()));
-        let results = results.into_iter().chain(std::iter::repeat_with(missing));
-        for ((plan, count, _guard), result) in calls.into_iter().zip(results) {
+        let mut out = Vec::with_capacity(results.len());
+        for (plan, count, _guard, result) in results {
+            let result = match result {
+                Ok(answer) => answer,
+                Err(whole_call) => {
+                    out.push(Err(whole_call));
+                    continue;
+                }
+            };
             out.push(
                 result
                     .map(|entries| {

@@ -8,7 +8,7 @@ use super::*;
 use crate::client::events::VecSink;
 use crate::client::testing::FakeCoordinator;
 use crate::core::model::{Fence, GroupId};
-use crate::store::memory::MemoryStore;
+use crate::store::memory::{MemoryStore, ReadSource};
 use crate::store::{MetadataStore, ReadFrom};
 
 const LEASE_MS: u64 = 400;
@@ -230,8 +230,10 @@ async fn a_poll_reads_its_shards_at_once_and_delivers_at_most_max() {
     }
 }
 
-/// Fenced, the shards' reads of new entries are one `fenced_xreadgroup_many` call (MemoryStore:
-/// the reads sent at once); unfenced, one read per shard, concurrently.
+/// The shards' reads of new entries are one store call: fenced, one `fenced_xreadgroup_many`
+/// (which MemoryStore runs as one read per shard, at once); unfenced, one XREADGROUP naming both
+/// streams, as the raw loops do (MemoryStore executes it in one step, so with latency jitter it
+/// reads both streams at one instant, where two calls would not).
 async fn poll_reads_shards_at_once(fenced: bool) {
     let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
     if fenced {
@@ -250,11 +252,24 @@ async fn poll_reads_shards_at_once(fenced: bool) {
     publish(&store, 0, 3).await;
     publish(&store, 1, 3).await;
     store.set_latency_ms(150);
+    store.set_latency_jitter_ms(100);
+    store.clear_logs();
     // Both shards in one 150 ms round, not one after the other (300 ms); `max` is split between
     // them. The margin is for a busy machine: these tests run in real time.
     let started = tokio::time::Instant::now();
     let polled = consumer.poll(4).await.expect("poll");
     let took = started.elapsed();
+    store.set_latency_jitter_ms(0);
+    let executed: Vec<(String, u64)> = store
+        .read_log()
+        .into_iter()
+        .filter(|read| read.from == ReadSource::New && read.error.is_none())
+        .map(|read| (read.stream, read.at_ms))
+        .collect();
+    assert_eq!(executed.len(), 2, "one read of each shard: {executed:?}");
+    if !fenced {
+        assert_eq!(executed[0].1, executed[1].1, "both shards read by one XREADGROUP: {executed:?}");
+    }
     assert!(took < Duration::from_millis(270), "two shards read one after the other (fenced {fenced}): {took:?}");
     assert!(polled.iter().all(|d| d.fence.is_some() == fenced));
     let per_shard = |shard| polled.iter().filter(|d| d.shard == shard).count();
