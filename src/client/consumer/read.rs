@@ -228,7 +228,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 Some(count) => self.shared.store.xreadgroup(&group.consumer_group, member, &plain, count, None).await,
             }
         };
-        let (fenced, unfenced) = futures_util::future::join(fenced, unfenced).await;
+        let (fenced, unfenced) = tokio::join!(fenced, unfenced);
         // A store that answered fewer fenced reads than it was sent: the missing ones failed.
         let missing = || Err::<Vec<StreamEntry>, _>(StoreError::Protocol("fewer read results than shards".into()));
         // A call that failed as a whole is that error for each of its shards, never a refusal of
