@@ -223,20 +223,27 @@ impl<S: StreamStore> StreamStore for RecordingStore<S> {
         count: usize,
         block_ms: Option<u64>,
     ) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
-        // The consumer library reads one shard per call; a multi-stream read would be recorded
-        // under its first stream only, so insist on it.
-        assert_eq!(streams.len(), 1, "the consumer reads one shard stream per XREADGROUP");
-        let mut guard = CallGuard {
-            log: &self.log,
-            member: consumer.to_string(),
-            stream: streams[0].0.clone(),
-            command: "XREADGROUP",
-            start: Instant::now(),
-            entries: None,
-            refused: false,
-        };
+        // A multi-stream read (the consumer reads new entries of its unfenced shards in one call)
+        // is one call per stream, each spanning the whole call, like a fenced batch.
+        let start = Instant::now();
+        let mut guards: Vec<CallGuard<'_>> = streams
+            .iter()
+            .map(|(stream, _)| CallGuard {
+                log: &self.log,
+                member: consumer.to_string(),
+                stream: stream.clone(),
+                command: "XREADGROUP",
+                start,
+                entries: None,
+                refused: false,
+            })
+            .collect();
         let result = self.inner.xreadgroup(group, consumer, streams, count, block_ms).await;
-        guard.entries = Some(result.as_ref().map_or(0, |r| r.iter().map(|(_, e)| e.len()).sum()));
+        for guard in &mut guards {
+            let replies = result.as_ref().map(Vec::as_slice).unwrap_or_default();
+            let got = replies.iter().filter(|(stream, _)| *stream == guard.stream).map(|(_, e)| e.len()).sum();
+            guard.entries = Some(got);
+        }
         result
     }
 

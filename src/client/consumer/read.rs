@@ -223,9 +223,22 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             }
         };
         let unfenced = async {
-            match plain_count {
-                None => Ok(Vec::new()),
-                Some(count) => self.shared.store.xreadgroup(&group.consumer_group, member, &plain, count, None).await,
+            let Some(count) = plain_count else { return Ok(BTreeMap::new()) };
+            let store = &self.shared.store;
+            match store.xreadgroup(&group.consumer_group, member, &plain, count, None).await {
+                // XREADGROUP leaves out a stream that had nothing new.
+                Ok(replies) => Ok(replies.into_iter().map(|(stream, entries)| (stream, Ok(entries))).collect()),
+                // The server refused the call (one stream's group is gone: `NOGROUP` fails them
+                // all): each shard is read on its own, so only the shard at fault fails.
+                Err(error) if plain.len() > 1 && !matches!(error, StoreError::Unavailable(_)) => {
+                    let alone = plain.iter().map(|read| async move {
+                        let got =
+                            store.xreadgroup(&group.consumer_group, member, std::slice::from_ref(read), count, None);
+                        (read.0.clone(), got.await.map(|replies| replies.into_iter().flat_map(|(_, e)| e).collect()))
+                    });
+                    Ok(join_all(alone.collect()).await.into_iter().collect::<BTreeMap<String, _>>())
+                }
+                Err(error) => Err(error),
             }
         };
         let (fenced, unfenced) = tokio::join!(fenced, unfenced);
@@ -238,15 +251,14 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 as Box<dyn Iterator<Item = Result<Result<Vec<StreamEntry>, StoreError>, StoreError>> + Send>,
             Err(error) => Box::new(std::iter::repeat_with(move || Err(error.clone()))),
         };
-        // XREADGROUP leaves out a stream that had nothing new.
-        let mut unfenced = unfenced.map(|replies| replies.into_iter().collect::<BTreeMap<String, Vec<StreamEntry>>>());
+        let mut unfenced: Result<BTreeMap<String, Result<Vec<StreamEntry>, StoreError>>, StoreError> = unfenced;
         let results: Vec<_> = calls
             .into_iter()
             .map(|(plan, count, guard)| {
                 let result = match plan.fence {
                     Some(_) => fenced.next().unwrap_or_else(|| Ok(missing())),
                     None => match &mut unfenced {
-                        Ok(by_stream) => Ok(Ok(by_stream.remove(&group.stream_key(plan.shard)).unwrap_or_default())),
+                        Ok(by_stream) => Ok(by_stream.remove(&group.stream_key(plan.shard)).unwrap_or(Ok(Vec::new()))),
                         Err(error) => Err(error.clone()),
                     },
                 };

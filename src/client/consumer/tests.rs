@@ -282,6 +282,27 @@ async fn poll_reads_shards_at_once(fenced: bool) {
     consumer.ack_all(&one).await.expect("ack");
 }
 
+/// One multi-stream XREADGROUP fails as a whole when one stream's group is gone (`NOGROUP`): the
+/// shard at fault must not stop the others, so the consumer reads each shard alone then.
+#[tokio::test]
+async fn a_shard_whose_consumer_group_is_gone_does_not_stop_reads_of_the_others() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
+    publish(&store, 0, 1).await;
+    publish(&store, 1, 1).await;
+    for delivery in poll_n(&consumer, 2).await {
+        consumer.ack(&delivery).await.expect("ack");
+    }
+    assert!(store.destroy_consumer_group(&group().stream_key(1), &group().consumer_group));
+    publish(&store, 0, 2).await;
+    publish(&store, 1, 2).await;
+    let polled = consumer.poll(10).await.expect("shard 0's entries are delivered despite shard 1");
+    assert_eq!(polled.len(), 2, "{polled:?}");
+    assert!(polled.iter().all(|d| d.shard == 0));
+    consumer.ack_all(&polled).await.expect("ack");
+}
+
 #[derive(Default)]
 struct Recorder {
     calls: std::sync::Mutex<Vec<(&'static str, Vec<ShardId>)>>,

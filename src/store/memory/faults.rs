@@ -188,6 +188,12 @@ impl MemoryStore {
         true
     }
 
+    /// An operator's `XGROUP DESTROY` of a shard stream's consumer group: reads of that stream
+    /// fail with `NOGROUP` until the group is created again. Returns whether it existed.
+    pub fn destroy_consumer_group(&self, stream: &str, group: &str) -> bool {
+        self.lock().streams.destroy_group(stream, group)
+    }
+
     /// Fault 4: starts (`Some`) or ends (`None`) an outage. Calls already past their admission
     /// and still in flight fail too when they reach the server during an outage.
     pub fn set_outage(&self, mode: Option<OutageMode>) {

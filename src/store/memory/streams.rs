@@ -114,6 +114,12 @@ impl Streams {
         log.groups.entry(group.to_string()).or_insert_with(|| ConsumerGroup { last_delivered, ..Default::default() });
     }
 
+    /// `XGROUP DESTROY stream group`: the group and its pending entries are gone. Returns whether
+    /// it existed.
+    pub(super) fn destroy_group(&mut self, stream: &str, group: &str) -> bool {
+        self.logs.get_mut(stream).is_some_and(|log| log.groups.remove(group).is_some())
+    }
+
     /// `XREADGROUP GROUP group consumer COUNT count STREAMS …`. Every stream and group is checked
     /// before anything is delivered (NOGROUP fails the whole call). Returns every stream of the
     /// call, in call order, with what it delivered (possibly nothing).
