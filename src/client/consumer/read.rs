@@ -192,7 +192,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         let now_ms = self.shared.clock.now_ms();
         let mut calls = Vec::with_capacity(plans.len());
         let mut reads = Vec::with_capacity(plans.len());
-        let mut plain: Vec<(String, ReadFrom)> = Vec::new();
+        let mut plain: Vec<((String, ReadFrom), ReadPlan)> = Vec::new();
         for (first, count) in plans {
             let plan = self.shared.with_core(|core| {
                 let plan = core.plan_for(now_ms, first.shard, first.generation)?;
@@ -208,7 +208,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                     from: ReadFrom::New,
                     count,
                 }),
-                None => plain.push((group.stream_key(plan.shard), ReadFrom::New)),
+                None => plain.push(((group.stream_key(plan.shard), ReadFrom::New), plan)),
             }
             calls.push((plan, count, guard));
         }
@@ -225,13 +225,25 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         let unfenced = async {
             let Some(count) = plain_count else { return Ok(BTreeMap::new()) };
             let store = &self.shared.store;
-            match store.xreadgroup(&group.consumer_group, member, &plain, count, None).await {
+            let streams: Vec<(String, ReadFrom)> = plain.iter().map(|(read, _)| read.clone()).collect();
+            match store.xreadgroup(&group.consumer_group, member, &streams, count, None).await {
                 // XREADGROUP leaves out a stream that had nothing new.
                 Ok(replies) => Ok(replies.into_iter().map(|(stream, entries)| (stream, Ok(entries))).collect()),
                 // The server refused the call (one stream's group is gone: `NOGROUP` fails them
                 // all): each shard is read on its own, so only the shard at fault fails.
+                // A shard is read again only if it may still be read now: the lease and its
+                // permission are re-checked right before these calls as before the first one (a
+                // shard that may not is read nothing).
                 Err(error) if plain.len() > 1 && !matches!(error, StoreError::Unavailable(_)) => {
-                    let alone = plain.iter().map(|read| async move {
+                    let now_ms = self.shared.clock.now_ms();
+                    let still: Vec<bool> = self.shared.with_core(|core| {
+                        let mut may = |plan: &ReadPlan| core.plan_for(now_ms, plan.shard, plan.generation);
+                        plain.iter().map(|(_, plan)| may(plan).is_some_and(|now| now.step == plan.step)).collect()
+                    });
+                    let alone = plain.iter().zip(still).map(|((read, _), still)| async move {
+                        if !still {
+                            return (read.0.clone(), Ok(Vec::new()));
+                        }
                         let got =
                             store.xreadgroup(&group.consumer_group, member, std::slice::from_ref(read), count, None);
                         (read.0.clone(), got.await.map(|replies| replies.into_iter().flat_map(|(_, e)| e).collect()))

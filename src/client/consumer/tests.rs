@@ -303,6 +303,31 @@ async fn a_shard_whose_consumer_group_is_gone_does_not_stop_reads_of_the_others(
     consumer.ack_all(&polled).await.expect("ack");
 }
 
+/// The shard-by-shard reads after a refused multi-stream read are calls like any other: they go
+/// only while the lease holds, re-checked right before them.
+#[tokio::test]
+async fn the_reads_after_a_refused_multi_stream_read_wait_for_nothing_once_the_lease_ended() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
+    publish(&store, 0, 1).await;
+    publish(&store, 1, 1).await;
+    for delivery in poll_n(&consumer, 2).await {
+        consumer.ack(&delivery).await.expect("ack");
+    }
+    assert!(store.destroy_consumer_group(&group().stream_key(1), &group().consumer_group));
+    publish(&store, 0, 2).await;
+    // No more grants: the lease (400 ms) ends while the refused read (1 s round trip) is out.
+    coordinator.with(|s| s.up = false);
+    store.set_latency_ms(1_000);
+    store.clear_logs();
+    let polled = consumer.poll(10).await;
+    store.set_latency_ms(0);
+    let reads = store.read_log();
+    assert!(!reads.is_empty() && reads.iter().all(|r| r.error.is_some()), "only the refused read went: {reads:?}");
+    assert!(polled.map_or(true, |d| d.is_empty()));
+}
+
 #[derive(Default)]
 struct Recorder {
     calls: std::sync::Mutex<Vec<(&'static str, Vec<ShardId>)>>,
