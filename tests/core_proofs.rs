@@ -11,7 +11,7 @@ use core_support::{beat, group_id, test_view_key, Client, World};
 use rsc::core::model::LossEvidence;
 use rsc::core::proof::{Fact, ViewKey};
 use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatStatus, RoutingReport};
-use rsc::core::{decide_admin, Context, Observations, PlantedBug, PlantedBugs};
+use rsc::core::{decide_admin, Context, Creation, Observations, PlantedBug, PlantedBugs};
 
 /// A report of `version` and `count` with proofs under a key that is not the group's.
 fn forged(version: u64, count: u32) -> RoutingReport {
@@ -143,7 +143,7 @@ fn a_group_an_older_release_wrote_credits_reports_until_its_first_write_outside_
         nonce: 9,
         fresh_view_key: Some(key),
     };
-    let decision = decide_admin(Some(&quiet), &add, false, ctx(w.revision));
+    let decision = decide_admin(Some(&quiet), &add, Creation::Plain, ctx(w.revision));
     assert_eq!(decision.write.next.expect("a write").view_key, Some(key));
 
     // The compatibility rule's safe case: without a key, a report is credited as before.
@@ -152,12 +152,12 @@ fn a_group_an_older_release_wrote_credits_reports_until_its_first_write_outside_
     assert!(w.g.correction.is_some(), "credited: a keyless group cannot tell a forged report");
     // During the round no key is drawn: the lost history's reports must keep counting.
     let add = AdminRequest::AddShards { group: group_id(), expected_revision: w.revision, new_shard_count: 3 };
-    let decision = decide_admin(Some(&w.g), &add, false, ctx(w.revision));
+    let decision = decide_admin(Some(&w.g), &add, Creation::Plain, ctx(w.revision));
     assert_eq!(decision.write.next.expect("a write").view_key, None, "no key while a round runs");
 }
 
 #[test]
-fn a_group_recreated_after_its_record_was_lost_credits_the_lost_history_during_its_round() {
+fn a_group_recreated_after_its_record_was_lost_keeps_the_lost_key_when_the_caller_remembers_it() {
     let obs = Observations::default();
     let ctx = Context {
         stored_revision: 0,
@@ -167,14 +167,31 @@ fn a_group_recreated_after_its_record_was_lost_credits_the_lost_history_during_i
         fresh_view_key: Some(ViewKey::from_bytes([0x33; 32])),
     };
     let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
-    let fresh = decide_admin(None, &create, false, ctx).write.next.expect("created");
-    assert!(fresh.view_key.is_some(), "a create draws a key");
-    let recreated = decide_admin(None, &create, true, ctx).write.next.expect("recreated");
-    assert_eq!(
-        recreated.view_key, None,
-        "the old key died with the record: proofs of the lost history cannot be checked"
-    );
-    assert!(recreated.correction.is_some());
+    let fresh = decide_admin(None, &create, Creation::Plain, ctx).write.next.expect("created");
+    assert_eq!(fresh.view_key, ctx.fresh_view_key, "a create draws a key");
+    assert!(fresh.correction.is_none());
+
+    let lost = ViewKey::from_bytes([0x44; 32]);
+    let kept = decide_admin(None, &create, Creation::Recreate { lost_key: Some(lost) }, ctx);
+    let kept = kept.write.next.expect("recreated");
+    assert_eq!(kept.view_key, Some(lost), "the lost record's key: its history's proofs still verify");
+    assert!(kept.correction.is_some(), "a recreate starts a round");
+    // A report proven under the lost key is evidence; the same number made up is not.
+    let mut w = World::new(2);
+    w.g = kept.clone();
+    let ahead = w.g.metadata_version + 5;
+    let forged = RoutingReport { known_shard_count: 9, ..RoutingReport::version(ahead) };
+    w.routing_report(forged).expect("answered");
+    assert_eq!((w.g.shard_count, w.g.max_client_version_seen), (2, kept.max_client_version_seen), "unproven");
+    let proven =
+        RoutingReport::version(ahead).proven(Some(lost.prove(&group_id(), Fact::MetadataVersion, ahead)), None);
+    w.routing_report(proven).expect("answered");
+    assert_eq!(w.g.max_client_version_seen, ahead, "proven under the lost key: credited");
+
+    let keyless = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx);
+    let keyless = keyless.write.next.expect("recreated");
+    assert_eq!(keyless.view_key, None, "no key known: the lost history's proofs cannot be checked");
+    assert!(keyless.correction.is_some());
 }
 
 #[test]

@@ -7,7 +7,7 @@ use core_support::{beat, group_id, Client, World};
 use rsc::core::model::{GroupConfig, MemberState, ShardOwner};
 use rsc::core::proof::Fact;
 use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatStatus, RevokeReport};
-use rsc::core::{decide_admin, Context, LocalView};
+use rsc::core::{decide_admin, Context, Creation, LocalView};
 
 #[test]
 fn join_of_a_single_member_gets_ok_with_every_shard_and_a_never_reused_epoch() {
@@ -238,7 +238,7 @@ fn admin_mutations_check_revisions_and_inputs() {
     let ctx =
         Context { fresh_view_key: None, stored_revision: 0, observations: &obs, planted: Default::default(), nonce: 1 };
     let missing = AdminRequest::DeleteGroup { group: group.clone(), expected_revision: 1 };
-    assert_eq!(decide_admin(None, &missing, false, ctx).outcome.unwrap_err().code, ErrorCode::GroupNotFound);
+    assert_eq!(decide_admin(None, &missing, Creation::Plain, ctx).outcome.unwrap_err().code, ErrorCode::GroupNotFound);
 
     let mut a = Client::new("a");
     beat(&mut w, &mut a).expect("a");

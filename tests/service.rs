@@ -567,14 +567,17 @@ async fn a_group_without_a_key_gets_one_at_its_first_write() {
 /// lost the group's record *and* its index entry, and the operator's create made a new group with
 /// a new key, under which the old incarnation's proofs no longer verified. A process that held the
 /// group and found it gone without deleting it now treats the create as a recreate: a correction
-/// round, no key until it ends, so reports of the lost versions are credited. A process that never
-/// held the group cannot tell it from a new one: a plain create.
+/// round, and the lost record's key, which it remembers, so reports of the lost versions are
+/// proven and made-up ones are not. A process that never held the group cannot tell it from a new
+/// one: a plain create.
 #[tokio::test]
 async fn a_create_of_a_group_this_process_saw_vanish_is_a_recreate() {
     let store = MemoryStore::new(17);
     let c = short_mutex(&store, "c1");
     create(&c, 2).await;
     let a = c.heartbeat(join("a")).await.expect("a joins");
+    let lost_key = recorded(&store).expect("record").view_key;
+    assert!(lost_key.is_some());
     store.flush_all();
     c.tick_all().await;
     c.tick_all().await;
@@ -590,11 +593,17 @@ async fn a_create_of_a_group_this_process_saw_vanish_is_a_recreate() {
     c.admin(create_again).await.expect("recreated");
     let recreated = recorded(&store).expect("record");
     assert!(recreated.correction.is_some(), "c1 saw it vanish: a recreate, with a round");
-    assert_eq!(recreated.view_key, None, "no key while the round runs");
-    // A's version from the lost incarnation is credited: later versions skip past it.
-    let report = RoutingReport::version(a.metadata_version + 3).proven(a.metadata_version_proof, None);
+    assert_eq!(recreated.view_key, lost_key, "c1 remembers the lost record's key: the recreate keeps it");
+    // A made-up count and version, with a token or not, change nothing during the round
+    // (the simulation's swarm seed 5014: a forger grew a recreated group from 1 to 53 shards).
+    let forged = RoutingReport { known_shard_count: 64, ..RoutingReport::version(a.metadata_version + 1_000) };
+    c.routing(&group(), forged).await.expect("routing");
+    let after = recorded(&store).expect("record");
+    assert_eq!((after.shard_count, after.max_client_version_seen), (2, recreated.max_client_version_seen));
+    // A's version from the lost incarnation is proven under the kept key: later versions skip it.
+    let report = RoutingReport::version(a.metadata_version).proven(a.metadata_version_proof, None);
     c.routing(&group(), report).await.expect("routing");
-    assert_eq!(recorded(&store).expect("record").max_client_version_seen, a.metadata_version + 3);
+    assert_eq!(recorded(&store).expect("record").max_client_version_seen, a.metadata_version);
 }
 
 /// The same without a tick between the loss and the create: the ticker reads the index only every

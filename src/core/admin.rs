@@ -10,14 +10,26 @@ use super::proof::ViewKey;
 use super::protocol::{AdminRequest, AdminResponse, ApiError, ErrorCode};
 use super::transition::{Transition, Written};
 
-/// Decides an admin mutation against the loaded state (`None`: the key is absent). `recreate` is
-/// true when the group was known (index) but its metadata key is gone: the new record starts with a
-/// correction round, because consumers of the lost record may still hold leases.
+/// How a create of an absent record is made (ignored by every other mutation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Creation {
+    /// Nothing says the group existed: a new group, with the caller's fresh view key.
+    Plain,
+    /// The group was known (index, or this process held it) but its metadata key is gone: the new
+    /// record starts with a correction round, because consumers of the lost record may still hold
+    /// leases. `lost_key` is the view key of the lost record when the caller remembers it (DESIGN
+    /// §8): the record keeps it, so the proofs clients got from the lost history still verify and
+    /// a made-up report still does not. Without it the record has no key until the round ends.
+    Recreate { lost_key: Option<ViewKey> },
+}
+
+/// Decides an admin mutation against the loaded state (`None`: the key is absent); `creation`
+/// says how a create of an absent record is made.
 /// A `DeleteGroup` decision writes nothing: the caller deletes with the checked revision.
 pub fn decide_admin(
     g: Option<&GroupMetadata>,
     req: &AdminRequest,
-    recreate: bool,
+    creation: Creation,
     ctx: Context<'_>,
 ) -> Decision<AdminResponse> {
     let group = req.group().clone();
@@ -30,7 +42,7 @@ pub fn decide_admin(
     let Some(g) = g else {
         return match req {
             AdminRequest::CreateGroup { shard_count, config, .. } => {
-                create(group, *shard_count, config, recreate, ctx.fresh_view_key)
+                create(group, *shard_count, config, creation, ctx.fresh_view_key)
             }
             _ => reject(ErrorCode::GroupNotFound, format!("group {group} does not exist")),
         };
@@ -83,15 +95,20 @@ fn create(
     group: super::model::GroupId,
     shard_count: u32,
     config: &super::model::GroupConfig,
-    recreate: bool,
+    creation: Creation,
     view_key: Option<ViewKey>,
 ) -> Decision<AdminResponse> {
     let mut next = GroupMetadata::new(group.clone(), shard_count, config.clone());
-    // A recreate after the record was lost draws no key yet: the proofs clients hold died with
-    // the old key, and their reports of the lost versions must still count, or versions would be
-    // issued again. Its first write after the round draws one (`Transition::finish`).
-    next.view_key = if recreate { None } else { view_key };
-    if recreate {
+    next.view_key = match creation {
+        Creation::Plain => view_key,
+        // The lost record's key: proofs of the lost history verify, forged reports do not.
+        Creation::Recreate { lost_key: Some(key) } => Some(key),
+        // No key known: the proofs clients hold died with the old one, and their reports of the
+        // lost versions must still count, or versions would be issued again. The first write
+        // after the round draws one (`Transition::finish`).
+        Creation::Recreate { lost_key: None } => None,
+    };
+    if matches!(creation, Creation::Recreate { .. }) {
         let wait = match next.allocate_wait() {
             Ok(wait) => wait,
             Err(exhausted) => return Decision::refuse(exhausted),

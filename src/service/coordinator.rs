@@ -23,18 +23,20 @@ use tokio::time::{Duration, Instant};
 use super::cache::DecodedCache;
 use super::marks::{ReadOrder, ReadTicket, RevisionVerdict};
 use super::monitors::GroupMonitors;
-use super::pruning::Forget;
+use super::pruning::{Forget, Vanished};
 use super::shutdown::ShutdownGate;
 use crate::core::engine::{heals_lost_add_shards, routing_view, version_credited};
 use crate::core::input::{check_admin_request, check_heartbeat_request, check_routing_report, InputError};
 use crate::core::model::{GroupId, GroupMetadata, LossEvidence, MemberId};
+use crate::core::proof::ViewKey;
 use crate::core::protocol::{
     AdminRequest, AdminResponse, ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingReport,
     RoutingResponse,
 };
 use crate::core::{
     check_session, decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick,
-    deferral_renewable_without_read, tick_deferral_ms, Decision, LocalView, Observations, PlantedBug, PlantedBugs,
+    deferral_renewable_without_read, tick_deferral_ms, Creation, Decision, LocalView, Observations, PlantedBug,
+    PlantedBugs,
 };
 use crate::metrics::Metrics;
 use crate::store::{
@@ -189,11 +191,16 @@ pub(super) struct LocalState {
     /// [`missing_at_tick`](Coordinator::missing_at_tick)).
     pub(super) missing_at_tick: BTreeSet<GroupId>,
     /// Groups this process held that it later found gone (key and index entry) without deleting
-    /// them itself, and when: a store that lost a group's record *and* its index entry looks
-    /// like a group that never existed, and an operator's create of the name is then a recreate
-    /// (DESIGN §8: the old incarnation's proofs cannot be checked). At most
-    /// `VANISHED_MAX` entries, each kept for `VANISHED_MEMORY` (`super::pruning`).
-    pub(super) vanished: BTreeMap<GroupId, Instant>,
+    /// them itself, when, and their last view key: a store that lost a group's record *and* its
+    /// index entry looks like a group that never existed, and an operator's create of the name is
+    /// then a recreate, which keeps the key (DESIGN §8). At most `VANISHED_MAX` entries, each
+    /// kept for `VANISHED_MEMORY` (`super::pruning`).
+    pub(super) vanished: BTreeMap<GroupId, Vanished>,
+    /// The view key of the last record of each held group this process decoded or wrote: a
+    /// recreate after the record was lost keeps it, so the lost history's proofs still verify
+    /// and nobody else's do (DESIGN §8). Survives identity changes (the key is evidence exactly
+    /// when the store lost writes); forgotten with the group (`super::pruning`).
+    pub(super) view_keys: BTreeMap<GroupId, ViewKey>,
     /// Set by any `Unavailable` store error (a failover or restart breaks connections): the next
     /// request re-checks the server identity before answering from what it reads.
     pub(super) identity_suspect: bool,
@@ -334,6 +341,7 @@ impl<S: MetadataStore> Coordinator<S> {
             regressed: BTreeMap::new(),
             missing_at_tick: BTreeSet::new(),
             vanished: BTreeMap::new(),
+            view_keys: BTreeMap::new(),
             identity_suspect: false,
             deferred: BTreeMap::new(),
             dirty: BTreeSet::new(),
@@ -711,9 +719,13 @@ impl<S: MetadataStore> Coordinator<S> {
         check_admin_request(&req).map_err(bad_request)?;
         self.check_lease_ceiling(&req)?;
         let create = matches!(req, AdminRequest::CreateGroup { .. });
-        let recreate = create && (self.vanished_here(&group) || self.index_knows(&group).await?);
+        let creation = if create && (self.vanished_here(&group) || self.index_knows(&group).await?) {
+            Creation::Recreate { lost_key: self.remembered_view_key(&group) }
+        } else {
+            Creation::Plain
+        };
         let decided = self
-            .critical(&group, false, |g, rev, obs| decide_admin(g, &req, recreate, self.context(g, rev, obs)))
+            .critical(&group, false, |g, rev, obs| decide_admin(g, &req, creation, self.context(g, rev, obs)))
             .await;
         let response = match decided {
             // A mutation of a group whose metadata key is gone: METADATA_MISSING when the group is

@@ -117,6 +117,7 @@ impl<S: MetadataStore> Coordinator<S> {
                     if let Some(stamp) = written_record.stamp() {
                         self.relay_write(&next, &stamp);
                     }
+                    self.note_view_key(group, &next);
                     self.inner.cache.put(group, written_record, Arc::new(next));
                     for member in &decision.write.liveness_remove {
                         self.inner.metrics.forget("rsc_member_heartbeat_age_seconds", "member", member);
@@ -275,7 +276,8 @@ impl<S: MetadataStore> Coordinator<S> {
                 local.deferred.remove(group);
             }
         }
-        self.inner.cache.decode(group, record, |record| decode(group, record)).inspect_err(|e| {
+        let decoded = |record: &StoredRecord| decode(group, record).inspect(|g| self.note_view_key(group, g));
+        self.inner.cache.decode(group, record, decoded).inspect_err(|e| {
             tracing::error!(%group, message = %e.message, "stored metadata is incompatible; failing closed");
             self.count_schema_error(group);
         })
@@ -354,7 +356,7 @@ impl<S: MetadataStore> Coordinator<S> {
         };
         let _ = self
             .critical(group, false, |g, rev, obs| {
-                crate::core::decide_admin(g, &create, false, self.context(g, rev, obs))
+                crate::core::decide_admin(g, &create, crate::core::Creation::Plain, self.context(g, rev, obs))
             })
             .await;
     }

@@ -14,15 +14,16 @@
 //! name is kept, and when it vanished (`LocalState::vanished`, bounded in count and time), if
 //! this process held it and did not delete it itself: a store that lost the record *and* the
 //! index entry leaves the same state as a delete through another instance, and a create of the
-//! name is then a recreate — a correction round, and reports of the lost incarnation credited
-//! during it, since their proofs died with its key (DESIGN §8). A delete through another instance
-//! followed by a create of the same name pays that round too.
+//! name is then a recreate — a correction round, and the lost record's view key (kept in the
+//! `vanished` entry), so the lost incarnation's proofs still verify (DESIGN §8). A delete through
+//! another instance followed by a create of the same name pays that round too.
 //! Invariant: after [`Coordinator::forget_group`], no per-group map of this process names the
 //! group but `vanished`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::core::model::GroupId;
+use crate::core::model::{GroupId, GroupMetadata};
+use crate::core::proof::ViewKey;
 use crate::core::protocol::{ApiError, ErrorCode};
 use crate::store::keys::parse_index_entry;
 use crate::store::MetadataStore;
@@ -56,6 +57,8 @@ pub struct LocalSizes {
     pub view: usize,
     /// Groups with a revision mark.
     pub marks: usize,
+    /// Groups whose last view key is remembered (`LocalState::view_keys`).
+    pub view_keys: usize,
     /// Groups that recorded evidence in the current identity generation.
     pub evidence_recorded: usize,
     /// Groups with a regression still to record.
@@ -76,6 +79,7 @@ impl LocalSizes {
             + self.cache
             + self.view
             + self.marks
+            + self.view_keys
             + self.evidence_recorded
             + self.regressed
             + self.missing_at_tick
@@ -90,8 +94,9 @@ impl<S: MetadataStore> Coordinator<S> {
         self.inner.cache.forget(group);
         {
             let mut local = self.local();
+            let view_key = local.view_keys.remove(group);
             if matches!(why, Forget::FoundAbsent) && local.view.holds(group) {
-                remember_vanished(&mut local.vanished, group, Instant::now());
+                remember_vanished(&mut local.vanished, group, Instant::now(), view_key);
             }
             local.view.forget(group);
             local.reads.forget(group);
@@ -122,6 +127,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 || local.evidence_recorded.contains_key(group)
                 || local.regressed.contains_key(group)
                 || local.missing_at_tick.contains(group)
+                || local.view_keys.contains_key(group)
         };
         if held || self.inner.cache.get(group).is_some() {
             self.forget_group(group, Forget::FoundAbsent);
@@ -138,6 +144,7 @@ impl<S: MetadataStore> Coordinator<S> {
             groups.extend(local.evidence_recorded.keys().cloned());
             groups.extend(local.regressed.keys().cloned());
             groups.extend(local.missing_at_tick.iter().cloned());
+            groups.extend(local.view_keys.keys().cloned());
             groups
         };
         let labelled = self.inner.metrics.label_values("group", &[MISSING_TOTAL]);
@@ -182,7 +189,7 @@ impl<S: MetadataStore> Coordinator<S> {
     /// The sizes of this process's per-group structures.
     #[doc(hidden)]
     pub fn debug_sizes(&self) -> LocalSizes {
-        let (view, marks, evidence_recorded, regressed, missing_at_tick, tick_state) = {
+        let (view, marks, evidence_recorded, regressed, missing_at_tick, tick_state, view_keys) = {
             let local = self.local();
             let view = local.view.groups().len();
             let tick_state = local.deferred.len()
@@ -191,13 +198,14 @@ impl<S: MetadataStore> Coordinator<S> {
                 + local.gauges_exported.len()
                 + local.relay.pending();
             let counts = (local.reads.len(), local.evidence_recorded.len(), local.regressed.len());
-            (view, counts.0, counts.1, counts.2, local.missing_at_tick.len(), tick_state)
+            (view, counts.0, counts.1, counts.2, local.missing_at_tick.len(), tick_state, local.view_keys.len())
         };
         LocalSizes {
             monitors: self.inner.monitors.len(),
             cache: self.inner.cache.len(),
             view,
             marks,
+            view_keys,
             evidence_recorded,
             regressed,
             missing_at_tick,
@@ -212,13 +220,27 @@ pub(super) const VANISHED_MEMORY: Duration = Duration::from_secs(3_600);
 /// At most this many vanished groups are remembered (the oldest go first).
 pub(super) const VANISHED_MAX: usize = 4_096;
 
+/// A group this process held that vanished (`LocalState::vanished`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Vanished {
+    /// When this process found it gone.
+    pub(super) at: Instant,
+    /// The view key of its last record this process saw, if any: a recreate keeps it.
+    pub(super) view_key: Option<ViewKey>,
+}
+
 /// Records that `group` vanished at `now`, forgetting entries older than [`VANISHED_MEMORY`] and
 /// the oldest beyond [`VANISHED_MAX`].
-fn remember_vanished(vanished: &mut BTreeMap<GroupId, Instant>, group: &GroupId, now: Instant) {
-    vanished.retain(|_, at| now.saturating_duration_since(*at) < VANISHED_MEMORY);
-    vanished.insert(group.clone(), now);
+fn remember_vanished(
+    vanished: &mut BTreeMap<GroupId, Vanished>,
+    group: &GroupId,
+    now: Instant,
+    view_key: Option<ViewKey>,
+) {
+    vanished.retain(|_, v| now.saturating_duration_since(v.at) < VANISHED_MEMORY);
+    vanished.insert(group.clone(), Vanished { at: now, view_key });
     while vanished.len() > VANISHED_MAX {
-        let Some(oldest) = vanished.iter().min_by_key(|(_, at)| **at).map(|(g, _)| g.clone()) else { break };
+        let Some(oldest) = vanished.iter().min_by_key(|(_, v)| v.at).map(|(g, _)| g.clone()) else { break };
         vanished.remove(&oldest);
     }
 }
@@ -229,9 +251,31 @@ impl<S: MetadataStore> Coordinator<S> {
     /// group whose record exists is refused whatever this says).
     pub(super) fn vanished_here(&self, group: &GroupId) -> bool {
         let local = self.local();
-        local.vanished.get(group).is_some_and(|at| at.elapsed() < VANISHED_MEMORY)
+        local.vanished.get(group).is_some_and(|v| v.at.elapsed() < VANISHED_MEMORY)
             // Held, and not deleted here (a delete forgets it): if its record is gone, it vanished
             // before a tick's sweep noticed (the sweep reads the index only every refresh period).
             || local.view.holds(group)
+    }
+
+    /// The view key of `group`'s last record this process saw, while it holds the group or
+    /// remembers it vanished: what a recreate keeps (DESIGN §8).
+    pub(super) fn remembered_view_key(&self, group: &GroupId) -> Option<ViewKey> {
+        let local = self.local();
+        local
+            .view_keys
+            .get(group)
+            .copied()
+            .or_else(|| local.vanished.get(group).filter(|v| v.at.elapsed() < VANISHED_MEMORY).and_then(|v| v.view_key))
+    }
+
+    /// Remembers the view key of a record of `group` this process decoded or wrote. A record
+    /// without one (an older release's rewrite) leaves the last key seen.
+    pub(super) fn note_view_key(&self, group: &GroupId, metadata: &GroupMetadata) {
+        if let Some(key) = metadata.view_key {
+            let mut local = self.local();
+            if local.view_keys.get(group) != Some(&key) {
+                local.view_keys.insert(group.clone(), key);
+            }
+        }
     }
 }

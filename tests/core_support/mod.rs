@@ -14,7 +14,8 @@ use rsc::core::protocol::{
     RoutingResponse,
 };
 use rsc::core::{
-    decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Context, Decision, LocalView,
+    decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Context, Creation, Decision,
+    LocalView,
 };
 
 /// The view-proof key of every test world's group (DESIGN §8); tests that forge proofs use
@@ -65,7 +66,7 @@ impl World {
             planted: Default::default(),
             nonce: 1,
         };
-        let decision = decide_admin(None, &create, false, ctx);
+        let decision = decide_admin(None, &create, Creation::Plain, ctx);
         let g = decision.write.next.expect("create writes");
         g.validate().expect("valid");
         Self {
@@ -172,7 +173,7 @@ impl World {
             planted: self.planted,
             nonce: self.nonce(),
         };
-        let mut decision = decide_admin(Some(&self.g), req, false, ctx);
+        let mut decision = decide_admin(Some(&self.g), req, Creation::Plain, ctx);
         self.apply(&mut decision);
         decision.outcome
     }
