@@ -4,7 +4,9 @@
 //! - a full rebalance: the decision for a new member's join (target recomputation with the sticky
 //!   assignor, reconciliation of every shard, version/epoch bookkeeping, the cloned next state);
 //! - the sticky assignor alone on the same join (the part Kafka's assignor benchmarks measure);
-//! - a steady heartbeat decision that changes nothing (the read-only path);
+//! - a steady heartbeat decision that changes nothing (the read-only path), for a group without
+//!   a view-proof key (written by an older release) and with one (every answer then carries its
+//!   HMAC proof of the version, DESIGN §8), side by side;
 //! - the aggregate's JSON size, and the time to encode it.
 //!
 //! Median of several runs, in microseconds. Run: `cargo bench --bench core`.
@@ -13,7 +15,8 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use rsc::core::assignor::{Assignor, StickyUniform};
-use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, Member, MemberState, ShardOwner};
+use rsc::core::model::{Fence, GroupConfig, GroupId, GroupMetadata, Member, MemberState, ShardOwner};
+use rsc::core::proof::ViewKey;
 use rsc::core::protocol::HeartbeatRequest;
 use rsc::core::{decide_heartbeat, Context, Observations};
 
@@ -36,7 +39,10 @@ fn settled(members: usize, shards: u32) -> GroupMetadata {
     }
     g.target = StickyUniform.assign(shards, &ids, &BTreeMap::new(), &BTreeMap::new());
     for (shard, member) in &g.target {
-        g.current.insert(*shard, ShardOwner::Owned { member: member.clone(), since_assignment_epoch: 1, fence: None });
+        // Fencing is on by default: a settled grant carries its fence (without one, the next
+        // decision raises it, which is a write, not a steady heartbeat).
+        let fence = Some(Fence { counter: 1, nonce: u64::from(*shard) });
+        g.current.insert(*shard, ShardOwner::Owned { member: member.clone(), since_assignment_epoch: 1, fence });
     }
     g.validate().expect("settled state is valid");
     g
@@ -73,8 +79,8 @@ fn median_us(runs: usize, mut f: impl FnMut()) -> f64 {
 fn main() {
     let obs = Observations::default();
     println!(
-        "{:>8} {:>7} | {:>13} {:>12} {:>13} {:>11} {:>12}",
-        "members", "shards", "rebalance_us", "assignor_us", "heartbeat_us", "json_bytes", "encode_us"
+        "{:>8} {:>7} | {:>13} {:>12} {:>13} {:>12} {:>11} {:>12}",
+        "members", "shards", "rebalance_us", "assignor_us", "heartbeat_us", "keyed_hb_us", "json_bytes", "encode_us"
     );
     for members in [10usize, 100, 1_000] {
         for shards in [64u32, 1_024, 16_384] {
@@ -103,12 +109,22 @@ fn main() {
                 let d = decide_heartbeat(&g, &steady, ctx);
                 assert!(d.write.next.is_none(), "a steady heartbeat changes nothing");
             });
+            let mut keyed = g.clone();
+            keyed.view_key = Some(ViewKey::from_bytes([7; 32]));
+            let keyed_heartbeat = median_us(runs, || {
+                let d = decide_heartbeat(&keyed, &steady, ctx);
+                assert!(d.write.next.is_none(), "a steady heartbeat changes nothing");
+                assert!(
+                    d.outcome.as_ref().is_ok_and(|r| r.metadata_version_proof.is_some()),
+                    "a keyed group's answer carries a proof"
+                );
+            });
             let json = serde_json::to_string(&g).expect("encodes");
             let encode = median_us(runs, || {
                 std::hint::black_box(serde_json::to_string(&g).expect("encodes"));
             });
             println!(
-                "{members:>8} {shards:>7} | {rebalance:>13.1} {assignor:>12.1} {heartbeat:>13.1} {:>11} {encode:>12.1}",
+                "{members:>8} {shards:>7} | {rebalance:>13.1} {assignor:>12.1} {heartbeat:>13.1} {keyed_heartbeat:>12.1} {:>11} {encode:>12.1}",
                 json.len()
             );
         }
