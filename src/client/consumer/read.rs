@@ -231,14 +231,16 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 Ok(replies) => Ok(replies.into_iter().map(|(stream, entries)| (stream, Ok(entries))).collect()),
                 // The server refused the call (one stream's group is gone: `NOGROUP` fails them
                 // all): each shard is read on its own, so only the shard at fault fails.
-                // A shard is read again only if it may still be read now: the lease and its
-                // permission are re-checked right before these calls as before the first one (a
-                // shard that may not is read nothing).
+                // A shard is read again only if it may still be read now, and still unfenced: the
+                // lease and its permission are re-checked right before these calls as before the
+                // first one, and a grant that an answer fenced meanwhile is left to the next poll's
+                // fenced read (a shard that may not be read so is read nothing).
                 Err(error) if plain.len() > 1 && !matches!(error, StoreError::Unavailable(_)) => {
                     let now_ms = self.shared.clock.now_ms();
                     let still: Vec<bool> = self.shared.with_core(|core| {
                         let mut may = |plan: &ReadPlan| core.plan_for(now_ms, plan.shard, plan.generation);
-                        plain.iter().map(|(_, plan)| may(plan).is_some_and(|now| now.step == plan.step)).collect()
+                        let same = |plan: &ReadPlan, now: ReadPlan| now.step == plan.step && now.fence == plan.fence;
+                        plain.iter().map(|(_, plan)| may(plan).is_some_and(|now| same(plan, now))).collect()
                     });
                     let alone = plain.iter().zip(still).map(|((read, _), still)| async move {
                         if !still {

@@ -328,6 +328,40 @@ async fn the_reads_after_a_refused_multi_stream_read_wait_for_nothing_once_the_l
     assert!(polled.map_or(true, |d| d.is_empty()));
 }
 
+/// The same, for a fence: a grant that a heartbeat answer fenced while the refused read was out
+/// is not read again unfenced (hostile review L1); the next poll reads it through its fence.
+#[tokio::test]
+async fn the_reads_after_a_refused_multi_stream_read_skip_a_shard_fenced_meanwhile() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
+    publish(&store, 0, 1).await;
+    publish(&store, 1, 1).await;
+    for delivery in poll_n(&consumer, 2).await {
+        consumer.ack(&delivery).await.expect("ack");
+    }
+    assert!(store.destroy_consumer_group(&group().stream_key(1), &group().consumer_group));
+    publish(&store, 0, 2).await;
+    // The refused read is out for 1 s; heartbeats (every 20 ms) bring the fence at 100 ms.
+    store.set_latency_ms(1_000);
+    store.clear_logs();
+    let fence = crate::core::model::Fence { counter: 1, nonce: 7 };
+    let fencing = {
+        let coordinator = Arc::clone(&coordinator);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            coordinator.with(|s| s.fences.insert(0, fence));
+        })
+    };
+    let _ = consumer.poll(10).await;
+    fencing.await.expect("fenced");
+    store.set_latency_ms(0);
+    let reads = store.read_log();
+    let unfenced_after: Vec<_> =
+        reads.iter().filter(|r| r.stream == group().stream_key(0) && r.error.is_none() && r.fence.is_none()).collect();
+    assert!(unfenced_after.is_empty(), "shard 0 was read unfenced after its grant was fenced: {reads:?}");
+}
+
 #[derive(Default)]
 struct Recorder {
     calls: std::sync::Mutex<Vec<(&'static str, Vec<ShardId>)>>,
