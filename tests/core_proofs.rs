@@ -194,6 +194,22 @@ fn a_group_recreated_after_its_record_was_lost_keeps_the_lost_key_when_the_calle
     assert!(keyless.correction.is_some());
 }
 
+/// Hostile review L3: when the OS gives no randomness for the key, a plain create is refused
+/// rather than making a keyless group that would credit every report. A recreate without a
+/// remembered key is keyless by design (its round credits the lost history) and goes on.
+#[test]
+fn a_plain_create_without_a_fresh_key_is_refused_and_writes_nothing() {
+    let obs = Observations::default();
+    let ctx =
+        Context { stored_revision: 0, observations: &obs, planted: PlantedBugs::NONE, nonce: 3, fresh_view_key: None };
+    let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
+    let refused = decide_admin(None, &create, Creation::Plain, ctx);
+    assert_eq!(refused.outcome.expect_err("refused").code, ErrorCode::Internal);
+    assert!(refused.write.next.is_none(), "nothing written");
+    let recreated = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx);
+    assert!(recreated.write.next.is_some_and(|g| g.view_key.is_none() && g.correction.is_some()));
+}
+
 #[test]
 fn the_planted_bug_credits_unproven_reports() {
     let mut w = World::new(4);

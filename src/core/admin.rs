@@ -98,6 +98,11 @@ fn create(
     creation: Creation,
     view_key: Option<ViewKey>,
 ) -> Decision<AdminResponse> {
+    if creation == Creation::Plain && view_key.is_none() {
+        // The caller could not draw a key (the OS refused randomness): a keyless group would
+        // credit every client's report (DESIGN §8), so nothing is created; the operator retries.
+        return reject(ErrorCode::Internal, "no randomness for the group's view-proof key; nothing was created");
+    }
     let mut next = GroupMetadata::new(group.clone(), shard_count, config.clone());
     next.view_key = match creation {
         Creation::Plain => view_key,

@@ -469,14 +469,15 @@ fn wall_clock_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// 32 bytes from the OS for a group's view-proof key. `None` if the OS refuses: the group then
-/// stays without a key (reports credited as before) until a later write draws one.
+/// 32 bytes from the OS for a group's view-proof key. `None` if the OS refuses: a create is then
+/// refused (`INTERNAL`), and a keyless group stays keyless (reports credited as before) until a
+/// later write draws one.
 fn draw_view_key() -> Option<ViewKey> {
     let mut bytes = [0u8; 32];
     match getrandom::fill(&mut bytes) {
         Ok(()) => Some(ViewKey::from_bytes(bytes)),
         Err(error) => {
-            tracing::error!(%error, "no randomness for a view-proof key; the group keeps crediting unproven reports");
+            tracing::error!(%error, "no randomness for a view-proof key: a create is refused, a keyless group stays keyless");
             None
         }
     }
