@@ -253,6 +253,7 @@ pub struct PlanSummary {
     pub from_dropped_writes: usize,
     pub silent_loss_overlaps: usize,
     pub stranded: usize,
+    pub stranded_unprovable: usize,
     pub lost_version_answers: usize,
     pub delivered_never_processed_max: usize,
     pub correction_rounds_by_cause: BTreeMap<&'static str, usize>,
@@ -286,6 +287,7 @@ impl PlanSummary {
         self.from_dropped_writes += m.responses_from_dropped_writes;
         self.silent_loss_overlaps += m.silent_loss_processing_overlaps;
         self.stranded += m.stranded_entries;
+        self.stranded_unprovable += m.stranded_unprovable_entries;
         self.lost_version_answers += m.lost_version_answers;
         self.delivered_never_processed_max = self.delivered_never_processed_max.max(m.delivered_never_processed);
         for (item, n) in &outcome.coverage {
@@ -440,6 +442,12 @@ pub(crate) fn print_table(summaries: &[PlanSummary]) {
             "{:<36} stranded entries (acknowledged, never delivered, shard beyond the recorded count after the ack): {}",
             "", s.stranded
         );
+        if s.stranded_unprovable > 0 {
+            println!(
+                "{:<36} stranded entries no process could prove the lost count of (measured): {}",
+                "", s.stranded_unprovable
+            );
+        }
         if s.delivered_never_processed_max > 0 {
             println!(
                 "{:<36} entries Redis delivered in the last 45 s that no consumer processed (measured, max per seed): {}",

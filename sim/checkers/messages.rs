@@ -15,7 +15,12 @@
 //!   then read it: a stranded entry undelivered at the end is a violation
 //!   (`acknowledged-stranded`) unless its shard was healed *and* read again since (with the entry
 //!   in its undelivered tail: consumers are back on the shard and behind, which is backlog). The
-//!   plan's faults heal before the end, so there is time.
+//!   plan's faults heal before the end, so there is time. Healing needs evidence a coordinator can
+//!   check: a producer holding an answer with the larger count and its proof. When no process
+//!   held one that a key the group recorded since could verify, and was still running when the
+//!   count dropped (the producers that knew restarted, or the group was recreated under a new key
+//!   nobody knew the lost one of), nothing could heal it: such entries are counted
+//!   (`stranded_unprovable`), not failed — no protocol recovers a number nobody can prove.
 //! - *Delivered* is not enough: an entry some read returned at Redis must also reach a consumer
 //!   that processes it. A reply can be lost, or a read can run at Redis after its caller gave up;
 //!   the entry then sits pending to that consumer name until an owner sweeps it up (consumers
@@ -47,6 +52,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use rsc::core::proof::{Fact, ViewKey, ViewProof};
 use rsc::store::EntryId;
 
 use super::recorded::OldPrimaryAnswer;
@@ -121,6 +127,8 @@ pub struct MessageCounts {
     pub backlog: usize,
     /// Acknowledged, undelivered, stranded entries (each is also in a violation).
     pub stranded: usize,
+    /// Stranded entries no process could prove the lost count of (measured, not failed).
+    pub stranded_unprovable: usize,
     /// Acknowledged entries first delivered at Redis within [`SWEEP_GRACE_US`] of the end that no
     /// consumer processed (older ones are violations).
     pub delivered_never_processed: usize,
@@ -132,7 +140,7 @@ pub struct MessageCounts {
 
 /// Checks invariant 7. `answers` are the heartbeat answers derived from an old primary's states.
 pub fn check(facts: &Facts<'_>, answers: &[OldPrimaryAnswer]) -> (Vec<Violation>, MessageCounts) {
-    let (mut violations, backlog, stranded) = not_delivered(facts);
+    let (mut violations, backlog, (stranded, stranded_unprovable)) = not_delivered(facts);
     let overlaps = concurrent_processing(facts, answers);
     violations.extend(overlaps.violations);
     let (never_processed, delivered_never_processed) = delivered_never_processed(facts);
@@ -148,6 +156,7 @@ pub fn check(facts: &Facts<'_>, answers: &[OldPrimaryAnswer]) -> (Vec<Violation>
         silent_loss_overlaps: overlaps.silent_loss,
         backlog,
         stranded,
+        stranded_unprovable,
         delivered_never_processed,
         split_brain_overlaps: overlaps.split_brain,
         split_brain_lost_publishes,
@@ -210,7 +219,7 @@ fn delivered_never_processed(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
     (violations, late)
 }
 
-fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
+fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, (usize, usize)) {
     let shard_counts = RecordedShardCounts::new(facts);
     let delivered: BTreeSet<(&str, EntryId)> =
         primary_reads(facts).flat_map(|r| r.ids.iter().map(move |id| (r.stream.as_str(), *id))).collect();
@@ -222,6 +231,7 @@ fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
     let mut missing: BTreeMap<&str, (EntryId, usize, Us)> = BTreeMap::new();
     let mut stranded: BTreeMap<&str, (EntryId, usize, Us)> = BTreeMap::new();
     let mut backlog = 0;
+    let mut unprovable = 0;
     for add in primary_adds(facts) {
         let Some(acknowledged_at_us) = add.acknowledged_at_us else { continue };
         let stream = add.stream.as_str();
@@ -239,7 +249,10 @@ fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
         });
         let behind_a_delivery = last_delivered.get(stream).is_some_and(|last| *last > add.id);
         let excused_as_backlog = read_since_heal && !behind_a_delivery;
-        if beyond && !excused_as_backlog {
+        let provable = || shard.is_some_and(|s| shard_counts.provable(facts, s, acknowledged_at_us));
+        if beyond && !excused_as_backlog && !provable() {
+            unprovable += 1;
+        } else if beyond && !excused_as_backlog {
             let entry = stranded.entry(stream).or_insert((add.id, 0, acknowledged_at_us));
             entry.1 += 1;
         } else if last_delivered.get(stream).is_some_and(|last| *last > add.id) {
@@ -265,7 +278,7 @@ fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
             at_us,
         }))
         .collect();
-    (violations, backlog, stranded_count)
+    (violations, backlog, (stranded_count, unprovable))
 }
 
 /// The group's recorded shard count over time, from the store's history (ground truth). A key
@@ -273,6 +286,8 @@ fn not_delivered(facts: &Facts<'_>) -> (Vec<Violation>, usize, usize) {
 struct RecordedShardCounts {
     /// (µs, shard count from then on), in time order.
     changes: Vec<(Us, u32)>,
+    /// (µs, the view key recorded then), one per record, in time order.
+    keys: Vec<(Us, Option<ViewKey>)>,
     /// `lowest_from[i]`: the lowest count in `changes[i..]` (`u32::MAX` past the end).
     lowest_from: Vec<u32>,
 }
@@ -280,6 +295,7 @@ struct RecordedShardCounts {
 impl RecordedShardCounts {
     fn new(facts: &Facts<'_>) -> Self {
         let mut changes = Vec::new();
+        let mut keys = Vec::new();
         for event in facts.history {
             for (group, record) in &event.metadata_after {
                 if group != facts.group {
@@ -290,6 +306,7 @@ impl RecordedShardCounts {
                     .and_then(|r| serde_json::from_str::<rsc::core::model::GroupMetadata>(&r.aggregate).ok());
                 if let Some(g) = recorded {
                     changes.push((event.at_ms * 1_000, g.shard_count));
+                    keys.push((event.at_ms * 1_000, g.view_key));
                 }
             }
         }
@@ -297,7 +314,53 @@ impl RecordedShardCounts {
         for i in (0..changes.len()).rev() {
             lowest_from[i] = lowest_from[i + 1].min(changes[i].1);
         }
-        Self { changes, lowest_from }
+        Self { changes, keys, lowest_from }
+    }
+
+    /// When `shard` last began to lie beyond the recorded count for good (to the end), not before
+    /// `at_us`; `None` when the count at the end covers it.
+    fn beyond_for_good_from(&self, shard: u32, at_us: Us) -> Option<Us> {
+        let (_, last) = self.changes.last()?;
+        if *last > shard {
+            return None;
+        }
+        let covered = self.changes.iter().rposition(|(_, count)| *count > shard);
+        let from = covered.map_or(self.changes[0].0, |i| self.changes[i + 1].0);
+        Some(from.max(at_us))
+    }
+
+    /// Whether a lost count covering `shard` (beyond the record after `acknowledged_us`) was
+    /// provable when it was lost for good (the last drop; a count healed by the end was proven):
+    /// a key the group recorded from then on verifies a proof of a count above `shard`
+    /// that either a coordinator was sent and answered after the loss, or a process was told and
+    /// kept running for a routing refresh and a request timeout after the loss (time to report
+    /// it). Judged from the calls as the transports saw them and the store's records, with the
+    /// proof's own HMAC.
+    fn provable(&self, facts: &Facts<'_>, shard: u32, acknowledged_us: Us) -> bool {
+        let Some(beyond_us) = self.beyond_for_good_from(shard, acknowledged_us) else { return true };
+        let from = self.keys.partition_point(|(t, _)| *t <= beyond_us).saturating_sub(1);
+        let keys: Vec<ViewKey> = self.keys[from..].iter().filter_map(|(_, key)| *key).collect();
+        let verifies = |count: u32, proof: Option<&ViewProof>| {
+            count > shard
+                && proof.is_some_and(|proof| {
+                    keys.iter().any(|key| key.verifies(facts.group, Fact::ShardCount, u64::from(count), proof))
+                })
+        };
+        let chance_us =
+            (facts.plan.group.routing_refresh_interval_ms + facts.plan.tuning.http_timeout_ms).saturating_mul(1_000);
+        let running_at = |process, at_us: Us| {
+            facts.records.lifecycles.iter().any(|l| l.process == process && l.stopped_at_us.is_none_or(|s| s > at_us))
+        };
+        facts.records.routings.iter().any(|call| {
+            let told = call.seen_ok().is_some_and(|(answer, _)| {
+                verifies(answer.shard_count, answer.shard_count_proof.as_ref())
+                    && running_at(call.process, beyond_us.saturating_add(chance_us))
+            });
+            let reported = call.sent_at_us >= beyond_us
+                && matches!(call.answer, Some(Ok(_)))
+                && verifies(call.request.known_shard_count, call.request.known_shard_count_proof.as_ref());
+            told || reported
+        })
     }
 
     /// When the recorded count last rose above `shard` and stayed there to the end (`None`: it is
@@ -476,6 +539,15 @@ mod tests {
         assert_eq!(counts.backlog, 1, "the entry after the last delivered one is backlog");
     }
 
+    /// The producer `p` is told 4 shards, with the proof `key` gives of the count.
+    fn told_four_shards(w: &mut World, p: ProcessId, key: ViewKey, at_us: Us) {
+        w.routing(p, at_us, at_us + 1_000, 10_000, 4);
+        let proof = key.prove(&w.group, Fact::ShardCount, 4);
+        if let Some(Ok(answer)) = w.records.routings.last_mut().and_then(|call| call.answer.as_mut()) {
+            answer.shard_count_proof = Some(proof);
+        }
+    }
+
     /// Shard 3 exists (4 shards), then a rollback takes the count back to 2 and, later, a heal
     /// raises it to 4 again. An undelivered entry on shard 3 is stranded whatever its place in the
     /// stream and whether or not the count was healed; one on shard 1 is backlog as usual.
@@ -484,8 +556,11 @@ mod tests {
         let mut w = World::new();
         let (p, a) = (w.producer(1), w.consumer(1));
         let mut g = w.group_with_member("consumer-1", &[0, 1]);
+        let key = ViewKey::from_bytes([7; 32]);
+        g.view_key = Some(key);
         g.shard_count = 4;
         w.store(1_000, &g, 1);
+        told_four_shards(&mut w, p, key, 1_500_000);
         let on_lost_shard = w.add(p, 3, 2_000_000);
         w.add(p, 1, 2_000_000);
         g.shard_count = 2;
@@ -504,6 +579,39 @@ mod tests {
         w.process_entry(a, 3, on_lost_shard, 5_000_000, Some(5_001_000));
         let (violations, counts) = check(&w.facts(), &[]);
         assert_eq!((violations, counts.stranded), (vec![], 0));
+    }
+
+    /// Nothing can heal a count nobody can prove: when the only producer that was told it stops
+    /// before it could report it, or the group's record is recreated under a key that proves
+    /// nothing of the lost one, the stranded entry is measured, not failed. A producer still
+    /// running a refresh later could have reported it: a violation.
+    #[test]
+    fn a_stranded_entry_whose_lost_count_nobody_could_prove_is_measured_not_failed() {
+        let key = ViewKey::from_bytes([7; 32]);
+        let run = |stop_us: Option<Us>, key_after: ViewKey| {
+            let mut w = World::new();
+            let p = w.producer(1);
+            let mut g = w.group_with_member("consumer-1", &[0, 1]);
+            g.view_key = Some(key);
+            g.shard_count = 4;
+            w.store(1_000, &g, 1);
+            told_four_shards(&mut w, p, key, 1_500_000);
+            w.add(p, 3, 2_000_000);
+            g.shard_count = 2;
+            g.view_key = Some(key_after);
+            w.store(3_000, &g, 1); // the add-shards is lost
+            if let Some(at_us) = stop_us {
+                w.kill(p, at_us);
+            }
+            let (violations, counts) = check(&w.facts(), &[]);
+            (violations.len(), counts.stranded, counts.stranded_unprovable)
+        };
+        assert_eq!(run(None, key), (1, 1, 0), "provable: a violation");
+        assert_eq!(run(Some(3_100_000), key), (0, 0, 1), "its only witness stopped at once");
+        assert_eq!(run(None, ViewKey::from_bytes([8; 32])), (0, 0, 1), "recreated under another key");
+        let plan = World::new().plan;
+        let refresh_and_timeout_us = (plan.group.routing_refresh_interval_ms + plan.tuning.http_timeout_ms + 1) * 1_000;
+        assert_eq!(run(Some(3_000_000 + refresh_and_timeout_us), key), (1, 1, 0), "it had time to report");
     }
 
     /// An entry acknowledged after the count went back up was never beyond it: backlog, not stranded.

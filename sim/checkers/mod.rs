@@ -280,6 +280,9 @@ pub struct Measurements {
     /// they were acknowledged (a lost `add-shards`); each is in an `acknowledged-stranded`
     /// violation too.
     pub stranded_entries: usize,
+    /// Stranded entries whose lost count no process could prove (`messages`): measured, not
+    /// failed.
+    pub stranded_unprovable_entries: usize,
     /// Overlapping processing of one entry that started within a lease of a silent loss.
     pub silent_loss_processing_overlaps: usize,
     /// Responses derived from writes the store acknowledged but dropped (`redis-write-drop`).
@@ -354,6 +357,7 @@ pub fn check_all(facts: &Facts<'_>) -> Verdict {
     measurements.paused_processing_overlaps = counts.paused_overlaps;
     measurements.backlog_entries = counts.backlog;
     measurements.stranded_entries = counts.stranded;
+    measurements.stranded_unprovable_entries = counts.stranded_unprovable;
     measurements.delivered_never_processed = counts.delivered_never_processed;
     measurements.silent_loss_processing_overlaps = counts.silent_loss_overlaps;
     measurements.lost_version_answers = facts
