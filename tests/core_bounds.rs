@@ -194,6 +194,7 @@ fn a_record_poisoned_by_an_unbounded_report_heals_at_the_next_bump() {
         reason: LossEvidence::ClientVersionAhead { reported: u64::MAX, stored },
         wait,
         synced_members: Default::default(),
+        unverified_lineage: false,
     });
     w.g.validate().expect("the poisoned record is still a readable record");
 

@@ -123,7 +123,7 @@ fn the_key_is_drawn_at_create_kept_across_writes_and_never_answered() {
 }
 
 #[test]
-fn a_group_an_older_release_wrote_credits_reports_until_its_first_write_outside_a_round_draws_a_key() {
+fn a_group_an_older_release_wrote_credits_reports_until_its_first_write_draws_a_key() {
     let mut w = World::new(2);
     w.g.view_key = None;
     let mut a = Client::new("a");
@@ -150,10 +150,29 @@ fn a_group_an_older_release_wrote_credits_reports_until_its_first_write_outside_
     let ahead = w.g.metadata_version + 1;
     w.routing(ahead).expect("answered");
     assert!(w.g.correction.is_some(), "credited: a keyless group cannot tell a forged report");
-    // During the round no key is drawn: the lost history's reports must keep counting.
-    let add = AdminRequest::AddShards { group: group_id(), expected_revision: w.revision, new_shard_count: 3 };
-    let decision = decide_admin(Some(&w.g), &add, Creation::Plain, ctx(w.revision));
-    assert_eq!(decision.write.next.expect("a write").view_key, None, "no key while a round runs");
+}
+
+/// Hostile review H1: a keyless group credited every report until its first write *outside* a
+/// round, so a forger naming a new version before each round ended kept it in correction rounds
+/// for good. Now the write that starts the round draws the key: the forger's next report is
+/// unproven and the round ends one lease after it began.
+#[test]
+fn a_forger_starts_at_most_one_round_in_a_keyless_group() {
+    let mut w = World::new(2);
+    w.fresh_view_key = Some(ViewKey::from_bytes([0x66; 32]));
+    let mut a = Client::new("a");
+    beat(&mut w, &mut a).expect("a joins");
+    w.g.view_key = None;
+    let stored = w.g.metadata_version;
+    w.routing(stored + 1).expect("answered");
+    let round = w.g.correction.clone().expect("credited: a keyless group cannot tell a forged report");
+    assert_eq!(w.g.view_key, w.fresh_view_key, "the round's first write drew the key");
+    for forged in 2..50 {
+        w.routing_report(RoutingReport { known_shard_count: 9, ..RoutingReport::version(stored + forged) })
+            .expect("answered");
+    }
+    assert_eq!(w.g.correction, Some(round), "the forged reports restarted nothing");
+    assert_eq!((w.g.shard_count, w.g.max_client_version_seen), (2, stored + 1), "and recorded nothing");
 }
 
 #[test]
@@ -188,15 +207,69 @@ fn a_group_recreated_after_its_record_was_lost_keeps_the_lost_key_when_the_calle
     w.routing_report(proven).expect("answered");
     assert_eq!(w.g.max_client_version_seen, ahead, "proven under the lost key: credited");
 
-    let keyless = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx);
-    let keyless = keyless.write.next.expect("recreated");
-    assert_eq!(keyless.view_key, None, "no key known: the lost history's proofs cannot be checked");
-    assert!(keyless.correction.is_some());
+    let unknown = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx);
+    let unknown = unknown.write.next.expect("recreated");
+    assert_eq!(unknown.view_key, ctx.fresh_view_key, "no key known: a fresh one");
+    assert!(unknown.correction.as_ref().is_some_and(|round| round.unverified_lineage));
+}
+
+/// Swarm seeds 5058, 5234 and 5235 of a fresh sweep: every coordinator restarted before an
+/// operator recreated a group whose record was lost, so nobody knew its key; the recreate was
+/// keyless and credited a forger's shard count (and would have restarted its round at every new
+/// forged version). Now the lost history's versions are learned, so none is issued again, and
+/// nothing unproven restarts the round or grows the group.
+#[test]
+fn a_recreate_that_knows_no_key_learns_the_lost_versions_and_credits_nothing_else() {
+    let obs = Observations::default();
+    let fresh = ViewKey::from_bytes([0x55; 32]);
+    let ctx = Context {
+        stored_revision: 0,
+        observations: &obs,
+        planted: PlantedBugs::NONE,
+        nonce: 3,
+        fresh_view_key: Some(fresh),
+    };
+    let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
+    let recreated = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx).write.next.expect("made");
+    let mut w = World::new(2);
+    w.g = recreated;
+    w.fresh_view_key = Some(ViewKey::from_bytes([0x56; 32]));
+    let round = w.g.correction.clone().expect("a recreate starts a round");
+    let lost = ViewKey::from_bytes([0x44; 32]);
+    let lost_version = w.g.metadata_version + 40;
+    let lost_proof = lost.prove(&group_id(), Fact::MetadataVersion, lost_version);
+    w.routing_report(RoutingReport::version(lost_version).proven(Some(lost_proof), None)).expect("answered");
+    assert_eq!(w.g.max_client_version_seen, lost_version, "learned: later bumps go past it");
+    assert_eq!(w.g.correction, Some(round.clone()), "but the round's wait did not restart");
+    w.routing_report(forged(lost_version + 10, 9)).expect("answered");
+    assert_eq!(w.g.shard_count, 2, "a shard count nobody can prove grows nothing");
+    assert_eq!(w.g.correction, Some(round), "a higher made-up version restarts nothing either");
+    assert_eq!(w.g.view_key, Some(fresh), "the key stays the recreate's");
+
+    // A version proven under the recreate's own key is this lineage's: it is credited as ever
+    // (a rollback of this round's own writes), and the round stays one that learns.
+    let own = w.g.metadata_version + 100;
+    let proof = fresh.prove(&group_id(), Fact::MetadataVersion, own);
+    w.routing_report(RoutingReport::version(own).proven(Some(proof), None)).expect("answered");
+    let restarted = w.g.correction.clone().expect("a round");
+    assert!(matches!(restarted.reason, LossEvidence::ClientVersionAhead { .. }) && restarted.unverified_lineage);
+
+    // When the round ends, every version is above everything learned.
+    let mut a = Client::new("a");
+    for _ in 0..200 {
+        if w.g.correction.is_none() {
+            break;
+        }
+        beat(&mut w, &mut a).expect("answered");
+        w.advance(1_000);
+    }
+    assert!(w.g.correction.is_none(), "the round ended");
+    assert!(w.g.metadata_version > own, "{} is above the learned {own}", w.g.metadata_version);
 }
 
 /// Hostile review L3: when the OS gives no randomness for the key, a plain create is refused
-/// rather than making a keyless group that would credit every report. A recreate without a
-/// remembered key is keyless by design (its round credits the lost history) and goes on.
+/// rather than making a keyless group that would credit every report; a recreate that knows no
+/// key is refused the same way. One that keeps a remembered key needs no randomness.
 #[test]
 fn a_plain_create_without_a_fresh_key_is_refused_and_writes_nothing() {
     let obs = Observations::default();
@@ -206,8 +279,12 @@ fn a_plain_create_without_a_fresh_key_is_refused_and_writes_nothing() {
     let refused = decide_admin(None, &create, Creation::Plain, ctx);
     assert_eq!(refused.outcome.expect_err("refused").code, ErrorCode::Internal);
     assert!(refused.write.next.is_none(), "nothing written");
-    let recreated = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx);
-    assert!(recreated.write.next.is_some_and(|g| g.view_key.is_none() && g.correction.is_some()));
+    let unknown = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx);
+    assert_eq!(unknown.outcome.expect_err("refused").code, ErrorCode::Internal);
+    assert!(unknown.write.next.is_none(), "nothing written");
+    let lost = Some(ViewKey::from_bytes([0x44; 32]));
+    let kept = decide_admin(None, &create, Creation::Recreate { lost_key: lost }, ctx);
+    assert!(kept.write.next.is_some_and(|g| g.view_key == lost && g.correction.is_some()));
 }
 
 #[test]

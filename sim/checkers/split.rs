@@ -401,6 +401,7 @@ mod tests {
                 reason: rsc::core::model::LossEvidence::StoreIdentityChanged,
                 wait: 1,
                 synced_members: Default::default(),
+                unverified_lineage: false,
             });
             w.store(4_500, &g, 5);
             w.grant(b, granted_at_us, &[0], 8_000);

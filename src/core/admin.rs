@@ -19,7 +19,8 @@ pub enum Creation {
     /// record starts with a correction round, because consumers of the lost record may still hold
     /// leases. `lost_key` is the view key of the lost record when the caller remembers it (DESIGN
     /// §8): the record keeps it, so the proofs clients got from the lost history still verify and
-    /// a made-up report still does not. Without it the record has no key until the round ends.
+    /// a made-up report still does not. Without it the record takes the caller's fresh key, and
+    /// its round learns the lost history's versions without crediting them.
     Recreate { lost_key: Option<ViewKey> },
 }
 
@@ -98,7 +99,7 @@ fn create(
     creation: Creation,
     view_key: Option<ViewKey>,
 ) -> Decision<AdminResponse> {
-    if creation == Creation::Plain && view_key.is_none() {
+    if view_key.is_none() && !matches!(creation, Creation::Recreate { lost_key: Some(_) }) {
         // The caller could not draw a key (the OS refused randomness): a keyless group would
         // credit every client's report (DESIGN §8), so nothing is created; the operator retries.
         return reject(ErrorCode::Internal, "no randomness for the group's view-proof key; nothing was created");
@@ -108,10 +109,10 @@ fn create(
         Creation::Plain => view_key,
         // The lost record's key: proofs of the lost history verify, forged reports do not.
         Creation::Recreate { lost_key: Some(key) } => Some(key),
-        // No key known: the proofs clients hold died with the old one, and their reports of the
-        // lost versions must still count, or versions would be issued again. The first write
-        // after the round draws one (`Transition::finish`).
-        Creation::Recreate { lost_key: None } => None,
+        // No key known: the proofs clients hold are under a key nothing here has. A fresh key,
+        // and a round that learns the lost history's versions without crediting them
+        // (`CorrectionRound::unverified_lineage`).
+        Creation::Recreate { lost_key: None } => view_key,
     };
     if matches!(creation, Creation::Recreate { .. }) {
         let wait = match next.allocate_wait() {
@@ -122,6 +123,7 @@ fn create(
             reason: LossEvidence::MetadataLost,
             wait,
             synced_members: Default::default(),
+            unverified_lineage: matches!(creation, Creation::Recreate { lost_key: None }),
         });
     }
     let response = AdminResponse { group, store_revision: 1, metadata_version: next.metadata_version };

@@ -90,6 +90,8 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
     let mut tx = Transition::new(g, ctx);
     if version_credited(g, req.metadata_version, req.metadata_version_proof.as_ref(), ctx.planted) {
         tx.record_client_version(req.metadata_version);
+    } else if version_learned(g, req.metadata_version) {
+        tx.learn_client_version(req.metadata_version);
     }
     let ahead = req.metadata_version > g.metadata_version;
     let step = if req.member_epoch == 0 {
@@ -480,6 +482,8 @@ pub fn decide_routing(g: &GroupMetadata, report: RoutingReport, ctx: Context<'_>
     let mut tx = Transition::new(g, ctx);
     if version_credited(g, report.known_version, report.known_version_proof.as_ref(), ctx.planted) {
         tx.record_client_version(report.known_version);
+    } else if version_learned(g, report.known_version) {
+        tx.learn_client_version(report.known_version);
     }
     if heals_lost_add_shards(g, &report, ctx.planted) && !ctx.planted.has(PlantedBug::SkipAddShardsHealing) {
         tx.add_shards(report.known_shard_count, ReshardReason::RecoveredLostAddShards);
@@ -516,6 +520,15 @@ pub fn version_credited(g: &GroupMetadata, version: u64, proof: Option<&ViewProo
     version <= g.metadata_version
         || planted.has(PlantedBug::CreditUnprovenReports)
         || credited(g.view_key.as_ref(), &g.group, Fact::MetadataVersion, version, proof)
+}
+
+/// Whether an uncredited version ahead is still learned (DESIGN §8): during the round of a
+/// recreate that knew no key of the lost record, so that no version the lost history issued is
+/// issued again ([`CorrectionRound::unverified_lineage`](super::model::CorrectionRound)). It
+/// restarts nothing, and a version already learned writes nothing.
+pub fn version_learned(g: &GroupMetadata, version: u64) -> bool {
+    version > g.max_client_version_seen.max(g.metadata_version)
+        && g.correction.as_ref().is_some_and(|round| round.unverified_lineage)
 }
 
 pub use super::admin::decide_admin;

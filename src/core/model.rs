@@ -360,6 +360,13 @@ pub struct CorrectionRound {
     pub wait: WaitId,
     /// Members that have heartbeated with the current `metadataVersion` since the round started.
     pub synced_members: BTreeSet<MemberId>,
+    /// The round began at a recreate that knew no key of the lost record (DESIGN §8): the lost
+    /// history's proofs are under a key nothing here has. Until the round ends, a version ahead
+    /// nobody can prove is learned (later bumps go past it, so no version is issued twice) but
+    /// restarts nothing: the round's wait began after the loss, so it covers every lease the
+    /// lost history granted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unverified_lineage: bool,
 }
 
 /// Evidence that the store lost recent writes.

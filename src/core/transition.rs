@@ -162,8 +162,26 @@ impl<'a> Transition<'a> {
     /// metadataVersion (seed).
     pub(crate) fn start_round(&mut self, reason: LossEvidence) {
         let wait = self.allocate_wait();
-        self.next.correction = Some(CorrectionRound { reason, wait, synced_members: BTreeSet::new() });
+        // A restarted round is still the recreate's round: the lost lineage stays unverifiable.
+        let unverified_lineage = self.next.correction.as_ref().is_some_and(|round| round.unverified_lineage);
+        self.next.correction =
+            Some(CorrectionRound { reason, wait, synced_members: BTreeSet::new(), unverified_lineage });
         self.dirty = true;
+    }
+
+    /// Learns how far a lost history's versions went from a report no key here can check, during
+    /// a round begun by a recreate that knew no key of the lost record
+    /// ([`CorrectionRound::unverified_lineage`]): later bumps go past it, so no version is issued
+    /// twice. The report restarts nothing, so a forger of such reports cannot stall the group:
+    /// the round's wait began after the loss, and the lost history granted no lease after it
+    /// (its later records, if any, descend from this one and carry its key). Bounded like a
+    /// credited report.
+    pub(crate) fn learn_client_version(&mut self, reported: u64) {
+        let learned = reported.min(self.before.metadata_version.saturating_add(CLIENT_VERSION_AHEAD_MAX));
+        if learned > self.next.max_client_version_seen {
+            self.next.max_client_version_seen = learned;
+            self.dirty = true;
+        }
     }
 
     /// Adds (or re-adds, as a new incarnation) a member. A previous incarnation's shards are fenced:
@@ -308,10 +326,11 @@ impl<'a> Transition<'a> {
         }
         debug_assert!(self.dirty || self.next == *self.before, "a change was not marked dirty");
         let changed = self.dirty;
-        // A keyless group (an older release's, or one recreated after its record was lost) takes
-        // a key at its first write outside a correction round: during a round, reports of the
-        // lost history carry no proof this group can check, and are credited.
-        if changed && self.next.view_key.is_none() && self.next.correction.is_none() {
+        // A keyless group (an older release wrote it) takes a key at its first write, a round's
+        // too: every record after it descends from it and carries the same key, so a rollback to
+        // any of them still checks the proofs of the history it lost. Until then, a report is
+        // credited (`proof::credited`): a forger starts at most the one round this write records.
+        if changed && self.next.view_key.is_none() {
             self.next.view_key = self.fresh_view_key;
         }
         Ok(Written { next: changed.then_some(self.next), liveness_guards: self.guards, liveness_remove: self.remove })

@@ -25,7 +25,7 @@ use super::marks::{ReadOrder, ReadTicket, RevisionVerdict};
 use super::monitors::GroupMonitors;
 use super::pruning::{Forget, Vanished};
 use super::shutdown::ShutdownGate;
-use crate::core::engine::{heals_lost_add_shards, routing_view, version_credited};
+use crate::core::engine::{heals_lost_add_shards, routing_view, version_credited, version_learned};
 use crate::core::input::{check_admin_request, check_heartbeat_request, check_routing_report, InputError};
 use crate::core::model::{GroupId, GroupMetadata, LossEvidence, MemberId};
 use crate::core::proof::ViewKey;
@@ -590,7 +590,7 @@ impl<S: MetadataStore> Coordinator<S> {
         if report.known_shard_count > g.shard_count && g.config.heal_lost_add_shards && !heals {
             self.count_unproven(&g, "shardCount");
         }
-        if !credited_ahead && !heals {
+        if !credited_ahead && !heals && !version_learned(&g, report.known_version) {
             // Nothing proven to act on: the recorded view. A version ahead is still named as lost
             // (the producer adopts this view at once), which only echoes the request.
             view.lost_version = ahead.then_some(report.known_version);

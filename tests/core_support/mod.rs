@@ -49,6 +49,8 @@ pub struct World {
     pub nonces: u64,
     /// The shards' fence counters (the fence keys at "Redis").
     pub fence_counters: BTreeMap<ShardId, u64>,
+    /// The key the service would hand a decision on a keyless group (none by default).
+    pub fresh_view_key: Option<rsc::core::proof::ViewKey>,
 }
 
 impl World {
@@ -80,6 +82,7 @@ impl World {
             planted: Default::default(),
             nonces: 1,
             fence_counters: BTreeMap::new(),
+            fresh_view_key: None,
         }
     }
 
@@ -134,7 +137,7 @@ impl World {
         *self.liveness.entry(req.member_id.clone()).or_default() += 1;
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx = Context {
-            fresh_view_key: None,
+            fresh_view_key: self.fresh_view_key,
             stored_revision: self.revision,
             observations: &obs,
             planted: self.planted,
@@ -154,7 +157,7 @@ impl World {
     pub fn tick(&mut self) {
         let obs = self.view.observe(self.now_ms, &self.g, Some(&self.liveness));
         let ctx = Context {
-            fresh_view_key: None,
+            fresh_view_key: self.fresh_view_key,
             stored_revision: self.revision,
             observations: &obs,
             planted: self.planted,
@@ -167,7 +170,7 @@ impl World {
     pub fn admin(&mut self, req: &AdminRequest) -> Result<rsc::core::protocol::AdminResponse, ApiError> {
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx = Context {
-            fresh_view_key: None,
+            fresh_view_key: self.fresh_view_key,
             stored_revision: self.revision,
             observations: &obs,
             planted: self.planted,
@@ -193,7 +196,7 @@ impl World {
     pub fn routing_report(&mut self, report: RoutingReport) -> Result<RoutingResponse, ApiError> {
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx = Context {
-            fresh_view_key: None,
+            fresh_view_key: self.fresh_view_key,
             stored_revision: self.revision,
             observations: &obs,
             planted: self.planted,
@@ -216,7 +219,7 @@ impl World {
             self.view.reset_all();
             let obs = self.view.observe(self.now_ms, &self.g, None);
             let ctx = Context {
-                fresh_view_key: None,
+                fresh_view_key: self.fresh_view_key,
                 stored_revision: self.revision,
                 observations: &obs,
                 planted: self.planted,
