@@ -282,10 +282,10 @@ async fn poll_reads_shards_at_once(fenced: bool) {
     consumer.ack_all(&one).await.expect("ack");
 }
 
-/// One multi-stream XREADGROUP fails as a whole when one stream's group is gone (`NOGROUP`): the
-/// shard at fault must not stop the others, so the consumer reads each shard alone then.
-#[tokio::test]
-async fn a_shard_whose_consumer_group_is_gone_does_not_stop_reads_of_the_others() {
+/// A consumer reading shards 0 and 1 (one entry of each delivered and acked), after shard 1's
+/// consumer group was destroyed and shard 0 got a second entry: its next multi-stream read is
+/// refused (`NOGROUP`) as a whole.
+async fn reading_two_shards_with_shard_1s_group_destroyed() -> (MemoryStore, Arc<FakeCoordinator>, TestConsumer) {
     let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
     let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
     wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
@@ -296,6 +296,14 @@ async fn a_shard_whose_consumer_group_is_gone_does_not_stop_reads_of_the_others(
     }
     assert!(store.destroy_consumer_group(&group().stream_key(1), &group().consumer_group));
     publish(&store, 0, 2).await;
+    (store, coordinator, consumer)
+}
+
+/// One multi-stream XREADGROUP fails as a whole when one stream's group is gone (`NOGROUP`): the
+/// shard at fault must not stop the others, so the consumer reads each shard alone then.
+#[tokio::test]
+async fn a_shard_whose_consumer_group_is_gone_does_not_stop_reads_of_the_others() {
+    let (store, _coordinator, consumer) = reading_two_shards_with_shard_1s_group_destroyed().await;
     publish(&store, 1, 2).await;
     let polled = consumer.poll(10).await.expect("shard 0's entries are delivered despite shard 1");
     assert_eq!(polled.len(), 2, "{polled:?}");
@@ -307,16 +315,7 @@ async fn a_shard_whose_consumer_group_is_gone_does_not_stop_reads_of_the_others(
 /// only while the lease holds, re-checked right before them.
 #[tokio::test]
 async fn the_reads_after_a_refused_multi_stream_read_wait_for_nothing_once_the_lease_ended() {
-    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
-    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
-    wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
-    publish(&store, 0, 1).await;
-    publish(&store, 1, 1).await;
-    for delivery in poll_n(&consumer, 2).await {
-        consumer.ack(&delivery).await.expect("ack");
-    }
-    assert!(store.destroy_consumer_group(&group().stream_key(1), &group().consumer_group));
-    publish(&store, 0, 2).await;
+    let (store, coordinator, consumer) = reading_two_shards_with_shard_1s_group_destroyed().await;
     // No more grants: the lease (400 ms) ends while the refused read (1 s round trip) is out.
     coordinator.with(|s| s.up = false);
     store.set_latency_ms(1_000);
@@ -332,16 +331,7 @@ async fn the_reads_after_a_refused_multi_stream_read_wait_for_nothing_once_the_l
 /// is not read again unfenced (hostile review L1); the next poll reads it through its fence.
 #[tokio::test]
 async fn the_reads_after_a_refused_multi_stream_read_skip_a_shard_fenced_meanwhile() {
-    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
-    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
-    wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
-    publish(&store, 0, 1).await;
-    publish(&store, 1, 1).await;
-    for delivery in poll_n(&consumer, 2).await {
-        consumer.ack(&delivery).await.expect("ack");
-    }
-    assert!(store.destroy_consumer_group(&group().stream_key(1), &group().consumer_group));
-    publish(&store, 0, 2).await;
+    let (store, coordinator, consumer) = reading_two_shards_with_shard_1s_group_destroyed().await;
     // The refused read is out for 1 s; heartbeats (every 20 ms) bring the fence at 100 ms.
     store.set_latency_ms(1_000);
     store.clear_logs();
