@@ -254,6 +254,7 @@ pub struct PlanSummary {
     pub silent_loss_overlaps: usize,
     pub stranded: usize,
     pub stranded_unprovable: usize,
+    pub unprovable_version_reuses: usize,
     pub lost_version_answers: usize,
     pub delivered_never_processed_max: usize,
     pub correction_rounds_by_cause: BTreeMap<&'static str, usize>,
@@ -288,6 +289,7 @@ impl PlanSummary {
         self.silent_loss_overlaps += m.silent_loss_processing_overlaps;
         self.stranded += m.stranded_entries;
         self.stranded_unprovable += m.stranded_unprovable_entries;
+        self.unprovable_version_reuses += m.unprovable_version_reuses;
         self.lost_version_answers += m.lost_version_answers;
         self.delivered_never_processed_max = self.delivered_never_processed_max.max(m.delivered_never_processed);
         for (item, n) in &outcome.coverage {
@@ -442,6 +444,12 @@ pub(crate) fn print_table(summaries: &[PlanSummary]) {
             "{:<36} stranded entries (acknowledged, never delivered, shard beyond the recorded count after the ack): {}",
             "", s.stranded
         );
+        if s.unprovable_version_reuses > 0 {
+            println!(
+                "{:<36} version bumps reusing a number only unprovable reports named (measured): {}",
+                "", s.unprovable_version_reuses
+            );
+        }
         if s.stranded_unprovable > 0 {
             println!(
                 "{:<36} stranded entries no process could prove the lost count of (measured): {}",

@@ -330,21 +330,23 @@ impl RecordedShardCounts {
     }
 
     /// Whether a lost count covering `shard` (beyond the record after `acknowledged_us`) was
-    /// provable when it was lost for good (the last drop; a count healed by the end was proven):
-    /// a key the group recorded from then on verifies a proof of a count above `shard`
-    /// that either a coordinator was sent and answered after the loss, or a process was told and
-    /// kept running for a routing refresh and a request timeout after the loss (time to report
-    /// it). Judged from the calls as the transports saw them and the store's records, with the
-    /// proof's own HMAC.
+    /// provable to the group as it ended, once the count was lost for good (the last drop; a
+    /// count healed by the end was proven): the last record's key (or none: it credits any
+    /// report) verifies a proof of a count above `shard` that either a coordinator was sent and
+    /// answered after the loss, or a process was told and kept running for a routing refresh and
+    /// a request timeout after the loss (time to report it). Judged from the calls as the
+    /// transports saw them and the store's records, with the proof's own HMAC.
     fn provable(&self, facts: &Facts<'_>, shard: u32, acknowledged_us: Us) -> bool {
         let Some(beyond_us) = self.beyond_for_good_from(shard, acknowledged_us) else { return true };
-        let from = self.keys.partition_point(|(t, _)| *t <= beyond_us).saturating_sub(1);
-        let keys: Vec<ViewKey> = self.keys[from..].iter().filter_map(|(_, key)| *key).collect();
+        let Some((_, last_key)) = self.keys.last() else { return true };
         let verifies = |count: u32, proof: Option<&ViewProof>| {
             count > shard
-                && proof.is_some_and(|proof| {
-                    keys.iter().any(|key| key.verifies(facts.group, Fact::ShardCount, u64::from(count), proof))
-                })
+                && match last_key {
+                    None => true,
+                    Some(key) => {
+                        proof.is_some_and(|p| key.verifies(facts.group, Fact::ShardCount, u64::from(count), p))
+                    }
+                }
         };
         let chance_us =
             (facts.plan.group.routing_refresh_interval_ms + facts.plan.tuning.http_timeout_ms).saturating_mul(1_000);

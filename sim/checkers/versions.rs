@@ -10,13 +10,18 @@
 //! something, an acknowledged write it dropped, a deleted key) between the report's send and the
 //! bump: the record of the report may have been lost with them, and a version a coordinator no
 //! longer knows was reported cannot be protected (the client reports it again at its next request).
-//! The end of a split brain is such a loss (the old primary's writes are discarded). Bumps are
+//! The end of a split brain is such a loss (the old primary's writes are discarded). A report is
+//! also held only against a record that could have checked it (DESIGN §8): one with no key, or
+//! whose key verifies the proof the report carried. A client of a history whose key died with it
+//! (a recreate no process knew the lost key of) cannot prove its version to anyone, and neither
+//! can a forger; such a reuse is counted (`unprovable`), not failed. Bumps are
 //! judged in the primary's history only (an old primary's timeline is discarded whole), and a
 //! report whose answer an old primary's side may have given ([`OldPrimaryAnswer`]) is not held
 //! against the primary, which never saw it.
 use std::fmt;
 
 use rsc::core::model::GroupMetadata;
+use rsc::core::proof::{Fact, ViewProof};
 use rsc::store::memory::HistoryKind;
 
 use crate::records::ProcessId;
@@ -56,20 +61,21 @@ impl fmt::Display for Violation {
     }
 }
 
-/// One version a client reported: (sent, answered, reported version, who).
-type Report = (Us, Us, u64, ProcessId);
+/// One version a client reported: (sent, answered, reported version, who, the proof it carried).
+type Report = (Us, Us, u64, ProcessId, Option<ViewProof>);
 
 /// Versions clients reported in requests a coordinator answered.
 fn reports(facts: &Facts<'_>) -> Vec<Report> {
     let heartbeats = facts.records.heartbeats.iter().filter_map(|call| {
         let answered = call.received_at_us.filter(|_| matches!(call.answer, Some(Ok(_))))?;
-        Some((call.sent_at_us, answered, call.request.metadata_version, call.process))
+        let proof = call.request.metadata_version_proof;
+        Some((call.sent_at_us, answered, call.request.metadata_version, call.process, proof))
     });
     let routings = facts.records.routings.iter().filter_map(|call| {
         let answered = call.received_at_us.filter(|_| matches!(call.answer, Some(Ok(_))))?;
-        Some((call.sent_at_us, answered, call.request.known_version, call.process))
+        Some((call.sent_at_us, answered, call.request.known_version, call.process, call.request.known_version_proof))
     });
-    heartbeats.chain(routings).filter(|(_, _, version, _)| *version > 0).collect()
+    heartbeats.chain(routings).filter(|(_, _, version, _, _)| *version > 0).collect()
 }
 
 /// Store-clock instants (µs) at which the store lost writes of the group.
@@ -93,13 +99,20 @@ fn losses(facts: &Facts<'_>) -> Vec<Us> {
 /// `answers` are the answers derived from an old primary's states: their reports were processed
 /// on the old primary's side of a split brain, which the primary never saw (the old primary's
 /// timeline is discarded whole, reports included).
+#[cfg(test)]
 pub fn check(facts: &Facts<'_>, answers: &[OldPrimaryAnswer]) -> Vec<Violation> {
+    judge(facts, answers).0
+}
+
+/// [`check`], and the count of bumps that reused a version only unprovable reports named.
+pub fn judge(facts: &Facts<'_>, answers: &[OldPrimaryAnswer]) -> (Vec<Violation>, usize) {
     let on_old_side: std::collections::BTreeSet<(ProcessId, Us)> =
         answers.iter().map(|a| (a.process, a.received_at_us)).collect();
     let mut reports = reports(facts);
-    reports.retain(|(_, answered, _, who)| !on_old_side.contains(&(*who, *answered)));
+    reports.retain(|(_, answered, _, who, _)| !on_old_side.contains(&(*who, *answered)));
     let losses = losses(facts);
     let mut violations = Vec::new();
+    let mut unprovable = 0;
     let mut stored: Option<GroupMetadata> = None;
     for event in facts.history {
         let Some((_, after)) = event.metadata_after.iter().rev().find(|(g, _)| g == facts.group) else { continue };
@@ -108,12 +121,25 @@ pub fn check(facts: &Facts<'_>, answers: &[OldPrimaryAnswer]) -> Vec<Violation> 
             // The write happened somewhere in its store millisecond.
             let bump_us = event.at_ms * 1_000 + 999;
             let bumped = written.metadata_version != before.metadata_version;
-            let reused = reports.iter().filter(|(sent, answered, version, _)| {
+            let reused = reports.iter().filter(|(sent, answered, version, _, _)| {
                 *answered <= event.at_ms * 1_000
                     && written.metadata_version <= *version
                     && !losses.iter().any(|lost| (*sent..=bump_us).contains(lost))
             });
-            if let Some((_, _, reported, who)) = reused.max_by_key(|(_, _, version, _)| *version).filter(|_| bumped) {
+            let provable = |(_, _, version, _, proof): &&Report| match written.view_key {
+                None => true,
+                Some(key) => {
+                    proof.is_some_and(|proof| key.verifies(facts.group, Fact::MetadataVersion, *version, &proof))
+                }
+            };
+            let (provable, unprovable_only): (Vec<&Report>, Vec<&Report>) = reused.partition(provable);
+            if bumped && provable.is_empty() && !unprovable_only.is_empty() {
+                unprovable += 1;
+            }
+            let reused = provable.into_iter();
+            if let Some((_, _, reported, who, _)) =
+                reused.max_by_key(|(_, _, version, _, _)| *version).filter(|_| bumped)
+            {
                 violations.push(Violation::VersionNotPastReported {
                     revision: *revision,
                     version: written.metadata_version,
@@ -125,7 +151,7 @@ pub fn check(facts: &Facts<'_>, answers: &[OldPrimaryAnswer]) -> Vec<Violation> 
         }
         stored = next;
     }
-    violations
+    (violations, unprovable)
 }
 
 #[cfg(test)]
@@ -176,5 +202,33 @@ mod tests {
         reused.metadata_version = 13;
         w.store(4_000, &reused, 2);
         assert_eq!(check(&w.facts(), &[]), vec![]);
+    }
+
+    /// A keyed record can check a report only by its proof: a version reused that only reports
+    /// it cannot verify named is measured (a history whose key nobody knew), one it could verify
+    /// is a violation.
+    #[test]
+    fn a_reuse_only_unprovable_reports_named_is_measured_not_failed() {
+        let key = rsc::core::proof::ViewKey::from_bytes([3; 32]);
+        let run = |proof: Option<ViewProof>| {
+            let mut w = World::new();
+            let p = w.producer(1);
+            let mut g = w.group_with_member("consumer-1", &[0]);
+            g.view_key = Some(key);
+            g.metadata_version = 12;
+            w.store(1_000, &g, 1);
+            w.routing_reporting(p, 13, 2_000_000, 2_100_000);
+            w.records.routings.last_mut().expect("a call").request.known_version_proof = proof;
+            let mut reused = g.clone();
+            reused.metadata_version = 13;
+            w.store(4_000, &reused, 2);
+            let (violations, unprovable) = judge(&w.facts(), &[]);
+            (violations.len(), unprovable)
+        };
+        let group = World::new().group;
+        assert_eq!(run(Some(key.prove(&group, Fact::MetadataVersion, 13))), (1, 0), "provable: a violation");
+        let other = rsc::core::proof::ViewKey::from_bytes([4; 32]);
+        assert_eq!(run(Some(other.prove(&group, Fact::MetadataVersion, 13))), (0, 1), "another key's proof");
+        assert_eq!(run(None), (0, 1), "no proof");
     }
 }
