@@ -620,7 +620,7 @@ async fn a_create_of_a_group_clients_named_while_it_was_missing_learns_their_ver
     store.flush_all();
     let fresh = short_mutex(&store, "c2");
     let report = RoutingReport::version(a.metadata_version).proven(a.metadata_version_proof, None);
-    let missing = fresh.routing(&group(), report.clone()).await.expect_err("missing");
+    let missing = fresh.routing(&group(), report).await.expect_err("missing");
     assert_eq!(missing.code, ErrorCode::MetadataMissing);
     let create_again = AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() };
     fresh.admin(create_again).await.expect("recreated");
