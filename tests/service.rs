@@ -606,41 +606,6 @@ async fn a_create_of_a_group_this_process_saw_vanish_is_a_recreate() {
     assert_eq!(recorded(&store).expect("record").max_client_version_seen, a.metadata_version);
 }
 
-/// Swarm seed 5278 of a fresh sweep: a silent rollback lost the group's record and index entry,
-/// every coordinator restarted, and the operator's create through a fresh instance was plain, so
-/// it issued version 2 again, which the producers had reported (to the same instance, answered
-/// `METADATA_MISSING`). A client that names a missing group as known makes a create of it through
-/// that process a recreate: a fresh key, and a round that learns the lost versions.
-#[tokio::test]
-async fn a_create_of_a_group_clients_named_while_it_was_missing_learns_their_versions() {
-    let store = MemoryStore::new(19);
-    let c = short_mutex(&store, "c1");
-    create(&c, 2).await;
-    let a = c.heartbeat(join("a")).await.expect("a joins");
-    store.flush_all();
-    let fresh = short_mutex(&store, "c2");
-    let report = RoutingReport::version(a.metadata_version).proven(a.metadata_version_proof, None);
-    let missing = fresh.routing(&group(), report).await.expect_err("missing");
-    assert_eq!(missing.code, ErrorCode::MetadataMissing);
-    let create_again = AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() };
-    fresh.admin(create_again).await.expect("recreated");
-    let recreated = recorded(&store).expect("record");
-    let round = recreated.correction.clone().expect("a client named it: a recreate, with a round");
-    assert!(round.unverified_lineage && recreated.view_key.is_some(), "{recreated:?}");
-    assert!(recreated.metadata_version < a.metadata_version, "the new incarnation starts low");
-    fresh.routing(&group(), report).await.expect("routing");
-    let learned = recorded(&store).expect("record");
-    assert_eq!(learned.max_client_version_seen, a.metadata_version, "learned: no version is issued twice");
-    assert_eq!(learned.correction, Some(round), "and the round did not restart");
-
-    // A process no client told creates it plain, as before.
-    store.flush_all();
-    let other = short_mutex(&store, "c3");
-    let create_again = AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() };
-    other.admin(create_again).await.expect("created");
-    assert!(recorded(&store).expect("record").correction.is_none(), "c3 was told nothing: plain");
-}
-
 /// The same without a tick between the loss and the create: the ticker reads the index only every
 /// `ticker_refresh_ms`, so no sweep may have noticed the group gone; holding it (and not having
 /// deleted it) is enough to know a create of it is a recreate.

@@ -196,12 +196,6 @@ pub(super) struct LocalState {
     /// then a recreate, which keeps the key (DESIGN §8). At most `VANISHED_MAX` entries, each
     /// kept for `VANISHED_MEMORY` (`super::pruning`).
     pub(super) vanished: BTreeMap<GroupId, Vanished>,
-    /// Groups a client named as known (a version or epoch above 0) while their metadata key was
-    /// missing here, and when: the store may have lost the record and the index entry, and a
-    /// create of the name is then a recreate that learns the lost versions (DESIGN §8). Apart from
-    /// `vanished`, so that names any client can send never push out a remembered key; bounded
-    /// the same way (`super::pruning`).
-    pub(super) claimed_missing: BTreeMap<GroupId, Instant>,
     /// The view key of the last record of each held group this process decoded or wrote: a
     /// recreate after the record was lost keeps it, so the lost history's proofs still verify
     /// and nobody else's do (DESIGN §8). Survives identity changes (the key is evidence exactly
@@ -347,7 +341,6 @@ impl<S: MetadataStore> Coordinator<S> {
             regressed: BTreeMap::new(),
             missing_at_tick: BTreeSet::new(),
             vanished: BTreeMap::new(),
-            claimed_missing: BTreeMap::new(),
             view_keys: BTreeMap::new(),
             identity_suspect: false,
             deferred: BTreeMap::new(),
@@ -726,8 +719,7 @@ impl<S: MetadataStore> Coordinator<S> {
         check_admin_request(&req).map_err(bad_request)?;
         self.check_lease_ceiling(&req)?;
         let create = matches!(req, AdminRequest::CreateGroup { .. });
-        let known = self.vanished_here(&group) || self.claimed_missing_here(&group);
-        let creation = if create && (known || self.index_knows(&group).await?) {
+        let creation = if create && (self.vanished_here(&group) || self.index_knows(&group).await?) {
             Creation::Recreate { lost_key: self.remembered_view_key(&group) }
         } else {
             Creation::Plain
@@ -743,7 +735,6 @@ impl<S: MetadataStore> Coordinator<S> {
         };
         if create {
             self.local().vanished.remove(&group);
-            self.local().claimed_missing.remove(&group);
         }
         match &req {
             AdminRequest::CreateGroup { .. } => {

@@ -329,9 +329,6 @@ impl<S: MetadataStore> Coordinator<S> {
             self.plant_rebuild(group).await;
         }
         let known = client_knows || self.index_knows(group).await.unwrap_or(true);
-        if client_knows {
-            self.note_claimed_missing(group);
-        }
         if known {
             // A client's word that a group existed cannot be checked, so any client can name any
             // group here (a black-box review added 4,000 series to /metrics that way): the series

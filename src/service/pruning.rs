@@ -246,29 +246,6 @@ fn remember_vanished(
 }
 
 impl<S: MetadataStore> Coordinator<S> {
-    /// Notes that a client named `group` as known while its metadata key was missing here
-    /// (`LocalState::claimed_missing`), forgetting entries older than [`VANISHED_MEMORY`] and the
-    /// oldest beyond [`VANISHED_MAX`].
-    pub(super) fn note_claimed_missing(&self, group: &GroupId) {
-        let now = Instant::now();
-        let mut local = self.local();
-        let claimed = &mut local.claimed_missing;
-        claimed.retain(|_, at| now.saturating_duration_since(*at) < VANISHED_MEMORY);
-        claimed.insert(group.clone(), now);
-        while claimed.len() > VANISHED_MAX {
-            let Some(oldest) = claimed.iter().min_by_key(|(_, at)| **at).map(|(g, _)| g.clone()) else { break };
-            claimed.remove(&oldest);
-        }
-    }
-
-    /// Whether a client named `group` as known while its key was missing here, within
-    /// [`VANISHED_MEMORY`]: a create of it is then a recreate (a client's word cannot be checked,
-    /// so the most a false one costs is one correction round at the create, and version numbers
-    /// skipped within the learned bound).
-    pub(super) fn claimed_missing_here(&self, group: &GroupId) -> bool {
-        self.local().claimed_missing.get(group).is_some_and(|at| at.elapsed() < VANISHED_MEMORY)
-    }
-
     /// Whether this process held `group` and found it gone, without deleting it itself, within
     /// [`VANISHED_MEMORY`], or still holds it: a create of it is then a recreate (a create of a
     /// group whose record exists is refused whatever this says).
