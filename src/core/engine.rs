@@ -10,7 +10,10 @@
 use super::fence::fences_for;
 use super::input::{check_heartbeat_request, check_routing_report, InputError};
 use super::model::ShardOwner;
-use super::model::{CounterExhausted, GroupMetadata, LossEvidence, MemberState, ReshardReason, ShardId, MEMBERS_MAX};
+use super::model::{
+    CounterExhausted, GroupMetadata, LossEvidence, MemberState, ReshardReason, ShardId, CLIENT_VERSION_AHEAD_MAX,
+    MEMBERS_MAX,
+};
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
 use super::proof::{credited, Fact, ViewKey, ViewProof};
@@ -525,9 +528,11 @@ pub fn version_credited(g: &GroupMetadata, version: u64, proof: Option<&ViewProo
 /// Whether an uncredited version ahead is still learned (DESIGN §8): during the round of a
 /// recreate that knew no key of the lost record, so that no version the lost history issued is
 /// issued again ([`CorrectionRound::unverified_lineage`](super::model::CorrectionRound)). It
-/// restarts nothing, and a version already learned writes nothing.
+/// restarts nothing, and a version already learned (or past the learning bound, which
+/// `Transition::learn_client_version` applies) writes nothing and takes no critical section.
 pub fn version_learned(g: &GroupMetadata, version: u64) -> bool {
-    version > g.max_client_version_seen.max(g.metadata_version)
+    let learnable = version.min(g.metadata_version.saturating_add(CLIENT_VERSION_AHEAD_MAX));
+    learnable > g.max_client_version_seen.max(g.metadata_version)
         && g.correction.as_ref().is_some_and(|round| round.unverified_lineage)
 }
 
