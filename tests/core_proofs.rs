@@ -267,6 +267,43 @@ fn a_recreate_that_knows_no_key_learns_the_lost_versions_and_credits_nothing_els
     assert!(w.g.metadata_version > own, "{} is above the learned {own}", w.g.metadata_version);
 }
 
+/// Hostile review M1 of the learning round: a learned version sat in `max_client_version_seen`,
+/// so a proven report at or below it (a rollback of this lineage's own writes, whose leases the
+/// round must wait out again) looked already reported and restarted nothing.
+#[test]
+fn a_learned_version_hides_no_proven_report_from_the_round() {
+    let obs = Observations::default();
+    let fresh = ViewKey::from_bytes([0x57; 32]);
+    let ctx = Context {
+        stored_revision: 0,
+        observations: &obs,
+        planted: PlantedBugs::NONE,
+        nonce: 3,
+        fresh_view_key: Some(fresh),
+    };
+    let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
+    let recreated = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx).write.next.expect("made");
+    let mut w = World::new(2);
+    w.g = recreated;
+    let round = w.g.correction.clone().expect("a recreate starts a round");
+    let learned = w.g.metadata_version + 50;
+    w.routing_report(forged(learned, 2)).expect("answered");
+    assert_eq!((w.g.max_client_version_seen, &w.g.correction), (learned, &Some(round.clone())), "learned only");
+
+    let own = w.g.metadata_version + 3;
+    let proof = fresh.prove(&group_id(), Fact::MetadataVersion, own);
+    let proven = RoutingReport::version(own).proven(Some(proof), None);
+    w.routing_report(proven.clone()).expect("answered");
+    let restarted = w.g.correction.clone().expect("a round");
+    assert_ne!(restarted.wait, round.wait, "a proven report below the learned version restarts the wait");
+    assert!(restarted.unverified_lineage, "and the round still learns");
+    assert_eq!((restarted.proven_version, w.g.max_client_version_seen), (own, learned));
+
+    // A repeat of that report is one the round is already waiting out.
+    w.routing_report(proven).expect("answered");
+    assert_eq!(w.g.correction, Some(restarted), "a repeat restarts nothing");
+}
+
 /// Hostile review L3: when the OS gives no randomness for the key, a plain create is refused
 /// rather than making a keyless group that would credit every report; a recreate that knows no
 /// key is refused the same way. One that keeps a remembered key needs no randomness.

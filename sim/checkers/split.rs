@@ -402,6 +402,7 @@ mod tests {
                 wait: 1,
                 synced_members: Default::default(),
                 unverified_lineage: false,
+                proven_version: 0,
             });
             w.store(4_500, &g, 5);
             w.grant(b, granted_at_us, &[0], 8_000);

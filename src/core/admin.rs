@@ -124,6 +124,7 @@ fn create(
             wait,
             synced_members: Default::default(),
             unverified_lineage: matches!(creation, Creation::Recreate { lost_key: None }),
+            proven_version: 0,
         });
     }
     let response = AdminResponse { group, store_revision: 1, metadata_version: next.metadata_version };

@@ -367,6 +367,17 @@ pub struct CorrectionRound {
     /// lost history granted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unverified_lineage: bool,
+    /// The highest proven report this round recorded, in a round with
+    /// [`unverified_lineage`](Self::unverified_lineage): there `max_client_version_seen` also
+    /// holds learned versions, so it cannot say whether a proven report is new evidence; this
+    /// does. Zero (absent) means none: a release that drops the field restarts the round at the
+    /// next proven report, which only waits longer.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub proven_version: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// Evidence that the store lost recent writes.

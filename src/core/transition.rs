@@ -141,8 +141,14 @@ impl<'a> Transition<'a> {
             return;
         }
         let credited = reported.min(self.before.metadata_version.saturating_add(CLIENT_VERSION_AHEAD_MAX));
-        let never_reported = credited > self.next.max_client_version_seen;
-        if never_reported {
+        // In a round that learns unproven versions, `max_client_version_seen` holds those too: a
+        // proven report at or below a learned one is still news (hostile review M1).
+        let reported_before = match self.next.correction.as_ref() {
+            Some(round) if round.unverified_lineage => round.proven_version,
+            _ => self.next.max_client_version_seen,
+        };
+        let never_reported = credited > reported_before;
+        if credited > self.next.max_client_version_seen {
             self.next.max_client_version_seen = credited;
             self.dirty = true;
         }
@@ -154,6 +160,12 @@ impl<'a> Transition<'a> {
         if self.next.correction.is_none() || never_reported || wait_over {
             self.start_round(reason);
         }
+        if let Some(round) = self.next.correction.as_mut().filter(|round| round.unverified_lineage) {
+            if credited > round.proven_version {
+                round.proven_version = credited;
+                self.dirty = true;
+            }
+        }
     }
 
     /// Starts a correction round, or restarts the active one's lease wait: new evidence of lost
@@ -163,9 +175,15 @@ impl<'a> Transition<'a> {
     pub(crate) fn start_round(&mut self, reason: LossEvidence) {
         let wait = self.allocate_wait();
         // A restarted round is still the recreate's round: the lost lineage stays unverifiable.
-        let unverified_lineage = self.next.correction.as_ref().is_some_and(|round| round.unverified_lineage);
-        self.next.correction =
-            Some(CorrectionRound { reason, wait, synced_members: BTreeSet::new(), unverified_lineage });
+        let (unverified_lineage, proven_version) =
+            self.next.correction.as_ref().map_or((false, 0), |round| (round.unverified_lineage, round.proven_version));
+        self.next.correction = Some(CorrectionRound {
+            reason,
+            wait,
+            synced_members: BTreeSet::new(),
+            unverified_lineage,
+            proven_version,
+        });
         self.dirty = true;
     }
 
