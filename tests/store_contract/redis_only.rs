@@ -233,6 +233,39 @@ async fn a_hung_server_is_unavailable_within_the_timeout_and_recovers() {
     assert_eq!(load_after_reconnect(&store).await, None);
 }
 
+/// Hostile review: an entry another writer added with a field name that is not UTF-8 failed every
+/// read of its stream (the first one after XREADGROUP had delivered it, then every re-read of the
+/// pending entry), so the shard stalled for good. It is now read, the name lossily decoded.
+#[tokio::test]
+async fn an_entry_with_a_non_utf8_field_name_is_read_and_acked_not_a_stalled_shard() {
+    let server = RedisServer::start();
+    let store = store_for(&server.url()).await;
+    store.ensure_group("s:0", "g").await.expect("ensure");
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+    let raw: String = redis::cmd("XADD")
+        .arg("s:0")
+        .arg("*")
+        .arg(&b"na\xffme"[..])
+        .arg(&b"\x00\xfe"[..])
+        .query_async(&mut conn)
+        .await
+        .expect("xadd");
+    let after = store.xadd("s:0", vec![("k".into(), b"v".to_vec())], None).await.expect("xadd");
+    let streams = [("s:0".to_string(), ReadFrom::New)];
+    let delivered = store.xreadgroup("g", "c", &streams, 10, None).await.expect("the read succeeds");
+    let entries = &delivered[0].1;
+    assert_eq!(entries.len(), 2, "both entries, the odd one included");
+    assert_eq!(entries[0].id.to_string(), raw);
+    assert_eq!(entries[0].fields, vec![("na\u{fffd}me".to_string(), b"\x00\xfe".to_vec())], "value bytes exact");
+    assert_eq!(entries[1].id, after);
+    let pending = [("s:0".to_string(), ReadFrom::OwnPending)];
+    let again = store.xreadgroup("g", "c", &pending, 10, None).await.expect("the pending re-read succeeds");
+    assert_eq!(again[0].1.len(), 2);
+    let ids: Vec<_> = again[0].1.iter().map(|entry| entry.id).collect();
+    assert_eq!(store.xack("s:0", "g", &ids).await, Ok(2), "and acked");
+}
+
 #[tokio::test]
 async fn a_blocking_read_waits_its_block_time_without_stalling_other_calls() {
     let server = RedisServer::start();

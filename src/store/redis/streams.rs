@@ -49,7 +49,14 @@ fn parse_entry(value: &Value) -> Result<StreamEntry, StoreError> {
     }
     let mut fields = Vec::with_capacity(flat.len() / 2);
     for pair in flat.chunks(2) {
-        let name = text(&pair[0]).ok_or_else(|| protocol("stream field name", &pair[0]))?;
+        // Field names are binary-safe in Redis; another writer's non-UTF-8 name is read with its
+        // invalid bytes replaced (U+FFFD) rather than failing the read: a read that fails after
+        // XREADGROUP delivered the entry would fail again at every re-read of the pending entry
+        // and stall the shard. Values keep their exact bytes.
+        let name = match &pair[0] {
+            Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            other => text(other).ok_or_else(|| protocol("stream field name", other))?,
+        };
         let bytes = match &pair[1] {
             Value::BulkString(bytes) => bytes.clone(),
             other => text(other).ok_or_else(|| protocol("stream field value", other))?.into_bytes(),
