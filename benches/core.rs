@@ -87,6 +87,7 @@ fn main() {
             let g = settled(members, shards);
             let ctx = Context {
                 fresh_view_key: None,
+                wall_clock_secs: 0,
                 stored_revision: 7,
                 observations: &obs,
                 planted: Default::default(),

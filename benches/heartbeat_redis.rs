@@ -769,6 +769,7 @@ mod bench {
             let obs = view.observe_waits(u64::from(round), &g);
             let context = Context {
                 fresh_view_key: None,
+                wall_clock_secs: 0,
                 stored_revision: record.revision,
                 observations: &obs,
                 planted: PlantedBugs::NONE,

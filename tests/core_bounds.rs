@@ -157,6 +157,7 @@ fn a_stored_revision_at_the_top_refuses_writes_and_still_answers_reads() {
     let obs = Observations::default();
     let ctx = Context {
         fresh_view_key: None,
+        wall_clock_secs: 0,
         stored_revision: u64::MAX,
         observations: &obs,
         planted: PlantedBugs::NONE,

@@ -8,10 +8,11 @@
 mod core_support;
 
 use core_support::{beat, group_id, test_view_key, Client, World};
-use rsc::core::model::LossEvidence;
+use rsc::core::model::{LossEvidence, CLIENT_NUMBER_MAX};
 use rsc::core::proof::{Fact, ViewKey};
 use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatStatus, RoutingReport};
 use rsc::core::{decide_admin, Context, Creation, Observations, PlantedBug, PlantedBugs};
+use std::collections::BTreeSet;
 
 /// A report of `version` and `count` with proofs under a key that is not the group's.
 fn forged(version: u64, count: u32) -> RoutingReport {
@@ -142,6 +143,7 @@ fn a_group_an_older_release_wrote_credits_reports_until_its_first_write_draws_a_
         planted: PlantedBugs::NONE,
         nonce: 9,
         fresh_view_key: Some(key),
+        wall_clock_secs: 0,
     };
     let decision = decide_admin(Some(&quiet), &add, Creation::Plain, ctx(w.revision));
     assert_eq!(decision.write.next.expect("a write").view_key, Some(key));
@@ -184,6 +186,7 @@ fn a_group_recreated_after_its_record_was_lost_keeps_the_lost_key_when_the_calle
         planted: PlantedBugs::NONE,
         nonce: 3,
         fresh_view_key: Some(ViewKey::from_bytes([0x33; 32])),
+        wall_clock_secs: 0,
     };
     let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
     let fresh = decide_admin(None, &create, Creation::Plain, ctx).write.next.expect("created");
@@ -228,6 +231,7 @@ fn a_recreate_that_knows_no_key_learns_the_lost_versions_and_credits_nothing_els
         planted: PlantedBugs::NONE,
         nonce: 3,
         fresh_view_key: Some(fresh),
+        wall_clock_secs: 0,
     };
     let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
     let recreated = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx).write.next.expect("made");
@@ -280,6 +284,7 @@ fn a_learned_version_hides_no_proven_report_from_the_round() {
         planted: PlantedBugs::NONE,
         nonce: 3,
         fresh_view_key: Some(fresh),
+        wall_clock_secs: 0,
     };
     let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
     let recreated = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx).write.next.expect("made");
@@ -304,14 +309,57 @@ fn a_learned_version_hides_no_proven_report_from_the_round() {
     assert_eq!(w.g.correction, Some(restarted), "a repeat restarts nothing");
 }
 
+/// Swarm seed 5278 of a fresh sweep: a silent rollback took the record and its index entry, and
+/// every coordinator restarted, so the runbook's create was a plain one (nothing can tell that
+/// from a group that never existed) and issued version 2 again to a consumer still holding the
+/// lost version 2. Versions now start past the clock's seconds, with random low bits.
+#[test]
+fn creates_start_their_versions_past_the_clock() {
+    let obs = Observations::default();
+    let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
+    let first = |wall_clock_secs: u64, nonce: u64| {
+        let ctx = Context {
+            stored_revision: 0,
+            observations: &obs,
+            planted: PlantedBugs::NONE,
+            nonce,
+            fresh_view_key: Some(ViewKey::from_bytes([0x61; 32])),
+            wall_clock_secs,
+        };
+        let made = decide_admin(None, &create, Creation::Plain, ctx);
+        let g = made.write.next.expect("created");
+        assert_eq!(made.outcome.expect("answered").metadata_version, g.metadata_version);
+        g.validate().expect("a valid record");
+        g.metadata_version
+    };
+    let now = 1_796_000_000;
+    let same_second: BTreeSet<u64> = (0..64u64).map(|i| first(now, i << 48)).collect();
+    assert_eq!(same_second.len(), 64, "creates in one second differ by their random bits");
+    let earlier = first(now, u64::MAX);
+    assert!(first(now + 1, 0) > earlier, "a create a second later starts above any of that second");
+    assert!(first(now + 60, 0) > earlier + 59 * 65_536, "above an incarnation that bumped 65,536 times a second");
+    assert_eq!(first(0, 0), 1, "no clock, no randomness: 1");
+    assert_eq!(
+        CLIENT_NUMBER_MAX - first(u64::MAX, u64::MAX),
+        (1 << 52) - 1,
+        "the clock is capped: 2^52 versions remain"
+    );
+}
+
 /// Hostile review L3: when the OS gives no randomness for the key, a plain create is refused
 /// rather than making a keyless group that would credit every report; a recreate that knows no
 /// key is refused the same way. One that keeps a remembered key needs no randomness.
 #[test]
 fn a_plain_create_without_a_fresh_key_is_refused_and_writes_nothing() {
     let obs = Observations::default();
-    let ctx =
-        Context { stored_revision: 0, observations: &obs, planted: PlantedBugs::NONE, nonce: 3, fresh_view_key: None };
+    let ctx = Context {
+        stored_revision: 0,
+        observations: &obs,
+        planted: PlantedBugs::NONE,
+        nonce: 3,
+        fresh_view_key: None,
+        wall_clock_secs: 0,
+    };
     let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
     let refused = decide_admin(None, &create, Creation::Plain, ctx);
     assert_eq!(refused.outcome.expect_err("refused").code, ErrorCode::Internal);

@@ -235,8 +235,14 @@ fn admin_mutations_check_revisions_and_inputs() {
     assert!(short.validate().is_err());
 
     let obs = Default::default();
-    let ctx =
-        Context { fresh_view_key: None, stored_revision: 0, observations: &obs, planted: Default::default(), nonce: 1 };
+    let ctx = Context {
+        fresh_view_key: None,
+        stored_revision: 0,
+        observations: &obs,
+        planted: Default::default(),
+        nonce: 1,
+        wall_clock_secs: 0,
+    };
     let missing = AdminRequest::DeleteGroup { group: group.clone(), expected_revision: 1 };
     assert_eq!(decide_admin(None, &missing, Creation::Plain, ctx).outcome.unwrap_err().code, ErrorCode::GroupNotFound);
 

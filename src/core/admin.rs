@@ -42,9 +42,7 @@ pub fn decide_admin(
     }
     let Some(g) = g else {
         return match req {
-            AdminRequest::CreateGroup { shard_count, config, .. } => {
-                create(group, *shard_count, config, creation, ctx.fresh_view_key)
-            }
+            AdminRequest::CreateGroup { shard_count, config, .. } => create(group, *shard_count, config, creation, ctx),
             _ => reject(ErrorCode::GroupNotFound, format!("group {group} does not exist")),
         };
     };
@@ -97,14 +95,20 @@ fn create(
     shard_count: u32,
     config: &super::model::GroupConfig,
     creation: Creation,
-    view_key: Option<ViewKey>,
+    ctx: Context<'_>,
 ) -> Decision<AdminResponse> {
+    let view_key = ctx.fresh_view_key;
     if view_key.is_none() && !matches!(creation, Creation::Recreate { lost_key: Some(_) }) {
         // The caller could not draw a key (the OS refused randomness): a keyless group would
         // credit every client's report (DESIGN §8), so nothing is created; the operator retries.
         return reject(ErrorCode::Internal, "no randomness for the group's view-proof key; nothing was created");
     }
     let mut next = GroupMetadata::new(group.clone(), shard_count, config.clone());
+    // Versions start past the clock, as TCP picks an initial sequence number: a create after a
+    // loss that took the record, its index entry and every process's memory of them (a plain
+    // create: nothing here can tell that from a group that never existed) must not issue the
+    // lost history's version numbers again, and clients still hold them (swarm seed 5278).
+    next.metadata_version = first_metadata_version(ctx.wall_clock_secs, ctx.nonce);
     next.view_key = match creation {
         Creation::Plain => view_key,
         // The lost record's key: proofs of the lost history verify, forged reports do not.
@@ -158,4 +162,17 @@ fn change_config(tx: &mut Transition<'_>, config: &super::model::GroupConfig) {
     }
     tx.next.config = config.clone();
     tx.mark_visible();
+}
+
+/// The first `metadataVersion` of a created group: the wall clock's seconds (capped at 2^36, the
+/// year 4147) times 2^16, plus 16 bits of the decision's fresh randomness, plus one. So an
+/// incarnation created after another starts above every version the earlier one issued unless
+/// that one bumped more than 65,536 times a second on average, or the clocks disagree by more than
+/// its lifetime; then, and for two creates in one second, the random bits make an exact repeat of
+/// one of its numbers about a one in 65,536 chance. At most 2^52, so 2^52 versions remain below
+/// [`CLIENT_NUMBER_MAX`](super::model::CLIENT_NUMBER_MAX). Nothing safe relies on it: it only keeps
+/// a lost history's numbers, which no proof can vouch for, from being issued again.
+pub fn first_metadata_version(wall_clock_secs: u64, nonce: u64) -> u64 {
+    const SECS_MAX: u64 = (1 << 36) - 1;
+    ((wall_clock_secs.min(SECS_MAX) << 16) | (nonce >> 48)) + 1
 }

@@ -15,7 +15,7 @@ pub mod protocol;
 pub mod transition;
 pub mod validate;
 
-pub use admin::Creation;
+pub use admin::{first_metadata_version, Creation};
 pub use engine::{
     check_session, decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick,
     deferral_renewable_without_read, tick_deferral_ms, Context, Decision,

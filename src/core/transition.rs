@@ -177,13 +177,8 @@ impl<'a> Transition<'a> {
         // A restarted round is still the recreate's round: the lost lineage stays unverifiable.
         let (unverified_lineage, proven_version) =
             self.next.correction.as_ref().map_or((false, 0), |round| (round.unverified_lineage, round.proven_version));
-        self.next.correction = Some(CorrectionRound {
-            reason,
-            wait,
-            synced_members: BTreeSet::new(),
-            unverified_lineage,
-            proven_version,
-        });
+        self.next.correction =
+            Some(CorrectionRound { reason, wait, synced_members: BTreeSet::new(), unverified_lineage, proven_version });
         self.dirty = true;
     }
 

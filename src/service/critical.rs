@@ -219,7 +219,15 @@ impl<S: MetadataStore> Coordinator<S> {
     ) -> Context<'a> {
         let nonce = self.local().rng.gen();
         let fresh_view_key = g.is_none_or(|g| g.view_key.is_none()).then(draw_view_key).flatten();
-        Context { stored_revision, observations, planted: self.inner.options.planted, nonce, fresh_view_key }
+        let wall_clock_secs = wall_clock_ms() / 1000;
+        Context {
+            stored_revision,
+            observations,
+            planted: self.inner.options.planted,
+            nonce,
+            fresh_view_key,
+            wall_clock_secs,
+        }
     }
 
     pub(super) fn local(&self) -> MutexGuard<'_, LocalState> {
@@ -463,7 +471,8 @@ async fn release_mutex<S: MetadataStore>(coordinator: &Coordinator<S>, group: &G
     }
 }
 
-/// Wall-clock milliseconds for the display-only `updatedAt` field. Never used for a decision.
+/// Wall-clock milliseconds for the display-only `updatedAt` field and the starting point of a
+/// created group's versions (`core::admin::first_metadata_version`); never for a safety decision.
 /// Under the simulation madsim intercepts the system clock, so this stays deterministic.
 fn wall_clock_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)

@@ -63,6 +63,7 @@ impl World {
         let obs = Default::default();
         let ctx = Context {
             fresh_view_key: Some(test_view_key()),
+            wall_clock_secs: 0,
             stored_revision: 0,
             observations: &obs,
             planted: Default::default(),
@@ -138,6 +139,7 @@ impl World {
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx = Context {
             fresh_view_key: self.fresh_view_key,
+            wall_clock_secs: 0,
             stored_revision: self.revision,
             observations: &obs,
             planted: self.planted,
@@ -158,6 +160,7 @@ impl World {
         let obs = self.view.observe(self.now_ms, &self.g, Some(&self.liveness));
         let ctx = Context {
             fresh_view_key: self.fresh_view_key,
+            wall_clock_secs: 0,
             stored_revision: self.revision,
             observations: &obs,
             planted: self.planted,
@@ -171,6 +174,7 @@ impl World {
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx = Context {
             fresh_view_key: self.fresh_view_key,
+            wall_clock_secs: 0,
             stored_revision: self.revision,
             observations: &obs,
             planted: self.planted,
@@ -197,6 +201,7 @@ impl World {
         let obs = self.view.observe(self.now_ms, &self.g, None);
         let ctx = Context {
             fresh_view_key: self.fresh_view_key,
+            wall_clock_secs: 0,
             stored_revision: self.revision,
             observations: &obs,
             planted: self.planted,
@@ -220,6 +225,7 @@ impl World {
             let obs = self.view.observe(self.now_ms, &self.g, None);
             let ctx = Context {
                 fresh_view_key: self.fresh_view_key,
+                wall_clock_secs: 0,
                 stored_revision: self.revision,
                 observations: &obs,
                 planted: self.planted,
