@@ -4,9 +4,9 @@
 mod core_support;
 
 use core_support::{beat, recorded_revoke_id, Client, World};
-use rsc::core::model::ShardOwner;
+use rsc::core::model::{MemberState, ShardOwner, ORPHAN_LIVENESS_MAX};
 use rsc::core::proof::Fact;
-use rsc::core::protocol::{HeartbeatStatus, RevokeReport};
+use rsc::core::protocol::{ErrorCode, HeartbeatStatus, RevokeReport};
 use rsc::core::{tick_deferral_ms, PlantedBugs};
 
 /// A owns all 4 shards; B joins and 2, 3 move to B (A must drain them first).
@@ -342,4 +342,120 @@ fn a_tick_deferral_ends_a_quarter_ttl_after_the_last_news_of_a_member() {
     assert_eq!(deferral(&mut w, Some(&read)), Some(ttl - ttl / 10 - ttl / 4 - ttl / 2), "its expiry comes first");
     w.advance(ttl);
     assert_eq!(deferral(&mut w, None), None, "silent for its TTL: due now");
+}
+
+/// Hostile review L3: a client that never adopts the version a correction round answers (a forger
+/// with a client token, or a broken client) kept every shard of the group in the round for good,
+/// since the round ends only when every active member has synced. It is now fenced a rebalance
+/// timeout after the round began, as a member that does not release a revoked shard is; the
+/// honest members then get OK.
+#[test]
+fn a_member_that_never_syncs_is_fenced_a_rebalance_timeout_into_the_round() {
+    let (mut w, mut a, mut b) = rebalancing_world();
+    beat(&mut w, &mut a).expect("drain");
+    beat(&mut w, &mut a).expect("REVOKED");
+    assert_eq!(beat(&mut w, &mut b).expect("b").assigned, vec![2, 3]);
+    let seen_by_b = b.version;
+    w.rollback(1, false);
+    beat(&mut w, &mut a).expect("a: sync");
+    let round_at = w.now_ms;
+    assert!(w.g.correction.is_some(), "a round");
+    let timeout = w.g.config.rebalance_timeout_ms;
+    // b keeps reporting the version it held, whatever it is answered.
+    let mut stubborn = b.request();
+    loop {
+        w.advance(1_000);
+        w.tick();
+        beat(&mut w, &mut a).expect("a");
+        stubborn.metadata_version = seen_by_b;
+        let answer = w.heartbeat(&stubborn);
+        if w.now_ms < round_at + timeout {
+            let answer = answer.expect("b is still a member");
+            assert_eq!(answer.status, HeartbeatStatus::SyncMetadata, "b never syncs");
+            assert!(w.g.correction.is_some(), "so the round holds");
+        } else {
+            break;
+        }
+    }
+    w.advance(1_000);
+    w.tick();
+    assert_eq!(w.g.members.get("b").map(|m| m.state.clone()), Some(MemberState::Fenced), "fenced past the timeout");
+    let mut ok = None;
+    for _ in 0..20 {
+        w.advance(1_000);
+        w.tick();
+        let answer = beat(&mut w, &mut a).expect("a");
+        if answer.status == HeartbeatStatus::Ok {
+            ok = Some(answer);
+            break;
+        }
+    }
+    assert_eq!(ok.expect("the round ended").assigned, vec![0, 1, 2, 3], "a gets every shard");
+}
+
+/// The timeout of a member that joined during the round runs from its join: a consumer that
+/// joins late in a long round is not fenced before it had the chance to sync.
+#[test]
+fn a_member_that_joins_late_in_a_round_has_its_own_sync_timeout() {
+    let (mut w, mut a, mut b) = rebalancing_world();
+    beat(&mut w, &mut a).expect("drain");
+    beat(&mut w, &mut a).expect("REVOKED");
+    beat(&mut w, &mut b).expect("b");
+    let seen_by_b = b.version;
+    w.rollback(1, false);
+    beat(&mut w, &mut a).expect("a: sync");
+    let round = w.g.correction.clone().expect("a round");
+    let timeout = w.g.config.rebalance_timeout_ms;
+    // b holds the round, stubbornly, until just before its timeout.
+    let mut stubborn = b.request();
+    let start = w.now_ms;
+    while w.now_ms + 2_000 < start + timeout {
+        w.advance(1_000);
+        w.tick();
+        beat(&mut w, &mut a).expect("a");
+        stubborn.metadata_version = seen_by_b;
+        w.heartbeat(&stubborn).expect("b");
+    }
+    let mut c = Client::new("c");
+    beat(&mut w, &mut c).expect("c joins during the round");
+    assert!(w.g.correction.as_ref().is_some_and(|r| r.sync_waits.contains_key("c")), "c's timeout runs from its join");
+    for _ in 0..4 {
+        w.advance(1_000);
+        w.tick();
+        beat(&mut w, &mut a).expect("a");
+    }
+    assert_eq!(w.g.members.get("b").map(|m| m.state.clone()), Some(MemberState::Fenced), "b's timeout ran out");
+    assert_eq!(w.g.members.get("c").map(|m| m.state.clone()), Some(MemberState::Active), "c's has not");
+    assert_eq!(w.g.correction.as_ref().map(|r| r.wait), Some(round.wait), "the same round");
+    beat(&mut w, &mut c).expect("c adopts the version b's fence bumped");
+    beat(&mut w, &mut c).expect("c syncs");
+    assert!(w.g.correction.as_ref().is_none_or(|r| r.synced_members.contains("c") && r.sync_waits.is_empty()));
+}
+
+/// Hostile review: every heartbeat touches its member's liveness field before it is decided, so
+/// heartbeats of made-up member ids (answered UNKNOWN_MEMBER) left one field each for good, and
+/// every tick reads the whole hash. A tick now removes such fields once they pass
+/// `ORPHAN_LIVENESS_MAX`; a few (a refused join's) are left alone, and no member's field is touched.
+#[test]
+fn a_tick_removes_the_liveness_fields_of_made_up_members_past_a_bound() {
+    let mut w = World::new(2);
+    let mut a = Client::new("a");
+    beat(&mut w, &mut a).expect("a joins");
+    let mut forged = a.request();
+    for i in 0..ORPHAN_LIVENESS_MAX {
+        forged.member_id = format!("nobody-{i}");
+        let refused = w.heartbeat(&forged).expect_err("not a member");
+        assert_eq!(refused.code, ErrorCode::UnknownMember);
+    }
+    assert_eq!(w.liveness.len(), ORPHAN_LIVENESS_MAX + 1, "each left its field");
+    let revision = w.revision;
+    w.tick();
+    assert_eq!((w.revision, w.liveness.len()), (revision, ORPHAN_LIVENESS_MAX + 1), "up to the bound: no write");
+    forged.member_id = "one-too-many".into();
+    w.heartbeat(&forged).expect_err("not a member");
+    w.tick();
+    assert_eq!(w.revision, revision + 1, "past it, the tick writes");
+    assert_eq!(w.liveness.keys().collect::<Vec<_>>(), vec!["a"], "and only a's field is left");
+    assert_eq!(w.history[w.history.len() - 2].0, w.g, "the record is rewritten unchanged");
+    assert_eq!(beat(&mut w, &mut a).expect("a").status, HeartbeatStatus::Ok);
 }

@@ -129,6 +129,7 @@ fn create(
             synced_members: Default::default(),
             unverified_lineage: matches!(creation, Creation::Recreate { lost_key: None }),
             proven_version: 0,
+            sync_waits: Default::default(),
         });
     }
     let response = AdminResponse { group, store_revision: 1, metadata_version: next.metadata_version };

@@ -12,7 +12,7 @@ use super::input::{check_heartbeat_request, check_routing_report, InputError};
 use super::model::ShardOwner;
 use super::model::{
     CounterExhausted, GroupMetadata, LossEvidence, MemberState, ReshardReason, ShardId, CLIENT_VERSION_AHEAD_MAX,
-    MEMBERS_MAX,
+    MEMBERS_MAX, ORPHAN_LIVENESS_MAX,
 };
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
@@ -206,11 +206,7 @@ fn steady(tx: &mut Transition<'_>, g: &GroupMetadata, req: &HeartbeatRequest) ->
         tx.refence(&req.member_id, report);
     }
     if req.metadata_version == g.metadata_version {
-        // Bookkeeping only: written, but no version bump.
-        let newly_synced = tx.next.correction.as_mut().is_some_and(|r| r.synced_members.insert(req.member_id.clone()));
-        if newly_synced {
-            tx.mark_dirty();
-        }
+        tx.synced(&req.member_id);
     }
     if req.leave {
         tx.leave(&req.member_id);
@@ -434,6 +430,26 @@ pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
         .collect();
     for member in timed_out {
         tx.fence(&member);
+    }
+    // A member that has not adopted the round's version a rebalance timeout after the round began
+    // (or after its join during it) holds every shard in the round: fenced, as above.
+    let unsynced: Vec<super::model::MemberId> = match tx.next.correction.as_ref() {
+        Some(round) => tx
+            .next
+            .active_members()
+            .filter(|m| {
+                !round.synced_members.contains(*m)
+                    && ctx.observations.waited_ms(round.sync_wait(m)) >= g.config.rebalance_timeout_ms
+            })
+            .cloned()
+            .collect(),
+        None => Vec::new(),
+    };
+    for member in unsynced {
+        tx.fence(&member);
+    }
+    if ctx.observations.orphan_liveness.len() > ORPHAN_LIVENESS_MAX {
+        tx.remove_orphan_liveness(&ctx.observations.orphan_liveness);
     }
     finished(tx)
 }

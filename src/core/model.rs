@@ -49,6 +49,11 @@ pub const SHARD_COUNT_MAX: u32 = 65_536;
 pub const GROUP_NAME_LEN_MAX: usize = 200;
 /// Largest number of members a group may have.
 pub const MEMBERS_MAX: usize = 10_000;
+/// How many liveness fields of ids that are not members a tick leaves in place
+/// ([`Observations::orphan_liveness`](super::observe::Observations)); past it, the tick's write
+/// removes them all. A few are normal (a join refused after its touch); many are a client sending
+/// heartbeats for made-up member ids, and every tick reads the whole liveness hash.
+pub const ORPHAN_LIVENESS_MAX: usize = 64;
 /// Longest member id accepted.
 pub const MEMBER_ID_LEN_MAX: usize = 256;
 /// Largest version, epoch or revision a client may send: 2^53 − 1, so every one is also exact in
@@ -158,7 +163,8 @@ pub struct GroupConfig {
     /// How often consumers heartbeat. Must be `< assignment_lease_ms` so a healthy consumer renews
     /// its lease before it ends.
     pub heartbeat_interval_ms: u64,
-    /// A member that keeps a shard in revoking state longer than this is fenced.
+    /// A member that keeps a shard in revoking state longer than this, or does not adopt a
+    /// correction round's version within it, is fenced.
     pub rebalance_timeout_ms: u64,
     /// How long a producer may use a routing view after fetching it.
     pub routing_cache_ttl_ms: u64,
@@ -374,6 +380,22 @@ pub struct CorrectionRound {
     /// next proven report, which only waits longer.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub proven_version: u64,
+    /// Members that joined (or re-joined) during the round and have not synced yet, with the wait
+    /// their sync timeout runs from; every other member's runs from the round's own
+    /// [`wait`](Self::wait). A member still not synced a `rebalanceTimeoutMs` after its wait began
+    /// is fenced at a tick, as a member that does not release a revoked shard is: otherwise one
+    /// client that never adopts the answered version holds every shard of the group in the round
+    /// for good. A release that drops the field measures those members from the round's wait:
+    /// at worst it fences a late joiner early, which rejoins.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sync_waits: BTreeMap<MemberId, WaitId>,
+}
+
+impl CorrectionRound {
+    /// The wait `member`'s sync timeout runs from.
+    pub fn sync_wait(&self, member: &str) -> WaitId {
+        self.sync_waits.get(member).copied().unwrap_or(self.wait)
+    }
 }
 
 fn is_zero(value: &u64) -> bool {

@@ -30,6 +30,11 @@ pub struct Observations {
     /// waits at least this long: a lease increase the store lost may have been seen by no live
     /// process, and the ceiling is the only bound on it that does not depend on having seen it.
     pub lease_ceiling_ms: u64,
+    /// Liveness fields the read found for ids the record does not list as members (only from a
+    /// read: empty for a heartbeat). A heartbeat touches its member's field before it is decided,
+    /// so refused joins and heartbeats of unknown members leave such fields behind; a tick removes
+    /// them once there are more than [`ORPHAN_LIVENESS_MAX`](super::model::ORPHAN_LIVENESS_MAX).
+    pub orphan_liveness: BTreeSet<MemberId>,
 }
 
 /// One member's liveness observation.
@@ -115,6 +120,9 @@ impl LocalView {
             next.insert(member.clone(), window);
         }
         windows.liveness = next;
+        let orphan_liveness = liveness
+            .map(|read| read.keys().filter(|field| !metadata.members.contains_key(*field)).cloned().collect())
+            .unwrap_or_default();
         let mut waits = BTreeMap::new();
         for wait in recorded_waits(metadata) {
             let since = windows.waits.get(&wait).copied().unwrap_or(now_ms);
@@ -133,6 +141,7 @@ impl LocalView {
             waits: windows.waits.iter().map(|(&w, &since)| (w, now_ms.saturating_sub(since))).collect(),
             longest_lease_seen_ms,
             lease_ceiling_ms: self.lease_ceiling_ms,
+            orphan_liveness,
         }
     }
 
@@ -229,6 +238,7 @@ impl LocalView {
             waits,
             longest_lease_seen_ms,
             lease_ceiling_ms: self.lease_ceiling_ms,
+            orphan_liveness: BTreeSet::new(),
         }
     }
 
@@ -250,8 +260,9 @@ fn recorded_waits(metadata: &GroupMetadata) -> impl Iterator<Item = WaitId> + '_
         ShardOwner::Owned { .. } => None,
     });
     let round = metadata.correction.as_ref().map(|r| r.wait);
+    let syncs = metadata.correction.iter().flat_map(|r| r.sync_waits.values().copied());
     let lease = metadata.lease_transition.as_ref().map(|t| t.wait);
-    shard_waits.chain(round).chain(lease)
+    shard_waits.chain(round).chain(syncs).chain(lease)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! with no next value is remembered as the transition's refusal ([`CounterExhausted`]) and
 //! `finish` then returns it instead of a state: the decision writes nothing.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::assignor::assignor_for;
 use super::engine::Context;
@@ -94,11 +94,6 @@ impl<'a> Transition<'a> {
         self.visible_change = true;
     }
 
-    /// Records a change that clients do not see (bookkeeping): written, no version bump.
-    pub(crate) fn mark_dirty(&mut self) {
-        self.dirty = true;
-    }
-
     pub(crate) fn mark_retarget(&mut self) {
         self.retarget = true;
         self.mark_visible();
@@ -177,8 +172,14 @@ impl<'a> Transition<'a> {
         // A restarted round is still the recreate's round: the lost lineage stays unverifiable.
         let (unverified_lineage, proven_version) =
             self.next.correction.as_ref().map_or((false, 0), |round| (round.unverified_lineage, round.proven_version));
-        self.next.correction =
-            Some(CorrectionRound { reason, wait, synced_members: BTreeSet::new(), unverified_lineage, proven_version });
+        self.next.correction = Some(CorrectionRound {
+            reason,
+            wait,
+            synced_members: BTreeSet::new(),
+            unverified_lineage,
+            proven_version,
+            sync_waits: BTreeMap::new(),
+        });
         self.dirty = true;
     }
 
@@ -205,6 +206,13 @@ impl<'a> Transition<'a> {
             self.fence_shards_of(member);
             if let Some(round) = self.next.correction.as_mut() {
                 round.synced_members.remove(member);
+            }
+        }
+        if self.next.correction.is_some() {
+            // Its sync timeout runs from its join, not from the round's start.
+            let wait = self.allocate_wait();
+            if let Some(round) = self.next.correction.as_mut() {
+                round.sync_waits.insert(member.to_string(), wait);
             }
         }
         self.next.members.insert(
@@ -266,14 +274,44 @@ impl<'a> Transition<'a> {
         }
         if let Some(round) = self.next.correction.as_mut() {
             round.synced_members.remove(member);
+            round.sync_waits.remove(member);
         }
         self.mark_retarget();
+    }
+
+    /// Removes liveness fields of ids the record does not list (a tick's read found them). Safe
+    /// whoever touches them next: this write is conditional on the record the tick read, so a
+    /// join recorded since makes it fail, and a member's liveness window starts only once a
+    /// record lists it, from the value then read. The record is rewritten as it is (bookkeeping).
+    pub(crate) fn remove_orphan_liveness(&mut self, orphans: &BTreeSet<MemberId>) {
+        let orphans: Vec<MemberId> = orphans
+            .iter()
+            .filter(|id| !self.next.members.contains_key(*id) && !self.remove.contains(id))
+            .cloned()
+            .collect();
+        if !orphans.is_empty() {
+            self.remove.extend(orphans);
+            self.dirty = true;
+        }
+    }
+
+    /// Records that `member` heartbeated with the current version during the round.
+    pub(crate) fn synced(&mut self, member: &str) {
+        if let Some(round) = self.next.correction.as_mut() {
+            let newly = round.synced_members.insert(member.to_string());
+            let timed = round.sync_waits.remove(member).is_some();
+            if newly || timed {
+                // Bookkeeping only: written, but no version bump.
+                self.dirty = true;
+            }
+        }
     }
 
     fn drop_member(&mut self, member: &str) {
         self.next.members.remove(member);
         if let Some(round) = self.next.correction.as_mut() {
             round.synced_members.remove(member);
+            round.sync_waits.remove(member);
         }
         self.remove.push(member.to_string());
         self.mark_retarget();

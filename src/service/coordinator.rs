@@ -470,6 +470,12 @@ impl<S: MetadataStore> Coordinator<S> {
         let generation = self.local().identity_generation;
         let (g, revision, stamp, liveness, changed) = self.heartbeat_touch(req).await?;
         self.note_heartbeat(&g, stamp.as_ref(), &req.member_id, liveness, changed, generation);
+        if !g.members.contains_key(&req.member_id) {
+            // The touch left a field for an id that is no member (a join yet to be decided, or
+            // an unknown member's heartbeat): the next tick reads liveness, so a flood of made-up
+            // ids is cleaned up (`core::model::ORPHAN_LIVENESS_MAX`) even in a deferred group.
+            self.local().deferred.remove(&g.group);
+        }
         Ok((g, revision))
     }
 

@@ -243,3 +243,28 @@ async fn groups_only_a_client_claims_existed_share_one_missing_metadata_series()
     let missing_series = c.metrics().render().lines().filter(|l| l.starts_with("rsc_metadata_missing_total{")).count();
     assert_eq!(missing_series, 2, "{}", c.metrics().render());
 }
+
+/// Heartbeats of member ids nobody joined are answered UNKNOWN_MEMBER, but each touched a liveness
+/// field first, which stayed for good (hostile review): a client with a token grew the group's
+/// liveness hash without bound, and every tick reads it whole. Past `ORPHAN_LIVENESS_MAX` such
+/// fields, the next tick removes them; the members' own fields stay.
+#[tokio::test]
+async fn made_up_member_ids_leave_no_liveness_fields_behind() {
+    let store = MemoryStore::new(41);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    super::create(&c, 2).await;
+    let a = c.heartbeat(join("a")).await.expect("a joins");
+    let mut forged = next(&a);
+    forged.member_session = None;
+    for i in 0..3 * rsc::core::model::ORPHAN_LIVENESS_MAX {
+        forged.member_id = format!("nobody-{i}");
+        let refused = c.heartbeat(forged.clone()).await.expect_err("no such member");
+        assert_eq!(refused.code, ErrorCode::UnknownMember);
+    }
+    let fields = store.liveness(&super::group()).await.expect("liveness").len();
+    assert!(fields > rsc::core::model::ORPHAN_LIVENESS_MAX, "the touches left {fields} fields");
+    c.tick_all().await;
+    let left: Vec<String> = store.liveness(&super::group()).await.expect("liveness").into_keys().collect();
+    assert_eq!(left, vec!["a".to_string()], "only the member's own field is left");
+    c.heartbeat(next(&a)).await.expect("a is still a member");
+}
