@@ -176,3 +176,50 @@ async fn forged_leaves_impersonating_joins_and_unauthenticated_evidence_are_refu
     coordinator.assert_no_error_logged();
     drop((bravo, producer));
 }
+
+/// Heartbeats of member ids nobody joined, with a valid token, are answered UNKNOWN_MEMBER; each
+/// touched a liveness field first, and those fields stayed for good (every tick reads the hash
+/// whole). On the real binary and Redis: past `ORPHAN_LIVENESS_MAX` of them, a tick removes them
+/// all, so a flood of three times the bound leaves at most the bound; the members' own fields
+/// stay, and the consumers keep their shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn heartbeats_of_made_up_member_ids_leave_a_bounded_number_of_liveness_fields() {
+    let redis = RedisServer::start();
+    let config = format!("client_tokens = [\"{TOKEN}\"]\n");
+    let coordinator = CoordinatorProcess::start_with_config(&redis.url(), "e2e-orphans", &config).await;
+    let group = group("orphans");
+    coordinator.create_group(&group, 4, &fast_config()).await;
+    let mut fleet = Fleet::new(group.clone(), vec![coordinator.addr()], redis.url());
+    fleet.client_token = Some(TOKEN.into());
+    let alpha = fleet.consumer("alpha", AppSettings::default()).await;
+    let bravo = fleet.consumer("bravo", AppSettings::default()).await;
+    wait_until("two consumers share 4 shards", Duration::from_secs(15), || shares_all(&[&alpha, &bravo], 4)).await;
+
+    let heartbeat = group_path(RouteId::Heartbeat, &group);
+    let bearer = format!("Bearer {TOKEN}");
+    let headers = [("Content-Type", "application/json"), ("Authorization", bearer.as_str())];
+    let liveness_key = rsc::store::keys::liveness_key(&group);
+    let fields = || -> i64 { redis::from_redis_value(redis.cmd(&["HLEN", &liveness_key])).expect("HLEN") };
+    let flood = 3 * rsc::core::model::ORPHAN_LIVENESS_MAX;
+    for i in 0..flood {
+        let ghost = serde_json::json!({
+            "group": {"streamPrefix": group.stream_prefix, "consumerGroup": group.consumer_group},
+            "memberId": format!("ghost-{i}"), "memberEpoch": 7, "metadataVersion": 1, "assignmentEpoch": 0,
+            "memberSession": "00112233445566778899aabbccddeeff",
+        });
+        let answer = http(coordinator.addr(), "POST", &heartbeat, &headers, ghost.to_string().into_bytes())
+            .await
+            .expect("answer");
+        assert_eq!(answer.error().code, rsc::core::protocol::ErrorCode::UnknownMember);
+    }
+    // Ticks removed them as they passed the bound: at most the bound's worth is left, not one
+    // field per forged id.
+    let bound = 2 + rsc::core::model::ORPHAN_LIVENESS_MAX as i64;
+    wait_until("the orphaned fields are within the bound", Duration::from_secs(10), || fields() <= bound).await;
+    let left: Vec<String> = redis::from_redis_value(redis.cmd(&["HKEYS", &liveness_key])).expect("HKEYS");
+    assert!(left.iter().any(|f| f == "alpha") && left.iter().any(|f| f == "bravo"), "the members' fields stay");
+    assert!(left.iter().all(|f| f == "alpha" || f == "bravo" || f.starts_with("ghost-")), "{left:?}");
+    assert!(shares_all(&[&alpha, &bravo], 4), "both still read their shards");
+    assert_no_split(&fleet.reads);
+    coordinator.assert_no_error_logged();
+}
