@@ -298,7 +298,7 @@ fn a_learned_version_hides_no_proven_report_from_the_round() {
     let own = w.g.metadata_version + 3;
     let proof = fresh.prove(&group_id(), Fact::MetadataVersion, own);
     let proven = RoutingReport::version(own).proven(Some(proof), None);
-    w.routing_report(proven.clone()).expect("answered");
+    w.routing_report(proven).expect("answered");
     let restarted = w.g.correction.clone().expect("a round");
     assert_ne!(restarted.wait, round.wait, "a proven report below the learned version restarts the wait");
     assert!(restarted.unverified_lineage, "and the round still learns");
