@@ -197,7 +197,6 @@ fn a_record_poisoned_by_an_unbounded_report_heals_at_the_next_bump() {
         synced_members: Default::default(),
         unverified_lineage: false,
         proven_version: 0,
-        sync_waits: Default::default(),
     });
     w.g.validate().expect("the poisoned record is still a readable record");
 

@@ -337,7 +337,10 @@ fn creates_start_their_versions_past_the_clock() {
     assert_eq!(same_second.len(), 64, "creates in one second differ by their random bits");
     let earlier = first(now, u64::MAX);
     assert!(first(now + 1, 0) > earlier, "a create a second later starts above any of that second");
-    assert!(first(now + 60, 0) > earlier + 59 * 65_536, "above an incarnation that bumped 65,536 times a second");
+    assert!(
+        first(now + 60, 0) > earlier + 59 * 65_536,
+        "above 65,536 × (60 − 1) versions issued from a create 60 s earlier"
+    );
     assert_eq!(first(0, 0), 1, "no clock, no randomness: 1");
     assert_eq!(
         CLIENT_NUMBER_MAX - first(u64::MAX, u64::MAX),

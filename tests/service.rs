@@ -596,12 +596,14 @@ async fn a_create_of_a_group_this_process_saw_vanish_is_a_recreate() {
     assert_eq!(recreated.view_key, lost_key, "c1 remembers the lost record's key: the recreate keeps it");
     // A made-up count and version, with a token or not, change nothing during the round
     // (the simulation's swarm seed 5014: a forger grew a recreated group from 1 to 53 shards).
-    let forged = RoutingReport { known_shard_count: 64, ..RoutingReport::version(a.metadata_version + 1_000) };
+    let ahead = recreated.metadata_version.max(a.metadata_version) + 1_000;
+    let forged = RoutingReport { known_shard_count: 64, ..RoutingReport::version(ahead) };
     c.routing(&group(), forged).await.expect("routing");
     let after = recorded(&store).expect("record");
     assert_eq!((after.shard_count, after.max_client_version_seen), (2, recreated.max_client_version_seen));
     // A's version from the lost incarnation is proven under the kept key: later versions skip it
-    // (credited when ahead; versions start at a random point, so it may be behind already).
+    // (credited when ahead; both creates here start past the same second with random low bits, so
+    // which is ahead is chance: `tests/core_proofs.rs` credits such a report deterministically).
     let report = RoutingReport::version(a.metadata_version).proven(a.metadata_version_proof, None);
     c.routing(&group(), report).await.expect("routing");
     let after = recorded(&store).expect("record");

@@ -403,7 +403,6 @@ mod tests {
                 synced_members: Default::default(),
                 unverified_lineage: false,
                 proven_version: 0,
-                sync_waits: Default::default(),
             });
             w.store(4_500, &g, 5);
             w.grant(b, granted_at_us, &[0], 8_000);

@@ -129,7 +129,6 @@ fn create(
             synced_members: Default::default(),
             unverified_lineage: matches!(creation, Creation::Recreate { lost_key: None }),
             proven_version: 0,
-            sync_waits: Default::default(),
         });
     }
     let response = AdminResponse { group, store_revision: 1, metadata_version: next.metadata_version };
@@ -167,10 +166,11 @@ fn change_config(tx: &mut Transition<'_>, config: &super::model::GroupConfig) {
 
 /// The first `metadataVersion` of a created group: the wall clock's seconds (capped at 2^36, the
 /// year 4147) times 2^16, plus 16 bits of the decision's fresh randomness, plus one. So an
-/// incarnation created after another starts above every version the earlier one issued unless
-/// that one bumped more than 65,536 times a second on average, or the clocks disagree by more than
-/// its lifetime; then, and for two creates in one second, the random bits make an exact repeat of
-/// one of its numbers about a one in 65,536 chance. At most 2^52, so 2^52 versions remain below
+/// incarnation created `d` seconds after another starts above every version the earlier one
+/// issued if that one issued fewer than 65,536 × (`d` − 1) (the random bits take up to one
+/// second's worth) and the two clocks agreed; otherwise, and for two creates in one second, an
+/// exact repeat of one of its numbers is about a one in 65,536 chance per number. A clock that
+/// reads 0 (unset, or before 1970) leaves only the random bits (the caller logs it). At most 2^52, so 2^52 versions remain below
 /// [`CLIENT_NUMBER_MAX`](super::model::CLIENT_NUMBER_MAX). Nothing safe relies on it: it only keeps
 /// a lost history's numbers, which no proof can vouch for, from being issued again.
 pub fn first_metadata_version(wall_clock_secs: u64, nonce: u64) -> u64 {

@@ -432,18 +432,14 @@ pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
         tx.fence(&member);
     }
     // A member that has not adopted the round's version a rebalance timeout after the round began
-    // (or after its join during it) holds every shard in the round: fenced, as above.
+    // holds every shard in the round: fenced, as above. Never before three heartbeat intervals:
+    // a member learns of the round only at its next heartbeat, and syncs at the one after.
+    let sync_timeout_ms = g.config.rebalance_timeout_ms.max(g.config.heartbeat_interval_ms.saturating_mul(3));
     let unsynced: Vec<super::model::MemberId> = match tx.next.correction.as_ref() {
-        Some(round) => tx
-            .next
-            .active_members()
-            .filter(|m| {
-                !round.synced_members.contains(*m)
-                    && ctx.observations.waited_ms(round.sync_wait(m)) >= g.config.rebalance_timeout_ms
-            })
-            .cloned()
-            .collect(),
-        None => Vec::new(),
+        Some(round) if ctx.observations.waited_ms(round.wait) >= sync_timeout_ms => {
+            tx.next.active_members().filter(|m| !round.synced_members.contains(*m)).cloned().collect()
+        }
+        _ => Vec::new(),
     };
     for member in unsynced {
         tx.fence(&member);

@@ -364,7 +364,10 @@ pub struct CorrectionRound {
     /// The lease wait: no `OK` until the deciding coordinator observed this wait for a full
     /// assignment lease.
     pub wait: WaitId,
-    /// Members that have heartbeated with the current `metadataVersion` since the round started.
+    /// Members that have heartbeated with the current `metadataVersion` since the round started,
+    /// or joined during it (a join's answer is the recorded view, and a new incarnation holds
+    /// nothing of a lost history: `Transition::join`). A member not in it a rebalance timeout into
+    /// the round is fenced at a tick (`decide_tick`).
     pub synced_members: BTreeSet<MemberId>,
     /// The round began at a recreate that knew no key of the lost record (DESIGN §8): the lost
     /// history's proofs are under a key nothing here has. Until the round ends, a version ahead
@@ -380,22 +383,6 @@ pub struct CorrectionRound {
     /// next proven report, which only waits longer.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub proven_version: u64,
-    /// Members that joined (or re-joined) during the round and have not synced yet, with the wait
-    /// their sync timeout runs from; every other member's runs from the round's own
-    /// [`wait`](Self::wait). A member still not synced a `rebalanceTimeoutMs` after its wait began
-    /// is fenced at a tick, as a member that does not release a revoked shard is: otherwise one
-    /// client that never adopts the answered version holds every shard of the group in the round
-    /// for good. A release that drops the field measures those members from the round's wait:
-    /// at worst it fences a late joiner early, which rejoins.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub sync_waits: BTreeMap<MemberId, WaitId>,
-}
-
-impl CorrectionRound {
-    /// The wait `member`'s sync timeout runs from.
-    pub fn sync_wait(&self, member: &str) -> WaitId {
-        self.sync_waits.get(member).copied().unwrap_or(self.wait)
-    }
 }
 
 fn is_zero(value: &u64) -> bool {

@@ -260,9 +260,8 @@ fn recorded_waits(metadata: &GroupMetadata) -> impl Iterator<Item = WaitId> + '_
         ShardOwner::Owned { .. } => None,
     });
     let round = metadata.correction.as_ref().map(|r| r.wait);
-    let syncs = metadata.correction.iter().flat_map(|r| r.sync_waits.values().copied());
     let lease = metadata.lease_transition.as_ref().map(|t| t.wait);
-    shard_waits.chain(round).chain(syncs).chain(lease)
+    shard_waits.chain(round).chain(lease)
 }
 
 #[cfg(test)]

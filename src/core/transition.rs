@@ -6,7 +6,7 @@
 //! with no next value is remembered as the transition's refusal ([`CounterExhausted`]) and
 //! `finish` then returns it instead of a state: the decision writes nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::assignor::assignor_for;
 use super::engine::Context;
@@ -172,14 +172,8 @@ impl<'a> Transition<'a> {
         // A restarted round is still the recreate's round: the lost lineage stays unverifiable.
         let (unverified_lineage, proven_version) =
             self.next.correction.as_ref().map_or((false, 0), |round| (round.unverified_lineage, round.proven_version));
-        self.next.correction = Some(CorrectionRound {
-            reason,
-            wait,
-            synced_members: BTreeSet::new(),
-            unverified_lineage,
-            proven_version,
-            sync_waits: BTreeMap::new(),
-        });
+        self.next.correction =
+            Some(CorrectionRound { reason, wait, synced_members: BTreeSet::new(), unverified_lineage, proven_version });
         self.dirty = true;
     }
 
@@ -208,12 +202,13 @@ impl<'a> Transition<'a> {
                 round.synced_members.remove(member);
             }
         }
-        if self.next.correction.is_some() {
-            // Its sync timeout runs from its join, not from the round's start.
-            let wait = self.allocate_wait();
-            if let Some(round) = self.next.correction.as_mut() {
-                round.sync_waits.insert(member.to_string(), wait);
-            }
+        if let Some(round) = self.next.correction.as_mut() {
+            // A join during a round counts as synced: its answer is the recorded view, the new
+            // incarnation holds no shard (the previous one's are fenced above), and leases of a
+            // lost history are the round's lease wait's to outlast, not the sync's. Otherwise
+            // joiners that never heartbeat again (a crash-looping consumer, or a forger joining a
+            // fresh id every member TTL) would keep the round open for good (second review).
+            round.synced_members.insert(member.to_string());
         }
         self.next.members.insert(
             member.to_string(),
@@ -274,7 +269,6 @@ impl<'a> Transition<'a> {
         }
         if let Some(round) = self.next.correction.as_mut() {
             round.synced_members.remove(member);
-            round.sync_waits.remove(member);
         }
         self.mark_retarget();
     }
@@ -298,9 +292,7 @@ impl<'a> Transition<'a> {
     /// Records that `member` heartbeated with the current version during the round.
     pub(crate) fn synced(&mut self, member: &str) {
         if let Some(round) = self.next.correction.as_mut() {
-            let newly = round.synced_members.insert(member.to_string());
-            let timed = round.sync_waits.remove(member).is_some();
-            if newly || timed {
+            if round.synced_members.insert(member.to_string()) {
                 // Bookkeeping only: written, but no version bump.
                 self.dirty = true;
             }
@@ -311,7 +303,6 @@ impl<'a> Transition<'a> {
         self.next.members.remove(member);
         if let Some(round) = self.next.correction.as_mut() {
             round.synced_members.remove(member);
-            round.sync_waits.remove(member);
         }
         self.remove.push(member.to_string());
         self.mark_retarget();

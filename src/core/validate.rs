@@ -114,10 +114,6 @@ impl GroupMetadata {
                 for member in &round.synced_members {
                     check(self.members.contains_key(member), || format!("synced member {member} unknown"))?;
                 }
-                for (member, wait) in &round.sync_waits {
-                    check(self.members.contains_key(member), || format!("sync wait of unknown member {member}"))?;
-                    check(*wait < self.next_wait_id, || format!("sync wait of {member} not allocated"))?;
-                }
                 Ok(())
             }
             None => check(self.max_client_version_seen <= self.metadata_version, || {

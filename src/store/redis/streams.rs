@@ -52,9 +52,16 @@ fn parse_entry(value: &Value) -> Result<StreamEntry, StoreError> {
         // Field names are binary-safe in Redis; another writer's non-UTF-8 name is read with its
         // invalid bytes replaced (U+FFFD) rather than failing the read: a read that fails after
         // XREADGROUP delivered the entry would fail again at every re-read of the pending entry
-        // and stall the shard. Values keep their exact bytes.
+        // and stall the shard. Values keep their exact bytes; a replaced name is logged, since
+        // two such names can read alike.
         let name = match &pair[0] {
-            Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            Value::BulkString(bytes) => match String::from_utf8_lossy(bytes) {
+                std::borrow::Cow::Borrowed(name) => name.to_owned(),
+                std::borrow::Cow::Owned(name) => {
+                    tracing::warn!(entry = %id, field = %name, "a stream field name is not UTF-8: read with U+FFFD in place of its invalid bytes");
+                    name
+                }
+            },
             other => text(other).ok_or_else(|| protocol("stream field name", other))?,
         };
         let bytes = match &pair[1] {
