@@ -395,10 +395,11 @@ fn a_member_that_never_syncs_is_fenced_a_rebalance_timeout_into_the_round() {
 
 /// Second review of the L3 fix: a member that joined during the round was unsynced until its own
 /// heartbeat matched the version, so joins of fresh ids that never heartbeat again (a forger with
-/// a token joining one every member TTL, or a consumer crash-looping at startup) kept the round
-/// open for good, each expiring as the next arrived. A join during a round now counts as synced.
-#[test]
-fn joins_that_never_heartbeat_again_do_not_hold_a_round() {
+/// a token joining one every few seconds, or a consumer crash-looping at startup) kept the round
+/// open for good, each expiring as the next arrived. A join during a round now counts as synced;
+/// one naming a version ahead is answered SYNC_METADATA and stays unsynced, so such joiners are
+/// fenced once the round is a sync timeout old, and the round ends all the same.
+fn ghosts_joining_every_3_s(ghost_version_ahead: bool) -> (u64, u64, rsc::core::model::GroupConfig) {
     let (mut w, mut a, mut b) = rebalancing_world();
     beat(&mut w, &mut a).expect("drain");
     beat(&mut w, &mut a).expect("REVOKED");
@@ -409,11 +410,17 @@ fn joins_that_never_heartbeat_again_do_not_hold_a_round() {
     let round_at = w.now_ms;
     assert!(w.g.correction.is_some(), "a round");
     let mut joined = 0;
-    let ok = loop {
+    let ended = loop {
         if (w.now_ms - round_at) % 3_000 == 0 {
-            let mut ghost = Client::new(&format!("ghost-{joined}"));
-            beat(&mut w, &mut ghost).expect("a fresh id joins");
-            assert!(w.g.correction.as_ref().is_none_or(|r| r.synced_members.contains(&ghost.id)), "synced at its join");
+            let ghost = Client::new(&format!("ghost-{joined}"));
+            let mut req = ghost.request();
+            if ghost_version_ahead {
+                req.metadata_version = w.g.metadata_version + 1_000;
+            }
+            let answer = w.heartbeat(&req).expect("a fresh id joins");
+            if let Some(round) = &w.g.correction {
+                assert_eq!(round.synced_members.contains(&ghost.id), !ghost_version_ahead, "{:?}", answer.status);
+            }
             joined += 1;
         }
         w.advance(1_000);
@@ -423,10 +430,20 @@ fn joins_that_never_heartbeat_again_do_not_hold_a_round() {
         if w.g.correction.is_none() && ra.status == HeartbeatStatus::Ok && rb.status == HeartbeatStatus::Ok {
             break w.now_ms - round_at;
         }
-        assert!(w.now_ms < round_at + 60_000, "the round must end while fresh ids keep joining");
+        assert!(w.now_ms < round_at + 90_000, "the round must end while fresh ids keep joining");
     };
-    assert!(ok >= w.g.config.assignment_lease_ms, "not before the round's lease wait ({ok} ms)");
+    (ended, joined, w.g.config.clone())
+}
+
+#[test]
+fn joins_that_never_heartbeat_again_do_not_hold_a_round() {
+    let (ended, joined, config) = ghosts_joining_every_3_s(false);
+    assert!(ended >= config.assignment_lease_ms, "not before the round's lease wait ({ended} ms)");
+    assert!(ended < config.rebalance_timeout_ms, "and without fencing anyone ({ended} ms)");
     assert!(joined >= 2, "ids joined during the round: {joined}");
+    let (ended, joined, config) = ghosts_joining_every_3_s(true);
+    assert!(ended >= config.rebalance_timeout_ms, "joiners naming a version ahead wait for the sync timeout");
+    assert!(joined >= 10, "ids joined during the round: {joined}");
 }
 
 /// Hostile review: every heartbeat touches its member's liveness field before it is decided, so

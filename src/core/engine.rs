@@ -103,7 +103,7 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
     let ahead = req.metadata_version > g.metadata_version;
     let step = if req.member_epoch == 0 {
         if !repeats_a_join(g, req) {
-            tx.join(&req.member_id, req.member_session.as_ref().map(MemberSession::digest));
+            tx.join(&req.member_id, req.member_session.as_ref().map(MemberSession::digest), !ahead);
         }
         Ok(Step::Member)
     } else if ahead {

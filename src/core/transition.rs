@@ -195,19 +195,23 @@ impl<'a> Transition<'a> {
     /// Adds (or re-adds, as a new incarnation) a member. A previous incarnation's shards are fenced:
     /// it may still be reading them until its lease surely ran out.
     /// `session` is the digest of the joining process's session secret (recorded on the member).
-    pub(crate) fn join(&mut self, member: &str, session: Option<SessionDigest>) {
+    /// `synced`: during a round, the join counts as synced (it named no version ahead).
+    pub(crate) fn join(&mut self, member: &str, session: Option<SessionDigest>, synced: bool) {
         if self.next.members.contains_key(member) {
             self.fence_shards_of(member);
             if let Some(round) = self.next.correction.as_mut() {
                 round.synced_members.remove(member);
             }
         }
-        if let Some(round) = self.next.correction.as_mut() {
-            // A join during a round counts as synced: its answer is the recorded view, the new
+        if let Some(round) = self.next.correction.as_mut().filter(|_| synced) {
+            // A join during a round counts as synced unless it named a version ahead (answered
+            // SYNC_METADATA, as the seed says): its answer is the recorded view, the new
             // incarnation holds no shard (the previous one's are fenced above), and leases of a
             // lost history are the round's lease wait's to outlast, not the sync's. Otherwise
             // joiners that never heartbeat again (a crash-looping consumer, or a forger joining a
-            // fresh id every member TTL) would keep the round open for good (second review).
+            // fresh id every few seconds) would keep the round open for good (second review);
+            // joiners naming a version ahead are fenced at the round's sync timeout if they never
+            // sync (`decide_tick`), and rejoin synced.
             round.synced_members.insert(member.to_string());
         }
         self.next.members.insert(
