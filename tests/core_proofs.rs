@@ -216,15 +216,10 @@ fn a_group_recreated_after_its_record_was_lost_keeps_the_lost_key_when_the_calle
     assert!(unknown.correction.as_ref().is_some_and(|round| round.unverified_lineage));
 }
 
-/// Swarm seeds 5058, 5234 and 5235 of a fresh sweep: every coordinator restarted before an
-/// operator recreated a group whose record was lost, so nobody knew its key; the recreate was
-/// keyless and credited a forger's shard count (and would have restarted its round at every new
-/// forged version). Now the lost history's versions are learned, so none is issued again, and
-/// nothing unproven restarts the round or grows the group.
-#[test]
-fn a_recreate_that_knows_no_key_learns_the_lost_versions_and_credits_nothing_else() {
+/// A world holding a 2-shard group recreated by a process that knew no key of the lost record;
+/// the recreate drew `fresh`.
+fn recreated_knowing_no_key(fresh: ViewKey) -> World {
     let obs = Observations::default();
-    let fresh = ViewKey::from_bytes([0x55; 32]);
     let ctx = Context {
         stored_revision: 0,
         observations: &obs,
@@ -237,6 +232,18 @@ fn a_recreate_that_knows_no_key_learns_the_lost_versions_and_credits_nothing_els
     let recreated = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx).write.next.expect("made");
     let mut w = World::new(2);
     w.g = recreated;
+    w
+}
+
+/// Swarm seeds 5058, 5234 and 5235 of a fresh sweep: every coordinator restarted before an
+/// operator recreated a group whose record was lost, so nobody knew its key; the recreate was
+/// keyless and credited a forger's shard count (and would have restarted its round at every new
+/// forged version). Now the lost history's versions are learned, so none is issued again, and
+/// nothing unproven restarts the round or grows the group.
+#[test]
+fn a_recreate_that_knows_no_key_learns_the_lost_versions_and_credits_nothing_else() {
+    let fresh = ViewKey::from_bytes([0x55; 32]);
+    let mut w = recreated_knowing_no_key(fresh);
     w.fresh_view_key = Some(ViewKey::from_bytes([0x56; 32]));
     let round = w.g.correction.clone().expect("a recreate starts a round");
     let lost = ViewKey::from_bytes([0x44; 32]);
@@ -276,20 +283,8 @@ fn a_recreate_that_knows_no_key_learns_the_lost_versions_and_credits_nothing_els
 /// round must wait out again) looked already reported and restarted nothing.
 #[test]
 fn a_learned_version_hides_no_proven_report_from_the_round() {
-    let obs = Observations::default();
     let fresh = ViewKey::from_bytes([0x57; 32]);
-    let ctx = Context {
-        stored_revision: 0,
-        observations: &obs,
-        planted: PlantedBugs::NONE,
-        nonce: 3,
-        fresh_view_key: Some(fresh),
-        wall_clock_secs: 0,
-    };
-    let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
-    let recreated = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx).write.next.expect("made");
-    let mut w = World::new(2);
-    w.g = recreated;
+    let mut w = recreated_knowing_no_key(fresh);
     let round = w.g.correction.clone().expect("a recreate starts a round");
     let learned = w.g.metadata_version + 50;
     w.routing_report(forged(learned, 2)).expect("answered");

@@ -21,6 +21,17 @@ fn rebalancing_world() -> (World, Client, Client) {
     (w, a, b)
 }
 
+/// [`rebalancing_world`] once a drained 2 and 3 and b got them, then the release and grant (one
+/// write) are lost: the store again says a is draining 2 and 3, and b holds a lost version.
+fn handover_then_lost() -> (World, Client, Client) {
+    let (mut w, mut a, mut b) = rebalancing_world();
+    beat(&mut w, &mut a).expect("drain");
+    beat(&mut w, &mut a).expect("REVOKED");
+    assert_eq!(beat(&mut w, &mut b).expect("b").assigned, vec![2, 3]);
+    w.rollback(1, false);
+    (w, a, b)
+}
+
 #[test]
 fn drain_written_then_response_lost_next_heartbeat_returns_the_same_drain() {
     let (mut w, a, _b) = rebalancing_world();
@@ -117,12 +128,7 @@ fn sync_metadata_lost_next_high_version_heartbeat_gets_the_same_sync() {
 
 #[test]
 fn sync_then_drain_then_revoke_pending_until_revoked_and_lease_wait_then_ok() {
-    let (mut w, mut a, mut b) = rebalancing_world();
-    beat(&mut w, &mut a).expect("drain");
-    beat(&mut w, &mut a).expect("REVOKED");
-    assert_eq!(beat(&mut w, &mut b).expect("b").assigned, vec![2, 3]);
-    // The release and grant (one write) are lost: the store again says a is draining 2 and 3.
-    w.rollback(1, false);
+    let (mut w, mut a, mut b) = handover_then_lost();
     assert!(matches!(w.g.current.get(&2), Some(ShardOwner::Revoking { member, .. }) if member == "a"));
     let evidence_at = w.now_ms;
 
@@ -351,12 +357,8 @@ fn a_tick_deferral_ends_a_quarter_ttl_after_the_last_news_of_a_member() {
 /// honest members then get OK.
 #[test]
 fn a_member_that_never_syncs_is_fenced_a_rebalance_timeout_into_the_round() {
-    let (mut w, mut a, mut b) = rebalancing_world();
-    beat(&mut w, &mut a).expect("drain");
-    beat(&mut w, &mut a).expect("REVOKED");
-    assert_eq!(beat(&mut w, &mut b).expect("b").assigned, vec![2, 3]);
+    let (mut w, mut a, b) = handover_then_lost();
     let seen_by_b = b.version;
-    w.rollback(1, false);
     beat(&mut w, &mut a).expect("a: sync");
     let round_at = w.now_ms;
     assert!(w.g.correction.is_some(), "a round");
@@ -400,11 +402,7 @@ fn a_member_that_never_syncs_is_fenced_a_rebalance_timeout_into_the_round() {
 /// one naming a version ahead is answered SYNC_METADATA and stays unsynced, so such joiners are
 /// fenced once the round is a sync timeout old, and the round ends all the same.
 fn ghosts_joining_every_3_s(ghost_version_ahead: bool) -> (u64, u64, rsc::core::model::GroupConfig) {
-    let (mut w, mut a, mut b) = rebalancing_world();
-    beat(&mut w, &mut a).expect("drain");
-    beat(&mut w, &mut a).expect("REVOKED");
-    beat(&mut w, &mut b).expect("b");
-    w.rollback(1, false);
+    let (mut w, mut a, mut b) = handover_then_lost();
     beat(&mut w, &mut a).expect("a: sync");
     beat(&mut w, &mut b).expect("b: sync");
     let round_at = w.now_ms;

@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use crate::e2e_support::checks::shares_all;
-use crate::e2e_support::fleet::{AppSettings, Fleet};
+use crate::e2e_support::fleet::{AppSettings, ConsumerApp, Fleet};
 use crate::e2e_support::ground_truth::assert_no_split;
 use crate::e2e_support::process::{http, CoordinatorProcess};
 use crate::e2e_support::{fast_config, group, metric_total, wait_until};
@@ -30,18 +30,36 @@ use rsc::http::routes::{group_path, RouteId};
 const TOKEN: &str = "client-token-for-the-security-test";
 const OTHER_SCOPE_TOKEN: &str = "token-of-another-group-0123456789";
 
+/// A real `redis-server`, the real binary with `config`, a 4-shard group and two consumers
+/// (holding [`TOKEN`]) that share its shards.
+struct Setup {
+    redis: RedisServer,
+    coordinator: CoordinatorProcess,
+    group: rsc::core::model::GroupId,
+    fleet: Fleet,
+    alpha: ConsumerApp,
+    bravo: ConsumerApp,
+}
+
+impl Setup {
+    async fn start(name: &str, config: &str) -> Self {
+        let redis = RedisServer::start();
+        let coordinator = CoordinatorProcess::start_with_config(&redis.url(), &format!("e2e-{name}"), config).await;
+        let group = group(name);
+        coordinator.create_group(&group, 4, &fast_config()).await;
+        let mut fleet = Fleet::new(group.clone(), vec![coordinator.addr()], redis.url());
+        fleet.client_token = Some(TOKEN.into());
+        let alpha = fleet.consumer("alpha", AppSettings::default()).await;
+        let bravo = fleet.consumer("bravo", AppSettings::default()).await;
+        wait_until("two consumers share 4 shards", Duration::from_secs(15), || shares_all(&[&alpha, &bravo], 4)).await;
+        Self { redis, coordinator, group, fleet, alpha, bravo }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn forged_leaves_impersonating_joins_and_unauthenticated_evidence_are_refused_with_no_effect() {
-    let redis = RedisServer::start();
     let config = format!("client_tokens = [\"{TOKEN}\", \"payments:*={OTHER_SCOPE_TOKEN}\"]\n");
-    let coordinator = CoordinatorProcess::start_with_config(&redis.url(), "e2e-security", &config).await;
-    let group = group("security");
-    coordinator.create_group(&group, 4, &fast_config()).await;
-    let mut fleet = Fleet::new(group.clone(), vec![coordinator.addr()], redis.url());
-    fleet.client_token = Some(TOKEN.into());
-    let alpha = fleet.consumer("alpha", AppSettings::default()).await;
-    let bravo = fleet.consumer("bravo", AppSettings::default()).await;
-    wait_until("two consumers share 4 shards", Duration::from_secs(15), || shares_all(&[&alpha, &bravo], 4)).await;
+    let Setup { redis, coordinator, group, fleet, alpha, bravo } = Setup::start("security", &config).await;
     let producer = fleet.producer("producer").await;
     for i in 0..200 {
         assert!(producer.publish(i).await, "publish {i}");
@@ -184,16 +202,8 @@ async fn forged_leaves_impersonating_joins_and_unauthenticated_evidence_are_refu
 /// stay, and the consumers keep their shards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn heartbeats_of_made_up_member_ids_leave_a_bounded_number_of_liveness_fields() {
-    let redis = RedisServer::start();
     let config = format!("client_tokens = [\"{TOKEN}\"]\n");
-    let coordinator = CoordinatorProcess::start_with_config(&redis.url(), "e2e-orphans", &config).await;
-    let group = group("orphans");
-    coordinator.create_group(&group, 4, &fast_config()).await;
-    let mut fleet = Fleet::new(group.clone(), vec![coordinator.addr()], redis.url());
-    fleet.client_token = Some(TOKEN.into());
-    let alpha = fleet.consumer("alpha", AppSettings::default()).await;
-    let bravo = fleet.consumer("bravo", AppSettings::default()).await;
-    wait_until("two consumers share 4 shards", Duration::from_secs(15), || shares_all(&[&alpha, &bravo], 4)).await;
+    let Setup { redis, coordinator, group, fleet, alpha, bravo } = Setup::start("orphans", &config).await;
 
     let heartbeat = group_path(RouteId::Heartbeat, &group);
     let bearer = format!("Bearer {TOKEN}");
