@@ -170,9 +170,10 @@ fn change_config(tx: &mut Transition<'_>, config: &super::model::GroupConfig) {
 /// issued if that one issued fewer than 65,536 × (`d` − 1) (the random bits take up to one
 /// second's worth) and the two clocks agreed; otherwise, and for two creates in one second, an
 /// exact repeat of one of its numbers is about a one in 65,536 chance per number. A clock that
-/// reads 0 (unset, or before 1970) leaves only the random bits (the caller logs it). At most 2^52, so 2^52 versions remain below
-/// [`CLIENT_NUMBER_MAX`](super::model::CLIENT_NUMBER_MAX). Nothing safe relies on it: it only keeps
-/// a lost history's numbers, which no proof can vouch for, from being issued again.
+/// reads 0 (unset, or before 1970) leaves only the random bits (the caller logs it). At most
+/// 2^52, so 2^52 versions remain below [`CLIENT_NUMBER_MAX`](super::model::CLIENT_NUMBER_MAX).
+/// Nothing safe relies on it: it only keeps a lost history's numbers, which no proof can vouch
+/// for, from being issued again.
 pub fn first_metadata_version(wall_clock_secs: u64, nonce: u64) -> u64 {
     const SECS_MAX: u64 = (1 << 36) - 1;
     ((wall_clock_secs.min(SECS_MAX) << 16) | (nonce >> 48)) + 1

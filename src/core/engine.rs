@@ -59,8 +59,9 @@ pub struct Context<'a> {
     /// or the first write of a group an older release created); `None` otherwise. A written state
     /// without a key takes it ([`crate::core::proof`]).
     pub fresh_view_key: Option<ViewKey>,
-    /// This process's wall clock, in seconds since the Unix epoch (0: unknown). Read only for the
-    /// first `metadataVersion` of a created group, which no safety argument relies on
+    /// This process's wall clock, in seconds since the Unix epoch (0: unknown, or not read: the
+    /// caller reads it only for a decision on an absent record). Read only for the first
+    /// `metadataVersion` of a created group, which no safety argument relies on
     /// ([`first_metadata_version`](super::first_metadata_version)).
     pub wall_clock_secs: u64,
 }

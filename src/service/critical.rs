@@ -219,7 +219,8 @@ impl<S: MetadataStore> Coordinator<S> {
     ) -> Context<'a> {
         let nonce = self.local().rng.gen();
         let fresh_view_key = g.is_none_or(|g| g.view_key.is_none()).then(draw_view_key).flatten();
-        let wall_clock_secs = wall_clock_ms() / 1000;
+        // Only a create reads it (`core::first_metadata_version`): not every decision's syscall.
+        let wall_clock_secs = if g.is_none() { wall_clock_ms() / 1000 } else { 0 };
         if g.is_none() && wall_clock_secs == 0 {
             tracing::warn!(
                 "the wall clock reads 1970 or earlier: a group created now starts its versions at a random point below 65,537, not past the clock"
