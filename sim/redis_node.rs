@@ -28,9 +28,9 @@ use madsim::net::Endpoint;
 use rsc::core::model::{Fence, GroupId, MemberId};
 use rsc::store::memory::MemoryStore;
 use rsc::store::{
-    CasStamp, Doorbell, EntryId, FenceCheck, FenceRaise, GroupStart, MetadataStore, ProbeReport, ReadFrom, RecordStamp,
-    ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult, WriteOutcome,
-    WriteRequest,
+    CasStamp, Doorbell, EntryId, FenceCheck, FenceRaise, FencedRead, GroupStart, MetadataStore, ProbeReport, ReadFrom,
+    RecordStamp, ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult,
+    WriteOutcome, WriteRequest,
 };
 
 use rand::rngs::SmallRng;
@@ -86,6 +86,13 @@ pub enum Command {
         count: usize,
         fence: Option<FenceCheck>,
     },
+    /// Fenced reads of several shards in one call ([`StreamStore::fenced_xreadgroup_many`]), one
+    /// script call on Redis: one request and one reply, each read checked and recorded on its own.
+    FencedReads {
+        group: String,
+        consumer: String,
+        reads: Vec<FencedRead>,
+    },
     /// The doorbell ([`StreamStore::wait_for_entries`]): served by the node's store, which sleeps
     /// until an XADD or the deadline and re-checks the streams at the next step boundary.
     WaitForEntries {
@@ -140,6 +147,13 @@ impl Command {
             Command::XReadGroup { consumer, streams, fence, .. } => {
                 let s: Vec<String> = streams.iter().map(|(s, f)| format!("{s}{}", from_mark(*f))).collect();
                 format!("XREADGROUP {consumer} {}{}", s.join(","), fenced(fence))
+            }
+            Command::FencedReads { consumer, reads, .. } => {
+                let s: Vec<String> = reads
+                    .iter()
+                    .map(|r| format!("{}{} fence={}", r.stream, from_mark(r.from), r.fence.fence))
+                    .collect();
+                format!("XREADGROUP {consumer} {}", s.join(","))
             }
             Command::WaitForEntries { streams, block_ms, .. } => {
                 let s: Vec<String> = streams.iter().map(|(s, id)| format!("{s}@{id:?}")).collect();
@@ -264,6 +278,27 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder, s
                         issued_at_us,
                         served_at_us,
                         ids: ids.unwrap_or_default(),
+                    });
+                }
+            }
+            Box::new(result)
+        }
+        Command::FencedReads { group, consumer, reads } => {
+            let result = store.fenced_xreadgroup_many(&group, &consumer, &reads).await;
+            if let Ok(outcomes) = &result {
+                let served_at_us = recorder.now_us();
+                let mut records = recorder.lock();
+                for (read, outcome) in reads.iter().zip(outcomes) {
+                    let Ok(entries) = outcome else { continue };
+                    records.reads.push(ReadEvent {
+                        process: client,
+                        server,
+                        consumer: consumer.clone(),
+                        stream: read.stream.clone(),
+                        kind: if read.from == ReadFrom::New { ReadKind::New } else { ReadKind::OwnPending },
+                        issued_at_us,
+                        served_at_us,
+                        ids: entries.iter().map(|e| e.id).collect(),
                     });
                 }
             }
@@ -619,6 +654,20 @@ impl StreamStore for RemoteStore {
         };
         let read: Vec<(String, Vec<StreamEntry>)> = self.call(command).await?;
         Ok(read.into_iter().flat_map(|(_, entries)| entries).collect())
+    }
+
+    async fn fenced_xreadgroup_many(
+        &self,
+        group: &str,
+        consumer: &str,
+        reads: &[FencedRead],
+    ) -> Result<Vec<Result<Vec<StreamEntry>, StoreError>>, StoreError> {
+        if reads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let command =
+            Command::FencedReads { group: group.to_string(), consumer: consumer.to_string(), reads: reads.to_vec() };
+        self.call(command).await
     }
 
     async fn fenced_xack(

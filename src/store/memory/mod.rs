@@ -98,8 +98,8 @@ use tokio::time::{Duration, Instant};
 use crate::core::model::{Fence, GroupId, MemberId};
 use crate::core::PlantedBugs;
 use crate::store::{
-    keys, CasStamp, Doorbell, EntryId, FenceCheck, FenceRaise, GroupStart, MetadataStore, ProbeReport, ReadFrom,
-    RecordStamp, ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult,
+    keys, CasStamp, Doorbell, EntryId, FenceCheck, FenceRaise, FencedRead, GroupStart, MetadataStore, ProbeReport,
+    ReadFrom, RecordStamp, ServerIdentity, StoreError, StoredRecord, StreamEntry, StreamStore, TouchCheck, TouchResult,
     WriteOutcome, WriteRequest,
 };
 
@@ -746,6 +746,51 @@ impl StreamStore for MemoryStore {
             Ok(read.into_iter().flat_map(|(_, _, entries)| entries).collect())
         })
         .await
+    }
+
+    /// One call for every read, as `RedisStore` makes one script call: each read is checked and
+    /// logged on its own, all in one atomic step (Redis runs the script atomically too).
+    async fn fenced_xreadgroup_many(
+        &self,
+        group: &str,
+        consumer: &str,
+        reads: &[FencedRead],
+    ) -> Result<Vec<Result<Vec<StreamEntry>, StoreError>>, StoreError> {
+        if reads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let issued_at_ms = self.now_ms();
+        let sources: Vec<[(String, ReadSource); 1]> =
+            reads.iter().map(|read| [(read.stream.clone(), ReadSource::from(read.from))]).collect();
+        let calls: Vec<ReadCall<'_>> = reads
+            .iter()
+            .zip(&sources)
+            .map(|(read, streams)| ReadCall { issued_at_ms, group, consumer, streams, fence: Some(read.fence.fence) })
+            .collect();
+        let result = self
+            .call_raw(&["EVALSHA", "HMGET", "HSET", "XREADGROUP"], |inner| {
+                let now_ms = inner.now_ms();
+                let outcomes = reads.iter().zip(&calls).map(|(read, call)| {
+                    let streams = [(read.stream.clone(), read.from)];
+                    let outcome = inner.check_fence(&read.fence, "XREADGROUP").and_then(|()| {
+                        let delivered = inner.streams.xreadgroup(now_ms, group, consumer, &streams, read.count)?;
+                        Ok(delivered.into_iter().flat_map(|(_, _, entries)| entries).collect::<Vec<_>>())
+                    });
+                    let logged =
+                        outcome.as_ref().map(|entries| vec![(read.stream.clone(), ids(entries))]).map_err(Clone::clone);
+                    inner.log_reads(call, &logged);
+                    outcome
+                });
+                Ok(outcomes.collect())
+            })
+            .await;
+        if let Err(e) = &result {
+            let mut inner = self.lock();
+            for call in &calls {
+                inner.log_reads(call, &Err(e.clone()));
+            }
+        }
+        result?
     }
 
     async fn fenced_xack(
