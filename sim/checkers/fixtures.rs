@@ -298,6 +298,13 @@ impl World {
         self.records.routings.push(call);
     }
 
+    /// Sets the metadata version of the last routing answer (default 1).
+    pub fn set_last_routing_version(&mut self, version: u64) {
+        if let Some(Some(Ok(resp))) = self.records.routings.last_mut().map(|call| call.answer.as_mut()) {
+            resp.metadata_version = version;
+        }
+    }
+
     /// A routing refresh that reported `known_version`, answered.
     pub fn routing_reporting(&mut self, p: ProcessId, known_version: u64, sent: Us, received: Us) {
         self.routing(p, sent, received, 10_000, 1);

@@ -58,8 +58,9 @@ impl fmt::Display for Violation {
     }
 }
 
-/// A routing view a producer received: (received, sent, lease end, shard count), by receive time.
-type View = (Us, Us, Us, u32);
+/// A routing view a producer received: (received, sent, lease end, shard count, metadata
+/// version), by receive time.
+type View = (Us, Us, Us, u32, u64);
 
 /// Checks invariant 3 for every producer process.
 pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
@@ -74,6 +75,7 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
                 call.sent_at_us,
                 facts.clock_deadline_us(call.process.node, call.sent_at_us, ttl_us),
                 resp.shard_count,
+                resp.metadata_version,
             );
             views.entry(call.process).or_default().push(view);
         }
@@ -89,7 +91,7 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
             let end = v.partition_point(|(received, ..)| *received <= at_us);
             &v[..end]
         });
-        let fresh: Vec<&View> = received.iter().filter(|(_, _, ends, _)| at_us <= *ends).collect();
+        let fresh: Vec<&View> = received.iter().filter(|(_, _, ends, ..)| at_us <= *ends).collect();
         let process = add.process;
         let stream = add.stream.clone();
         if fresh.is_empty() {
@@ -101,14 +103,30 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
             continue;
         }
         let shard: Option<ShardId> = facts.shard_of(&add.stream);
-        // The view of the latest request answered so far: an answer to an older request that
-        // arrives late replaces nothing. It is the freshest view, so it is fresh when any is.
-        let shard_count = received.iter().max_by_key(|(_, sent, ..)| *sent).map_or(0, |(.., count)| *count);
+        let shard_count = latest_view(received).map_or(0, |(.., count, _)| *count);
         if shard.is_none_or(|s| s >= shard_count) {
             violations.push(Violation::PublishOutsideRouting { process, stream, at_us, shard_count });
         }
     }
     violations
+}
+
+/// The view in force after `received` (in receive order). An answer replaces the view when its
+/// request was sent after every request answered so far (the latest request: the old rule, also
+/// when it names an older version — a rollback the store really went through), or when it names
+/// a newer metadata version than the view's: an older request the coordinator served late (a
+/// request delayed on its way in) carries a later state of the group, whatever the send order.
+/// Any other late answer is stale and replaces nothing.
+fn latest_view(received: &[View]) -> Option<&View> {
+    let mut held: Option<&View> = None;
+    let mut latest_sent = 0;
+    for view in received {
+        if held.is_none_or(|h| view.1 >= latest_sent || view.4 > h.4) {
+            held = Some(view);
+        }
+        latest_sent = latest_sent.max(view.1);
+    }
+    held
 }
 
 #[cfg(test)]
@@ -148,6 +166,29 @@ mod tests {
                     Violation::PublishOutsideRouting { shard_count: 4, .. },
                 ]
             ),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn a_late_answer_to_an_older_request_replaces_the_view_only_with_a_newer_version() {
+        let mut w = World::new();
+        let p = w.producer(1);
+        // Sent at 1 s and delayed on its way in: served after an add-shards (version 3, 8 shards).
+        w.routing(p, 1_000_000, 2_000_000, 10_000, 8);
+        w.set_last_routing_version(3);
+        // Sent at 1.5 s, served before the add-shards (version 2, 6 shards), answered first.
+        w.routing(p, 1_500_000, 1_600_000, 10_000, 6);
+        w.set_last_routing_version(2);
+        w.add(p, 7, 1_800_000); // the 6-shard view is the latest: outside routing
+        w.add(p, 7, 2_100_000); // the 8-shard view of version 3 replaced it: fine (swarm 5930)
+                                // A late answer of an older request with an older version replaces nothing.
+        w.routing(p, 1_200_000, 2_500_000, 10_000, 6);
+        w.set_last_routing_version(2);
+        w.add(p, 7, 2_600_000);
+        let violations = check(&w.facts());
+        assert!(
+            matches!(&violations[..], [Violation::PublishOutsideRouting { shard_count: 6, at_us: 1_800_000, .. }]),
             "{violations:?}"
         );
     }
