@@ -6,12 +6,14 @@
 use std::time::{Duration, Instant};
 
 use rsc::store::keys;
-use rsc::store::redis::{RedisSentinelOptions, RedisStore, RedisStoreOptions};
+use rsc::store::redis::{RedisSentinelOptions, RedisStore, RedisStoreOptions, RedisTlsOptions};
 use rsc::store::{MetadataStore, StoreError, StreamStore, WriteOutcome};
 
 use crate::metadata::{cas, create, group};
+use crate::support::redis_server::TlsClientAuth;
 use crate::support::sentinel::{SentinelConfig, SentinelServer};
 use crate::support::RedisServer;
+use crate::support::ServerConfig;
 
 const TIMEOUT_MS: u64 = 1_000;
 /// Bound on the whole failover as the store sees it (Sentinel needs ~1 s to notice + a promotion).
@@ -51,21 +53,73 @@ enum Outage {
 
 #[tokio::test]
 async fn the_store_follows_a_sentinel_failover_and_sees_a_new_identity() {
-    follow_failover(Outage::Crash).await;
+    follow_failover(Outage::Crash, Transport::Plain).await;
 }
 
 #[tokio::test]
 async fn the_store_follows_a_sentinel_failover_away_from_a_hung_primary() {
-    follow_failover(Outage::Hang).await;
+    follow_failover(Outage::Hang, Transport::Plain).await;
 }
 
-async fn follow_failover(outage: Outage) {
-    let mut primary = RedisServer::start();
-    let replica = primary.start_replica();
-    let sentinel = SentinelServer::start(&primary, SentinelConfig::default());
+/// `rediss://<master name>`: TLS to the sentinel and to each master it names, the same files.
+#[tokio::test]
+async fn the_store_follows_a_failover_through_a_tls_sentinel_to_a_tls_replica() {
+    follow_failover(Outage::Crash, Transport::Tls).await;
+}
+
+/// Plain TCP or TLS everywhere (servers, replication, the sentinel and the store).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    Plain,
+    Tls,
+}
+
+/// A primary, one replica and a sentinel over `transport`, and the store's URL and options.
+struct Deployment {
+    primary: RedisServer,
+    replica: RedisServer,
+    sentinel: SentinelServer,
+    url: &'static str,
+    options: RedisStoreOptions,
+}
+
+impl Deployment {
+    fn start(transport: Transport) -> Self {
+        if transport == Transport::Plain {
+            let primary = RedisServer::start();
+            let replica = primary.start_replica();
+            let sentinel = SentinelServer::start(&primary, SentinelConfig::default());
+            let options = options(&sentinel, None);
+            return Deployment { primary, replica, sentinel, url: "redis://mymaster", options };
+        }
+        let tls_replication = vec!["--tls-replication".to_string(), "yes".to_string()];
+        let primary = RedisServer::start_with(ServerConfig {
+            tls: Some(TlsClientAuth::No),
+            extra_args: tls_replication.clone(),
+            ..ServerConfig::default()
+        });
+        let files = primary.tls_files().cloned().expect("the primary's TLS files");
+        let replica = RedisServer::start_with(ServerConfig {
+            tls: Some(TlsClientAuth::No),
+            tls_files: Some(files.clone()),
+            replica_of: Some(primary.port()),
+            extra_args: tls_replication,
+            ..ServerConfig::default()
+        });
+        replica.wait_link_up();
+        let config = SentinelConfig { tls: Some(files.clone()), ..SentinelConfig::default() };
+        let sentinel = SentinelServer::start(&primary, config);
+        let mut options = options(&sentinel, None);
+        options.tls = RedisTlsOptions { ca_file: Some(files.ca_cert), ..RedisTlsOptions::default() };
+        Deployment { primary, replica, sentinel, url: "rediss://mymaster", options }
+    }
+}
+
+async fn follow_failover(outage: Outage, transport: Transport) {
+    let Deployment { mut primary, replica, sentinel, url, options } = Deployment::start(transport);
     sentinel.wait_replicas(1);
 
-    let store = RedisStore::connect("redis://mymaster", options(&sentinel, None)).await.expect("connect via Sentinel");
+    let store = RedisStore::connect(url, options).await.expect("connect via Sentinel");
     let g = group();
     assert_eq!(store.write(&g, create("v1")).await, Ok(WriteOutcome::Written { revision: 1 }));
     let v1 = store.load(&g).await.expect("load").expect("record");
@@ -119,7 +173,7 @@ async fn follow_failover(outage: Outage) {
     };
     assert!(failures > 0, "the kill must be visible as at least one Unavailable");
     eprintln!(
-        "sentinel failover ({outage:?}): {failures} Unavailable answers, first success {recovered_after:?} after \
+        "sentinel failover ({outage:?}, {transport:?}): {failures} Unavailable answers, first success {recovered_after:?} after \
          the outage began"
     );
     assert_eq!(sentinel.master_port(), Some(replica.port()), "Sentinel promoted the replica");

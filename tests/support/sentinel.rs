@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::redis_server::{binary, free_port, fresh_dir, process_id, RedisServer};
+use super::tls::TlsFiles;
 
 /// How long a sentinel may take to answer PING after it was spawned.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -30,11 +31,20 @@ pub struct SentinelConfig {
     pub failover_timeout_ms: u64,
     /// `requirepass` of the sentinel itself.
     pub password: Option<String>,
+    /// TLS only (no plain port) with these files (the monitored servers' own, so each side trusts
+    /// the other), and `tls-replication yes`: it speaks TLS to the servers it monitors too.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for SentinelConfig {
     fn default() -> Self {
-        Self { master_name: "mymaster".into(), down_after_ms: 1_000, failover_timeout_ms: 5_000, password: None }
+        Self {
+            master_name: "mymaster".into(),
+            down_after_ms: 1_000,
+            failover_timeout_ms: 5_000,
+            password: None,
+            tls: None,
+        }
     }
 }
 
@@ -73,13 +83,23 @@ impl SentinelServer {
     fn write_config(&self, primary_port: u16) -> PathBuf {
         let c = &self.config;
         let name = &c.master_name;
+        let listen = match &c.tls {
+            None => format!("port {}\n", self.port),
+            Some(files) => format!(
+                "port 0\ntls-port {}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+                 tls-auth-clients no\ntls-replication yes\n",
+                self.port,
+                files.server_cert.display(),
+                files.server_key.display(),
+                files.ca_cert.display()
+            ),
+        };
         let mut text = format!(
-            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nlogfile {log}\n\
+            "{listen}bind 127.0.0.1\ndaemonize no\ndir {dir}\nlogfile {log}\n\
              sentinel monitor {name} 127.0.0.1 {primary_port} 1\n\
              sentinel down-after-milliseconds {name} {down}\n\
              sentinel failover-timeout {name} {failover}\n\
              sentinel parallel-syncs {name} 1\n",
-            port = self.port,
             dir = self.dir.display(),
             log = self.log_path().display(),
             down = c.down_after_ms,
@@ -148,7 +168,14 @@ impl SentinelServer {
     /// Runs one command on the sentinel (authenticated when it has a password).
     pub fn try_cmd(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
         let userinfo = self.config.password.as_ref().map(|p| format!(":{p}@")).unwrap_or_default();
-        let client = redis::Client::open(format!("redis://{userinfo}127.0.0.1:{}", self.port))?;
+        let client = match &self.config.tls {
+            None => redis::Client::open(format!("redis://{userinfo}127.0.0.1:{}", self.port))?,
+            Some(files) => {
+                let ca = std::fs::read(&files.ca_cert).unwrap_or_else(|e| panic!("read the CA: {e}"));
+                let certificates = redis::TlsCertificates { client_tls: None, root_cert: Some(ca) };
+                redis::Client::build_with_tls(format!("rediss://{userinfo}127.0.0.1:{}", self.port), certificates)?
+            }
+        };
         let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
         conn.set_read_timeout(Some(Duration::from_secs(5)))?;
         let mut cmd = redis::cmd(args[0]);

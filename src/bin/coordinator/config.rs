@@ -46,8 +46,9 @@
 //!
 //! Sentinel (`--redis-sentinels` + `--redis-sentinel-master`, both or neither): Sentinel chooses
 //! the server, so a Redis URL that names one (a host other than the master name, or a port) is
-//! rejected as ambiguous, as is TLS (rediss:// or TLS files) with Sentinel, which this build does
-//! not support. Without a URL the store URL is `redis://<master name>`.
+//! rejected as ambiguous. Without a URL the store URL is `redis://<master name>`; TLS through
+//! Sentinel is `rediss://<master name>` (TLS to the sentinels and to the master, with the same
+//! Redis TLS files).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -371,7 +372,7 @@ fn resolve_sentinel(args: &ServeArgs, file: &FileConfig) -> Result<Option<RedisS
 
 impl Settings {
     /// With Sentinel, the URL may only name the master (Sentinel chooses the server: a host or
-    /// port would be a second, conflicting answer), and TLS is not supported.
+    /// port would be a second, conflicting answer).
     /// Cluster seed nodes exclude a fixed server and Sentinel. They all use TLS (`rediss://`) or
     /// none does: the Cluster client speaks one way to every node. The Redis TLS files need
     /// `rediss://` seeds, as they need a `rediss://` URL (never silently unused).
@@ -401,13 +402,9 @@ impl Settings {
 
     fn validate_sentinel(&self) -> Result<(), ConfigError> {
         let (Some(sentinel), Some(url)) = (&self.redis_sentinel, &self.redis_url) else { return Ok(()) };
-        if self.redis_tls.is_configured() || url.to_ascii_lowercase().starts_with("rediss://") {
-            let message = "TLS (rediss:// or TLS files) through Sentinel is not supported".into();
-            return Err(ConfigError::Invalid { key: "redis_sentinels", message });
-        }
         if !url_names_master(url, &sentinel.master_name) {
             let message = format!(
-                "with Sentinel the Redis URL may only name the master: redis://[user:password@]{}[/db] \
+                "with Sentinel the Redis URL may only name the master: redis[s]://[user:password@]{}[/db] \
                  (no server host or port; Sentinel chooses the server)",
                 sentinel.master_name
             );
@@ -652,10 +649,16 @@ mod tests {
         }
         let file_url = FileConfig { redis_url: Some("redis://redis:6379".into()), ..FileConfig::default() };
         reject(sentinel(None), file_url, "redis_url");
-        // TLS through Sentinel is not supported (rather than silently unused or plain TCP).
-        reject(sentinel(Some("rediss://mymaster")), FileConfig::default(), "redis_sentinels");
-        let tls = ServeArgs { redis_tls_ca_file: Some("/etc/rsc/ca.pem".into()), ..sentinel(None) };
-        reject(tls, FileConfig::default(), "redis_sentinels");
+        // TLS through Sentinel names the master with rediss://; TLS files never go silently unused
+        // (no URL means redis://<master>, which the files refuse).
+        let ca = || Some("/etc/rsc/ca.pem".into());
+        reject(ServeArgs { redis_tls_ca_file: ca(), ..sentinel(None) }, FileConfig::default(), "redis_url");
+        let tls_server = ServeArgs { redis_tls_ca_file: ca(), ..sentinel(Some("rediss://mymaster:6380")) };
+        reject(tls_server, FileConfig::default(), "redis_url");
+        let tls = ServeArgs { redis_tls_ca_file: ca(), ..sentinel(Some("rediss://mymaster")) };
+        let settings = Settings::resolve(&tls, FileConfig::default(), 1).expect("TLS through Sentinel");
+        assert_eq!(settings.redis_url.as_deref(), Some("rediss://mymaster"));
+        assert!(settings.redis_tls.is_configured() && settings.redis_sentinel.is_some());
         // Half a Sentinel configuration.
         let no_master = ServeArgs { redis_sentinel_master: None, ..sentinel(None) };
         reject(no_master, FileConfig::default(), "redis_sentinel_master");

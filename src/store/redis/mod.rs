@@ -167,14 +167,15 @@ impl RedisStore {
     ///   certificate (servers with `tls-auth-clients yes`).
     /// - `rediss://host:port/#insecure` (the `redis` crate's switch for skipping verification)
     ///   fails with `Unsupported`: that crate feature is not compiled in.
-    /// - With [`RedisStoreOptions::sentinel`]: `redis://[user:password@]<master name>[/db]`. The
+    /// - With [`RedisStoreOptions::sentinel`]: `redis[s]://[user:password@]<master name>[/db]`. The
     ///   URL names the master instead of a server (its host must be the master name, without a
     ///   port) and carries the master's credentials and database; the sentinels' own password is
     ///   [`RedisSentinelOptions::sentinel_password`]. Every connection asks the sentinels (in the
     ///   order given) for the current master and checks its `ROLE`, so after a failover the next
     ///   connection reaches the new master; `identity()` then reports its new `run_id` /
     ///   replication id. A lookup that finds no healthy master (during a failover) is
-    ///   `Unavailable`. TLS through Sentinel (`rediss://`, TLS files) is refused with `Config`.
+    ///   `Unavailable`. With `rediss://` every connection is TLS — to the sentinels and to the
+    ///   master they name — with [`RedisStoreOptions::tls`] for both.
     ///
     /// Errors: `Config` for a malformed URL, TLS files with a non-`rediss://` URL, only one of
     /// the client certificate and key, or an unreadable or invalid PEM file (naming the file).
@@ -192,7 +193,8 @@ impl RedisStore {
             None => (Target::Direct(tls::client(info, &options.tls, &redactor)?), Redactor::default()),
             Some(sentinel) => {
                 let sentinel_redactor = Redactor::new(sentinel.sentinel_password.as_deref());
-                let client = sentinel::client(url, &info, sentinel, options.tls.is_configured(), &redactor)?;
+                let certificates = tls::sentinel_certificates(&info, &options.tls)?;
+                let client = sentinel::client(url, &info, sentinel, certificates, &redactor)?;
                 let name = sentinel.master_name.trim().to_string();
                 (Target::Sentinel { client: tokio::sync::Mutex::new(client), name }, sentinel_redactor)
             }

@@ -6,12 +6,13 @@
 //! can never say "this server" and "whatever Sentinel says" at once.
 //! Never: caches the master's address (every connection asks Sentinel again, so the store follows
 //! a failover on its next connection), connects to a replica (the crate checks `ROLE` of the
-//! master it was given), speaks TLS (refused with `Config` until the certificate plumbing and a
-//! real TLS-Sentinel test exist), or puts a password into an error or `Debug` output.
+//! master it was given), mixes TLS and plain TCP (`rediss://<master name>`: TLS to the sentinels
+//! and to the master, with the same certificates; `redis://`: neither), or puts a password into
+//! an error or `Debug` output.
 //! Invariant: every error is a typed [`StoreError`] (`Config` for bad settings).
 
 use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use ::redis::{ConnectionAddr, ConnectionInfo};
+use ::redis::{ConnectionAddr, ConnectionInfo, TlsCertificates, TlsMode};
 
 use super::errors::Redactor;
 use crate::store::StoreError;
@@ -51,9 +52,11 @@ pub fn parse_sentinel_address(address: &str) -> Option<(String, u16)> {
 }
 
 /// True when `url` names the master `master_name` the way Sentinel mode needs:
-/// `redis://[user:password@]<master name>[/db]`, no port (a host or port would name a server).
+/// `redis[s]://[user:password@]<master name>[/db]`, no port (a host or port would name a server).
 pub fn url_names_master(url: &str, master_name: &str) -> bool {
-    let scheme_ok = url.split_once("://").is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("redis"));
+    let scheme_ok = url
+        .split_once("://")
+        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("redis") || scheme.eq_ignore_ascii_case("rediss"));
     scheme_ok && authority_host_port(url) == master_name.trim()
 }
 
@@ -65,12 +68,13 @@ fn authority_host_port(url: &str) -> &str {
 }
 
 /// Checks `options` and `url` (see [`RedisStore::open`](super::RedisStore::open)) and builds the
-/// client that asks the sentinels for the master on every connection.
+/// client that asks the sentinels for the master on every connection. `certificates`: TLS to the
+/// sentinels and to the master (the URL is `rediss://`, see `tls::sentinel_certificates`).
 pub(super) fn client(
     url: &str,
     info: &ConnectionInfo,
     options: &RedisSentinelOptions,
-    tls_configured: bool,
+    certificates: Option<TlsCertificates>,
     redactor: &Redactor,
 ) -> Result<SentinelClient, StoreError> {
     let name = options.master_name.trim();
@@ -80,34 +84,29 @@ pub(super) fn client(
     if options.sentinels.is_empty() {
         return Err(StoreError::Config("Sentinel needs at least one sentinel address (host:port)".into()));
     }
+    let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+    if tls != certificates.is_some() {
+        return Err(StoreError::Config("TLS through Sentinel needs a rediss:// URL and its certificates".into()));
+    }
     let mut addresses = Vec::with_capacity(options.sentinels.len());
     for address in &options.sentinels {
         let (host, port) = parse_sentinel_address(address)
             .ok_or_else(|| StoreError::Config(format!("invalid sentinel address {address:?}: expected host:port")))?;
-        addresses.push(ConnectionAddr::Tcp(host, port));
+        addresses.push(if tls {
+            ConnectionAddr::TcpTls { host, port, insecure: false, tls_params: None }
+        } else {
+            ConnectionAddr::Tcp(host, port)
+        });
     }
-    match info.addr() {
-        ConnectionAddr::Tcp(..) => {}
-        ConnectionAddr::TcpTls { .. } => {
-            return Err(StoreError::Config(
-                "TLS (rediss://) through Sentinel is not supported by this build; use redis:// with Sentinel".into(),
-            ))
-        }
-        _ => {
-            return Err(StoreError::Config(
-                "with Sentinel the Redis URL must be redis://[user:password@]<master name>[/db]".into(),
-            ))
-        }
-    }
-    if tls_configured {
+    if !matches!(info.addr(), ConnectionAddr::Tcp(..) | ConnectionAddr::TcpTls { .. }) {
         return Err(StoreError::Config(
-            "TLS files are configured, but TLS through Sentinel is not supported by this build".into(),
+            "with Sentinel the Redis URL must be redis[s]://[user:password@]<master name>[/db]".into(),
         ));
     }
     if authority_host_port(url) != name {
         return Err(StoreError::Config(format!(
             "with Sentinel the Redis URL names the master, not a server: expected \
-             redis://[user:password@]{name}[/db] (no host or port; Sentinel chooses the server)"
+             redis[s]://[user:password@]{name}[/db] (no host or port; Sentinel chooses the server)"
         )));
     }
     let settings = info.redis_settings();
@@ -122,6 +121,13 @@ pub(super) fn client(
         }
         if let Some(password) = options.sentinel_password.as_deref().filter(|p| !p.is_empty()) {
             builder = builder.set_client_to_sentinel_password(password);
+        }
+        if let Some(certificates) = &certificates {
+            builder = builder
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_certificates(certificates.clone())
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_redis_certificates(certificates.clone());
         }
         builder.build()
     };
@@ -146,7 +152,9 @@ mod tests {
 
     fn build(url: &str, options: &RedisSentinelOptions) -> Result<SentinelClient, StoreError> {
         let info = url.into_connection_info().map_err(|e| StoreError::Config(format!("{:?}", e.kind())))?;
-        client(url, &info, options, false, &Redactor::default())
+        let certificates = matches!(info.addr(), ConnectionAddr::TcpTls { .. })
+            .then(|| TlsCertificates { client_tls: None, root_cert: None });
+        client(url, &info, options, certificates, &Redactor::default())
     }
 
     #[test]
@@ -168,8 +176,9 @@ mod tests {
             let err = build(url, &ok).err().expect("refused");
             assert!(matches!(&err, StoreError::Config(text) if text.contains("names the master")), "{url}: {err}");
         }
-        let tls = build("rediss://mymaster", &ok).err().expect("refused");
-        assert!(matches!(tls, StoreError::Config(_)), "{tls}");
+        assert!(build("rediss://mymaster", &ok).is_ok(), "TLS to the sentinels and the master");
+        let err = build("rediss://127.0.0.1:6380", &ok).err().expect("refused");
+        assert!(matches!(&err, StoreError::Config(text) if text.contains("names the master")), "{err}");
     }
 
     #[test]

@@ -107,6 +107,28 @@ pub(super) fn cluster_certificates(
     Ok(Some(TlsCertificates { client_tls: client_identity(tls)?, root_cert: ca_certificates(tls)? }))
 }
 
+/// The certificates a Sentinel-mode store presents and trusts, `None` for plain TCP. With
+/// `rediss://<master name>` every connection is TLS — to the sentinels and to the master they name
+/// — with the same files: a deployment that serves TLS on its data nodes serves it on its
+/// sentinels too (`tls-port`, `tls-replication yes`). As on one server, TLS files with a
+/// `redis://` URL are refused rather than silently unused, and `#insecure` is refused.
+pub(super) fn sentinel_certificates(
+    info: &ConnectionInfo,
+    tls: &RedisTlsOptions,
+) -> Result<Option<TlsCertificates>, StoreError> {
+    match info.addr() {
+        ConnectionAddr::TcpTls { insecure: true, .. } => Err(insecure_refused()),
+        ConnectionAddr::TcpTls { .. } => {
+            install_crypto_provider();
+            Ok(Some(TlsCertificates { client_tls: client_identity(tls)?, root_cert: ca_certificates(tls)? }))
+        }
+        _ if tls.is_configured() => Err(StoreError::Config(
+            "TLS files are configured but the Redis URL is not rediss:// (refusing to connect without TLS)".into(),
+        )),
+        _ => Ok(None),
+    }
+}
+
 fn insecure_refused() -> StoreError {
     StoreError::Unsupported {
         command: "rediss://#insecure".into(),
