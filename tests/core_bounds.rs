@@ -8,7 +8,9 @@
 mod core_support;
 
 use core_support::{beat, group_id, Client, World};
-use rsc::core::model::{CorrectionRound, LossEvidence, CLIENT_NUMBER_MAX, CLIENT_VERSION_AHEAD_MAX};
+use rsc::core::model::{
+    CorrectionRound, LossEvidence, CLIENT_NUMBER_MAX, CLIENT_VERSION_AHEAD_MAX, PROVEN_VERSION_AHEAD_MAX,
+};
 use rsc::core::proof::Fact;
 use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatResponse, HeartbeatStatus, RoutingReport};
 use rsc::core::{decide_heartbeat, decide_routing, Context, GroupConfig, Observations, PlantedBugs};
@@ -67,8 +69,9 @@ fn a_routing_report_above_the_client_bound_is_bad_request_and_writes_nothing() {
 }
 
 /// The largest valid report is loss evidence like any other, but it is credited at most
-/// `CLIENT_VERSION_AHEAD_MAX` above the stored version: the version space cannot be used up by
-/// one request, and every later version, epoch and assignment epoch stays echoable.
+/// `PROVEN_VERSION_AHEAD_MAX` above the stored version (it is proven; an unproven one would be
+/// credited `CLIENT_VERSION_AHEAD_MAX`): the version space cannot be used up by one request, and
+/// every later version, epoch and assignment epoch stays echoable.
 #[test]
 fn the_largest_valid_report_leaves_the_group_working_and_every_number_echoable() {
     let mut w = World::new(2);
@@ -79,7 +82,7 @@ fn the_largest_valid_report_leaves_the_group_working_and_every_number_echoable()
     let told = w.routing_report(top).expect("a valid report");
     assert_eq!(told.lost_version, Some(CLIENT_NUMBER_MAX), "the producer is told its version was lost");
     assert!(w.g.correction.is_some(), "recorded as loss evidence");
-    assert_eq!(w.g.max_client_version_seen, stored + CLIENT_VERSION_AHEAD_MAX, "credited up to the cap");
+    assert_eq!(w.g.max_client_version_seen, stored + PROVEN_VERSION_AHEAD_MAX, "credited up to the cap");
 
     let mut b = Client::new("b");
     for _ in 0..15 {
@@ -94,6 +97,33 @@ fn the_largest_valid_report_leaves_the_group_working_and_every_number_echoable()
     assert_eq!(beat(&mut w, &mut b).expect("b").status, HeartbeatStatus::Ok);
     assert!(w.g.metadata_version > w.g.max_client_version_seen, "the bump went past the credited report");
     assert!(w.g.metadata_version <= CLIENT_NUMBER_MAX);
+}
+
+/// Swarm 6068: every create starts its versions past the clock (2^16 a second), so a recreate 42 s
+/// after the first create started 2.77 M higher; a failover lost it and the first history came
+/// back. A producer's report of the lost recreate's version is proven by the record's key (the
+/// recreate kept it): it is credited whole, and the next bump goes past it. An unproven report (a
+/// keyless record credits anything) is still credited only `CLIENT_VERSION_AHEAD_MAX` ahead.
+#[test]
+fn a_proven_report_millions_ahead_is_credited_whole_and_an_unproven_one_only_up_to_the_cap() {
+    let mut w = World::new(2);
+    beat(&mut w, &mut Client::new("a")).expect("a joins");
+    let stored = w.g.metadata_version;
+    let lost = stored + 42 * 65_536;
+    assert!(lost > stored + CLIENT_VERSION_AHEAD_MAX);
+    let report = RoutingReport::version(lost).proven(w.proof(Fact::MetadataVersion, lost), None);
+    assert_eq!(w.routing_report(report).expect("a valid report").lost_version, Some(lost));
+    assert_eq!(w.g.max_client_version_seen, lost, "credited whole");
+    let joined = beat(&mut w, &mut Client::new("b")).expect("b joins");
+    assert!(joined.metadata_version > lost, "the next bump goes past the proven report: {}", joined.metadata_version);
+
+    let mut keyless = World::new(2);
+    keyless.g.view_key = None;
+    beat(&mut keyless, &mut Client::new("a")).expect("a joins");
+    let stored = keyless.g.metadata_version;
+    keyless.routing(stored + 42 * 65_536).expect("answered");
+    assert!(keyless.g.correction.is_some(), "a keyless group credits the report");
+    assert_eq!(keyless.g.max_client_version_seen, stored + CLIENT_VERSION_AHEAD_MAX, "but only up to the cap");
 }
 
 #[test]
@@ -181,7 +211,7 @@ fn a_stored_revision_at_the_top_refuses_writes_and_still_answers_reads() {
 
 /// Before the bounds existed, one routing request could record `maxClientVersionSeen` =
 /// `u64::MAX` (with a correction round); every later bump then failed. Such a record heals: the
-/// next bump credits the report only up to the cap, and the group goes on.
+/// next bump credits the report only up to the (proven) cap, and the group goes on.
 #[test]
 fn a_record_poisoned_by_an_unbounded_report_heals_at_the_next_bump() {
     let mut w = World::new(2);
@@ -202,8 +232,8 @@ fn a_record_poisoned_by_an_unbounded_report_heals_at_the_next_bump() {
 
     let joined = beat(&mut w, &mut Client::new("b")).expect("a join works again");
     assert_echoable(&joined);
-    assert_eq!(joined.metadata_version, stored + CLIENT_VERSION_AHEAD_MAX + 1);
-    assert_eq!(w.g.max_client_version_seen, stored + CLIENT_VERSION_AHEAD_MAX, "the poison is gone");
+    assert_eq!(joined.metadata_version, stored + PROVEN_VERSION_AHEAD_MAX + 1);
+    assert_eq!(w.g.max_client_version_seen, stored + PROVEN_VERSION_AHEAD_MAX, "the poison is gone");
     let add = AdminRequest::AddShards { group: group_id(), expected_revision: w.revision, new_shard_count: 4 };
     let added = w.admin(&add).expect("add-shards works again");
     assert_eq!(added.metadata_version, joined.metadata_version + 1);

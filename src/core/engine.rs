@@ -97,7 +97,10 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
     }
     let mut tx = Transition::new(g, ctx);
     if version_credited(g, req.metadata_version, req.metadata_version_proof.as_ref(), ctx.planted) {
-        tx.record_client_version(req.metadata_version);
+        tx.record_client_version(
+            req.metadata_version,
+            version_proven(g, req.metadata_version, req.metadata_version_proof.as_ref()),
+        );
     } else if version_learned(g, req.metadata_version) {
         tx.learn_client_version(req.metadata_version);
     }
@@ -501,7 +504,10 @@ pub fn decide_routing(g: &GroupMetadata, report: RoutingReport, ctx: Context<'_>
     }
     let mut tx = Transition::new(g, ctx);
     if version_credited(g, report.known_version, report.known_version_proof.as_ref(), ctx.planted) {
-        tx.record_client_version(report.known_version);
+        tx.record_client_version(
+            report.known_version,
+            version_proven(g, report.known_version, report.known_version_proof.as_ref()),
+        );
     } else if version_learned(g, report.known_version) {
         tx.learn_client_version(report.known_version);
     }
@@ -540,6 +546,15 @@ pub fn version_credited(g: &GroupMetadata, version: u64, proof: Option<&ViewProo
     version <= g.metadata_version
         || planted.has(PlantedBug::CreditUnprovenReports)
         || credited(g.view_key.as_ref(), &g.group, Fact::MetadataVersion, version, proof)
+}
+
+/// Whether a reported `metadataVersion` is proven by the record's key (not merely credited by a
+/// keyless record, which credits anything): a number this group's own history issued, credited
+/// up to [`PROVEN_VERSION_AHEAD_MAX`](super::model::PROVEN_VERSION_AHEAD_MAX) ahead.
+pub fn version_proven(g: &GroupMetadata, version: u64, proof: Option<&ViewProof>) -> bool {
+    g.view_key
+        .as_ref()
+        .is_some_and(|key| proof.is_some_and(|p| key.verifies(&g.group, Fact::MetadataVersion, version, p)))
 }
 
 /// Whether an uncredited version ahead is still learned (DESIGN §8): during the round of a

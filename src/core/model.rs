@@ -68,6 +68,14 @@ pub const CLIENT_NUMBER_MAX: u64 = (1 << 53) - 1;
 /// still starts a correction round; only the versions between the cap and the report may be
 /// handed out again.
 pub const CLIENT_VERSION_AHEAD_MAX: u64 = 1 << 20;
+/// How far above the stored metadataVersion a report *proven by the record's key* is credited.
+/// Such a number was issued by this group's own history, but not necessarily a few bumps ahead:
+/// every create starts past the clock (2^16 per second, [`super::admin::first_metadata_version`]),
+/// so a recreate that a failover then lost can be millions ahead of the history that came back
+/// (swarm 6068: a recreate 42 s after the first create, 2.77 M ahead, was credited only 2^20 and
+/// later bumps handed out numbers below it). 2^40 covers recreates up to 194 days apart and still
+/// leaves 2^13 such jumps below [`CLIENT_NUMBER_MAX`]; a forger cannot make proven numbers.
+pub const PROVEN_VERSION_AHEAD_MAX: u64 = 1 << 40;
 
 /// The identity of a consumer group: `{streamPrefix:consumerGroup}`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -547,12 +555,13 @@ impl GroupMetadata {
     }
 
     /// The client reports the next bump goes past: `max_client_version_seen`, credited at most
-    /// [`CLIENT_VERSION_AHEAD_MAX`] above the recorded version. Reports are credited with that
-    /// cap when recorded, so this equals `max_client_version_seen` except in a record written
-    /// before the cap existed (one unbounded report made every later bump fail): there the cap
-    /// heals the record at its next bump.
+    /// [`PROVEN_VERSION_AHEAD_MAX`] above the recorded version (unproven reports at most
+    /// [`CLIENT_VERSION_AHEAD_MAX`]). Reports are credited with those caps when recorded, so this
+    /// equals `max_client_version_seen` except in a record written before the caps existed (one
+    /// unbounded report made every later bump fail): there the cap heals the record at its next
+    /// bump.
     fn credited_client_version(&self) -> u64 {
-        self.max_client_version_seen.min(self.metadata_version.saturating_add(CLIENT_VERSION_AHEAD_MAX))
+        self.max_client_version_seen.min(self.metadata_version.saturating_add(PROVEN_VERSION_AHEAD_MAX))
     }
 
     /// The version the next bump records: past everything recorded and every credited client

@@ -14,7 +14,7 @@ use super::fence::ShardFence;
 use super::model::{
     clock_rate_margin_ms, next_client_number, CorrectionRound, CounterExhausted, GroupMetadata, LossEvidence, Member,
     MemberId, MemberState, ReshardReason, ReshardRecord, RevokeId, ShardId, ShardOwner, WaitId,
-    CLIENT_VERSION_AHEAD_MAX, REVOKE_ID_MAX,
+    CLIENT_VERSION_AHEAD_MAX, PROVEN_VERSION_AHEAD_MAX, REVOKE_ID_MAX,
 };
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
@@ -125,17 +125,20 @@ impl<'a> Transition<'a> {
     /// Records a client-reported version (evidence when it is above the stored one).
     /// Versions at or below the stored one are normal (a client catching up) and record nothing.
     /// A report is credited at most [`CLIENT_VERSION_AHEAD_MAX`] above the stored version, so no
-    /// report can use up the version space (the caller bounded it by `CLIENT_NUMBER_MAX`).
+    /// report can use up the version space (the caller bounded it by `CLIENT_NUMBER_MAX`); one
+    /// `proven` by the record's key (a number this group's history issued) at most
+    /// [`PROVEN_VERSION_AHEAD_MAX`] above it.
     ///
     /// During an active round, a report is *new* evidence when it names a version never reported
     /// before, or when the round's lease wait is already over (the round would otherwise end
     /// without waiting for this client's lease): both restart the wait. A repeat of a report the
     /// round is still waiting out (a lost SYNC_METADATA) changes nothing, so the SYNC repeats.
-    pub(crate) fn record_client_version(&mut self, reported: u64) {
+    pub(crate) fn record_client_version(&mut self, reported: u64, proven: bool) {
         if reported <= self.before.metadata_version {
             return;
         }
-        let credited = reported.min(self.before.metadata_version.saturating_add(CLIENT_VERSION_AHEAD_MAX));
+        let cap = if proven { PROVEN_VERSION_AHEAD_MAX } else { CLIENT_VERSION_AHEAD_MAX };
+        let credited = reported.min(self.before.metadata_version.saturating_add(cap));
         // In a round that learns unproven versions, `max_client_version_seen` holds those too: a
         // proven report at or below a learned one is still news (hostile review M1).
         let reported_before = match self.next.correction.as_ref() {
