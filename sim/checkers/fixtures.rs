@@ -305,6 +305,13 @@ impl World {
         }
     }
 
+    /// Sets the version the last routing answer declared lost (`lostVersion`).
+    pub fn set_last_routing_lost_version(&mut self, version: u64) {
+        if let Some(Some(Ok(resp))) = self.records.routings.last_mut().map(|call| call.answer.as_mut()) {
+            resp.lost_version = Some(version);
+        }
+    }
+
     /// A routing refresh that reported `known_version`, answered.
     pub fn routing_reporting(&mut self, p: ProcessId, known_version: u64, sent: Us, received: Us) {
         self.routing(p, sent, received, 10_000, 1);

@@ -59,8 +59,8 @@ impl fmt::Display for Violation {
 }
 
 /// A routing view a producer received: (received, sent, lease end, shard count, metadata
-/// version), by receive time.
-type View = (Us, Us, Us, u32, u64);
+/// version, the version it declared lost or 0), by receive time.
+type View = (Us, Us, Us, u32, u64, u64);
 
 /// Checks invariant 3 for every producer process.
 pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
@@ -76,6 +76,7 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
                 facts.clock_deadline_us(call.process.node, call.sent_at_us, ttl_us),
                 resp.shard_count,
                 resp.metadata_version,
+                resp.lost_version.unwrap_or(0),
             );
             views.entry(call.process).or_default().push(view);
         }
@@ -91,10 +92,12 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
             let end = v.partition_point(|(received, ..)| *received <= at_us);
             &v[..end]
         });
-        let fresh: Vec<&View> = received.iter().filter(|(_, _, ends, ..)| at_us <= *ends).collect();
+        // Judged on the view in force: its lease is the producer's (a replaced view's longer
+        // lease no longer counts).
+        let latest = latest_view(received);
         let process = add.process;
         let stream = add.stream.clone();
-        if fresh.is_empty() {
+        if latest.is_none_or(|(_, _, ends, ..)| at_us > *ends) {
             let last_fetch_us = received.iter().map(|(_, sent, ..)| *sent).max();
             // One report per producer per expired view, not per publish.
             if reported_expired.insert((process, last_fetch_us)) {
@@ -103,7 +106,7 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
             continue;
         }
         let shard: Option<ShardId> = facts.shard_of(&add.stream);
-        let shard_count = latest_view(received).map_or(0, |(.., count, _)| *count);
+        let shard_count = latest.map_or(0, |(_, _, _, count, ..)| *count);
         if shard.is_none_or(|s| s >= shard_count) {
             violations.push(Violation::PublishOutsideRouting { process, stream, at_us, shard_count });
         }
@@ -112,19 +115,23 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
 }
 
 /// The view in force after `received` (in receive order). An answer replaces the view when its
-/// request was sent after every request answered so far (the latest request: the old rule, also
-/// when it names an older version — a rollback the store really went through), or when it names
-/// a newer metadata version than the view's: an older request the coordinator served late (a
-/// request delayed on its way in) carries a later state of the group, whatever the send order.
-/// Any other late answer is stale and replaces nothing.
+/// request was sent after every request answered so far (the latest request: also when it names
+/// an older version — a rollback the store really went through), or when it names a newer
+/// metadata version than the view's that no answer so far declared lost (`lostVersion`): an
+/// older request the coordinator served late (a request delayed on its way in) carries a later
+/// state of the group, whatever the send order — unless a later answer already said the store
+/// lost that state. Any other late answer is stale and replaces nothing.
 fn latest_view(received: &[View]) -> Option<&View> {
     let mut held: Option<&View> = None;
     let mut latest_sent = 0;
+    let mut declared_lost = 0;
     for view in received {
-        if held.is_none_or(|h| view.1 >= latest_sent || view.4 > h.4) {
+        let newer_state = |h: &View| view.4 > h.4 && view.4 > declared_lost;
+        if held.is_none_or(|h| view.1 >= latest_sent || newer_state(h)) {
             held = Some(view);
         }
         latest_sent = latest_sent.max(view.1);
+        declared_lost = declared_lost.max(view.5);
     }
     held
 }
@@ -189,6 +196,42 @@ mod tests {
         let violations = check(&w.facts());
         assert!(
             matches!(&violations[..], [Violation::PublishOutsideRouting { shard_count: 6, at_us: 1_800_000, .. }]),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn a_late_answer_of_a_version_an_answer_declared_lost_replaces_nothing() {
+        let mut w = World::new();
+        let p = w.producer(1);
+        // Sent at 1 s, served at version 5 (8 shards) before the store lost it; answered late.
+        w.routing(p, 1_000_000, 2_000_000, 10_000, 8);
+        w.set_last_routing_version(5);
+        // Sent at 1.5 s and answered first: the store is back at version 4 (6 shards), 5 is lost.
+        w.routing(p, 1_500_000, 1_600_000, 10_000, 6);
+        w.set_last_routing_version(4);
+        w.set_last_routing_lost_version(5);
+        w.add(p, 7, 2_100_000); // by the lost view: outside routing
+        let violations = check(&w.facts());
+        assert!(
+            matches!(&violations[..], [Violation::PublishOutsideRouting { shard_count: 6, at_us: 2_100_000, .. }]),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn a_view_replaced_by_a_late_newer_version_lends_it_no_lease() {
+        let mut w = World::new();
+        let p = w.producer(1);
+        w.routing(p, 1_000_000, 2_000_000, 10_000, 8); // version 3, lease to 11 s
+        w.set_last_routing_version(3);
+        w.routing(p, 1_500_000, 1_600_000, 10_000, 6); // version 2, lease to 11.5 s, replaced
+        w.set_last_routing_version(2);
+        w.add(p, 7, 10_900_000);
+        w.add(p, 7, 11_200_000); // the view in force expired at 11 s
+        let violations = check(&w.facts());
+        assert!(
+            matches!(&violations[..], [Violation::PublishOnExpiredRouting { at_us: 11_200_000, .. }]),
             "{violations:?}"
         );
     }
