@@ -86,8 +86,9 @@ pub enum Command {
         count: usize,
         fence: Option<FenceCheck>,
     },
-    /// Fenced reads of several shards in one call ([`StreamStore::fenced_xreadgroup_many`]), one
-    /// script call on Redis: one request and one reply, each read checked and recorded on its own.
+    /// Fenced reads of several shards in one call ([`StreamStore::fenced_xreadgroup_many`]): one
+    /// request and one reply, as `RedisStore` needs one round trip (its gated pipeline); each read
+    /// checked, executed and recorded on its own step, other commands interleaving.
     FencedReads {
         group: String,
         consumer: String,

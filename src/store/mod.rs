@@ -680,10 +680,10 @@ pub trait StreamStore: Send + Sync + 'static {
     /// The default sends every read at once, each its own call (a pipeline's worth of steps,
     /// which other clients' commands may interleave), so no read waits for another after the
     /// caller's checks — a consumer checks its lease right before this call, not between its
-    /// reads. `RedisStore` sends them as one script call (one round trip, one command for the
-    /// server to run, however many shards — the fenced counterpart of one multi-stream
-    /// `XREADGROUP`); all keys must then be on one server, which is the layout today (on Cluster
-    /// it would be one call per slot).
+    /// reads. `RedisStore` reads through its gates as one pipeline of plain `XREADGROUP`s and
+    /// the rest as one script call (a second round trip only when a gate is missing), per slot;
+    /// `MemoryStore` as one round trip in which each read is its own step, other clients'
+    /// commands running in between.
     fn fenced_xreadgroup_many(
         &self,
         group: &str,

@@ -748,8 +748,11 @@ impl StreamStore for MemoryStore {
         .await
     }
 
-    /// One call for every read, as `RedisStore` makes one script call: each read is checked and
-    /// logged on its own, all in one atomic step (Redis runs the script atomically too).
+    /// One round trip for every read, each read its own atomic step, the task yielding between
+    /// them so another client's command may run in between. Never stronger than `RedisStore`,
+    /// which reads through its gates as a pipeline of plain `XREADGROUP`s (one atomic step each)
+    /// and the rest in one script call, possibly a round trip later. A connection-level failure
+    /// fails the call from that read on; the reads before it were served (their reply is lost).
     async fn fenced_xreadgroup_many(
         &self,
         group: &str,
@@ -767,30 +770,48 @@ impl StreamStore for MemoryStore {
             .zip(&sources)
             .map(|(read, streams)| ReadCall { issued_at_ms, group, consumer, streams, fence: Some(read.fence.fence) })
             .collect();
-        let result = self
-            .call_raw(&["EVALSHA", "HMGET", "HSET", "XREADGROUP"], |inner| {
-                let now_ms = inner.now_ms();
-                let outcomes = reads.iter().zip(&calls).map(|(read, call)| {
-                    let streams = [(read.stream.clone(), read.from)];
-                    let outcome = inner.check_fence(&read.fence, "XREADGROUP").and_then(|()| {
-                        let delivered = inner.streams.xreadgroup(now_ms, group, consumer, &streams, read.count)?;
-                        Ok(delivered.into_iter().flat_map(|(_, _, entries)| entries).collect::<Vec<_>>())
-                    });
-                    let logged =
-                        outcome.as_ref().map(|entries| vec![(read.stream.clone(), ids(entries))]).map_err(Clone::clone);
-                    inner.log_reads(call, &logged);
-                    outcome
-                });
-                Ok(outcomes.collect())
-            })
-            .await;
-        if let Err(e) = &result {
+        let fail_from = |from: usize, e: &StoreError| {
             let mut inner = self.lock();
-            for call in &calls {
+            for call in &calls[from..] {
                 inner.log_reads(call, &Err(e.clone()));
             }
+        };
+        let latency_ms = match self.admitted().await {
+            Ok(latency_ms) => latency_ms,
+            Err(e) => {
+                fail_from(0, &e);
+                return Err(e);
+            }
+        };
+        let request_ms = latency_ms / 2;
+        sleep_ms(request_ms).await;
+        let mut outcomes = Vec::with_capacity(reads.len());
+        for (i, (read, call)) in reads.iter().zip(&calls).enumerate() {
+            if i > 0 {
+                tokio::task::yield_now().await;
+            }
+            let executed = self.execute(&["EVALSHA", "HMGET", "HSET", "XREADGROUP"], |inner| {
+                let now_ms = inner.now_ms();
+                let streams = [(read.stream.clone(), read.from)];
+                let outcome = inner.check_fence(&read.fence, "XREADGROUP").and_then(|()| {
+                    let delivered = inner.streams.xreadgroup(now_ms, group, consumer, &streams, read.count)?;
+                    Ok(delivered.into_iter().flat_map(|(_, _, entries)| entries).collect::<Vec<_>>())
+                });
+                let logged =
+                    outcome.as_ref().map(|entries| vec![(read.stream.clone(), ids(entries))]).map_err(Clone::clone);
+                inner.log_reads(call, &logged);
+                outcome
+            });
+            match executed {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(e) => {
+                    fail_from(i, &e);
+                    return Err(e);
+                }
+            }
         }
-        result?
+        sleep_ms(latency_ms - request_ms).await;
+        Ok(outcomes)
     }
 
     async fn fenced_xack(
