@@ -232,12 +232,16 @@ pub async fn consumer(env: Env, process: ProcessId, loss: TransportKnob, leave: 
         let mut tasks = Vec::with_capacity(deliveries.len());
         for delivery in deliveries {
             let processing_ms = rng.gen_range(w.processing_min_ms..=w.processing_max_ms);
+            // The shard's loss count as the delivery is handed out, not when its task first runs:
+            // a loss in between (a suspension that hit after the spawn, before the task's first
+            // poll) would otherwise go unseen and the entry be processed beside its next owner.
+            let generation = listener.generation(delivery.shard);
             let task = process_one(
                 env.recorder.clone(),
                 process,
                 Arc::clone(&consumer),
                 Arc::clone(&listener),
-                delivery,
+                (delivery, generation),
                 processing_ms,
             );
             tasks.push(tokio::spawn(task));
@@ -256,19 +260,19 @@ pub async fn consumer(env: Env, process: ProcessId, loss: TransportKnob, leave: 
     }
 }
 
-/// Processes one delivery: works `processing_ms` unless its shard is lost first, then acks.
+/// Processes one delivery: works `processing_ms` unless its shard is lost after `generation`
+/// (its loss count when the delivery was handed out), then acks.
 async fn process_one<T, S>(
     recorder: Recorder,
     process: ProcessId,
     consumer: Arc<Consumer<T, S>>,
     lost: Arc<LostShards>,
-    delivery: Delivery,
+    (delivery, generation): (Delivery, u64),
     processing_ms: u64,
 ) where
     T: rsc::client::CoordinatorTransport,
     S: rsc::store::StreamStore,
 {
-    let generation = lost.generation(delivery.shard);
     let index = {
         let mut records = recorder.lock();
         let start_us = recorder.now_us();

@@ -489,7 +489,12 @@ fn concurrent_processing(facts: &Facts<'_>, answers: &[OldPrimaryAnswer]) -> Ove
                     continue;
                 }
                 let overlap = (start_b, end_a.min(end_b));
-                if overlap.1 > overlap.0 && facts.unpaused_us(&[a, b], overlap, RESUME_GRACE_US) == 0 {
+                if overlap.1 <= overlap.0 {
+                    // A processing that ended as it started (cancelled before any work) shares no
+                    // instant with the other.
+                    continue;
+                }
+                if facts.unpaused_us(&[a, b], overlap, RESUME_GRACE_US) == 0 {
                     // Every instant of the overlap, one side was paused (or had just resumed and
                     // not yet run its lease check): no lease protocol can stop that; fencing can.
                     paused += 1;
@@ -666,6 +671,21 @@ mod tests {
         w.pause(a, 1_200_000, 1_900_000);
         let (violations, counts) = check(&w.facts(), &[]);
         assert_eq!((violations, counts.paused_overlaps), (vec![], 1));
+    }
+
+    #[test]
+    fn a_processing_cancelled_as_it_started_overlaps_nothing() {
+        let mut w = World::new();
+        let (a, b) = (w.consumer(1), w.consumer(2));
+        let id = EntryId { ms: 1, seq: 0 };
+        w.process_entry(a, 0, id, 1_000_000, Some(2_000_000));
+        // b starts inside a's processing and is cancelled at the same instant: no work, no overlap.
+        w.process_entry(b, 0, id, 1_500_000, Some(1_500_000));
+        assert_eq!(check(&w.facts(), &[]).0, vec![]);
+        // One microsecond of work is an overlap.
+        w.process_entry(b, 0, id, 1_600_000, Some(1_600_001));
+        let (violations, _) = check(&w.facts(), &[]);
+        assert!(matches!(&violations[..], [Violation::ConcurrentProcessing { overlap_us: 1, .. }]), "{violations:?}");
     }
 
     #[test]
