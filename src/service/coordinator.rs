@@ -272,6 +272,22 @@ impl LocalState {
     }
 }
 
+/// How long after `since_start_ms` (this process's age) `group`'s next audit comes: at the next
+/// instant of its own phase of the audit period, which its hash slot sets, so in (0, `audit_ms`]
+/// (0 only when there is no audit period). Groups deferred in one pass (every group, after a start
+/// or an identity change) are then audited one slice at a time, about N × pass / `audit_ms` per
+/// pass, not all in one pass that reads every group; a group read only at its audits is read
+/// exactly once a period.
+pub(super) fn audit_in_ms(group: &GroupId, audit_ms: u64, since_start_ms: u64) -> u64 {
+    if audit_ms == 0 {
+        return 0;
+    }
+    let slot = u64::from(keys::group_slot(group));
+    let phase = audit_ms.saturating_mul(slot) / u64::from(keys::CLUSTER_SLOTS);
+    let into = (since_start_ms % audit_ms + audit_ms - phase) % audit_ms;
+    audit_ms - into
+}
+
 /// What a heartbeat's touch found ([`Coordinator::heartbeat_touch`]).
 type Touched = (Arc<GroupMetadata>, u64, Option<RecordStamp>, u64, bool);
 
@@ -1082,18 +1098,21 @@ impl<S: MetadataStore> Coordinator<S> {
     /// period ([`CoordinatorOptions::idle_group_audit_ms`]).
     fn defer_tick(&self, group: &GroupId, deferral_ms: Option<u64>, generation: u64, read: Option<RecordStamp>) {
         let audit_ms = self.inner.options.idle_group_audit_ms;
+        let now = Instant::now();
+        let since_start_ms =
+            u64::try_from(now.saturating_duration_since(self.inner.started).as_millis()).unwrap_or(u64::MAX);
+        let audit_in_ms = audit_in_ms(group, audit_ms, since_start_ms);
         let mut local = self.local();
         if deferral_ms.is_some() && !local.relay.holds_write(group) {
             // Idle: from now on its owner ticks it (told of this process's last write to it).
             local.dirty.remove(group);
         }
-        match deferral_ms.map(|ms| ms.min(audit_ms)).filter(|ms| *ms > 0) {
+        match deferral_ms.map(|ms| ms.min(audit_in_ms)).filter(|ms| *ms > 0) {
             Some(ms) => {
-                let now = Instant::now();
                 let deferred = Deferred {
                     until: now + Duration::from_millis(ms),
                     identity_generation: generation,
-                    audit_at: now + Duration::from_millis(audit_ms),
+                    audit_at: now + Duration::from_millis(audit_in_ms),
                     confirmed: now,
                     confirmed_stamp: read,
                 };
@@ -1295,4 +1314,33 @@ impl<S: MetadataStore> Coordinator<S> {
 
 fn bad_request(refused: InputError) -> ApiError {
     ApiError::new(ErrorCode::BadRequest, refused.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::audit_in_ms;
+    use crate::core::model::GroupId;
+
+    #[test]
+    fn groups_deferred_in_one_pass_are_audited_a_slice_at_a_time_once_a_period() {
+        let audit_ms = 120_000;
+        let groups: Vec<GroupId> = (0..1_000).map(|i| GroupId::new(format!("orders-{i}"), "billing")).collect();
+        // Every group deferred in the same pass, 5 s after the start.
+        let waits: Vec<u64> = groups.iter().map(|g| audit_in_ms(g, audit_ms, 5_000)).collect();
+        // Never later than one period, never at once.
+        assert!(waits.iter().all(|w| (1..=audit_ms).contains(w)), "{waits:?}");
+        // Spread over the period: each 12 s tenth holds some of the 1,000, none most of them.
+        let mut tenths = [0_usize; 10];
+        for w in &waits {
+            tenths[usize::try_from((w - 1) / 12_000).unwrap()] += 1;
+        }
+        assert!(tenths.iter().all(|n| (50..=150).contains(n)), "{tenths:?}");
+        // Read again at its audit (a pass a little late), a group's next audit is one period on.
+        for (g, w) in groups.iter().zip(&waits) {
+            let audited_at = 5_000 + w + 100;
+            assert_eq!(audit_in_ms(g, audit_ms, audited_at), audit_ms - 100, "{g:?}");
+        }
+        // No audit period: nothing to wait for.
+        assert_eq!(audit_in_ms(&groups[0], 0, 5_000), 0);
+    }
 }
