@@ -11,8 +11,9 @@
 //! release build when it is idle); the figure is 10,000 cycles, about 10 s each in a
 //! release build: `SOAK_CYCLES=10000 cargo test --release --test soak -- --nocapture
 //! --test-threads 1` (figures and RSS samples are printed; 2026-12-04: growth after the warm-up
-//! 60 KiB on Redis and 112 KiB on the embedded store). Before this bound the Redis run grew about 0.3 KiB and the embedded one
-//! about 4.4 KiB per cycle, which the `/metrics` check catches at any cycle count.
+//! 60 KiB on Redis and 112 KiB on the embedded store). Before this bound the Redis run grew about
+//! 0.3 KiB and the embedded one about 4.4 KiB per cycle, which the `/metrics` check catches at any
+//! cycle count.
 //! `E2E_COORDINATOR_BIN=<path>` runs another build (an older commit's binary) for a before/after
 //! comparison. Linux only (reads /proc). Real tokio; not built under `--cfg madsim`.
 

@@ -1099,9 +1099,11 @@ impl<S: MetadataStore> Coordinator<S> {
     fn defer_tick(&self, group: &GroupId, deferral_ms: Option<u64>, generation: u64, read: Option<RecordStamp>) {
         let audit_ms = self.inner.options.idle_group_audit_ms;
         let now = Instant::now();
-        let since_start_ms =
-            u64::try_from(now.saturating_duration_since(self.inner.started).as_millis()).unwrap_or(u64::MAX);
-        let audit_in_ms = audit_in_ms(group, audit_ms, since_start_ms);
+        // Only a deferral needs the audit's phase (the group's hash slot: a key and a CRC).
+        let audit_in_ms = deferral_ms.map_or(audit_ms, |_| {
+            let since_start = now.saturating_duration_since(self.inner.started).as_millis();
+            audit_in_ms(group, audit_ms, u64::try_from(since_start).unwrap_or(u64::MAX))
+        });
         let mut local = self.local();
         if deferral_ms.is_some() && !local.relay.holds_write(group) {
             // Idle: from now on its owner ticks it (told of this process's last write to it).
