@@ -48,6 +48,7 @@ impl ConsumerCore {
         let assigned: BTreeSet<ShardId> = r.assigned.iter().copied().collect();
         let revoke: BTreeSet<ShardId> = r.revoke.iter().copied().collect();
         let fences: BTreeMap<ShardId, Fence> = r.fences.iter().map(|f| (f.shard, f.fence)).collect();
+        self.fenced_refused = false;
         if !fences.is_empty() {
             self.reports_fenced = true;
         }
@@ -163,8 +164,13 @@ impl ConsumerCore {
                 self.next_heartbeat_ms = now_ms.saturating_add(self.config.slow_retry_ms);
             }
             Some(ErrorCode::BadRequest) if refuses_fenced && self.reports_fenced => {
-                // An older coordinator: it records no fences, so it has none to raise again.
-                self.reports_fenced = false;
+                // An older coordinator: it records no fences, so it has none to raise again. The
+                // prompt retry reports once more (another coordinator may answer it); refused
+                // twice in a row, the reports stop until an answer carries fences again.
+                if std::mem::replace(&mut self.fenced_refused, true) {
+                    self.reports_fenced = false;
+                    self.fenced_refused = false;
+                }
                 self.next_heartbeat_ms = now_ms.saturating_add(self.config.prompt_ms);
             }
             Some(ErrorCode::BadRequest) if refuses_proof && self.metadata_version_proof.is_some() => {

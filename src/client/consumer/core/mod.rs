@@ -223,8 +223,15 @@ pub struct ConsumerCore {
     /// started again while answers still give that fence, and reported (`fenced`) so the
     /// coordinator raises a new one (DESIGN §10).
     fenced: BTreeMap<ShardId, Fence>,
-    /// Some answer carried fences (the coordinator knows `fenced` reports), and none refused them.
+    /// Some answer carried fences (the coordinator knows `fenced` reports), and none refused them
+    /// twice in a row.
     reports_fenced: bool,
+    /// The last heartbeat's `fenced` reports were refused by a coordinator that does not know the
+    /// field. Behind a balancer over old and new coordinators the prompt retry likely reaches
+    /// another one, so the reports go once more before they are dropped: dropping them at once,
+    /// and taking them up again at the next answer with fences, can hand every report to the old
+    /// coordinator in turn (a round robin of two), and the fenced shard then waits forever.
+    fenced_refused: bool,
     events: Vec<ClientEvent>,
 }
 
@@ -249,6 +256,7 @@ impl ConsumerCore {
             session_refused: false,
             fenced: BTreeMap::new(),
             reports_fenced: false,
+            fenced_refused: false,
             events: Vec::new(),
         }
     }
