@@ -334,3 +334,34 @@ fn a_lease_increase_no_live_process_saw_is_covered_by_the_lease_ceiling() {
         }
     }
 }
+
+#[test]
+fn a_delete_waits_until_nobody_may_still_read_a_shard() {
+    let mut w = World::new(2);
+    let group = group_id();
+    let mut a = Client::new("a");
+    beat(&mut w, &mut a).expect("a joins and owns both shards");
+    let delete = |w: &World| AdminRequest::DeleteGroup { group: group.clone(), expected_revision: w.revision };
+
+    let revision = w.revision;
+    let err = w.admin(&delete(&w)).expect_err("a member lives");
+    assert_eq!(err.code, ErrorCode::GroupNotEmpty, "{}", err.message);
+    assert!(err.code.retryable());
+    assert_eq!(w.revision, revision, "a refused delete writes nothing");
+
+    // The member leaves: its shards stay fenced for one assignment lease, since it may still be
+    // reading them (a leave is not a report that reading stopped).
+    let leave = a.leave_request();
+    w.heartbeat(&leave).expect("leave");
+    assert!(w.g.members.is_empty());
+    assert!(!w.g.current.is_empty(), "the leaver's shards wait for its lease");
+    let err = w.admin(&delete(&w)).expect_err("leases still live");
+    assert_eq!(err.code, ErrorCode::GroupNotEmpty, "{}", err.message);
+
+    // One full lease later (and the clock-rate margin) a tick frees the shards, and the delete
+    // goes through.
+    w.advance(w.g.config.assignment_lease_ms * 11 / 10);
+    w.tick();
+    assert!(w.g.current.is_empty(), "the tick freed the shards: {:?}", w.g.current);
+    w.admin(&delete(&w)).expect("an empty group is deleted");
+}

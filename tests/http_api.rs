@@ -228,6 +228,15 @@ async fn a_group_lives_through_create_join_describe_route_reshard_and_delete() {
     let stale = api.json("DELETE", &format!("{DELETE}?expectedRevision={}", revision - 1), None).await;
     assert_eq!((stale.status, stale.error().code), (StatusCode::CONFLICT, ErrorCode::RevisionConflict));
     assert!(api.store.peek_record(&group()).is_some());
+    // a and b are members: a create after this delete would grant at once what they still read.
+    let before = api.snapshot().await;
+    let busy = api.json("DELETE", &format!("{DELETE}?expectedRevision={revision}"), None).await;
+    assert_eq!((busy.status, busy.error().code), (StatusCode::CONFLICT, ErrorCode::GroupNotEmpty), "{:?}", busy.body);
+    assert_eq!(api.snapshot().await, before, "a refused delete changes nothing");
+
+    // A group nobody joined is empty: deleted.
+    let api = Api::with_group(None, 4).await;
+    let revision = api.revision();
     let deleted = api.json("DELETE", &format!("{DELETE}?expectedRevision={revision}"), None).await;
     assert_eq!(deleted.status, StatusCode::OK, "{:?}", deleted.body);
     assert_eq!(deleted.json()["storeRevision"].as_u64(), Some(0));

@@ -1,7 +1,8 @@
 //! Soak: a coordinator that creates, uses and deletes groups for a long time keeps a flat memory
 //! footprint (issue #12, "Bounded memory"). The real `coordinator` binary runs through
 //! `SOAK_CYCLES` cycles over HTTP — create a group, join a member, a steady heartbeat, a routing
-//! refresh, a leave, delete the group — once on its embedded store and once on a real
+//! refresh, a leave, and (once the leaver's lease is over: a delete waits for an empty group) delete
+//! the group — once on its embedded store and once on a real
 //! `redis-server`. Its resident set (`VmRSS` in `/proc/<pid>/status`) is sampled after a warm-up
 //! of `SOAK_WARMUP_PERCENT` of the cycles and again at the end; the growth between must stay
 //! under `SOAK_RSS_GROWTH_MAX_KIB`. At the end `/metrics` must hold no series of any soak group:
@@ -23,13 +24,14 @@ mod e2e_support;
 #[allow(unused_imports)] // Only `RedisServer` is used here.
 mod support;
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use e2e_support::process::{CoordinatorProcess, HttpAnswer, ADMIN_TOKEN, EMBEDDED_STORE};
 use e2e_support::{fast_config, heartbeat_json, join_json};
-use rsc::core::model::GroupId;
+use rsc::core::model::{GroupConfig, GroupId};
 use rsc::http::routes::{group_path, RouteId};
 use support::RedisServer;
 
@@ -42,8 +44,14 @@ const WARMUP_PERCENT_DEFAULT: u64 = 20;
 const RSS_GROWTH_MAX_KIB_DEFAULT: u64 = 2_048;
 /// RSS samples printed along the run (the assertion uses the first and the last).
 const SAMPLES: u64 = 10;
-/// Attempts at a delete that races a tick's write (409 `REVISION_CONFLICT`).
-const DELETE_ATTEMPTS_MAX: u32 = 5;
+/// How long a delete keeps retrying 409s: `REVISION_CONFLICT` when it races a tick's write,
+/// `GROUP_NOT_EMPTY` until the leaver's lease has run out and a tick freed its shards.
+const DELETE_PATIENCE: Duration = Duration::from_secs(10);
+/// Groups left but not yet deleted: a delete waits one assignment lease after the leave (DESIGN
+/// §3), so the soak keeps this many groups waiting and deletes the oldest once its lease is over.
+/// A constant count, so the RSS samples compare the same number of live groups; below `NAMES`,
+/// so a name is deleted before it is created again.
+const LEFT_IN_FLIGHT: usize = 64;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -83,9 +91,15 @@ fn expect_ok(answer: &HttpAnswer, what: &str) -> Value {
     answer.json()
 }
 
-/// One cycle: create, join, heartbeat, routing, leave, delete.
+/// Leases short enough that a left group can be deleted a few hundred ms later (the rest as in
+/// the e2e tests): assignment lease 100 ms, member TTL 200 ms.
+fn soak_config() -> GroupConfig {
+    GroupConfig { assignment_lease_ms: 100, member_lease_ttl_ms: 200, heartbeat_interval_ms: 50, ..fast_config() }
+}
+
+/// One cycle: create, join, heartbeat, routing, leave (the delete comes later: `soak`).
 async fn cycle(c: &CoordinatorProcess, group: &GroupId) {
-    let create = json!({"group": group, "shardCount": 4, "config": fast_config()}).to_string();
+    let create = json!({"group": group, "shardCount": 4, "config": soak_config()}).to_string();
     expect_ok(&send(c, "POST", "/v1/admin/groups", true, create.into_bytes()).await, "create");
     let heartbeat = group_path(RouteId::Heartbeat, group);
     let joined = expect_ok(&send(c, "POST", &heartbeat, false, join_json(group, "m").into_bytes()).await, "join");
@@ -95,21 +109,27 @@ async fn cycle(c: &CoordinatorProcess, group: &GroupId) {
     let mut leave: Value = serde_json::from_slice(&heartbeat_json(group, "m", Some(&steady))).expect("heartbeat JSON");
     leave["leave"] = json!(true);
     expect_ok(&send(c, "POST", &heartbeat, false, leave.to_string().into_bytes()).await, "leave");
-    delete(c, group).await;
 }
 
-/// Deletes `group` at its described revision, again if a tick wrote meanwhile.
+/// Deletes `group` at its described revision, again after a 409 (a tick wrote meanwhile, or the
+/// leaver's shards still wait for its lease).
 async fn delete(c: &CoordinatorProcess, group: &GroupId) {
-    for _ in 0..DELETE_ATTEMPTS_MAX {
+    let deadline = tokio::time::Instant::now() + DELETE_PATIENCE;
+    loop {
         let revision = c.describe(group).await["storeRevision"].as_u64().expect("storeRevision");
         let path = format!("{}?expectedRevision={revision}", group_path(RouteId::DeleteGroup, group));
         let answer = send(c, "DELETE", &path, true, Vec::new()).await;
         if answer.status == 200 {
             return;
         }
-        assert_eq!(answer.status, 409, "delete: {}", String::from_utf8_lossy(&answer.body));
+        let body = String::from_utf8_lossy(&answer.body);
+        assert_eq!(answer.status, 409, "delete: {body}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "delete of {group} still refused after {DELETE_PATIENCE:?}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("delete of {group} kept conflicting");
 }
 
 /// Runs the soak against `c` and returns (RSS after warm-up, RSS at the end) in KiB.
@@ -120,6 +140,7 @@ async fn soak(c: &CoordinatorProcess, store: &str) -> (u64, u64) {
     let every = (cycles / SAMPLES).max(1);
     let mut after_warmup = None;
     let mut samples = Vec::new();
+    let mut left = VecDeque::new();
     for i in 0..cycles {
         if i == warmup {
             after_warmup = Some(rss_kib(pid));
@@ -128,11 +149,18 @@ async fn soak(c: &CoordinatorProcess, store: &str) -> (u64, u64) {
             samples.push((i, rss_kib(pid)));
         }
         cycle(c, &soak_group(i)).await;
+        left.push_back(soak_group(i));
+        if left.len() > LEFT_IN_FLIGHT {
+            let oldest = left.pop_front().expect("more than LEFT_IN_FLIGHT");
+            delete(c, &oldest).await;
+        }
     }
-    // Let a tick pass so anything a tick prunes is pruned, then sample.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Sampled with the same number of groups left and undeleted as every earlier sample.
     let end = rss_kib(pid);
     samples.push((cycles, end));
+    for group in left {
+        delete(c, &group).await;
+    }
     let after_warmup = after_warmup.unwrap_or(end);
     let trace: Vec<String> = samples.iter().map(|(i, kib)| format!("{i}:{kib}")).collect();
     eprintln!(

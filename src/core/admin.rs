@@ -68,6 +68,9 @@ pub fn decide_admin(
             Ok(())
         }
         AdminRequest::DeleteGroup { .. } => {
+            if let Some(holding) = still_held(g) {
+                return reject(ErrorCode::GroupNotEmpty, format!("group {group} is not empty: {holding}"));
+            }
             let response = AdminResponse { group, store_revision: 0, metadata_version: g.metadata_version };
             return Decision { write: Written::default(), outcome: Ok(response) };
         }
@@ -83,6 +86,28 @@ pub fn decide_admin(
     let state = write.next.as_ref().unwrap_or(g);
     let response = AdminResponse { group, store_revision, metadata_version: state.metadata_version };
     Decision { write, outcome: Ok(response) }
+}
+
+/// Why a delete must wait, if it must: a group is deleted only when nobody may still read any of
+/// its shards. A create of the same name afterwards starts with nothing to wait for (a plain
+/// create grants at once), so deleting a group whose members or leases live would let the new
+/// group grant a shard its old owner still reads (with fencing off, a split). Like Kafka's
+/// `GROUP_NOT_EMPTY`: members leave (or expire), their shards' leases run out at a tick, then the
+/// delete goes through.
+fn still_held(g: &GroupMetadata) -> Option<String> {
+    if let Some(member) = g.members.keys().next() {
+        return Some(format!("{} member(s), e.g. {member}; stop them or wait for them to expire", g.members.len()));
+    }
+    if let Some(shard) = g.current.keys().next() {
+        return Some(format!(
+            "{} shard(s), e.g. shard {shard}, still held or waiting for a lease to run out; retry after one assignment lease",
+            g.current.len()
+        ));
+    }
+    if g.correction.is_some() {
+        return Some("a correction round is running; retry once it ends".to_string());
+    }
+    None
 }
 
 fn reject<R>(code: ErrorCode, message: impl Into<String>) -> Decision<R> {

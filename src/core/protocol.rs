@@ -324,6 +324,9 @@ pub enum ErrorCode {
     RevisionConflict,
     /// The group already exists (create).
     GroupExists,
+    /// A delete of a group that still has members, held shards or a correction round: retry once
+    /// its members have left or expired and their leases have run out (Kafka's `GROUP_NOT_EMPTY`).
+    GroupNotEmpty,
     /// Missing or wrong admin token, or a data-plane request without a valid client token.
     Unauthorized,
     /// A valid client token that may not touch this group.
@@ -344,7 +347,7 @@ impl ErrorCode {
         match self {
             ErrorCode::UnknownMember | ErrorCode::FencedMemberEpoch => 409,
             ErrorCode::GroupNotFound => 404,
-            ErrorCode::RevisionConflict | ErrorCode::GroupExists => 409,
+            ErrorCode::RevisionConflict | ErrorCode::GroupExists | ErrorCode::GroupNotEmpty => 409,
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::SessionMismatch => 403,
@@ -362,6 +365,7 @@ impl ErrorCode {
                 | ErrorCode::CoordinatorTerminating
                 | ErrorCode::RevisionConflict
                 | ErrorCode::MemberIdInUse
+                | ErrorCode::GroupNotEmpty
         )
     }
 }

@@ -110,6 +110,7 @@ pub fn public_message(code: ErrorCode) -> &'static str {
         | ErrorCode::BadRequest
         | ErrorCode::RevisionConflict
         | ErrorCode::GroupExists
+        | ErrorCode::GroupNotEmpty
         | ErrorCode::Unauthorized
         | ErrorCode::Forbidden
         | ErrorCode::SessionMismatch

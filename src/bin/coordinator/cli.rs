@@ -208,7 +208,8 @@ pub enum AdminCommand {
     },
     /// Rebuild the group index from a SCAN of metadata keys.
     RebuildIndex,
-    /// Delete a group.
+    /// Delete a group (its metadata, liveness and index entry; never its streams). Refused with
+    /// GROUP_NOT_EMPTY while it has members or shards whose leases still run.
     Delete {
         #[command(flatten)]
         group: GroupArgs,
