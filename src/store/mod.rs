@@ -310,41 +310,68 @@ impl ServerIdentity {
     }
 
     /// Whether the change from `self` to `newer` may have lost writes to keys in `slot`. On one
-    /// server, always. On a Cluster, unless the same primary, unchanged (node, `run_id` and
-    /// `master_replid`: a promoted replica takes a new replication id), served `slot` in both
-    /// reads and neither read found it [disputed](Self::disputed): the failover of one primary
-    /// costs writes only to the slots it served. A slot that also moved between the reads counts
-    /// as lost (a failover and a migration between two reads cannot be told apart), and so does a
-    /// slot either read found unserved. A disputed slot counts because the view that names its
-    /// primary may be stale: a deposed primary still claiming it, or a replica promoted in its
-    /// place that the view does not know, is what a lost write looks like from outside.
+    /// server, always. On a Cluster, not when the same primary, unchanged (node, `run_id` and
+    /// `master_replid`: a promoted replica takes a new replication id), [held](Self::holders)
+    /// `slot` alone in both reads: the failover of one primary costs writes only to the slots it
+    /// served. Nor when `slot` moved, or was being handed over in either read, between primaries
+    /// that are all still there unchanged — every primary of `self` listed unchanged by `newer`,
+    /// and every holder in `newer` listed unchanged by `self`: that is a migration, and MIGRATE
+    /// moves keys synchronously, losing nothing. A failover or restart of any primary between the
+    /// two reads makes a moved slot count (its keys may have passed through that primary), and so
+    /// does a holder the earlier read did not list unchanged (a promoted replica claiming a slot
+    /// beside its deposed primary is what a lost write looks like from outside). A slot either
+    /// read found disputed or unserved counts.
     pub fn may_have_lost(&self, newer: &ServerIdentity, slot: u16) -> bool {
-        if self.disputed(slot) || newer.disputed(slot) {
-            return true;
-        }
-        match (self.serving(slot), newer.serving(slot)) {
-            (Some(before), Some(after)) => {
-                before.node != after.node
-                    || before.run_id != after.run_id
-                    || before.replication_id != after.replication_id
+        let (before, after) = (self.holders(slot), newer.holders(slot));
+        match (before.as_slice(), after.as_slice()) {
+            ([], _) | (_, []) => true,
+            ([one], [other]) if one.node == other.node => {
+                one.run_id != other.run_id || one.replication_id != other.replication_id
             }
-            _ => true,
+            _ => {
+                !(self.primaries.iter().all(|p| newer.lists_unchanged(p))
+                    && after.iter().all(|p| self.lists_unchanged(p)))
+            }
         }
     }
 
-    /// Whether this read cannot name one primary for `slot` by the primaries' own accounts: no
-    /// listed primary claims it, more than one does (two primaries after a partition), or the one
-    /// the view lists serving it does not claim it itself (a demoted primary claims nothing).
-    /// Never on one server (no slot map).
+    /// Whether this read cannot name the primaries holding `slot` ([`Self::holders`] is empty):
+    /// no listed primary claims it, more than two do, two do and the view lists neither, or the
+    /// one the view lists does not claim it and is not a live primary that handed it to the one
+    /// other claimant. Never on one server (no slot map).
     pub fn disputed(&self, slot: u16) -> bool {
-        if self.primaries.is_empty() {
-            return false;
+        !self.primaries.is_empty() && self.holders(slot).is_empty()
+    }
+
+    /// The primaries holding `slot` by this read's accounts, checked against each other:
+    /// - one: the one the view lists, when it claims the slot itself; or, when the listed one
+    ///   disowns it but is a live primary (it claims other slots) and exactly one other listed
+    ///   primary claims it, that one — the node that answered the view had not yet learnt of a
+    ///   migration's handover, which both primaries have settled (`redis-cli --cluster reshard`
+    ///   updates the primaries one slot after another, replicas learn by gossip);
+    /// - two: both claim it and the view lists one of them — a migration's handover under way
+    ///   (the target took the slot, the source has not yet heard), or two primaries after a
+    ///   partition; only the read before can tell (a promoted replica is new in it), so
+    ///   [`Self::may_have_lost`] asks it;
+    /// - none (disputed): no claimant, more than two, a listed primary that claims nothing (a
+    ///   demoted primary the view still lists) with a claimant beside it, a claimant the view
+    ///   lists nobody for; and on one server.
+    fn holders(&self, slot: u16) -> Vec<&PrimaryIdentity> {
+        let claimants: Vec<&PrimaryIdentity> = self.primaries.iter().filter(|p| in_ranges(&p.claimed, slot)).collect();
+        let Some(listed) = self.serving(slot) else { return Vec::new() };
+        let lists = |p: &&PrimaryIdentity| std::ptr::eq(*p, listed);
+        match claimants.as_slice() {
+            [one] if lists(one) || !listed.claimed.is_empty() => claimants,
+            [a, b] if lists(a) || lists(b) => claimants,
+            _ => Vec::new(),
         }
-        let mut claimants = self.primaries.iter().filter(|p| in_ranges(&p.claimed, slot));
-        match (claimants.next(), claimants.next(), self.serving(slot)) {
-            (Some(claimant), None, Some(serving)) => !std::ptr::eq(claimant, serving),
-            _ => true,
-        }
+    }
+
+    /// Whether this read lists `primary` (same node) with the same `run_id` and replication id.
+    fn lists_unchanged(&self, primary: &PrimaryIdentity) -> bool {
+        self.primaries
+            .iter()
+            .any(|p| p.node == primary.node && p.run_id == primary.run_id && p.replication_id == primary.replication_id)
     }
 
     /// The [disputed](Self::disputed) slots of this read as inclusive ranges, ascending.
@@ -823,15 +850,25 @@ mod tests {
             let after = cluster(vec![a.clone(), b2, c.clone()]);
             assert!(before.may_have_lost(&after, 5461) && !before.may_have_lost(&after, 5460));
         }
-        // Slots moved between unchanged primaries: the same servers; a moved slot counts as lost
-        // if a change came with it (the two cannot be told apart), one that stayed does not.
+        // Slots moved between unchanged primaries: the same servers, and a migration loses
+        // nothing, whatever else made the coordinator compare the two reads.
         let migrated = cluster(vec![
             primary("a:1/a", "ra", "xa", &[(0, 5459)]),
             primary("b:1/b", "rb", "xb", &[(5460, 10922)]),
             c.clone(),
         ]);
         assert!(before.same_servers(&migrated));
-        assert!(before.may_have_lost(&migrated, 5460) && !before.may_have_lost(&migrated, 5459));
+        assert!(!before.may_have_lost(&migrated, 5460) && !before.may_have_lost(&migrated, 5459));
+        // A slot that moved while any primary failed over or restarted counts: its keys may have
+        // passed through that primary. One that stayed on an unchanged primary does not.
+        let migrated_and_failed_over = cluster(vec![
+            primary("a:1/a", "ra", "xa", &[(0, 5459)]),
+            primary("b:1/b", "rb", "xb", &[(5460, 10922)]),
+            primary("d:1/d", "rd", "xd", &[(10923, 16383)]),
+        ]);
+        assert!(before.may_have_lost(&migrated_and_failed_over, 5460));
+        assert!(!before.may_have_lost(&migrated_and_failed_over, 5459));
+        assert!(before.may_have_lost(&migrated_and_failed_over, 16383));
         // An unserved slot, and one server (no slot map), always count as lost.
         let partial = cluster(vec![a, b]);
         assert!(before.may_have_lost(&partial, 16000));
@@ -851,16 +888,28 @@ mod tests {
     }
 
     #[test]
-    fn two_primaries_claiming_a_slot_may_have_lost_it() {
+    fn two_unchanged_primaries_claiming_a_slot_are_a_handover_and_a_new_claimant_is_a_loss() {
         let [a, b, c] = three();
         let before = cluster(vec![a.clone(), b.clone(), c.clone()]);
-        // The view lists b for its slots, but a still claims 5461..=6000 too (a primary deposed
-        // from them on the other side of a partition, or one that has not learnt of a move).
-        let split = cluster(vec![claiming(&a, &[(0, 6000)]), b, c]);
-        assert_eq!(split.disputed_slots(), vec![(5461, 6000)]);
-        assert!(!before.same_servers(&split), "a dispute that starts is a change");
-        assert!(before.may_have_lost(&split, 5461) && before.may_have_lost(&split, 6000));
-        assert!(!before.may_have_lost(&split, 6001) && !before.may_have_lost(&split, 0));
+        // The view lists b for its slots, and a claims 5461..=6000 too: both primaries are the
+        // ones of the read before, unchanged — a migration's handover (or a source that has not
+        // learnt of it yet). Not disputed, no change, nothing lost.
+        let handover = cluster(vec![claiming(&a, &[(0, 6000)]), b.clone(), c.clone()]);
+        assert_eq!(handover.disputed_slots(), vec![]);
+        assert!(before.same_servers(&handover));
+        assert!((0..keys::CLUSTER_SLOTS).all(|slot| !before.may_have_lost(&handover, slot)));
+        // b's replica d was promoted on the other side of a partition and claims b's slots, and
+        // the deposed b still does: d is new, so b's slots may have lost writes, a's did not.
+        let d = primary("d:1/d", "rd", "xd", &[]);
+        let split = cluster(vec![a.clone(), b.clone(), c.clone(), claiming(&d, &[(5461, 10922)])]);
+        assert_eq!(split.disputed_slots(), vec![], "two claimants, the view lists one: only the read before tells");
+        assert!(!before.same_servers(&split), "a new primary is a change");
+        assert!(before.may_have_lost(&split, 5461) && before.may_have_lost(&split, 10922));
+        assert!(!before.may_have_lost(&split, 0) && !before.may_have_lost(&split, 16383));
+        // Three claimants are a dispute whatever came before.
+        let three_way = cluster(vec![claiming(&a, &[(0, 6000)]), b, claiming(&c, &[(5461, 5461), (10923, 16383)])]);
+        assert_eq!(three_way.disputed_slots(), vec![(5461, 5461)]);
+        assert!(before.may_have_lost(&three_way, 5461) && !before.may_have_lost(&three_way, 5462));
     }
 
     #[test]
@@ -876,13 +925,27 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_the_view_and_its_claimant_disagree_on_may_have_lost_writes() {
+    fn a_view_behind_a_settled_handover_is_judged_by_the_claimant_and_other_disagreements_are_disputes() {
         let [a, b, c] = three();
         let before = cluster(vec![a.clone(), b.clone(), c.clone()]);
-        // The view lists a for 5000..=5460; a says c serves them now, and c agrees.
-        let stale = cluster(vec![claiming(&a, &[(0, 4999)]), b.clone(), claiming(&c, &[(5000, 5460), (10923, 16383)])]);
-        assert_eq!(stale.disputed_slots(), vec![(5000, 5460)]);
-        assert!(before.may_have_lost(&stale, 5000) && !before.may_have_lost(&stale, 4999));
+        // The view lists a for 5000..=5460; a, a live primary, says c serves them now, and c
+        // agrees: the view's node has not yet learnt of the migration. Not disputed, served by c.
+        let c_took = &[(5000, 5460), (10923, 16383)];
+        let stale = cluster(vec![claiming(&a, &[(0, 4999)]), b.clone(), claiming(&c, c_took)]);
+        assert_eq!(stale.disputed_slots(), vec![]);
+        assert!(before.same_servers(&stale));
+        assert!(!before.may_have_lost(&stale, 5000) && !before.may_have_lost(&stale, 4999));
+        // The same stale view while c failed over to d, whom the view already knows: 5000..=5460
+        // are judged by their claimant d, a new server, so they count.
+        let d = primary("d:1/d", "rd", "xd", &[(10923, 16383)]);
+        let stale_failed_over = cluster(vec![claiming(&a, &[(0, 4999)]), b.clone(), claiming(&d, c_took)]);
+        assert_eq!(stale_failed_over.disputed_slots(), vec![]);
+        assert!(before.may_have_lost(&stale_failed_over, 5000) && before.may_have_lost(&stale_failed_over, 16383));
+        assert!(!before.may_have_lost(&stale_failed_over, 4999));
+        // A listed primary that claims nothing (demoted) does not vouch for another claimant.
+        let demoted = cluster(vec![claiming(&a, &[]), b.clone(), claiming(&c, &[(0, 5460), (10923, 16383)])]);
+        assert_eq!(demoted.disputed_slots(), vec![(0, 5460)]);
+        assert!(before.may_have_lost(&demoted, 5000));
         // A slot the view lists nobody for but one primary claims is disputed as well.
         let unlisted =
             cluster(vec![primary("a:1/a", "ra", "xa", &[(0, 5459)]), claiming(&b, &[(5460, 10922)]), c.clone()]);
@@ -895,11 +958,13 @@ mod tests {
     #[test]
     fn a_dispute_that_lasts_is_no_news_and_its_end_is() {
         let [a, b, c] = three();
-        let split = cluster(vec![claiming(&a, &[(0, 6000)]), b.clone(), c.clone()]);
-        assert!(split.same_servers(&split.clone()), "the same dispute read again");
+        // b disowns 5461..=6000 (`CLUSTER DELSLOTS` on it alone) and nobody claims them.
+        let disowned = cluster(vec![a.clone(), claiming(&b, &[(6001, 10922)]), c.clone()]);
+        assert_eq!(disowned.disputed_slots(), vec![(5461, 6000)]);
+        assert!(disowned.same_servers(&disowned.clone()), "the same dispute read again");
         let healed = cluster(vec![a, b, c]);
-        assert!(!split.same_servers(&healed), "a dispute that ends is a change");
-        assert!(split.may_have_lost(&healed, 6000) && !split.may_have_lost(&healed, 6001));
+        assert!(!disowned.same_servers(&healed), "a dispute that ends is a change");
+        assert!(disowned.may_have_lost(&healed, 6000) && !disowned.may_have_lost(&healed, 6001));
     }
 
     #[test]

@@ -299,6 +299,32 @@ impl RedisCluster {
         self.finish_slot_move(slot_move);
     }
 
+    /// Moves `count` slots from `from` to `to` with the operator's tool, `redis-cli --cluster
+    /// reshard … --cluster-yes`: it takes `from`'s lowest-numbered slots and moves them one at a
+    /// time (`IMPORTING`/`MIGRATING`, `MIGRATE` of up to 10 keys per call, `SETSLOT … NODE` on
+    /// every primary). Returns how long `redis-cli` ran, once every node agrees on the new map.
+    /// Plain-TCP clusters only.
+    pub fn reshard_with_redis_cli(&self, from: &RedisServer, to: &RedisServer, count: usize) -> Duration {
+        assert!(self.tls.is_none(), "reshard_with_redis_cli: plain-TCP clusters only");
+        let started = Instant::now();
+        let output = std::process::Command::new("redis-cli")
+            .args(["--cluster", "reshard", &format!("127.0.0.1:{}", from.port())])
+            .args(["--cluster-from", self.id_of(from), "--cluster-to", self.id_of(to)])
+            .args(["--cluster-slots", &count.to_string(), "--cluster-yes"])
+            .output()
+            .expect("run redis-cli (it comes with redis-server)");
+        let elapsed = started.elapsed();
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster reshard failed ({}):\n{}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        self.wait_converged();
+        elapsed
+    }
+
     /// First step of [`Self::move_slot`], for tests that act in between: marks `slot`
     /// `IMPORTING` on the target and `MIGRATING` on its owner. None if `to_primary` owns it.
     pub fn begin_slot_move(&self, slot: u16, to_primary: &RedisServer) -> Option<SlotMove> {

@@ -10,10 +10,11 @@
 //! The identity is conservative: a failover, restart or replacement of any serving primary
 //! changes it; so does a primary that gains its first slot or gives away its last (adding or
 //! removing a node), and a slot that starts or stops being disputed (claimed by no listed
-//! primary, by two, or not by the one the view names). The coordinator maps each change to the
-//! slots it may have cost (`ServerIdentity::may_have_lost`). A slot migration between serving
-//! primaries leaves it unchanged once the handover settled: MIGRATE moves keys synchronously and
-//! loses nothing.
+//! primary, by two, or not by the one the view names unless that one is a live primary that
+//! handed it to the one other claimant: a view behind a settled handover). The coordinator maps
+//! each change to the slots it may have cost (`ServerIdentity::may_have_lost`). A slot migration
+//! between serving primaries leaves it unchanged once the handover settled, and is never a loss
+//! itself: MIGRATE moves keys synchronously and loses nothing.
 
 use std::collections::BTreeMap;
 
