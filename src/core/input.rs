@@ -78,6 +78,12 @@ pub fn check_heartbeat_request(req: &HeartbeatRequest) -> Result<(), InputError>
     if req.leave && req.member_epoch == 0 {
         return Err(InputError::LeaveWithoutEpoch);
     }
+    for report in &req.revoking {
+        // Revoke ids are drawn below 2^53 (`REVOKE_ID_MAX`), like every number a client echoes.
+        if let Some(revoke_id) = report.revoke_id {
+            check_client_number("revokeId", revoke_id)?;
+        }
+    }
     let mut seen = BTreeSet::new();
     let shards = req.owned.iter().copied().chain(req.revoking.iter().map(|r| r.shard));
     for shard in shards {
@@ -179,6 +185,18 @@ mod tests {
             assert_eq!(refused, InputError::NumberTooLarge { field, value: u64::MAX });
             assert!(refused.to_string().starts_with(field), "{refused}");
         }
+        // A REVOKED report's revoke id: drawn at most REVOKE_ID_MAX (= CLIENT_NUMBER_MAX).
+        assert_eq!(crate::core::model::REVOKE_ID_MAX, CLIENT_NUMBER_MAX);
+        let report = |revoke_id| HeartbeatRequest {
+            owned: vec![],
+            revoking: vec![RevokeReport { shard: 1, in_flight: 0, revoked: true, revoke_id: Some(revoke_id) }],
+            ..heartbeat()
+        };
+        assert_eq!(check_heartbeat_request(&report(CLIENT_NUMBER_MAX)), Ok(()));
+        assert_eq!(
+            check_heartbeat_request(&report(CLIENT_NUMBER_MAX + 1)),
+            Err(InputError::NumberTooLarge { field: "revokeId", value: CLIENT_NUMBER_MAX + 1 })
+        );
     }
 
     #[test]
