@@ -6,6 +6,8 @@
 
 #[path = "service/bounds.rs"]
 mod bounds;
+#[path = "service/deleting.rs"]
+mod deleting;
 #[path = "service/held.rs"]
 mod held;
 #[path = "service/pruning.rs"]
@@ -1196,20 +1198,30 @@ async fn a_cluster_failover_is_evidence_only_for_the_groups_on_the_failed_primar
     assert!(!elsewhere, "the group on an unchanged primary records none");
 }
 
-/// The same servers, unchanged, but the primary the view lists for b's slots is no longer the only
-/// one claiming them (a claims them too, as a deposed primary on the far side of a partition
-/// would): the identity's run and replication ids are equal, yet the dispute is evidence for the
-/// groups in those slots, and only for them.
+/// The same servers, unchanged, and a claims b's slots too: a migration's handover between two
+/// unchanged primaries (the target took the slots, the source has not heard yet), no evidence for
+/// anyone. b's replica d, promoted on the far side of a partition, claiming them beside b: d is
+/// new, so evidence for the groups in b's slots, and only for them. And with the ids unchanged, b
+/// disowning its slots with nobody claiming them: the dispute alone is evidence for those slots.
 #[tokio::test]
-async fn a_slot_two_primaries_claim_is_evidence_only_for_its_groups() {
+async fn a_slot_two_primaries_claim_is_evidence_only_for_its_groups_unless_they_hand_it_over() {
     let (a, b, c3) = ((0, 5460), (5461, 10922), (10923, 16383));
-    let before = cluster_identity(vec![primary("a", "xa", a), primary("b", "xb", b), primary("c", "xc", c3)]);
-    let split = rsc::store::PrimaryIdentity { claimed: vec![a, b], ..primary("a", "xa", a) };
-    let after = cluster_identity(vec![split, primary("b", "xb", b), primary("c", "xc", c3)]);
-    assert_eq!((&before.run_id, &before.replication_id), (&after.run_id, &after.replication_id));
-    let (on_b, elsewhere) = correction_rounds_after(before, after, b).await;
-    assert!(on_b, "the group in the disputed slots records a correction round");
+    let before = || cluster_identity(vec![primary("a", "xa", a), primary("b", "xb", b), primary("c", "xc", c3)]);
+    let handing = rsc::store::PrimaryIdentity { claimed: vec![a, b], ..primary("a", "xa", a) };
+    let handover = cluster_identity(vec![handing, primary("b", "xb", b), primary("c", "xc", c3)]);
+    assert_eq!((&before().run_id, &before().replication_id), (&handover.run_id, &handover.replication_id));
+    assert_eq!(correction_rounds_after(before(), handover, b).await, (false, false), "a handover is no evidence");
+
+    let d = rsc::store::PrimaryIdentity { slots: vec![], claimed: vec![b], ..primary("d", "xd", b) };
+    let split = cluster_identity(vec![primary("a", "xa", a), primary("b", "xb", b), primary("c", "xc", c3), d]);
+    let (on_b, elsewhere) = correction_rounds_after(before(), split, b).await;
+    assert!(on_b, "the group in the slots a new primary claims records a correction round");
     assert!(!elsewhere, "the group in undisputed slots records none");
+
+    let disowning = rsc::store::PrimaryIdentity { claimed: vec![], ..primary("b", "xb", b) };
+    let disowned = cluster_identity(vec![primary("a", "xa", a), disowning, primary("c", "xc", c3)]);
+    assert_eq!((&before().run_id, &before().replication_id), (&disowned.run_id, &disowned.replication_id));
+    assert_eq!(correction_rounds_after(before(), disowned, b).await, (true, false), "a dispute alone is evidence");
 }
 
 /// A Cluster primary that claims exactly the slots the view lists for it.

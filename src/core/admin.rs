@@ -93,8 +93,8 @@ pub fn decide_admin(
 /// create grants at once), so deleting a group whose members or leases live would let the new
 /// group grant a shard its old owner still reads (with fencing off, a split). Like Kafka's
 /// `GROUP_NOT_EMPTY`: members leave (or expire), their shards' leases run out at a tick, then the
-/// delete goes through.
-fn still_held(g: &GroupMetadata) -> Option<String> {
+/// delete goes through. The service asks again of the very record it deletes.
+pub fn still_held(g: &GroupMetadata) -> Option<String> {
     if let Some(member) = g.members.keys().next() {
         return Some(format!("{} member(s), e.g. {member}; stop them or wait for them to expire", g.members.len()));
     }

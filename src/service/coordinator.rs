@@ -25,6 +25,7 @@ use super::marks::{ReadOrder, ReadTicket, RevisionVerdict};
 use super::monitors::GroupMonitors;
 use super::pruning::{Forget, Vanished};
 use super::shutdown::ShutdownGate;
+use crate::core::admin::still_held;
 use crate::core::engine::{heals_lost_add_shards, routing_view, version_credited, version_learned};
 use crate::core::input::{check_admin_request, check_heartbeat_request, check_routing_report, InputError};
 use crate::core::model::{GroupId, GroupMetadata, LossEvidence, MemberId};
@@ -769,10 +770,29 @@ impl<S: MetadataStore> Coordinator<S> {
                 let _entered = self.inner.gate.enter()?;
                 // The operator names a revision, and revisions repeat after a rollback: delete the
                 // write stored at that revision now, conditioned on its whole stamp, so a write
-                // made after this read (even one of the same revision) is never deleted.
+                // made after this read (even one of the same revision) is never deleted. The
+                // record deleted is judged itself, not the one decided on: a lost write and a
+                // join between the two reads can leave the same revision with a member in it.
+                let ticket = self.local().reads.begin_read();
                 let loaded = self.inner.store.load(&group).await.map_err(|e| self.group_store_error(&group, e))?;
                 let deleted = match loaded {
                     Some(record) if record.revision == *expected_revision => {
+                        let g = self.decode_counted(&group, &record)?;
+                        // Loss evidence this process holds for the group and has not yet written
+                        // (it is written at the group's next heartbeat or tick): it starts a
+                        // correction round now, which the delete waits for like any other.
+                        if self.record_pending_evidence(&g, record.revision, ticket).await? {
+                            return Err(ApiError::new(
+                                ErrorCode::GroupNotEmpty,
+                                format!("group {group} may have lost writes; a correction round started, retry once it ends"),
+                            ));
+                        }
+                        if let Some(holding) = still_held(&g) {
+                            return Err(ApiError::new(
+                                ErrorCode::GroupNotEmpty,
+                                format!("group {group} is not empty: {holding}"),
+                            ));
+                        }
                         self.inner.store.delete(&group, &record.cas_stamp()).await
                     }
                     other => Ok(WriteOutcome::RevisionConflict { current: other.map(|r| r.revision) }),

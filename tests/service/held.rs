@@ -6,6 +6,8 @@
 //!   (a read answered before another request's write, delivered after it).
 //! - [`HeldStore::stall_next_mutation`]: the next write or delete waits *before* it reaches the
 //!   store (a coordinator stalled between its load and its write).
+//! - [`HeldStore::stall_load`]: a later `load` waits before it reaches the store (a coordinator
+//!   stalled between two reads of one request).
 //!
 //! Every other call goes straight to the in-memory store.
 
@@ -28,6 +30,11 @@ pub struct HeldStore {
     inner: MemoryStore,
     touch_answer: Gate,
     mutation: Gate,
+    load_gate: Gate,
+    /// Loads still to go before the armed load gate holds one (0: none armed).
+    loads_to_stall: Arc<AtomicU64>,
+    /// Set when the armed load reached its gate.
+    load_stalled: Arc<std::sync::atomic::AtomicBool>,
     /// `load` and `liveness` calls: what a tick reads.
     reads: Arc<AtomicU64>,
     /// What `identity` answers instead of the in-memory store's (a Redis Cluster's, say).
@@ -53,6 +60,9 @@ impl HeldStore {
             inner,
             touch_answer: Gate::default(),
             mutation: Gate::default(),
+            load_gate: Gate::default(),
+            loads_to_stall: Arc::default(),
+            load_stalled: Arc::default(),
             reads: Arc::default(),
             identity: Arc::default(),
         }
@@ -83,6 +93,19 @@ impl HeldStore {
         self.reads.load(Ordering::SeqCst)
     }
 
+    /// Arms a load: after `skip` more loads, the next one waits for the sender before the store
+    /// sees it.
+    pub fn stall_load(&self, skip: u64) -> oneshot::Sender<()> {
+        let release = arm(&self.load_gate);
+        self.loads_to_stall.store(skip + 1, Ordering::SeqCst);
+        release
+    }
+
+    /// True once the armed load has been sent and is waiting.
+    pub fn load_is_stalled(&self) -> bool {
+        self.load_stalled.load(Ordering::SeqCst)
+    }
+
     /// True once the armed mutation has been sent and is waiting.
     pub fn is_stalled(&self) -> bool {
         self.mutation.lock().expect("gate lock").is_none()
@@ -92,6 +115,14 @@ impl HeldStore {
 impl MetadataStore for HeldStore {
     async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
         self.reads.fetch_add(1, Ordering::SeqCst);
+        let to_go = self.loads_to_stall.load(Ordering::SeqCst);
+        if to_go > 0 {
+            self.loads_to_stall.store(to_go - 1, Ordering::SeqCst);
+            if to_go == 1 {
+                self.load_stalled.store(true, Ordering::SeqCst);
+                pass(&self.load_gate).await;
+            }
+        }
         self.inner.load(group).await
     }
     async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {

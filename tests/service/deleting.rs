@@ -1,0 +1,103 @@
+//! An admin delete removes a group only when nobody may still read its shards (`GROUP_NOT_EMPTY`
+//! otherwise, DESIGN §3), judged on the very record it deletes and after any loss evidence this
+//! process holds for the group: a create of the same name afterwards grants at once.
+
+use rsc::core::protocol::ApiError;
+
+use super::held::HeldStore;
+use super::*;
+
+fn held(store: &MemoryStore, id: &str) -> Coordinator<HeldStore> {
+    let options = CoordinatorOptions {
+        instance_id: id.into(),
+        mutex_ttl_ms: 50,
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ..CoordinatorOptions::default()
+    };
+    Coordinator::new(HeldStore::new(store.connect()), options)
+}
+
+fn delete_at(revision: u64) -> AdminRequest {
+    AdminRequest::DeleteGroup { group: group(), expected_revision: revision }
+}
+
+/// The delete is decided on an empty record at revision 2; before it reads the record again to
+/// delete it, the store loses revision 2 and a join writes revision 2 again, with a member. The
+/// second read names the operator's revision, but the record is not empty any more: refused.
+#[tokio::test]
+async fn a_delete_judges_the_record_it_deletes_not_the_one_it_decided_on() {
+    let store = MemoryStore::new(41);
+    let c1 = short_mutex(&store, "c1");
+    create(&c1, 2).await;
+    let change = AdminRequest::ChangeConfig { group: group(), expected_revision: 1, config: fast_config() };
+    c1.admin(change).await.expect("an empty group's config change: revision 2");
+
+    let c2 = held(&store, "c2");
+    // The decision's read goes through; the delete's own read (the next one) is held.
+    let resume = c2.store().stall_load(1);
+    let deleting = tokio::spawn({
+        let c2 = c2.clone();
+        async move { c2.admin(delete_at(2)).await }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !c2.store().load_is_stalled() {
+        assert!(tokio::time::Instant::now() < deadline, "the delete never read the record again");
+        tokio::task::yield_now().await;
+    }
+    // Undo c2's mutex release and acquire, then the config change.
+    while store.peek_record(&group()).expect("record").revision > 1 {
+        store.rollback(1, RollbackMode::Silent);
+    }
+    // Through an instance that never saw the lost revision (c1 would start a correction round
+    // first). The rollback undid mutex releases too: the join waits out their 50 ms TTL.
+    let c3 = short_mutex(&store, "c3");
+    let joined = retry_busy(|| c3.heartbeat(join("a"))).await.expect("a joins");
+    assert_eq!(joined.assigned, vec![0, 1]);
+    assert_eq!(store.peek_record(&group()).expect("record").revision, 2, "revision 2 again, with a member");
+
+    resume.send(()).expect("the delete is waiting");
+    let refused = deleting.await.expect("task").expect_err("a's shards are live");
+    assert_eq!(refused.code, ErrorCode::GroupNotEmpty, "{refused:?}");
+    assert!(store.peek_record(&group()).is_some(), "the group a reads is still there");
+}
+
+/// A failover loses a's join; the record is empty again. The coordinator learns of the change
+/// (its connection was reset) but has not yet written the correction round (that happens at the
+/// group's next heartbeat or tick). A delete now would let a create grant a's shards while a
+/// still reads them: the delete writes the round first, then waits for it like for any member.
+#[tokio::test]
+async fn a_delete_writes_pending_loss_evidence_first_and_waits_for_the_round() {
+    let store = MemoryStore::new(42);
+    let c = short_mutex(&store, "c1");
+    c.start().await.expect("probe");
+    create(&c, 2).await;
+    c.heartbeat(join("a")).await.expect("a joins and reads both shards");
+    while store.peek_record(&group()).expect("record").revision > 1 {
+        store.rollback(1, RollbackMode::Failover);
+    }
+    let revision = store.peek_record(&group()).expect("record").revision;
+    // The first call after a failover finds its connection reset, and the rollback undid a mutex
+    // release: the operator retries.
+    let refused = retry_busy(|| c.admin(delete_at(revision))).await.expect_err("a may still read its shards");
+    assert_eq!(refused.code, ErrorCode::GroupNotEmpty, "{refused:?}");
+    let record = store.peek_record(&group()).expect("the group is still there");
+    let recorded: GroupMetadata = serde_json::from_str(&record.aggregate).expect("aggregate");
+    assert!(recorded.correction.is_some(), "the evidence was written: {recorded:?}");
+    assert!(recorded.members.is_empty(), "a's join was lost");
+}
+
+/// `call` again while it answers `STORE_UNAVAILABLE` (a reset connection, a mutex a rollback left
+/// held until its TTL), for up to 2 s.
+async fn retry_busy<T, F: std::future::Future<Output = Result<T, ApiError>>>(
+    mut call: impl FnMut() -> F,
+) -> Result<T, ApiError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match call().await {
+            Err(e) if e.code == ErrorCode::StoreUnavailable && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
+}
