@@ -1232,6 +1232,7 @@ fn primary(node: &str, replid: &str, slots: (u16, u16)) -> rsc::store::PrimaryId
         replication_id: replid.into(),
         slots: vec![slots],
         claimed: vec![slots],
+        handed: Vec::new(),
     }
 }
 

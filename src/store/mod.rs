@@ -296,6 +296,29 @@ pub struct PrimaryIdentity {
     /// every slot the view lists for it is disputed, the safe case (DESIGN §6).
     #[serde(default)]
     pub claimed: Vec<(u16, u16)>,
+    /// Inclusive slot ranges its own CLUSTER SLOTS names another node for, with that node (its id,
+    /// or `host:port` when the reply names no id): whom it handed them to, by its own account.
+    /// Empty when it claims nothing (a demoted primary vouches for nobody), and in an identity
+    /// recorded without it (a disowned slot is then disputed, the safe case).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub handed: Vec<(u16, u16, String)>,
+}
+
+impl PrimaryIdentity {
+    /// The node id in [`Self::node`] (`host:port/node id`), or `host:port` when it names none:
+    /// how other primaries' [`Self::handed`] name it.
+    pub fn node_key(&self) -> &str {
+        match self.node.split_once('/') {
+            Some((_, id)) if !id.is_empty() => id,
+            Some((address, _)) => address,
+            None => &self.node,
+        }
+    }
+
+    /// Whether its own account hands `slot` to `other`.
+    fn hands(&self, slot: u16, other: &PrimaryIdentity) -> bool {
+        self.handed.iter().any(|(start, end, to)| (*start..=*end).contains(&slot) && to == other.node_key())
+    }
 }
 
 impl ServerIdentity {
@@ -345,23 +368,24 @@ impl ServerIdentity {
 
     /// The primaries holding `slot` by this read's accounts, checked against each other:
     /// - one: the one the view lists, when it claims the slot itself; or, when the listed one
-    ///   disowns it but is a live primary (it claims other slots) and exactly one other listed
-    ///   primary claims it, that one — the node that answered the view had not yet learnt of a
-    ///   migration's handover, which both primaries have settled (`redis-cli --cluster reshard`
-    ///   updates the primaries one slot after another, replicas learn by gossip);
+    ///   disowns it but is a live primary (it claims other slots) whose own account hands it to
+    ///   the one other listed primary that claims it, that one — the node that answered the view
+    ///   had not yet learnt of a migration's handover, which both primaries have settled
+    ///   (`redis-cli --cluster reshard` updates the primaries one slot after another, replicas
+    ///   learn by gossip);
     /// - two: both claim it and the view lists one of them — a migration's handover under way
     ///   (the target took the slot, the source has not yet heard), or two primaries after a
     ///   partition; only the read before can tell (a promoted replica is new in it), so
     ///   [`Self::may_have_lost`] asks it;
     /// - none (disputed): no claimant, more than two, a listed primary that claims nothing (a
-    ///   demoted primary the view still lists) with a claimant beside it, a claimant the view
-    ///   lists nobody for; and on one server.
+    ///   demoted primary the view still lists) or that hands the slot to someone else than its
+    ///   one claimant, a claimant the view lists nobody for; and on one server.
     fn holders(&self, slot: u16) -> Vec<&PrimaryIdentity> {
         let claimants: Vec<&PrimaryIdentity> = self.primaries.iter().filter(|p| in_ranges(&p.claimed, slot)).collect();
         let Some(listed) = self.serving(slot) else { return Vec::new() };
         let lists = |p: &&PrimaryIdentity| std::ptr::eq(*p, listed);
         match claimants.as_slice() {
-            [one] if lists(one) || !listed.claimed.is_empty() => claimants,
+            [one] if lists(one) || (!listed.claimed.is_empty() && listed.hands(slot, one)) => claimants,
             [a, b] if lists(a) || lists(b) => claimants,
             _ => Vec::new(),
         }
@@ -811,6 +835,7 @@ mod tests {
             replication_id: replid.into(),
             slots: slots.to_vec(),
             claimed: slots.to_vec(),
+            handed: Vec::new(),
         }
     }
 
@@ -906,6 +931,10 @@ mod tests {
         assert!(!before.same_servers(&split), "a new primary is a change");
         assert!(before.may_have_lost(&split, 5461) && before.may_have_lost(&split, 10922));
         assert!(!before.may_have_lost(&split, 0) && !before.may_have_lost(&split, 16383));
+        // Two claimants the view lists neither of: a dispute.
+        let b_listed_less = PrimaryIdentity { slots: vec![(5462, 10922)], ..b.clone() };
+        let unlisted_pair = cluster(vec![claiming(&a, &[(0, 5461)]), b_listed_less, c.clone()]);
+        assert_eq!(unlisted_pair.disputed_slots(), vec![(5461, 5461)]);
         // Three claimants are a dispute whatever came before.
         let three_way = cluster(vec![claiming(&a, &[(0, 6000)]), b, claiming(&c, &[(5461, 5461), (10923, 16383)])]);
         assert_eq!(three_way.disputed_slots(), vec![(5461, 5461)]);
@@ -931,17 +960,27 @@ mod tests {
         // The view lists a for 5000..=5460; a, a live primary, says c serves them now, and c
         // agrees: the view's node has not yet learnt of the migration. Not disputed, served by c.
         let c_took = &[(5000, 5460), (10923, 16383)];
-        let stale = cluster(vec![claiming(&a, &[(0, 4999)]), b.clone(), claiming(&c, c_took)]);
+        let a_handed = PrimaryIdentity { handed: vec![(5000, 5460, "c".into())], ..claiming(&a, &[(0, 4999)]) };
+        let stale = cluster(vec![a_handed.clone(), b.clone(), claiming(&c, c_took)]);
         assert_eq!(stale.disputed_slots(), vec![]);
         assert!(before.same_servers(&stale));
         assert!(!before.may_have_lost(&stale, 5000) && !before.may_have_lost(&stale, 4999));
         // The same stale view while c failed over to d, whom the view already knows: 5000..=5460
         // are judged by their claimant d, a new server, so they count.
         let d = primary("d:1/d", "rd", "xd", &[(10923, 16383)]);
-        let stale_failed_over = cluster(vec![claiming(&a, &[(0, 4999)]), b.clone(), claiming(&d, c_took)]);
+        let a_handed_to_d = PrimaryIdentity { handed: vec![(5000, 5460, "d".into())], ..a_handed.clone() };
+        let stale_failed_over = cluster(vec![a_handed_to_d, b.clone(), claiming(&d, c_took)]);
         assert_eq!(stale_failed_over.disputed_slots(), vec![]);
         assert!(before.may_have_lost(&stale_failed_over, 5000) && before.may_have_lost(&stale_failed_over, 16383));
         assert!(!before.may_have_lost(&stale_failed_over, 4999));
+        // a handed them to c, but d claims them (c's replica, promoted behind a's back, while c has
+        // not heard yet... or anything else a's account does not explain): disputed.
+        let unexplained = cluster(vec![a_handed.clone(), b.clone(), claiming(&d, c_took)]);
+        assert_eq!(unexplained.disputed_slots(), vec![(5000, 5460)]);
+        assert!(before.may_have_lost(&unexplained, 5000));
+        // a disowns them without naming anyone (an identity recorded before `handed`): disputed.
+        let unnamed = cluster(vec![claiming(&a, &[(0, 4999)]), b.clone(), claiming(&c, c_took)]);
+        assert_eq!(unnamed.disputed_slots(), vec![(5000, 5460)]);
         // A listed primary that claims nothing (demoted) does not vouch for another claimant.
         let demoted = cluster(vec![claiming(&a, &[]), b.clone(), claiming(&c, &[(0, 5460), (10923, 16383)])]);
         assert_eq!(demoted.disputed_slots(), vec![(0, 5460)]);

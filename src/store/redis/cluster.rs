@@ -76,6 +76,29 @@ pub(super) fn own_claim(node: &Primary, own_view: &[Primary]) -> Vec<(u16, u16)>
     claimed
 }
 
+/// The slot ranges `node`'s own CLUSTER SLOTS reply (`own_view`, parsed) names another node for,
+/// with that node's id (its `host:port` when the reply names no id): whom it handed them to.
+pub(super) fn handed_by(node: &Primary, own_view: &[Primary]) -> Vec<(u16, u16, String)> {
+    let mine = |entry: &Primary| {
+        if node.node_id.is_empty() {
+            entry.host == node.host && entry.port == node.port
+        } else {
+            entry.node_id == node.node_id
+        }
+    };
+    let mut handed: Vec<(u16, u16, String)> = own_view
+        .iter()
+        .filter(|entry| !mine(entry))
+        .flat_map(|entry| {
+            let to =
+                if entry.node_id.is_empty() { format!("{}:{}", entry.host, entry.port) } else { entry.node_id.clone() };
+            entry.slots.iter().map(move |(start, end)| (*start, *end, to.clone()))
+        })
+        .collect();
+    handed.sort_unstable();
+    handed
+}
+
 impl RedisStore {
     /// Every primary serving at least one slot, as the node answering CLUSTER SLOTS sees them.
     pub(super) async fn cluster_primaries(&self) -> Result<Vec<Primary>, StoreError> {
@@ -166,9 +189,13 @@ impl RedisStore {
         let role = field(&replication, "replication", "role")?;
         let own_view: Value =
             self.on_node("CLUSTER SLOTS", primary, ::redis::cmd("CLUSTER").arg("SLOTS").clone()).await?;
-        let claimed =
-            if role == "master" { own_claim(primary, &parse_slots_primaries(&own_view)?) } else { Vec::new() };
-        Ok(PrimaryIdentity { node, run_id, replication_id, slots: primary.slots.clone(), claimed })
+        let (claimed, handed) = if role == "master" {
+            let own = parse_slots_primaries(&own_view)?;
+            (own_claim(primary, &own), handed_by(primary, &own))
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        Ok(PrimaryIdentity { node, run_id, replication_id, slots: primary.slots.clone(), claimed, handed })
     }
 
     pub(super) async fn node_info(&self, node: &Primary, section: &str) -> Result<String, StoreError> {
@@ -241,5 +268,16 @@ mod tests {
         let anonymous = Primary { node_id: String::new(), ..a.clone() };
         assert_eq!(own_claim(&anonymous, &own), vec![(0, 10), (11, 20)]);
         assert_eq!(own_claim(a, &[]), vec![]);
+        // Whom a's own reply names for the slots it does not claim: b, by id.
+        assert_eq!(handed_by(a, &own), vec![(21, 30, "b".to_string())]);
+        assert_eq!(handed_by(a, &replaced), vec![(0, 10, "a2".to_string())]);
+        // A reply without node ids names the node by address.
+        let by_address = parse_slots_primaries(&Value::Array(vec![Value::Array(vec![
+            Value::Int(21),
+            Value::Int(30),
+            node("127.0.0.1", 7002, ""),
+        ])]))
+        .expect("parses");
+        assert_eq!(handed_by(a, &by_address), vec![(21, 30, "127.0.0.1:7002".to_string())]);
     }
 }
