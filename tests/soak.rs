@@ -8,11 +8,12 @@
 //! under `SOAK_RSS_GROWTH_MAX_KIB`. At the end `/metrics` must hold no series of any soak group:
 //! that part is exact, the RSS bound is the end-to-end one.
 //!
-//! The defaults keep both tests under a minute on a busy 2-core machine (a few seconds each in a
-//! release build when it is idle); the figure is 10,000 cycles, about 10 s each in a
-//! release build: `SOAK_CYCLES=10000 cargo test --release --test soak -- --nocapture
-//! --test-threads 1` (figures and RSS samples are printed; 2026-12-04: growth after the warm-up
-//! 60 KiB on Redis and 112 KiB on the embedded store). Before this bound the Redis run grew about
+//! The defaults keep both tests under a minute on a busy 2-core machine (8–15 s each in a debug
+//! build); the figure is 10,000 cycles, about 40 s each in a release build (the deletes
+//! wait out the leaves' leases): `SOAK_CYCLES=10000 cargo test --release --test soak --
+//! --nocapture --test-threads 1` (figures and RSS samples are printed; 2026-12-04, with 64 left
+//! groups in flight: growth after the warm-up 88 KiB on Redis and 40 KiB on the embedded store).
+//! Before this bound the Redis run grew about
 //! 0.3 KiB and the embedded one about 4.4 KiB per cycle, which the `/metrics` check catches at any
 //! cycle count.
 //! `E2E_COORDINATOR_BIN=<path>` runs another build (an older commit's binary) for a before/after
