@@ -376,7 +376,9 @@ impl ServerIdentity {
     /// - two: both claim it and the view lists one of them — a migration's handover under way
     ///   (the target took the slot, the source has not yet heard), or two primaries after a
     ///   partition; only the read before can tell (a promoted replica is new in it), so
-    ///   [`Self::may_have_lost`] asks it;
+    ///   [`Self::may_have_lost`] asks it. Or neither claims it, the listed one (live) hands it to
+    ///   the other and the other (live) still names the listed one for it: the same handover
+    ///   the other way round (the source heard first);
     /// - none (disputed): no claimant, more than two, a listed primary that claims nothing (a
     ///   demoted primary the view still lists) or that hands the slot to someone else than its
     ///   one claimant, a claimant the view lists nobody for; and on one server.
@@ -384,9 +386,18 @@ impl ServerIdentity {
         let claimants: Vec<&PrimaryIdentity> = self.primaries.iter().filter(|p| in_ranges(&p.claimed, slot)).collect();
         let Some(listed) = self.serving(slot) else { return Vec::new() };
         let lists = |p: &&PrimaryIdentity| std::ptr::eq(*p, listed);
+        let live = |p: &PrimaryIdentity| !p.claimed.is_empty();
         match claimants.as_slice() {
-            [one] if lists(one) || (!listed.claimed.is_empty() && listed.hands(slot, one)) => claimants,
+            [one] if lists(one) || (live(listed) && listed.hands(slot, one)) => claimants,
             [a, b] if lists(a) || lists(b) => claimants,
+            // In flight: the listed primary handed it to another live listed primary that still
+            // names the listed one for it (the last `SETSLOT … NODE` reached the source first).
+            [] if live(listed) => {
+                match self.primaries.iter().find(|to| live(to) && listed.hands(slot, to) && to.hands(slot, listed)) {
+                    Some(to) => vec![listed, to],
+                    None => Vec::new(),
+                }
+            }
             _ => Vec::new(),
         }
     }
@@ -935,6 +946,21 @@ mod tests {
         let b_listed_less = PrimaryIdentity { slots: vec![(5462, 10922)], ..b.clone() };
         let unlisted_pair = cluster(vec![claiming(&a, &[(0, 5461)]), b_listed_less, c.clone()]);
         assert_eq!(unlisted_pair.disputed_slots(), vec![(5461, 5461)]);
+        // Nobody claims 5461..=6000: b (listed) names a for them, and a still names b: a handover
+        // whose last SETSLOT reached the source b first. Held by both, no change, nothing lost.
+        let b_handed = PrimaryIdentity { handed: vec![(5461, 6000, "a".into())], ..claiming(&b, &[(6001, 10922)]) };
+        let a_still_names_b = PrimaryIdentity { handed: vec![(5461, 10922, "b".into())], ..a.clone() };
+        let in_flight = cluster(vec![a_still_names_b.clone(), b_handed.clone(), c.clone()]);
+        assert_eq!(in_flight.disputed_slots(), vec![]);
+        assert!(before.same_servers(&in_flight));
+        assert!(!before.may_have_lost(&in_flight, 5461) && !in_flight.may_have_lost(&handover, 5461));
+        // If a does not name b back (it heard of another owner), or b claims nothing (demoted):
+        // disputed.
+        let a_names_c = PrimaryIdentity { handed: vec![(5461, 10922, "c".into())], ..a.clone() };
+        let crossed = cluster(vec![a_names_c, b_handed.clone(), c.clone()]);
+        assert_eq!(crossed.disputed_slots(), vec![(5461, 6000)]);
+        let b_demoted = PrimaryIdentity { claimed: vec![], ..b_handed };
+        assert_eq!(cluster(vec![a_still_names_b, b_demoted, c.clone()]).disputed_slots(), vec![(5461, 10922)]);
         // Three claimants are a dispute whatever came before.
         let three_way = cluster(vec![claiming(&a, &[(0, 6000)]), b, claiming(&c, &[(5461, 5461), (10923, 16383)])]);
         assert_eq!(three_way.disputed_slots(), vec![(5461, 5461)]);
