@@ -337,13 +337,12 @@ impl ServerIdentity {
     /// `master_replid`: a promoted replica takes a new replication id), [held](Self::holders)
     /// `slot` alone in both reads: the failover of one primary costs writes only to the slots it
     /// served. Nor when `slot` moved, or was being handed over in either read, between primaries
-    /// that are all still there unchanged — every primary of `self` listed unchanged by `newer`,
-    /// and every holder in `newer` listed unchanged by `self`: that is a migration, and MIGRATE
-    /// moves keys synchronously, losing nothing. A failover or restart of any primary between the
-    /// two reads makes a moved slot count (its keys may have passed through that primary), and so
-    /// does a holder the earlier read did not list unchanged (a promoted replica claiming a slot
-    /// beside its deposed primary is what a lost write looks like from outside). A slot either
-    /// read found disputed or unserved counts.
+    /// that are all still there unchanged — the two reads list the same primaries, each with the
+    /// same `run_id` and replication id: that is a migration, and MIGRATE moves keys
+    /// synchronously, losing nothing. A failover, restart, addition or removal of any primary
+    /// between the two reads makes a moved slot count (its keys may have passed through that
+    /// primary: a promoted replica claiming a slot beside its deposed primary is what a lost write
+    /// looks like from outside). A slot either read found disputed or unserved counts.
     pub fn may_have_lost(&self, newer: &ServerIdentity, slot: u16) -> bool {
         let (before, after) = (self.holders(slot), newer.holders(slot));
         match (before.as_slice(), after.as_slice()) {
@@ -353,7 +352,7 @@ impl ServerIdentity {
             }
             _ => {
                 !(self.primaries.iter().all(|p| newer.lists_unchanged(p))
-                    && after.iter().all(|p| self.lists_unchanged(p)))
+                    && newer.primaries.iter().all(|p| self.lists_unchanged(p)))
             }
         }
     }
@@ -387,6 +386,17 @@ impl ServerIdentity {
         let Some(listed) = self.serving(slot) else { return Vec::new() };
         let lists = |p: &&PrimaryIdentity| std::ptr::eq(*p, listed);
         let live = |p: &PrimaryIdentity| !p.claimed.is_empty();
+        // A live primary whose own account names, for this slot, a node the view does not list
+        // (a replica promoted on the other side of a partition, say): the view is from the side
+        // that has not heard, and its claimants cannot be trusted.
+        let unknown_owner = self.primaries.iter().filter(|p| live(p)).any(|p| {
+            p.handed.iter().any(|(start, end, to)| {
+                (*start..=*end).contains(&slot) && !self.primaries.iter().any(|q| q.node_key() == to)
+            })
+        });
+        if unknown_owner {
+            return Vec::new();
+        }
         match claimants.as_slice() {
             [one] if lists(one) || (live(listed) && listed.hands(slot, one)) => claimants,
             [a, b] if lists(a) || lists(b) => claimants,
@@ -903,6 +913,14 @@ mod tests {
             primary("d:1/d", "rd", "xd", &[(10923, 16383)]),
         ]);
         assert!(before.may_have_lost(&migrated_and_failed_over, 5460));
+        // A primary added between the reads (it may have held the slot on the way): counts too.
+        let via_new = cluster(vec![
+            primary("a:1/a", "ra", "xa", &[(0, 5459)]),
+            primary("b:1/b", "rb", "xb", &[(5460, 10922)]),
+            c.clone(),
+            primary("e:1/e", "re", "xe", &[]),
+        ]);
+        assert!(before.may_have_lost(&via_new, 5460) && !before.may_have_lost(&via_new, 5459));
         assert!(!before.may_have_lost(&migrated_and_failed_over, 5459));
         assert!(before.may_have_lost(&migrated_and_failed_over, 16383));
         // An unserved slot, and one server (no slot map), always count as lost.
@@ -961,6 +979,27 @@ mod tests {
         assert_eq!(crossed.disputed_slots(), vec![(5461, 6000)]);
         let b_demoted = PrimaryIdentity { claimed: vec![], ..b_handed };
         assert_eq!(cluster(vec![a_still_names_b, b_demoted, c.clone()]).disputed_slots(), vec![(5461, 10922)]);
+        // A listed primary that claims nothing does not vouch, even naming the claimant; nor does
+        // an in-flight target that claims nothing.
+        let b_demoted_naming_a =
+            PrimaryIdentity { claimed: vec![], handed: vec![(5461, 10922, "a".into())], ..b.clone() };
+        let b_demoted = cluster(vec![a.clone(), b_demoted_naming_a, c.clone()]);
+        assert_eq!(b_demoted.disputed_slots(), vec![(5461, 10922)]);
+        let a_demoted_naming_b =
+            PrimaryIdentity { claimed: vec![], handed: vec![(5461, 6000, "b".into())], ..a.clone() };
+        let b_handing_to_a =
+            PrimaryIdentity { handed: vec![(5461, 6000, "a".into())], ..claiming(&b, &[(6001, 10922)]) };
+        assert_eq!(
+            cluster(vec![a_demoted_naming_b, b_handing_to_a, c.clone()]).disputed_slots(),
+            vec![(0, 6000)],
+            "a claims nothing: its own slots and the in-flight ones are disputed"
+        );
+        // c's own account names for b's slots a node the view does not list (b's replica,
+        // promoted on the other side of a partition): the view's side has not heard, disputed.
+        let c_names_e = PrimaryIdentity { handed: vec![(5461, 10922, "e".into())], ..c.clone() };
+        let behind = cluster(vec![a.clone(), b.clone(), c_names_e]);
+        assert_eq!(behind.disputed_slots(), vec![(5461, 10922)]);
+        assert!(before.may_have_lost(&behind, 7000) && !before.may_have_lost(&behind, 0));
         // Three claimants are a dispute whatever came before.
         let three_way = cluster(vec![claiming(&a, &[(0, 6000)]), b, claiming(&c, &[(5461, 5461), (10923, 16383)])]);
         assert_eq!(three_way.disputed_slots(), vec![(5461, 5461)]);
