@@ -4,18 +4,8 @@
 
 use rsc::core::protocol::ApiError;
 
-use super::held::HeldStore;
+use super::stalled::stalling;
 use super::*;
-
-fn held(store: &MemoryStore, id: &str) -> Coordinator<HeldStore> {
-    let options = CoordinatorOptions {
-        instance_id: id.into(),
-        mutex_ttl_ms: 50,
-        max_assignment_lease_ms: fast_config().assignment_lease_ms,
-        ..CoordinatorOptions::default()
-    };
-    Coordinator::new(HeldStore::new(store.connect()), options)
-}
 
 fn delete_at(revision: u64) -> AdminRequest {
     AdminRequest::DeleteGroup { group: group(), expected_revision: revision }
@@ -32,7 +22,7 @@ async fn a_delete_judges_the_record_it_deletes_not_the_one_it_decided_on() {
     let change = AdminRequest::ChangeConfig { group: group(), expected_revision: 1, config: fast_config() };
     c1.admin(change).await.expect("an empty group's config change: revision 2");
 
-    let c2 = held(&store, "c2");
+    let c2 = stalling(&store, "c2");
     // The decision's read goes through; the delete's own read (the next one) is held.
     let resume = c2.store().stall_load(1);
     let deleting = tokio::spawn({

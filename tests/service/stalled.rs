@@ -13,7 +13,7 @@ use super::*;
 
 /// A coordinator on a [`HeldStore`], with the 50 ms mutex TTL of [`short_mutex`]: its stall
 /// outlasts its mutex, which is exactly when only the write condition keeps its write out.
-fn stalling(store: &MemoryStore, id: &str) -> Coordinator<HeldStore> {
+pub(super) fn stalling(store: &MemoryStore, id: &str) -> Coordinator<HeldStore> {
     let options = CoordinatorOptions {
         instance_id: id.into(),
         mutex_ttl_ms: 50,
