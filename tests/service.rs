@@ -1233,6 +1233,8 @@ fn primary(node: &str, replid: &str, slots: (u16, u16)) -> rsc::store::PrimaryId
         slots: vec![slots],
         claimed: vec![slots],
         handed: Vec::new(),
+        migrating: Vec::new(),
+        importing: Vec::new(),
     }
 }
 

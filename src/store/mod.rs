@@ -302,6 +302,17 @@ pub struct PrimaryIdentity {
     /// recorded without it (a disowned slot is then disputed, the safe case).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub handed: Vec<(u16, u16, String)>,
+    /// Slots its own account says it is migrating (`CLUSTER NODES`, `[slot->-id]` on its own
+    /// line), each with the node it migrates them to: keys of such a slot may already live on that
+    /// node, written there through `ASK` or moved by `MIGRATE`, before the slot is handed over.
+    /// Empty when it claims nothing, when the coordinator may not run `CLUSTER NODES` (only
+    /// `CLUSTER SLOTS`, which shows no migration), and in an identity recorded without it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub migrating: Vec<(u16, String)>,
+    /// Slots its own account says it is importing (`[slot-<-id]`), each with the node it imports
+    /// them from. Empty in the same cases as [`Self::migrating`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub importing: Vec<(u16, String)>,
 }
 
 impl PrimaryIdentity {
@@ -397,7 +408,7 @@ impl ServerIdentity {
         if unknown_owner {
             return Vec::new();
         }
-        match claimants.as_slice() {
+        let holders = match claimants.as_slice() {
             [one] if lists(one) || (live(listed) && listed.hands(slot, one)) => claimants,
             [a, b] if lists(a) || lists(b) => claimants,
             // In flight: the listed primary handed it to another live listed primary that still
@@ -409,7 +420,41 @@ impl ServerIdentity {
                 }
             }
             _ => Vec::new(),
+        };
+        self.with_migration(slot, holders)
+    }
+
+    /// `holders` of `slot`, joined by the primaries a migration of it involves: the node a holder
+    /// migrates it to (its keys may already be there, moved by `MIGRATE` or written through
+    /// `ASK`, so a failover of that node can lose them while the slot is still listed for the
+    /// unchanged source) and a listed primary importing it from a holder. Disputed (none) when a
+    /// holder migrates it to a node that is not a live listed primary: a node this read has no
+    /// identity for (a new, still empty node, or the demoted target of a failover) cannot be
+    /// compared with the next read's.
+    fn with_migration<'a>(&'a self, slot: u16, mut holders: Vec<&'a PrimaryIdentity>) -> Vec<&'a PrimaryIdentity> {
+        let live = |p: &PrimaryIdentity| !p.claimed.is_empty();
+        let mut next = 0;
+        while let Some(holder) = holders.get(next).copied() {
+            next += 1;
+            for (_, to) in holder.migrating.iter().filter(|(s, _)| *s == slot) {
+                match self.primaries.iter().find(|p| p.node_key() == to) {
+                    Some(target) if live(target) => {
+                        if !holders.iter().any(|h| std::ptr::eq(*h, target)) {
+                            holders.push(target);
+                        }
+                    }
+                    _ => return Vec::new(),
+                }
+            }
         }
+        let importers: Vec<&PrimaryIdentity> = self
+            .primaries
+            .iter()
+            .filter(|p| live(p) && !holders.iter().any(|h| std::ptr::eq(*h, *p)))
+            .filter(|p| p.importing.iter().any(|(s, from)| *s == slot && holders.iter().any(|h| h.node_key() == from)))
+            .collect();
+        holders.extend(importers);
+        holders
     }
 
     /// Whether this read lists `primary` (same node) with the same `run_id` and replication id.
@@ -857,6 +902,8 @@ mod tests {
             slots: slots.to_vec(),
             claimed: slots.to_vec(),
             handed: Vec::new(),
+            migrating: Vec::new(),
+            importing: Vec::new(),
         }
     }
 
@@ -929,6 +976,54 @@ mod tests {
         let single = ServerIdentity { run_id: "r".into(), replication_id: "x".into(), primaries: Vec::new() };
         let restarted = ServerIdentity { run_id: "r2".into(), ..single.clone() };
         assert!(single.may_have_lost(&restarted, 0) && single.may_have_lost(&single, 0));
+    }
+
+    #[test]
+    fn a_failover_of_a_migrations_target_may_have_lost_the_slot_the_source_still_serves() {
+        let [a, b, c] = three();
+        let before = cluster(vec![a.clone(), b.clone(), c.clone()]);
+        // Slot 7000 is migrating from b to c: b still claims it and the view lists b, but keys may
+        // already be on c (moved by MIGRATE, or written there through ASK).
+        let b_migrating = PrimaryIdentity { migrating: vec![(7000, "c".into())], ..b.clone() };
+        let c_importing = PrimaryIdentity { importing: vec![(7000, "b".into())], ..c.clone() };
+        let during = cluster(vec![a.clone(), b_migrating.clone(), c_importing.clone()]);
+        assert_eq!(during.disputed_slots(), vec![], "a migration between listed primaries is no dispute");
+        assert!(before.same_servers(&during) && !before.may_have_lost(&during, 7000));
+        // Either side's account alone names the target (the importer is set first, the source second).
+        for one_side in [
+            cluster(vec![a.clone(), b_migrating.clone(), c.clone()]),
+            cluster(vec![a.clone(), b.clone(), c_importing.clone()]),
+        ] {
+            assert_eq!(one_side.holders(7000).len(), 2, "{one_side:?}");
+        }
+        // c fails over (its replica d takes its slots, with a new replication id) while the slot is
+        // still listed for b: the keys already on c may be lost, so the slot counts; b's other slots
+        // and a's do not.
+        let d = primary("d:1/d", "rd", "xd", &[(10923, 16383)]);
+        let after = cluster(vec![a.clone(), b_migrating.clone(), d.clone()]);
+        assert!(during.may_have_lost(&after, 7000) && during.may_have_lost(&after, 12000));
+        assert!(!during.may_have_lost(&after, 7001) && !during.may_have_lost(&after, 100));
+        // The read after the failover alone says as much: b migrates the slot to a node it does not
+        // list, so the slot is disputed (even to a reader that never saw the migration start).
+        assert_eq!(after.disputed_slots(), vec![(7000, 7000)]);
+        assert!(before.may_have_lost(&after, 7000) && !before.may_have_lost(&after, 7001));
+        // The migration ends between unchanged primaries: nothing lost, no change.
+        let settled = cluster(vec![
+            a.clone(),
+            claiming(
+                &PrimaryIdentity { slots: vec![(5461, 6999), (7001, 10922)], ..b.clone() },
+                &[(5461, 6999), (7001, 10922)],
+            ),
+            claiming(
+                &PrimaryIdentity { slots: vec![(7000, 7000), (10923, 16383)], ..c.clone() },
+                &[(7000, 7000), (10923, 16383)],
+            ),
+        ]);
+        assert!(during.same_servers(&settled) && !during.may_have_lost(&settled, 7000));
+        // A target that claims nothing (a demoted primary, or a listed node with no slot) has no
+        // identity to compare: disputed.
+        let c_demoted = PrimaryIdentity { claimed: vec![], ..c };
+        assert_eq!(cluster(vec![a, b_migrating, c_demoted]).holders(7000), Vec::<&PrimaryIdentity>::new());
     }
 
     #[test]

@@ -192,8 +192,10 @@ async fn acl_story(user: AclUser) {
 }
 
 /// The README's two users on a Redis Cluster, created on every node as the README says, with
-/// `+cluster|slots` added: the coordinator and the clients run the fenced flow with nothing denied
-/// on any node. (Without `+cluster|slots` the coordinator cannot read the slot map and exits 3.)
+/// `+cluster|slots` added to both and `+cluster|nodes` to the coordinator's: the coordinator and
+/// the clients run the fenced flow with nothing denied on any node. (Without `+cluster|slots` the
+/// coordinator cannot read the slot map and exits 3; without `+cluster|nodes` it warns and falls
+/// back to CLUSTER SLOTS, `store_contract::cluster`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_readme_users_run_the_whole_fenced_flow_on_a_cluster() {
     const SHARDS: u32 = 6;
@@ -208,6 +210,7 @@ async fn the_readme_users_run_the_whole_fenced_flow_on_a_cluster() {
         for user in ["rsc-coordinator", "rsc-client"] {
             node.cmd(&["ACL", "SETUSER", user, "+cluster|slots"]);
         }
+        node.cmd(&["ACL", "SETUSER", "rsc-coordinator", "+cluster|nodes"]);
         node.cmd(&["ACL", "LOG", "RESET"]);
     }
     let seeds = |user: &str| -> Vec<String> {

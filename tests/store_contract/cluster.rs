@@ -100,6 +100,83 @@ async fn a_slot_migration_keeps_the_identity_and_a_takeover_changes_it() {
     assert!(store.load(&group).await.expect("load after the takeover").is_some());
 }
 
+/// A reshard's target that fails over before the handover settles: the keys `MIGRATE` already
+/// moved to it are lost with it, while the slot map still lists the slot for the unchanged source.
+/// Each primary's own CLUSTER NODES names the migration, so the target is a holder of the slot
+/// from the moment it starts, and its failover counts the slot as possibly lost. A user that may
+/// not run CLUSTER NODES (an ACL with `+cluster|slots` only) still gets an identity, from CLUSTER
+/// SLOTS, which cannot see the migration: the gap DESIGN §11 names for such ACLs.
+#[tokio::test]
+async fn a_failover_of_a_migrations_target_may_have_lost_the_slot_its_source_still_serves() {
+    let cluster = RedisCluster::start(3, 1);
+    for node in cluster.servers() {
+        node.cmd(&["ACL", "SETUSER", "slots-only", "on", ">slots-only-pw", "~*", "&*", "+@all", "-cluster|nodes"]);
+    }
+    let store = store_on(&cluster).await;
+    let slots_only_seeds: Vec<String> =
+        cluster.servers().iter().map(|n| format!("redis://slots-only:slots-only-pw@127.0.0.1:{}", n.port())).collect();
+    let slots_only =
+        RedisStore::connect_cluster(&slots_only_seeds, RedisStoreOptions::default()).await.expect("connect");
+    let group = GroupId::new("orders", "moving");
+    assert_eq!(store.write(&group, create("v1")).await, Ok(written(1)));
+    let metadata = keys::metadata_key(&group);
+    let slot = keys::group_slot(&group);
+    let source = cluster.node_for_key(&metadata).port();
+    let target = cluster.primaries().into_iter().find(|p| p.port() != source).expect("another primary").port();
+    let before = store.identity().await.expect("identity");
+
+    let slot_move = cluster.begin_slot_move(slot, cluster.server(target)).expect("another primary's slot");
+    let during = store.identity().await.expect("identity during the migration");
+    let named = |identity: &rsc::store::ServerIdentity| {
+        identity.primaries.iter().any(|p| p.migrating.iter().any(|(s, _)| *s == slot))
+            && identity.primaries.iter().any(|p| p.importing.iter().any(|(s, _)| *s == slot))
+    };
+    assert!(named(&during), "both primaries' accounts name the migration: {during:?}");
+    assert_eq!(during.disputed_slots(), vec![], "a migration between listed primaries is no dispute");
+    assert!(before.same_servers(&during) && !before.may_have_lost(&during, slot), "a migration alone loses nothing");
+    let blind_during = slots_only.identity().await.expect("an identity without CLUSTER NODES");
+    assert!(!named(&blind_during), "CLUSTER SLOTS shows no migration: {blind_during:?}");
+
+    // The target's replica stops receiving writes; the group's keys move to the target; the
+    // replica takes over. The slot map still lists the slot for the source throughout.
+    let replica = cluster.replicas_of(cluster.server(target))[0].port();
+    cluster.cut_replication(cluster.server(target));
+    assert!(cluster.migrate_slot_keys(&slot_move, 100) > 0, "the group's keys move to the target");
+    let slot_text = slot.to_string();
+    let keys_on = |port: u16| cluster.server(port).cmd(&["CLUSTER", "COUNTKEYSINSLOT", &slot_text]);
+    assert_eq!(keys_on(source), redis::Value::Int(0), "the source gave the slot's keys away");
+    assert_ne!(keys_on(target), redis::Value::Int(0), "the target holds them");
+    assert_eq!(keys_on(replica), redis::Value::Int(0), "the target's replica never got them");
+    let blind_before_failover = slots_only.identity().await.expect("identity");
+    cluster.failover_takeover(cluster.server(replica));
+    assert_eq!(cluster.owner_of_slot(slot).port(), source, "the slot is still listed for the source");
+
+    let mut after = None;
+    for _ in 0..20 {
+        match store.identity().await {
+            Ok(identity) if !identity.same_servers(&during) => {
+                after = Some(identity);
+                break;
+            }
+            Ok(_) | Err(StoreError::Unavailable(_)) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            Err(other) => panic!("identity after the takeover: {other:?}"),
+        }
+    }
+    let after = after.expect("the takeover changes the identity");
+    assert!(during.may_have_lost(&after, slot), "the keys on the failed target are evidence: {after:?}");
+    // A reader that saw no migration before (it started and the target failed between two of its
+    // reads) learns it from the source's own account: a migration to a node no longer serving.
+    assert!(before.may_have_lost(&after, slot));
+    let elsewhere = (0..keys::CLUSTER_SLOTS)
+        .find(|s| ![source, target, replica].contains(&cluster.owner_of_slot(*s).port()))
+        .expect("a slot of the third primary");
+    assert!(!during.may_have_lost(&after, elsewhere), "slot {elsewhere} stayed on an unchanged primary");
+    // Without CLUSTER NODES the loss is invisible: the slot stayed with its unchanged source.
+    let blind_after = slots_only.identity().await.expect("identity");
+    assert!(!blind_before_failover.same_servers(&blind_after), "the takeover itself is still seen");
+    assert!(!blind_before_failover.may_have_lost(&blind_after, slot), "but not as a loss in the migrating slot");
+}
+
 /// A primary that stops claiming a slot by its own account (`CLUSTER DELSLOTS` on it alone, which
 /// the other nodes do not learn of: their views keep listing it) leaves the slot disputed, whichever
 /// node answers the view: a change of identity that may have lost that slot's writes and no

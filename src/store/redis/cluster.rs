@@ -100,11 +100,87 @@ pub(super) fn handed_by(node: &Primary, own_view: &[Primary]) -> Vec<(u16, u16, 
     handed
 }
 
-/// The text of an INFO reply (RESP3 answers a verbatim string).
-fn info_text(reply: &Value, section: &str) -> Result<String, StoreError> {
+/// A node's own account from its `CLUSTER NODES` reply: whom it knows to serve which slots, and
+/// the migrations it takes part in (which CLUSTER SLOTS does not show).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct NodesAccount {
+    /// The answering node's id (its `myself` line).
+    pub myself: String,
+    /// Every node it lists with slots, by id and address, sorted: the same shape as a parsed
+    /// CLUSTER SLOTS reply, so [`own_claim`] and [`handed_by`] read either.
+    pub owners: Vec<Primary>,
+    /// `[slot->-id]` on its own line: slots it migrates, each with the target's id.
+    pub migrating: Vec<(u16, String)>,
+    /// `[slot-<-id]` on its own line: slots it imports, each with the source's id.
+    pub importing: Vec<(u16, String)>,
+}
+
+/// Parses a `CLUSTER NODES` reply: one line per node, `<id> <ip:port@cport[,hostname]> <flags>
+/// <primary> <ping-sent> <pong-recv> <config-epoch> <link-state> <slot>...`, where a slot is `N`,
+/// `N-M`, or on the answering node's own line `[N->-id]` (migrating) or `[N-<-id]` (importing).
+pub(super) fn parse_cluster_nodes(reply: &str) -> Result<NodesAccount, StoreError> {
+    let bad = |line: &str| StoreError::Protocol(format!("CLUSTER NODES: unexpected line {line:?}"));
+    let slot = |text: &str| text.parse::<u16>().ok().filter(|s| *s < crate::store::keys::CLUSTER_SLOTS);
+    let mut account = NodesAccount::default();
+    let mut owners: BTreeMap<(String, u16, String), Vec<(u16, u16)>> = BTreeMap::new();
+    for line in reply.lines().map(str::trim).filter(|line| !line.is_empty()) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(id), Some(address), Some(flags)) = (fields.first(), fields.get(1), fields.get(2)) else {
+            return Err(bad(line));
+        };
+        if fields.len() < 8 {
+            return Err(bad(line));
+        }
+        let myself = flags.split(',').any(|flag| flag == "myself");
+        if myself {
+            account.myself = id.to_string();
+        }
+        let (host, port) = address
+            .split(['@', ','])
+            .next()
+            .and_then(|hostport| hostport.rsplit_once(':'))
+            .and_then(|(host, port)| Some((host.to_string(), port.parse::<u16>().ok()?)))
+            .ok_or_else(|| bad(line))?;
+        for token in &fields[8..] {
+            if let Some(inner) = token.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
+                let (list, at, other) = if let Some((at, to)) = inner.split_once("->-") {
+                    (&mut account.migrating, at, to)
+                } else if let Some((at, from)) = inner.split_once("-<-") {
+                    (&mut account.importing, at, from)
+                } else {
+                    return Err(bad(line));
+                };
+                // Only the answering node lists its own migrations; another line's would not be
+                // its account.
+                if myself {
+                    list.push((slot(at).ok_or_else(|| bad(line))?, other.to_string()));
+                }
+                continue;
+            }
+            let (start, end) = match token.split_once('-') {
+                Some((start, end)) => (slot(start), slot(end)),
+                None => (slot(token), slot(token)),
+            };
+            let (Some(start), Some(end)) = (start, end) else { return Err(bad(line)) };
+            owners.entry((host.clone(), port, id.to_string())).or_default().push((start, end));
+        }
+    }
+    if account.myself.is_empty() {
+        return Err(StoreError::Protocol("CLUSTER NODES: no line is marked myself".into()));
+    }
+    account.owners =
+        owners.into_iter().map(|((host, port, node_id), slots)| Primary { host, port, node_id, slots }).collect();
+    account.migrating.sort_unstable();
+    account.importing.sort_unstable();
+    Ok(account)
+}
+
+/// The text of an INFO or CLUSTER NODES reply (RESP3 answers a verbatim string); `command` names
+/// it in the error.
+fn reply_text(reply: &Value, command: &str) -> Result<String, StoreError> {
     match reply {
         Value::VerbatimString { text, .. } => Ok(text.clone()),
-        other => text(other).ok_or_else(|| StoreError::Protocol(format!("INFO {section}: unexpected reply"))),
+        other => text(other).ok_or_else(|| StoreError::Protocol(format!("{command}: unexpected reply"))),
     }
 }
 
@@ -133,12 +209,14 @@ impl RedisStore {
             .conn
             .run(Lane::Shared, command, 0, |c: Conn| async move {
                 match c {
+                    // A command routed to one node answers a server error (NOPERM, a syntax
+                    // error) as a value; it is the command's failure, mapped like any other.
                     Conn::Cluster(mut cluster) => {
-                        let value = cluster.route_command(cmd, routing).await?;
+                        let value = cluster.route_command(cmd, routing).await?.extract_error()?;
                         Ok((value, Conn::Cluster(cluster)))
                     }
                     Conn::Single(mut single) => {
-                        let value: Value = cmd.query_async(&mut single).await?;
+                        let value: Value = cmd.query_async::<Value>(&mut single).await?.extract_error()?;
                         Ok((value, Conn::Single(single)))
                     }
                 }
@@ -182,9 +260,10 @@ impl RedisStore {
         Ok(ServerIdentity { run_id: join(|p| &p.run_id), replication_id: join(|p| &p.replication_id), primaries })
     }
 
-    /// INFO `server` and `replication` and CLUSTER SLOTS of one primary the view lists, asked of
-    /// that node itself. One whose own INFO does not say `role:master` (a demoted primary the view
-    /// still lists) claims nothing.
+    /// INFO `server` and `replication` and CLUSTER NODES (CLUSTER SLOTS where that is denied) of one
+    /// primary the view lists, asked of that node itself. One whose own INFO does not say
+    /// `role:master` (a demoted primary the view still lists) claims nothing, and is asked nothing
+    /// more.
     async fn primary_identity(&self, primary: &Primary) -> Result<PrimaryIdentity, StoreError> {
         let node = format!("{}:{}/{}", primary.host, primary.port, primary.node_id);
         let (server, replication) = self.node_server_replication(primary).await?;
@@ -195,20 +274,68 @@ impl RedisStore {
         let run_id = field(&server, "server", "run_id")?;
         let replication_id = field(&replication, "replication", "master_replid")?;
         let role = field(&replication, "replication", "role")?;
-        let own_view: Value =
-            self.on_node("CLUSTER SLOTS", primary, ::redis::cmd("CLUSTER").arg("SLOTS").clone()).await?;
-        let (claimed, handed) = if role == "master" {
-            let own = parse_slots_primaries(&own_view)?;
-            (own_claim(primary, &own), handed_by(primary, &own))
-        } else {
-            (Vec::new(), Vec::new())
+        let mut identity = PrimaryIdentity {
+            node,
+            run_id,
+            replication_id,
+            slots: primary.slots.clone(),
+            claimed: Vec::new(),
+            handed: Vec::new(),
+            migrating: Vec::new(),
+            importing: Vec::new(),
         };
-        Ok(PrimaryIdentity { node, run_id, replication_id, slots: primary.slots.clone(), claimed, handed })
+        if role != "master" {
+            return Ok(identity);
+        }
+        match self.own_account(primary).await? {
+            Some(account) => {
+                identity.claimed = own_claim(primary, &account.owners);
+                identity.handed = handed_by(primary, &account.owners);
+                // Its own line's migrations, when the node answering is the one the view lists.
+                if primary.node_id.is_empty() || account.myself == primary.node_id {
+                    identity.migrating = account.migrating;
+                    identity.importing = account.importing;
+                }
+            }
+            None => {
+                let own_view: Value =
+                    self.on_node("CLUSTER SLOTS", primary, ::redis::cmd("CLUSTER").arg("SLOTS").clone()).await?;
+                let own = parse_slots_primaries(&own_view)?;
+                identity.claimed = own_claim(primary, &own);
+                identity.handed = handed_by(primary, &own);
+            }
+        }
+        Ok(identity)
+    }
+
+    /// `primary`'s own CLUSTER NODES, parsed; `None` when this user may not run it (an ACL from
+    /// before it was needed: `+cluster|slots` only), remembered so that later checks ask for
+    /// CLUSTER SLOTS at once, and warned of once: the identity then sees no migration, so a
+    /// failover of a reshard's target before the handover settles is not evidence (DESIGN §11).
+    async fn own_account(&self, primary: &Primary) -> Result<Option<NodesAccount>, StoreError> {
+        if self.inner.cluster_nodes_denied.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        match self.on_node::<Value>("CLUSTER NODES", primary, ::redis::cmd("CLUSTER").arg("NODES").clone()).await {
+            Ok(reply) => Ok(Some(parse_cluster_nodes(&reply_text(&reply, "CLUSTER NODES")?)?)),
+            Err(StoreError::Unsupported { detail, .. }) => {
+                if !self.inner.cluster_nodes_denied.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        %detail,
+                        "CLUSTER NODES is denied: the store identity falls back to CLUSTER SLOTS and cannot see slot \
+                         migrations, so a failover of a reshard's target before its handover is not read as lost \
+                         writes; add '+cluster|nodes' to the coordinator's ACL user on every node"
+                    );
+                }
+                Ok(None)
+            }
+            Err(other) => Err(other),
+        }
     }
 
     pub(super) async fn node_info(&self, node: &Primary, section: &str) -> Result<String, StoreError> {
         let reply: Value = self.on_node("INFO", node, ::redis::cmd("INFO").arg(section).clone()).await?;
-        info_text(&reply, section)
+        reply_text(&reply, &format!("INFO {section}"))
     }
 
     /// INFO `server` and `replication` of one node: one INFO naming both (Redis 7.0+), as on one
@@ -220,7 +347,7 @@ impl RedisStore {
             let both = ::redis::cmd("INFO").arg("server").arg("replication").clone();
             match self.on_node::<Value>("INFO", node, both).await {
                 Ok(reply) => {
-                    let both = info_text(&reply, "server replication")?;
+                    let both = reply_text(&reply, "INFO server replication")?;
                     if super::probe::info_field(&both, "master_replid").is_some() {
                         return Ok((both.clone(), both));
                     }
@@ -307,5 +434,52 @@ mod tests {
         ])]))
         .expect("parses");
         assert_eq!(handed_by(a, &by_address), vec![(21, 30, "127.0.0.1:7002".to_string())]);
+    }
+
+    #[test]
+    fn cluster_nodes_name_each_owner_and_the_answering_nodes_own_migrations() {
+        let reply = "\
+e7d1 127.0.0.1:7002@17002,host-b master - 0 1426238316232 2 connected 5461-10922 [12000-<-c9f1]
+a1b2 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460 [100->-e7d1] [5461-<-e7d1]
+07c3 127.0.0.1:7004@17004 slave a1b2 0 1426238317239 4 connected
+c9f1 ::1:7003@17003 master,fail - 1 1 3 disconnected 10923-16383 12
+";
+        let account = parse_cluster_nodes(reply).expect("parses");
+        assert_eq!(account.myself, "a1b2");
+        let owner = |host: &str, port: u16, id: &str, slots: &[(u16, u16)]| Primary {
+            host: host.into(),
+            port,
+            node_id: id.into(),
+            slots: slots.to_vec(),
+        };
+        assert_eq!(
+            account.owners,
+            vec![
+                owner("127.0.0.1", 7001, "a1b2", &[(0, 5460)]),
+                owner("127.0.0.1", 7002, "e7d1", &[(5461, 10922)]),
+                owner("::1", 7003, "c9f1", &[(10923, 16383), (12, 12)]),
+            ]
+        );
+        // Only the answering node's own line speaks for its migrations.
+        assert_eq!(account.migrating, vec![(100, "e7d1".to_string())]);
+        assert_eq!(account.importing, vec![(5461, "e7d1".to_string())]);
+        // own_claim and handed_by read it as they read CLUSTER SLOTS.
+        let me = &account.owners[0];
+        assert_eq!(own_claim(me, &account.owners), vec![(0, 5460)]);
+        assert_eq!(
+            handed_by(me, &account.owners),
+            vec![(12, 12, "c9f1".into()), (5461, 10922, "e7d1".into()), (10923, 16383, "c9f1".into())]
+        );
+        // A reply it cannot read is an error, not an empty account.
+        for broken in [
+            "",
+            "a1b2 127.0.0.1:7001@17001 master - 0 0 1 connected 0-5460\n",
+            "x 127.0.0.1:7001 myself,master - 0 0 1 connected 0-99999\n",
+            "x 127.0.0.1:7001 myself,master - 0 0 1 connected [7->7]\n",
+            "x nowhere myself,master - 0 0 1 connected\n",
+            "x 127.0.0.1:7001 myself\n",
+        ] {
+            assert!(parse_cluster_nodes(broken).is_err(), "{broken:?}");
+        }
     }
 }

@@ -146,6 +146,9 @@ struct Inner {
     /// The server refused an INFO naming two sections (before Redis 7.0): identity checks send
     /// one INFO per section, pipelined.
     info_one_section: std::sync::atomic::AtomicBool,
+    /// This user may not run CLUSTER NODES (an ACL with `+cluster|slots` only): identity checks
+    /// read each primary's own account with CLUSTER SLOTS, which shows no slot migration.
+    cluster_nodes_denied: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -201,7 +204,13 @@ impl RedisStore {
         };
         let conn = Connector::new(target, options.timeout_ms, redactor, sentinel_redactor);
         Ok(Self {
-            inner: Arc::new(Inner { conn, scripts: Scripts::new(), options, info_one_section: Default::default() }),
+            inner: Arc::new(Inner {
+                conn,
+                scripts: Scripts::new(),
+                options,
+                info_one_section: Default::default(),
+                cluster_nodes_denied: Default::default(),
+            }),
         })
     }
 
@@ -288,7 +297,13 @@ impl RedisStore {
             builder.build().map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))?;
         let conn = Connector::new(Target::Cluster(client), options.timeout_ms, redactor, Redactor::default());
         Ok(Self {
-            inner: Arc::new(Inner { conn, scripts: Scripts::new(), options, info_one_section: Default::default() }),
+            inner: Arc::new(Inner {
+                conn,
+                scripts: Scripts::new(),
+                options,
+                info_one_section: Default::default(),
+                cluster_nodes_denied: Default::default(),
+            }),
         })
     }
 
