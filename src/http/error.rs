@@ -78,6 +78,10 @@ impl IntoResponse for HttpError {
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         }
+        // Request bodies are read as sent: no content coding is accepted (RFC 9110 §12.5.3).
+        if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+            response.headers_mut().insert(header::ACCEPT_ENCODING, header::HeaderValue::from_static("identity"));
+        }
         response
     }
 }
@@ -148,6 +152,12 @@ where
                 "expected a request body with Content-Type: application/json",
             ));
         }
+        if let Some(coding) = content_coding(req.headers()) {
+            return Err(HttpError::rejected(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("request bodies with Content-Encoding {coding:?} are not accepted: send plain JSON"),
+            ));
+        }
         // Bounded in time: a stalled body would otherwise hold its concurrency slot forever.
         let limit = req.extensions().get::<BodyReadTimeout>().map_or(BODY_READ_TIMEOUT_DEFAULT, |t| t.0);
         let bytes = match tokio::time::timeout(limit, Bytes::from_request(req, state)).await {
@@ -199,6 +209,19 @@ fn unknown_field(raw: &Value, known: &Value, at: String) -> Option<String> {
             .find_map(|(i, (value, inner))| unknown_field(value, inner, format!("{at}[{i}]"))),
         _ => None,
     }
+}
+
+/// The first content coding of the request other than `identity` (`gzip`, `br`, ...), if any: the
+/// body would be parsed as if it were not encoded, so it is refused instead (RFC 9110 §8.4: 415,
+/// with `Accept-Encoding: identity`).
+fn content_coding(headers: &HeaderMap) -> Option<String> {
+    headers.get_all(header::CONTENT_ENCODING).iter().find_map(|value| {
+        let Ok(text) = value.to_str() else { return Some(String::from_utf8_lossy(value.as_bytes()).into_owned()) };
+        text.split(',')
+            .map(str::trim)
+            .find(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case("identity"))
+            .map(str::to_string)
+    })
 }
 
 fn is_json_content_type(headers: &HeaderMap) -> bool {
@@ -317,6 +340,34 @@ mod tests {
             headers.insert(header::CONTENT_TYPE, value.parse().expect("header"));
             assert_eq!(is_json_content_type(&headers), expected, "{value}");
         }
+    }
+
+    #[test]
+    fn only_identity_request_bodies_are_read() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(content_coding(&headers), None);
+        for (value, expected) in [
+            ("identity", None),
+            ("Identity", None),
+            ("gzip", Some("gzip")),
+            ("identity, br", Some("br")),
+            (" GZIP ", Some("GZIP")),
+        ] {
+            headers.insert(header::CONTENT_ENCODING, value.parse().expect("header"));
+            assert_eq!(content_coding(&headers).as_deref(), expected, "{value}");
+        }
+        // A second Content-Encoding header counts too.
+        headers.insert(header::CONTENT_ENCODING, "identity".parse().expect("header"));
+        headers.append(header::CONTENT_ENCODING, "deflate".parse().expect("header"));
+        assert_eq!(content_coding(&headers).as_deref(), Some("deflate"));
+    }
+
+    #[tokio::test]
+    async fn an_unsupported_media_type_names_the_accepted_coding() {
+        let (status, _, headers) =
+            body_of(HttpError::rejected(StatusCode::UNSUPPORTED_MEDIA_TYPE, "expected JSON")).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert_eq!(headers.get(header::ACCEPT_ENCODING).map(|v| v.as_bytes()), Some(b"identity".as_slice()));
     }
 
     #[test]

@@ -48,6 +48,8 @@ async fn malformed_and_oversized_requests_get_typed_4xx_json_and_change_nothing_
         ("POST", &heartbeat, vec![json], join.replace("\"memberEpoch\":0", "\"memberEpoch\":\"0\"").into_bytes(), 400),
         ("POST", &heartbeat, vec![json], join.replace("\"memberId\"", "\"surprise\":1,\"memberId\"").into_bytes(), 400),
         ("POST", &heartbeat, vec![("Content-Type", "text/plain")], join.clone().into_bytes(), 415),
+        // A content coding the coordinator does not decode: refused, not read as plain JSON.
+        ("POST", &heartbeat, vec![json, ("Content-Encoding", "gzip")], join.clone().into_bytes(), 415),
         ("POST", &heartbeat, vec![json], huge.clone(), 413),
         ("POST", "/v1/admin/groups", vec![json, auth], b"{\"group\":".to_vec(), 400),
         ("POST", "/v1/admin/groups", vec![json, auth], huge.clone(), 413),
@@ -64,6 +66,9 @@ async fn malformed_and_oversized_requests_get_typed_4xx_json_and_change_nothing_
         let answer = http(coordinator.addr(), method, path, &headers, body).await.expect("an answer");
         assert_eq!(answer.status, expected, "{method} {path} {shown}: {}", String::from_utf8_lossy(&answer.body));
         assert_eq!(answer.header("content-type"), Some("application/json"), "{method} {path} {shown}");
+        if expected == 415 {
+            assert_eq!(answer.header("accept-encoding"), Some("identity"), "{method} {path} {shown}");
+        }
         let error = answer.error();
         assert_eq!(error.code, ErrorCode::BadRequest, "{method} {path} {shown}");
         assert!(!error.message.is_empty() && error.message.len() < 1_024, "{method} {path}: {}", error.message);
