@@ -574,9 +574,12 @@ fn run_plans(
         return sweep::run_parallel(dir, &specs, seeds, flags, jobs);
     }
     let mut summaries = Vec::new();
+    let mut progress = sweep::Progress::sequential((seeds.1 - seeds.0) * specs.len() as u64);
     for spec in &specs {
-        summaries.push(run_plan_with(spec, seeds, flags, &mut |_| {})?);
+        summaries
+            .push(run_plan_with(spec, seeds, flags, &mut |outcome| progress.seed_done(!outcome.findings.is_empty()))?);
     }
+    progress.finish();
     print_table(&summaries);
     let capsules: Vec<&PathBuf> = summaries.iter().flat_map(|s| &s.capsules).collect();
     if !capsules.is_empty() {

@@ -309,7 +309,7 @@ fn fmt_duration(d: Duration) -> String {
 }
 
 /// Progress on stderr: rewritten in place on a terminal, one line every 10 s otherwise.
-struct Progress {
+pub(crate) struct Progress {
     total: u64,
     done: u64,
     failing: usize,
@@ -320,6 +320,38 @@ struct Progress {
 }
 
 impl Progress {
+    /// Progress of `total` seeds run in this process, one after another (`--jobs 1`): its first
+    /// line comes after one interval, so a run shorter than that prints none.
+    pub(crate) fn sequential(total: u64) -> Self {
+        let now = Instant::now();
+        Self {
+            total,
+            done: 0,
+            failing: 0,
+            jobs: 1,
+            started: now,
+            last: Some(now),
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// One more seed done (`failed`: it found something).
+    pub(crate) fn seed_done(&mut self, failed: bool) {
+        self.done += 1;
+        self.failing += usize::from(failed);
+        self.show(false);
+    }
+
+    /// The last line, if any was shown: the final count (a terminal's line is then ended).
+    pub(crate) fn finish(&mut self) {
+        if self.last.is_some_and(|last| last > self.started) {
+            self.show(true);
+            if self.tty {
+                eprintln!();
+            }
+        }
+    }
+
     fn show(&mut self, force: bool) {
         let every = if self.tty { Duration::from_millis(200) } else { Duration::from_secs(10) };
         if !force && self.last.is_some_and(|l| l.elapsed() < every) {

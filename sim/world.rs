@@ -253,6 +253,15 @@ impl World {
         }
     }
 
+    /// Kills every node still running, recording nothing: the end of a run, after its records
+    /// were taken (killed tasks are dropped by the scheduler's next pass).
+    pub fn stop_all(&mut self) {
+        for slot in self.slots.values_mut().filter(|slot| slot.alive) {
+            self.handle.kill(slot.id);
+            slot.alive = false;
+        }
+    }
+
     /// Kills a node (its process stops; a coordinator leaves the Service at once).
     pub fn kill(&mut self, node: NodeRef) {
         let Some(slot) = self.slots.get(&node) else { return };
