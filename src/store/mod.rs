@@ -340,7 +340,7 @@ impl ServerIdentity {
     pub fn same_servers(&self, other: &ServerIdentity) -> bool {
         self.run_id == other.run_id
             && self.replication_id == other.replication_id
-            && self.disputed_slots() == other.disputed_slots()
+            && self.disputes() == other.disputes()
     }
 
     /// Whether the change from `self` to `newer` may have lost writes to keys in `slot`. On one
@@ -462,6 +462,41 @@ impl ServerIdentity {
         self.primaries
             .iter()
             .any(|p| p.node == primary.node && p.run_id == primary.run_id && p.replication_id == primary.replication_id)
+    }
+
+    /// The [disputed](Self::disputed) slots of this read as inclusive ranges, ascending, each with
+    /// every node the accounts name for it (the view's, the claimants', and whom a live primary
+    /// hands or migrates it to), sorted: how [`Self::same_servers`] compares two reads' disputes,
+    /// so that a dispute that lasts is no news while its nodes stay the same, and churn behind it
+    /// (the unlisted owner a live primary names replaced by another node) is a change.
+    fn disputes(&self) -> Vec<(u16, u16, Vec<&str>)> {
+        let mut disputes: Vec<(u16, u16, Vec<&str>)> = Vec::new();
+        for (start, end) in self.disputed_slots() {
+            for slot in start..=end {
+                let names = self.named_for(slot);
+                match disputes.last_mut() {
+                    Some((_, last, same)) if last.checked_add(1) == Some(slot) && *same == names => *last = slot,
+                    _ => disputes.push((slot, slot, names)),
+                }
+            }
+        }
+        disputes
+    }
+
+    /// Every node this read's accounts name for `slot`, sorted and without repeats.
+    fn named_for(&self, slot: u16) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for p in &self.primaries {
+            if in_ranges(&p.slots, slot) || in_ranges(&p.claimed, slot) {
+                names.push(p.node_key());
+            }
+            let handed = p.handed.iter().filter(|(start, end, _)| (*start..=*end).contains(&slot)).map(|(_, _, to)| to);
+            let migrating = p.migrating.iter().filter(|(s, _)| *s == slot).map(|(_, to)| to);
+            names.extend(handed.chain(migrating).map(String::as_str));
+        }
+        names.sort_unstable();
+        names.dedup();
+        names
     }
 
     /// The [disputed](Self::disputed) slots of this read as inclusive ranges, ascending.
@@ -1161,9 +1196,27 @@ mod tests {
         let disowned = cluster(vec![a.clone(), claiming(&b, &[(6001, 10922)]), c.clone()]);
         assert_eq!(disowned.disputed_slots(), vec![(5461, 6000)]);
         assert!(disowned.same_servers(&disowned.clone()), "the same dispute read again");
-        let healed = cluster(vec![a, b, c]);
+        let healed = cluster(vec![a.clone(), b.clone(), c.clone()]);
         assert!(!disowned.same_servers(&healed), "a dispute that ends is a change");
         assert!(disowned.may_have_lost(&healed, 6000) && !disowned.may_have_lost(&healed, 6001));
+
+        // Behind a partition: b names x, a node the view does not list, for 5461..=6000 (a replica
+        // promoted on the far side). The same account read again is no news; x replaced by y (its
+        // own replica taking over) is a change, evidence for those slots only.
+        let b_names = |to: &str| {
+            cluster(vec![
+                a.clone(),
+                PrimaryIdentity { handed: vec![(5461, 6000, to.into())], ..claiming(&b, &[(6001, 10922)]) },
+                c.clone(),
+            ])
+        };
+        let behind_x = b_names("x");
+        assert_eq!(behind_x.disputed_slots(), vec![(5461, 6000)]);
+        assert!(behind_x.same_servers(&b_names("x")));
+        let behind_y = b_names("y");
+        assert_eq!(behind_y.disputed_slots(), behind_x.disputed_slots());
+        assert!(!behind_x.same_servers(&behind_y), "churn behind a lasting dispute is a change");
+        assert!(behind_x.may_have_lost(&behind_y, 5461) && !behind_x.may_have_lost(&behind_y, 6001));
     }
 
     #[test]
