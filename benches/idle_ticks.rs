@@ -18,7 +18,8 @@
 //!
 //! Run: `cargo bench --bench idle_ticks`; `RSC_BENCH_QUICK=1` for a short run. Knobs
 //! (environment): `IT_GROUPS` (`1,100,10000`; quick `1,100,1000`), `IT_INSTANCES` (`1,3`),
-//! `IT_WINDOW_MS` (5000; quick 2000). Without `--bench` a smoke run (1 and 20 groups, one
+//! `IT_WINDOW_MS` (5000; quick 2000), `IT_CLUSTER=1` (the groups on a Redis Cluster of 3
+//! primaries, commands counted on all of them, instead of one server). Without `--bench` a smoke run (1 and 20 groups, one
 //! instance, 1 s) checks that deferred idle groups cost fewer commands than ticking every pass
 //! and exits non-zero otherwise. Linux only (reads /proc).
 
@@ -49,7 +50,65 @@ mod bench {
     use rsc::store::redis::{RedisStore, RedisStoreOptions};
 
     use crate::support::cpu::process_cpu as cpu;
+    use crate::support::redis_cluster::RedisCluster;
     use crate::support::RedisServer;
+
+    /// Where the groups live: one `redis-server`, or (`IT_CLUSTER=1`) a Redis Cluster of 3
+    /// primaries started by the test harness, where the commands counted are every primary's.
+    enum Target {
+        One(RedisServer),
+        Cluster(RedisCluster),
+    }
+
+    impl Target {
+        fn start() -> Self {
+            if std::env::var("IT_CLUSTER").is_ok_and(|v| v == "1") {
+                Target::Cluster(RedisCluster::start(3, 0))
+            } else {
+                Target::One(RedisServer::start())
+            }
+        }
+
+        fn describe(&self) -> String {
+            match self {
+                Target::One(redis) => format!("redis-server on {}", redis.url()),
+                Target::Cluster(cluster) => format!("a Redis Cluster of 3 primaries ({})", cluster.nodes().join(", ")),
+            }
+        }
+
+        async fn store(&self) -> RedisStore {
+            let options = RedisStoreOptions::default();
+            match self {
+                Target::One(redis) => RedisStore::connect(&redis.url(), options).await.expect("connect"),
+                Target::Cluster(cluster) => {
+                    RedisStore::connect_cluster(&cluster.nodes(), options).await.expect("connect")
+                }
+            }
+        }
+
+        /// `total_commands_processed` summed over the primaries, and the number of INFO calls
+        /// that read it (each counts itself on its node).
+        fn commands(&self) -> (u64, u64) {
+            let of = |redis: &RedisServer| -> u64 {
+                redis.info_field("stats", "total_commands_processed").and_then(|v| v.parse().ok()).unwrap_or(0)
+            };
+            match self {
+                Target::One(redis) => (of(redis), 1),
+                Target::Cluster(cluster) => {
+                    let primaries = cluster.primaries();
+                    (primaries.iter().map(|p| of(p)).sum(), primaries.len() as u64)
+                }
+            }
+        }
+
+        /// Deletes `key` on the node that holds it.
+        fn del(&self, key: &str) {
+            match self {
+                Target::One(redis) => redis.cmd(&["DEL", key]),
+                Target::Cluster(cluster) => cluster.node_for_key(key).cmd(&["DEL", key]),
+            };
+        }
+    }
 
     struct Settings {
         groups: Vec<usize>,
@@ -86,8 +145,10 @@ mod bench {
         }
     }
 
-    fn commands(redis: &RedisServer) -> u64 {
-        redis.info_field("stats", "total_commands_processed").and_then(|v| v.parse().ok()).unwrap_or(0)
+    /// Commands the target executed between two [`Target::commands`] reads: the first read's INFO
+    /// calls count themselves, the second's are not counted yet.
+    fn executed(before: (u64, u64), after: (u64, u64)) -> u64 {
+        after.0.saturating_sub(before.0).saturating_sub(before.1)
     }
 
     struct Row {
@@ -98,7 +159,7 @@ mod bench {
 
     /// One timed window: `instances` coordinators ticking `groups` idle groups.
     async fn measure(
-        redis: &RedisServer,
+        target: &Target,
         instances: usize,
         (audit_ms, silence_ms, refresh_ms): (u64, u64, u64),
         window: Duration,
@@ -106,10 +167,10 @@ mod bench {
         // A fresh tick roster: the instances of the previous row are gone, and would otherwise
         // count live for `ticker_silence_ms`, their groups moving to this row's instances (one
         // first read each) inside its window.
-        redis.cmd(&["DEL", rsc::store::keys::TICK_ROSTER_KEY]);
+        target.del(rsc::store::keys::TICK_ROSTER_KEY);
         let mut coordinators = Vec::with_capacity(instances);
         for i in 0..instances {
-            let store = RedisStore::connect(&redis.url(), RedisStoreOptions::default()).await.expect("connect");
+            let store = target.store().await;
             let options = CoordinatorOptions {
                 instance_id: format!("bench-{i}"),
                 idle_group_audit_ms: audit_ms,
@@ -158,17 +219,16 @@ mod bench {
         }
         drop(watched);
         tokio::time::sleep(tick).await;
-        let (commands_before, cpu_before, started) = (commands(redis), cpu(), Instant::now());
+        let (commands_before, cpu_before, started) = (target.commands(), cpu(), Instant::now());
         measuring.store(true, std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(window).await;
-        let (commands_after, cpu_after, elapsed) = (commands(redis), cpu(), started.elapsed());
+        let (commands_after, cpu_after, elapsed) = (target.commands(), cpu(), started.elapsed());
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let mut longest_pass = Duration::ZERO;
         for task in tasks {
             longest_pass = longest_pass.max(task.await.unwrap_or_default());
         }
-        // The first INFO counts itself; the second is not counted yet.
-        let executed = commands_after.saturating_sub(commands_before).saturating_sub(1);
+        let executed = executed(commands_before, commands_after);
         Row {
             commands_per_s: executed as f64 / elapsed.as_secs_f64(),
             cpu_percent: 100.0 * cpu_after.saturating_sub(cpu_before).as_secs_f64() / elapsed.as_secs_f64(),
@@ -198,17 +258,17 @@ mod bench {
     /// what a load balancer does; with one instance every heartbeat reaches the group's owner).
     /// Returns the commands/s that are not the heartbeats' own (two per steady heartbeat).
     async fn measure_members(
-        redis: &RedisServer,
+        target: &Target,
         instances: usize,
         groups: usize,
         renew: bool,
         relay: bool,
         window: Duration,
     ) -> f64 {
-        redis.cmd(&["DEL", rsc::store::keys::TICK_ROSTER_KEY]);
+        target.del(rsc::store::keys::TICK_ROSTER_KEY);
         let mut coordinators = Vec::with_capacity(instances);
         for i in 0..instances {
-            let store = RedisStore::connect(&redis.url(), RedisStoreOptions::default()).await.expect("connect");
+            let store = target.store().await;
             let options = CoordinatorOptions {
                 instance_id: format!("bench-m{i}"),
                 renew_deferrals_from_heartbeats: renew,
@@ -273,16 +333,16 @@ mod bench {
         }
         // Joins settle, every instance reads every group once and has it cached.
         tokio::time::sleep(Duration::from_secs(4)).await;
-        let (commands_before, started) = (commands(redis), Instant::now());
+        let (commands_before, started) = (target.commands(), Instant::now());
         measuring.store(true, std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(window).await;
         measuring.store(false, std::sync::atomic::Ordering::SeqCst);
-        let (commands_after, elapsed) = (commands(redis), started.elapsed());
+        let (commands_after, elapsed) = (target.commands(), started.elapsed());
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         for task in tasks {
             let _ = task.await;
         }
-        let executed = commands_after.saturating_sub(commands_before).saturating_sub(1);
+        let executed = executed(commands_before, commands_after);
         let own = 2 * heartbeats.load(std::sync::atomic::Ordering::SeqCst);
         executed.saturating_sub(own) as f64 / elapsed.as_secs_f64()
     }
@@ -295,8 +355,8 @@ mod bench {
             .unwrap_or(CoordinatorOptions::default().heard_relay_ms)
     }
 
-    async fn create_groups(redis: &RedisServer, from: usize, to: usize) {
-        let store = RedisStore::connect(&redis.url(), RedisStoreOptions::default()).await.expect("connect");
+    async fn create_groups(target: &Target, from: usize, to: usize) {
+        let store = target.store().await;
         let admin = Coordinator::new(store, CoordinatorOptions::default());
         for i in from..to {
             let group = GroupId::new("idle", format!("g{i}"));
@@ -310,10 +370,10 @@ mod bench {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
         let runtime = runtime.expect("tokio runtime");
         runtime.block_on(async move {
-            let redis = RedisServer::start();
+            let target = Target::start();
             println!(
-                "idle_ticks: redis-server on {}; idle groups (created, nobody joined); tick every 250 ms; window {:?}",
-                redis.url(),
+                "idle_ticks: {}; idle groups (created, nobody joined); tick every 250 ms; window {:?}",
+                target.describe(),
                 settings.window
             );
             println!(
@@ -339,7 +399,7 @@ mod bench {
             let mut created = 0;
             let mut ok = true;
             for &groups in &settings.groups {
-                create_groups(&redis, created, groups.max(created)).await;
+                create_groups(&target, created, groups.max(created)).await;
                 created = created.max(groups);
                 for &instances in &settings.instances {
                     // Every pass, no sharing: the ticker before idle groups were deferred and before
@@ -347,11 +407,11 @@ mod bench {
                     // the roster read every pass, then the defaults (both read every
                     // `ticker_refresh_ms`).
                     let (silence, pace) = (TICKER_SILENCE_MS_DEFAULT, TICKER_REFRESH_MS_DEFAULT);
-                    let every = measure(&redis, instances, (0, 0, 0), settings.window).await;
-                    let shared = measure(&redis, instances, (0, silence, 0), settings.window).await;
-                    let deferred = measure(&redis, instances, (120_000, 0, 0), settings.window).await;
-                    let unpaced = measure(&redis, instances, (120_000, silence, 0), settings.window).await;
-                    let both = measure(&redis, instances, (120_000, silence, pace), settings.window).await;
+                    let every = measure(&target, instances, (0, 0, 0), settings.window).await;
+                    let shared = measure(&target, instances, (0, silence, 0), settings.window).await;
+                    let deferred = measure(&target, instances, (120_000, 0, 0), settings.window).await;
+                    let unpaced = measure(&target, instances, (120_000, silence, 0), settings.window).await;
+                    let both = measure(&target, instances, (120_000, silence, pace), settings.window).await;
                     let rows = [&every, &shared, &deferred, &unpaced, &both];
                     let ms = |row: &Row| row.longest_pass.as_secs_f64() * 1e3;
                     println!(
@@ -381,7 +441,8 @@ mod bench {
                 }
             }
             println!(
-                "(commands that remain when deferred: per instance and pass, the identity check (one INFO), \
+                "(commands that remain when deferred: per instance and pass, the identity check (one INFO; on a Cluster, CLUSTER SLOTS and each \
+                 primary's INFO and CLUSTER NODES), \
                  and every pass (rd/p) or every ticker_refresh_ms (default) the index (SMEMBERS) and, shared, \
                  the tick roster (HINCRBY + HGETALL), independent of the group count. Not in the window: each idle group's record is read once per 120 s audit, one command, \
                  so N groups add N/120 commands/s per instance, or in all when shared)"
@@ -398,7 +459,7 @@ mod bench {
                 "groups", "instances", "renewal off (before)", "renewal, no relay", "renewal + relay (def.)", "ratio"
             );
             for &groups in &settings.member_groups {
-                let store = RedisStore::connect(&redis.url(), RedisStoreOptions::default()).await.expect("connect");
+                let store = target.store().await;
                 let admin = Coordinator::new(store, CoordinatorOptions::default());
                 for g in 0..groups {
                     let group = GroupId::new("members", format!("m{g}"));
@@ -407,9 +468,9 @@ mod bench {
                     let _ = admin.admin(create).await;
                 }
                 for &instances in &settings.instances {
-                    let off = measure_members(&redis, instances, groups, false, false, settings.window).await;
-                    let local = measure_members(&redis, instances, groups, true, false, settings.window).await;
-                    let on = measure_members(&redis, instances, groups, true, true, settings.window).await;
+                    let off = measure_members(&target, instances, groups, false, false, settings.window).await;
+                    let local = measure_members(&target, instances, groups, true, false, settings.window).await;
+                    let on = measure_members(&target, instances, groups, true, true, settings.window).await;
                     println!(
                         "{groups:>7} {instances:>9}  {off:>20.1} {local:>18.1} {on:>22.1} {:>7.2}",
                         on / off.max(1e-9)
