@@ -344,10 +344,10 @@ impl ServerIdentity {
     }
 
     /// Whether the change from `self` to `newer` may have lost writes to keys in `slot`. On one
-    /// server, always. On a Cluster, not when the same primary, unchanged (node, `run_id` and
+    /// server, always. On a Cluster, not when the same primaries, unchanged (node, `run_id` and
     /// `master_replid`: a promoted replica takes a new replication id), [held](Self::holders)
-    /// `slot` alone in both reads: the failover of one primary costs writes only to the slots it
-    /// served. Nor when `slot` moved, or was being handed over in either read, between primaries
+    /// `slot` in both reads — one primary, or both ends of a migration that lasts: the failover of
+    /// one primary costs writes only to the slots it held. Nor when `slot` moved, or was being handed over in either read, between primaries
     /// that are all still there unchanged — the two reads list the same primaries, each with the
     /// same `run_id` and replication id: that is a migration, and MIGRATE moves keys
     /// synchronously, losing nothing. A failover, restart, addition or removal of any primary
@@ -356,11 +356,12 @@ impl ServerIdentity {
     /// looks like from outside). A slot either read found disputed or unserved counts.
     pub fn may_have_lost(&self, newer: &ServerIdentity, slot: u16) -> bool {
         let (before, after) = (self.holders(slot), newer.holders(slot));
+        let same_nodes = before.len() == after.len() && before.iter().all(|b| after.iter().any(|a| a.node == b.node));
         match (before.as_slice(), after.as_slice()) {
             ([], _) | (_, []) => true,
-            ([one], [other]) if one.node == other.node => {
-                one.run_id != other.run_id || one.replication_id != other.replication_id
-            }
+            // The same holders in both reads (one primary, or both ends of a migration or of a
+            // handover that lasts): lost only if one of them changed, whatever changed elsewhere.
+            _ if same_nodes => !before.iter().all(|b| newer.lists_unchanged(b)),
             _ => {
                 !(self.primaries.iter().all(|p| newer.lists_unchanged(p))
                     && newer.primaries.iter().all(|p| self.lists_unchanged(p)))
@@ -1042,6 +1043,11 @@ mod tests {
         // list, so the slot is disputed (even to a reader that never saw the migration start).
         assert_eq!(after.disputed_slots(), vec![(7000, 7000)]);
         assert!(before.may_have_lost(&after, 7000) && !before.may_have_lost(&after, 7001));
+        // Another primary fails over while the migration lasts (a reshard keeps one slot open for
+        // as long as it runs): b and c are unchanged, so the slot they both hold lost nothing.
+        let a_failed_over =
+            cluster(vec![primary("e:1/e", "re", "xe", &[(0, 5460)]), b_migrating.clone(), c_importing.clone()]);
+        assert!(during.may_have_lost(&a_failed_over, 100) && !during.may_have_lost(&a_failed_over, 7000));
         // The migration ends between unchanged primaries: nothing lost, no change.
         let settled = cluster(vec![
             a.clone(),
@@ -1055,8 +1061,8 @@ mod tests {
             ),
         ]);
         assert!(during.same_servers(&settled) && !during.may_have_lost(&settled, 7000));
-        // A target that claims nothing (a demoted primary, or a listed node with no slot) has no
-        // identity to compare: disputed.
+        // A target that claims nothing (a demoted primary the view still lists) is no holder to
+        // compare: disputed.
         let c_demoted = PrimaryIdentity { claimed: vec![], ..c };
         assert_eq!(cluster(vec![a, b_migrating, c_demoted]).holders(7000), Vec::<&PrimaryIdentity>::new());
     }

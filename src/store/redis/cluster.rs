@@ -56,6 +56,10 @@ pub(super) fn parse_slots_primaries(reply: &Value) -> Result<Vec<Primary>, Store
     Ok(primaries.into_iter().map(|((host, port, node_id), slots)| Primary { host, port, node_id, slots }).collect())
 }
 
+/// How long a node that refused CLUSTER NODES (or answered it unreadably) is read with CLUSTER
+/// SLOTS before CLUSTER NODES is tried on it again.
+pub(super) const CLUSTER_NODES_RETRY_MS: u64 = 60_000;
+
 /// How long a [`RedisStore::cluster_identity`] read that found a dispute waits before reading
 /// again: long enough for a migration's handover between two primaries (consecutive `SETSLOT`
 /// calls) to settle, short against a tick.
@@ -308,25 +312,44 @@ impl RedisStore {
         Ok(identity)
     }
 
-    /// `primary`'s own CLUSTER NODES, parsed; `None` when this user may not run it (an ACL from
-    /// before it was needed: `+cluster|slots` only), remembered so that later checks ask for
-    /// CLUSTER SLOTS at once, and warned of once: the identity then sees no migration, so a
-    /// failover of a reshard's target before the handover settles is not evidence (DESIGN §11).
+    /// `primary`'s own CLUSTER NODES, parsed; `None` when that node refuses it or answers
+    /// something this cannot read (`Unsupported`: an ACL from before it was needed, with
+    /// `+cluster|slots` only; `Protocol`: an unknown subcommand, an unreadable reply). The identity
+    /// then reads that node's CLUSTER SLOTS, which shows no migration, so a failover of a reshard's
+    /// target before the handover settles is not evidence (DESIGN §11). The refusal is remembered
+    /// per node for [`CLUSTER_NODES_RETRY_MS`] (so a refused node costs no extra command per
+    /// check) and warned of each time it is found again; a permission granted later is used from
+    /// the next retry on, without a restart.
     async fn own_account(&self, primary: &Primary) -> Result<Option<NodesAccount>, StoreError> {
-        if self.inner.cluster_nodes_denied.load(Ordering::Relaxed) {
-            return Ok(None);
+        let node = (primary.host.clone(), primary.port);
+        let now = tokio::time::Instant::now();
+        let retry = std::time::Duration::from_millis(CLUSTER_NODES_RETRY_MS);
+        {
+            let denied = self.inner.cluster_nodes_denied.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if denied.get(&node).is_some_and(|since| now.saturating_duration_since(*since) < retry) {
+                return Ok(None);
+            }
         }
-        match self.on_node::<Value>("CLUSTER NODES", primary, ::redis::cmd("CLUSTER").arg("NODES").clone()).await {
-            Ok(reply) => Ok(Some(parse_cluster_nodes(&reply_text(&reply, "CLUSTER NODES")?)?)),
-            Err(StoreError::Unsupported { detail, .. }) => {
-                if !self.inner.cluster_nodes_denied.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        %detail,
-                        "CLUSTER NODES is denied: the store identity falls back to CLUSTER SLOTS and cannot see slot \
-                         migrations, so a failover of a reshard's target before its handover is not read as lost \
-                         writes; add '+cluster|nodes' to the coordinator's ACL user on every node"
-                    );
+        let reply = self.on_node::<Value>("CLUSTER NODES", primary, ::redis::cmd("CLUSTER").arg("NODES").clone()).await;
+        let parsed = reply.and_then(|reply| parse_cluster_nodes(&reply_text(&reply, "CLUSTER NODES")?));
+        let mut denied = self.inner.cluster_nodes_denied.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match parsed {
+            Ok(account) => {
+                if denied.remove(&node).is_some() {
+                    tracing::info!(node = %format!("{}:{}", node.0, node.1), "CLUSTER NODES answered again: the store identity sees this node's slot migrations");
                 }
+                Ok(Some(account))
+            }
+            Err(StoreError::Unsupported { detail, .. } | StoreError::Protocol(detail)) => {
+                tracing::warn!(
+                    node = %format!("{}:{}", node.0, node.1),
+                    %detail,
+                    "CLUSTER NODES failed: the store identity reads this node's CLUSTER SLOTS instead (retried every \
+                     {CLUSTER_NODES_RETRY_MS} ms) and cannot see its slot migrations, so a failover of a reshard's \
+                     target before its handover is not read as lost writes; give the coordinator's ACL user \
+                     '+cluster|nodes' on every node"
+                );
+                denied.insert(node, now);
                 Ok(None)
             }
             Err(other) => Err(other),
@@ -443,6 +466,8 @@ e7d1 127.0.0.1:7002@17002,host-b master - 0 1426238316232 2 connected 5461-10922
 a1b2 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460 [100->-e7d1] [5461-<-e7d1]
 07c3 127.0.0.1:7004@17004 slave a1b2 0 1426238317239 4 connected
 c9f1 ::1:7003@17003 master,fail - 1 1 3 disconnected 10923-16383 12
+d00d :0@0 master,noaddr - 1 1 0 disconnected
+f00f 127.0.0.1:7009@17009 handshake - 0 0 0 connected
 ";
         let account = parse_cluster_nodes(reply).expect("parses");
         assert_eq!(account.myself, "a1b2");

@@ -146,9 +146,9 @@ struct Inner {
     /// The server refused an INFO naming two sections (before Redis 7.0): identity checks send
     /// one INFO per section, pipelined.
     info_one_section: std::sync::atomic::AtomicBool,
-    /// This user may not run CLUSTER NODES (an ACL with `+cluster|slots` only): identity checks
-    /// read each primary's own account with CLUSTER SLOTS, which shows no slot migration.
-    cluster_nodes_denied: std::sync::atomic::AtomicBool,
+    /// Nodes (host, port) that refused CLUSTER NODES, and since when: identity checks read their
+    /// own account with CLUSTER SLOTS, which shows no slot migration, until the retry.
+    cluster_nodes_denied: std::sync::Mutex<std::collections::BTreeMap<(String, u16), tokio::time::Instant>>,
 }
 
 impl std::fmt::Debug for RedisStore {
