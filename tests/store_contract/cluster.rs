@@ -18,6 +18,19 @@ async fn store_on(cluster: &RedisCluster) -> RedisStore {
     RedisStore::connect_cluster(&cluster.nodes(), RedisStoreOptions::default()).await.expect("connect")
 }
 
+/// The store's identity once it differs from `from` (a takeover is seen within about 2 s; reads
+/// that find the failed primary unreachable meanwhile are retried).
+async fn identity_changed_from(store: &RedisStore, from: &rsc::store::ServerIdentity) -> rsc::store::ServerIdentity {
+    for _ in 0..20 {
+        match store.identity().await {
+            Ok(identity) if !identity.same_servers(from) => return identity,
+            Ok(_) | Err(StoreError::Unavailable(_)) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            Err(other) => panic!("identity after the takeover: {other:?}"),
+        }
+    }
+    panic!("the takeover changes the identity");
+}
+
 fn field() -> Vec<(String, Vec<u8>)> {
     vec![("payload".to_string(), b"x".to_vec())]
 }
@@ -78,18 +91,7 @@ async fn a_slot_migration_keeps_the_identity_and_a_takeover_changes_it() {
     // lost writes), and the store follows the slot to the promoted replica.
     let replica = cluster.replicas_of(cluster.server(target))[0].port();
     cluster.failover_takeover(cluster.server(replica));
-    let mut after = None;
-    for _ in 0..20 {
-        match store.identity().await {
-            Ok(identity) if !identity.same_servers(&before) => {
-                after = Some(identity);
-                break;
-            }
-            Ok(_) | Err(StoreError::Unavailable(_)) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
-            Err(other) => panic!("identity after the takeover: {other:?}"),
-        }
-    }
-    let after = after.expect("the takeover changes the identity");
+    let after = identity_changed_from(&store, &before).await;
     assert!(after.run_id.contains(&format!(":{replica}/")), "the promoted replica is named: {after:?}");
     // The evidence covers the slots the promoted replica took over, not the other primaries'.
     assert!(migrated.may_have_lost(&after, slot), "the group's slot failed over");
@@ -151,18 +153,7 @@ async fn a_failover_of_a_migrations_target_may_have_lost_the_slot_its_source_sti
     cluster.failover_takeover(cluster.server(replica));
     assert_eq!(cluster.owner_of_slot(slot).port(), source, "the slot is still listed for the source");
 
-    let mut after = None;
-    for _ in 0..20 {
-        match store.identity().await {
-            Ok(identity) if !identity.same_servers(&during) => {
-                after = Some(identity);
-                break;
-            }
-            Ok(_) | Err(StoreError::Unavailable(_)) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
-            Err(other) => panic!("identity after the takeover: {other:?}"),
-        }
-    }
-    let after = after.expect("the takeover changes the identity");
+    let after = identity_changed_from(&store, &during).await;
     assert!(during.may_have_lost(&after, slot), "the keys on the failed target are evidence: {after:?}");
     // A reader that saw no migration before (it started and the target failed between two of its
     // reads) learns it from the source's own account: a migration to a node no longer serving.
@@ -172,15 +163,7 @@ async fn a_failover_of_a_migrations_target_may_have_lost_the_slot_its_source_sti
         .expect("a slot of the third primary");
     assert!(!during.may_have_lost(&after, elsewhere), "slot {elsewhere} stayed on an unchanged primary");
     // Without CLUSTER NODES the loss is invisible: the slot stayed with its unchanged source.
-    let mut blind_after = slots_only.identity().await;
-    for _ in 0..20 {
-        match &blind_after {
-            Err(StoreError::Unavailable(_)) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
-            _ => break,
-        }
-        blind_after = slots_only.identity().await;
-    }
-    let blind_after = blind_after.expect("identity");
+    let blind_after = identity_changed_from(&slots_only, &blind_before_failover).await;
     assert!(!blind_before_failover.same_servers(&blind_after), "the takeover itself is still seen");
     assert!(!blind_before_failover.may_have_lost(&blind_after, slot), "but not as a loss in the migrating slot");
 }

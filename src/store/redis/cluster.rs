@@ -322,6 +322,7 @@ impl RedisStore {
     /// the next retry on, without a restart.
     async fn own_account(&self, primary: &Primary) -> Result<Option<NodesAccount>, StoreError> {
         let node = (primary.host.clone(), primary.port);
+        let label = |(host, port): &(String, u16)| format!("{host}:{port}");
         let now = tokio::time::Instant::now();
         let retry = std::time::Duration::from_millis(CLUSTER_NODES_RETRY_MS);
         {
@@ -336,13 +337,13 @@ impl RedisStore {
         match parsed {
             Ok(account) => {
                 if denied.remove(&node).is_some() {
-                    tracing::info!(node = %format!("{}:{}", node.0, node.1), "CLUSTER NODES answered again: the store identity sees this node's slot migrations");
+                    tracing::info!(node = %label(&node), "CLUSTER NODES answered again: the store identity sees this node's slot migrations");
                 }
                 Ok(Some(account))
             }
             Err(StoreError::Unsupported { detail, .. } | StoreError::Protocol(detail)) => {
                 tracing::warn!(
-                    node = %format!("{}:{}", node.0, node.1),
+                    node = %label(&node),
                     %detail,
                     "CLUSTER NODES failed: the store identity reads this node's CLUSTER SLOTS instead (retried every \
                      {CLUSTER_NODES_RETRY_MS} ms) and cannot see its slot migrations, so a failover of a reshard's \

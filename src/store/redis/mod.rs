@@ -151,6 +151,21 @@ struct Inner {
     cluster_nodes_denied: std::sync::Mutex<std::collections::BTreeMap<(String, u16), tokio::time::Instant>>,
 }
 
+impl RedisStore {
+    /// A store over `conn`, with nothing learnt about its servers yet.
+    fn over(conn: Connector, options: RedisStoreOptions) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                conn,
+                scripts: Scripts::new(),
+                options,
+                info_one_section: Default::default(),
+                cluster_nodes_denied: Default::default(),
+            }),
+        }
+    }
+}
+
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL is left out on purpose: it may carry a password.
@@ -203,15 +218,7 @@ impl RedisStore {
             }
         };
         let conn = Connector::new(target, options.timeout_ms, redactor, sentinel_redactor);
-        Ok(Self {
-            inner: Arc::new(Inner {
-                conn,
-                scripts: Scripts::new(),
-                options,
-                info_one_section: Default::default(),
-                cluster_nodes_denied: Default::default(),
-            }),
-        })
+        Ok(Self::over(conn, options))
     }
 
     /// [`open`](Self::open), then one PING so an unreachable or misconfigured server is reported
@@ -296,15 +303,7 @@ impl RedisStore {
         let client =
             builder.build().map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))?;
         let conn = Connector::new(Target::Cluster(client), options.timeout_ms, redactor, Redactor::default());
-        Ok(Self {
-            inner: Arc::new(Inner {
-                conn,
-                scripts: Scripts::new(),
-                options,
-                info_one_section: Default::default(),
-                cluster_nodes_denied: Default::default(),
-            }),
-        })
+        Ok(Self::over(conn, options))
     }
 
     /// [`open_cluster`](Self::open_cluster), then one PING so an unreachable cluster is reported
