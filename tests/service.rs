@@ -1235,6 +1235,7 @@ fn primary(node: &str, replid: &str, slots: (u16, u16)) -> rsc::store::PrimaryId
         handed: Vec::new(),
         migrating: Vec::new(),
         importing: Vec::new(),
+        idle: false,
     }
 }
 

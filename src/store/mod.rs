@@ -313,6 +313,14 @@ pub struct PrimaryIdentity {
     /// them from. Empty in the same cases as [`Self::migrating`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub importing: Vec<(u16, String)>,
+    /// A primary the view lists for no slot (CLUSTER SLOTS names only primaries serving slots):
+    /// a new node added before its first slot, or one whose slots all moved away, found as a
+    /// master in a listed primary's `CLUSTER NODES` and confirmed a master by its own INFO. It is
+    /// live like a primary that claims slots, so a slot migrating to it is held by it and its
+    /// source, compared read to read by its ids, rather than disputed. False in an identity
+    /// recorded without it: such a node was not listed then, the safe case.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idle: bool,
 }
 
 impl PrimaryIdentity {
@@ -324,6 +332,13 @@ impl PrimaryIdentity {
             Some((address, _)) => address,
             None => &self.node,
         }
+    }
+
+    /// Whether it is a live primary: one that claims slots by its own account, or an [idle](Self::idle)
+    /// master. A primary the view lists whose own INFO says it is a replica (a demoted primary)
+    /// claims nothing and is not live: it vouches for nobody.
+    fn live(&self) -> bool {
+        !self.claimed.is_empty() || self.idle
     }
 
     /// Whether its own account hands `slot` to `other`.
@@ -397,7 +412,7 @@ impl ServerIdentity {
         let claimants: Vec<&PrimaryIdentity> = self.primaries.iter().filter(|p| in_ranges(&p.claimed, slot)).collect();
         let Some(listed) = self.serving(slot) else { return Vec::new() };
         let lists = |p: &&PrimaryIdentity| std::ptr::eq(*p, listed);
-        let live = |p: &PrimaryIdentity| !p.claimed.is_empty();
+        let live = PrimaryIdentity::live;
         // A live primary whose own account names, for this slot, a node the view does not list
         // (a replica promoted on the other side of a partition, say): the view is from the side
         // that has not heard, and its claimants cannot be trusted.
@@ -433,7 +448,7 @@ impl ServerIdentity {
     /// identity for (a new, still empty node, or the demoted target of a failover) cannot be
     /// compared with the next read's.
     fn with_migration<'a>(&'a self, slot: u16, mut holders: Vec<&'a PrimaryIdentity>) -> Vec<&'a PrimaryIdentity> {
-        let live = |p: &PrimaryIdentity| !p.claimed.is_empty();
+        let live = PrimaryIdentity::live;
         let mut next = 0;
         while let Some(holder) = holders.get(next).copied() {
             next += 1;
@@ -940,6 +955,7 @@ mod tests {
             handed: Vec::new(),
             migrating: Vec::new(),
             importing: Vec::new(),
+            idle: false,
         }
     }
 
@@ -1065,6 +1081,57 @@ mod tests {
         // compare: disputed.
         let c_demoted = PrimaryIdentity { claimed: vec![], ..c };
         assert_eq!(cluster(vec![a, b_migrating, c_demoted]).holders(7000), Vec::<&PrimaryIdentity>::new());
+    }
+
+    #[test]
+    fn a_slot_resharded_onto_an_idle_master_loses_nothing_unless_that_master_changes() {
+        let [a, b, c] = three();
+        // n is a master serving no slot (a node just added to scale out): no view lists it, a
+        // listed primary's CLUSTER NODES names it, and its own INFO says master.
+        let n = PrimaryIdentity { idle: true, ..primary("n:1/n", "rn", "xn", &[]) };
+        let before = cluster(vec![a.clone(), b.clone(), c.clone(), n.clone()]);
+        assert_eq!(before.disputed_slots(), vec![]);
+        // `redis-cli --cluster reshard` moves slot 7000 from b to n: a migration between listed,
+        // live primaries, held by both while it lasts.
+        let b_migrating = PrimaryIdentity { migrating: vec![(7000, "n".into())], ..b.clone() };
+        let n_importing = PrimaryIdentity { importing: vec![(7000, "b".into())], ..n.clone() };
+        let during = cluster(vec![a.clone(), b_migrating.clone(), c.clone(), n_importing.clone()]);
+        assert_eq!(during.disputed_slots(), vec![], "a migration onto an idle master is no dispute");
+        assert_eq!(during.holders(7000).len(), 2);
+        assert!(before.same_servers(&during) && !before.may_have_lost(&during, 7000));
+        // The handover reached n first: n claims the slot the view still lists for b, and names b
+        // for nothing else: the two unchanged primaries hold it.
+        let n_claims = claiming(&n, &[(7000, 7000)]);
+        let handing = cluster(vec![a.clone(), b_migrating.clone(), c.clone(), n_claims.clone()]);
+        assert_eq!(handing.disputed_slots(), vec![]);
+        assert!(!during.may_have_lost(&handing, 7000) && !before.may_have_lost(&handing, 7000));
+        // Settled: the view lists n for the slot. Nothing lost, whichever read came before.
+        let b_after = PrimaryIdentity { slots: vec![(5461, 6999), (7001, 10922)], ..b.clone() };
+        let n_after = PrimaryIdentity { slots: vec![(7000, 7000)], idle: false, ..n_claims.clone() };
+        let settled = cluster(vec![a.clone(), claiming(&b_after, &b_after.slots.clone()), c.clone(), n_after]);
+        assert_eq!(settled.disputed_slots(), vec![]);
+        for earlier in [&before, &during, &handing] {
+            assert!(!earlier.may_have_lost(&settled, 7000), "{earlier:?}");
+        }
+        // n restarts without its data (a new run id) before the handover: the keys MIGRATE moved
+        // there are gone, so the slot counts; b's other slots do not.
+        let n_restarted = PrimaryIdentity { run_id: "rn2".into(), ..n_importing.clone() };
+        let restarted = cluster(vec![a.clone(), b_migrating.clone(), c.clone(), n_restarted]);
+        assert!(during.may_have_lost(&restarted, 7000) && !during.may_have_lost(&restarted, 7001));
+        // A read that could not reach n leaves it out: b migrates the slot to a node that read
+        // does not list, so the slot is disputed, the safe case.
+        let unreached = cluster(vec![a.clone(), b_migrating.clone(), c.clone()]);
+        assert_eq!(unreached.disputed_slots(), vec![(7000, 7000)]);
+        assert!(during.may_have_lost(&unreached, 7000));
+        // Without the idle master in the identity (before this was read), the same migration was
+        // disputed: the false evidence an operator's scale-out used to cause.
+        let without_n = cluster(vec![a, b_migrating, c]);
+        assert_eq!(without_n.disputed_slots(), vec![(7000, 7000)]);
+        // An identity recorded before `idle` existed reads it as false.
+        let old: PrimaryIdentity =
+            serde_json::from_str(r#"{"node":"n:1/n","run_id":"rn","replication_id":"xn","slots":[],"claimed":[]}"#)
+                .expect("an old identity decodes");
+        assert!(!old.idle && !old.live());
     }
 
     #[test]

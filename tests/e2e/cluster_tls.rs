@@ -69,3 +69,28 @@ async fn a_group_runs_on_a_mutual_tls_cluster_and_a_coordinator_without_a_client
     coordinator.assert_no_error_logged();
     eprintln!("mutual TLS cluster, {} primaries: {summary}; {:?} in all", primaries.len(), started.elapsed());
 }
+
+/// A master serving no slot (a node just added to scale out) is not in the cluster client's slot
+/// map, so the store identity asks it on a connection of its own: on a mutual-TLS cluster that
+/// connection presents the client certificate too, and the identity names the node, idle.
+#[tokio::test]
+async fn the_identity_reads_an_idle_master_over_mutual_tls() {
+    use rsc::store::redis::{RedisStore, RedisStoreOptions};
+    use rsc::store::MetadataStore;
+    let mut cluster = RedisCluster::start_tls(3, 0, TlsClientAuth::Yes);
+    let seeds = cluster.nodes();
+    let port = cluster.add_empty_primary().port();
+    let files = cluster.tls_files().expect("TLS files").clone();
+    let tls = RedisTlsOptions {
+        ca_file: Some(files.ca_cert.clone()),
+        client_cert_file: Some(files.client_cert.clone()),
+        client_key_file: Some(files.client_key.clone()),
+    };
+    let store = RedisStore::connect_cluster(&seeds, RedisStoreOptions { tls, ..RedisStoreOptions::default() })
+        .await
+        .expect("connect");
+    let identity = store.identity().await.expect("identity");
+    let idle = identity.primaries.iter().find(|p| p.idle).map(|p| p.node.clone()).unwrap_or_default();
+    assert!(idle.contains(&format!(":{port}/")), "the new node is named, idle: {identity:?}");
+    assert_eq!(identity.disputed_slots(), vec![], "{identity:?}");
+}

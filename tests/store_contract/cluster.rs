@@ -168,6 +168,85 @@ async fn a_failover_of_a_migrations_target_may_have_lost_the_slot_its_source_sti
     assert!(!blind_before_failover.may_have_lost(&blind_after, slot), "but not as a loss in the migrating slot");
 }
 
+/// Scaling out: a node added to the cluster serves no slot, so no CLUSTER SLOTS lists it, and the
+/// cluster client has no connection to it. The identity still names it (a listed primary's
+/// CLUSTER NODES lists it as a master; the store asks it on a connection of its own), so moving
+/// slots onto it is a migration between unchanged primaries: no dispute and no loss, whether the
+/// move is read step by step or while `redis-cli --cluster reshard` runs. Before, a migration to
+/// a node the identity did not list was disputed: a correction round for the slot's groups.
+#[tokio::test]
+async fn a_reshard_onto_a_new_empty_primary_loses_nothing() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let store = store_on(&cluster).await;
+    let group = GroupId::new("orders", "scaling");
+    assert_eq!(store.write(&group, create("v1")).await, Ok(written(1)));
+    let slot = keys::group_slot(&group);
+    let new_port = cluster.add_empty_primary().port();
+    let listed_idle = |identity: &rsc::store::ServerIdentity, port: u16| {
+        identity.primaries.iter().any(|p| p.idle && p.node.contains(&format!(":{port}/")))
+    };
+    let before = store.identity().await.expect("identity");
+    assert!(listed_idle(&before, new_port), "the new node is named, idle: {before:?}");
+    assert_eq!(before.disputed_slots(), vec![], "{before:?}");
+
+    // Step by step: IMPORTING/MIGRATING, the group's keys moved, the handover.
+    let slot_move = cluster.begin_slot_move(slot, cluster.server(new_port)).expect("the slot is elsewhere");
+    assert!(cluster.migrate_slot_keys(&slot_move, 1) > 0, "a key of the group moved to the new node");
+    let during = store.identity().await.expect("identity during the migration");
+    assert_eq!(during.disputed_slots(), vec![], "a migration onto an idle master is no dispute: {during:?}");
+    assert!(before.same_servers(&during) && !before.may_have_lost(&during, slot), "{during:?}");
+    while cluster.migrate_slot_keys(&slot_move, 100) > 0 {}
+    cluster.finish_slot_move(slot_move);
+    let settled = store.identity().await.expect("identity after the migration");
+    assert_eq!(settled.disputed_slots(), vec![], "{settled:?}");
+    assert!(!listed_idle(&settled, new_port), "the new node serves a slot now: {settled:?}");
+    for earlier in [&before, &during] {
+        assert!(!earlier.may_have_lost(&settled, slot), "{earlier:?} -> {settled:?}");
+    }
+    assert!(before.same_servers(&settled), "a node keeps its place in the identity when it gains a slot");
+    assert!(store.load(&group).await.expect("load after the move").is_some());
+
+    // The operator's tool onto a second new node, read all along.
+    let second = cluster.add_empty_primary().port();
+    let from = cluster.primaries().into_iter().find(|p| ![new_port, second].contains(&p.port())).expect("a primary");
+    let (from_port, from_id, to_id) =
+        (from.port(), cluster.id_of(from).to_string(), cluster.id_of(cluster.server(second)).to_string());
+    let moved: Vec<u16> =
+        (0..keys::CLUSTER_SLOTS).filter(|s| cluster.owner_of_slot(*s).port() == from_port).take(200).collect();
+    let first = store.identity().await.expect("identity before the reshard");
+    assert!(listed_idle(&first, second), "{first:?}");
+    let mut cli = std::process::Command::new("redis-cli")
+        .args(["--cluster", "reshard", &format!("127.0.0.1:{from_port}")])
+        .args(["--cluster-from", &from_id, "--cluster-to", &to_id, "--cluster-slots", "200", "--cluster-yes"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run redis-cli");
+    let mut previous = first.clone();
+    let mut reads = 0;
+    loop {
+        let done = cli.try_wait().expect("redis-cli status");
+        let now = store.identity().await.expect("identity during the reshard");
+        reads += 1;
+        for s in &moved {
+            assert!(
+                !previous.may_have_lost(&now, *s) && !first.may_have_lost(&now, *s),
+                "slot {s}: {previous:?} -> {now:?}"
+            );
+        }
+        previous = now;
+        if let Some(status) = done {
+            assert!(status.success(), "redis-cli --cluster reshard: {status}");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    cluster.wait_converged();
+    let last = store.identity().await.expect("identity after the reshard");
+    assert!(moved.iter().all(|s| cluster.owner_of_slot(*s).port() == second), "redis-cli moved the slots");
+    assert!(moved.iter().all(|s| !first.may_have_lost(&last, *s)) && last.disputed_slots().is_empty(), "{last:?}");
+    assert!(reads > 1, "the identity was read while redis-cli ran");
+}
+
 /// A primary that stops claiming a slot by its own account (`CLUSTER DELSLOTS` on it alone, which
 /// the other nodes do not learn of: their views keep listing it) leaves the slot disputed, whichever
 /// node answers the view: a change of identity that may have lost that slot's writes and no

@@ -101,6 +101,8 @@ pub struct RedisCluster {
     bus_ports: Vec<u16>,
     /// The directory holding the TLS files every node shares (removed on drop), and the files.
     tls: Option<(PathBuf, TlsFiles)>,
+    /// How its nodes were started (a node added later is started the same way).
+    config: ClusterConfig,
 }
 
 impl RedisCluster {
@@ -130,8 +132,8 @@ impl RedisCluster {
         });
         let ids: Vec<String> = nodes.iter().map(|n| text(n.cmd(&["CLUSTER", "MYID"]))).collect();
         let bus_ports = nodes.iter().map(bus_port).collect();
-        let cluster = RedisCluster { nodes, ids, bus_ports, tls };
-        cluster.form(&config);
+        let cluster = RedisCluster { nodes, ids, bus_ports, tls, config };
+        cluster.form(&cluster.config);
         cluster
     }
 
@@ -190,6 +192,23 @@ impl RedisCluster {
     fn replica_indices_of(&self, config: &ClusterConfig, primary: usize) -> impl Iterator<Item = usize> {
         let first = config.primaries + primary * config.replicas_per_primary;
         first..first + config.replicas_per_primary
+    }
+
+    /// Starts one more node and makes it a primary serving no slot, as `redis-cli --cluster
+    /// add-node` does (one `CLUSTER MEET`; gossip tells the others). Returns it once every node
+    /// knows it and the slot maps agree: the first step of scaling out, before slots move onto it.
+    pub fn add_empty_primary(&mut self) -> &RedisServer {
+        let tls_files = self.tls.as_ref().map(|(_, files)| files.clone());
+        let node = start_node(&self.config, tls_files.as_ref());
+        let secret = format!(">{REPLICATION_PASSWORD}");
+        node.cmd(&["ACL", "SETUSER", REPLICATION_USER, "on", &secret, "~*", "&*", "+@all"]);
+        let (id, bus) = (text(node.cmd(&["CLUSTER", "MYID"])), bus_port(&node));
+        self.nodes[0].cmd(&["CLUSTER", "MEET", "127.0.0.1", &node.port().to_string(), &bus.to_string()]);
+        self.nodes.push(node);
+        self.ids.push(id);
+        self.bus_ports.push(bus);
+        self.wait_converged();
+        self.nodes.last().expect("just added")
     }
 
     /// Seed URLs of every node, `redis://127.0.0.1:<port>` (`rediss://` with TLS), for a cluster

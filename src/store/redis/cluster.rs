@@ -1,15 +1,18 @@
 //! What a Redis Cluster needs beyond routing by key: commands that must reach every primary.
 //!
-//! Owns: the list of primaries serving slots (CLUSTER SLOTS), one command sent to one named node,
-//! the cluster's identity (every serving primary's `run_id` and `master_replid`, the slots one
-//! node's view lists for it and the slots it claims itself), and the SCAN of every primary.
+//! Owns: the list of primaries serving slots (CLUSTER SLOTS), one command sent to one named node
+//! (through the cluster client, or on a connection of its own to a master serving no slot), the
+//! cluster's identity (every serving primary's `run_id` and `master_replid`, the slots one node's
+//! view lists for it and the slots it claims itself, and every idle master), and the SCAN of
+//! every primary.
 //! Never: treats a settled slot move between primaries as a new identity (the identity names the
 //! primaries, not which slots they serve), trusts one node's view of who serves a slot without
 //! that primary's own account, or SCANs a replica (it may lag).
 //!
 //! The identity is conservative: a failover, restart or replacement of any serving primary
-//! changes it; so does a primary that gains its first slot or gives away its last (adding or
-//! removing a node), and a slot that starts or stops being disputed (claimed by no listed
+//! changes it; so does adding or removing a node (a node added serves no slot at first, and is
+//! listed as an idle master until it gains one, so resharding onto it moves slots between
+//! unchanged primaries), and a slot that starts or stops being disputed (claimed by no listed
 //! primary, by two, or not by the one the view names unless that one is a live primary that
 //! handed it to the one other claimant: a view behind a settled handover). The coordinator maps
 //! each change to the slots it may have cost (`ServerIdentity::may_have_lost`). A slot migration
@@ -19,10 +22,16 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
+use std::time::Duration;
+
+use ::redis::aio::MultiplexedConnection;
 use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use ::redis::{Cmd, FromRedisValue, Value};
+use ::redis::{
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue, TlsCertificates, Value,
+};
 
 use super::conn::{Conn, Lane};
+use super::errors::{map_error, timed_out, Redactor};
 use super::scripts::{number, text};
 use super::RedisStore;
 use crate::store::{PrimaryIdentity, ServerIdentity, StoreError};
@@ -35,6 +44,10 @@ pub(super) struct Primary {
     pub node_id: String,
     /// The slot ranges it serves (inclusive, in reply order).
     pub slots: Vec<(u16, u16)>,
+    /// Reached on a connection of its own ([`DirectNodes`]) rather than through the cluster
+    /// client: a master serving no slot, which the client's slot map (CLUSTER SLOTS) does not
+    /// list, so the client cannot route to it.
+    pub direct: bool,
 }
 
 /// The primaries of a CLUSTER SLOTS reply (`[[start, end, [host, port, id, ...], replicas...]]`),
@@ -53,7 +66,10 @@ pub(super) fn parse_slots_primaries(reply: &Value) -> Result<Vec<Primary>, Store
         let node_id = node.get(2).and_then(text).unwrap_or_default();
         primaries.entry((host, port, node_id)).or_default().push((start, end));
     }
-    Ok(primaries.into_iter().map(|((host, port, node_id), slots)| Primary { host, port, node_id, slots }).collect())
+    Ok(primaries
+        .into_iter()
+        .map(|((host, port, node_id), slots)| Primary { host, port, node_id, slots, direct: false })
+        .collect())
 }
 
 /// How long a node that refused CLUSTER NODES (or answered it unreadably) is read with CLUSTER
@@ -117,6 +133,10 @@ pub(super) struct NodesAccount {
     pub migrating: Vec<(u16, String)>,
     /// `[slot-<-id]` on its own line: slots it imports, each with the source's id.
     pub importing: Vec<(u16, String)>,
+    /// Masters it lists serving no slot (a new node before its first slot, or one emptied), with
+    /// an address, not failing (`fail`, `fail?`) and not in a handshake: reached
+    /// [directly](Primary::direct). Sorted by address.
+    pub idle_masters: Vec<Primary>,
 }
 
 /// Parses a `CLUSTER NODES` reply: one line per node, `<id> <ip:port@cport[,hostname]> <flags>
@@ -135,7 +155,8 @@ pub(super) fn parse_cluster_nodes(reply: &str) -> Result<NodesAccount, StoreErro
         if fields.len() < 8 {
             return Err(bad(line));
         }
-        let myself = flags.split(',').any(|flag| flag == "myself");
+        let flag = |name: &str| flags.split(',').any(|f| f == name);
+        let myself = flag("myself");
         if myself {
             account.myself = id.to_string();
         }
@@ -145,6 +166,12 @@ pub(super) fn parse_cluster_nodes(reply: &str) -> Result<NodesAccount, StoreErro
             .and_then(|hostport| hostport.rsplit_once(':'))
             .and_then(|(host, port)| Some((host.to_string(), port.parse::<u16>().ok()?)))
             .ok_or_else(|| bad(line))?;
+        let serves = fields[8..].iter().any(|token| !token.starts_with('['));
+        let reachable = port != 0 && !["fail", "fail?", "handshake", "noaddr"].iter().any(|f| flag(f));
+        if flag("master") && !serves && reachable {
+            let node_id = id.to_string();
+            account.idle_masters.push(Primary { host: host.clone(), port, node_id, slots: Vec::new(), direct: true });
+        }
         for token in &fields[8..] {
             if let Some(inner) = token.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
                 let (list, at, other) = if let Some((at, to)) = inner.split_once("->-") {
@@ -172,10 +199,13 @@ pub(super) fn parse_cluster_nodes(reply: &str) -> Result<NodesAccount, StoreErro
     if account.myself.is_empty() {
         return Err(StoreError::Protocol("CLUSTER NODES: no line is marked myself".into()));
     }
-    account.owners =
-        owners.into_iter().map(|((host, port, node_id), slots)| Primary { host, port, node_id, slots }).collect();
+    account.owners = owners
+        .into_iter()
+        .map(|((host, port, node_id), slots)| Primary { host, port, node_id, slots, direct: false })
+        .collect();
     account.migrating.sort_unstable();
     account.importing.sort_unstable();
+    account.idle_masters.sort();
     Ok(account)
 }
 
@@ -186,6 +216,83 @@ fn reply_text(reply: &Value, command: &str) -> Result<String, StoreError> {
         Value::VerbatimString { text, .. } => Ok(text.clone()),
         other => text(other).ok_or_else(|| StoreError::Protocol(format!("{command}: unexpected reply"))),
     }
+}
+
+/// Connections of their own to [idle masters](Primary::direct), which the cluster client cannot
+/// route to: one per node, opened with the first seed's credentials and the cluster's TLS
+/// settings at the node's address, kept while the node stays idle, dropped after any failure.
+pub(super) struct DirectNodes {
+    seed: ConnectionInfo,
+    certificates: Option<TlsCertificates>,
+    redactor: Redactor,
+    config: AsyncConnectionConfig,
+    timeout: Duration,
+    open: tokio::sync::Mutex<BTreeMap<(String, u16), MultiplexedConnection>>,
+}
+
+impl DirectNodes {
+    pub(super) fn new(seed: ConnectionInfo, certificates: Option<TlsCertificates>, timeout_ms: u64) -> Self {
+        let timeout = Duration::from_millis(timeout_ms.max(1));
+        let config = AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(None);
+        let redactor = Redactor::new(seed.redis_settings().password());
+        Self { seed, certificates, redactor, config, timeout, open: Default::default() }
+    }
+
+    /// Closes the connections to nodes no longer among `idle`.
+    async fn keep_only(&self, idle: impl Iterator<Item = &Primary>) {
+        let keep: Vec<(String, u16)> = idle.map(|node| (node.host.clone(), node.port)).collect();
+        self.open.lock().await.retain(|address, _| keep.contains(address));
+    }
+
+    /// `cmd` on `node` within the store's deadline (connecting first if needed), its errors mapped
+    /// as every command's are; the connection is dropped unless the server answered.
+    async fn query(&self, command: &str, node: &Primary, cmd: Cmd) -> Result<Value, StoreError> {
+        let address = (node.host.clone(), node.port);
+        let label = format!("{command} on {}:{}", node.host, node.port);
+        let result = tokio::time::timeout(self.timeout, async {
+            let mut conn = self.connection(&address).await?;
+            cmd.query_async::<Value>(&mut conn).await?.extract_error()
+        })
+        .await;
+        match result {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => {
+                if !matches!(error.kind(), ::redis::ErrorKind::Server(_)) {
+                    self.open.lock().await.remove(&address);
+                }
+                Err(map_error(&label, &error, &self.redactor))
+            }
+            Err(_) => {
+                self.open.lock().await.remove(&address);
+                Err(timed_out(&label, self.timeout.as_millis() as u64))
+            }
+        }
+    }
+
+    async fn connection(&self, (host, port): &(String, u16)) -> Result<MultiplexedConnection, ::redis::RedisError> {
+        let mut open = self.open.lock().await;
+        if let Some(conn) = open.get(&(host.clone(), *port)) {
+            return Ok(conn.clone());
+        }
+        let addr = match self.seed.addr() {
+            ConnectionAddr::TcpTls { .. } => {
+                ConnectionAddr::TcpTls { host: host.clone(), port: *port, insecure: false, tls_params: None }
+            }
+            _ => ConnectionAddr::Tcp(host.clone(), *port),
+        };
+        let info = self.seed.clone().set_addr(addr);
+        let client = match &self.certificates {
+            Some(certificates) => Client::build_with_tls(info, certificates.clone())?,
+            None => Client::open(info)?,
+        };
+        let conn = client.get_multiplexed_async_connection_with_config(&self.config).await?;
+        open.insert((host.clone(), *port), conn.clone());
+        Ok(conn)
+    }
+}
+
+fn not_direct() -> StoreError {
+    StoreError::Protocol("an idle master was found on a store that is not a Redis Cluster".into())
 }
 
 impl RedisStore {
@@ -206,6 +313,10 @@ impl RedisStore {
         node: &Primary,
         cmd: Cmd,
     ) -> Result<T, StoreError> {
+        if node.direct {
+            let value = self.inner.direct.as_ref().ok_or_else(not_direct)?.query(command, node, cmd).await?;
+            return T::from_redis_value(value).map_err(|e| StoreError::Protocol(format!("{command}: {e}")));
+        }
         let routing =
             RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host: node.host.clone(), port: node.port });
         let value: Value = self
@@ -250,14 +361,43 @@ impl RedisStore {
         self.read_cluster_identity().await
     }
 
-    /// One read of the identity: the view, then each primary it lists ([`primary_identity`]).
+    /// One read of the identity: the view, then each primary it lists ([`primary_identity`]),
+    /// then each [idle](PrimaryIdentity::idle) master their accounts name. An idle master that
+    /// cannot be read (unreachable, or a replica by now) is left out: a slot migrating to a node
+    /// the identity does not list is disputed, the safe case.
     ///
     /// [`primary_identity`]: Self::primary_identity
     async fn read_cluster_identity(&self) -> Result<ServerIdentity, StoreError> {
-        let mut primaries = Vec::new();
-        for primary in &self.cluster_primaries().await? {
-            primaries.push(self.primary_identity(primary).await?);
+        let listed = self.cluster_primaries().await?;
+        // By address and id, idle masters among the listed ones: a node keeps its place when it
+        // gains its first slot, so that is no change of the identity's text.
+        let mut primaries: BTreeMap<(String, u16, String), PrimaryIdentity> = BTreeMap::new();
+        let key = |p: &Primary| (p.host.clone(), p.port, p.node_id.clone());
+        let mut idle: BTreeMap<String, Primary> = BTreeMap::new();
+        for primary in &listed {
+            let (identity, idle_masters) = self.primary_identity(primary).await?;
+            primaries.insert(key(primary), identity);
+            for node in idle_masters {
+                idle.entry(node.node_id.clone()).or_insert(node);
+            }
         }
+        idle.retain(|id, _| !id.is_empty() && !listed.iter().any(|p| &p.node_id == id));
+        if let Some(direct) = &self.inner.direct {
+            direct.keep_only(idle.values()).await;
+            for node in idle.values() {
+                match self.primary_identity(node).await {
+                    Ok((identity, _)) if identity.idle => {
+                        primaries.insert(key(node), identity);
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        let node = format!("{}:{}", node.host, node.port);
+                        tracing::debug!(%node, %error, "an idle master is left out of the store identity");
+                    }
+                }
+            }
+        }
+        let primaries: Vec<PrimaryIdentity> = primaries.into_values().collect();
         let join = |field: fn(&PrimaryIdentity) -> &str| {
             primaries.iter().map(|p| format!("{}={}", p.node, field(p))).collect::<Vec<_>>().join(",")
         };
@@ -265,10 +405,11 @@ impl RedisStore {
     }
 
     /// INFO `server` and `replication` and CLUSTER NODES (CLUSTER SLOTS where that is denied) of one
-    /// primary the view lists, asked of that node itself. One whose own INFO does not say
-    /// `role:master` (a demoted primary the view still lists) claims nothing, and is asked nothing
-    /// more.
-    async fn primary_identity(&self, primary: &Primary) -> Result<PrimaryIdentity, StoreError> {
+    /// primary the view lists (or of an idle master, [reached directly](Primary::direct)), asked
+    /// of that node itself, with the idle masters its account names. One whose own INFO does not
+    /// say `role:master` (a demoted primary the view still lists) claims nothing, and is asked
+    /// nothing more.
+    async fn primary_identity(&self, primary: &Primary) -> Result<(PrimaryIdentity, Vec<Primary>), StoreError> {
         let node = format!("{}:{}/{}", primary.host, primary.port, primary.node_id);
         let (server, replication) = self.node_server_replication(primary).await?;
         let field = |info: &str, section: &str, name: &str| {
@@ -287,12 +428,15 @@ impl RedisStore {
             handed: Vec::new(),
             migrating: Vec::new(),
             importing: Vec::new(),
+            idle: primary.direct && role == "master",
         };
         if role != "master" {
-            return Ok(identity);
+            return Ok((identity, Vec::new()));
         }
+        let mut idle_masters = Vec::new();
         match self.own_account(primary).await? {
             Some(account) => {
+                idle_masters = account.idle_masters;
                 identity.claimed = own_claim(primary, &account.owners);
                 identity.handed = handed_by(primary, &account.owners);
                 // Its own line's migrations, when the node answering is the one the view lists.
@@ -309,7 +453,7 @@ impl RedisStore {
                 identity.handed = handed_by(primary, &own);
             }
         }
-        Ok(identity)
+        Ok((identity, idle_masters))
     }
 
     /// `primary`'s own CLUSTER NODES, parsed; `None` when that node refuses it or answers
@@ -469,6 +613,9 @@ a1b2 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460 [100->-e7d1] [5
 c9f1 ::1:7003@17003 master,fail - 1 1 3 disconnected 10923-16383 12
 d00d :0@0 master,noaddr - 1 1 0 disconnected
 f00f 127.0.0.1:7009@17009 handshake - 0 0 0 connected
+b0b0 127.0.0.1:7005@17005,host-e master - 0 1426238316232 5 connected
+b1b1 127.0.0.1:7006@17006 master,fail? - 0 1426238316232 6 connected
+b2b2 127.0.0.1:7007@17007 master - 0 1426238316232 7 connected
 ";
         let account = parse_cluster_nodes(reply).expect("parses");
         assert_eq!(account.myself, "a1b2");
@@ -477,6 +624,7 @@ f00f 127.0.0.1:7009@17009 handshake - 0 0 0 connected
             port,
             node_id: id.into(),
             slots: slots.to_vec(),
+            direct: false,
         };
         assert_eq!(
             account.owners,
@@ -489,6 +637,11 @@ f00f 127.0.0.1:7009@17009 handshake - 0 0 0 connected
         // Only the answering node's own line speaks for its migrations.
         assert_eq!(account.migrating, vec![(100, "e7d1".to_string())]);
         assert_eq!(account.importing, vec![(5461, "e7d1".to_string())]);
+        // Masters serving no slot, reachable by their address and not failing, are idle masters,
+        // reached directly; a failing one (`fail?`, `fail`), one without an address and one in a
+        // handshake are not.
+        let idle = |port: u16, id: &str| Primary { direct: true, ..owner("127.0.0.1", port, id, &[]) };
+        assert_eq!(account.idle_masters, vec![idle(7005, "b0b0"), idle(7007, "b2b2")]);
         // own_claim and handed_by read it as they read CLUSTER SLOTS.
         let me = &account.owners[0];
         assert_eq!(own_claim(me, &account.owners), vec![(0, 5460)]);

@@ -149,11 +149,14 @@ struct Inner {
     /// Nodes (host, port) that refused CLUSTER NODES, and since when: identity checks read their
     /// own account with CLUSTER SLOTS, which shows no slot migration, until the retry.
     cluster_nodes_denied: std::sync::Mutex<std::collections::BTreeMap<(String, u16), tokio::time::Instant>>,
+    /// On a Cluster: connections to masters serving no slot, which the cluster client cannot
+    /// route to (the identity reads them too).
+    direct: Option<cluster::DirectNodes>,
 }
 
 impl RedisStore {
     /// A store over `conn`, with nothing learnt about its servers yet.
-    fn over(conn: Connector, options: RedisStoreOptions) -> Self {
+    fn over(conn: Connector, options: RedisStoreOptions, direct: Option<cluster::DirectNodes>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 conn,
@@ -161,6 +164,7 @@ impl RedisStore {
                 options,
                 info_one_section: Default::default(),
                 cluster_nodes_denied: Default::default(),
+                direct,
             }),
         }
     }
@@ -218,7 +222,7 @@ impl RedisStore {
             }
         };
         let conn = Connector::new(target, options.timeout_ms, redactor, sentinel_redactor);
-        Ok(Self::over(conn, options))
+        Ok(Self::over(conn, options, None))
     }
 
     /// [`open`](Self::open), then one PING so an unreachable or misconfigured server is reported
@@ -290,6 +294,7 @@ impl RedisStore {
         // failed as `Unavailable` although the keys were together again a few hundred
         // milliseconds later. Waits of at most 10, 20, 40, ... ms (and `CLUSTER_RETRY_WAIT_MS_MAX`)
         // retry such a command several times within the deadline.
+        let direct = cluster::DirectNodes::new(infos[0].clone(), certificates.clone(), options.timeout_ms);
         let mut builder = ::redis::cluster::ClusterClientBuilder::new(infos)
             .connection_timeout(std::time::Duration::from_millis(options.timeout_ms.max(1)))
             .response_timeout(std::time::Duration::from_secs(24 * 3600))
@@ -303,7 +308,7 @@ impl RedisStore {
         let client =
             builder.build().map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))?;
         let conn = Connector::new(Target::Cluster(client), options.timeout_ms, redactor, Redactor::default());
-        Ok(Self::over(conn, options))
+        Ok(Self::over(conn, options, Some(direct)))
     }
 
     /// [`open_cluster`](Self::open_cluster), then one PING so an unreachable cluster is reported
