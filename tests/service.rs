@@ -1224,6 +1224,41 @@ async fn a_slot_two_primaries_claim_is_evidence_only_for_its_groups_unless_they_
     assert_eq!(correction_rounds_after(before(), disowned, b).await, (true, false), "a dispute alone is evidence");
 }
 
+/// Scaling a Cluster out: a node added serves no slot (an idle master, which the identity lists),
+/// then a slot migrates onto it and settles. Each read names other servers, but no slot may have
+/// lost a write: no correction round, no identity change counted (no warning, no reset of
+/// deferrals and windows, which at 10,000 groups is a pass reading every group). A restart of
+/// that node while the slot's keys move onto it is still evidence, for that slot's groups only.
+#[tokio::test]
+async fn adding_a_node_and_migrating_a_slot_onto_it_is_no_evidence_but_its_restart_mid_migration_is() {
+    use rsc::store::PrimaryIdentity;
+    let (a, b, c3) = ((0, 5460), (5461, 10922), (10923, 16383));
+    let three = || vec![primary("a", "xa", a), primary("b", "xb", b), primary("c", "xc", c3)];
+    let idle = PrimaryIdentity { slots: vec![], claimed: vec![], idle: true, ..primary("n", "xn", b) };
+    let with = |extra: Vec<PrimaryIdentity>| cluster_identity(three().into_iter().chain(extra).collect());
+    let moving = b.0;
+    let migrating = |n: PrimaryIdentity| {
+        let source = PrimaryIdentity { migrating: vec![(moving, "n".into())], ..primary("b", "xb", b) };
+        let n = PrimaryIdentity { importing: vec![(moving, "b".into())], ..n };
+        cluster_identity(vec![primary("a", "xa", a), source, primary("c", "xc", c3), n])
+    };
+    let settled = cluster_identity(vec![
+        primary("a", "xa", a),
+        PrimaryIdentity { slots: vec![(b.0 + 1, b.1)], claimed: vec![(b.0 + 1, b.1)], ..primary("b", "xb", b) },
+        primary("c", "xc", c3),
+        PrimaryIdentity { slots: vec![(b.0, b.0)], claimed: vec![(b.0, b.0)], ..primary("n", "xn", b) },
+    ]);
+    let scale_out = vec![with(vec![idle.clone()]), migrating(idle.clone()), settled];
+    let (rounds, changes) = correction_rounds_through(with(vec![]), scale_out, (b.0, b.0)).await;
+    assert_eq!((rounds, changes), ((false, false), 0.0), "scaling out is no evidence");
+
+    let restarted = PrimaryIdentity { run_id: "run-n-again".into(), ..idle.clone() };
+    let lossy = vec![with(vec![idle.clone()]), migrating(idle), migrating(restarted)];
+    let (rounds, changes) = correction_rounds_through(with(vec![]), lossy, (b.0, b.0)).await;
+    assert_eq!(rounds, (true, false), "the migrating slot's group records a round, no other");
+    assert_eq!(changes, 1.0, "the restart is counted, the node's addition is not");
+}
+
 /// A Cluster primary that claims exactly the slots the view lists for it.
 fn primary(node: &str, replid: &str, slots: (u16, u16)) -> rsc::store::PrimaryIdentity {
     rsc::store::PrimaryIdentity {
@@ -1254,6 +1289,16 @@ async fn correction_rounds_after(
     after: rsc::store::ServerIdentity,
     range: (u16, u16),
 ) -> (bool, bool) {
+    correction_rounds_through(before, vec![after], range).await.0
+}
+
+/// [`correction_rounds_after`] through each identity of `then` in turn (ticked twice under each),
+/// with the identity changes the coordinator counted.
+async fn correction_rounds_through(
+    before: rsc::store::ServerIdentity,
+    then: Vec<rsc::store::ServerIdentity>,
+    range: (u16, u16),
+) -> ((bool, bool), f64) {
     use rsc::store::keys;
     let in_range = (0..)
         .map(|i| GroupId::new("orders", format!("g{i}")))
@@ -1282,12 +1327,14 @@ async fn correction_rounds_after(
     for g in [&in_range, &elsewhere] {
         assert!(c.describe(g).await.expect("describe").metadata.correction.is_none(), "{g}: no round yet");
     }
-    c.store().set_identity(after);
-    c.tick_all().await;
-    c.tick_all().await;
+    for after in then {
+        c.store().set_identity(after);
+        c.tick_all().await;
+        c.tick_all().await;
+    }
     let mut rounds = Vec::new();
     for g in [&in_range, &elsewhere] {
         rounds.push(c.describe(g).await.expect("describe").metadata.correction.is_some());
     }
-    (rounds[0], rounds[1])
+    ((rounds[0], rounds[1]), c.metrics().total("rsc_store_identity_changes_total"))
 }

@@ -1287,6 +1287,14 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         local.identity_suspect = false;
         match local.identity.clone() {
+            // On a Cluster, servers that changed without any slot that may have lost writes — a
+            // node added (an idle master) or gone after giving its slots away unchanged, a
+            // migration between unchanged primaries — are the slot map to judge the next change
+            // by, not evidence: no warning, no count, nothing reset.
+            Some(seen) if !seen.same_servers(&identity) && loses_nothing(&seen, &identity) => {
+                tracing::info!(?seen, now = ?identity, "store servers changed; no slot may have lost writes");
+                local.identity = Some(identity);
+            }
             Some(seen) if !seen.same_servers(&identity) => {
                 tracing::warn!(?seen, now = ?identity, "store identity changed: treating recent writes as lost");
                 self.inner.metrics.inc(
@@ -1332,6 +1340,14 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         true
     }
+}
+
+/// Whether a change of a Cluster's identity from `seen` to `now` may have lost no write in any
+/// slot ([`ServerIdentity::may_have_lost`]); never on one server, where any change counts.
+fn loses_nothing(seen: &ServerIdentity, now: &ServerIdentity) -> bool {
+    !seen.primaries.is_empty()
+        && !now.primaries.is_empty()
+        && (0..keys::CLUSTER_SLOTS).all(|slot| !seen.may_have_lost(now, slot))
 }
 
 fn bad_request(refused: InputError) -> ApiError {
