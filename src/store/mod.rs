@@ -321,6 +321,17 @@ pub struct PrimaryIdentity {
     /// recorded without it: such a node was not listed then, the safe case.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub idle: bool,
+    /// `uptime_in_seconds` of its own INFO at this read: with [`Self::second_repl_offset`], what
+    /// shows that a primary the read before did not list has been the same master process since
+    /// before that read ([`ServerIdentity::may_have_lost`]). `None` when not read (one server, an
+    /// identity recorded without it): nothing is shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uptime_s: Option<u64>,
+    /// `second_repl_offset` of its own INFO: -1 while the process has never taken a new
+    /// replication history (a replica promoted, `REPLICAOF NO ONE`, a reset replica), so it has
+    /// been a master with its own data since it started. `None` when not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub second_repl_offset: Option<i64>,
 }
 
 impl PrimaryIdentity {
@@ -379,9 +390,31 @@ impl ServerIdentity {
             _ if same_nodes => !before.iter().all(|b| newer.lists_unchanged(b)),
             _ => {
                 !(self.primaries.iter().all(|p| newer.lists_unchanged(p))
-                    && newer.primaries.iter().all(|p| self.lists_unchanged(p)))
+                    && newer.primaries.iter().all(|p| self.lists_unchanged(p) || newer.master_since(self, p)))
             }
         }
+    }
+
+    /// Whether `primary`, of this read, has been the same master process, with its own data, since
+    /// before the read `earlier` — so no slot that passed through it meanwhile lost writes there,
+    /// although `earlier` did not list it (a node added to scale out, idle or already holding its
+    /// first slot). It is live, it never took a new replication history (`second_repl_offset` -1:
+    /// never a promoted replica), and it has been up at least 2 s longer than the time between
+    /// the reads, measured by the uptime of a primary listed unchanged in both (whole seconds on
+    /// both sides: the margin makes it start at least 1 s before `earlier`). Anything unread is
+    /// no proof.
+    fn master_since(&self, earlier: &ServerIdentity, primary: &PrimaryIdentity) -> bool {
+        let between = self
+            .primaries
+            .iter()
+            .filter_map(|p| {
+                let q = earlier.primaries.iter().find(|q| q.node == p.node && q.run_id == p.run_id)?;
+                p.uptime_s?.checked_sub(q.uptime_s?)
+            })
+            .max();
+        primary.live()
+            && primary.second_repl_offset == Some(-1)
+            && matches!((primary.uptime_s, between), (Some(up), Some(between)) if up >= between.saturating_add(2))
     }
 
     /// Whether this read cannot name the primaries holding `slot` ([`Self::holders`] is empty):
@@ -956,6 +989,8 @@ mod tests {
             migrating: Vec::new(),
             importing: Vec::new(),
             idle: false,
+            uptime_s: None,
+            second_repl_offset: None,
         }
     }
 
@@ -1132,6 +1167,55 @@ mod tests {
             serde_json::from_str(r#"{"node":"n:1/n","run_id":"rn","replication_id":"xn","slots":[],"claimed":[]}"#)
                 .expect("an old identity decodes");
         assert!(!old.idle && !old.live());
+    }
+
+    #[test]
+    fn a_primary_new_since_the_read_before_vouches_for_moved_slots_only_if_it_has_been_the_same_master_since() {
+        let up = |p: &PrimaryIdentity, uptime: u64| PrimaryIdentity {
+            uptime_s: Some(uptime),
+            second_repl_offset: Some(-1),
+            ..p.clone()
+        };
+        let [a, b, c] = three();
+        let before = cluster(vec![up(&a, 100), up(&b, 100), up(&c, 100)]);
+        // 3 s later by a's uptime: slot 7000 moved from b to c (MIGRATE between unchanged
+        // primaries), and a node n was added meanwhile.
+        let b_after = PrimaryIdentity { slots: vec![(5461, 6999), (7001, 10922)], ..b.clone() };
+        let b_after = claiming(&b_after, &b_after.slots.clone());
+        let c_after = PrimaryIdentity { slots: vec![(7000, 7000), (10923, 16383)], ..c.clone() };
+        let c_after = claiming(&c_after, &c_after.slots.clone());
+        let n = |uptime: Option<u64>, offset: i64| PrimaryIdentity {
+            idle: true,
+            uptime_s: uptime,
+            second_repl_offset: Some(offset),
+            ..primary("n:1/n", "rn", "xn", &[])
+        };
+        let after = |n: PrimaryIdentity| cluster(vec![up(&a, 103), up(&b_after, 103), up(&c_after, 103), n]);
+        // n has been up a minute and never took a new replication history: a master with its own
+        // data since before the earlier read, so the slot lost nothing wherever it went.
+        assert!(!before.may_have_lost(&after(n(Some(60), -1)), 7000));
+        assert!(!before.may_have_lost(&after(n(Some(5), -1)), 7000), "up 2 s longer than the 3 s between");
+        // Up only about as long as the reads are apart: it may have started after the earlier
+        // read, held the slot and lost it (a restart), so the move counts.
+        assert!(before.may_have_lost(&after(n(Some(4), -1)), 7000));
+        // A promoted replica (a new replication history) may lack writes: the move counts.
+        assert!(before.may_have_lost(&after(n(Some(60), 1234)), 7000));
+        // Nothing read, nothing shown.
+        assert!(before.may_have_lost(&after(n(None, -1)), 7000));
+        // An earlier read that carries no uptimes (recorded before they were read) cannot time the
+        // gap: no proof either.
+        let untimed_before = cluster(vec![a.clone(), b.clone(), c.clone()]);
+        assert!(untimed_before.may_have_lost(&after(n(Some(60), -1)), 7000));
+        // Slots that did not move are judged by their holders alone, as before.
+        assert!(!before.may_have_lost(&after(n(Some(4), -1)), 100));
+        // A reshard onto a node added since the earlier read: n now holds the slot.
+        let n_holds =
+            PrimaryIdentity { slots: vec![(7000, 7000)], idle: false, ..claiming(&n(Some(60), -1), &[(7000, 7000)]) };
+        let onto_n = cluster(vec![up(&a, 103), up(&b_after, 103), up(&c, 103), n_holds.clone()]);
+        assert_eq!(onto_n.disputed_slots(), vec![]);
+        assert!(!before.may_have_lost(&onto_n, 7000));
+        let n_young = PrimaryIdentity { uptime_s: Some(3), ..n_holds };
+        assert!(before.may_have_lost(&cluster(vec![up(&a, 103), up(&b_after, 103), up(&c, 103), n_young]), 7000));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The coordinator, consumers and producers on a real Redis Cluster (`support::redis_cluster`, 3
 //! primaries with a replica each): a slot moved between primaries under traffic (step by step by
-//! the harness, and by `redis-cli --cluster reshard`) is not a loss of writes (no identity change, no
-//! correction round, nothing lost), and a failover to a replica that missed metadata writes is
+//! the harness, and by `redis-cli --cluster reshard`, also onto a node added to scale out) is not a
+//! loss of writes (no identity change, no correction round, nothing lost), and a failover to a replica that missed metadata writes is
 //! one (evidence, a correction round, no split, nothing acknowledged lost).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -42,7 +42,7 @@ const SLOWEST_READ_MAX: Duration = Duration::from_millis(1_000);
 async fn consumers_and_producers_spread_over_three_primaries_and_a_slot_migration_under_traffic_loses_nothing() {
     const SHARDS: u32 = 12;
     let started = Instant::now();
-    let cluster = RedisCluster::start(3, 1);
+    let mut cluster = RedisCluster::start(3, 1);
     let target = cluster_target(&cluster.nodes());
     let first = CoordinatorProcess::start(&target, "e2e-cluster-1").await;
     let second = CoordinatorProcess::start(&target, "e2e-cluster-2").await;
@@ -85,7 +85,15 @@ async fn consumers_and_producers_spread_over_three_primaries_and_a_slot_migratio
     // and gates) along with every other key in them.
     // The step-wise moves were no evidence of lost writes.
     assert_no_loss_evidence(&[&first, &second]).await;
-    let reshard = block_in_place(|| reshard_a_stream_with_redis_cli(&cluster, &group, SHARDS));
+    let reshard = block_in_place(|| reshard_a_stream_with_redis_cli(&cluster, &group, SHARDS, None));
+    // Then scaling out: a new node joins serving no slot, and `redis-cli` moves a shard stream's
+    // slots onto it. The coordinators list it as an idle master from the start, so this too is a
+    // migration between unchanged primaries. (Not in the same identity check as the end of the
+    // reshard above: a node started within 2 s of appearing in a read that also finds slots moved
+    // since the read before counts those slots, as it may have held them — DESIGN §11.)
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let new_port = block_in_place(|| cluster.add_empty_primary().port());
+    let scale_out = block_in_place(|| reshard_a_stream_with_redis_cli(&cluster, &group, SHARDS, Some(new_port)));
     let produced_before = ledger.lock().produced.len();
     wait_until("500 more messages published after the moves", Duration::from_secs(20), || {
         ledger.lock().produced.len() >= produced_before + 500
@@ -109,8 +117,9 @@ async fn consumers_and_producers_spread_over_three_primaries_and_a_slot_migratio
     }
     assert_ne!(cluster.owner_of_slot(stream_slot).port(), stream_move.source_port, "the stream's slot moved");
     assert_eq!(cluster.owner_of_slot(reshard.slot).port(), reshard.target_port, "redis-cli moved {reshard}");
-    // Nor was the reshard: no identity change (a slot caught mid-handover is held by the two
-    // primaries handing it over, DESIGN §11), no regression, no client ahead of the store, no
+    assert_eq!(cluster.owner_of_slot(scale_out.slot).port(), new_port, "redis-cli moved {scale_out}");
+    // Nor were the reshards: no identity change (a slot caught mid-handover is held by the two
+    // primaries handing it over, DESIGN §11; a new node is an idle master), no regression, no client ahead of the store, no
     // correction round, no SYNC_METADATA answered.
     assert_no_loss_evidence(&[&first, &second]).await;
     let synced_at_client = events
@@ -141,7 +150,7 @@ async fn consumers_and_producers_spread_over_three_primaries_and_a_slot_migratio
     eprintln!(
         "cluster slot migration: shard streams per primary {:?}; settled {settled_ms} ms after start; {summary}; \
          stream of shard {busiest} (slot {stream_slot}): {stream_move}; metadata \
-         (slot {}): {metadata_move}; {reshard}; {produced} published in all ({produced_before} before the moves ended); \
+         (slot {}): {metadata_move}; {reshard}; scale-out {scale_out}; {produced} published in all ({produced_before} before the moves ended); \
          {:.1} s",
         streams_by_primary.values().map(BTreeSet::len).collect::<Vec<_>>(),
         metadata_move.slot,
@@ -198,8 +207,9 @@ impl std::fmt::Display for Reshard {
 
 /// `redis-cli --cluster reshard` takes its source's lowest-numbered slots: of every shard stream,
 /// the one with the fewest slots of its primary at or below its own slot is carried by the
-/// smallest such reshard. That many slots move from its primary to the next one.
-fn reshard_a_stream_with_redis_cli(cluster: &RedisCluster, group: &GroupId, shards: u32) -> Reshard {
+/// smallest such reshard. That many slots move from its primary to the primary on port `to`, or
+/// to the next one.
+fn reshard_a_stream_with_redis_cli(cluster: &RedisCluster, group: &GroupId, shards: u32, to: Option<u16>) -> Reshard {
     let map = cluster.slot_map();
     let owned_up_to = |port: u16, slot: u16| -> usize {
         map.iter()
@@ -217,7 +227,10 @@ fn reshard_a_stream_with_redis_cli(cluster: &RedisCluster, group: &GroupId, shar
     let source = cluster.owner_of_slot(slot);
     let primaries = cluster.primaries();
     let at = primaries.iter().position(|p| p.port() == source.port()).expect("the source is a primary");
-    let target = primaries[(at + 1) % primaries.len()];
+    let target = match to {
+        Some(port) => cluster.server(port),
+        None => primaries[(at + 1) % primaries.len()],
+    };
     let elapsed = cluster.reshard_with_redis_cli(source, target, slots);
     let reshard = Reshard { shard, slot, slots, source_port: source.port(), target_port: target.port(), elapsed };
     eprintln!("{reshard}");

@@ -419,6 +419,9 @@ impl RedisStore {
         let run_id = field(&server, "server", "run_id")?;
         let replication_id = field(&replication, "replication", "master_replid")?;
         let role = field(&replication, "replication", "role")?;
+        let uptime_s = super::probe::info_field(&server, "uptime_in_seconds").and_then(|v| v.parse().ok());
+        let second_repl_offset =
+            super::probe::info_field(&replication, "second_repl_offset").and_then(|v| v.parse().ok());
         let mut identity = PrimaryIdentity {
             node,
             run_id,
@@ -429,6 +432,8 @@ impl RedisStore {
             migrating: Vec::new(),
             importing: Vec::new(),
             idle: primary.direct && role == "master",
+            uptime_s,
+            second_repl_offset,
         };
         if role != "master" {
             return Ok((identity, Vec::new()));
