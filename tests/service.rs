@@ -1271,8 +1271,6 @@ fn primary(node: &str, replid: &str, slots: (u16, u16)) -> rsc::store::PrimaryId
         migrating: Vec::new(),
         importing: Vec::new(),
         idle: false,
-        uptime_s: None,
-        second_repl_offset: None,
     }
 }
 

@@ -321,17 +321,6 @@ pub struct PrimaryIdentity {
     /// recorded without it: such a node was not listed then, the safe case.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub idle: bool,
-    /// `uptime_in_seconds` of its own INFO at this read: with [`Self::second_repl_offset`], what
-    /// shows that a primary the read before did not list has been the same master process since
-    /// before that read ([`ServerIdentity::may_have_lost`]). `None` when not read (one server, an
-    /// identity recorded without it): nothing is shown.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uptime_s: Option<u64>,
-    /// `second_repl_offset` of its own INFO: -1 while the process has never taken a new
-    /// replication history (a replica promoted, `REPLICAOF NO ONE`, a reset replica), so it has
-    /// been a master with its own data since it started. `None` when not read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub second_repl_offset: Option<i64>,
 }
 
 impl PrimaryIdentity {
@@ -382,7 +371,8 @@ impl ServerIdentity {
     /// looks like from outside). A slot either read found disputed or unserved counts.
     pub fn may_have_lost(&self, newer: &ServerIdentity, slot: u16) -> bool {
         let (before, after) = (self.holders(slot), newer.holders(slot));
-        let same_nodes = before.len() == after.len() && before.iter().all(|b| after.iter().any(|a| a.node == b.node));
+        let same_nodes =
+            before.len() == after.len() && before.iter().all(|b| after.iter().any(|a| a.node_key() == b.node_key()));
         match (before.as_slice(), after.as_slice()) {
             ([], _) | (_, []) => true,
             // The same holders in both reads (one primary, or both ends of a migration or of a
@@ -390,31 +380,9 @@ impl ServerIdentity {
             _ if same_nodes => !before.iter().all(|b| newer.lists_unchanged(b)),
             _ => {
                 !(self.primaries.iter().all(|p| newer.lists_unchanged(p))
-                    && newer.primaries.iter().all(|p| self.lists_unchanged(p) || newer.master_since(self, p)))
+                    && newer.primaries.iter().all(|p| self.lists_unchanged(p)))
             }
         }
-    }
-
-    /// Whether `primary`, of this read, has been the same master process, with its own data, since
-    /// before the read `earlier` — so no slot that passed through it meanwhile lost writes there,
-    /// although `earlier` did not list it (a node added to scale out, idle or already holding its
-    /// first slot). It is live, it never took a new replication history (`second_repl_offset` -1:
-    /// never a promoted replica), and it has been up at least 2 s longer than the time between
-    /// the reads, measured by the uptime of a primary listed unchanged in both (whole seconds on
-    /// both sides: the margin makes it start at least 1 s before `earlier`). Anything unread is
-    /// no proof.
-    fn master_since(&self, earlier: &ServerIdentity, primary: &PrimaryIdentity) -> bool {
-        let between = self
-            .primaries
-            .iter()
-            .filter_map(|p| {
-                let q = earlier.primaries.iter().find(|q| q.node == p.node && q.run_id == p.run_id)?;
-                p.uptime_s?.checked_sub(q.uptime_s?)
-            })
-            .max();
-        primary.live()
-            && primary.second_repl_offset == Some(-1)
-            && matches!((primary.uptime_s, between), (Some(up), Some(between)) if up >= between.saturating_add(2))
     }
 
     /// Whether this read cannot name the primaries holding `slot` ([`Self::holders`] is empty):
@@ -449,7 +417,9 @@ impl ServerIdentity {
         // A live primary whose own account names, for this slot, a node the view does not list
         // (a replica promoted on the other side of a partition, say): the view is from the side
         // that has not heard, and its claimants cannot be trusted.
-        let unknown_owner = self.primaries.iter().filter(|p| live(p)).any(|p| {
+        // (An idle master is left out: it claims nothing, and its account naming an owner for
+        // every slot is only as fresh as its gossip.)
+        let unknown_owner = self.primaries.iter().filter(|p| !p.claimed.is_empty()).any(|p| {
             p.handed.iter().any(|(start, end, to)| {
                 (*start..=*end).contains(&slot) && !self.primaries.iter().any(|q| q.node_key() == to)
             })
@@ -506,11 +476,15 @@ impl ServerIdentity {
         holders
     }
 
-    /// Whether this read lists `primary` (same node) with the same `run_id` and replication id.
+    /// Whether this read lists `primary` (same node: its id, or its address when the view names no
+    /// id — not the address text, which CLUSTER SLOTS and CLUSTER NODES spell differently when the
+    /// cluster announces hostnames) with the same `run_id` and replication id.
     fn lists_unchanged(&self, primary: &PrimaryIdentity) -> bool {
-        self.primaries
-            .iter()
-            .any(|p| p.node == primary.node && p.run_id == primary.run_id && p.replication_id == primary.replication_id)
+        self.primaries.iter().any(|p| {
+            p.node_key() == primary.node_key()
+                && p.run_id == primary.run_id
+                && p.replication_id == primary.replication_id
+        })
     }
 
     /// The [disputed](Self::disputed) slots of this read as inclusive ranges, ascending, each with
@@ -989,8 +963,6 @@ mod tests {
             migrating: Vec::new(),
             importing: Vec::new(),
             idle: false,
-            uptime_s: None,
-            second_repl_offset: None,
         }
     }
 
@@ -1148,6 +1120,22 @@ mod tests {
         for earlier in [&before, &during, &handing] {
             assert!(!earlier.may_have_lost(&settled, 7000), "{earlier:?}");
         }
+        // A cluster that announces hostnames: CLUSTER SLOTS names n by hostname once it serves a
+        // slot, CLUSTER NODES named it by IP while it was idle. The node id is what matches.
+        let by_hostname = cluster(
+            settled
+                .primaries
+                .iter()
+                .map(|p| PrimaryIdentity { node: p.node.replace("n:1/", "host-n:1/"), ..p.clone() })
+                .collect(),
+        );
+        for earlier in [&before, &during, &handing] {
+            assert!(!earlier.may_have_lost(&by_hostname, 7000), "{earlier:?}");
+        }
+        // An idle master's own account names an owner for every slot, as fresh as its gossip:
+        // one it names that no read lists (a demoted primary, say) disputes nothing.
+        let n_lagging = PrimaryIdentity { handed: vec![(0, 16383, "gone".into())], ..n.clone() };
+        assert_eq!(cluster(vec![a.clone(), b.clone(), c.clone(), n_lagging]).disputed_slots(), vec![]);
         // n restarts without its data (a new run id) before the handover: the keys MIGRATE moved
         // there are gone, so the slot counts; b's other slots do not.
         let n_restarted = PrimaryIdentity { run_id: "rn2".into(), ..n_importing.clone() };
@@ -1167,55 +1155,6 @@ mod tests {
             serde_json::from_str(r#"{"node":"n:1/n","run_id":"rn","replication_id":"xn","slots":[],"claimed":[]}"#)
                 .expect("an old identity decodes");
         assert!(!old.idle && !old.live());
-    }
-
-    #[test]
-    fn a_primary_new_since_the_read_before_vouches_for_moved_slots_only_if_it_has_been_the_same_master_since() {
-        let up = |p: &PrimaryIdentity, uptime: u64| PrimaryIdentity {
-            uptime_s: Some(uptime),
-            second_repl_offset: Some(-1),
-            ..p.clone()
-        };
-        let [a, b, c] = three();
-        let before = cluster(vec![up(&a, 100), up(&b, 100), up(&c, 100)]);
-        // 3 s later by a's uptime: slot 7000 moved from b to c (MIGRATE between unchanged
-        // primaries), and a node n was added meanwhile.
-        let b_after = PrimaryIdentity { slots: vec![(5461, 6999), (7001, 10922)], ..b.clone() };
-        let b_after = claiming(&b_after, &b_after.slots.clone());
-        let c_after = PrimaryIdentity { slots: vec![(7000, 7000), (10923, 16383)], ..c.clone() };
-        let c_after = claiming(&c_after, &c_after.slots.clone());
-        let n = |uptime: Option<u64>, offset: i64| PrimaryIdentity {
-            idle: true,
-            uptime_s: uptime,
-            second_repl_offset: Some(offset),
-            ..primary("n:1/n", "rn", "xn", &[])
-        };
-        let after = |n: PrimaryIdentity| cluster(vec![up(&a, 103), up(&b_after, 103), up(&c_after, 103), n]);
-        // n has been up a minute and never took a new replication history: a master with its own
-        // data since before the earlier read, so the slot lost nothing wherever it went.
-        assert!(!before.may_have_lost(&after(n(Some(60), -1)), 7000));
-        assert!(!before.may_have_lost(&after(n(Some(5), -1)), 7000), "up 2 s longer than the 3 s between");
-        // Up only about as long as the reads are apart: it may have started after the earlier
-        // read, held the slot and lost it (a restart), so the move counts.
-        assert!(before.may_have_lost(&after(n(Some(4), -1)), 7000));
-        // A promoted replica (a new replication history) may lack writes: the move counts.
-        assert!(before.may_have_lost(&after(n(Some(60), 1234)), 7000));
-        // Nothing read, nothing shown.
-        assert!(before.may_have_lost(&after(n(None, -1)), 7000));
-        // An earlier read that carries no uptimes (recorded before they were read) cannot time the
-        // gap: no proof either.
-        let untimed_before = cluster(vec![a.clone(), b.clone(), c.clone()]);
-        assert!(untimed_before.may_have_lost(&after(n(Some(60), -1)), 7000));
-        // Slots that did not move are judged by their holders alone, as before.
-        assert!(!before.may_have_lost(&after(n(Some(4), -1)), 100));
-        // A reshard onto a node added since the earlier read: n now holds the slot.
-        let n_holds =
-            PrimaryIdentity { slots: vec![(7000, 7000)], idle: false, ..claiming(&n(Some(60), -1), &[(7000, 7000)]) };
-        let onto_n = cluster(vec![up(&a, 103), up(&b_after, 103), up(&c, 103), n_holds.clone()]);
-        assert_eq!(onto_n.disputed_slots(), vec![]);
-        assert!(!before.may_have_lost(&onto_n, 7000));
-        let n_young = PrimaryIdentity { uptime_s: Some(3), ..n_holds };
-        assert!(before.may_have_lost(&cluster(vec![up(&a, 103), up(&b_after, 103), up(&c, 103), n_young]), 7000));
     }
 
     #[test]

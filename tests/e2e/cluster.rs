@@ -87,12 +87,14 @@ async fn consumers_and_producers_spread_over_three_primaries_and_a_slot_migratio
     assert_no_loss_evidence(&[&first, &second]).await;
     let reshard = block_in_place(|| reshard_a_stream_with_redis_cli(&cluster, &group, SHARDS, None));
     // Then scaling out: a new node joins serving no slot, and `redis-cli` moves a shard stream's
-    // slots onto it. The coordinators list it as an idle master from the start, so this too is a
-    // migration between unchanged primaries. (Not in the same identity check as the end of the
-    // reshard above: a node started within 2 s of appearing in a read that also finds slots moved
-    // since the read before counts those slots, as it may have held them — DESIGN §11.)
+    // slots onto it. The coordinators list it as an idle master once they have read it, so this
+    // too is a migration between unchanged primaries. The coordinators read the cluster every
+    // tick pass (250 ms); a node that appears in the same read as slots that moved since the read
+    // before counts those slots (they may have passed through it, DESIGN §11), so each step waits
+    // a second for a read, as an operator's steps are apart.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let new_port = block_in_place(|| cluster.add_empty_primary().port());
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let scale_out = block_in_place(|| reshard_a_stream_with_redis_cli(&cluster, &group, SHARDS, Some(new_port)));
     let produced_before = ledger.lock().produced.len();
     wait_until("500 more messages published after the moves", Duration::from_secs(20), || {

@@ -228,20 +228,49 @@ pub(super) struct DirectNodes {
     config: AsyncConnectionConfig,
     timeout: Duration,
     open: tokio::sync::Mutex<BTreeMap<(String, u16), MultiplexedConnection>>,
+    /// Idle masters whose last read failed, and when: left out of reads until
+    /// [`IDLE_MASTER_RETRY_MS`] later, so an unreachable one costs one timeout per retry, not one
+    /// per identity check.
+    failed: std::sync::Mutex<BTreeMap<(String, u16), tokio::time::Instant>>,
 }
+
+/// How long an idle master whose read failed is left out of the identity before it is read again.
+pub(super) const IDLE_MASTER_RETRY_MS: u64 = 10_000;
 
 impl DirectNodes {
     pub(super) fn new(seed: ConnectionInfo, certificates: Option<TlsCertificates>, timeout_ms: u64) -> Self {
         let timeout = Duration::from_millis(timeout_ms.max(1));
         let config = AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(None);
         let redactor = Redactor::new(seed.redis_settings().password());
-        Self { seed, certificates, redactor, config, timeout, open: Default::default() }
+        Self { seed, certificates, redactor, config, timeout, open: Default::default(), failed: Default::default() }
     }
 
-    /// Closes the connections to nodes no longer among `idle`.
+    /// Whether `node`'s last read failed less than [`IDLE_MASTER_RETRY_MS`] ago.
+    fn backing_off(&self, node: &Primary) -> bool {
+        let failed = self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let retry = Duration::from_millis(IDLE_MASTER_RETRY_MS);
+        failed.get(&(node.host.clone(), node.port)).is_some_and(|at| at.elapsed() < retry)
+    }
+
+    /// Records whether `node`'s read just failed.
+    fn read_failed(&self, node: &Primary, failed: bool) {
+        let mut map = self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let address = (node.host.clone(), node.port);
+        if failed {
+            map.insert(address, tokio::time::Instant::now());
+        } else {
+            map.remove(&address);
+        }
+    }
+
+    /// Closes the connections to (and forgets the failures of) nodes no longer among `idle`.
     async fn keep_only(&self, idle: impl Iterator<Item = &Primary>) {
         let keep: Vec<(String, u16)> = idle.map(|node| (node.host.clone(), node.port)).collect();
         self.open.lock().await.retain(|address, _| keep.contains(address));
+        self.failed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|address, _| keep.contains(address));
     }
 
     /// `cmd` on `node` within the store's deadline (connecting first if needed), its errors mapped
@@ -269,9 +298,10 @@ impl DirectNodes {
         }
     }
 
+    /// The open connection to the node at `(host, port)`, or a new one (connected without holding
+    /// the lock, so one slow node does not hold up the others' connects).
     async fn connection(&self, (host, port): &(String, u16)) -> Result<MultiplexedConnection, ::redis::RedisError> {
-        let mut open = self.open.lock().await;
-        if let Some(conn) = open.get(&(host.clone(), *port)) {
+        if let Some(conn) = self.open.lock().await.get(&(host.clone(), *port)) {
             return Ok(conn.clone());
         }
         let addr = match self.seed.addr() {
@@ -286,7 +316,7 @@ impl DirectNodes {
             None => Client::open(info)?,
         };
         let conn = client.get_multiplexed_async_connection_with_config(&self.config).await?;
-        open.insert((host.clone(), *port), conn.clone());
+        self.open.lock().await.insert((host.clone(), *port), conn.clone());
         Ok(conn)
     }
 }
@@ -384,15 +414,23 @@ impl RedisStore {
         idle.retain(|id, _| !id.is_empty() && !listed.iter().any(|p| &p.node_id == id));
         if let Some(direct) = &self.inner.direct {
             direct.keep_only(idle.values()).await;
-            for node in idle.values() {
-                match self.primary_identity(node).await {
+            for node in idle.values().filter(|node| !direct.backing_off(node)) {
+                let read = self.primary_identity(node).await;
+                direct.read_failed(node, read.is_err());
+                match read {
                     Ok((identity, _)) if identity.idle => {
                         primaries.insert(key(node), identity);
                     }
                     Ok(_) => {}
                     Err(error) => {
                         let node = format!("{}:{}", node.host, node.port);
-                        tracing::debug!(%node, %error, "an idle master is left out of the store identity");
+                        tracing::warn!(
+                            %node,
+                            %error,
+                            "a master serving no slot could not be read: left out of the store identity for \
+                             {IDLE_MASTER_RETRY_MS} ms, so a slot migrating onto it reads as disputed (a correction \
+                             round for its groups); check that the coordinator can reach it with its Redis user"
+                        );
                     }
                 }
             }
@@ -419,9 +457,6 @@ impl RedisStore {
         let run_id = field(&server, "server", "run_id")?;
         let replication_id = field(&replication, "replication", "master_replid")?;
         let role = field(&replication, "replication", "role")?;
-        let uptime_s = super::probe::info_field(&server, "uptime_in_seconds").and_then(|v| v.parse().ok());
-        let second_repl_offset =
-            super::probe::info_field(&replication, "second_repl_offset").and_then(|v| v.parse().ok());
         let mut identity = PrimaryIdentity {
             node,
             run_id,
@@ -432,14 +467,17 @@ impl RedisStore {
             migrating: Vec::new(),
             importing: Vec::new(),
             idle: primary.direct && role == "master",
-            uptime_s,
-            second_repl_offset,
         };
         if role != "master" {
             return Ok((identity, Vec::new()));
         }
         let mut idle_masters = Vec::new();
         match self.own_account(primary).await? {
+            // An idle master is reached by an address another node's account gave: it is that
+            // node only if its own account says so (not a re-created node, or another cluster's,
+            // at a stale address). Anything else is left out.
+            Some(account) if primary.direct && account.myself != primary.node_id => identity.idle = false,
+            None if primary.direct => identity.idle = false,
             Some(account) => {
                 idle_masters = account.idle_masters;
                 identity.claimed = own_claim(primary, &account.owners);
