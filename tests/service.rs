@@ -1226,9 +1226,10 @@ async fn a_slot_two_primaries_claim_is_evidence_only_for_its_groups_unless_they_
 
 /// Scaling a Cluster out: a node added serves no slot (an idle master, which the identity lists),
 /// then a slot migrates onto it and settles. Each read names other servers, but no slot may have
-/// lost a write: no correction round, no identity change counted (no warning, no reset of
-/// deferrals and windows, which at 10,000 groups is a pass reading every group). A restart of
-/// that node while the slot's keys move onto it is still evidence, for that slot's groups only.
+/// lost a write: no correction round and no identity change counted (the path that counts one
+/// also resets every tick deferral, which at 10,000 groups is a pass reading every group). A
+/// restart of that node while the slot's keys move onto it is still evidence, for that slot's
+/// groups only.
 #[tokio::test]
 async fn adding_a_node_and_migrating_a_slot_onto_it_is_no_evidence_but_its_restart_mid_migration_is() {
     use rsc::store::PrimaryIdentity;
