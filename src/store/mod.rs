@@ -448,8 +448,8 @@ impl ServerIdentity {
     /// `ASK`, so a failover of that node can lose them while the slot is still listed for the
     /// unchanged source) and a listed primary importing it from a holder. Disputed (none) when a
     /// holder migrates it to a node that is not a live listed primary: a node this read has no
-    /// identity for (a new, still empty node, or the demoted target of a failover) cannot be
-    /// compared with the next read's.
+    /// identity for (an idle master it could not reach, or the demoted target of a failover)
+    /// cannot be compared with the next read's.
     fn with_migration<'a>(&'a self, slot: u16, mut holders: Vec<&'a PrimaryIdentity>) -> Vec<&'a PrimaryIdentity> {
         let live = PrimaryIdentity::live;
         let mut next = 0;

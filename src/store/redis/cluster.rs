@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
@@ -218,9 +218,48 @@ fn reply_text(reply: &Value, command: &str) -> Result<String, StoreError> {
     }
 }
 
+/// Nodes (by address) whose last attempt at something failed, and since when: each is left alone
+/// until `retry` has passed, then tried again.
+pub(super) struct NodeBackoff {
+    retry: Duration,
+    since: Mutex<BTreeMap<(String, u16), tokio::time::Instant>>,
+}
+
+impl NodeBackoff {
+    pub(super) fn new(retry_ms: u64) -> Self {
+        Self { retry: Duration::from_millis(retry_ms), since: Mutex::default() }
+    }
+
+    fn since(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u16), tokio::time::Instant>> {
+        self.since.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `node`'s last attempt failed less than `retry` ago.
+    fn waiting(&self, node: &Primary) -> bool {
+        self.since().get(&(node.host.clone(), node.port)).is_some_and(|at| at.elapsed() < self.retry)
+    }
+
+    /// Records how `node`'s attempt went; true when a success ends a failure it remembered.
+    fn record(&self, node: &Primary, failed: bool) -> bool {
+        let address = (node.host.clone(), node.port);
+        if failed {
+            self.since().insert(address, tokio::time::Instant::now());
+            false
+        } else {
+            self.since().remove(&address).is_some()
+        }
+    }
+
+    /// Forgets the nodes not in `keep`.
+    fn retain(&self, keep: &[(String, u16)]) {
+        self.since().retain(|address, _| keep.contains(address));
+    }
+}
+
 /// Connections of their own to [idle masters](Primary::direct), which the cluster client cannot
 /// route to: one per node, opened with the first seed's credentials and the cluster's TLS
-/// settings at the node's address, kept while the node stays idle, dropped after any failure.
+/// settings at the node's address, kept while the node stays idle, dropped when it stops
+/// answering (a server's error reply keeps it).
 pub(super) struct DirectNodes {
     seed: ConnectionInfo,
     certificates: Option<TlsCertificates>,
@@ -228,10 +267,9 @@ pub(super) struct DirectNodes {
     config: AsyncConnectionConfig,
     timeout: Duration,
     open: tokio::sync::Mutex<BTreeMap<(String, u16), MultiplexedConnection>>,
-    /// Idle masters whose last read failed, and when: left out of reads until
-    /// [`IDLE_MASTER_RETRY_MS`] later, so an unreachable one costs one timeout per retry, not one
-    /// per identity check.
-    failed: std::sync::Mutex<BTreeMap<(String, u16), tokio::time::Instant>>,
+    /// Idle masters whose last read failed: left out of reads until [`IDLE_MASTER_RETRY_MS`]
+    /// later, so an unreachable one costs one timeout per retry, not one per identity check.
+    failed: NodeBackoff,
 }
 
 /// How long an idle master whose read failed is left out of the identity before it is read again.
@@ -242,35 +280,15 @@ impl DirectNodes {
         let timeout = Duration::from_millis(timeout_ms.max(1));
         let config = AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(None);
         let redactor = Redactor::new(seed.redis_settings().password());
-        Self { seed, certificates, redactor, config, timeout, open: Default::default(), failed: Default::default() }
-    }
-
-    /// Whether `node`'s last read failed less than [`IDLE_MASTER_RETRY_MS`] ago.
-    fn backing_off(&self, node: &Primary) -> bool {
-        let failed = self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let retry = Duration::from_millis(IDLE_MASTER_RETRY_MS);
-        failed.get(&(node.host.clone(), node.port)).is_some_and(|at| at.elapsed() < retry)
-    }
-
-    /// Records whether `node`'s read just failed.
-    fn read_failed(&self, node: &Primary, failed: bool) {
-        let mut map = self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let address = (node.host.clone(), node.port);
-        if failed {
-            map.insert(address, tokio::time::Instant::now());
-        } else {
-            map.remove(&address);
-        }
+        let failed = NodeBackoff::new(IDLE_MASTER_RETRY_MS);
+        Self { seed, certificates, redactor, config, timeout, open: Default::default(), failed }
     }
 
     /// Closes the connections to (and forgets the failures of) nodes no longer among `idle`.
     async fn keep_only(&self, idle: impl Iterator<Item = &Primary>) {
         let keep: Vec<(String, u16)> = idle.map(|node| (node.host.clone(), node.port)).collect();
         self.open.lock().await.retain(|address, _| keep.contains(address));
-        self.failed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|address, _| keep.contains(address));
+        self.failed.retain(&keep);
     }
 
     /// `cmd` on `node` within the store's deadline (connecting first if needed), its errors mapped
@@ -399,7 +417,7 @@ impl RedisStore {
     /// [`primary_identity`]: Self::primary_identity
     async fn read_cluster_identity(&self) -> Result<ServerIdentity, StoreError> {
         let listed = self.cluster_primaries().await?;
-        // By address and id, idle masters among the listed ones: a node keeps its place when it
+        // Ordered by address and id, idle masters among the listed ones: a node keeps its place when it
         // gains its first slot, so that is no change of the identity's text.
         let mut primaries: BTreeMap<(String, u16, String), PrimaryIdentity> = BTreeMap::new();
         let key = |p: &Primary| (p.host.clone(), p.port, p.node_id.clone());
@@ -414,9 +432,9 @@ impl RedisStore {
         idle.retain(|id, _| !id.is_empty() && !listed.iter().any(|p| &p.node_id == id));
         if let Some(direct) = &self.inner.direct {
             direct.keep_only(idle.values()).await;
-            for node in idle.values().filter(|node| !direct.backing_off(node)) {
+            for node in idle.values().filter(|node| !direct.failed.waiting(node)) {
                 let read = self.primary_identity(node).await;
-                direct.read_failed(node, read.is_err());
+                direct.failed.record(node, read.is_err());
                 match read {
                     Ok((identity, _)) if identity.idle => {
                         primaries.insert(key(node), identity);
@@ -508,36 +526,30 @@ impl RedisStore {
     /// check) and warned of each time it is found again; a permission granted later is used from
     /// the next retry on, without a restart.
     async fn own_account(&self, primary: &Primary) -> Result<Option<NodesAccount>, StoreError> {
-        let node = (primary.host.clone(), primary.port);
-        let label = |(host, port): &(String, u16)| format!("{host}:{port}");
-        let now = tokio::time::Instant::now();
-        let retry = std::time::Duration::from_millis(CLUSTER_NODES_RETRY_MS);
-        {
-            let denied = self.inner.cluster_nodes_denied.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if denied.get(&node).is_some_and(|since| now.saturating_duration_since(*since) < retry) {
-                return Ok(None);
-            }
+        let denied = &self.inner.cluster_nodes_denied;
+        if denied.waiting(primary) {
+            return Ok(None);
         }
+        let node = format!("{}:{}", primary.host, primary.port);
         let reply = self.on_node::<Value>("CLUSTER NODES", primary, ::redis::cmd("CLUSTER").arg("NODES").clone()).await;
         let parsed = reply.and_then(|reply| parse_cluster_nodes(&reply_text(&reply, "CLUSTER NODES")?));
-        let mut denied = self.inner.cluster_nodes_denied.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match parsed {
             Ok(account) => {
-                if denied.remove(&node).is_some() {
-                    tracing::info!(node = %label(&node), "CLUSTER NODES answered again: the store identity sees this node's slot migrations");
+                if denied.record(primary, false) {
+                    tracing::info!(%node, "CLUSTER NODES answered again: the store identity sees this node's slot migrations");
                 }
                 Ok(Some(account))
             }
             Err(StoreError::Unsupported { detail, .. } | StoreError::Protocol(detail)) => {
                 tracing::warn!(
-                    node = %label(&node),
+                    %node,
                     %detail,
                     "CLUSTER NODES failed: the store identity reads this node's CLUSTER SLOTS instead (retried every \
                      {CLUSTER_NODES_RETRY_MS} ms) and cannot see its slot migrations, so a failover of a reshard's \
                      target before its handover is not read as lost writes; give the coordinator's ACL user \
                      '+cluster|nodes' on every node"
                 );
-                denied.insert(node, now);
+                denied.record(primary, true);
                 Ok(None)
             }
             Err(other) => Err(other),

@@ -148,7 +148,7 @@ struct Inner {
     info_one_section: std::sync::atomic::AtomicBool,
     /// Nodes (host, port) that refused CLUSTER NODES, and since when: identity checks read their
     /// own account with CLUSTER SLOTS, which shows no slot migration, until the retry.
-    cluster_nodes_denied: std::sync::Mutex<std::collections::BTreeMap<(String, u16), tokio::time::Instant>>,
+    cluster_nodes_denied: cluster::NodeBackoff,
     /// On a Cluster: connections to masters serving no slot, which the cluster client cannot
     /// route to (the identity reads them too).
     direct: Option<cluster::DirectNodes>,
@@ -163,7 +163,7 @@ impl RedisStore {
                 scripts: Scripts::new(),
                 options,
                 info_one_section: Default::default(),
-                cluster_nodes_denied: Default::default(),
+                cluster_nodes_denied: cluster::NodeBackoff::new(cluster::CLUSTER_NODES_RETRY_MS),
                 direct,
             }),
         }
