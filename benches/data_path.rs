@@ -16,6 +16,10 @@
 //! - `library fencing=on, script reads`: fencing on with every fenced read through the read
 //!   script (`RedisStoreOptions::fenced_read_gates` off), as before reads went through gates:
 //!   the side by side of what gates save;
+//! - `library fencing=on, per-entry events`: fencing on, with the consumers' event sink asking
+//!   for `EntryDelivered` and `EntryAcked` (`EventSink::wants_entry_events`), which the other
+//!   library rows' sink (like the library's `NoopSink` and `MetricsSink`) does not: what building
+//!   one event per delivery and per ack costs;
 //! - `library fencing=on poll_idle=5ms`: the consumers' `poll_idle_ms` at 5 instead of the
 //!   library's 50 (set in the `ConsumerConfig` this bench builds), to separate the cost of
 //!   polling from the rest (`lib-off-idle5` on request);
@@ -40,7 +44,7 @@
 //! short run. Knobs (environment): `DP_MESSAGES` per run (20000; quick 5000), `DP_ROUNDS` (5;
 //! quick 2), `DP_PRODUCERS` (4), `DP_CONSUMERS` (4), `DP_SHARDS` (8), `DP_BATCH` entries per read
 //! (100), `DP_IDLE_WAITS` per consumer (5; quick 2) of `DP_IDLE_WAIT_MS` (200), `DP_ROWS`
-//! (comma-separated keys; default `raw,lib-on,lib-on-script,lib-off,lib-on-idle5`; also
+//! (comma-separated keys; default `raw,lib-on,lib-on-events,lib-on-script,lib-off,lib-on-idle5`; also
 //! `lib-off-idle5`, `raw-piggy`, `lib-on-overlap`; `DP_HOLD` above).
 //! A library row whose clients cannot start (e.g. a store without the fence scripts) is left out
 //! with its error printed; the smoke run fails instead.
@@ -91,7 +95,7 @@ mod bench {
     use std::time::{Duration, Instant};
 
     use crate::counted::TripCounters;
-    use crate::library::{Fencing, LibRig};
+    use crate::library::{Fencing, LibOptions, LibRig};
     use crate::raw::{RawGroup, RawPublisher, RawSubscriber};
     use crate::report::{print_goals, print_piggyback, print_run, print_tables, RowSamples};
     use crate::support::RedisServer;
@@ -112,6 +116,8 @@ mod bench {
         },
         /// Fencing on, a held batch's `ack_all` sent together with the next `poll`.
         LibOverlap,
+        /// Fencing on, the consumers' sink asking for the per-entry events.
+        LibEntryEvents,
     }
 
     impl Row {
@@ -120,6 +126,7 @@ mod bench {
             vec![
                 Row::Raw,
                 Row::Library { fencing: Fencing::On, poll_idle_ms: None },
+                Row::LibEntryEvents,
                 Row::Library { fencing: Fencing::OnScripted, poll_idle_ms: None },
                 Row::Library { fencing: Fencing::Off, poll_idle_ms: None },
                 Row::Library { fencing: Fencing::On, poll_idle_ms: Some(5) },
@@ -131,7 +138,7 @@ mod bench {
 
         /// Rows run when `DP_ROWS` is not set.
         fn default_keys() -> Vec<&'static str> {
-            vec!["raw", "lib-on", "lib-on-script", "lib-off", "lib-on-idle5"]
+            vec!["raw", "lib-on", "lib-on-events", "lib-on-script", "lib-off", "lib-on-idle5"]
         }
 
         pub fn key(self) -> String {
@@ -139,6 +146,7 @@ mod bench {
                 Row::Raw => "raw".into(),
                 Row::RawPiggyback => "raw-piggy".into(),
                 Row::LibOverlap => "lib-on-overlap".into(),
+                Row::LibEntryEvents => "lib-on-events".into(),
                 Row::Library { fencing, poll_idle_ms } => {
                     let fencing = match fencing {
                         Fencing::On => "-on",
@@ -156,6 +164,7 @@ mod bench {
                 Row::Raw => "raw redis XADD / XREADGROUP+XACK".into(),
                 Row::RawPiggyback => "raw, XACK pipelined with next read".into(),
                 Row::LibOverlap => "library fencing=on, ack beside next poll".into(),
+                Row::LibEntryEvents => "library fencing=on, per-entry events".into(),
                 Row::Library { fencing, poll_idle_ms } => {
                     let mut title = String::from(match fencing {
                         Fencing::On => "library fencing=on",
@@ -291,8 +300,15 @@ mod bench {
             }
             Row::LibOverlap => {
                 let group = GroupId::new(format!("dp-{}", row.key()), "bench");
-                let rig =
-                    LibRig::start(&url, coordinator, group, Fencing::On, workload, None, Some(workload.hold)).await?;
+                let options = LibOptions { overlap: Some(workload.hold), ..LibOptions::default() };
+                let rig = LibRig::start(&url, coordinator, group, Fencing::On, workload, options).await?;
+                println!("  {}: group settled in {} ms", row.title(), rig.settle.as_millis());
+                Ok(Rig::Library(rig))
+            }
+            Row::LibEntryEvents => {
+                let group = GroupId::new(format!("dp-{}", row.key()), "bench");
+                let options = LibOptions { entry_events: true, ..LibOptions::default() };
+                let rig = LibRig::start(&url, coordinator, group, Fencing::On, workload, options).await?;
                 println!("  {}: group settled in {} ms", row.title(), rig.settle.as_millis());
                 Ok(Rig::Library(rig))
             }
@@ -300,7 +316,8 @@ mod bench {
                 // Streams are `<prefix>:<shard>`: every row needs its own prefix, or one row's
                 // consumer group would also read what the other rows publish.
                 let group = GroupId::new(format!("dp-{}", row.key()), "bench");
-                let rig = LibRig::start(&url, coordinator, group, fencing, workload, poll_idle_ms, None).await?;
+                let options = LibOptions { poll_idle_ms, ..LibOptions::default() };
+                let rig = LibRig::start(&url, coordinator, group, fencing, workload, options).await?;
                 println!("  {}: group settled in {} ms", row.title(), rig.settle.as_millis());
                 Ok(Rig::Library(rig))
             }

@@ -135,6 +135,9 @@ pub struct Disruptions {
     counts: Mutex<BTreeMap<String, u64>>,
     /// The first failed heartbeat's error, for a group that never settles.
     first_heartbeat_error: Mutex<Option<String>>,
+    /// What `wants_entry_events` answers (see [`LibOptions::entry_events`]); the events are
+    /// then matched and dropped like the others this sink does not count.
+    entry_events: bool,
 }
 
 impl Disruptions {
@@ -176,6 +179,23 @@ impl EventSink for Disruptions {
         };
         *self.counts.lock().unwrap_or_else(|p| p.into_inner()).entry(name).or_insert(0) += 1;
     }
+
+    fn wants_entry_events(&self) -> bool {
+        self.entry_events
+    }
+}
+
+/// How a library row's clients differ from the defaults.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LibOptions {
+    /// The consumers' `poll_idle_ms` (`None`: the library's default).
+    pub poll_idle_ms: Option<u64>,
+    /// `Some`: a held batch's `ack_all` goes beside the next `poll` (see [`LibSubscriber`]).
+    pub overlap: Option<HoldAcks>,
+    /// The consumers' sink asks for the per-entry events (`EventSink::wants_entry_events`), as
+    /// a sink that records or counts every entry would: the side by side of what skipping them
+    /// saves (the library's own sinks, and this bench's by default, do not ask).
+    pub entry_events: bool,
 }
 
 /// One library row's group and clients.
@@ -197,14 +217,14 @@ impl LibRig {
         group: GroupId,
         fencing: Fencing,
         workload: &Workload,
-        poll_idle_ms: Option<u64>,
-        overlap: Option<HoldAcks>,
+        options: LibOptions,
     ) -> Result<LibRig, String> {
+        let LibOptions { poll_idle_ms, overlap, entry_events } = options;
         let config = group_config(fencing);
         let create = AdminRequest::CreateGroup { group: group.clone(), shard_count: workload.shards, config };
         coordinator.admin(create).await.map_err(|e| format!("create group: {e}"))?;
         let trips = Arc::new(TripCounters::default());
-        let disruptions = Arc::new(Disruptions::default());
+        let disruptions = Arc::new(Disruptions { entry_events, ..Disruptions::default() });
         let env = ClientEnv::new(Clock::new(), disruptions.clone());
         let link = InProcess(coordinator.clone());
         let started = Instant::now();

@@ -148,11 +148,23 @@ impl ClientEvent {
 /// Where client events go. Must be cheap and must not block.
 pub trait EventSink: Send + Sync {
     fn emit(&self, event: ClientEvent);
+
+    /// Whether this sink wants the per-entry events, [`ClientEvent::EntryDelivered`] and
+    /// [`ClientEvent::EntryAcked`]: one of each per message, each a member id copied and an event
+    /// built, so a consumer whose sink ignores them does not make them (asked once, when the
+    /// consumer joins). Every other event is always emitted. Default: true.
+    fn wants_entry_events(&self) -> bool {
+        true
+    }
 }
 
 impl<T: EventSink + ?Sized> EventSink for std::sync::Arc<T> {
     fn emit(&self, event: ClientEvent) {
         (**self).emit(event);
+    }
+
+    fn wants_entry_events(&self) -> bool {
+        (**self).wants_entry_events()
     }
 }
 
@@ -162,6 +174,10 @@ pub struct NoopSink;
 
 impl EventSink for NoopSink {
     fn emit(&self, _event: ClientEvent) {}
+
+    fn wants_entry_events(&self) -> bool {
+        false
+    }
 }
 
 /// Keeps every event in memory (tests and small simulations).
@@ -275,6 +291,11 @@ impl EventSink for MetricsSink {
             _ => {}
         }
     }
+
+    /// No metric counts single entries.
+    fn wants_entry_events(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
@@ -283,6 +304,17 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// The sinks that drop or only count events do not ask for one event per entry; a sink that
+    /// keeps events does, and an `Arc` answers for what it holds.
+    #[test]
+    fn only_sinks_that_keep_events_ask_for_per_entry_events() {
+        let metrics = MetricsSink::new(Arc::new(Metrics::new()), Clock::new());
+        assert!(!NoopSink.wants_entry_events() && !metrics.wants_entry_events());
+        assert!(VecSink::new().wants_entry_events());
+        let shared: Arc<dyn EventSink> = Arc::new(NoopSink);
+        assert!(!Arc::new(shared).wants_entry_events());
+    }
 
     #[tokio::test]
     async fn metrics_sink_exports_lease_remaining_and_routing_cache_age_as_seconds() {

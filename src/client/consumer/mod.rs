@@ -143,10 +143,13 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         // The planted bug measures the lease on the clock that stops while the machine is
         // suspended: a resumed consumer then keeps reading on a lease that ended long ago.
         let clock = if config.planted.has(PlantedBug::LeaseOnStoppingClock) { env.clock.stopping() } else { env.clock };
+        let (group, member_id) = (config.group.clone(), config.member_id.clone());
+        let mut core = ConsumerCore::new(config);
+        core.set_entry_events(env.events.wants_entry_events());
         let shared = Arc::new(Shared {
-            group: config.group.clone(),
-            member_id: config.member_id.clone(),
-            core: Mutex::new(ConsumerCore::new(config)),
+            group,
+            member_id,
+            core: Mutex::new(core),
             transport,
             store,
             clock,

@@ -233,6 +233,9 @@ pub struct ConsumerCore {
     /// coordinator in turn (a round robin of two), and the fenced shard then waits forever.
     fenced_refused: bool,
     events: Vec<ClientEvent>,
+    /// Whether `EntryDelivered` and `EntryAcked` are emitted (the sink wants them:
+    /// [`super::super::EventSink::wants_entry_events`]).
+    entry_events: bool,
 }
 
 impl ConsumerCore {
@@ -258,7 +261,13 @@ impl ConsumerCore {
             reports_fenced: false,
             fenced_refused: false,
             events: Vec::new(),
+            entry_events: true,
         }
+    }
+
+    /// Whether to emit the per-entry events (`EntryDelivered`, `EntryAcked`); on by default.
+    pub fn set_entry_events(&mut self, on: bool) {
+        self.entry_events = on;
     }
 
     pub fn config(&self) -> &ConsumerConfig {
@@ -532,7 +541,7 @@ impl ConsumerCore {
             shard.in_flight.insert(entry.id);
             out.push(Delivery { shard: plan.shard, stream: stream.clone(), entry, fence: plan.fence });
         }
-        for d in &out {
+        for d in out.iter().filter(|_| self.entry_events) {
             let event = ClientEvent::EntryDelivered {
                 at_ms: now_ms,
                 member: self.config.member_id.clone(),
@@ -561,8 +570,11 @@ impl ConsumerCore {
     /// Records a successful XACK. Returns true when it drained a revoking shard (a prompt
     /// heartbeat was scheduled to report REVOKED).
     pub fn acked(&mut self, now_ms: u64, delivery: &Delivery) -> bool {
-        let member = self.config.member_id.clone();
-        self.emit(ClientEvent::EntryAcked { at_ms: now_ms, member, shard: delivery.shard, entry: delivery.entry.id });
+        if self.entry_events {
+            let member = self.config.member_id.clone();
+            let (shard, entry) = (delivery.shard, delivery.entry.id);
+            self.emit(ClientEvent::EntryAcked { at_ms: now_ms, member, shard, entry });
+        }
         if let Some(shard) = self.shards.get_mut(&delivery.shard) {
             if matches!(shard.state, ShardState::Reading { pending_done: false, .. }) {
                 shard.acked_before_pending_read.insert(delivery.entry.id);

@@ -162,6 +162,26 @@ fn an_entry_acked_while_own_pending_entries_are_re_read_is_not_delivered_again()
     assert_eq!(again.iter().map(|d| d.entry.id.ms).collect::<Vec<_>>(), vec![3, 4], "entry 1 was acked");
 }
 
+/// The per-entry events go only to a sink that wants them; what the consumer does is the same
+/// either way, and the other events are always emitted.
+#[test]
+fn per_entry_events_are_emitted_only_when_the_sink_wants_them() {
+    for wanted in [true, false] {
+        let mut c = core();
+        c.set_entry_events(wanted);
+        exchange(&mut c, 0, 10, Ok(ok(&[2])));
+        let delivered = deliver(&mut c, 10, 2, &[1, 2]);
+        assert_eq!(delivered.len(), 2);
+        assert!(!c.acked(11, &delivered[0]));
+        assert_eq!(c.in_flight(2), 1, "the ack is recorded either way");
+        let events = c.drain_events();
+        let count = |f: fn(&ClientEvent) -> bool| events.iter().filter(|e| f(e)).count();
+        assert_eq!(count(|e| matches!(e, ClientEvent::EntryDelivered { .. })), if wanted { 2 } else { 0 });
+        assert_eq!(count(|e| matches!(e, ClientEvent::EntryAcked { .. })), if wanted { 1 } else { 0 });
+        assert_eq!(count(|e| matches!(e, ClientEvent::ShardStarted { shard: 2, .. })), 1, "{events:?}");
+    }
+}
+
 #[test]
 fn lease_counts_from_the_send_time_not_the_receive_time() {
     let mut c = core();
