@@ -31,73 +31,80 @@ fn read_from_id(from: ReadFrom) -> &'static str {
 }
 
 fn entry_id(value: &Value) -> Option<EntryId> {
-    text(value)?.parse().ok()
+    match value {
+        // Parsed in place: one id per entry read, so no copy of it is made.
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        other => text(other)?.parse().ok(),
+    }
 }
 
 /// One `[id, [field, value, ...]]` entry. A nil body (the entry was trimmed while pending) gives
-/// an entry without fields.
-fn parse_entry(value: &Value) -> Result<StreamEntry, StoreError> {
-    let Value::Array(parts) = value else { return Err(protocol("stream entry", value)) };
-    let id = parts.first().and_then(entry_id).ok_or_else(|| protocol("stream entry id", value))?;
-    let flat: &[Value] = match parts.get(1) {
-        None | Some(Value::Nil) => &[],
-        Some(Value::Array(flat)) => flat,
+/// an entry without fields. Takes the reply apart: field names and values are moved out of it,
+/// not copied (the payloads are most of what a read moves).
+fn parse_entry(value: Value) -> Result<StreamEntry, StoreError> {
+    let Value::Array(mut parts) = value else { return Err(protocol("stream entry", &value)) };
+    let Some(id) = parts.first().and_then(entry_id) else {
+        return Err(protocol("stream entry id", &Value::Array(parts)));
+    };
+    let flat = match parts.get_mut(1) {
+        None | Some(Value::Nil) => Vec::new(),
+        Some(Value::Array(flat)) if flat.len() % 2 == 0 => std::mem::take(flat),
+        Some(Value::Array(_)) => return Err(protocol("stream entry fields", &Value::Array(parts))),
         Some(other) => return Err(protocol("stream entry fields", other)),
     };
-    if flat.len() % 2 != 0 {
-        return Err(protocol("stream entry fields", value));
-    }
     let mut fields = Vec::with_capacity(flat.len() / 2);
-    for pair in flat.chunks(2) {
+    let mut flat = flat.into_iter();
+    while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
         // Field names are binary-safe in Redis; another writer's non-UTF-8 name is read with its
         // invalid bytes replaced (U+FFFD) rather than failing the read: a read that fails after
         // XREADGROUP delivered the entry would fail again at every re-read of the pending entry
         // and stall the shard. Values keep their exact bytes; a replaced name is logged, since
         // two such names can read alike.
-        let name = match &pair[0] {
-            Value::BulkString(bytes) => match String::from_utf8_lossy(bytes) {
-                std::borrow::Cow::Borrowed(name) => name.to_owned(),
-                std::borrow::Cow::Owned(name) => {
-                    tracing::warn!(entry = %id, field = %name, "a stream field name is not UTF-8: read with U+FFFD in place of its invalid bytes");
-                    name
-                }
-            },
-            other => text(other).ok_or_else(|| protocol("stream field name", other))?,
+        let name = match name {
+            Value::BulkString(bytes) => String::from_utf8(bytes).unwrap_or_else(|invalid| {
+                let name = String::from_utf8_lossy(invalid.as_bytes()).into_owned();
+                tracing::warn!(entry = %id, field = %name, "a stream field name is not UTF-8: read with U+FFFD in place of its invalid bytes");
+                name
+            }),
+            other => text(&other).ok_or_else(|| protocol("stream field name", &other))?,
         };
-        let bytes = match &pair[1] {
-            Value::BulkString(bytes) => bytes.clone(),
-            other => text(other).ok_or_else(|| protocol("stream field value", other))?.into_bytes(),
+        let bytes = match value {
+            Value::BulkString(bytes) => bytes,
+            other => text(&other).ok_or_else(|| protocol("stream field value", &other))?.into_bytes(),
         };
         fields.push((name, bytes));
     }
     Ok(StreamEntry { id, fields })
 }
 
-fn parse_entries(value: &Value) -> Result<Vec<StreamEntry>, StoreError> {
+fn parse_entries(value: Value) -> Result<Vec<StreamEntry>, StoreError> {
     match value {
         Value::Nil => Ok(Vec::new()),
-        Value::Array(items) => items.iter().map(parse_entry).collect(),
-        other => Err(protocol("stream entries", other)),
+        Value::Array(items) => items.into_iter().map(parse_entry).collect(),
+        other => Err(protocol("stream entries", &other)),
     }
 }
 
 /// XREADGROUP's reply: nil, `[[stream, entries], ...]`, or a RESP3 map stream -> entries.
-fn parse_read_reply(reply: &Value) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
-    let pairs: Vec<(&Value, &Value)> = match reply {
+fn parse_read_reply(reply: Value) -> Result<Vec<(String, Vec<StreamEntry>)>, StoreError> {
+    let pairs: Vec<(Value, Value)> = match reply {
         Value::Nil => return Ok(Vec::new()),
         Value::Array(items) => items
-            .iter()
+            .into_iter()
             .map(|item| match item {
-                Value::Array(kv) if kv.len() == 2 => Ok((&kv[0], &kv[1])),
-                other => Err(protocol("XREADGROUP", other)),
+                Value::Array(kv) => match <[Value; 2]>::try_from(kv) {
+                    Ok([name, entries]) => Ok((name, entries)),
+                    Err(kv) => Err(protocol("XREADGROUP", &Value::Array(kv))),
+                },
+                other => Err(protocol("XREADGROUP", &other)),
             })
             .collect::<Result<_, _>>()?,
-        Value::Map(kv) => kv.iter().map(|(k, v)| (k, v)).collect(),
-        other => return Err(protocol("XREADGROUP", other)),
+        Value::Map(kv) => kv,
+        other => return Err(protocol("XREADGROUP", &other)),
     };
     let mut out = Vec::with_capacity(pairs.len());
     for (name, entries) in pairs {
-        let stream = text(name).ok_or_else(|| protocol("XREADGROUP stream name", name))?;
+        let stream = text(&name).ok_or_else(|| protocol("XREADGROUP stream name", &name))?;
         let entries = parse_entries(entries)?;
         if !entries.is_empty() {
             out.push((stream, entries));
@@ -135,7 +142,7 @@ impl StreamStore for RedisStore {
             .arg(read_from_id(from));
         let reply = self.invoke("fenced read script", invocation).await?;
         match accepted("fenced read script", &fence.key, &reply)? {
-            [entries] => parse_entries(entries),
+            [entries] => parse_entries(entries.clone()),
             _ => Err(protocol("fenced read script", &reply)),
         }
     }
@@ -235,7 +242,7 @@ impl StreamStore for RedisStore {
             };
             let next = text(next).ok_or_else(|| protocol("fenced claim script cursor", &reply))?;
             // As in `claim_all_pending`: an entry deleted while pending (6.2: nil body) is not work.
-            claimed.extend(parse_entries(entries)?.into_iter().filter(|entry| !entry.fields.is_empty()));
+            claimed.extend(parse_entries(entries.clone())?.into_iter().filter(|entry| !entry.fields.is_empty()));
             if next == "0-0" {
                 return Ok(claimed);
             }
@@ -372,7 +379,7 @@ impl StreamStore for RedisStore {
             let next = parts.first().and_then(text).ok_or_else(|| protocol("XAUTOCLAIM cursor", &reply))?;
             // A nil body (6.2: the entry was deleted while pending) is not claimable work; 7.0+
             // drops such ids from the pending list itself. Real entries always have fields.
-            let page = parse_entries(parts.get(1).unwrap_or(&Value::Nil))?;
+            let page = parse_entries(parts.get(1).cloned().unwrap_or(Value::Nil))?;
             claimed.extend(page.into_iter().filter(|entry| !entry.fields.is_empty()));
             if next == "0-0" {
                 return Ok(claimed);
@@ -417,7 +424,7 @@ impl RedisStore {
                 Ok((value, c))
             })
             .await?;
-        parse_read_reply(&reply)
+        parse_read_reply(reply)
     }
 
     /// The fenced reads of one slot (all reads on a single server): gates first, then the read
@@ -455,7 +462,7 @@ impl RedisStore {
         let items = self.many_items(WHAT, reply, scripted.len())?;
         for ((i, read), item) in rest.into_iter().zip(scripted).zip(items) {
             out[i] = Some(item.and_then(|item| match accepted(WHAT, &read.fence.key, &item)? {
-                [entries] => parse_entries(entries),
+                [entries] => parse_entries(entries.clone()),
                 _ => Err(StoreError::Protocol(format!("{WHAT}: unexpected reply for {}", read.stream))),
             }));
         }
@@ -540,7 +547,7 @@ impl RedisStore {
         let mut out: Vec<Option<Vec<StreamEntry>>> = vec![None; reads.len()];
         for (members, reply) in by_count.values().zip(replies) {
             // A refusal, or a reply that does not parse: the script decides for these reads.
-            let Ok(mut streams) = parse_read_reply(&reply) else { continue };
+            let Ok(mut streams) = parse_read_reply(reply) else { continue };
             for &i in members {
                 let at = streams.iter().position(|(name, _)| *name == reads[i].stream);
                 out[i] = Some(at.map(|at| streams.swap_remove(at).1).unwrap_or_default());
@@ -589,13 +596,13 @@ mod tests {
                 ]),
             ]),
         ]);
-        let parsed = parse_read_reply(&reply).unwrap_or_default();
+        let parsed = parse_read_reply(reply).unwrap_or_default();
         assert_eq!(parsed.len(), 1);
         assert_eq!(parsed[0].0, "s:0");
         assert_eq!(parsed[0].1[0].id, EntryId { ms: 5, seq: 1 });
         assert_eq!(parsed[0].1[0].fields, vec![("k".to_string(), b"v".to_vec())]);
         assert!(parsed[0].1[1].fields.is_empty());
-        assert_eq!(parse_read_reply(&Value::Nil), Ok(Vec::new()));
-        assert!(matches!(parse_read_reply(&Value::Int(3)), Err(StoreError::Protocol(_))));
+        assert_eq!(parse_read_reply(Value::Nil), Ok(Vec::new()));
+        assert!(matches!(parse_read_reply(Value::Int(3)), Err(StoreError::Protocol(_))));
     }
 }
