@@ -79,7 +79,7 @@ impl RedisStore {
             cmd.arg(*stream);
         }
         for id in after {
-            cmd.arg(id.to_string());
+            cmd.arg(id);
         }
         let reply: Value = self
             .inner

@@ -22,6 +22,17 @@ fn protocol(what: &str, value: &Value) -> StoreError {
     StoreError::Protocol(format!("{what}: unexpected reply {value:?}"))
 }
 
+/// An id as a command argument (`<ms>-<seq>`), written straight into the command being built:
+/// acks and doorbells send one per entry or shard, and no string is made for it.
+impl ::redis::ToRedisArgs for EntryId {
+    fn write_redis_args<W: ?Sized + ::redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        // Every writer the crate passes (a command's buffer, a script's argument list) is memory:
+        // writing to it cannot fail.
+        let _ = write!(out.writer_for_next_arg(), "{}-{}", self.ms, self.seq);
+    }
+}
+
 /// The XREADGROUP id argument of `from`.
 fn read_from_id(from: ReadFrom) -> &'static str {
     match from {
@@ -197,7 +208,7 @@ impl StreamStore for RedisStore {
         let mut invocation = self.inner.scripts.fences.ack.prepare_invoke();
         invocation.key(&fence.key).key(stream).arg(counter).arg(nonce).arg(group);
         for id in ids {
-            invocation.arg(id.to_string());
+            invocation.arg(id);
         }
         let reply = self.invoke("fenced ack script", invocation).await?;
         match accepted("fenced ack script", &fence.key, &reply)? {
@@ -349,7 +360,7 @@ impl StreamStore for RedisStore {
         let mut cmd = ::redis::cmd("XACK");
         cmd.arg(stream).arg(group);
         for id in ids {
-            cmd.arg(id.to_string());
+            cmd.arg(id);
         }
         self.query("XACK", cmd).await
     }
@@ -486,7 +497,7 @@ impl RedisStore {
             invocation.key(&ack.fence.key).key(&ack.stream);
             invocation.arg(counter).arg(nonce).arg(ack.ids.len());
             for id in &ack.ids {
-                invocation.arg(id.to_string());
+                invocation.arg(id);
             }
         }
         let reply = self.invoke(WHAT, invocation).await?;
@@ -582,6 +593,20 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    /// An id argument is the same bytes its text is, in a command and in a script's arguments.
+    #[test]
+    fn an_id_argument_is_its_text() {
+        let id = EntryId { ms: 1_700_000_000_123, seq: u64::MAX };
+        let mut with_id = ::redis::cmd("XACK");
+        with_id.arg(id);
+        let mut with_text = ::redis::cmd("XACK");
+        with_text.arg(id.to_string());
+        assert_eq!(with_id.get_packed_command(), with_text.get_packed_command());
+        let mut args: Vec<Vec<u8>> = Vec::new();
+        ::redis::ToRedisArgs::write_redis_args(&id, &mut args);
+        assert_eq!(args, vec![b"1700000000123-18446744073709551615".to_vec()]);
     }
 
     #[test]
