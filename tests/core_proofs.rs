@@ -344,6 +344,53 @@ fn creates_start_their_versions_past_the_clock() {
     );
 }
 
+/// Hostile review (stop 34): coordinator processes time waits by (group, wait id), and one that
+/// did not see a delete and a create through another instance kept timing the old incarnation's
+/// waits. Every create counting from wait 1 made the new incarnation's first wait look long
+/// observed. Wait ids now start at a random point per create (and still only go up within it).
+#[test]
+fn creates_start_their_wait_ids_at_random_points() {
+    let obs = Observations::default();
+    let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
+    let first_wait = |creation: Creation, nonce: u64| {
+        let ctx = Context {
+            stored_revision: 0,
+            observations: &obs,
+            planted: PlantedBugs::NONE,
+            nonce,
+            fresh_view_key: Some(ViewKey::from_bytes([0x61; 32])),
+            wall_clock_secs: 1_796_000_000,
+        };
+        let mut g = decide_admin(None, &create, creation, ctx).write.next.expect("created");
+        g.validate().expect("a valid record");
+        g.allocate_wait().expect("a wait id")
+    };
+    let plain: BTreeSet<u64> =
+        (1..=64u64).map(|i| first_wait(Creation::Plain, i.wrapping_mul(0x9E37_79B9_7F4A_7C15))).collect();
+    assert_eq!(plain.len(), 64, "creates with different randomness start their waits apart");
+    assert!(!plain.contains(&1), "no create counts from 1 (only the one whose random bits are all 0)");
+    assert_eq!(first_wait(Creation::Plain, 0), 1);
+    assert!(first_wait(Creation::Plain, u64::MAX) <= (1 << 48) + 1, "48 random bits, plus one");
+    assert!(
+        CLIENT_NUMBER_MAX - first_wait(Creation::Plain, u64::MAX) > (1 << 52),
+        "room for 2^52 waits below the largest number a client may send"
+    );
+    // A recreate's correction round takes the first of its randomly placed ids.
+    let recreate = |nonce| {
+        let ctx = Context {
+            stored_revision: 0,
+            observations: &obs,
+            planted: PlantedBugs::NONE,
+            nonce,
+            fresh_view_key: Some(ViewKey::from_bytes([0x61; 32])),
+            wall_clock_secs: 1_796_000_000,
+        };
+        let g = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx).write.next.expect("created");
+        g.correction.expect("a recreate starts a round").wait
+    };
+    assert_ne!(recreate(7 << 20), recreate(9 << 20));
+}
+
 /// Hostile review L3: when the OS gives no randomness for the key, a plain create is refused
 /// rather than making a keyless group that would credit every report; a recreate that knows no
 /// key is refused the same way. One that keeps a remembered key needs no randomness.

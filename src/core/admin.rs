@@ -134,6 +134,10 @@ fn create(
     // create: nothing here can tell that from a group that never existed) must not issue the
     // lost history's version numbers again, and clients still hold them (swarm seed 5278).
     next.metadata_version = first_metadata_version(ctx.wall_clock_secs, ctx.nonce);
+    // Wait ids start at a random point: every coordinator process times the waits it observes by
+    // (group, wait id), and one that never saw the delete would otherwise credit an earlier
+    // incarnation's wait 1 to this one's wait 1.
+    next.next_wait_id = first_wait_id(ctx.nonce);
     next.view_key = match creation {
         Creation::Plain => view_key,
         // The lost record's key: proofs of the lost history verify, forged reports do not.
@@ -202,4 +206,21 @@ fn change_config(tx: &mut Transition<'_>, config: &super::model::GroupConfig) {
 pub fn first_metadata_version(wall_clock_secs: u64, nonce: u64) -> u64 {
     const SECS_MAX: u64 = (1 << 36) - 1;
     ((wall_clock_secs.min(SECS_MAX) << 16) | (nonce >> 48)) + 1
+}
+
+/// The first [`WaitId`](super::model::WaitId) of a created group: the low 48 bits of the decision's
+/// fresh randomness (the bits [`first_metadata_version`] does not use), plus one.
+///
+/// A coordinator process measures each wait from when *it* first observed that (group, wait id)
+/// ([`LocalView`](super::observe::LocalView)) and forgets a group only when it deletes it itself or
+/// a later sweep finds it gone. Had every incarnation counted from 1, a process that did not see a
+/// delete and a create through another instance would find the new incarnation's first wait already
+/// observed for as long as it watched the old one's, and release a shard at once (a split with
+/// fencing off). Two incarnations that record `n` waits each share an id with probability about
+/// `2n / 2^48`. Within one incarnation ids still only go up; a rollback reissues them, and loss
+/// evidence then restarts every window (a silent rollback is measured, not prevented: DESIGN §1).
+/// At most 2^48, so 2^53 − 2^48 allocations remain below
+/// [`CLIENT_NUMBER_MAX`](super::model::CLIENT_NUMBER_MAX).
+pub fn first_wait_id(nonce: u64) -> super::model::WaitId {
+    (nonce & ((1 << 48) - 1)) + 1
 }

@@ -35,7 +35,9 @@ pub type RevokeId = u64;
 /// Largest [`RevokeId`] (2^53 − 1).
 pub const REVOKE_ID_MAX: RevokeId = (1 << 53) - 1;
 /// Identifier of a recorded wait; unique within a group's history (allocated from
-/// [`GroupMetadata::next_wait_id`], which never goes back while the record survives).
+/// [`GroupMetadata::next_wait_id`], which never goes back while the record survives), and drawn
+/// apart between incarnations of one name: a create starts the counter at a random point
+/// ([`super::admin::first_wait_id`]).
 pub type WaitId = u64;
 
 /// JSON schema version of [`GroupMetadata`] this build reads and writes.

@@ -91,3 +91,67 @@ async fn retry_busy<T, F: std::future::Future<Output = Result<T, ApiError>>>(
         }
     }
 }
+
+/// Wait timings belong to one incarnation of a group. Instance `ca` observes wait 1 of the first
+/// incarnation (x's leave); `cb` finishes it, deletes the group and creates it again, and the new
+/// incarnation records a wait for x2's leave, which was wait 1 again before creates drew their
+/// first wait id at random. `ca` must not count the time it spent watching the old wait toward
+/// the new one: y's join through `ca` waits out x2's lease like it does through `cb`, instead of
+/// taking shards x2 may still be reading.
+#[tokio::test]
+async fn wait_timings_do_not_carry_over_to_a_recreated_group() {
+    let store = MemoryStore::new(77);
+    let ca = coordinator(&store, "ca", PlantedBugs::NONE);
+    let cb = coordinator(&store, "cb", PlantedBugs::NONE);
+    ca.start().await.expect("probe a");
+    cb.start().await.expect("probe b");
+    let unfenced = GroupConfig { fencing: false, ..fast_config() };
+    let created = AdminRequest::CreateGroup { group: group(), shard_count: 2, config: unfenced.clone() };
+    ca.admin(created).await.expect("create");
+
+    let x = ca.heartbeat(join("x")).await.expect("x joins");
+    assert_eq!(x.assigned, vec![0, 1]);
+    ca.heartbeat(HeartbeatRequest { leave: true, ..next(&x) }).await.expect("x leaves through ca");
+    let first_wait = recorded_waits(&store);
+    assert!(!first_wait.is_empty(), "x's leave is waited out: {:?}", recorded(&store));
+
+    // cb watches the wait to its end and frees the shards.
+    cb.tick_all().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cb.tick_all().await;
+    assert!(recorded_waits(&store).is_empty(), "the wait is over: {:?}", recorded(&store));
+
+    let revision = store.peek_record(&group()).expect("record").revision;
+    cb.admin(delete_at(revision)).await.expect("an empty group is deleted");
+    let again = AdminRequest::CreateGroup { group: group(), shard_count: 2, config: unfenced };
+    cb.admin(again).await.expect("created again");
+    let x2 = cb.heartbeat(join("x2")).await.expect("x2 joins");
+    assert_eq!(x2.assigned, vec![0, 1]);
+    cb.heartbeat(HeartbeatRequest { leave: true, ..next(&x2) }).await.expect("x2 leaves through cb");
+    let second_wait = recorded_waits(&store);
+    assert!(!second_wait.is_empty(), "x2's leave is waited out: {:?}", recorded(&store));
+
+    let y = ca.heartbeat(join("y")).await.expect("y joins through ca");
+    assert!(y.assigned.is_empty(), "y was granted shards x2 may still read: {y:?}");
+    // Both were wait 1 when every create counted waits from 1; now each create starts its wait
+    // ids at a random point.
+    assert_ne!(second_wait, first_wait, "the new incarnation's waits are not the old one's");
+}
+
+/// Every wait id the record holds (shards waited out, a correction round, a lease transition).
+fn recorded_waits(store: &MemoryStore) -> Vec<u64> {
+    let Some(metadata) = recorded(store) else { return Vec::new() };
+    let mut waits: Vec<u64> = metadata
+        .current
+        .values()
+        .filter_map(|owner| match owner {
+            ShardOwner::Revoking { wait, .. } | ShardOwner::Fenced { wait, .. } => Some(*wait),
+            ShardOwner::Owned { .. } => None,
+        })
+        .chain(metadata.correction.as_ref().map(|r| r.wait))
+        .chain(metadata.lease_transition.as_ref().map(|t| t.wait))
+        .collect();
+    waits.sort_unstable();
+    waits.dedup();
+    waits
+}
