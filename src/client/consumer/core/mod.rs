@@ -541,14 +541,16 @@ impl ConsumerCore {
             shard.in_flight.insert(entry.id);
             out.push(Delivery { shard: plan.shard, stream: stream.clone(), entry, fence: plan.fence });
         }
-        for d in out.iter().filter(|_| self.entry_events) {
-            let event = ClientEvent::EntryDelivered {
-                at_ms: now_ms,
-                member: self.config.member_id.clone(),
-                shard: d.shard,
-                entry: d.entry.id,
-            };
-            self.events.push(event);
+        if self.entry_events {
+            for d in &out {
+                let event = ClientEvent::EntryDelivered {
+                    at_ms: now_ms,
+                    member: self.config.member_id.clone(),
+                    shard: d.shard,
+                    entry: d.entry.id,
+                };
+                self.events.push(event);
+            }
         }
         out
     }
