@@ -75,6 +75,15 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 }
             }
         }
+        // A read that came back early waited here for the slowest of the poll (a store call can be
+        // held for seconds, a machine can be suspended): its shard may have stopped meanwhile
+        // (lease end, fence, lost) and its entries been abandoned. Only entries still in flight
+        // under a lease that holds now are handed out; the rest stay pending at Redis for whoever
+        // owns the shard next.
+        if !out.is_empty() {
+            let now_ms = self.shared.clock.now_ms();
+            self.shared.with_core(|core| out.retain(|delivery| core.check_ack(now_ms, delivery).is_ok()));
+        }
         match failure {
             Some(error) if out.is_empty() => Err(PollError::Store(error)),
             _ => Ok(out),

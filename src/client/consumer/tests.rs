@@ -559,3 +559,44 @@ async fn poll_wait_sleeps_on_the_doorbell_and_wakes_when_an_entry_arrives() {
     assert!(start.elapsed() < Duration::from_millis(1_000), "woken by the doorbell: {:?}", start.elapsed());
     publisher.await.expect("publisher");
 }
+
+/// The reads of one poll run concurrently and the poll returns when the slowest is done. An entry
+/// one read took while the lease held must not be handed to the application if the lease ended
+/// (here: a machine suspension) while another read of the same poll was still out: the shard was
+/// stopped and its entries abandoned meanwhile, and its next owner may be processing them
+/// (simulation `timed-out-reads` seed 10475: a claim held 5 s by a congested path handed out
+/// entries read before a suspension, processed beside their new owner).
+#[tokio::test]
+async fn entries_read_before_the_lease_ended_are_not_handed_out_when_the_poll_returns_after_it() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    let faults = crate::client::clock::ClockFaults::new();
+    let consumer = join_on(&faults, crate::core::planted::PlantedBugs::NONE, &coordinator, &store, &sink);
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    publish(&store, 0, 1).await;
+    consumer.ack_all(&poll_n(&consumer, 1).await).await.expect("ack");
+    // Shard 1 is granted: its first poll sets it up (three store calls in a row) while shard 0
+    // is read with one call.
+    coordinator.with(|s| s.assigned.insert("m1".into(), vec![0, 1]));
+    wait_until("shard 1 readable", || consumer.status().readable == vec![0, 1]).await;
+    publish(&store, 0, 3).await;
+    let latency_ms = 200;
+    store.set_latency_ms(latency_ms);
+    let polling = {
+        let consumer = Arc::new(consumer);
+        let polling = tokio::spawn({
+            let consumer = Arc::clone(&consumer);
+            async move { consumer.poll(10).await }
+        });
+        // Shard 0's read is back (one latency); shard 1's setup is still out.
+        tokio::time::sleep(Duration::from_millis(latency_ms * 3 / 2)).await;
+        coordinator.with(|s| s.up = false);
+        faults.suspended_for(Duration::from_millis(10 * LEASE_MS));
+        let polled = polling.await.expect("poll task");
+        store.set_latency_ms(0);
+        (consumer, polled)
+    };
+    let (consumer, polled) = polling;
+    let polled = polled.expect("poll");
+    assert!(polled.is_empty(), "entries handed out after the lease ended: {polled:?}");
+    assert!(consumer.status().readable.is_empty(), "the lease ended: nothing is readable");
+}
