@@ -459,6 +459,41 @@ async fn a_producer_reporting_a_lost_version_is_told_so_and_the_evidence_is_reco
     assert_eq!(store.peek_record(&group()).expect("record").revision, revision);
 }
 
+/// A terminating coordinator cannot write, so it cannot record a producer's proven report of a
+/// lost version. It used to answer `lostVersion` anyway, and the producer dropped the version it
+/// was the last to hold: later bumps issued those numbers again (swarm seed 10710 of a fresh
+/// sweep, during a rolling update). It now refuses (`COORDINATOR_TERMINATING`, retry elsewhere),
+/// and the instance the producer asks next records the report.
+#[tokio::test]
+async fn a_terminating_coordinator_does_not_tell_a_producer_its_version_was_lost_without_recording_it() {
+    let store = MemoryStore::new(14);
+    let old = short_mutex(&store, "old");
+    create(&old, 2).await;
+    let before = store.peek_record(&group()).expect("record").revision;
+    let add = AdminRequest::AddShards { group: group(), expected_revision: before, new_shard_count: 4 };
+    old.admin(add).await.expect("add shards");
+    let seen = old.routing(&group(), RoutingReport::version(0)).await.expect("routing");
+    while store.peek_record(&group()).expect("record").revision > before {
+        store.rollback(1, RollbackMode::Silent);
+    }
+    let report = RoutingReport::version(seen.metadata_version).proven(seen.metadata_version_proof, None);
+
+    old.begin_shutdown();
+    let refused = old.routing(&group(), report).await.expect_err("nothing can be recorded here");
+    assert_eq!(refused.code, ErrorCode::CoordinatorTerminating, "{refused:?}");
+    assert!(recorded(&store).expect("record").correction.is_none(), "nothing was written");
+    // A plain refresh (nothing to record) is still served while terminating.
+    let plain = old.routing(&group(), RoutingReport::version(0)).await.expect("served while terminating");
+    assert_eq!(plain.lost_version, None);
+
+    let next = short_mutex(&store, "next");
+    let told = next.routing(&group(), report).await.expect("another instance records it");
+    assert_eq!(told.lost_version, Some(seen.metadata_version));
+    let after = recorded(&store).expect("record");
+    assert!(after.correction.is_some(), "a correction round was recorded");
+    assert_eq!(after.max_client_version_seen, seen.metadata_version, "later bumps go past the lost version");
+}
+
 /// Issue #14: the store loses an `add-shards` a producer published with; the producer's routing
 /// refresh reports the shard count, and the coordinator records the shards again (reason
 /// `recovered-lost-add-shards`, counted in a metric), once: the same report again writes nothing.

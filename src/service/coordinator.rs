@@ -590,8 +590,9 @@ impl<S: MetadataStore> Coordinator<S> {
     /// the highest shard count it published with (0: none). A version above the stored one is
     /// recorded as loss evidence and answered with `lostVersion`; a shard count above the recorded
     /// one re-adds the shards of a lost `add-shards` (unless the group turned that off); otherwise
-    /// this is a read, served while terminating too. Numbers above their bounds are `BAD_REQUEST`
-    /// before anything is read.
+    /// this is a read, served while terminating too (a report that must be recorded is refused
+    /// there with `COORDINATOR_TERMINATING`). Numbers above their bounds are `BAD_REQUEST` before
+    /// anything is read.
     pub async fn routing(&self, group: &GroupId, report: RoutingReport) -> Result<RoutingResponse, ApiError> {
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
         check_routing_report(&report).map_err(bad_request)?;
@@ -648,10 +649,11 @@ impl<S: MetadataStore> Coordinator<S> {
                 }
                 Ok(view)
             }
-            // A terminating coordinator still tells the producer; another instance records it.
-            Err(e) if e.code == ErrorCode::CoordinatorTerminating => {
-                Ok(RoutingResponse { lost_version: ahead.then_some(report.known_version), ..view })
-            }
+            // A terminating coordinator cannot record the report, so it answers
+            // `COORDINATOR_TERMINATING` and the producer asks another instance, still holding its
+            // version. It used to answer `lostVersion` unrecorded: the producer then dropped the
+            // only evidence of the lost history, and later bumps issued its numbers again (swarm
+            // seed 10710).
             Err(e) => Err(e),
         }
     }
