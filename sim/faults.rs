@@ -201,6 +201,7 @@ impl Injector {
                         }
                     }
                     Action::AddShards { add } => world.command(OperatorCommand::AddShards(add)),
+                    Action::Recreate => world.command(OperatorCommand::Recreate),
                 }
             }
             Step::Unclog(clog) => self.unclog(world, clog),

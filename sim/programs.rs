@@ -22,7 +22,7 @@ use rsc::client::{
 use rsc::client::{CoordinatorTransport, TransportError};
 use rsc::core::model::{GroupId, ShardId};
 use rsc::core::protocol::{
-    AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingReport, RoutingResponse,
+    AdminRequest, AdminResponse, ErrorCode, HeartbeatRequest, HeartbeatResponse, RoutingReport, RoutingResponse,
 };
 use rsc::core::PlantedBugs;
 use rsc::http::auth::ClientTokens;
@@ -368,10 +368,16 @@ pub enum OperatorCommand {
     AddShards(u32),
     /// The forger's `n`-th forged request ([`crate::forger`]); it shares the operator's node.
     Forge(u64),
+    /// Delete the group (read its revision, DeleteGroup, again while it is not empty), then create
+    /// it again.
+    Recreate,
 }
 
 /// Attempts to read the group for an `AddShards` before the operator gives up on it.
 const ADD_SHARDS_ATTEMPTS_MAX: u32 = 20;
+/// Attempts to delete the group for a `Recreate` (500 ms apart: a minute, time for its consumers
+/// to leave and the waits their shards need to end) before the operator gives up on it.
+const DELETE_ATTEMPTS_MAX: u32 = 120;
 
 /// Runs the operator: carries out each command through the coordinator Service, retrying until
 /// it is done (an operator follows the runbook until the step succeeded). Adding shards to a group
@@ -385,9 +391,12 @@ pub async fn operator(env: Env, process: ProcessId, mut commands: mpsc::Unbounde
             tokio::spawn(crate::forger::forge(env.clone(), process, n));
             continue;
         }
+        if command == OperatorCommand::Recreate && !delete_group(&env, process, &admin).await {
+            continue;
+        }
         for attempt in 0u32.. {
             let request = match command {
-                OperatorCommand::CreateGroup => AdminRequest::CreateGroup {
+                OperatorCommand::CreateGroup | OperatorCommand::Recreate => AdminRequest::CreateGroup {
                     group: env.group.clone(),
                     shard_count: env.plan.topology.shards,
                     config: env.plan.group.clone(),
@@ -411,37 +420,67 @@ pub async fn operator(env: Env, process: ProcessId, mut commands: mpsc::Unbounde
                     }
                 },
             };
-            let sent_at_us = env.recorder.now_us();
-            let index = {
-                let mut records = env.recorder.lock();
-                let call = AdminCall {
-                    request: request.clone(),
-                    sent_at_us,
-                    received_at_us: None,
-                    answer: None,
-                    handled: Vec::new(),
-                };
-                records.admins.push(call);
-                records.admins.len() - 1
-            };
-            let answer = admin.admin(request, index).await;
-            let received_at_us = env.recorder.now_us();
-            env.recorder.trace(process, format!("admin -> {answer:?}"));
-            let done = match &answer {
+            let done = match send_admin(&env, process, &admin, request).await {
                 Ok(_) => true,
                 Err(TransportError::Api(e)) => e.code == ErrorCode::GroupExists,
                 Err(_) => false,
             };
-            {
-                let mut records = env.recorder.lock();
-                let call = &mut records.admins[index];
-                call.received_at_us = Some(received_at_us);
-                call.answer = Some(answer);
-            }
             if done {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
+}
+
+/// Sends one admin request, recorded in [`Records::admins`](crate::records) with its answer.
+async fn send_admin(
+    env: &Env,
+    process: ProcessId,
+    admin: &RpcTransport,
+    request: AdminRequest,
+) -> Result<AdminResponse, TransportError> {
+    let sent_at_us = env.recorder.now_us();
+    let index = {
+        let mut records = env.recorder.lock();
+        let call =
+            AdminCall { request: request.clone(), sent_at_us, received_at_us: None, answer: None, handled: Vec::new() };
+        records.admins.push(call);
+        records.admins.len() - 1
+    };
+    let answer = admin.admin(request, index).await;
+    let received_at_us = env.recorder.now_us();
+    env.recorder.trace(process, format!("admin -> {answer:?}"));
+    let mut records = env.recorder.lock();
+    let call = &mut records.admins[index];
+    call.received_at_us = Some(received_at_us);
+    call.answer = Some(answer.clone());
+    answer
+}
+
+/// The first half of a `Recreate`: reads the group's revision and deletes it, again every 500 ms
+/// while it is not empty or the read or the delete fails, at most [`DELETE_ATTEMPTS_MAX`] times.
+/// Whether the group is gone (deleted now, or already missing).
+async fn delete_group(env: &Env, process: ProcessId, admin: &RpcTransport) -> bool {
+    for attempt in 0..DELETE_ATTEMPTS_MAX {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let revision = match admin.describe(&env.group).await {
+            Ok(d) => d.store_revision,
+            Err(TransportError::Api(e)) if e.code == ErrorCode::GroupNotFound => return true,
+            Err(e) => {
+                env.recorder.trace(process, format!("describe failed (attempt {attempt}): {e}"));
+                continue;
+            }
+        };
+        let request = AdminRequest::DeleteGroup { group: env.group.clone(), expected_revision: revision };
+        match send_admin(env, process, admin, request).await {
+            Ok(_) => return true,
+            Err(TransportError::Api(e)) if e.code == ErrorCode::GroupNotFound => return true,
+            Err(_) => {}
+        }
+    }
+    env.recorder.trace(process, "gave up deleting the group");
+    false
 }

@@ -1,6 +1,8 @@
 //! **Evidence has a cause** (`DESIGN.md`, decisions after the first review): a correction round
 //! needs a ground-truth cause — the store lost a write (a rollback that undid something, an
-//! acknowledged write it dropped, a deleted key), or its identity changed (failover, restart).
+//! acknowledged write it dropped, a deleted key: a fault's or an operator's delete, which a
+//! coordinator that still held the group cannot tell from a loss), or its identity changed
+//! (failover, restart).
 //! Concurrency alone is never evidence: two requests of one coordinator that overlap must not
 //! look like lost writes.
 //!
@@ -76,6 +78,9 @@ fn cause_of(kind: &HistoryKind, facts: &Facts<'_>) -> Option<&'static str> {
         HistoryKind::RolledBack { undone, .. } if *undone > 0 => Some("rollback"),
         HistoryKind::WriteDropped { group, .. } if group == facts.group => Some("dropped-write"),
         HistoryKind::KeyDeleted { group } if group == facts.group => Some("key-deleted"),
+        // An operator's delete through one coordinator is, to another that still held the group
+        // and finds it created again, indistinguishable from a lost record (DESIGN §12).
+        HistoryKind::Deleted { group, .. } if group == facts.group => Some("admin-delete"),
         HistoryKind::IdentityChanged { .. } => Some("identity-change"),
         _ => None,
     }

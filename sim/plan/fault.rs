@@ -578,6 +578,10 @@ pub enum Action {
     AddShards { add: u32 },
     /// A new producer process starts (`producer-<next>`).
     ProducerJoin,
+    /// The operator deletes the group (DeleteGroup with the revision it just read, again while the
+    /// group is not empty yet, for at most a minute) and then creates it again with the plan's
+    /// shard count and config. Each request may reach another coordinator.
+    Recreate,
 }
 
 impl Action {
@@ -593,6 +597,7 @@ impl Action {
         let action = match kind {
             "consumer-join" => Action::ConsumerJoin,
             "producer-join" => Action::ProducerJoin,
+            "recreate" => Action::Recreate,
             "consumer-leave" => {
                 Action::ConsumerLeave { target: resolve_target(target.unwrap_or("consumer-?"), counts, rng)? }
             }
@@ -628,6 +633,7 @@ impl fmt::Display for Action {
             Action::ProducerJoin => f.write_str("producer-join"),
             Action::ConsumerLeave { target } => write!(f, "consumer-leave         {target}"),
             Action::AddShards { add } => write!(f, "add-shards             +{add}"),
+            Action::Recreate => f.write_str("recreate"),
         }
     }
 }
