@@ -134,6 +134,7 @@ fn create(
     // create: nothing here can tell that from a group that never existed) must not issue the
     // lost history's version numbers again, and clients still hold them (swarm seed 5278).
     next.metadata_version = first_metadata_version(ctx.wall_clock_secs, ctx.nonce);
+    next.incarnation = Some(next.metadata_version);
     // Wait ids start at a random point: every coordinator process times the waits it observes by
     // (group, wait id), and one that never saw the delete would otherwise credit an earlier
     // incarnation's wait 1 to this one's wait 1.

@@ -445,6 +445,14 @@ pub struct GroupMetadata {
     /// report is credited, as before proofs existed. Never part of an answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view_key: Option<ViewKey>,
+    /// Which incarnation of the group name this record belongs to: the first `metadataVersion` of
+    /// its create, never changed by later writes (past the clock, so a later create's is larger
+    /// unless the two creating clocks disagree). A coordinator keeps its revision marks and
+    /// observation windows per incarnation: a lower revision of a *newer* incarnation is a delete
+    /// and a create through other instances, not lost writes. Absent: a record an older release
+    /// created or rewrote (nothing is reset then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<u64>,
 }
 
 /// The leases in force before a config change lowered them.
@@ -474,6 +482,7 @@ impl GroupMetadata {
             next_wait_id: 1,
             lease_transition: None,
             view_key: None,
+            incarnation: None,
         }
     }
 

@@ -68,8 +68,25 @@ struct LivenessWindow {
 
 #[derive(Clone, Debug, Default)]
 struct GroupWindows {
+    /// The incarnation of the records these windows were observed on
+    /// ([`GroupMetadata::incarnation`]; `None`: not known).
+    incarnation: Option<u64>,
     liveness: BTreeMap<MemberId, LivenessWindow>,
     waits: BTreeMap<WaitId, u64>,
+}
+
+impl GroupWindows {
+    /// The windows for a record of `metadata`'s incarnation: a record of another incarnation than
+    /// the one observed (the name was deleted and created again, possibly through another instance)
+    /// starts every window anew, so nothing observed of one incarnation counts for another.
+    fn for_incarnation(&mut self, metadata: &GroupMetadata) -> &mut Self {
+        match (self.incarnation, metadata.incarnation) {
+            (Some(seen), Some(read)) if seen != read => *self = Self { incarnation: Some(read), ..Self::default() },
+            (None, Some(read)) => self.incarnation = Some(read),
+            _ => {}
+        }
+        self
+    }
 }
 
 /// Per-process observation state for every group it serves.
@@ -99,7 +116,7 @@ impl LocalView {
         liveness: Option<&BTreeMap<MemberId, u64>>,
     ) -> Observations {
         let longest_lease_seen_ms = self.note_lease(metadata);
-        let windows = self.groups.entry(metadata.group.clone()).or_default();
+        let windows = self.groups.entry(metadata.group.clone()).or_default().for_incarnation(metadata);
         // Windows are per incarnation: a member removed and rejoined gets a fresh liveness counter,
         // which may repeat a value seen for its previous incarnation (ABA). Keying by the
         // incarnation epoch (a never-reused version) makes the new incarnation start a new window.
@@ -181,7 +198,7 @@ impl LocalView {
         if value == 0 {
             return;
         }
-        let windows = self.groups.entry(metadata.group.clone()).or_default();
+        let windows = self.groups.entry(metadata.group.clone()).or_default().for_incarnation(metadata);
         let window =
             LivenessWindow { incarnation_epoch: record.incarnation_epoch, value, since_ms: now_ms, heard: true };
         windows.liveness.insert(member.to_string(), window);
@@ -207,7 +224,7 @@ impl LocalView {
         if value == 0 || record.incarnation_epoch != incarnation_epoch {
             return false;
         }
-        let windows = self.groups.entry(metadata.group.clone()).or_default();
+        let windows = self.groups.entry(metadata.group.clone()).or_default().for_incarnation(metadata);
         let known = windows.liveness.get(member).filter(|w| w.incarnation_epoch == incarnation_epoch);
         if known.is_some_and(|w| value <= w.value) {
             return false;
@@ -227,7 +244,8 @@ impl LocalView {
         let windows = match self.groups.get_mut(&metadata.group) {
             Some(windows) => windows,
             None => self.groups.entry(metadata.group.clone()).or_default(),
-        };
+        }
+        .for_incarnation(metadata);
         let mut waits = BTreeMap::new();
         for wait in recorded_waits(metadata) {
             let since = *windows.waits.entry(wait).or_insert(now_ms);
@@ -373,5 +391,30 @@ mod tests {
         assert_eq!(view.observe(3_500, &g, None).waited_ms(wait), 2_500);
         g.current.clear();
         assert_eq!(view.observe(4_000, &g, None).waited_ms(wait), 0, "forgotten once no longer recorded");
+    }
+
+    /// Hostile review (stop 34): a process that never saw a delete and a create through another
+    /// instance credited the old incarnation's observed wait to the new one's wait of the same id.
+    #[test]
+    fn nothing_observed_of_one_incarnation_counts_for_another() {
+        let mut old = group_with_member();
+        old.incarnation = Some(100);
+        let wait = old.allocate_wait().expect("a wait id");
+        old.current.insert(0, ShardOwner::Fenced { member: "a".into(), wait, fence: None });
+        let mut view = LocalView::default();
+        view.observe_waits(1_000, &old);
+        assert_eq!(view.observe_waits(5_000, &old).waited_ms(wait), 4_000);
+        // The same wait id, member and counter in a record of a later incarnation.
+        let mut new = old.clone();
+        new.incarnation = Some(200);
+        assert_eq!(view.observe_waits(6_000, &new).waited_ms(wait), 0, "heartbeat path");
+        let mut reread = LocalView::default();
+        reread.observe(1_000, &old, Some(&BTreeMap::from([("a".to_string(), 7)])));
+        let seen = reread.observe(5_000, &new, Some(&BTreeMap::from([("a".to_string(), 7)])));
+        assert_eq!((seen.waited_ms(wait), seen.liveness["a"].unchanged_ms), (0, 0), "read path");
+        // A record without an incarnation (an older release's rewrite) keeps the windows.
+        let mut keyless = new.clone();
+        keyless.incarnation = None;
+        assert_eq!(view.observe_waits(7_000, &keyless).waited_ms(wait), 1_000);
     }
 }

@@ -1218,7 +1218,7 @@ impl<S: MetadataStore> Coordinator<S> {
         revision: u64,
         ticket: ReadTicket,
     ) -> Result<bool, ApiError> {
-        let evidence = self.pending_evidence(&g.group, revision, ticket);
+        let evidence = self.pending_evidence(&g.group, (revision, g.incarnation), ticket);
         let Some(evidence) = evidence else { return Ok(false) };
         let generation = self.local().identity_generation;
         self.critical(&g.group, false, |g, rev, obs| match g {
@@ -1235,10 +1235,16 @@ impl<S: MetadataStore> Coordinator<S> {
     /// Judges the revision a read issued at `ticket` returned and returns evidence this group still
     /// has to record. Only a read issued after a higher revision was observed testifies to a
     /// regression ([`ReadOrder`]); identity changes are tracked per generation.
-    fn pending_evidence(&self, group: &GroupId, revision: u64, ticket: ReadTicket) -> Option<LossEvidence> {
+    fn pending_evidence(
+        &self,
+        group: &GroupId,
+        (revision, incarnation): (u64, Option<u64>),
+        ticket: ReadTicket,
+    ) -> Option<LossEvidence> {
         let ignore_order = self.inner.options.planted.has(PlantedBug::ProcessWideRevisionMark);
         let mut local = self.local();
-        if let RevisionVerdict::Regressed { seen } = local.reads.observe_read(group, ticket, revision, ignore_order) {
+        let read = (revision, incarnation);
+        if let RevisionVerdict::Regressed { seen } = local.reads.observe_read(group, ticket, read, ignore_order) {
             self.inner.metrics.inc(
                 "rsc_metadata_version_regressions_total",
                 "Times a read issued after this coordinator observed a revision returned a lower one.",

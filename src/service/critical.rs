@@ -106,7 +106,7 @@ impl<S: MetadataStore> Coordinator<S> {
             };
             match self.inner.store.write(group, request).await.map_err(|e| self.group_store_error(group, e))? {
                 WriteOutcome::Written { revision: written } => {
-                    self.local().reads.observe_write(group, written);
+                    self.local().reads.observe_write(group, written, next.incarnation);
                     self.undefer_tick(group);
                     // Waits this write recorded start now on this process's clock (the write
                     // happened after every response derived from the state it replaces).

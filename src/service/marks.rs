@@ -26,6 +26,18 @@ pub(super) struct ReadTicket(u64);
 struct Mark {
     revision: u64,
     observed_at: u64,
+    /// The incarnation of the record the revision belongs to ([`GroupMetadata::incarnation`]
+    /// (crate::core::model::GroupMetadata::incarnation); `None`: not known).
+    incarnation: Option<u64>,
+}
+
+impl Mark {
+    /// Whether a record of `incarnation` belongs to a later incarnation of the name than this
+    /// mark: created after this mark's was deleted (through another instance), so its revisions
+    /// count from 1 again and a lower one is no evidence.
+    fn superseded_by(&self, incarnation: Option<u64>) -> bool {
+        matches!((self.incarnation, incarnation), (Some(mine), Some(theirs)) if theirs > mine)
+    }
 }
 
 /// Read-issue ordering for one coordinator process (see the module docs).
@@ -56,38 +68,43 @@ impl ReadOrder {
 
     /// Judges the revision a read returned. `ignore_order` is the planted bug that compares with
     /// the process-wide mark whatever the read's issue time (the behaviour this module replaced).
+    /// A revision of a later incarnation than the mark's (the group was deleted and created again
+    /// through other instances) starts a new mark: it is no evidence however low.
     pub(super) fn observe_read(
         &mut self,
         group: &GroupId,
         ticket: ReadTicket,
-        revision: u64,
+        (revision, incarnation): (u64, Option<u64>),
         ignore_order: bool,
     ) -> RevisionVerdict {
         let now = self.next_read;
+        let fresh = Mark { revision, observed_at: now, incarnation };
         let Some(mark) = self.marks.get_mut(group) else {
-            self.marks.insert(group.clone(), Mark { revision, observed_at: now });
+            self.marks.insert(group.clone(), fresh);
             return RevisionVerdict::Consistent;
         };
-        if revision > mark.revision {
-            *mark = Mark { revision, observed_at: now };
+        if revision > mark.revision || mark.superseded_by(incarnation) {
+            *mark = fresh;
             return RevisionVerdict::Consistent;
         }
         let issued_after_mark = ticket.0 >= mark.observed_at || ignore_order;
         if revision < mark.revision && issued_after_mark {
             let seen = mark.revision;
-            *mark = Mark { revision, observed_at: now };
+            *mark = fresh;
             return RevisionVerdict::Regressed { seen };
         }
         RevisionVerdict::Consistent
     }
 
-    /// Records the revision this process just wrote. Never lowers the mark: a write below it means
-    /// the store went back, which the next read issued from now on will report.
-    pub(super) fn observe_write(&mut self, group: &GroupId, revision: u64) {
+    /// Records the revision this process just wrote. Never lowers the mark within an incarnation:
+    /// a write below it means the store went back, which the next read issued from now on will
+    /// report. A write of a later incarnation (a create) starts a new mark.
+    pub(super) fn observe_write(&mut self, group: &GroupId, revision: u64, incarnation: Option<u64>) {
         let now = self.next_read;
-        let mark = self.marks.entry(group.clone()).or_insert(Mark { revision, observed_at: now });
-        if revision > mark.revision {
-            *mark = Mark { revision, observed_at: now };
+        let fresh = Mark { revision, observed_at: now, incarnation };
+        let mark = self.marks.entry(group.clone()).or_insert(fresh);
+        if revision > mark.revision || mark.superseded_by(incarnation) {
+            *mark = fresh;
         }
     }
 
@@ -146,10 +163,10 @@ mod tests {
         let mut order = ReadOrder::default();
         let g = group();
         let first = order.begin_read();
-        assert_eq!(order.observe_read(&g, first, 5, false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&g, first, (5, None), false), RevisionVerdict::Consistent);
         let slow = order.begin_read();
-        order.observe_write(&g, 6);
-        assert_eq!(order.observe_read(&g, slow, 5, false), RevisionVerdict::Consistent);
+        order.observe_write(&g, 6, None);
+        assert_eq!(order.observe_read(&g, slow, (5, None), false), RevisionVerdict::Consistent);
         assert_eq!(order.mark(&g), Some(6), "a concurrent lower read never lowers the mark");
     }
 
@@ -157,12 +174,12 @@ mod tests {
     fn a_read_issued_after_the_mark_that_returns_less_is_evidence() {
         let mut order = ReadOrder::default();
         let g = group();
-        order.observe_write(&g, 9);
+        order.observe_write(&g, 9, None);
         let later = order.begin_read();
-        assert_eq!(order.observe_read(&g, later, 7, false), RevisionVerdict::Regressed { seen: 9 });
+        assert_eq!(order.observe_read(&g, later, (7, None), false), RevisionVerdict::Regressed { seen: 9 });
         // From then on the lower revision is the truth: the same value again is no new evidence.
         let again = order.begin_read();
-        assert_eq!(order.observe_read(&g, again, 7, false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&g, again, (7, None), false), RevisionVerdict::Consistent);
     }
 
     #[test]
@@ -170,8 +187,8 @@ mod tests {
         let mut order = ReadOrder::default();
         let g = group();
         let slow = order.begin_read();
-        order.observe_write(&g, 6);
-        assert_eq!(order.observe_read(&g, slow, 5, true), RevisionVerdict::Regressed { seen: 6 });
+        order.observe_write(&g, 6, None);
+        assert_eq!(order.observe_read(&g, slow, (5, None), true), RevisionVerdict::Regressed { seen: 6 });
     }
 
     #[test]
@@ -180,11 +197,11 @@ mod tests {
         let g = group();
         let a = order.begin_read();
         let b = order.begin_read();
-        assert_eq!(order.observe_read(&g, b, 4, false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&g, b, (4, None), false), RevisionVerdict::Consistent);
         // `a` was issued before `b` answered 4: its 3 is concurrency.
-        assert_eq!(order.observe_read(&g, a, 3, false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&g, a, (3, None), false), RevisionVerdict::Consistent);
         let c = order.begin_read();
-        assert_eq!(order.observe_read(&g, c, 3, false), RevisionVerdict::Regressed { seen: 4 });
+        assert_eq!(order.observe_read(&g, c, (3, None), false), RevisionVerdict::Regressed { seen: 4 });
     }
 
     #[test]
@@ -199,15 +216,37 @@ mod tests {
     }
 
     #[test]
+    fn a_later_incarnation_starts_a_new_mark_and_an_earlier_one_is_judged_as_before() {
+        let mut order = ReadOrder::default();
+        let g = group();
+        order.observe_write(&g, 9, Some(100));
+        let read = order.begin_read();
+        // Deleted and created again elsewhere: revision 2 of incarnation 200 is no regression.
+        assert_eq!(order.observe_read(&g, read, (2, Some(200)), false), RevisionVerdict::Consistent);
+        assert_eq!(order.mark(&g), Some(2));
+        // A create written here starts over too.
+        order.observe_write(&g, 1, Some(300));
+        assert_eq!(order.mark(&g), Some(1));
+        // The store went back to an earlier incarnation's record: judged by revision as before.
+        order.observe_write(&g, 5, Some(300));
+        let later = order.begin_read();
+        assert_eq!(order.observe_read(&g, later, (4, Some(200)), false), RevisionVerdict::Regressed { seen: 5 });
+        // A record that does not name its incarnation (an older release's) is judged as before.
+        order.observe_write(&g, 8, Some(300));
+        let last = order.begin_read();
+        assert_eq!(order.observe_read(&g, last, (3, None), false), RevisionVerdict::Regressed { seen: 8 });
+    }
+
+    #[test]
     fn forgotten_and_unretained_groups_start_over() {
         let mut order = ReadOrder::default();
         let (g, h) = (group(), GroupId::new("orders", "audit"));
-        order.observe_write(&g, 9);
-        order.observe_write(&h, 9);
+        order.observe_write(&g, 9, None);
+        order.observe_write(&h, 9, None);
         order.forget(&g);
         order.retain(|x| *x != h);
         let read = order.begin_read();
-        assert_eq!(order.observe_read(&g, read, 1, false), RevisionVerdict::Consistent);
-        assert_eq!(order.observe_read(&h, read, 1, false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&g, read, (1, None), false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&h, read, (1, None), false), RevisionVerdict::Consistent);
     }
 }

@@ -155,3 +155,34 @@ fn recorded_waits(store: &MemoryStore) -> Vec<u64> {
     waits.dedup();
     waits
 }
+
+/// A coordinator that watched a group up to revision r, while another instance deleted it and
+/// created it again, reads the new incarnation at revisions below r. That is no lost write: the
+/// record names a later incarnation. It used to start a correction round, which stalled the new
+/// group's joins for a lease whenever the stale instance next touched it (`recreate` plan seed
+/// 11081: 70 s after the recreate, inside the liveness bound).
+#[tokio::test]
+async fn a_lower_revision_of_a_group_created_again_elsewhere_is_no_loss_evidence() {
+    let store = MemoryStore::new(79);
+    let ca = coordinator(&store, "ca", PlantedBugs::NONE);
+    let cb = coordinator(&store, "cb", PlantedBugs::NONE);
+    ca.start().await.expect("probe a");
+    cb.start().await.expect("probe b");
+    create(&ca, 2).await;
+    let x = ca.heartbeat(join("x")).await.expect("x joins");
+    let x = ca.heartbeat(next(&x)).await.expect("x");
+    ca.heartbeat(HeartbeatRequest { leave: true, ..next(&x) }).await.expect("x leaves");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ca.tick_all().await;
+    let old = store.peek_record(&group()).expect("record").revision;
+    assert!(old >= 3, "ca watched several revisions: {old}");
+
+    cb.admin(delete_at(old)).await.expect("deleted through cb");
+    create(&cb, 2).await;
+    let y = ca.heartbeat(join("y")).await.expect("y joins through ca");
+    assert!(store.peek_record(&group()).expect("record").revision < old, "ca read lower revisions");
+    let recorded = recorded(&store).expect("record");
+    assert!(recorded.correction.is_none(), "no correction round: {recorded:?}");
+    assert_eq!((y.status, y.assigned), (HeartbeatStatus::Ok, vec![0, 1]), "y is granted at once");
+    assert_eq!(ca.metrics().total("rsc_metadata_version_regressions_total"), 0.0);
+}
