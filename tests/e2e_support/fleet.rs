@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 
-use rsc::client::consumer::{ConsumerStatus, NoopListener, Phase};
+use rsc::client::consumer::{AckError, ConsumerStatus, NoopListener, Phase};
 use rsc::client::events::{ClientEvent, EventSink, VecSink};
 use rsc::client::{ClientEnv, Clock, Consumer, ConsumerConfig, Producer, ProducerConfig};
 use rsc::core::model::{GroupId, ShardId};
@@ -361,23 +361,40 @@ async fn app_loop(consumer: Arc<E2eConsumer>, ledger: Ledger, settings: AppSetti
             std::future::pending::<()>().await;
         }
         for d in &deliveries {
-            match consumer.ack(d).await {
+            // A failed XACK (a store error) leaves the entry in flight: retried a few times, then
+            // given up, so the shard can still be reported REVOKED and its next owner redelivers
+            // the entry. Any other refusal means the library already gave it up (lease ended,
+            // fenced) or it was never in flight.
+            let mut attempt = 1;
+            let acked = loop {
+                match consumer.ack(d).await {
+                    Err(AckError::Store(_)) if attempt < ACK_ATTEMPTS_MAX => {
+                        attempt += 1;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(error @ AckError::Store(_)) => {
+                        let _ = consumer.abandon(d);
+                        break Err(error);
+                    }
+                    other => break other,
+                }
+            };
+            match acked {
                 Ok(()) => {
                     let at = Instant::now();
                     let entry = (d.shard, d.entry.id);
                     ledger.lock().acked.push(Acked { entry, member: member.clone(), at });
                 }
-                Err(error) => {
-                    ledger.lock().ack_failures.push(format!("{member}: {error}"));
-                    // The library abandoned it (lease ended) or it was never in flight; either way
-                    // the application no longer holds it.
-                }
+                Err(error) => ledger.lock().ack_failures.push(format!("{member}: {error}")),
             }
             control.in_flight.lock().unwrap_or_else(|p| p.into_inner()).remove(&(d.shard, d.entry.id));
         }
     }
     let _ = consumer.close().await;
 }
+
+/// How many times the application sends one XACK that failed with a store error.
+const ACK_ATTEMPTS_MAX: u32 = 5;
 
 /// A producer and the record of what it published.
 pub struct ProducerApp {

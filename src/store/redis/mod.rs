@@ -353,11 +353,21 @@ impl RedisStore {
     }
 
     /// One script call (EVALSHA, with SCRIPT LOAD + retry on NOSCRIPT) on the shared connection.
+    /// On NOSCRIPT after that, once more: on a Redis Cluster the client sends SCRIPT LOAD to every
+    /// node it knows, so a primary that joined since its last topology read (a scale-out, a slot
+    /// moved onto it) is missed and the retried EVALSHA, redirected there, is refused again; the
+    /// redirect refreshed the topology, so the second load reaches it (e2e `cluster` scale-out: a
+    /// fenced ack failed `NOSCRIPT` now and then).
     async fn invoke(&self, name: &str, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
         self.inner
             .conn
             .run(Lane::Shared, name, 0, |mut c: Conn| async move {
-                let value: Value = invocation.invoke_async(&mut c).await?;
+                let value: Value = match invocation.invoke_async(&mut c).await {
+                    Err(e) if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) => {
+                        invocation.invoke_async(&mut c).await?
+                    }
+                    other => other?,
+                };
                 Ok((value, c))
             })
             .await
