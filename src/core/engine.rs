@@ -53,7 +53,9 @@ pub struct Context<'a> {
     pub planted: PlantedBugs,
     /// Fresh randomness drawn by the caller for this decision (the core draws none itself): ids
     /// that must never repeat, even after a metadata rollback restores counters, derive from it
-    /// ([`crate::core::model::RevokeId`]).
+    /// ([`crate::core::model::RevokeId`]), and so do a create's first wait id and incarnation
+    /// bits. Two processes must not draw the same sequence: the service seeds its RNG from the OS
+    /// (`CoordinatorOptions::rng_seed`).
     pub nonce: u64,
     /// A fresh view-proof key, drawn by the caller from the OS when the group has none (a create,
     /// or the first write of a group an older release created); `None` otherwise. A written state

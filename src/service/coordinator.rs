@@ -91,7 +91,12 @@ pub struct CoordinatorOptions {
     /// a pass; an instance that died is dropped within `ticker_silence_ms` plus this plus one
     /// pass. 0: read both every pass.
     pub ticker_refresh_ms: u64,
-    /// Seeds mutex tokens and retry jitter.
+    /// Mixed with 64 bits this process draws from the OS when the coordinator is built (in the
+    /// simulation madsim's `getrandom`, so still one run per seed) to seed its randomness: mutex
+    /// tokens, retry jitter, `writeId`s, fence nonces, revoke ids, and a create's first wait id
+    /// and incarnation bits. Several of those are safety-relevant (a wait id another process
+    /// already watched would be released early), so they must not repeat across processes even
+    /// when every process is given the same value here, as `Default` does.
     pub rng_seed: u64,
     /// The longest assignment lease this instance lets a group configure (like Kafka's
     /// `group.consumer.max.session.timeout.ms`); must be the same on every instance. Correction
@@ -342,11 +347,27 @@ const HEARTBEATS: &str = "rsc_heartbeats_total";
 const WRITE_ID_SALT: u64 = 0x5772_6974_6549_6421;
 /// Separates the heard relay's nonce from both.
 const RELAY_SALT: u64 = 0x4865_6172_6452_6c79;
+
+/// [`CoordinatorOptions::rng_seed`] mixed with 64 bits from the OS. If the OS refuses (it does
+/// not on any supported platform), `rng_seed` alone: creates are then refused anyway, for want
+/// of a view-proof key (`service::critical`), and the error says what to fix.
+fn process_seed(rng_seed: u64) -> u64 {
+    let mut bytes = [0u8; 8];
+    match getrandom::fill(&mut bytes) {
+        Ok(()) => rng_seed ^ u64::from_le_bytes(bytes),
+        Err(error) => {
+            tracing::error!(%error, "no randomness from the OS: this process's revoke ids, wait ids and fence nonces repeat those of any other process given the same rng_seed");
+            rng_seed
+        }
+    }
+}
+
 const TERMINATING_HELP: &str = "1 while the coordinator is terminating (refusing new mutations), else 0.";
 const HEARTBEATS_HELP: &str = "Heartbeats answered, by status or error code.";
 
 impl<S: MetadataStore> Coordinator<S> {
     pub fn new(store: S, options: CoordinatorOptions) -> Self {
+        let seed = process_seed(options.rng_seed);
         let local = LocalState {
             view: LocalView::with_lease_ceiling(options.max_assignment_lease_ms),
             identity: None,
@@ -365,12 +386,12 @@ impl<S: MetadataStore> Coordinator<S> {
             session_rechecked: BTreeMap::new(),
             gauges_exported: BTreeSet::new(),
             roster: Roster::default(),
-            relay: Relay::new(SmallRng::seed_from_u64(options.rng_seed ^ RELAY_SALT).gen()),
+            relay: Relay::new(SmallRng::seed_from_u64(seed ^ RELAY_SALT).gen()),
             index_read: None,
             index_generation: 0,
             roster_read_at: None,
-            rng: SmallRng::seed_from_u64(options.rng_seed),
-            write_rng: SmallRng::seed_from_u64(options.rng_seed ^ WRITE_ID_SALT),
+            rng: SmallRng::seed_from_u64(seed),
+            write_rng: SmallRng::seed_from_u64(seed ^ WRITE_ID_SALT),
         };
         let inner = Inner {
             store,

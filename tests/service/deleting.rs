@@ -2,6 +2,8 @@
 //! otherwise, DESIGN §3), judged on the very record it deletes and after any loss evidence this
 //! process holds for the group: a create of the same name afterwards grants at once.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use rsc::core::protocol::ApiError;
 
 use super::stalled::stalling;
@@ -185,4 +187,61 @@ async fn a_lower_revision_of_a_group_created_again_elsewhere_is_no_loss_evidence
     assert!(recorded.correction.is_none(), "no correction round: {recorded:?}");
     assert_eq!((y.status, y.assigned), (HeartbeatStatus::Ok, vec![0, 1]), "y is granted at once");
     assert_eq!(ca.metrics().total("rsc_metadata_version_regressions_total"), 0.0);
+}
+
+/// Two coordinator processes configured with the same `rng_seed` (the default is 0 for every
+/// embedder) used to draw the same decision randomness in the same order. `cc`'s create, its
+/// first decision, then drew `ca`'s create's nonce: the same first wait id and, within the same
+/// wall-clock second, the same incarnation. `ca` had watched the old incarnation's first wait and
+/// counted that time toward the new one's, so y's join through `ca` took the shards x2 may still
+/// read (a split with fencing off). Every process now mixes 64 bits from the OS into its seed.
+///
+/// The test starts just after a wall-clock second turns, so both creates fall in one second (the
+/// case that reproduced the split before the fix; the assertions hold in any case).
+#[tokio::test]
+async fn processes_that_share_a_seed_do_not_share_wait_ids() {
+    let store = MemoryStore::new(83);
+    let seeded = |id: &str| {
+        let options = CoordinatorOptions {
+            instance_id: id.into(),
+            max_assignment_lease_ms: fast_config().assignment_lease_ms,
+            rng_seed: 7,
+            ..CoordinatorOptions::default()
+        };
+        Coordinator::new(store.connect(), options)
+    };
+    let (ca, cb, cc) = (seeded("ca"), seeded("cb"), seeded("cc"));
+    ca.start().await.expect("probe a");
+    cb.start().await.expect("probe b");
+    cc.start().await.expect("probe c");
+    let unfenced = GroupConfig { fencing: false, ..fast_config() };
+    let created = || AdminRequest::CreateGroup { group: group(), shard_count: 2, config: unfenced.clone() };
+    let into_second = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").subsec_millis();
+    tokio::time::sleep(Duration::from_millis(u64::from(1_010 - into_second.min(1_000)))).await;
+
+    ca.admin(created()).await.expect("create through ca");
+    let first_incarnation = recorded(&store).expect("record").incarnation;
+    let x = ca.heartbeat(join("x")).await.expect("x joins");
+    assert_eq!(x.assigned, vec![0, 1]);
+    ca.heartbeat(HeartbeatRequest { leave: true, ..next(&x) }).await.expect("x leaves through ca");
+    let first_wait = recorded_waits(&store);
+    assert!(!first_wait.is_empty(), "x's leave is waited out: {:?}", recorded(&store));
+    cb.tick_all().await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    cb.tick_all().await;
+    assert!(recorded_waits(&store).is_empty(), "the wait is over: {:?}", recorded(&store));
+    let revision = store.peek_record(&group()).expect("record").revision;
+    cb.admin(delete_at(revision)).await.expect("an empty group is deleted");
+
+    cc.admin(created()).await.expect("created again through cc, its first decision");
+    assert_ne!(recorded(&store).expect("record").incarnation, first_incarnation, "another incarnation");
+    let x2 = cc.heartbeat(join("x2")).await.expect("x2 joins");
+    assert_eq!(x2.assigned, vec![0, 1]);
+    cc.heartbeat(HeartbeatRequest { leave: true, ..next(&x2) }).await.expect("x2 leaves through cc");
+    let second_wait = recorded_waits(&store);
+    assert!(!second_wait.is_empty(), "x2's leave is waited out: {:?}", recorded(&store));
+    assert_ne!(second_wait, first_wait, "cc drew its own first wait id");
+
+    let y = ca.heartbeat(join("y")).await.expect("y joins through ca");
+    assert!(y.assigned.is_empty(), "y was granted shards x2 may still read: {y:?}");
 }

@@ -232,8 +232,9 @@ const LEASE_CEILING_MS_MAX: u64 = 24 * 3_600_000;
 const TICKER_REFRESH_MS_MAX: u64 = 60_000;
 
 impl Settings {
-    /// Flags and environment over the file over defaults. `rng_seed` seeds mutex tokens; pass
-    /// something that differs between processes.
+    /// Flags and environment over the file over defaults. `rng_seed` seeds the embedded store
+    /// and is mixed into the coordinator's draw from the OS; pass something that differs between
+    /// processes.
     pub fn resolve(args: &ServeArgs, file: FileConfig, rng_seed: u64) -> Result<Self, ConfigError> {
         let defaults = CoordinatorOptions::default();
         let redis_sentinel = resolve_sentinel(args, &file)?;

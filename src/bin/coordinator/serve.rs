@@ -209,8 +209,9 @@ async fn serve_store<S: MetadataStore>(store: S, settings: &Settings, readiness:
     Ok(())
 }
 
-/// Seeds mutex tokens and retry jitter: distinct per process, so two instances never share a
-/// token sequence. (This binary never runs under the simulation, so the wall clock is fine here.)
+/// Seeds the embedded store and is mixed into the coordinator's own draw from the OS
+/// (`CoordinatorOptions::rng_seed`): distinct per process. (This binary never runs under the
+/// simulation, so the wall clock is fine here.)
 fn process_seed() -> u64 {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     (nanos as u64) ^ (u64::from(std::process::id()) << 32)
