@@ -176,3 +176,79 @@ fn a_repeated_join_is_answered_from_the_incarnation_it_created_and_records_nothi
     let rejoined = beat(&mut w, &mut a).expect("rejoined");
     assert!(rejoined.member_epoch > joined.member_epoch);
 }
+
+/// A copy of a join delivered after the member it created has left (a retrying proxy, a
+/// duplicated request) is refused (`UNKNOWN_MEMBER`) and records nothing. Recorded, it was a
+/// member nobody runs: target shards waited on it until its TTL, stalling the rebalance the
+/// leave started.
+#[test]
+fn a_late_copy_of_a_join_after_the_member_left_is_refused_and_records_nothing() {
+    let mut w = World::new(4);
+    let (mut a, mut b) = (Client::new("a"), Client::new("b"));
+    let first_join = a.request();
+    beat(&mut w, &mut a).expect("a joins");
+    beat(&mut w, &mut b).expect("b joins");
+    w.heartbeat(&a.leave_request()).expect("a leaves");
+    assert!(!w.g.members.contains_key("a"));
+    assert_eq!(w.g.departed.iter().map(|d| d.member.as_str()).collect::<Vec<_>>(), ["a"]);
+    let before = (w.g.clone(), w.revision);
+
+    let late = w.heartbeat(&first_join).expect_err("the late copy is refused");
+    assert_eq!(late.code, ErrorCode::UnknownMember, "{late:?}");
+    assert_eq!((w.g.clone(), w.revision), before, "nothing recorded");
+    assert_eq!(w.g.active_members().collect::<Vec<_>>(), ["b"], "b alone is the target of every shard");
+}
+
+/// What the refusal must not catch: the process that left and saw its incarnation joins again
+/// (naming the version it holds); another process may take the id; and a group written before
+/// departures were kept behaves as before.
+#[test]
+fn the_departed_process_and_other_processes_still_join() {
+    let mut w = World::new(4);
+    let mut a = Client::new("a");
+    let first_join = a.request();
+    beat(&mut w, &mut a).expect("a joins");
+    w.heartbeat(&a.leave_request()).expect("a leaves");
+    let mut again = a.request();
+    again.member_epoch = 0;
+    let rejoined = w.heartbeat(&again).expect("the process that left joins again");
+    assert_eq!(w.g.members["a"].incarnation_epoch, rejoined.member_epoch, "a new incarnation is recorded");
+    assert!(w.g.departed.is_empty(), "a live incarnation of the id replaces its departure");
+    assert!(w.heartbeat(&first_join).is_ok(), "while a is a member, the copy is a repeat as before");
+
+    let mut w = World::new(4);
+    let mut a = Client::new("a");
+    let first_join = a.request();
+    beat(&mut w, &mut a).expect("a joins");
+    w.heartbeat(&a.leave_request()).expect("a leaves");
+    let mut other = first_join.clone();
+    other.member_session = Some(session_of("a restarted process"));
+    assert!(w.heartbeat(&other).is_ok(), "another process takes the id");
+
+    let mut w = World::new(4);
+    let mut a = Client::new("a");
+    let first_join = a.request();
+    beat(&mut w, &mut a).expect("a joins");
+    w.heartbeat(&a.leave_request()).expect("a leaves");
+    w.g.departed.clear();
+    assert!(w.heartbeat(&first_join).is_ok(), "without a recorded departure the copy joins, as before");
+}
+
+/// The record keeps the latest `DEPARTURES_MAX` departures, one per member id.
+#[test]
+fn departures_are_bounded_and_kept_one_per_id() {
+    use rsc::core::model::DEPARTURES_MAX;
+    let mut w = World::new(4);
+    for round in 0..2 {
+        for i in 0..DEPARTURES_MAX + 3 {
+            let mut c = Client::new(&format!("m{i}"));
+            c.session = session_of(&format!("m{i}-{round}"));
+            beat(&mut w, &mut c).expect("joins");
+            w.heartbeat(&c.leave_request()).expect("leaves");
+        }
+    }
+    let kept: Vec<&str> = w.g.departed.iter().map(|d| d.member.as_str()).collect();
+    let expected: Vec<String> = (3..DEPARTURES_MAX + 3).map(|i| format!("m{i}")).collect();
+    assert_eq!(kept, expected, "the latest, oldest first, one per id");
+    assert!(w.g.departed.iter().all(|d| d.session == session_of(&format!("{}-1", d.member)).digest()));
+}

@@ -10,6 +10,8 @@ mod bounds;
 mod deleting;
 #[path = "service/held.rs"]
 mod held;
+#[path = "service/late_copies.rs"]
+mod late_copies;
 #[path = "service/pruning.rs"]
 mod pruning;
 #[path = "service/races.rs"]

@@ -94,6 +94,16 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
     if let Err(refused) = check_session(g, req, ctx.planted) {
         return Decision { write: Written::default(), outcome: Err(refused) };
     }
+    if let Some(departed) = repeats_a_departed_join(g, req) {
+        let id = &req.member_id;
+        let refused = ApiError::new(
+            ErrorCode::UnknownMember,
+            format!(
+                "member {id} left the group at epoch {departed}; this join is a late copy of the one that created that incarnation and is ignored (a process that saw the incarnation rejoins naming the version it holds)"
+            ),
+        );
+        return Decision { write: Written::default(), outcome: Err(refused) };
+    }
     if let Some(outcome) = quiescent_view(g, req, ctx) {
         return Decision { write: Written::default(), outcome };
     }
@@ -263,6 +273,27 @@ fn repeats_a_join(g: &GroupMetadata, req: &HeartbeatRequest) -> bool {
             && member.session.as_ref().is_some_and(|digest| digest.admits(req.member_session.as_ref()))
             && req.metadata_version < member.incarnation_epoch
     })
+}
+
+/// The epoch of the departed incarnation a join repeats, if it does: no member of that id is
+/// recorded, and a recorded departure ([`GroupMetadata::departed`]) has its session and an epoch
+/// above the join's `metadataVersion`. The sender never saw that incarnation, which has left, so
+/// this is a copy of the join that created it, delivered late (a retrying proxy, a duplicated
+/// request): recorded, it would be a member nobody runs, holding target shards until its TTL and
+/// stalling the rebalance the leave started. A process that did see the incarnation names a
+/// version at or past its epoch and joins as usual.
+fn repeats_a_departed_join(g: &GroupMetadata, req: &HeartbeatRequest) -> Option<u64> {
+    if req.member_epoch != 0 || req.leave || g.members.contains_key(&req.member_id) {
+        return None;
+    }
+    g.departed
+        .iter()
+        .find(|d| {
+            d.member == req.member_id
+                && d.session.admits(req.member_session.as_ref())
+                && req.metadata_version < d.incarnation_epoch
+        })
+        .map(|d| d.incarnation_epoch)
 }
 
 fn known_member<'g>(g: &'g GroupMetadata, id: &str) -> Result<&'g super::model::Member, ApiError> {

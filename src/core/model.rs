@@ -453,6 +453,29 @@ pub struct GroupMetadata {
     /// created or rewrote (nothing is reset then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incarnation: Option<u64>,
+    /// The latest member incarnations that left, oldest first, at most
+    /// [`DEPARTURES_MAX`]: a join from the same session that never saw the departed incarnation
+    /// (a late copy of the join that created it) is refused rather than recorded as a member
+    /// nobody runs (DESIGN §9). Absent in records of older releases (such a copy is then a member
+    /// until its TTL, as before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub departed: Vec<Departure>,
+}
+
+/// The most member departures a record keeps ([`GroupMetadata::departed`]). A late copy of a join
+/// delivered after this many later departures re-creates its member, which holds target shards
+/// for one member TTL (liveness, never safety: nobody reads them).
+pub const DEPARTURES_MAX: usize = 16;
+
+/// A member incarnation that left, kept so a late copy of its join is recognised.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Departure {
+    pub member: MemberId,
+    /// The departed incarnation's session digest.
+    pub session: super::protocol::SessionDigest,
+    /// The departed incarnation's epoch: the version its join was recorded at.
+    pub incarnation_epoch: u64,
 }
 
 /// The leases in force before a config change lowered them.
@@ -483,6 +506,7 @@ impl GroupMetadata {
             lease_transition: None,
             view_key: None,
             incarnation: None,
+            departed: Vec::new(),
         }
     }
 

@@ -12,9 +12,9 @@ use super::assignor::assignor_for;
 use super::engine::Context;
 use super::fence::ShardFence;
 use super::model::{
-    clock_rate_margin_ms, next_client_number, CorrectionRound, CounterExhausted, GroupMetadata, LossEvidence, Member,
-    MemberId, MemberState, ReshardReason, ReshardRecord, RevokeId, ShardId, ShardOwner, WaitId,
-    CLIENT_VERSION_AHEAD_MAX, PROVEN_VERSION_AHEAD_MAX, REVOKE_ID_MAX,
+    clock_rate_margin_ms, next_client_number, CorrectionRound, CounterExhausted, Departure, GroupMetadata,
+    LossEvidence, Member, MemberId, MemberState, ReshardReason, ReshardRecord, RevokeId, ShardId, ShardOwner, WaitId,
+    CLIENT_VERSION_AHEAD_MAX, DEPARTURES_MAX, PROVEN_VERSION_AHEAD_MAX, REVOKE_ID_MAX,
 };
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
@@ -217,6 +217,7 @@ impl<'a> Transition<'a> {
             // sync (`decide_tick`), and rejoin synced.
             round.synced_members.insert(member.to_string());
         }
+        self.next.departed.retain(|d| d.member != member);
         self.next.members.insert(
             member.to_string(),
             Member { member_epoch: 0, incarnation_epoch: 0, state: MemberState::Active, joined_at_version: 0, session },
@@ -254,6 +255,7 @@ impl<'a> Transition<'a> {
 
     pub(crate) fn leave(&mut self, member: &str) {
         self.fence_shards_of(member);
+        self.note_departure(member);
         self.drop_member(member);
     }
 
@@ -266,6 +268,22 @@ impl<'a> Transition<'a> {
         }
         self.guards.push((member.to_string(), observed_liveness));
         self.drop_member(member);
+    }
+
+    /// Keeps the leaving incarnation of `member` (one with a session and an epoch) among the
+    /// record's latest [`DEPARTURES_MAX`] departures, replacing an earlier one of the same id.
+    /// Only a leave: its sender saw the incarnation (it named its epoch), so its own later joins
+    /// name a version at or past the incarnation's epoch and are admitted. An expired member's
+    /// process may never have seen its join answered; refusing its retries would lock it out.
+    fn note_departure(&mut self, member: &str) {
+        let Some(m) = self.next.members.get(member) else { return };
+        let Some(session) = m.session.clone().filter(|_| m.incarnation_epoch > 0) else { return };
+        let departure = Departure { member: member.to_string(), session, incarnation_epoch: m.incarnation_epoch };
+        let departed = &mut self.next.departed;
+        departed.retain(|d| d.member != member);
+        departed.push(departure);
+        let excess = departed.len().saturating_sub(DEPARTURES_MAX);
+        departed.drain(..excess);
     }
 
     /// Fences a member that exceeded the rebalance timeout.
