@@ -10,8 +10,8 @@ mod core_support;
 use core_support::{beat, group_id, test_view_key, Client, World};
 use rsc::core::model::{LossEvidence, CLIENT_NUMBER_MAX};
 use rsc::core::proof::{Fact, ViewKey};
-use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatStatus, RoutingReport};
-use rsc::core::{decide_admin, Context, Creation, Observations, PlantedBug, PlantedBugs};
+use rsc::core::protocol::{AdminRequest, AdminResponse, ErrorCode, HeartbeatStatus, RoutingReport};
+use rsc::core::{decide_admin, Context, Creation, Decision, Observations, PlantedBug, PlantedBugs};
 use std::collections::BTreeSet;
 
 /// A report of `version` and `count` with proofs under a key that is not the group's.
@@ -310,18 +310,8 @@ fn a_learned_version_hides_no_proven_report_from_the_round() {
 /// lost version 2. Versions now start past the clock's seconds, with random low bits.
 #[test]
 fn creates_start_their_versions_past_the_clock() {
-    let obs = Observations::default();
-    let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
     let first = |wall_clock_secs: u64, nonce: u64| {
-        let ctx = Context {
-            stored_revision: 0,
-            observations: &obs,
-            planted: PlantedBugs::NONE,
-            nonce,
-            fresh_view_key: Some(ViewKey::from_bytes([0x61; 32])),
-            wall_clock_secs,
-        };
-        let made = decide_admin(None, &create, Creation::Plain, ctx);
+        let made = create_with(Creation::Plain, wall_clock_secs, nonce);
         let g = made.write.next.expect("created");
         assert_eq!(made.outcome.expect("answered").metadata_version, g.metadata_version);
         g.validate().expect("a valid record");
@@ -350,18 +340,8 @@ fn creates_start_their_versions_past_the_clock() {
 /// observed. Wait ids now start at a random point per create (and still only go up within it).
 #[test]
 fn creates_start_their_wait_ids_at_random_points() {
-    let obs = Observations::default();
-    let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
     let first_wait = |creation: Creation, nonce: u64| {
-        let ctx = Context {
-            stored_revision: 0,
-            observations: &obs,
-            planted: PlantedBugs::NONE,
-            nonce,
-            fresh_view_key: Some(ViewKey::from_bytes([0x61; 32])),
-            wall_clock_secs: 1_796_000_000,
-        };
-        let mut g = decide_admin(None, &create, creation, ctx).write.next.expect("created");
+        let mut g = create_with(creation, 1_796_000_000, nonce).write.next.expect("created");
         g.validate().expect("a valid record");
         g.allocate_wait().expect("a wait id")
     };
@@ -377,18 +357,27 @@ fn creates_start_their_wait_ids_at_random_points() {
     );
     // A recreate's correction round takes the first of its randomly placed ids.
     let recreate = |nonce| {
-        let ctx = Context {
-            stored_revision: 0,
-            observations: &obs,
-            planted: PlantedBugs::NONE,
-            nonce,
-            fresh_view_key: Some(ViewKey::from_bytes([0x61; 32])),
-            wall_clock_secs: 1_796_000_000,
-        };
-        let g = decide_admin(None, &create, Creation::Recreate { lost_key: None }, ctx).write.next.expect("created");
+        let creation = Creation::Recreate { lost_key: None };
+        let g = create_with(creation, 1_796_000_000, nonce).write.next.expect("created");
         g.correction.expect("a recreate starts a round").wait
     };
     assert_ne!(recreate(7 << 20), recreate(9 << 20));
+}
+
+/// The decision on creating a 2-shard group (`creation`) on a process whose wall clock reads
+/// `wall_clock_secs`, with the decision randomness `nonce` and a fresh view key.
+fn create_with(creation: Creation, wall_clock_secs: u64, nonce: u64) -> Decision<AdminResponse> {
+    let obs = Observations::default();
+    let create = AdminRequest::CreateGroup { group: group_id(), shard_count: 2, config: Default::default() };
+    let ctx = Context {
+        stored_revision: 0,
+        observations: &obs,
+        planted: PlantedBugs::NONE,
+        nonce,
+        fresh_view_key: Some(ViewKey::from_bytes([0x61; 32])),
+        wall_clock_secs,
+    };
+    decide_admin(None, &create, creation, ctx)
 }
 
 /// Hostile review L3: when the OS gives no randomness for the key, a plain create is refused
