@@ -343,7 +343,7 @@ fn creates_start_their_wait_ids_at_random_points() {
     let first_wait = |creation: Creation, nonce: u64| {
         let mut g = create_with(creation, 1_796_000_000, nonce).write.next.expect("created");
         g.validate().expect("a valid record");
-        g.allocate_wait().expect("a wait id")
+        g.allocate_wait(nonce).expect("a wait id")
     };
     let plain: BTreeSet<u64> =
         (1..=64u64).map(|i| first_wait(Creation::Plain, i.wrapping_mul(0x9E37_79B9_7F4A_7C15))).collect();

@@ -149,7 +149,7 @@ fn create(
         Creation::Recreate { lost_key: None } => view_key,
     };
     if matches!(creation, Creation::Recreate { .. }) {
-        let wait = match next.allocate_wait() {
+        let wait = match next.allocate_wait(ctx.nonce) {
             Ok(wait) => wait,
             Err(exhausted) => return Decision::refuse(exhausted),
         };
@@ -218,8 +218,10 @@ pub fn first_metadata_version(wall_clock_secs: u64, nonce: u64) -> u64 {
 /// delete and a create through another instance would find the new incarnation's first wait already
 /// observed for as long as it watched the old one's, and release a shard at once (a split with
 /// fencing off). Two incarnations that record `n` waits each share an id with probability about
-/// `2n / 2^48`. Within one incarnation ids still only go up; a rollback reissues them, and loss
-/// evidence then restarts every window (a silent rollback is measured, not prevented: DESIGN §1).
+/// `2n / 2^48`. Within one incarnation ids still only go up; a rollback rewinds the counter and
+/// reissues them, which is why processes time a wait by its id and its
+/// [tag](super::model::GroupMetadata::wait_tags), drawn per allocation from fresh randomness
+/// (DESIGN §4). Older binaries time by id alone, so the random start still matters to them.
 /// At most 2^48, so 2^53 − 2^48 allocations remain below
 /// [`CLIENT_NUMBER_MAX`](super::model::CLIENT_NUMBER_MAX).
 pub fn first_wait_id(nonce: u64) -> super::model::WaitId {

@@ -34,10 +34,12 @@ pub type MemberId = String;
 pub type RevokeId = u64;
 /// Largest [`RevokeId`] (2^53 − 1).
 pub const REVOKE_ID_MAX: RevokeId = (1 << 53) - 1;
-/// Identifier of a recorded wait; unique within a group's history (allocated from
-/// [`GroupMetadata::next_wait_id`], which never goes back while the record survives), and drawn
-/// apart between incarnations of one name: a create starts the counter at a random point
-/// ([`super::admin::first_wait_id`]).
+/// Identifier of a recorded wait, allocated from [`GroupMetadata::next_wait_id`]: it only goes up
+/// while the record survives, and a create starts it at a random point
+/// ([`super::admin::first_wait_id`]). A rollback rewinds the counter, so a history that replaces
+/// the lost one allocates the same ids again: coordinator processes therefore time a wait by its id
+/// *and* its [tag](GroupMetadata::wait_tags), which the allocating decision draws from fresh
+/// randomness and which does not repeat.
 pub type WaitId = u64;
 
 /// JSON schema version of [`GroupMetadata`] this build reads and writes.
@@ -456,10 +458,21 @@ pub struct GroupMetadata {
     /// The latest member incarnations that left, oldest first, at most
     /// [`DEPARTURES_MAX`]: a join from the same session that never saw the departed incarnation
     /// (a late copy of the join that created it) is refused rather than recorded as a member
-    /// nobody runs (DESIGN §9). Absent in records of older releases (such a copy is then a member
+    /// nobody runs (DESIGN §7). Absent in records of older releases (such a copy is then a member
     /// until its TTL, as before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub departed: Vec<Departure>,
+    /// Per recorded wait, the tag the decision that allocated it drew ([`wait_tag`]): 53 bits of
+    /// that decision's fresh randomness, never 0. A rollback rewinds [`next_wait_id`](Self::next_wait_id),
+    /// and the history that replaces the lost one allocates the same ids again; a coordinator that
+    /// observed a lost wait and never read the records in between would credit its time to the new
+    /// wait of the same id and end that wait early (a split with fencing off). Processes time a
+    /// wait by (id, tag) ([`crate::core::observe::LocalView`]), so a reissued id is a new wait.
+    /// Tags of waits no longer recorded are dropped at the next write. Absent in records of older
+    /// releases, whose writes drop it: such a wait's tag reads 0, another tag than the one a
+    /// process may have seen, so its timing restarts (never shortens).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub wait_tags: BTreeMap<WaitId, u64>,
 }
 
 /// The most member departures a record keeps ([`GroupMetadata::departed`]). A late copy of a join
@@ -507,6 +520,7 @@ impl GroupMetadata {
             view_key: None,
             incarnation: None,
             departed: Vec::new(),
+            wait_tags: BTreeMap::new(),
         }
     }
 
@@ -582,11 +596,39 @@ impl GroupMetadata {
         self.config.member_lease_ttl_ms.max(old)
     }
 
-    /// Allocates a fresh wait id.
-    pub fn allocate_wait(&mut self) -> Result<WaitId, CounterExhausted> {
+    /// Allocates a fresh wait id and records its [tag](Self::wait_tags), drawn from `nonce`, the
+    /// allocating decision's fresh randomness ([`crate::core::Context::nonce`]).
+    pub fn allocate_wait(&mut self, nonce: u64) -> Result<WaitId, CounterExhausted> {
         let id = self.next_wait_id;
         self.next_wait_id = id.checked_add(1).ok_or(CounterExhausted::WaitId)?;
+        self.wait_tags.insert(id, wait_tag(nonce, id));
         Ok(id)
+    }
+
+    /// The [tag](Self::wait_tags) of `wait`; 0 when none is recorded.
+    pub fn wait_tag(&self, wait: WaitId) -> u64 {
+        self.wait_tags.get(&wait).copied().unwrap_or(0)
+    }
+
+    /// Every wait id this record records (a shard's revoke or fence, the correction round, the
+    /// lease transition), possibly more than once.
+    pub fn recorded_waits(&self) -> impl Iterator<Item = WaitId> + '_ {
+        let shard_waits = self.current.values().filter_map(|o| match o {
+            ShardOwner::Revoking { wait, .. } | ShardOwner::Fenced { wait, .. } => Some(*wait),
+            ShardOwner::Owned { .. } => None,
+        });
+        let round = self.correction.as_ref().map(|r| r.wait);
+        let lease = self.lease_transition.as_ref().map(|t| t.wait);
+        shard_waits.chain(round).chain(lease)
+    }
+
+    /// Drops the tags of waits this record no longer records.
+    pub(crate) fn prune_wait_tags(&mut self) {
+        if self.wait_tags.is_empty() {
+            return;
+        }
+        let recorded: BTreeSet<WaitId> = self.recorded_waits().collect();
+        self.wait_tags.retain(|wait, _| recorded.contains(wait));
     }
 
     /// The client reports the next bump goes past: `max_client_version_seen`, credited at most
@@ -614,6 +656,17 @@ impl GroupMetadata {
         self.metadata_version = version;
         Ok(version)
     }
+}
+
+/// The [tag](GroupMetadata::wait_tags) of wait `wait` allocated by a decision whose fresh randomness
+/// is `nonce`: a SplitMix64 finalizer over both (salted apart from revoke ids), in `1..2^53`. Two
+/// allocations of one id on different timelines (a rollback rewound the counter) get the same tag
+/// with probability about 2^-53: the nonce is fresh randomness, never a counter.
+pub fn wait_tag(nonce: u64, wait: WaitId) -> u64 {
+    let mut z = nonce ^ 0x5741_4954_5441_4753 ^ wait.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) & CLIENT_NUMBER_MAX).max(1)
 }
 
 /// `value + 1` if it is still a number clients may send back ([`CLIENT_NUMBER_MAX`]).

@@ -3,7 +3,8 @@
 //!
 //! A [`LocalView`] belongs to one coordinator process and is never stored. For each group it
 //! remembers, on that process's monotonic clock, when it first saw each liveness counter value and
-//! each recorded [`WaitId`]. A member is expired only when its counter stayed unchanged for
+//! each recorded wait, keyed by its [`WaitId`] and [tag](GroupMetadata::wait_tags) (a rollback
+//! reissues ids, never tags). A member is expired only when its counter stayed unchanged for
 //! `memberLeaseTtl` of *this* clock; a wait is over only when *this* process observed it for the
 //! required time. Any evidence of lost writes resets the group's windows, so waits restart.
 //!
@@ -11,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::model::{GroupId, GroupMetadata, MemberId, ShardOwner, WaitId};
+use super::model::{GroupId, GroupMetadata, MemberId, WaitId};
 
 /// What the deciding process has observed, handed to the pure decision core.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -72,7 +73,9 @@ struct GroupWindows {
     /// ([`GroupMetadata::incarnation`]; `None`: not known).
     incarnation: Option<u64>,
     liveness: BTreeMap<MemberId, LivenessWindow>,
-    waits: BTreeMap<WaitId, u64>,
+    /// Per recorded wait, keyed by its id and [tag](GroupMetadata::wait_tags): when this process
+    /// first observed it. A rollback reissues ids, never tags.
+    waits: BTreeMap<(WaitId, u64), u64>,
 }
 
 impl GroupWindows {
@@ -141,9 +144,9 @@ impl LocalView {
             .map(|read| read.keys().filter(|field| !metadata.members.contains_key(*field)).cloned().collect())
             .unwrap_or_default();
         let mut waits = BTreeMap::new();
-        for wait in recorded_waits(metadata) {
-            let since = windows.waits.get(&wait).copied().unwrap_or(now_ms);
-            waits.insert(wait, since);
+        for key in recorded_waits(metadata) {
+            let since = windows.waits.get(&key).copied().unwrap_or(now_ms);
+            waits.insert(key, since);
         }
         windows.waits = waits;
         Observations {
@@ -155,7 +158,7 @@ impl LocalView {
                     (m.clone(), LivenessObservation { value: w.value, unchanged_ms, heard: w.heard })
                 })
                 .collect(),
-            waits: windows.waits.iter().map(|(&w, &since)| (w, now_ms.saturating_sub(since))).collect(),
+            waits: windows.waits.iter().map(|(&(w, _), &since)| (w, now_ms.saturating_sub(since))).collect(),
             longest_lease_seen_ms,
             lease_ceiling_ms: self.lease_ceiling_ms,
             orphan_liveness,
@@ -247,9 +250,9 @@ impl LocalView {
         }
         .for_incarnation(metadata);
         let mut waits = BTreeMap::new();
-        for wait in recorded_waits(metadata) {
-            let since = *windows.waits.entry(wait).or_insert(now_ms);
-            waits.insert(wait, now_ms.saturating_sub(since));
+        for key in recorded_waits(metadata) {
+            let since = *windows.waits.entry(key).or_insert(now_ms);
+            waits.insert(key.0, now_ms.saturating_sub(since));
         }
         Observations {
             liveness: BTreeMap::new(),
@@ -271,21 +274,15 @@ impl LocalView {
     }
 }
 
-/// Every wait id the metadata records.
-fn recorded_waits(metadata: &GroupMetadata) -> impl Iterator<Item = WaitId> + '_ {
-    let shard_waits = metadata.current.values().filter_map(|o| match o {
-        ShardOwner::Revoking { wait, .. } | ShardOwner::Fenced { wait, .. } => Some(*wait),
-        ShardOwner::Owned { .. } => None,
-    });
-    let round = metadata.correction.as_ref().map(|r| r.wait);
-    let lease = metadata.lease_transition.as_ref().map(|t| t.wait);
-    shard_waits.chain(round).chain(lease)
+/// Every wait the metadata records, by id and tag (how this process keys its timings).
+fn recorded_waits(metadata: &GroupMetadata) -> impl Iterator<Item = (WaitId, u64)> + '_ {
+    metadata.recorded_waits().map(|wait| (wait, metadata.wait_tag(wait)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::model::{GroupConfig, Member, MemberState};
+    use crate::core::model::{GroupConfig, Member, MemberState, ShardOwner};
 
     fn group_with_member() -> GroupMetadata {
         let mut g = GroupMetadata::new(GroupId::new("s", "g"), 4, GroupConfig::default());
@@ -384,7 +381,7 @@ mod tests {
     #[test]
     fn waits_are_measured_from_first_observation() {
         let mut g = group_with_member();
-        let wait = g.allocate_wait().expect("a fresh group has wait ids left");
+        let wait = g.allocate_wait(1).expect("a fresh group has wait ids left");
         g.current.insert(0, ShardOwner::Fenced { member: "a".into(), wait, fence: None });
         let mut view = LocalView::default();
         assert_eq!(view.observe(1_000, &g, None).waited_ms(wait), 0);
@@ -399,7 +396,7 @@ mod tests {
     fn nothing_observed_of_one_incarnation_counts_for_another() {
         let mut old = group_with_member();
         old.incarnation = Some(100);
-        let wait = old.allocate_wait().expect("a wait id");
+        let wait = old.allocate_wait(1).expect("a wait id");
         old.current.insert(0, ShardOwner::Fenced { member: "a".into(), wait, fence: None });
         let mut view = LocalView::default();
         view.observe_waits(1_000, &old);
@@ -416,5 +413,46 @@ mod tests {
         let mut keyless = new.clone();
         keyless.incarnation = None;
         assert_eq!(view.observe_waits(7_000, &keyless).waited_ms(wait), 1_000);
+    }
+
+    /// Hostile review (stop 36): a silent rollback rewinds `nextWaitId`, and the history that
+    /// replaces the lost one allocates the same id again. A process that observed the lost wait
+    /// (even through one heartbeat) and never read the records in between credited that time to
+    /// the new wait. The decision's fresh randomness tags each wait, and timings are per tag.
+    #[test]
+    fn a_wait_id_reissued_after_a_rollback_is_a_new_wait() {
+        let base = group_with_member();
+        let mut lost = base.clone();
+        let wait = lost.allocate_wait(0x1111).expect("a wait id");
+        lost.current.insert(0, ShardOwner::Fenced { member: "a".into(), wait, fence: None });
+        let mut view = LocalView::default();
+        view.observe_waits(1_000, &lost);
+        assert_eq!(view.observe_waits(5_000, &lost).waited_ms(wait), 4_000);
+        // The rollback went back to `base`; another decision allocates the same id.
+        let mut replacing = base.clone();
+        let again = replacing.allocate_wait(0x2222).expect("a wait id");
+        replacing.current.insert(0, ShardOwner::Fenced { member: "a".into(), wait: again, fence: None });
+        assert_eq!(again, wait, "the counter was rewound");
+        assert_ne!(replacing.wait_tag(again), lost.wait_tag(wait));
+        assert_eq!(view.observe_waits(6_000, &replacing).waited_ms(again), 0, "heartbeat path");
+        assert_eq!(view.observe_waits(6_500, &replacing).waited_ms(again), 500);
+        let mut reread = LocalView::default();
+        reread.observe(1_000, &lost, None);
+        assert_eq!(reread.observe(5_000, &replacing, None).waited_ms(again), 0, "read path");
+        // An older release's write drops the tags: the wait restarts, it is never credited more.
+        let mut untagged = replacing.clone();
+        untagged.wait_tags.clear();
+        assert_eq!(view.observe_waits(7_000, &untagged).waited_ms(again), 0);
+    }
+
+    #[test]
+    fn tags_of_waits_no_longer_recorded_are_pruned() {
+        let mut g = group_with_member();
+        let kept = g.allocate_wait(5).expect("a wait id");
+        let dropped = g.allocate_wait(5).expect("a wait id");
+        g.current.insert(0, ShardOwner::Fenced { member: "a".into(), wait: kept, fence: None });
+        assert_ne!(g.wait_tag(kept), g.wait_tag(dropped), "one decision's waits get distinct tags");
+        g.prune_wait_tags();
+        assert_eq!(g.wait_tags.keys().copied().collect::<Vec<_>>(), vec![kept]);
     }
 }

@@ -34,7 +34,7 @@ pub(crate) struct Transition<'a> {
     pub(crate) next: GroupMetadata,
     obs: &'a Observations,
     planted: PlantedBugs,
-    /// The decision's fresh randomness ([`Context::nonce`]); revoke ids derive from it.
+    /// The decision's fresh randomness ([`Context::nonce`]); revoke ids and wait tags derive from it.
     nonce: u64,
     /// A key for a state that has none ([`Context::fresh_view_key`]).
     fresh_view_key: Option<ViewKey>,
@@ -80,7 +80,7 @@ impl<'a> Transition<'a> {
     /// A fresh wait id. When none is left the decision is refused, so the id returned then (the
     /// exhausted counter's value) is never recorded.
     pub(crate) fn allocate_wait(&mut self) -> WaitId {
-        match self.next.allocate_wait() {
+        match self.next.allocate_wait(self.nonce) {
             Ok(wait) => wait,
             Err(exhausted) => {
                 self.refuse(exhausted);
@@ -393,6 +393,9 @@ impl<'a> Transition<'a> {
         }
         debug_assert!(self.dirty || self.next == *self.before, "a change was not marked dirty");
         let changed = self.dirty;
+        if changed {
+            self.next.prune_wait_tags();
+        }
         // A keyless group (an older release wrote it) takes a key at its first write, a round's
         // too: every record after it descends from it and carries the same key, so a rollback to
         // any of them still checks the proofs of the history it lost. Until then, a report is

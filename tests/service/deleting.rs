@@ -80,7 +80,7 @@ async fn a_delete_writes_pending_loss_evidence_first_and_waits_for_the_round() {
 
 /// `call` again while it answers `STORE_UNAVAILABLE` (a reset connection, a mutex a rollback left
 /// held until its TTL), for up to 2 s.
-async fn retry_busy<T, F: std::future::Future<Output = Result<T, ApiError>>>(
+pub(super) async fn retry_busy<T, F: std::future::Future<Output = Result<T, ApiError>>>(
     mut call: impl FnMut() -> F,
 ) -> Result<T, ApiError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
