@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::{Duration, Instant};
 
 use super::cache::DecodedCache;
-use super::marks::{ReadOrder, ReadTicket, RevisionVerdict};
+use super::marks::{write_digest, Observed, ReadOrder, ReadTicket, RevisionVerdict};
 use super::monitors::GroupMonitors;
 use super::pruning::{Forget, Vanished};
 use super::shutdown::ShutdownGate;
@@ -463,8 +463,8 @@ impl<S: MetadataStore> Coordinator<S> {
         check_heartbeat_request(req).map_err(bad_request)?;
         self.recheck_identity_if_suspect().await?;
         let ticket = self.local().reads.begin_read();
-        let (g, revision) = self.heartbeat_read(req).await?;
-        let evidence_recorded = self.record_pending_evidence(&g, revision, ticket).await?;
+        let (g, revision, write) = self.heartbeat_read(req).await?;
+        let evidence_recorded = self.record_pending_evidence(&g, (revision, write), ticket).await?;
         if req.metadata_version > g.metadata_version {
             if version_credited(
                 &g,
@@ -504,17 +504,19 @@ impl<S: MetadataStore> Coordinator<S> {
     /// reads the record first: one more round trip, once per group and process): a heartbeat
     /// refused for its session leaves no trace, so a forger cannot keep a dead member from
     /// expiring. The decision checks it again against the state it decides on.
-    async fn heartbeat_read(&self, req: &HeartbeatRequest) -> Result<(Arc<GroupMetadata>, u64), ApiError> {
+    /// Returns the record, its revision and the [`write_digest`] of its `writeId`.
+    async fn heartbeat_read(&self, req: &HeartbeatRequest) -> Result<(Arc<GroupMetadata>, u64, u64), ApiError> {
         let generation = self.local().identity_generation;
         let (g, revision, stamp, liveness, changed) = self.heartbeat_touch(req).await?;
         self.note_heartbeat(&g, stamp.as_ref(), &req.member_id, liveness, changed, generation);
+        let write = stamp.as_ref().map_or(0, |stamp| write_digest(&stamp.write_id));
         if !g.members.contains_key(&req.member_id) {
             // The touch left a field for an id that is no member (a join yet to be decided, or
             // an unknown member's heartbeat): the next tick reads liveness, so a flood of made-up
             // ids is cleaned up (`core::model::ORPHAN_LIVENESS_MAX`) even in a deferred group.
             self.local().deferred.remove(&g.group);
         }
-        Ok((g, revision))
+        Ok((g, revision, write))
     }
 
     /// [`heartbeat_read`](Self::heartbeat_read) without the bookkeeping; also returns the
@@ -804,7 +806,8 @@ impl<S: MetadataStore> Coordinator<S> {
                         // Loss evidence this process holds for the group and has not yet written
                         // (it is written at the group's next heartbeat or tick): it starts a
                         // correction round now, which the delete waits for like any other.
-                        if self.record_pending_evidence(&g, record.revision, ticket).await? {
+                        let read = (record.revision, write_digest(&record.write_id));
+                        if self.record_pending_evidence(&g, read, ticket).await? {
                             return Err(ApiError::new(
                                 ErrorCode::GroupNotEmpty,
                                 format!("group {group} may have lost writes; a correction round started, retry once it ends"),
@@ -1188,7 +1191,7 @@ impl<S: MetadataStore> Coordinator<S> {
         };
         self.local().missing_at_tick.remove(group);
         let g = self.decode_counted(group, &record)?;
-        if self.record_pending_evidence(&g, record.revision, ticket).await? {
+        if self.record_pending_evidence(&g, (record.revision, write_digest(&record.write_id)), ticket).await? {
             // The state moved on; the next tick starts from a fresh read.
             return Ok(());
         }
@@ -1232,14 +1235,16 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     /// Records a correction round for evidence this process found (identity change, regression).
+    /// `(revision, write)`: the record's revision and the [`write_digest`] of its `writeId`.
     /// Returns true when it went through a critical section (the caller's state is then stale).
     async fn record_pending_evidence(
         &self,
         g: &GroupMetadata,
-        revision: u64,
+        (revision, write): (u64, u64),
         ticket: ReadTicket,
     ) -> Result<bool, ApiError> {
-        let evidence = self.pending_evidence(&g.group, (revision, g.incarnation), ticket);
+        let read = Observed { revision, incarnation: g.incarnation, write };
+        let evidence = self.pending_evidence(&g.group, read, ticket);
         let Some(evidence) = evidence else { return Ok(false) };
         let generation = self.local().identity_generation;
         self.critical(&g.group, false, |g, rev, obs| match g {
@@ -1254,17 +1259,13 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     /// Judges the revision a read issued at `ticket` returned and returns evidence this group still
-    /// has to record. Only a read issued after a higher revision was observed testifies to a
-    /// regression ([`ReadOrder`]); identity changes are tracked per generation.
-    fn pending_evidence(
-        &self,
-        group: &GroupId,
-        (revision, incarnation): (u64, Option<u64>),
-        ticket: ReadTicket,
-    ) -> Option<LossEvidence> {
+    /// has to record. Only a read issued after a higher revision (or the same revision under
+    /// another `writeId`) was observed testifies to a regression ([`ReadOrder`]); identity changes
+    /// are tracked per generation.
+    fn pending_evidence(&self, group: &GroupId, read: Observed, ticket: ReadTicket) -> Option<LossEvidence> {
         let ignore_order = self.inner.options.planted.has(PlantedBug::ProcessWideRevisionMark);
         let mut local = self.local();
-        let read = (revision, incarnation);
+        let revision = read.revision;
         if let RevisionVerdict::Regressed { seen } = local.reads.observe_read(group, ticket, read, ignore_order) {
             self.inner.metrics.inc(
                 "rsc_metadata_version_regressions_total",

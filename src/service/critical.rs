@@ -13,6 +13,7 @@ use tokio::time::{Duration, Instant};
 
 use super::codec::{decode, encode};
 use super::coordinator::{Coordinator, LocalState};
+use super::marks::{write_digest, Observed};
 use crate::core::fence::{attach_fences, unfenced_grants, CarriesFences};
 use crate::core::model::{
     Fence, GroupId, GroupMetadata, MemberId, ShardId, ShardOwner, LAYOUT_VERSION, SCHEMA_VERSION,
@@ -106,7 +107,12 @@ impl<S: MetadataStore> Coordinator<S> {
             };
             match self.inner.store.write(group, request).await.map_err(|e| self.group_store_error(group, e))? {
                 WriteOutcome::Written { revision: written } => {
-                    self.local().reads.observe_write(group, written, next.incarnation);
+                    let observed = Observed {
+                        revision: written,
+                        incarnation: next.incarnation,
+                        write: write_digest(&written_record.write_id),
+                    };
+                    self.local().reads.observe_write(group, observed);
                     self.undefer_tick(group);
                     // Waits this write recorded start now on this process's clock (the write
                     // happened after every response derived from the state it replaces).

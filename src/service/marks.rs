@@ -11,8 +11,16 @@
 //! because Redis executes one command at a time and the observation happened before the issue.
 //! Invariant: a mark never goes down except when a regression is reported (the store really went
 //! back: from then on, the lower revision is the truth to compare with).
+//!
+//! A mark also remembers *which* write it saw at its revision (a digest of the record's `writeId`).
+//! A silent rollback followed by new writes can bring the record back to the very revision marked,
+//! with another history behind it: the same number, another write. A read issued after the mark
+//! that returns the marked revision under another `writeId` is evidence too (two writes were
+//! stored at one revision, so one of them was lost). Records without a `writeId` are judged by
+//! revision alone.
 
 use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::core::model::GroupId;
 
@@ -29,6 +37,29 @@ struct Mark {
     /// The incarnation of the record the revision belongs to ([`GroupMetadata::incarnation`]
     /// (crate::core::model::GroupMetadata::incarnation); `None`: not known).
     incarnation: Option<u64>,
+    /// [`write_digest`] of the `writeId` of the write that produced `revision` (0: not known).
+    write: u64,
+}
+
+/// What a read or a write observed of a record: its revision, its incarnation and the
+/// [`write_digest`] of its `writeId` (0: the record has none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Observed {
+    pub(super) revision: u64,
+    pub(super) incarnation: Option<u64>,
+    pub(super) write: u64,
+}
+
+/// A 64-bit digest of a record's `writeId`, kept in a mark instead of the string (a read on the
+/// heartbeat path allocates nothing for it); 0 for a record without one. Process-local: std's
+/// `DefaultHasher::new()` has fixed keys, so the digest is the same for the same id all run long.
+pub(super) fn write_digest(write_id: &str) -> u64 {
+    if write_id.is_empty() {
+        return 0;
+    }
+    let mut hasher = DefaultHasher::new();
+    write_id.hash(&mut hasher);
+    hasher.finish().max(1)
 }
 
 impl Mark {
@@ -70,28 +101,37 @@ impl ReadOrder {
     /// the process-wide mark whatever the read's issue time (the behaviour this module replaced).
     /// A revision of a later incarnation than the mark's (the group was deleted and created again
     /// through other instances) starts a new mark: it is no evidence however low.
+    /// A read of the marked revision under another `writeId` (the record was replaced by another
+    /// history that reached the same number) is a regression too, reported with `seen` equal to
+    /// the revision read.
     pub(super) fn observe_read(
         &mut self,
         group: &GroupId,
         ticket: ReadTicket,
-        (revision, incarnation): (u64, Option<u64>),
+        read: Observed,
         ignore_order: bool,
     ) -> RevisionVerdict {
         let now = self.next_read;
-        let fresh = Mark { revision, observed_at: now, incarnation };
+        let fresh =
+            Mark { revision: read.revision, observed_at: now, incarnation: read.incarnation, write: read.write };
         let Some(mark) = self.marks.get_mut(group) else {
             self.marks.insert(group.clone(), fresh);
             return RevisionVerdict::Consistent;
         };
-        if revision > mark.revision || mark.superseded_by(incarnation) {
+        if read.revision > mark.revision || mark.superseded_by(read.incarnation) {
             *mark = fresh;
             return RevisionVerdict::Consistent;
         }
         let issued_after_mark = ticket.0 >= mark.observed_at || ignore_order;
-        if revision < mark.revision && issued_after_mark {
+        let replaced = read.revision == mark.revision && read.write != mark.write && read.write != 0 && mark.write != 0;
+        if (read.revision < mark.revision || replaced) && issued_after_mark {
             let seen = mark.revision;
             *mark = fresh;
             return RevisionVerdict::Regressed { seen };
+        }
+        if read.revision == mark.revision && mark.write == 0 {
+            // The write behind the mark was not known (a record without a `writeId`): learn it.
+            mark.write = read.write;
         }
         RevisionVerdict::Consistent
     }
@@ -99,11 +139,16 @@ impl ReadOrder {
     /// Records the revision this process just wrote. Never lowers the mark within an incarnation:
     /// a write below it means the store went back, which the next read issued from now on will
     /// report. A write of a later incarnation (a create) starts a new mark.
-    pub(super) fn observe_write(&mut self, group: &GroupId, revision: u64, incarnation: Option<u64>) {
+    pub(super) fn observe_write(&mut self, group: &GroupId, written: Observed) {
         let now = self.next_read;
-        let fresh = Mark { revision, observed_at: now, incarnation };
+        let fresh = Mark {
+            revision: written.revision,
+            observed_at: now,
+            incarnation: written.incarnation,
+            write: written.write,
+        };
         let mark = self.marks.entry(group.clone()).or_insert(fresh);
-        if revision > mark.revision || mark.superseded_by(incarnation) {
+        if written.revision > mark.revision || mark.superseded_by(written.incarnation) {
             *mark = fresh;
         }
     }
@@ -158,15 +203,60 @@ mod tests {
         GroupId::new("orders", "billing")
     }
 
+    /// A record at `revision` without a `writeId`.
+    fn at(revision: u64, incarnation: Option<u64>) -> Observed {
+        Observed { revision, incarnation, write: 0 }
+    }
+
+    fn written_by(revision: u64, write_id: &str) -> Observed {
+        Observed { revision, incarnation: Some(100), write: write_digest(write_id) }
+    }
+
+    /// Hostile review (stop 36): a silent rollback, then new writes that reach the revision this
+    /// process last saw. The number alone cannot tell; the `writeId` can.
+    #[test]
+    fn the_marked_revision_under_another_write_is_evidence() {
+        let mut order = ReadOrder::default();
+        let g = group();
+        order.observe_write(&g, written_by(3, "ca-1"));
+        let same = order.begin_read();
+        assert_eq!(order.observe_read(&g, same, written_by(3, "ca-1"), false), RevisionVerdict::Consistent);
+        let later = order.begin_read();
+        assert_eq!(order.observe_read(&g, later, written_by(3, "cc-7"), false), RevisionVerdict::Regressed { seen: 3 });
+        // The replacing history is the truth from then on.
+        let again = order.begin_read();
+        assert_eq!(order.observe_read(&g, again, written_by(3, "cc-7"), false), RevisionVerdict::Consistent);
+        // A read issued before the mark was observed is no evidence, as for a lower revision.
+        let early = order.begin_read();
+        order.observe_write(&g, written_by(4, "ca-2"));
+        assert_eq!(order.observe_read(&g, early, written_by(4, "cb-9"), false), RevisionVerdict::Consistent);
+    }
+
+    #[test]
+    fn records_without_a_write_id_are_judged_by_revision_alone() {
+        let mut order = ReadOrder::default();
+        let g = group();
+        order.observe_write(&g, at(3, None));
+        let read = order.begin_read();
+        assert_eq!(order.observe_read(&g, read, written_by(3, "cc-7"), false), RevisionVerdict::Consistent);
+        // Learnt from that read: another write at 3 is evidence now.
+        let later = order.begin_read();
+        assert_eq!(order.observe_read(&g, later, written_by(3, "cb-1"), false), RevisionVerdict::Regressed { seen: 3 });
+        let unknown = order.begin_read();
+        assert_eq!(order.observe_read(&g, unknown, at(3, None), false), RevisionVerdict::Consistent);
+        assert_eq!(write_digest(""), 0);
+        assert_ne!(write_digest("a"), write_digest("b"));
+    }
+
     #[test]
     fn a_read_issued_before_a_concurrent_write_is_not_evidence() {
         let mut order = ReadOrder::default();
         let g = group();
         let first = order.begin_read();
-        assert_eq!(order.observe_read(&g, first, (5, None), false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&g, first, at(5, None), false), RevisionVerdict::Consistent);
         let slow = order.begin_read();
-        order.observe_write(&g, 6, None);
-        assert_eq!(order.observe_read(&g, slow, (5, None), false), RevisionVerdict::Consistent);
+        order.observe_write(&g, at(6, None));
+        assert_eq!(order.observe_read(&g, slow, at(5, None), false), RevisionVerdict::Consistent);
         assert_eq!(order.mark(&g), Some(6), "a concurrent lower read never lowers the mark");
     }
 
@@ -174,12 +264,12 @@ mod tests {
     fn a_read_issued_after_the_mark_that_returns_less_is_evidence() {
         let mut order = ReadOrder::default();
         let g = group();
-        order.observe_write(&g, 9, None);
+        order.observe_write(&g, at(9, None));
         let later = order.begin_read();
-        assert_eq!(order.observe_read(&g, later, (7, None), false), RevisionVerdict::Regressed { seen: 9 });
+        assert_eq!(order.observe_read(&g, later, at(7, None), false), RevisionVerdict::Regressed { seen: 9 });
         // From then on the lower revision is the truth: the same value again is no new evidence.
         let again = order.begin_read();
-        assert_eq!(order.observe_read(&g, again, (7, None), false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&g, again, at(7, None), false), RevisionVerdict::Consistent);
     }
 
     #[test]
@@ -187,8 +277,8 @@ mod tests {
         let mut order = ReadOrder::default();
         let g = group();
         let slow = order.begin_read();
-        order.observe_write(&g, 6, None);
-        assert_eq!(order.observe_read(&g, slow, (5, None), true), RevisionVerdict::Regressed { seen: 6 });
+        order.observe_write(&g, at(6, None));
+        assert_eq!(order.observe_read(&g, slow, at(5, None), true), RevisionVerdict::Regressed { seen: 6 });
     }
 
     #[test]
@@ -197,11 +287,11 @@ mod tests {
         let g = group();
         let a = order.begin_read();
         let b = order.begin_read();
-        assert_eq!(order.observe_read(&g, b, (4, None), false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&g, b, at(4, None), false), RevisionVerdict::Consistent);
         // `a` was issued before `b` answered 4: its 3 is concurrency.
-        assert_eq!(order.observe_read(&g, a, (3, None), false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&g, a, at(3, None), false), RevisionVerdict::Consistent);
         let c = order.begin_read();
-        assert_eq!(order.observe_read(&g, c, (3, None), false), RevisionVerdict::Regressed { seen: 4 });
+        assert_eq!(order.observe_read(&g, c, at(3, None), false), RevisionVerdict::Regressed { seen: 4 });
     }
 
     #[test]
@@ -219,34 +309,34 @@ mod tests {
     fn a_later_incarnation_starts_a_new_mark_and_an_earlier_one_is_judged_as_before() {
         let mut order = ReadOrder::default();
         let g = group();
-        order.observe_write(&g, 9, Some(100));
+        order.observe_write(&g, at(9, Some(100)));
         let read = order.begin_read();
         // Deleted and created again elsewhere: revision 2 of incarnation 200 is no regression.
-        assert_eq!(order.observe_read(&g, read, (2, Some(200)), false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&g, read, at(2, Some(200)), false), RevisionVerdict::Consistent);
         assert_eq!(order.mark(&g), Some(2));
         // A create written here starts over too.
-        order.observe_write(&g, 1, Some(300));
+        order.observe_write(&g, at(1, Some(300)));
         assert_eq!(order.mark(&g), Some(1));
         // The store went back to an earlier incarnation's record: judged by revision as before.
-        order.observe_write(&g, 5, Some(300));
+        order.observe_write(&g, at(5, Some(300)));
         let later = order.begin_read();
-        assert_eq!(order.observe_read(&g, later, (4, Some(200)), false), RevisionVerdict::Regressed { seen: 5 });
+        assert_eq!(order.observe_read(&g, later, at(4, Some(200)), false), RevisionVerdict::Regressed { seen: 5 });
         // A record that does not name its incarnation (an older release's) is judged as before.
-        order.observe_write(&g, 8, Some(300));
+        order.observe_write(&g, at(8, Some(300)));
         let last = order.begin_read();
-        assert_eq!(order.observe_read(&g, last, (3, None), false), RevisionVerdict::Regressed { seen: 8 });
+        assert_eq!(order.observe_read(&g, last, at(3, None), false), RevisionVerdict::Regressed { seen: 8 });
     }
 
     #[test]
     fn forgotten_and_unretained_groups_start_over() {
         let mut order = ReadOrder::default();
         let (g, h) = (group(), GroupId::new("orders", "audit"));
-        order.observe_write(&g, 9, None);
-        order.observe_write(&h, 9, None);
+        order.observe_write(&g, at(9, None));
+        order.observe_write(&h, at(9, None));
         order.forget(&g);
         order.retain(|x| *x != h);
         let read = order.begin_read();
-        assert_eq!(order.observe_read(&g, read, (1, None), false), RevisionVerdict::Consistent);
-        assert_eq!(order.observe_read(&h, read, (1, None), false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&g, read, at(1, None), false), RevisionVerdict::Consistent);
+        assert_eq!(order.observe_read(&h, read, at(1, None), false), RevisionVerdict::Consistent);
     }
 }
