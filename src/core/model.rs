@@ -449,10 +449,11 @@ pub struct GroupMetadata {
     pub view_key: Option<ViewKey>,
     /// Which incarnation of the group name this record belongs to: the first `metadataVersion` of
     /// its create, never changed by later writes (past the clock, so a later create's is larger
-    /// unless the two creating clocks disagree). A coordinator keeps its revision marks and
-    /// observation windows per incarnation: a lower revision of a *newer* incarnation is a delete
-    /// and a create through other instances, not lost writes. Absent: a record an older release
-    /// created or rewrote (nothing is reset then).
+    /// unless the two creating clocks disagree, or both creates fall in one second: then it is
+    /// larger half the time, and a smaller one is judged by revision, the conservative case). A
+    /// coordinator keeps its revision marks and observation windows per incarnation: a lower
+    /// revision of a *newer* incarnation is a delete and a create through other instances, not
+    /// lost writes. Absent: a record an older release created or rewrote (nothing is reset then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incarnation: Option<u64>,
     /// The latest member incarnations that left, oldest first, at most
