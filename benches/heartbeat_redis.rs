@@ -729,8 +729,8 @@ mod bench {
 
     counted! {
         load(group: &GroupId) -> Option<StoredRecord>;
-        touch_and_load(group: &GroupId, member: &str) -> TouchResult;
-        touch_and_check(group: &GroupId, member: &str, known: &RecordStamp) -> TouchCheck;
+        touch_and_load_by(group: &GroupId, member: &str, step: u64) -> TouchResult;
+        touch_and_check_by(group: &GroupId, member: &str, known: &RecordStamp, step: u64) -> TouchCheck;
         liveness(group: &GroupId) -> BTreeMap<MemberId, u64>;
         write(group: &GroupId, request: WriteRequest) -> WriteOutcome;
         delete(group: &GroupId, expected: &CasStamp) -> WriteOutcome;

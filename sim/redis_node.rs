@@ -49,8 +49,8 @@ const REQUEST_TAG: u64 = u64::MAX - 0x0052_4544_4953;
 #[derive(Clone, Debug)]
 pub enum Command {
     Load(GroupId),
-    TouchAndLoad(GroupId, MemberId),
-    TouchAndCheck(GroupId, MemberId, RecordStamp),
+    TouchAndLoad(GroupId, MemberId, u64),
+    TouchAndCheck(GroupId, MemberId, RecordStamp, u64),
     Liveness(GroupId),
     Write(GroupId, WriteRequest),
     Delete(GroupId, CasStamp),
@@ -123,8 +123,8 @@ impl Command {
     fn describe(&self) -> String {
         match self {
             Command::Load(_) => "LOAD".into(),
-            Command::TouchAndLoad(_, m) => format!("TOUCH+LOAD {m}"),
-            Command::TouchAndCheck(_, m, known) => format!("TOUCH+CHECK {m} r{} {}", known.revision, known.write_id),
+            Command::TouchAndLoad(_, m, _) => format!("TOUCH+LOAD {m}"),
+            Command::TouchAndCheck(_, m, known, _) => format!("TOUCH+CHECK {m} r{} {}", known.revision, known.write_id),
             Command::Liveness(_) => "LIVENESS".into(),
             Command::Write(_, w) => match &w.expected {
                 Some(expected) => format!("WRITE expect={expected}"),
@@ -225,8 +225,8 @@ async fn execute(store: &MemoryStore, envelope: Envelope, recorder: &Recorder, s
     recorder.trace_verbose(server, || format!("#{call_id} {client} {}", command.describe()));
     match command {
         Command::Load(g) => Box::new(store.load(&g).await),
-        Command::TouchAndLoad(g, m) => Box::new(store.touch_and_load(&g, &m).await),
-        Command::TouchAndCheck(g, m, known) => Box::new(store.touch_and_check(&g, &m, &known).await),
+        Command::TouchAndLoad(g, m, step) => Box::new(store.touch_and_load_by(&g, &m, step).await),
+        Command::TouchAndCheck(g, m, known, step) => Box::new(store.touch_and_check_by(&g, &m, &known, step).await),
         Command::Liveness(g) => Box::new(store.liveness(&g).await),
         Command::Write(g, w) => Box::new(store.write(&g, w).await),
         Command::Delete(g, expected) => Box::new(store.delete(&g, &expected).await),
@@ -474,17 +474,18 @@ impl MetadataStore for RemoteStore {
         self.call(Command::Load(group.clone())).await
     }
 
-    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
-        self.call(Command::TouchAndLoad(group.clone(), member.to_string())).await
+    async fn touch_and_load_by(&self, group: &GroupId, member: &str, step: u64) -> Result<TouchResult, StoreError> {
+        self.call(Command::TouchAndLoad(group.clone(), member.to_string(), step)).await
     }
 
-    async fn touch_and_check(
+    async fn touch_and_check_by(
         &self,
         group: &GroupId,
         member: &str,
         known: &RecordStamp,
+        step: u64,
     ) -> Result<TouchCheck, StoreError> {
-        self.call(Command::TouchAndCheck(group.clone(), member.to_string(), known.clone())).await
+        self.call(Command::TouchAndCheck(group.clone(), member.to_string(), known.clone(), step)).await
     }
 
     async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {

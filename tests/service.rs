@@ -16,6 +16,8 @@ mod late_copies;
 mod pruning;
 #[path = "service/races.rs"]
 mod races;
+#[path = "service/reused_liveness.rs"]
+mod reused_liveness;
 #[path = "service/reused_waits.rs"]
 mod reused_waits;
 #[path = "service/sequences.rs"]

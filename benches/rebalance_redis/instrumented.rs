@@ -197,22 +197,23 @@ impl<S: MetadataStore> MetadataStore for Instrumented<S> {
         result
     }
 
-    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
+    async fn touch_and_load_by(&self, group: &GroupId, member: &str, step: u64) -> Result<TouchResult, StoreError> {
         let started = Instant::now();
-        let result = self.inner.touch_and_load(group, member).await;
+        let result = self.inner.touch_and_load_by(group, member, step).await;
         let bytes = result.as_ref().map_or(0, |t| record_bytes(t.record.as_ref()));
         self.trace.record("touch_and_load", started, bytes);
         result
     }
 
-    async fn touch_and_check(
+    async fn touch_and_check_by(
         &self,
         group: &GroupId,
         member: &str,
         known: &RecordStamp,
+        step: u64,
     ) -> Result<TouchCheck, StoreError> {
         let started = Instant::now();
-        let result = self.inner.touch_and_check(group, member, known).await;
+        let result = self.inner.touch_and_check_by(group, member, known, step).await;
         let bytes = match &result {
             Ok(TouchCheck::Changed(t)) => record_bytes(t.record.as_ref()),
             _ => 0,

@@ -234,6 +234,9 @@ pub(super) struct LocalState {
     pub(super) rng: SmallRng,
     /// Draws `writeId`s.
     pub(super) write_rng: SmallRng,
+    /// Draws liveness steps ([`crate::store::LIVENESS_STEP_MAX`]); a sequence of its own so the
+    /// other draws keep their order.
+    pub(super) touch_rng: SmallRng,
 }
 
 impl LocalState {
@@ -345,6 +348,8 @@ pub const MAX_ASSIGNMENT_LEASE_MS_DEFAULT: u64 = 8_000;
 const HEARTBEATS: &str = "rsc_heartbeats_total";
 /// Separates the `writeId` RNG's seed from the token RNG's.
 const WRITE_ID_SALT: u64 = 0x5772_6974_6549_6421;
+/// Separates the liveness steps' sequence from the others.
+const TOUCH_SALT: u64 = 0x546f_7563_6853_7465;
 /// Separates the heard relay's nonce from both.
 const RELAY_SALT: u64 = 0x4865_6172_6452_6c79;
 
@@ -392,6 +397,7 @@ impl<S: MetadataStore> Coordinator<S> {
             roster_read_at: None,
             rng: SmallRng::seed_from_u64(seed),
             write_rng: SmallRng::seed_from_u64(seed ^ WRITE_ID_SALT),
+            touch_rng: SmallRng::seed_from_u64(seed ^ TOUCH_SALT),
         };
         let inner = Inner {
             store,
@@ -539,8 +545,9 @@ impl<S: MetadataStore> Coordinator<S> {
         if let Err(refused) = check_session(&known, req, self.inner.options.planted) {
             self.recheck_refused_session(req, refused).await?;
         }
+        let step = self.local().touch_rng.gen_range(1..=crate::store::LIVENESS_STEP_MAX);
         let touched = match self.inner.cache.get(&req.group) {
-            Some(cached) => match store.touch_and_check(&req.group, &req.member_id, &cached.stamp).await {
+            Some(cached) => match store.touch_and_check_by(&req.group, &req.member_id, &cached.stamp, step).await {
                 Ok(TouchCheck::Unchanged { liveness }) => {
                     let stamp = Some(cached.stamp.clone());
                     return Ok((Arc::clone(&cached.metadata), cached.stamp.revision, stamp, liveness, false));
@@ -549,7 +556,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 Err(e) => return Err(self.group_store_error(&req.group, e)),
             },
             None => store
-                .touch_and_load(&req.group, &req.member_id)
+                .touch_and_load_by(&req.group, &req.member_id, step)
                 .await
                 .map_err(|e| self.group_store_error(&req.group, e))?,
         };

@@ -574,29 +574,62 @@ pub enum TouchCheck {
     Changed(TouchResult),
 }
 
+/// The largest step by which the coordinator increments a liveness counter at one touch
+/// ([`MetadataStore::touch_and_load_by`]): steps are drawn in `1..=2^24`. A silent rollback winds a
+/// counter back, and the member's later touches then climbed through the very values an instance
+/// had already seen, so a live member looked unchanged for a TTL and was expired with its leases
+/// still running (hostile review, stop 37). With random steps the climb lands on a value seen
+/// before with probability about 2^-23 per value. Counters stay increasing (a relay compares
+/// them) and take 2^39 touches on average to pass 2^63.
+pub const LIVENESS_STEP_MAX: u64 = 1 << 24;
+
 /// The coordinator's view of Redis. Every method is one atomic server-side step.
 pub trait MetadataStore: Send + Sync + 'static {
     /// Consistent read of all five fields of the metadata key (`None`: key absent).
     fn load(&self, group: &GroupId) -> impl Future<Output = Result<Option<StoredRecord>, StoreError>> + Send;
 
-    /// Atomically increments `member`'s liveness counter and reads the metadata key: the steady
-    /// heartbeat's single round trip.
+    /// Atomically increments `member`'s liveness counter by 1 and reads the metadata key
+    /// ([`touch_and_load_by`](Self::touch_and_load_by) with step 1).
     fn touch_and_load(
         &self,
         group: &GroupId,
         member: &str,
+    ) -> impl Future<Output = Result<TouchResult, StoreError>> + Send {
+        self.touch_and_load_by(group, member, 1)
+    }
+
+    /// Atomically increments `member`'s liveness counter by `step` and reads the metadata key: the
+    /// steady heartbeat's single round trip. The coordinator draws `step` at random
+    /// ([`LIVENESS_STEP_MAX`]) so that a counter a rollback wound back does not climb through the
+    /// values it had before.
+    fn touch_and_load_by(
+        &self,
+        group: &GroupId,
+        member: &str,
+        step: u64,
     ) -> impl Future<Output = Result<TouchResult, StoreError>> + Send;
 
-    /// The steady heartbeat against a decoded copy the caller holds: increments `member`'s
-    /// liveness counter and returns `Unchanged` when the record still carries `known`, else the
-    /// record as `touch_and_load` would. On Redis: HINCRBY + HMGET of four short fields, pipelined
-    /// (two commands, one round trip, no aggregate transfer); a changed record costs one more read.
-    /// Never leaves a liveness key behind for an absent metadata key.
+    /// [`touch_and_check_by`](Self::touch_and_check_by) with step 1.
     fn touch_and_check(
         &self,
         group: &GroupId,
         member: &str,
         known: &RecordStamp,
+    ) -> impl Future<Output = Result<TouchCheck, StoreError>> + Send {
+        self.touch_and_check_by(group, member, known, 1)
+    }
+
+    /// The steady heartbeat against a decoded copy the caller holds: increments `member`'s
+    /// liveness counter by `step` and returns `Unchanged` when the record still carries `known`,
+    /// else the record as `touch_and_load` would. On Redis: HINCRBY + HMGET of four short fields,
+    /// pipelined (two commands, one round trip, no aggregate transfer); a changed record costs one
+    /// more read. Never leaves a liveness key behind for an absent metadata key.
+    fn touch_and_check_by(
+        &self,
+        group: &GroupId,
+        member: &str,
+        known: &RecordStamp,
+        step: u64,
     ) -> impl Future<Output = Result<TouchCheck, StoreError>> + Send;
 
     /// Every member's liveness counter.

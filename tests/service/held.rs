@@ -125,18 +125,19 @@ impl MetadataStore for HeldStore {
         }
         self.inner.load(group).await
     }
-    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
-        let answer = self.inner.touch_and_load(group, member).await;
+    async fn touch_and_load_by(&self, group: &GroupId, member: &str, step: u64) -> Result<TouchResult, StoreError> {
+        let answer = self.inner.touch_and_load_by(group, member, step).await;
         pass(&self.touch_answer).await;
         answer
     }
-    async fn touch_and_check(
+    async fn touch_and_check_by(
         &self,
         group: &GroupId,
         member: &str,
         known: &RecordStamp,
+        step: u64,
     ) -> Result<TouchCheck, StoreError> {
-        let answer = self.inner.touch_and_check(group, member, known).await;
+        let answer = self.inner.touch_and_check_by(group, member, known, step).await;
         pass(&self.touch_answer).await;
         answer
     }

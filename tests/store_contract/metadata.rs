@@ -196,6 +196,14 @@ pub async fn contract_touch_and_load<S: MetadataStore + StreamStore + Clone>(sto
     assert_eq!(seen, (1..=20).collect::<Vec<u64>>());
     let expected = BTreeMap::from([("m1".to_string(), 1), ("m2".to_string(), 20)]);
     assert_eq!(store.liveness(&g).await, Ok(expected));
+
+    // The coordinator's touches add a random step (`store::LIVENESS_STEP_MAX`), both ways.
+    let step = rsc::store::LIVENESS_STEP_MAX;
+    let touched = store.touch_and_load_by(&g, "m1", step).await.expect("touch by a step");
+    assert_eq!(touched.liveness, 1 + step);
+    let known = touched.record.and_then(|r| r.stamp()).expect("a stamped record");
+    let checked = store.touch_and_check_by(&g, "m1", &known, 7).await.expect("check by a step");
+    assert!(matches!(checked, rsc::store::TouchCheck::Unchanged { liveness } if liveness == 8 + step), "{checked:?}");
 }
 
 pub async fn contract_delete_if_stamp<S: MetadataStore + StreamStore + Clone>(store: &S) {

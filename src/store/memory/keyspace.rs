@@ -252,24 +252,24 @@ impl Inner {
         self.keys.metadata.get(group).cloned()
     }
 
-    /// HINCRBY liveness member 1, then HGETALL metadata.
-    pub(super) fn touch_and_load(&mut self, group: &GroupId, member: &str) -> TouchResult {
+    /// HINCRBY liveness member step, then HGETALL metadata.
+    pub(super) fn touch_and_load(&mut self, group: &GroupId, member: &str, step: u64) -> TouchResult {
         // Like the Redis script: no metadata, no increment (heartbeats cannot create keys).
         if !self.keys.metadata.contains_key(group) {
             return TouchResult { liveness: 0, record: None };
         }
-        let liveness = self.keys.liveness_of(group, member).saturating_add(1);
+        let liveness = self.keys.liveness_of(group, member).saturating_add(step);
         let mut change = Change::default();
         self.keys.put_liveness(&mut change, group, member, Some(liveness));
         self.journal.push(change);
         TouchResult { liveness, record: self.load(group) }
     }
 
-    /// HINCRBY liveness member 1: one command, which creates the liveness hash if it is absent
+    /// HINCRBY liveness member step: one command, which creates the liveness hash if it is absent
     /// (as Redis does; RedisStore deletes it afterwards when the metadata key is gone).
-    pub(super) fn touch_liveness(&mut self, group: &GroupId, member: &str) -> u64 {
+    pub(super) fn touch_liveness(&mut self, group: &GroupId, member: &str, step: u64) -> u64 {
         let mut change = Change::default();
-        let liveness = self.keys.liveness_of(group, member).saturating_add(1);
+        let liveness = self.keys.liveness_of(group, member).saturating_add(step);
         self.keys.put_liveness(&mut change, group, member, Some(liveness));
         self.journal.push(change);
         liveness

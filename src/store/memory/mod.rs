@@ -501,15 +501,16 @@ impl MetadataStore for MemoryStore {
         self.call(&["HMGET"], |inner| Ok(inner.load(group))).await
     }
 
-    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
-        self.call(&["EVALSHA", "HINCRBY", "HMGET"], |inner| Ok(inner.touch_and_load(group, member))).await
+    async fn touch_and_load_by(&self, group: &GroupId, member: &str, step: u64) -> Result<TouchResult, StoreError> {
+        self.call(&["EVALSHA", "HINCRBY", "HMGET"], |inner| Ok(inner.touch_and_load(group, member, step))).await
     }
 
-    async fn touch_and_check(
+    async fn touch_and_check_by(
         &self,
         group: &GroupId,
         member: &str,
         known: &RecordStamp,
+        step: u64,
     ) -> Result<TouchCheck, StoreError> {
         // As RedisStore runs it: one round trip carrying a pipeline of two commands, each atomic,
         // that other clients' commands may interleave (never one step under one lock: the fake
@@ -517,7 +518,7 @@ impl MetadataStore for MemoryStore {
         // read) and an absent key the forget-liveness script.
         let (liveness, stamp) = self
             .call_pipeline(
-                (&["HINCRBY"], |inner: &mut Inner| inner.touch_liveness(group, member)),
+                (&["HINCRBY"], |inner: &mut Inner| inner.touch_liveness(group, member, step)),
                 (&["HMGET"], |inner: &mut Inner| inner.stamp_matches(group, known)),
             )
             .await?;

@@ -39,24 +39,25 @@ impl MetadataStore for RedisStore {
         parse_record(&fields)
     }
 
-    async fn touch_and_load(&self, group: &GroupId, member: &str) -> Result<TouchResult, StoreError> {
+    async fn touch_and_load_by(&self, group: &GroupId, member: &str, step: u64) -> Result<TouchResult, StoreError> {
         let mut invocation = self.inner.scripts.touch.prepare_invoke();
-        invocation.key(keys::metadata_key(group)).key(keys::liveness_key(group)).arg(member);
+        invocation.key(keys::metadata_key(group)).key(keys::liveness_key(group)).arg(member).arg(step);
         let reply = self.invoke("touch script", invocation).await?;
         let (liveness, record) = parse_touch(&reply)?;
         Ok(TouchResult { liveness, record })
     }
 
-    async fn touch_and_check(
+    async fn touch_and_check_by(
         &self,
         group: &GroupId,
         member: &str,
         known: &RecordStamp,
+        step: u64,
     ) -> Result<TouchCheck, StoreError> {
         let metadata = keys::metadata_key(group);
         let liveness_key = keys::liveness_key(group);
         let mut touch = ::redis::cmd("HINCRBY");
-        touch.arg(&liveness_key).arg(member).arg(1);
+        touch.arg(&liveness_key).arg(member).arg(step);
         let mut stamp_read = ::redis::cmd("HMGET");
         stamp_read.arg(&metadata).arg(&[
             keys::FIELD_REVISION,

@@ -235,7 +235,7 @@ impl RedisStore {
         expect("write script", &reply, super::scripts::parse_write(&reply).is_ok())?;
 
         let mut touch = scripts.touch.prepare_invoke();
-        touch.key(&meta).key(&live).arg("m");
+        touch.key(&meta).key(&live).arg("m").arg(1);
         let reply = self.invoke("touch script", touch).await?;
         let touched = matches!(&reply, Value::Array(items) if items.first().and_then(number) == Some(1));
         expect("touch script", &reply, touched)?;

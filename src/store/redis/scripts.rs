@@ -69,14 +69,14 @@ return {'ok', ARGV[3]}
 /// exists, increments the member's liveness counter (a heartbeat for an unknown group creates
 /// no key).
 ///
-/// KEYS: metadata hash, liveness hash. ARGV: member. Reply: `{counter, f1..f6}` (counter 0 when
-/// the key is absent).
+/// KEYS: metadata hash, liveness hash. ARGV: member, step. Reply: `{counter, f1..f6}` (counter 0
+/// when the key is absent).
 const TOUCH: &str = r#"
 local f = redis.call('HMGET', KEYS[1], 'aggregate', 'revision', 'schemaVersion', 'layoutVersion', 'updatedAt',
   'writeId')
 local counter = 0
 if f[2] then
-  counter = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+  counter = redis.call('HINCRBY', KEYS[2], ARGV[1], ARGV[2])
 end
 return {counter, f[1], f[2], f[3], f[4], f[5], f[6]}
 "#;
