@@ -14,7 +14,7 @@ use tokio::task::block_in_place;
 use crate::e2e_support::checks::{pending_count, settled, shares_all, versions_in};
 use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, Fleet, ProducerApp};
 use crate::e2e_support::ground_truth::assert_no_split;
-use crate::e2e_support::process::{cluster_target, CoordinatorProcess};
+use crate::e2e_support::process::{cluster_target, CoordinatorProcess, LONG_LEASES_SERVE_CONFIG};
 use crate::e2e_support::{fast_config, group, metric_total, wait_until};
 use crate::support::redis_cluster::{RedisCluster, SlotMove};
 use crate::support::RedisServer;
@@ -38,20 +38,32 @@ const MIGRATE_PAUSE: Duration = Duration::from_millis(300);
 /// Longest a consumer's read may take during the moves (see the check).
 const SLOWEST_READ_MAX: Duration = Duration::from_millis(1_000);
 
+/// [`fast_config`] with a 4 s assignment lease (6 s member TTL). While a slot moves, the Cluster
+/// client of each coordinator follows `ASK`s, retries `TRYAGAIN`s and refreshes its slot map
+/// dozens of times a second; on a loaded 2-core machine a heartbeat then took over a second, its
+/// consumer lost the 1.5 s lease, and an ack of an entry it had abandoned was refused. The test checks that a migration loses and splits nothing and stalls no
+/// read ([`SLOWEST_READ_MAX`]), not how little lease slack a busy coordinator needs: the fleet's
+/// heartbeats get 2 s (the library's default) and each address 1 s.
+fn migration_config() -> rsc::core::model::GroupConfig {
+    rsc::core::model::GroupConfig { assignment_lease_ms: 4_000, member_lease_ttl_ms: 6_000, ..fast_config() }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn consumers_and_producers_spread_over_three_primaries_and_a_slot_migration_under_traffic_loses_nothing() {
     const SHARDS: u32 = 12;
     let started = Instant::now();
     let mut cluster = RedisCluster::start(3, 1);
     let target = cluster_target(&cluster.nodes());
-    let first = CoordinatorProcess::start(&target, "e2e-cluster-1").await;
-    let second = CoordinatorProcess::start(&target, "e2e-cluster-2").await;
+    let first = CoordinatorProcess::start_with_config(&target, "e2e-cluster-1", LONG_LEASES_SERVE_CONFIG).await;
+    let second = CoordinatorProcess::start_with_config(&target, "e2e-cluster-2", LONG_LEASES_SERVE_CONFIG).await;
     let group = group("cluster-migration");
-    first.create_group(&group, SHARDS, &fast_config()).await;
+    first.create_group(&group, SHARDS, &migration_config()).await;
     let streams_by_primary = streams_by_primary(&cluster, &group, SHARDS);
     assert_eq!(streams_by_primary.len(), 3, "the shard streams land on all three primaries: {streams_by_primary:?}");
 
-    let fleet = Fleet::new(group.clone(), vec![first.addr(), second.addr()], target.clone());
+    let mut fleet = Fleet::new(group.clone(), vec![first.addr(), second.addr()], target.clone());
+    fleet.request_timeout = Duration::from_millis(1_000);
+    fleet.heartbeat_timeout_ms = 2_000;
     let a = fleet.consumer("alpha", AppSettings::default()).await;
     let b = fleet.consumer("bravo", AppSettings::default()).await;
     let c = fleet.consumer("charlie", AppSettings::default()).await;

@@ -47,6 +47,10 @@ async fn a_group_runs_on_a_mutual_tls_cluster_and_a_coordinator_without_a_client
     let coordinator = CoordinatorProcess::start_with_config(&target, "e2e-cluster-tls", &config).await;
     coordinator.create_group(&group, SHARDS, &fast_config()).await;
     let mut fleet = Fleet::new(group.clone(), vec![coordinator.addr()], target.clone());
+    // The library's default per-address timeout: the one coordinator's TLS connections to the
+    // cluster are slow to open on a loaded machine, and a publish whose inline routing refresh
+    // times out fails closed (the 500 ms of the fleet's default made the first publish fail).
+    fleet.request_timeout = Duration::from_secs(2);
     fleet.redis_tls = RedisTlsOptions {
         ca_file: Some(files.ca_cert.clone()),
         client_cert_file: Some(files.client_cert.clone()),

@@ -47,6 +47,12 @@ pub struct Fleet {
     pub idle_per_address_max: usize,
     /// The TLS files the clients' stores use (a `rediss://` server or Cluster with a private CA).
     pub redis_tls: RedisTlsOptions,
+    /// How long the clients wait for one coordinator address before trying the next (500 ms:
+    /// short, so a test of a dead coordinator moves on quickly; the library's default is 2 s).
+    pub request_timeout: Duration,
+    /// How long a consumer waits for a heartbeat's answer, every address included (1 s; the
+    /// library's default is 2 s).
+    pub heartbeat_timeout_ms: u64,
 }
 
 impl Fleet {
@@ -62,6 +68,8 @@ impl Fleet {
             client_token: None,
             idle_per_address_max: 2,
             redis_tls: RedisTlsOptions::default(),
+            request_timeout: Duration::from_millis(500),
+            heartbeat_timeout_ms: 1_000,
         }
     }
 
@@ -73,7 +81,7 @@ impl Fleet {
     pub fn transport(&self) -> HttpTransport {
         HttpTransport::new(HttpClientConfig {
             addrs: self.coordinators.clone(),
-            request_timeout: Duration::from_millis(500),
+            request_timeout: self.request_timeout,
             idle_per_address_max: self.idle_per_address_max,
             client_token: self.client_token.clone(),
         })
@@ -98,7 +106,7 @@ impl Fleet {
     pub async fn consumer_on(&self, member: &str, settings: AppSettings, store: SlowPath<RedisStore>) -> ConsumerApp {
         let mut config = ConsumerConfig::new(self.group.clone(), member);
         config.heartbeat_interval_ms = 200;
-        config.heartbeat_timeout_ms = 1_000;
+        config.heartbeat_timeout_ms = self.heartbeat_timeout_ms;
         config.retry_ms = 100;
         config.slow_retry_ms = 500;
         config.close_timeout_ms = 5_000;
