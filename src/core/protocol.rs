@@ -46,7 +46,7 @@ impl MemberSession {
         // safe: getrandom fails only when the OS has no random source at all; a coordinator
         // client without one cannot run safely, and says so.
         getrandom::fill(&mut bytes).expect("the OS random source is available");
-        Self(bytes.iter().map(|b| format!("{b:02x}")).collect())
+        Self(base16ct::lower::encode_string(&bytes))
     }
 
     /// True for 32..=128 lowercase hex digits.
@@ -59,7 +59,7 @@ impl MemberSession {
     pub fn digest(&self) -> SessionDigest {
         use sha2::{Digest, Sha256};
         let hash = Sha256::digest(self.0.as_bytes());
-        SessionDigest(hash.iter().map(|b| format!("{b:02x}")).collect())
+        SessionDigest(base16ct::lower::encode_string(&hash))
     }
 }
 

@@ -241,7 +241,7 @@ pub(super) fn identity_label(identity: &ServerIdentity) -> String {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part.as_bytes());
     }
-    hash.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+    base16ct::lower::encode_string(&hash.finalize()[..8])
 }
 
 impl<S: MetadataStore> Coordinator<S> {
