@@ -470,8 +470,10 @@ pub struct GroupMetadata {
     /// wait of the same id and end that wait early (a split with fencing off). Processes time a
     /// wait by (id, tag) ([`crate::core::observe::LocalView`]), so a reissued id is a new wait.
     /// Tags of waits no longer recorded are dropped at the next write. Absent in records of older
-    /// releases, whose writes drop it: such a wait's tag reads 0, another tag than the one a
-    /// process may have seen, so its timing restarts (never shortens).
+    /// releases, whose writes drop it: such a wait's tag reads 0. Its timing restarts at processes
+    /// that had seen its tag, but 0 is the same tag in every history, so a wait an older release
+    /// wrote is timed by id alone again, as older releases do (DESIGN §4: the guarantee holds
+    /// once no older binary writes).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub wait_tags: BTreeMap<WaitId, u64>,
 }
