@@ -60,3 +60,36 @@ pub async fn contract_touch_and_check_leaves_no_key_for_a_vanished_group<S: Meta
     assert_eq!(store.liveness(&g).await, Ok(BTreeMap::new()));
     assert_eq!(store.load(&g).await, Ok(None));
 }
+
+/// A liveness counter is read exactly past 2^53 (a Lua number is a double: the touch script returns
+/// the field as stored, not the number HINCRBY handed the script), and an increment past `i64::MAX`
+/// is refused and changes nothing, on both paths, as `HINCRBY` refuses it (the fake does not
+/// saturate: it is never stronger than Redis).
+pub async fn contract_liveness_counters_are_exact_and_refuse_overflow<S: MetadataStore + StreamStore + Clone>(
+    store: &S,
+) {
+    let g = group();
+    assert_eq!(store.write(&g, create("v1")).await, Ok(WriteOutcome::Written { revision: 1 }));
+    let known = stamp_of(&store.load(&g).await.expect("load"));
+    let past_doubles = (1u64 << 53) + 1;
+    let touched = store.touch_and_load_by(&g, "m1", past_doubles).await.expect("touch");
+    assert_eq!(touched.liveness, past_doubles, "read exactly, not rounded to a double");
+    assert_eq!(
+        store.touch_and_check_by(&g, "m1", &known, 2).await,
+        Ok(TouchCheck::Unchanged { liveness: past_doubles + 2 })
+    );
+
+    let max = i64::MAX.unsigned_abs();
+    for refused in [store.touch_and_load_by(&g, "m1", max).await.map(|_| ()), {
+        store.touch_and_check_by(&g, "m1", &known, max).await.map(|_| ())
+    }] {
+        match refused {
+            Err(rsc::store::StoreError::Protocol(text)) => assert!(text.contains("overflow"), "{text}"),
+            other => panic!("an increment past i64::MAX is refused: {other:?}"),
+        }
+    }
+    assert_eq!(store.liveness(&g).await, Ok(BTreeMap::from([("m1".to_string(), past_doubles + 2)])));
+    // The largest counter a hash field holds is still reached and read exactly.
+    let to_max = max - (past_doubles + 2);
+    assert_eq!(store.touch_and_load_by(&g, "m1", to_max).await.map(|t| t.liveness), Ok(max));
+}

@@ -253,26 +253,42 @@ impl Inner {
     }
 
     /// HINCRBY liveness member step, then HGETALL metadata.
-    pub(super) fn touch_and_load(&mut self, group: &GroupId, member: &str, step: u64) -> TouchResult {
+    pub(super) fn touch_and_load(
+        &mut self,
+        group: &GroupId,
+        member: &str,
+        step: u64,
+    ) -> Result<TouchResult, StoreError> {
         // Like the Redis script: no metadata, no increment (heartbeats cannot create keys).
         if !self.keys.metadata.contains_key(group) {
-            return TouchResult { liveness: 0, record: None };
+            return Ok(TouchResult { liveness: 0, record: None });
         }
-        let liveness = self.keys.liveness_of(group, member).saturating_add(step);
+        let liveness = self.incremented_liveness(group, member, step, "touch script")?;
         let mut change = Change::default();
         self.keys.put_liveness(&mut change, group, member, Some(liveness));
         self.journal.push(change);
-        TouchResult { liveness, record: self.load(group) }
+        Ok(TouchResult { liveness, record: self.load(group) })
     }
 
     /// HINCRBY liveness member step: one command, which creates the liveness hash if it is absent
     /// (as Redis does; RedisStore deletes it afterwards when the metadata key is gone).
-    pub(super) fn touch_liveness(&mut self, group: &GroupId, member: &str, step: u64) -> u64 {
+    pub(super) fn touch_liveness(&mut self, group: &GroupId, member: &str, step: u64) -> Result<u64, StoreError> {
+        let liveness = self.incremented_liveness(group, member, step, "HINCRBY")?;
         let mut change = Change::default();
-        let liveness = self.keys.liveness_of(group, member).saturating_add(step);
         self.keys.put_liveness(&mut change, group, member, Some(liveness));
         self.journal.push(change);
-        liveness
+        Ok(liveness)
+    }
+
+    /// The counter HINCRBY would leave, or its refusal: a hash field holds a signed 64-bit
+    /// integer, and Redis refuses an increment past `i64::MAX` and changes nothing (the fake must
+    /// not be stronger than Redis by saturating or wrapping). Mapped as `RedisStore` maps it.
+    fn incremented_liveness(&self, group: &GroupId, member: &str, step: u64, command: &str) -> Result<u64, StoreError> {
+        self.keys
+            .liveness_of(group, member)
+            .checked_add(step)
+            .filter(|n| i64::try_from(*n).is_ok())
+            .ok_or_else(|| StoreError::Protocol(format!("ERR increment or decrement would overflow ({command})")))
     }
 
     /// HMGET metadata revision writeId schemaVersion layoutVersion: whether the stored record is

@@ -502,7 +502,7 @@ impl MetadataStore for MemoryStore {
     }
 
     async fn touch_and_load_by(&self, group: &GroupId, member: &str, step: u64) -> Result<TouchResult, StoreError> {
-        self.call(&["EVALSHA", "HINCRBY", "HMGET"], |inner| Ok(inner.touch_and_load(group, member, step))).await
+        self.call(&["EVALSHA", "HMGET", "HINCRBY", "HGET"], |inner| inner.touch_and_load(group, member, step)).await
     }
 
     async fn touch_and_check_by(
@@ -522,6 +522,8 @@ impl MetadataStore for MemoryStore {
                 (&["HMGET"], |inner: &mut Inner| inner.stamp_matches(group, known)),
             )
             .await?;
+        // A refused HINCRBY fails the pipeline's reply (its HMGET still ran, as at Redis).
+        let liveness = liveness?;
         match stamp {
             None => {
                 self.call(&["EVALSHA", "EXISTS", "DEL"], |inner| {

@@ -70,13 +70,15 @@ return {'ok', ARGV[3]}
 /// no key).
 ///
 /// KEYS: metadata hash, liveness hash. ARGV: member, step. Reply: `{counter, f1..f6}` (counter 0
-/// when the key is absent).
+/// when the key is absent). The counter is the field as stored, read back after the increment:
+/// HINCRBY's reply becomes a Lua number, a double, which rounds counters past 2^53.
 const TOUCH: &str = r#"
 local f = redis.call('HMGET', KEYS[1], 'aggregate', 'revision', 'schemaVersion', 'layoutVersion', 'updatedAt',
   'writeId')
 local counter = 0
 if f[2] then
-  counter = redis.call('HINCRBY', KEYS[2], ARGV[1], ARGV[2])
+  redis.call('HINCRBY', KEYS[2], ARGV[1], ARGV[2])
+  counter = redis.call('HGET', KEYS[2], ARGV[1])
 end
 return {counter, f[1], f[2], f[3], f[4], f[5], f[6]}
 "#;
