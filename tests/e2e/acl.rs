@@ -192,8 +192,10 @@ async fn acl_story(user: AclUser) {
 }
 
 /// The README's two users on a Redis Cluster, created on every node as the README says, with
-/// `+cluster|slots` added to both and `+cluster|nodes` to the coordinator's: the coordinator and
-/// the clients run the fenced flow with nothing denied on any node. (Without `+cluster|slots` the
+/// `+cluster|slots` and `+asking` added to both and `+cluster|nodes` to the coordinator's: the
+/// coordinator and the clients run the fenced flow, while the group's metadata slot and a shard
+/// stream's slot move under them, with nothing denied on any node (without `+asking` every ASK
+/// redirect of a slot move is refused). (Without `+cluster|slots` the
 /// coordinator cannot read the slot map and exits 3; without `+cluster|nodes` it warns and falls
 /// back to CLUSTER SLOTS, `store_contract::cluster`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -208,7 +210,7 @@ async fn the_readme_users_run_the_whole_fenced_flow_on_a_cluster() {
             node.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
         }
         for user in ["rsc-coordinator", "rsc-client"] {
-            node.cmd(&["ACL", "SETUSER", user, "+cluster|slots"]);
+            node.cmd(&["ACL", "SETUSER", user, "+cluster|slots", "+asking"]);
         }
         node.cmd(&["ACL", "SETUSER", "rsc-coordinator", "+cluster|nodes"]);
         node.cmd(&["ACL", "LOG", "RESET"]);
@@ -227,7 +229,26 @@ async fn the_readme_users_run_the_whole_fenced_flow_on_a_cluster() {
     let b = fleet.consumer("bravo", AppSettings::default()).await;
     wait_until("two consumers share the shards", Duration::from_secs(15), || shares_all(&[&a, &b], SHARDS)).await;
     let producer = fleet.producer("producer").await;
-    producer.publish_paced(0..MESSAGES, 2_000).await;
+    // While the messages are published, the group's metadata slot and one shard stream's slot
+    // move, a key at a time: the coordinator and the clients follow ASK redirects (ASKING) there.
+    let metadata_slot = rsc::store::keys::group_slot(&group);
+    let stream_slot = cluster.slot_of(&streams[0]);
+    let moves = [metadata_slot, stream_slot].map(|slot| {
+        let source = cluster.owner_of_slot(slot).port();
+        let target = cluster.primaries().into_iter().find(|p| p.port() != source).expect("another primary");
+        cluster.begin_slot_move(slot, target).expect("the slot is elsewhere")
+    });
+    let migrate = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for slot_move in moves {
+            while tokio::task::block_in_place(|| cluster.migrate_slot_keys(&slot_move, 1)) > 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::task::block_in_place(|| cluster.finish_slot_move(slot_move));
+        }
+    };
+    tokio::join!(producer.publish_paced(0..MESSAGES, 2_000), migrate);
     let ledger = fleet.ledger.clone();
     fleet.wait_all_acked(MESSAGES, Duration::from_secs(20)).await;
     assert_no_split(&fleet.reads);

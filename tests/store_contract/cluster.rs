@@ -338,28 +338,32 @@ async fn a_read_of_several_slots_is_one_call_per_slot() {
     assert_eq!(got, vec![(without, vec![rsc::store::StreamEntry { id: late, fields: field() }])]);
 }
 
-/// A slot move is invisible to many concurrent callers. Two faults of the `redis` crate's cluster
-/// client meet here. It follows an `ASK` by sending `ASKING` and then the command as two requests
-/// on the importing node's shared connection, so a concurrent request sent in between takes the
-/// one-time flag: the command is answered `MOVED`, the source answers `ASK` again, and so on until
-/// the crate gives up with the `ASK` error (redis-plus-plus#281 describes the race); the store then
-/// sends `ASKING` and the command as one pipeline. Each `MOVED` also starts a slot-map refresh,
-/// during which the crate stops polling its requests, and the refresh can wait forever for a lock
-/// one of them was granted (valkey-glide#2643): with 64 calls at once every call but one hung to
-/// its deadline, round after round. The store keeps at most `CLUSTER_IN_FLIGHT_MAX` calls on the
-/// connection at once.
-#[tokio::test]
-async fn concurrent_reads_of_a_key_a_migration_moved_all_succeed() {
+/// A slot move is invisible to many concurrent callers, onto a primary that serves other slots or
+/// onto a new, empty one (which the cluster client holds no connection to). Two faults of the
+/// `redis` crate's cluster client meet here. It follows an `ASK` by sending `ASKING` and then the
+/// command as two requests on the target's shared connection, so a concurrent request sent in
+/// between takes the one-time flag: the command is answered `MOVED`, the source answers `ASK`
+/// again, and so on until the crate gives up with the `ASK` error (redis-plus-plus#281 describes
+/// the race); the store then sends `ASKING` and the command as one pipeline on a connection of its
+/// own. Each `MOVED` also starts a slot-map refresh, during which the crate stops polling its
+/// requests, and the refresh can wait forever for a lock one of them was granted
+/// (valkey-glide#2643): with 64 calls at once every call but one hung to its deadline, round after
+/// round. The store keeps at most `CLUSTER_IN_FLIGHT_MAX` calls on the connection at once.
+async fn concurrent_calls_during_a_move(onto_empty_primary: bool) {
     const ROUNDS: usize = 5;
     const CALLS: usize = 128;
-    let cluster = RedisCluster::start(3, 0);
-    let store = store_on(&cluster).await;
+    let mut cluster = RedisCluster::start(3, 0);
     let group = GroupId::new("orders", "moving");
-    assert_eq!(store.write(&group, create("v1")).await, Ok(written(1)));
     let slot = keys::group_slot(&group);
     let source = cluster.owner_of_slot(slot).port();
-    let target = cluster.primaries().into_iter().find(|p| p.port() != source).expect("another primary");
-    let slot_move = cluster.begin_slot_move(slot, target).expect("the slot is elsewhere");
+    let target = if onto_empty_primary {
+        cluster.add_empty_primary().port()
+    } else {
+        cluster.primaries().into_iter().map(|p| p.port()).find(|port| *port != source).expect("another primary")
+    };
+    let store = store_on(&cluster).await;
+    assert_eq!(store.write(&group, create("v1")).await, Ok(written(1)));
+    let slot_move = cluster.begin_slot_move(slot, cluster.server(target)).expect("the slot is elsewhere");
     // The record moves (its reads are answered ASK by the source); the liveness hash, absent, is
     // read through ASK too.
     cluster.migrate_named_keys(&slot_move, &[&keys::metadata_key(&group)]);
@@ -387,4 +391,55 @@ async fn concurrent_reads_of_a_key_a_migration_moved_all_succeed() {
     while cluster.migrate_slot_keys(&slot_move, 100) > 0 {}
     cluster.finish_slot_move(slot_move);
     assert!(store.load(&group).await.expect("load after the move").is_some());
+}
+
+#[tokio::test]
+async fn concurrent_calls_to_a_slot_being_moved_all_succeed() {
+    concurrent_calls_during_a_move(false).await;
+}
+
+#[tokio::test]
+async fn concurrent_calls_to_a_slot_being_moved_onto_an_empty_primary_all_succeed() {
+    concurrent_calls_during_a_move(true).await;
+}
+
+/// Calls to a primary that hangs (SIGSTOP: connected, never answering) do not hold up calls to the
+/// others for long: each keeps its place among the calls the store lets onto the cluster
+/// connection at once for at most `CLUSTER_IN_FLIGHT_HOLD_MS`, so 64 hung calls delay a call to a
+/// healthy primary by a few hundred milliseconds, not until their deadlines.
+#[tokio::test]
+async fn calls_to_a_hung_primary_do_not_hold_up_calls_to_the_others() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store_on(&cluster).await;
+    let groups: Vec<GroupId> = (0..64).map(|i| GroupId::new("orders", &format!("g{i}"))).collect();
+    let hung = groups[0].clone();
+    let hung_port = cluster.owner_of_slot(keys::group_slot(&hung)).port();
+    let healthy = groups
+        .iter()
+        .find(|g| cluster.owner_of_slot(keys::group_slot(g)).port() != hung_port)
+        .expect("a group on another primary")
+        .clone();
+    for group in [&hung, &healthy] {
+        assert_eq!(store.write(group, create("v1")).await, Ok(written(1)));
+    }
+    cluster.server(hung_port).freeze();
+    let stuck: Vec<_> = (0..64)
+        .map(|_| {
+            let (store, hung) = (store.clone(), hung.clone());
+            tokio::spawn(async move { store.load(&hung).await })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let mut slowest = std::time::Duration::ZERO;
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        assert!(store.load(&healthy).await.expect("a healthy primary answers").is_some());
+        slowest = slowest.max(started.elapsed());
+    }
+    cluster.server(hung_port).thaw();
+    for call in stuck {
+        assert!(matches!(call.await.expect("task"), Err(StoreError::Unavailable(_)) | Ok(_)));
+    }
+    assert!(slowest < std::time::Duration::from_millis(1_000), "a call to a healthy primary took {slowest:?}");
+    eprintln!("slowest call to a healthy primary while 64 calls hung: {slowest:?}");
 }

@@ -24,10 +24,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use ::redis::aio::MultiplexedConnection;
+use ::redis::aio::{ConnectionLike, MultiplexedConnection};
+use ::redis::cluster::NodeAddress;
 use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use ::redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue, TlsCertificates, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue, RedisResult, TlsCertificates,
+    Value,
 };
 
 use super::conn::{Conn, Lane};
@@ -316,6 +318,37 @@ impl DirectNodes {
         }
     }
 
+    /// `ASKING` and `cmd` as one pipeline on this store's own connection to `node` (connecting
+    /// first if needed): no other request can come between them, and a node the cluster client
+    /// holds no connection to (an empty primary a slot is being moved onto) is reached too. The
+    /// reply is `cmd`'s; a refused `ASKING` (an ACL user without `+asking`) is the error. The
+    /// connection is dropped unless the server answered. The caller's deadline bounds the call.
+    pub(super) async fn asking(&self, node: &NodeAddress, cmd: &Cmd) -> RedisResult<Value> {
+        let address = (node.host().to_string(), node.port());
+        let mut conn = self.connection(&address).await?;
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("ASKING").add_command(cmd.clone());
+        match conn.req_packed_commands(&pipe, 0, 2).await {
+            Ok(replies) => match <[Value; 2]>::try_from(replies) {
+                Ok([asking, reply]) => {
+                    asking.extract_error()?;
+                    reply.extract_error()
+                }
+                Err(replies) => Err(::redis::RedisError::from((
+                    ::redis::ErrorKind::Parse,
+                    "ASKING pipeline",
+                    format!("{} replies for 2 commands", replies.len()),
+                ))),
+            },
+            Err(error) => {
+                if !matches!(error.kind(), ::redis::ErrorKind::Server(_)) {
+                    self.open.lock().await.remove(&address);
+                }
+                Err(error)
+            }
+        }
+    }
+
     /// The open connection to the node at `(host, port)`, or a new one (connected without holding
     /// the lock, so one slow node does not hold up the others' connects).
     async fn connection(&self, (host, port): &(String, u16)) -> Result<MultiplexedConnection, ::redis::RedisError> {
@@ -374,9 +407,9 @@ impl RedisStore {
                 match c {
                     // A command routed to one node answers a server error (NOPERM, a syntax
                     // error) as a value; it is the command's failure, mapped like any other.
-                    Conn::Cluster(mut cluster) => {
+                    Conn::Cluster(mut cluster, redirects) => {
                         let value = cluster.route_command(cmd, routing).await?.extract_error()?;
-                        Ok((value, Conn::Cluster(cluster)))
+                        Ok((value, Conn::Cluster(cluster, redirects)))
                     }
                     Conn::Single(mut single) => {
                         let value: Value = cmd.query_async::<Value>(&mut single).await?.extract_error()?;

@@ -8,18 +8,19 @@
 //! read then holds a whole cluster connection, so the blocking pool keeps more of them.
 //! Never: waits without a deadline, retries a command on its own (a command that timed out may
 //! still have run; the caller's retry decides, and every write is conditioned on the stamp it was
-//! computed from; the one exception is a Cluster `ASK` the crate gave up on, which means the
-//! command did not run, see `asking_then`), or keeps a connection that failed, timed out, or answered READONLY /
+//! computed from; the `redis` crate's cluster client does resend after a lost connection, and the
+//! store adds one step to its chain after an `ASK` it gave up on, which means the command did not
+//! run, see `asking_then`), or keeps a connection that failed, timed out, or answered READONLY /
 //! MASTERDOWN (a demoted master or a replica) — the next call connects afresh (through Sentinel:
 //! to the master it names now), which is how the store follows a restarted or failed-over server.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, MultiplexedConnection};
-use ::redis::cluster::ClusterClient;
+use ::redis::cluster::{ClusterClient, NodeAddress};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::cluster_routing::SingleNodeRoutingInfo;
 use ::redis::sentinel::SentinelClient;
 use ::redis::{
     AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind,
@@ -27,20 +28,41 @@ use ::redis::{
 };
 use tokio::sync::Mutex;
 
+use super::cluster::DirectNodes;
 use super::errors::{map_error, timed_out, Redactor};
 use crate::store::StoreError;
 
 /// Round trips at once on a Cluster's shared connection; the others wait their turn (under their
-/// own deadline). The `redis` crate's cluster connection stops polling its requests while it
-/// refreshes the slot map, and the refresh waits for a lock that a request it no longer polls may
-/// have been granted (tokio's `RwLock` grants a queued reader before it is polled again): the
-/// connection then hangs until every caller's deadline, and the next connection can do the same
-/// (valkey-glide#2643 describes this deadlock; its fork replaced the lock). A slot move triggers
-/// such refreshes by the hundred (see `asking_then`). In `store_contract`'s
-/// `concurrent_reads_of_a_key_a_migration_moved_all_succeed`, 45 or more concurrent calls hung
-/// the connection in every round (all but one call failed), 32 did not; 16 leaves a margin and
-/// still keeps a 0.5 ms round trip at 32,000 commands/s per coordinator.
+/// own deadline, each for at most [`CLUSTER_IN_FLIGHT_HOLD_MS`] per call ahead of it). The `redis`
+/// crate's cluster connection stops polling its requests while it refreshes the slot map, and the
+/// refresh waits for a lock that a request it no longer polls may have been granted (tokio's
+/// `RwLock` grants a queued reader before it is polled again): the connection then hangs until
+/// every caller's deadline, and the next connection can do the same (valkey-glide#2643 describes
+/// this deadlock; its fork replaced the lock). A slot move under load starts such refreshes by the
+/// hundred (every `MOVED` of the race `asking_then` describes). In `store_contract`'s
+/// `concurrent_calls_to_a_slot_being_moved_all_succeed`, 45 or more concurrent calls without this
+/// limit hung the connection in every round (all calls but one failed), 32 did not; 16 leaves a
+/// margin and still allows 32,000 round trips/s per coordinator at 0.5 ms each.
 const CLUSTER_IN_FLIGHT_MAX: usize = 16;
+
+/// How long a call keeps its place among the [`CLUSTER_IN_FLIGHT_MAX`]: a call that takes longer
+/// (a node that hangs or is cut off) makes way for the next, so one slow node cannot hold up calls
+/// to the others until their deadlines. A call during a slot move takes a few milliseconds.
+const CLUSTER_IN_FLIGHT_HOLD_MS: u64 = 100;
+
+/// `work`, keeping `permit` until it is done or [`CLUSTER_IN_FLIGHT_HOLD_MS`] have passed.
+async fn holding<T>(permit: Option<tokio::sync::SemaphorePermit<'_>>, work: impl Future<Output = T>) -> T {
+    let Some(permit) = permit else { return work.await };
+    let mut permit = Some(permit);
+    tokio::pin!(work);
+    tokio::select! {
+        done = &mut work => done,
+        () = tokio::time::sleep(Duration::from_millis(CLUSTER_IN_FLIGHT_HOLD_MS)) => {
+            permit.take();
+            work.await
+        }
+    }
+}
 
 /// Idle dedicated connections kept for blocking reads.
 const BLOCKING_IDLE_MAX: usize = 4;
@@ -53,17 +75,18 @@ const BLOCKING_IDLE_MAX_CLUSTER: usize = 32;
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    /// The cluster connection, and the store's own connections to nodes for `ASK` redirects.
+    Cluster(ClusterConnection, Arc<DirectNodes>),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => Box::pin(async move {
+            Conn::Cluster(c, redirects) => Box::pin(async move {
                 match c.req_packed_command(cmd).await {
                     Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::Ask) => {
-                        asking_then(c, cmd, &err).await
+                        asking_then(c, redirects, cmd, err).await
                     }
                     other => other,
                 }
@@ -79,43 +102,41 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c, _) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(c, _) => c.get_db(),
         }
     }
 }
 
 /// `cmd` once more after the `redis` crate gave up on an `ASK` redirect: `ASKING` and `cmd` as one
-/// pipeline to the node the `ASK` names, so no other request on that node's shared connection can
-/// come between them. The crate sends the two as separate requests, and a concurrent request sent
-/// in between takes the one-time `ASKING` flag: the importing node answers `MOVED`, the source
-/// `ASK` again, until the crate's retries run out (the race redis-plus-plus#281 describes). In
-/// `store_contract`'s `concurrent_reads_of_a_key_a_migration_moved_all_succeed`, 1,120 of 1,280
-/// calls ended so; e2e slot moves under traffic saw about one heartbeat a run answered 503. The
-/// last answer, `ASK`, means the last attempt did not run; this is one more step of the crate's own
-/// chain of retries, made so that it cannot be split. A `MOVED` now (the move has finished) is
-/// followed by the crate.
-async fn asking_then(c: &mut ClusterConnection, cmd: &Cmd, ask: &RedisError) -> RedisResult<Value> {
-    let Some((host, port)) = ask
-        .redirect_node()
-        .and_then(|(node, _slot)| node.rsplit_once(':'))
-        .and_then(|(host, port)| Some((host.to_string(), port.parse::<u16>().ok()?)))
-    else {
-        return Err(ask.clone());
+/// pipeline on the store's own connection to the node the `ASK` names ([`DirectNodes::asking`]),
+/// so no other request can come between them. The crate sends the two as separate requests on its
+/// shared connection to that node, and a concurrent request sent in between takes the one-time
+/// `ASKING` flag: the importing node answers `MOVED`, the source `ASK` again, until the crate's
+/// retries run out (the race redis-plus-plus#281 describes). In `store_contract`'s
+/// `concurrent_calls_to_a_slot_being_moved_all_succeed`, most calls ended so. The last answer,
+/// `ASK`, means the last attempt did not run: this is one more step of the crate's own chain of
+/// retries (which also resends after a lost connection), made so that it cannot be split. A
+/// `MOVED` now (the move has finished meanwhile) is followed through the cluster connection, once.
+/// Pipelines get no such step: the crate resends a redirected pipeline whole, `ASKING` first.
+async fn asking_then(
+    c: &mut ClusterConnection,
+    redirects: &DirectNodes,
+    cmd: &Cmd,
+    ask: RedisError,
+) -> RedisResult<Value> {
+    let Some(node) = ask.redirect_node().and_then(|(node, _slot)| node.parse::<NodeAddress>().ok()) else {
+        return Err(ask);
     };
-    let mut pipe = ::redis::pipe();
-    pipe.cmd("ASKING").add_command(cmd.clone());
-    let route = SingleNodeRoutingInfo::ByAddress { host, port };
-    let replies = c.route_pipeline(pipe, 1, 1, route).await?;
-    match replies.into_iter().next() {
-        Some(reply) => reply.extract_error(),
-        None => Err(ask.clone()),
+    match redirects.asking(&node, cmd).await {
+        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::Moved) => c.req_packed_command(cmd).await,
+        other => other,
     }
 }
 
@@ -142,13 +163,14 @@ pub(crate) enum Target {
     Direct(Client),
     /// The master the sentinels name at each connect (`name` is the master name, for errors).
     Sentinel { client: Mutex<SentinelClient>, name: String },
-    /// A Redis Cluster, found from its seed nodes.
-    Cluster(ClusterClient),
+    /// A Redis Cluster, found from its seed nodes, and the store's own connections to its nodes
+    /// for `ASK` redirects.
+    Cluster(ClusterClient, Arc<DirectNodes>),
 }
 
 impl Target {
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Target::Cluster(_))
+        matches!(self, Target::Cluster(..))
     }
 }
 
@@ -210,7 +232,9 @@ impl Connector {
         let client = match &self.target {
             Target::Direct(client) => client.clone(),
             Target::Sentinel { client, .. } => client.lock().await.async_get_client().await.map_err(Failure::Lookup)?,
-            Target::Cluster(client) => return Ok(Conn::Cluster(client.get_async_connection().await?)),
+            Target::Cluster(client, redirects) => {
+                return Ok(Conn::Cluster(client.get_async_connection().await?, Arc::clone(redirects)))
+            }
         };
         Ok(Conn::Single(client.get_multiplexed_async_connection_with_config(&self.config).await?))
     }
@@ -263,13 +287,13 @@ impl Connector {
         let limit_ms = self.timeout_ms.saturating_add(extra_ms);
         let mut used: Option<u64> = None;
         let outcome = tokio::time::timeout(Duration::from_millis(limit_ms), async {
-            let _permit = match (&self.cluster_in_flight, lane) {
+            let permit = match (&self.cluster_in_flight, lane) {
                 (Some(in_flight), Lane::Shared) => in_flight.acquire().await.ok(),
                 _ => None,
             };
             let (generation, conn) = self.checkout(lane).await?;
             used = Some(generation);
-            Ok::<_, Failure>(work(conn).await?)
+            Ok::<_, Failure>(holding(permit, work(conn)).await?)
         })
         .await;
         match outcome {
@@ -305,7 +329,7 @@ impl Connector {
     fn lookup_error(&self, command: &str, err: &RedisError) -> StoreError {
         let name = match &self.target {
             Target::Sentinel { name, .. } => name.as_str(),
-            Target::Direct(_) | Target::Cluster(_) => "",
+            Target::Direct(_) | Target::Cluster(..) => "",
         };
         let detail = match err.kind() {
             ErrorKind::MasterNameNotFoundBySentinel => {

@@ -366,7 +366,8 @@ impl RedisStore {
 
     /// One EVALSHA of the raise script per key, all in one pipeline (one round trip). A key whose
     /// call found the script missing (NOSCRIPT: a restarted or failed-over server) did not run, so
-    /// after SCRIPT LOAD only those calls are sent again, once: no key is raised twice. Any other
+    /// after SCRIPT LOAD only those calls are sent again, once: this code raises no key twice (on a
+    /// Cluster the client resends a pipeline redirected mid-migration whole, DESIGN §11). Any other
     /// error reply fails the whole call (keys raised before it stay raised, which is harmless:
     /// values never repeat, and a raise nobody records fences nobody).
     async fn raise_pipelined(&self, raises: &[FenceRaise]) -> Result<Vec<Value>, StoreError> {
