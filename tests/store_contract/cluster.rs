@@ -411,7 +411,7 @@ async fn concurrent_calls_to_a_slot_being_moved_onto_an_empty_primary_all_succee
 async fn calls_to_a_hung_primary_do_not_hold_up_calls_to_the_others() {
     let cluster = RedisCluster::start(3, 0);
     let store = store_on(&cluster).await;
-    let groups: Vec<GroupId> = (0..64).map(|i| GroupId::new("orders", &format!("g{i}"))).collect();
+    let groups: Vec<GroupId> = (0..64).map(|i| GroupId::new("orders", format!("g{i}"))).collect();
     let hung = groups[0].clone();
     let hung_port = cluster.owner_of_slot(keys::group_slot(&hung)).port();
     let healthy = groups
@@ -442,4 +442,64 @@ async fn calls_to_a_hung_primary_do_not_hold_up_calls_to_the_others() {
     }
     assert!(slowest < std::time::Duration::from_millis(1_000), "a call to a healthy primary took {slowest:?}");
     eprintln!("slowest call to a healthy primary while 64 calls hung: {slowest:?}");
+}
+
+/// The fenced operations (scripts, and gated reads: pipelines) work on a shard whose slot is being
+/// moved, once its keys are on the target, onto a primary that serves other slots and onto a new,
+/// empty one, where the scripts were never loaded (the cluster client loads scripts on the nodes
+/// its slot map names, which an empty primary is not among).
+async fn fenced_operations_during_a_move(onto_empty_primary: bool) {
+    let mut cluster = RedisCluster::start(3, 0);
+    let group = GroupId::new("orders:v1", "billing");
+    let stream = group.stream_key(0);
+    let fence_key = keys::fence_key(&group, 0);
+    let slot = cluster.slot_of(&stream);
+    let source = cluster.owner_of_slot(slot).port();
+    let target = if onto_empty_primary {
+        cluster.add_empty_primary().port()
+    } else {
+        cluster.primaries().into_iter().map(|p| p.port()).find(|port| *port != source).expect("another primary")
+    };
+    let store = store_on(&cluster).await;
+    store.ensure_group(&stream, "billing").await.expect("ensure");
+    let mut added = Vec::new();
+    for _ in 0..6 {
+        added.push(store.xadd(&stream, field(), None).await.expect("xadd"));
+    }
+    let raise = rsc::store::FenceRaise { key: fence_key.clone(), nonce: 7 };
+    let fence = store.raise_fences(&[raise]).await.expect("raise")[0];
+    let check = rsc::store::FenceCheck { key: fence_key.clone(), fence };
+    // A gated read first, so the gate key exists and moves with the others.
+    let first = store.fenced_xreadgroup(&check, "billing", "c1", &stream, ReadFrom::New, 2).await.expect("read");
+    assert_eq!(first.len(), 2);
+
+    let slot_move = cluster.begin_slot_move(slot, cluster.server(target)).expect("the slot is elsewhere");
+    // Every key of the slot in one MIGRATE: none is split from the others.
+    assert!(cluster.migrate_slot_keys(&slot_move, 100) >= 3, "stream, fence and gate moved");
+    assert_eq!(cluster.migrate_slot_keys(&slot_move, 100), 0);
+    let read = store.fenced_xreadgroup(&check, "billing", "c1", &stream, ReadFrom::New, 2).await;
+    assert_eq!(read.map(|e| e.len()), Ok(2), "a gated read through ASK");
+    let acked = store.fenced_xack(&check, &stream, "billing", &added[..4]).await;
+    assert_eq!(acked, Ok(4), "the ack script through ASK");
+    let claimed = store.fenced_claim_all_pending(&check, &stream, "billing", "c2", 0).await;
+    assert_eq!(claimed.map(|e| e.len()), Ok(0), "the claim script through ASK");
+    let stale =
+        rsc::store::FenceCheck { key: fence_key.clone(), fence: rsc::core::model::Fence { counter: 0, nonce: 1 } };
+    match store.fenced_xack(&stale, &stream, "billing", &added[4..]).await {
+        Err(StoreError::Fenced { .. }) => {}
+        other => panic!("a stale fence is refused through ASK too: {other:?}"),
+    }
+    cluster.finish_slot_move(slot_move);
+    let rest = store.fenced_xreadgroup(&check, "billing", "c1", &stream, ReadFrom::New, 10).await;
+    assert_eq!(rest.map(|e| e.len()), Ok(2), "after the move");
+}
+
+#[tokio::test]
+async fn fenced_operations_work_on_a_slot_being_moved() {
+    fenced_operations_during_a_move(false).await;
+}
+
+#[tokio::test]
+async fn fenced_operations_work_on_a_slot_being_moved_onto_an_empty_primary() {
+    fenced_operations_during_a_move(true).await;
 }

@@ -28,8 +28,8 @@ use ::redis::aio::{ConnectionLike, MultiplexedConnection};
 use ::redis::cluster::NodeAddress;
 use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use ::redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue, RedisResult, TlsCertificates,
-    Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue, RedisResult, Script,
+    TlsCertificates, Value,
 };
 
 use super::conn::{Conn, Lane};
@@ -272,6 +272,26 @@ pub(super) struct DirectNodes {
     /// Idle masters whose last read failed: left out of reads until [`IDLE_MASTER_RETRY_MS`]
     /// later, so an unreachable one costs one timeout per retry, not one per identity check.
     failed: NodeBackoff,
+    /// Script texts by hash, for [`Self::eval_of`].
+    scripts: BTreeMap<String, String>,
+}
+
+/// `ASKING` and `cmd` as one pipeline on `conn`: `cmd`'s reply, or the refusal of `ASKING`.
+async fn asking_pair(conn: &mut MultiplexedConnection, cmd: &Cmd) -> RedisResult<Value> {
+    let mut pipe = ::redis::pipe();
+    pipe.cmd("ASKING").add_command(cmd.clone());
+    let replies = conn.req_packed_commands(&pipe, 0, 2).await?;
+    match <[Value; 2]>::try_from(replies) {
+        Ok([asking, reply]) => {
+            asking.extract_error()?;
+            reply.extract_error()
+        }
+        Err(replies) => Err(::redis::RedisError::from((
+            ::redis::ErrorKind::Parse,
+            "ASKING pipeline",
+            format!("{} replies for 2 commands", replies.len()),
+        ))),
+    }
 }
 
 /// How long an idle master whose read failed is left out of the identity before it is read again.
@@ -283,7 +303,45 @@ impl DirectNodes {
         let config = AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(None);
         let redactor = Redactor::new(seed.redis_settings().password());
         let failed = NodeBackoff::new(IDLE_MASTER_RETRY_MS);
-        Self { seed, certificates, redactor, config, timeout, open: Default::default(), failed }
+        Self {
+            seed,
+            certificates,
+            redactor,
+            config,
+            timeout,
+            open: Default::default(),
+            failed,
+            scripts: BTreeMap::new(),
+        }
+    }
+
+    /// The same, knowing `sources` for [`Self::eval_of`].
+    pub(super) fn with_scripts(self, sources: Vec<String>) -> Self {
+        let scripts = sources.into_iter().map(|source| (Script::new(&source).get_hash().to_string(), source)).collect();
+        Self { scripts, ..self }
+    }
+
+    /// `cmd`, an `EVALSHA` of a known script, as the `EVAL` of its text with the same keys and
+    /// arguments: it runs on a node whose script cache lacks it. The cluster client loads scripts
+    /// only on the nodes its slot map names, which an empty primary a slot is being moved onto is
+    /// not among until its first slot is handed over, so there an `EVALSHA` is `NOSCRIPT` however
+    /// often it is loaded.
+    pub(super) fn eval_of(&self, cmd: &Cmd) -> Option<Cmd> {
+        let mut args = cmd.args_iter();
+        let (Some(::redis::Arg::Simple(name)), Some(::redis::Arg::Simple(hash))) = (args.next(), args.next()) else {
+            return None;
+        };
+        if !name.eq_ignore_ascii_case(b"EVALSHA") {
+            return None;
+        }
+        let source = self.scripts.get(std::str::from_utf8(hash).ok()?)?;
+        let mut eval = ::redis::cmd("EVAL");
+        eval.arg(source.as_str());
+        for arg in args {
+            let ::redis::Arg::Simple(bytes) = arg else { return None };
+            eval.arg(bytes);
+        }
+        Some(eval)
     }
 
     /// Closes the connections to (and forgets the failures of) nodes no longer among `idle`.
@@ -321,32 +379,24 @@ impl DirectNodes {
     /// `ASKING` and `cmd` as one pipeline on this store's own connection to `node` (connecting
     /// first if needed): no other request can come between them, and a node the cluster client
     /// holds no connection to (an empty primary a slot is being moved onto) is reached too. The
-    /// reply is `cmd`'s; a refused `ASKING` (an ACL user without `+asking`) is the error. The
+    /// reply is `cmd`'s; a refused `ASKING` (an ACL user without `+asking`) is the error. A script
+    /// the node answers `NOSCRIPT` for is sent once more as `EVAL` ([`Self::eval_of`]). The
     /// connection is dropped unless the server answered. The caller's deadline bounds the call.
     pub(super) async fn asking(&self, node: &NodeAddress, cmd: &Cmd) -> RedisResult<Value> {
         let address = (node.host().to_string(), node.port());
         let mut conn = self.connection(&address).await?;
-        let mut pipe = ::redis::pipe();
-        pipe.cmd("ASKING").add_command(cmd.clone());
-        match conn.req_packed_commands(&pipe, 0, 2).await {
-            Ok(replies) => match <[Value; 2]>::try_from(replies) {
-                Ok([asking, reply]) => {
-                    asking.extract_error()?;
-                    reply.extract_error()
-                }
-                Err(replies) => Err(::redis::RedisError::from((
-                    ::redis::ErrorKind::Parse,
-                    "ASKING pipeline",
-                    format!("{} replies for 2 commands", replies.len()),
-                ))),
-            },
-            Err(error) => {
-                if !matches!(error.kind(), ::redis::ErrorKind::Server(_)) {
-                    self.open.lock().await.remove(&address);
-                }
-                Err(error)
+        let mut reply = asking_pair(&mut conn, cmd).await;
+        if matches!(&reply, Err(err) if err.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript)) {
+            if let Some(eval) = self.eval_of(cmd) {
+                reply = asking_pair(&mut conn, &eval).await;
             }
         }
+        if let Err(err) = &reply {
+            if !matches!(err.kind(), ::redis::ErrorKind::Server(_)) {
+                self.open.lock().await.remove(&address);
+            }
+        }
+        reply
     }
 
     /// The open connection to the node at `(host, port)`, or a new one (connected without holding

@@ -88,6 +88,18 @@ impl ConnectionLike for Conn {
                     Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::Ask) => {
                         asking_then(c, redirects, cmd, err).await
                     }
+                    // A script the node it ran on lacks (after an ASK the crate followed, on an
+                    // empty primary): as `EVAL`, which any node runs (`DirectNodes::eval_of`).
+                    // The crate passes such an error reply on as a value.
+                    Ok(Value::ServerError(err)) if err.kind() == Some(ServerErrorKind::NoScript) => {
+                        let Some(eval) = redirects.eval_of(cmd) else { return Ok(Value::ServerError(err)) };
+                        match c.req_packed_command(&eval).await {
+                            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::Ask) => {
+                                asking_then(c, redirects, &eval, err).await
+                            }
+                            other => other,
+                        }
+                    }
                     other => other,
                 }
             }),

@@ -266,14 +266,20 @@ pub(crate) struct FenceScripts {
 
 impl FenceScripts {
     pub(crate) fn new() -> Self {
-        Self {
-            raise: Script::new(&format!("{GATES}{RAISE}")),
-            read: Script::new(&format!("{GATES}{CHECK}{READ_BODY}")),
-            ack: Script::new(&format!("{GATES}{CHECK}{ACK_BODY}")),
-            claim: Script::new(&format!("{GATES}{CHECK}{CLAIM_BODY}")),
-            read_many: Script::new(&format!("{GATES}{CHECK}{EACH_SHARD}{READ_MANY_BODY}")),
-            ack_many: Script::new(&format!("{GATES}{CHECK}{EACH_SHARD}{ACK_MANY_BODY}")),
-        }
+        let [raise, read, ack, claim, read_many, ack_many] = Self::sources().map(|source| Script::new(&source));
+        Self { raise, read, ack, claim, read_many, ack_many }
+    }
+
+    /// The scripts' texts: raise, read, ack, claim, read many, ack many.
+    pub(crate) fn sources() -> [String; 6] {
+        [
+            format!("{GATES}{RAISE}"),
+            format!("{GATES}{CHECK}{READ_BODY}"),
+            format!("{GATES}{CHECK}{ACK_BODY}"),
+            format!("{GATES}{CHECK}{CLAIM_BODY}"),
+            format!("{GATES}{CHECK}{EACH_SHARD}{READ_MANY_BODY}"),
+            format!("{GATES}{CHECK}{EACH_SHARD}{ACK_MANY_BODY}"),
+        ]
     }
 }
 

@@ -297,8 +297,10 @@ impl RedisStore {
         let direct = cluster::DirectNodes::new(infos[0].clone(), certificates.clone(), options.timeout_ms);
         // `ASK` redirects the crate gave up on are followed on connections of the store's own (see
         // `conn::asking_then`), opened as the idle masters' are.
-        let redirects =
-            std::sync::Arc::new(cluster::DirectNodes::new(infos[0].clone(), certificates.clone(), options.timeout_ms));
+        let redirects = std::sync::Arc::new(
+            cluster::DirectNodes::new(infos[0].clone(), certificates.clone(), options.timeout_ms)
+                .with_scripts(Scripts::sources()),
+        );
         let mut builder = ::redis::cluster::ClusterClientBuilder::new(infos)
             .connection_timeout(std::time::Duration::from_millis(options.timeout_ms.max(1)))
             .response_timeout(std::time::Duration::from_secs(24 * 3600))

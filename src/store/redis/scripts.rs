@@ -135,6 +135,14 @@ impl Scripts {
         }
     }
 
+    /// The text of every script, the batched fence scripts too (for running one as `EVAL` where
+    /// its `EVALSHA` is answered `NOSCRIPT`, `cluster::DirectNodes::eval_of`).
+    pub(crate) fn sources() -> Vec<String> {
+        let mut sources: Vec<String> = [WRITE, TOUCH, FORGET_LIVENESS, DELETE, RELEASE].map(String::from).into();
+        sources.extend(FenceScripts::sources());
+        sources
+    }
+
     /// (name used in errors, script) for the probe.
     pub(crate) fn all(&self) -> [(&'static str, &Script); 9] {
         [
