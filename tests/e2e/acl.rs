@@ -192,17 +192,19 @@ async fn acl_story(user: AclUser) {
 }
 
 /// The README's two users on a Redis Cluster, created on every node as the README says, with
-/// `+cluster|slots` and `+asking` added to both and `+cluster|nodes` to the coordinator's: the
+/// `+cluster|slots`, `+asking` and `+eval` added to both and `+cluster|nodes` to the coordinator's: the
 /// coordinator and the clients run the fenced flow, while the group's metadata slot and a shard
-/// stream's slot move under them, with nothing denied on any node (without `+asking` every ASK
-/// redirect of a slot move is refused). (Without `+cluster|slots` the
+/// stream's slot (onto a new, empty primary) move under them, with nothing denied on any node
+/// (without `+asking` every ASK redirect of a slot move is refused). (Without `+cluster|slots` the
 /// coordinator cannot read the slot map and exits 3; without `+cluster|nodes` it warns and falls
 /// back to CLUSTER SLOTS, `store_contract::cluster`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_readme_users_run_the_whole_fenced_flow_on_a_cluster() {
     const SHARDS: u32 = 6;
     const MESSAGES: usize = 600;
-    let cluster = crate::support::redis_cluster::RedisCluster::start(3, 0);
+    let mut cluster = crate::support::redis_cluster::RedisCluster::start(3, 0);
+    // A new, empty primary, which one shard stream's slot moves onto below (a scale-out).
+    let empty = cluster.add_empty_primary().port();
     let password = "e2e-acl-secret";
     let group = group("acl-cluster");
     for node in cluster.servers() {
@@ -210,13 +212,16 @@ async fn the_readme_users_run_the_whole_fenced_flow_on_a_cluster() {
             node.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
         }
         for user in ["rsc-coordinator", "rsc-client"] {
-            node.cmd(&["ACL", "SETUSER", user, "+cluster|slots", "+asking"]);
+            node.cmd(&["ACL", "SETUSER", user, "+cluster|slots", "+asking", "+eval"]);
         }
         node.cmd(&["ACL", "SETUSER", "rsc-coordinator", "+cluster|nodes"]);
         node.cmd(&["ACL", "LOG", "RESET"]);
     }
+    // The seeds are the nodes that serve slots: the new primary is learnt from the cluster (the
+    // clients load their scripts on the seeds and on the nodes the slot map names).
     let seeds = |user: &str| -> Vec<String> {
-        cluster.servers().iter().map(|n| format!("redis://{user}:{password}@127.0.0.1:{}", n.port())).collect()
+        let serving = cluster.servers().iter().filter(|n| n.port() != empty);
+        serving.map(|n| format!("redis://{user}:{password}@127.0.0.1:{}", n.port())).collect()
     };
     let streams: Vec<String> = (0..SHARDS).map(|s| group.stream_key(s)).collect();
     let primaries: std::collections::BTreeSet<u16> = streams.iter().map(|k| cluster.node_for_key(k).port()).collect();
@@ -229,22 +234,30 @@ async fn the_readme_users_run_the_whole_fenced_flow_on_a_cluster() {
     let b = fleet.consumer("bravo", AppSettings::default()).await;
     wait_until("two consumers share the shards", Duration::from_secs(15), || shares_all(&[&a, &b], SHARDS)).await;
     let producer = fleet.producer("producer").await;
-    // While the messages are published, the group's metadata slot and one shard stream's slot
-    // move, a key at a time: the coordinator and the clients follow ASK redirects (ASKING) there.
+    // While the messages are published, the group's metadata slot moves to another primary and
+    // one shard stream's slot onto the empty one, a key at a time: the coordinator and the
+    // clients follow ASK redirects (ASKING) there. (A script the empty primary lacks is run as
+    // EVAL, `store_contract::cluster`; here the scripts were found there.)
     let metadata_slot = rsc::store::keys::group_slot(&group);
     let stream_slot = cluster.slot_of(&streams[0]);
-    let moves = [metadata_slot, stream_slot].map(|slot| {
-        let source = cluster.owner_of_slot(slot).port();
-        let target = cluster.primaries().into_iter().find(|p| p.port() != source).expect("another primary");
-        cluster.begin_slot_move(slot, target).expect("the slot is elsewhere")
-    });
+    let metadata_owner = cluster.owner_of_slot(metadata_slot).port();
+    let metadata_target = cluster
+        .primaries()
+        .into_iter()
+        .find(|p| ![metadata_owner, empty].contains(&p.port()))
+        .expect("another serving primary");
+    let moves = [
+        cluster.begin_slot_move(metadata_slot, metadata_target).expect("the slot is elsewhere"),
+        cluster.begin_slot_move(stream_slot, cluster.server(empty)).expect("the slot is elsewhere"),
+    ];
     let migrate = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         for slot_move in moves {
             while tokio::task::block_in_place(|| cluster.migrate_slot_keys(&slot_move, 1)) > 0 {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Every key of the slot is on the target now, reached only through ASK, for a second.
+            tokio::time::sleep(Duration::from_millis(1_000)).await;
             tokio::task::block_in_place(|| cluster.finish_slot_move(slot_move));
         }
     };

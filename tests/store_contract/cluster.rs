@@ -503,3 +503,44 @@ async fn fenced_operations_work_on_a_slot_being_moved() {
 async fn fenced_operations_work_on_a_slot_being_moved_onto_an_empty_primary() {
     fenced_operations_during_a_move(true).await;
 }
+
+/// A user without `+eval` (an ACL older than the README's) keeps the `NOSCRIPT` a script on an
+/// empty primary answers, a retryable outage, rather than a refusal of `EVAL`; once the slot is
+/// handed over the script is loaded there and the call succeeds.
+#[tokio::test]
+async fn without_eval_a_script_on_an_empty_primary_stays_a_retryable_noscript() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let group = GroupId::new("orders:v1", "billing");
+    let stream = group.stream_key(0);
+    let fence_key = keys::fence_key(&group, 0);
+    let slot = cluster.slot_of(&stream);
+    let empty = cluster.add_empty_primary().port();
+    for node in cluster.servers() {
+        node.cmd(&["ACL", "SETUSER", "noeval", "on", ">noeval-secret", "~*", "&*", "+@all", "-eval"]);
+    }
+    let seeds: Vec<String> = cluster
+        .servers()
+        .iter()
+        .filter(|n| n.port() != empty)
+        .map(|n| format!("redis://noeval:noeval-secret@127.0.0.1:{}", n.port()))
+        .collect();
+    let store = RedisStore::connect_cluster(&seeds, RedisStoreOptions::default()).await.expect("connect");
+    store.ensure_group(&stream, "billing").await.expect("ensure");
+    let added = store.xadd(&stream, field(), None).await.expect("xadd");
+    let fence =
+        store.raise_fences(&[rsc::store::FenceRaise { key: fence_key.clone(), nonce: 7 }]).await.expect("raise")[0];
+    let check = rsc::store::FenceCheck { key: fence_key, fence };
+    assert_eq!(
+        store.fenced_xreadgroup(&check, "billing", "c1", &stream, ReadFrom::New, 1).await.map(|e| e.len()),
+        Ok(1)
+    );
+
+    let slot_move = cluster.begin_slot_move(slot, cluster.server(empty)).expect("the slot is elsewhere");
+    assert!(cluster.migrate_slot_keys(&slot_move, 100) >= 3, "stream, fence and gate moved");
+    match store.fenced_xack(&check, &stream, "billing", &[added]).await {
+        Err(StoreError::Unavailable(text)) => assert!(text.starts_with("NOSCRIPT"), "{text}"),
+        other => panic!("without +eval the ack stays NOSCRIPT, retryable: {other:?}"),
+    }
+    cluster.finish_slot_move(slot_move);
+    assert_eq!(store.fenced_xack(&check, &stream, "billing", &[added]).await, Ok(1), "after the handover");
+}

@@ -380,7 +380,8 @@ impl DirectNodes {
     /// first if needed): no other request can come between them, and a node the cluster client
     /// holds no connection to (an empty primary a slot is being moved onto) is reached too. The
     /// reply is `cmd`'s; a refused `ASKING` (an ACL user without `+asking`) is the error. A script
-    /// the node answers `NOSCRIPT` for is sent once more as `EVAL` ([`Self::eval_of`]). The
+    /// the node answers `NOSCRIPT` for is sent once more as `EVAL` ([`Self::eval_of`]; a user
+    /// without `+eval` keeps the `NOSCRIPT`). The
     /// connection is dropped unless the server answered. The caller's deadline bounds the call.
     pub(super) async fn asking(&self, node: &NodeAddress, cmd: &Cmd) -> RedisResult<Value> {
         let address = (node.host().to_string(), node.port());
@@ -388,7 +389,10 @@ impl DirectNodes {
         let mut reply = asking_pair(&mut conn, cmd).await;
         if matches!(&reply, Err(err) if err.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript)) {
             if let Some(eval) = self.eval_of(cmd) {
-                reply = asking_pair(&mut conn, &eval).await;
+                let evaluated = asking_pair(&mut conn, &eval).await;
+                if !super::conn::refused_permission(&evaluated) {
+                    reply = evaluated;
+                }
             }
         }
         if let Err(err) = &reply {

@@ -93,12 +93,18 @@ impl ConnectionLike for Conn {
                     // The crate passes such an error reply on as a value.
                     Ok(Value::ServerError(err)) if err.kind() == Some(ServerErrorKind::NoScript) => {
                         let Some(eval) = redirects.eval_of(cmd) else { return Ok(Value::ServerError(err)) };
-                        match c.req_packed_command(&eval).await {
-                            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::Ask) => {
-                                asking_then(c, redirects, &eval, err).await
+                        let evaluated = match c.req_packed_command(&eval).await {
+                            Err(ask) if ask.kind() == ErrorKind::Server(ServerErrorKind::Ask) => {
+                                asking_then(c, redirects, &eval, ask).await
                             }
                             other => other,
+                        };
+                        // A user without `+eval` (README: the Cluster ACL adds it) keeps the
+                        // NOSCRIPT it had, a retryable outage, not a refusal of EVAL.
+                        if refused_permission(&evaluated) {
+                            return Ok(Value::ServerError(err));
                         }
+                        evaluated
                     }
                     other => other,
                 }
@@ -123,6 +129,15 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c, _) => c.get_db(),
         }
+    }
+}
+
+/// Whether `reply` is an ACL refusal (`NOPERM`), as an error or as an error reply.
+pub(super) fn refused_permission(reply: &RedisResult<Value>) -> bool {
+    match reply {
+        Err(err) => err.kind() == ErrorKind::Server(ServerErrorKind::NoPerm),
+        Ok(Value::ServerError(err)) => err.kind() == Some(ServerErrorKind::NoPerm),
+        Ok(_) => false,
     }
 }
 
