@@ -381,20 +381,31 @@ impl DirectNodes {
     /// holds no connection to (an empty primary a slot is being moved onto) is reached too. The
     /// reply is `cmd`'s; a refused `ASKING` (an ACL user without `+asking`) is the error. A script
     /// the node answers `NOSCRIPT` for is sent once more as `EVAL` ([`Self::eval_of`]; a user
-    /// without `+eval` keeps the `NOSCRIPT`). The
-    /// connection is dropped unless the server answered. The caller's deadline bounds the call.
+    /// without `+eval` keeps the `NOSCRIPT`). The connection is dropped unless the server answered
+    /// within half the store's deadline. Connections to nodes that left the cluster are dropped at
+    /// their first failure, not before (one per node that ever imported a slot).
     pub(super) async fn asking(&self, node: &NodeAddress, cmd: &Cmd) -> RedisResult<Value> {
         let address = (node.host().to_string(), node.port());
-        let mut conn = self.connection(&address).await?;
-        let mut reply = asking_pair(&mut conn, cmd).await;
-        if matches!(&reply, Err(err) if err.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript)) {
-            if let Some(eval) = self.eval_of(cmd) {
-                let evaluated = asking_pair(&mut conn, &eval).await;
-                if !super::conn::refused_permission(&evaluated) {
-                    reply = evaluated;
+        // Half the store's deadline: the call has spent some of its own on the crate's retries,
+        // and a connection that does not answer in time must be dropped here, not left open.
+        let reply = tokio::time::timeout(self.timeout / 2, async {
+            let mut conn = self.connection(&address).await?;
+            let reply = asking_pair(&mut conn, cmd).await;
+            let missing = ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript);
+            match (&reply, self.eval_of(cmd)) {
+                (Err(err), Some(eval)) if err.kind() == missing => {
+                    let evaluated = asking_pair(&mut conn, &eval).await;
+                    if super::conn::refused_eval(&evaluated) {
+                        reply
+                    } else {
+                        evaluated
+                    }
                 }
+                _ => reply,
             }
-        }
+        })
+        .await
+        .unwrap_or_else(|_elapsed| Err(::redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))));
         if let Err(err) = &reply {
             if !matches!(err.kind(), ::redis::ErrorKind::Server(_)) {
                 self.open.lock().await.remove(&address);
@@ -461,9 +472,9 @@ impl RedisStore {
                 match c {
                     // A command routed to one node answers a server error (NOPERM, a syntax
                     // error) as a value; it is the command's failure, mapped like any other.
-                    Conn::Cluster(mut cluster, redirects) => {
+                    Conn::Cluster(mut cluster, aids) => {
                         let value = cluster.route_command(cmd, routing).await?.extract_error()?;
-                        Ok((value, Conn::Cluster(cluster, redirects)))
+                        Ok((value, Conn::Cluster(cluster, aids)))
                     }
                     Conn::Single(mut single) => {
                         let value: Value = cmd.query_async::<Value>(&mut single).await?.extract_error()?;

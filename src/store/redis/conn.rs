@@ -32,38 +32,6 @@ use super::cluster::DirectNodes;
 use super::errors::{map_error, timed_out, Redactor};
 use crate::store::StoreError;
 
-/// Round trips at once on a Cluster's shared connection; the others wait their turn (under their
-/// own deadline, each for at most [`CLUSTER_IN_FLIGHT_HOLD_MS`] per call ahead of it). The `redis`
-/// crate's cluster connection stops polling its requests while it refreshes the slot map, and the
-/// refresh waits for a lock that a request it no longer polls may have been granted (tokio's
-/// `RwLock` grants a queued reader before it is polled again): the connection then hangs until
-/// every caller's deadline, and the next connection can do the same (valkey-glide#2643 describes
-/// this deadlock; its fork replaced the lock). A slot move under load starts such refreshes by the
-/// hundred (every `MOVED` of the race `asking_then` describes). In `store_contract`'s
-/// `concurrent_calls_to_a_slot_being_moved_all_succeed`, 45 or more concurrent calls without this
-/// limit hung the connection in every round (all calls but one failed), 32 did not; 16 leaves a
-/// margin and still allows 32,000 round trips/s per coordinator at 0.5 ms each.
-const CLUSTER_IN_FLIGHT_MAX: usize = 16;
-
-/// How long a call keeps its place among the [`CLUSTER_IN_FLIGHT_MAX`]: a call that takes longer
-/// (a node that hangs or is cut off) makes way for the next, so one slow node cannot hold up calls
-/// to the others until their deadlines. A call during a slot move takes a few milliseconds.
-const CLUSTER_IN_FLIGHT_HOLD_MS: u64 = 100;
-
-/// `work`, keeping `permit` until it is done or [`CLUSTER_IN_FLIGHT_HOLD_MS`] have passed.
-async fn holding<T>(permit: Option<tokio::sync::SemaphorePermit<'_>>, work: impl Future<Output = T>) -> T {
-    let Some(permit) = permit else { return work.await };
-    let mut permit = Some(permit);
-    tokio::pin!(work);
-    tokio::select! {
-        done = &mut work => done,
-        () = tokio::time::sleep(Duration::from_millis(CLUSTER_IN_FLIGHT_HOLD_MS)) => {
-            permit.take();
-            work.await
-        }
-    }
-}
-
 /// Idle dedicated connections kept for blocking reads.
 const BLOCKING_IDLE_MAX: usize = 4;
 /// The same on a Cluster, where a doorbell blocks one connection per slot it waits on.
@@ -75,15 +43,22 @@ const BLOCKING_IDLE_MAX_CLUSTER: usize = 32;
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(MultiplexedConnection),
-    /// The cluster connection, and the store's own connections to nodes for `ASK` redirects.
-    Cluster(ClusterConnection, Arc<DirectNodes>),
+    /// The cluster connection, and what the store adds to it ([`ClusterAids`]).
+    Cluster(ClusterConnection, Arc<ClusterAids>),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c, redirects) => Box::pin(async move {
+            Conn::Cluster(c, aids) => Box::pin(async move {
+                if is_blocking(cmd) {
+                    // Its own connection, one call at a time: no limit, and no redirect on the
+                    // store's shared connections, which it would block.
+                    return c.req_packed_command(cmd).await;
+                }
+                let _turn = aids.limits.enter(cmd).await;
+                let redirects = &aids.redirects;
                 match c.req_packed_command(cmd).await {
                     Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::Ask) => {
                         asking_then(c, redirects, cmd, err).await
@@ -101,7 +76,7 @@ impl ConnectionLike for Conn {
                         };
                         // A user without `+eval` (README: the Cluster ACL adds it) keeps the
                         // NOSCRIPT it had, a retryable outage, not a refusal of EVAL.
-                        if refused_permission(&evaluated) {
+                        if refused_eval(&evaluated) {
                             return Ok(Value::ServerError(err));
                         }
                         evaluated
@@ -132,13 +107,96 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// Whether `reply` is an ACL refusal (`NOPERM`), as an error or as an error reply.
-pub(super) fn refused_permission(reply: &RedisResult<Value>) -> bool {
-    match reply {
-        Err(err) => err.kind() == ErrorKind::Server(ServerErrorKind::NoPerm),
-        Ok(Value::ServerError(err)) => err.kind() == Some(ServerErrorKind::NoPerm),
-        Ok(_) => false,
+/// Whether `reply` is an ACL refusal of `EVAL` (`NOPERM … 'eval' command`), as an error or as an
+/// error reply; a refusal of anything else (`ASKING`) is reported as it is.
+pub(super) fn refused_eval(reply: &RedisResult<Value>) -> bool {
+    let (kind, detail) = match reply {
+        Err(err) => (Some(err.kind()), err.detail()),
+        Ok(Value::ServerError(err)) => (err.kind().map(ErrorKind::Server), err.details()),
+        Ok(_) => (None, None),
+    };
+    kind == Some(ErrorKind::Server(ServerErrorKind::NoPerm))
+        && detail.is_some_and(|text| text.to_ascii_lowercase().contains("'eval'"))
+}
+
+/// What the store adds to the `redis` crate's cluster client: its own connections for `ASK`
+/// redirects, and a limit on the calls in flight per hash slot.
+pub(crate) struct ClusterAids {
+    pub(crate) redirects: DirectNodes,
+    limits: SlotLimits,
+}
+
+impl ClusterAids {
+    pub(crate) fn new(redirects: DirectNodes) -> Self {
+        Self { redirects, limits: SlotLimits::default() }
     }
+}
+
+/// Calls in flight at once per hash slot on a cluster connection; the others wait their turn
+/// (under their own deadline). The `redis` crate's cluster connection stops polling its requests
+/// while it refreshes the slot map, and the refresh waits for a lock that a request it no longer
+/// polls may have been granted (tokio's `RwLock` grants a queued reader before it is polled
+/// again): the connection then hangs until every caller's deadline, and the next connection can do
+/// the same (valkey-glide#2643 describes this deadlock; its fork replaced the lock). Calls to a
+/// slot being moved start such refreshes by the hundred (every `MOVED` of the race `asking_then`
+/// describes). In `store_contract`'s `concurrent_calls_to_a_slot_being_moved_all_succeed`, 45 or
+/// more concurrent calls to that slot hung the connection in every round (all calls but one
+/// failed), 32 did not; 16 leaves a margin. Per slot, so that calls to a node that hangs hold up
+/// only calls to its own slots (`calls_to_a_hung_primary_do_not_hold_up_calls_to_the_others`).
+const SLOT_IN_FLIGHT_MAX: usize = 16;
+
+#[derive(Default)]
+struct SlotLimits {
+    slots: std::sync::Mutex<std::collections::BTreeMap<u16, Arc<tokio::sync::Semaphore>>>,
+}
+
+impl SlotLimits {
+    /// A turn for `cmd` among the calls to its key's slot; none for a command without a key.
+    async fn enter(&self, cmd: &Cmd) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let key = first_key(cmd)?;
+        let slot = crate::store::keys::cluster_slot(std::str::from_utf8(key).ok()?);
+        let gate = {
+            let mut slots = self.slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            Arc::clone(slots.entry(slot).or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(SLOT_IN_FLIGHT_MAX))))
+        };
+        gate.acquire_owned().await.ok()
+    }
+}
+
+/// The arguments of `cmd`, its name first (none if one is not plain bytes).
+fn arguments(cmd: &Cmd) -> Option<Vec<&[u8]>> {
+    cmd.args_iter()
+        .map(|arg| match arg {
+            ::redis::Arg::Simple(bytes) => Some(bytes),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The first key `cmd` names, for the commands this store sends: a script's first key, the first
+/// stream of `XREAD`/`XREADGROUP`, else the first argument (a command without keys gets a bucket of
+/// its own by its first argument, which is harmless).
+fn first_key(cmd: &Cmd) -> Option<&[u8]> {
+    let args = arguments(cmd)?;
+    let name = *args.first()?;
+    if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL") {
+        let keys: usize = std::str::from_utf8(args.get(2)?).ok()?.parse().ok()?;
+        return if keys == 0 { None } else { args.get(3).copied() };
+    }
+    if name.eq_ignore_ascii_case(b"XREAD") || name.eq_ignore_ascii_case(b"XREADGROUP") {
+        let streams = args.iter().position(|arg| arg.eq_ignore_ascii_case(b"STREAMS"))?;
+        return args.get(streams + 1).copied();
+    }
+    args.get(1).copied()
+}
+
+/// An `XREAD`/`XREADGROUP` with `BLOCK`: sent on a blocking-lane connection of its own.
+fn is_blocking(cmd: &Cmd) -> bool {
+    let Some(args) = arguments(cmd) else { return false };
+    let reads = args
+        .first()
+        .is_some_and(|name| name.eq_ignore_ascii_case(b"XREAD") || name.eq_ignore_ascii_case(b"XREADGROUP"));
+    reads && args.iter().any(|arg| arg.eq_ignore_ascii_case(b"BLOCK"))
 }
 
 /// `cmd` once more after the `redis` crate gave up on an `ASK` redirect: `ASKING` and `cmd` as one
@@ -190,9 +248,8 @@ pub(crate) enum Target {
     Direct(Client),
     /// The master the sentinels name at each connect (`name` is the master name, for errors).
     Sentinel { client: Mutex<SentinelClient>, name: String },
-    /// A Redis Cluster, found from its seed nodes, and the store's own connections to its nodes
-    /// for `ASK` redirects.
-    Cluster(ClusterClient, Arc<DirectNodes>),
+    /// A Redis Cluster, found from its seed nodes, and what the store adds to its client.
+    Cluster(ClusterClient, Arc<ClusterAids>),
 }
 
 impl Target {
@@ -224,8 +281,6 @@ pub(crate) struct Connector {
     sentinel_redactor: Redactor,
     shared: Mutex<Slot>,
     blocking_idle: Mutex<Vec<Conn>>,
-    /// On a Cluster: the round trips the shared cluster connection carries at once.
-    cluster_in_flight: Option<tokio::sync::Semaphore>,
 }
 
 impl Connector {
@@ -241,7 +296,6 @@ impl Connector {
             timeout_ms,
             redactor,
             sentinel_redactor,
-            cluster_in_flight: target.is_cluster().then(|| tokio::sync::Semaphore::new(CLUSTER_IN_FLIGHT_MAX)),
             target,
             shared: Mutex::new(Slot::default()),
             blocking_idle: Mutex::new(Vec::new()),
@@ -259,8 +313,8 @@ impl Connector {
         let client = match &self.target {
             Target::Direct(client) => client.clone(),
             Target::Sentinel { client, .. } => client.lock().await.async_get_client().await.map_err(Failure::Lookup)?,
-            Target::Cluster(client, redirects) => {
-                return Ok(Conn::Cluster(client.get_async_connection().await?, Arc::clone(redirects)))
+            Target::Cluster(client, aids) => {
+                return Ok(Conn::Cluster(client.get_async_connection().await?, Arc::clone(aids)))
             }
         };
         Ok(Conn::Single(client.get_multiplexed_async_connection_with_config(&self.config).await?))
@@ -314,13 +368,9 @@ impl Connector {
         let limit_ms = self.timeout_ms.saturating_add(extra_ms);
         let mut used: Option<u64> = None;
         let outcome = tokio::time::timeout(Duration::from_millis(limit_ms), async {
-            let permit = match (&self.cluster_in_flight, lane) {
-                (Some(in_flight), Lane::Shared) => in_flight.acquire().await.ok(),
-                _ => None,
-            };
             let (generation, conn) = self.checkout(lane).await?;
             used = Some(generation);
-            Ok::<_, Failure>(holding(permit, work(conn)).await?)
+            Ok::<_, Failure>(work(conn).await?)
         })
         .await;
         match outcome {

@@ -10,7 +10,7 @@ use ::redis::{ServerErrorKind, Value};
 
 use super::cluster::Primary;
 use super::conn::{Conn, Lane};
-use super::fences::{parse_fence, parse_raise};
+use super::fences::{parse_fence, parse_raise, FenceScripts};
 use super::scripts::{number, parse_delete, parse_record, parse_touch, parse_write, text};
 use super::RedisStore;
 use crate::core::model::{Fence, GroupId, MemberId};
@@ -366,33 +366,42 @@ impl RedisStore {
 
     /// One EVALSHA of the raise script per key, all in one pipeline (one round trip). A key whose
     /// call found the script missing (NOSCRIPT: a restarted or failed-over server) did not run, so
-    /// after SCRIPT LOAD only those calls are sent again, once: this code raises no key twice (on a
-    /// Cluster the client resends a pipeline redirected mid-migration whole, DESIGN §11). Any other
-    /// error reply fails the whole call (keys raised before it stay raised, which is harmless:
-    /// values never repeat, and a raise nobody records fences nobody).
+    /// after SCRIPT LOAD only those calls are sent again; a call still missing it then (on a
+    /// Cluster: a new, empty primary the slot is moving onto, which the client's SCRIPT LOAD does
+    /// not reach) is sent once more as EVAL of the script's text (a user without `+eval` keeps the
+    /// NOSCRIPT). This code raises no key twice (on a Cluster the client resends a pipeline
+    /// redirected mid-migration whole, DESIGN §11). Any other error reply fails the whole call
+    /// (keys raised before it stay raised, which is harmless: values never repeat, and a raise
+    /// nobody records fences nobody).
     async fn raise_pipelined(&self, raises: &[FenceRaise]) -> Result<Vec<Value>, StoreError> {
         let script = &self.inner.scripts.fences.raise;
         self.inner
             .conn
             .run(Lane::Shared, "fence raise script", 0, |mut c: Conn| async move {
                 let mut replies: Vec<Option<Value>> = vec![None; raises.len()];
-                for attempt in 0..2 {
+                let mut missing_script = None;
+                for attempt in 0..3 {
                     let todo: Vec<usize> = (0..raises.len()).filter(|i| replies[*i].is_none()).collect();
+                    let source = (attempt == 2).then(|| FenceScripts::sources().into_iter().next()).flatten();
                     let mut pipe = ::redis::pipe();
                     pipe.ignore_errors();
                     for &i in &todo {
-                        pipe.cmd("EVALSHA")
-                            .arg(script.get_hash())
-                            .arg(1)
-                            .arg(&raises[i].key)
-                            .arg(format!("{:016x}", raises[i].nonce));
+                        match &source {
+                            Some(source) => pipe.cmd("EVAL").arg(source.as_str()),
+                            None => pipe.cmd("EVALSHA").arg(script.get_hash()),
+                        };
+                        pipe.arg(1).arg(&raises[i].key).arg(format!("{:016x}", raises[i].nonce));
                     }
                     let values: Vec<Value> = pipe.query_async(&mut c).await?;
                     let mut missing = false;
                     for (&i, value) in todo.iter().zip(values) {
                         match value {
-                            Value::ServerError(e) if attempt == 0 && e.kind() == Some(ServerErrorKind::NoScript) => {
+                            Value::ServerError(e) if attempt < 2 && e.kind() == Some(ServerErrorKind::NoScript) => {
                                 missing = true;
+                                missing_script = Some(e);
+                            }
+                            Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoPerm) && source.is_some() => {
+                                return Err(missing_script.take().unwrap_or(e).into());
                             }
                             Value::ServerError(e) => return Err(e.into()),
                             value => replies[i] = Some(value),
@@ -401,7 +410,9 @@ impl RedisStore {
                     if !missing {
                         break;
                     }
-                    script.load_async(&mut c).await?;
+                    if attempt == 0 {
+                        script.load_async(&mut c).await?;
+                    }
                 }
                 // A call still unanswered here means the server sent fewer replies than calls.
                 let replies: Option<Vec<Value>> = replies.into_iter().collect();

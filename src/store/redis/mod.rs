@@ -297,10 +297,10 @@ impl RedisStore {
         let direct = cluster::DirectNodes::new(infos[0].clone(), certificates.clone(), options.timeout_ms);
         // `ASK` redirects the crate gave up on are followed on connections of the store's own (see
         // `conn::asking_then`), opened as the idle masters' are.
-        let redirects = std::sync::Arc::new(
+        let aids = std::sync::Arc::new(conn::ClusterAids::new(
             cluster::DirectNodes::new(infos[0].clone(), certificates.clone(), options.timeout_ms)
                 .with_scripts(Scripts::sources()),
-        );
+        ));
         let mut builder = ::redis::cluster::ClusterClientBuilder::new(infos)
             .connection_timeout(std::time::Duration::from_millis(options.timeout_ms.max(1)))
             .response_timeout(std::time::Duration::from_secs(24 * 3600))
@@ -313,8 +313,7 @@ impl RedisStore {
         }
         let client =
             builder.build().map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))?;
-        let conn =
-            Connector::new(Target::Cluster(client, redirects), options.timeout_ms, redactor, Redactor::default());
+        let conn = Connector::new(Target::Cluster(client, aids), options.timeout_ms, redactor, Redactor::default());
         Ok(Self::over(conn, options, Some(direct)))
     }
 
