@@ -174,18 +174,41 @@ fn arguments(cmd: &Cmd) -> Option<Vec<&[u8]>> {
 }
 
 /// The first key `cmd` names, for the commands this store sends: a script's first key, the first
-/// stream of `XREAD`/`XREADGROUP`, else the first argument (a command without keys gets a bucket of
-/// its own by its first argument, which is harmless).
+/// stream of `XREAD`/`XREADGROUP`, the key after the subcommand of `XINFO`/`XGROUP`, none for a
+/// command without keys, else the first argument.
 fn first_key(cmd: &Cmd) -> Option<&[u8]> {
+    const KEYLESS: [&[u8]; 14] = [
+        b"PING",
+        b"INFO",
+        b"SCRIPT",
+        b"CLUSTER",
+        b"SCAN",
+        b"COMMAND",
+        b"ACL",
+        b"CONFIG",
+        b"ASKING",
+        b"READONLY",
+        b"ROLE",
+        b"CLIENT",
+        b"HELLO",
+        b"AUTH",
+    ];
     let args = arguments(cmd)?;
     let name = *args.first()?;
-    if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL") {
+    let is = |command: &[u8]| name.eq_ignore_ascii_case(command);
+    if KEYLESS.iter().any(|command| is(command)) {
+        return None;
+    }
+    if is(b"EVALSHA") || is(b"EVAL") {
         let keys: usize = std::str::from_utf8(args.get(2)?).ok()?.parse().ok()?;
         return if keys == 0 { None } else { args.get(3).copied() };
     }
-    if name.eq_ignore_ascii_case(b"XREAD") || name.eq_ignore_ascii_case(b"XREADGROUP") {
+    if is(b"XREAD") || is(b"XREADGROUP") {
         let streams = args.iter().position(|arg| arg.eq_ignore_ascii_case(b"STREAMS"))?;
         return args.get(streams + 1).copied();
+    }
+    if is(b"XINFO") || is(b"XGROUP") {
+        return args.get(2).copied();
     }
     args.get(1).copied()
 }
@@ -462,4 +485,35 @@ impl Connector {
 /// writable master again.
 fn not_a_master(err: &RedisError) -> bool {
     matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(args: &[&str]) -> Cmd {
+        let mut cmd = ::redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd
+    }
+
+    #[test]
+    fn the_first_key_of_each_command_the_store_sends() {
+        let key = |args: &[&str]| first_key(&command(args)).map(|k| String::from_utf8_lossy(k).into_owned());
+        assert_eq!(key(&["HMGET", "m", "revision"]), Some("m".into()));
+        assert_eq!(key(&["EVALSHA", "abc", "2", "fence", "stream", "1"]), Some("fence".into()));
+        assert_eq!(key(&["EVALSHA", "abc", "0", "arg"]), None);
+        assert_eq!(key(&["XREADGROUP", "GROUP", "g", "c", "COUNT", "5", "STREAMS", "s", ">"]), Some("s".into()));
+        assert_eq!(key(&["XREAD", "COUNT", "1", "BLOCK", "100", "STREAMS", "s", "0-0"]), Some("s".into()));
+        assert_eq!(key(&["XINFO", "GROUPS", "s"]), Some("s".into()));
+        assert_eq!(key(&["XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"]), Some("s".into()));
+        assert_eq!(key(&["SCRIPT", "LOAD", "return 1"]), None);
+        assert_eq!(key(&["CLUSTER", "SLOTS"]), None);
+        assert_eq!(key(&["SCAN", "0", "MATCH", "x*"]), None);
+        assert!(is_blocking(&command(&["XREAD", "COUNT", "1", "BLOCK", "100", "STREAMS", "s", "0-0"])));
+        assert!(!is_blocking(&command(&["XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"])));
+        assert!(!is_blocking(&command(&["HGET", "BLOCK", "f"])));
+    }
 }
