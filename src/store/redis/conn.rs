@@ -204,8 +204,7 @@ fn first_key(cmd: &Cmd) -> Option<&[u8]> {
         return if keys == 0 { None } else { args.get(3).copied() };
     }
     if is(b"XREAD") || is(b"XREADGROUP") {
-        let streams = args.iter().position(|arg| arg.eq_ignore_ascii_case(b"STREAMS"))?;
-        return args.get(streams + 1).copied();
+        return read_options(&args)?.first_stream;
     }
     if is(b"XINFO") || is(b"XGROUP") {
         return args.get(2).copied();
@@ -215,11 +214,41 @@ fn first_key(cmd: &Cmd) -> Option<&[u8]> {
 
 /// An `XREAD`/`XREADGROUP` with `BLOCK`: sent on a blocking-lane connection of its own.
 fn is_blocking(cmd: &Cmd) -> bool {
-    let Some(args) = arguments(cmd) else { return false };
-    let reads = args
-        .first()
-        .is_some_and(|name| name.eq_ignore_ascii_case(b"XREAD") || name.eq_ignore_ascii_case(b"XREADGROUP"));
-    reads && args.iter().any(|arg| arg.eq_ignore_ascii_case(b"BLOCK"))
+    arguments(cmd).and_then(|args| read_options(&args)).is_some_and(|options| options.blocking)
+}
+
+/// What an `XREAD`/`XREADGROUP` asks for, read option by option (a group or consumer named `BLOCK`
+/// or `STREAMS` is not an option).
+struct ReadOptions<'a> {
+    blocking: bool,
+    first_stream: Option<&'a [u8]>,
+}
+
+/// The options of an `XREAD`/`XREADGROUP`; `None` for another command or one that does not parse.
+fn read_options<'a>(args: &[&'a [u8]]) -> Option<ReadOptions<'a>> {
+    let name = *args.first()?;
+    let mut at = if name.eq_ignore_ascii_case(b"XREADGROUP") {
+        4 // after GROUP group consumer
+    } else if name.eq_ignore_ascii_case(b"XREAD") {
+        1
+    } else {
+        return None;
+    };
+    let mut blocking = false;
+    loop {
+        let option = *args.get(at)?;
+        if option.eq_ignore_ascii_case(b"STREAMS") {
+            return Some(ReadOptions { blocking, first_stream: args.get(at + 1).copied() });
+        }
+        if option.eq_ignore_ascii_case(b"BLOCK") {
+            blocking = true;
+            at += 2;
+        } else if option.eq_ignore_ascii_case(b"COUNT") {
+            at += 2;
+        } else {
+            at += 1; // NOACK, or an option this store does not send
+        }
+    }
 }
 
 /// `cmd` once more after the `redis` crate gave up on an `ASK` redirect: `ASKING` and `cmd` as one
@@ -515,5 +544,12 @@ mod tests {
         assert!(is_blocking(&command(&["XREAD", "COUNT", "1", "BLOCK", "100", "STREAMS", "s", "0-0"])));
         assert!(!is_blocking(&command(&["XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"])));
         assert!(!is_blocking(&command(&["HGET", "BLOCK", "f"])));
+        // A group or consumer named like an option is not one.
+        let named = ["XREADGROUP", "GROUP", "block", "streams", "COUNT", "5", "STREAMS", "s", ">"];
+        assert!(!is_blocking(&command(&named)));
+        assert_eq!(key(&named), Some("s".into()));
+        let blocking = ["XREADGROUP", "GROUP", "streams", "block", "BLOCK", "10", "STREAMS", "s", ">"];
+        assert!(is_blocking(&command(&blocking)));
+        assert_eq!(key(&blocking), Some("s".into()));
     }
 }

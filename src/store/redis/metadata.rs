@@ -400,7 +400,10 @@ impl RedisStore {
                                 missing = true;
                                 missing_script = Some(e);
                             }
-                            Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoPerm) && source.is_some() => {
+                            Value::ServerError(e)
+                                if source.is_some()
+                                    && super::conn::refused_eval(&Ok(Value::ServerError(e.clone()))) =>
+                            {
                                 return Err(missing_script.take().unwrap_or(e).into());
                             }
                             Value::ServerError(e) => return Err(e.into()),
