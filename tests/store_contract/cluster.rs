@@ -562,3 +562,47 @@ async fn without_eval_a_script_on_an_empty_primary_stays_a_retryable_noscript() 
     cluster.finish_slot_move(slot_move);
     assert_eq!(store.fenced_xack(&check, &stream, "billing", &[added]).await, Ok(1), "after the handover");
 }
+
+/// Raises of two fence keys of one slot whose keys a move has split (the first key still on the
+/// source, the second already on the target). Sent as one pipeline, the `redis` crate resent it
+/// whole to the target after `ASKING` and the first raise created a second copy of its key there:
+/// the move's `MIGRATE` then failed `BUSYKEY`. Each raise now follows its own key; the move
+/// completes, and the raises after it count on from every earlier one. A pipelined read of the
+/// split keys fails retryably (`Unavailable`), not as an incompatible store.
+#[tokio::test]
+async fn raises_of_fence_keys_a_move_has_split_create_no_second_key() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store_on(&cluster).await;
+    // Two fence keys in one slot (fence keys carry their stream's hash tag).
+    let mut by_slot: std::collections::BTreeMap<u16, String> = std::collections::BTreeMap::new();
+    let mut pair = None;
+    for i in 0..100_000u32 {
+        let key = keys::fence_key(&GroupId::new(format!("s{i}"), "g"), 0);
+        let slot = cluster.slot_of(&key);
+        if let Some(first) = by_slot.insert(slot, key.clone()) {
+            pair = Some((first, key));
+            break;
+        }
+    }
+    let (still, moved) = pair.expect("two fence keys in one slot");
+    let slot = cluster.slot_of(&moved);
+    let source = cluster.owner_of_slot(slot).port();
+    let target = cluster.primaries().into_iter().find(|p| p.port() != source).expect("another primary");
+    let raise = |key: &str, nonce| rsc::store::FenceRaise { key: key.to_string(), nonce };
+    let first = store.raise_fences(&[raise(&still, 1), raise(&moved, 1)]).await.expect("raise");
+    let slot_move = cluster.begin_slot_move(slot, target).expect("the slot is elsewhere");
+    cluster.migrate_named_keys(&slot_move, &[&moved]);
+    let during = store.raise_fences(&[raise(&still, 2), raise(&moved, 2)]).await.expect("raises during the move");
+    assert!(during.iter().zip(&first).all(|(now, before)| now.counter == before.counter + 1), "{during:?}");
+    match store.read_fences(&[still.clone(), moved.clone()]).await {
+        Err(StoreError::Unavailable(_)) => {}
+        Ok(read) => assert_eq!(read, during.iter().copied().map(Some).collect::<Vec<_>>()),
+        other => panic!("a read split by a move is retryable: {other:?}"),
+    }
+    while cluster.migrate_slot_keys(&slot_move, 100) > 0 {}
+    cluster.finish_slot_move(slot_move);
+    let after = store.raise_fences(&[raise(&still, 3), raise(&moved, 3)]).await.expect("raise after the move");
+    for (earlier, later) in during.iter().zip(&after) {
+        assert_eq!(later.counter, earlier.counter + 1, "{during:?} -> {after:?}");
+    }
+}

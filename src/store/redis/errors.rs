@@ -67,6 +67,10 @@ pub(crate) fn map_error(command: &str, err: &RedisError, redactor: &Redactor) ->
         // The script cache was flushed between the load and the call (SCRIPT FLUSH, failover to a
         // replica that never saw SCRIPT LOAD twice in a row). A retry reloads it.
         ErrorKind::Server(ServerErrorKind::NoScript) => StoreError::Unavailable(text),
+        // A Cluster redirect the client did not follow to the end (a pipeline whose keys a slot
+        // move has split: each command runs where its key is, and the rest is answered ASK or
+        // MOVED): the call did not complete, and will once the move does.
+        ErrorKind::Server(ServerErrorKind::Ask | ServerErrorKind::Moved) => StoreError::Unavailable(text),
         ErrorKind::Server(ServerErrorKind::NoPerm) => StoreError::Unsupported {
             command: quoted_command(detail).unwrap_or_else(|| command.to_uppercase()),
             detail: redactor.clean(format!("{code} {detail}")),
