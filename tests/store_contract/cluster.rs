@@ -338,6 +338,14 @@ async fn a_read_of_several_slots_is_one_call_per_slot() {
     assert_eq!(got, vec![(without, vec![rsc::store::StreamEntry { id: late, fields: field() }])]);
 }
 
+/// Where a test moves a slot from `source`: a new, empty primary, or another serving one (by port).
+fn move_target(cluster: &mut RedisCluster, source: u16, onto_empty_primary: bool) -> u16 {
+    if onto_empty_primary {
+        return cluster.add_empty_primary().port();
+    }
+    cluster.primaries().into_iter().map(|p| p.port()).find(|port| *port != source).expect("another primary")
+}
+
 /// A slot move is invisible to many concurrent callers, onto a primary that serves other slots or
 /// onto a new, empty one (which the cluster client holds no connection to). Two faults of the
 /// `redis` crate's cluster client meet here. It follows an `ASK` by sending `ASKING` and then the
@@ -348,7 +356,7 @@ async fn a_read_of_several_slots_is_one_call_per_slot() {
 /// own. Each `MOVED` also starts a slot-map refresh, during which the crate stops polling its
 /// requests, and the refresh can wait forever for a lock one of them was granted
 /// (valkey-glide#2643): with 64 calls at once every call but one hung to its deadline, round after
-/// round. The store keeps at most `CLUSTER_IN_FLIGHT_MAX` calls on the connection at once.
+/// round. The store keeps at most `SLOT_IN_FLIGHT_MAX` calls per slot in flight at once.
 async fn concurrent_calls_during_a_move(onto_empty_primary: bool) {
     const ROUNDS: usize = 5;
     const CALLS: usize = 128;
@@ -356,11 +364,7 @@ async fn concurrent_calls_during_a_move(onto_empty_primary: bool) {
     let group = GroupId::new("orders", "moving");
     let slot = keys::group_slot(&group);
     let source = cluster.owner_of_slot(slot).port();
-    let target = if onto_empty_primary {
-        cluster.add_empty_primary().port()
-    } else {
-        cluster.primaries().into_iter().map(|p| p.port()).find(|port| *port != source).expect("another primary")
-    };
+    let target = move_target(&mut cluster, source, onto_empty_primary);
     let store = store_on(&cluster).await;
     assert_eq!(store.write(&group, create("v1")).await, Ok(written(1)));
     let slot_move = cluster.begin_slot_move(slot, cluster.server(target)).expect("the slot is elsewhere");
@@ -469,11 +473,7 @@ async fn fenced_operations_during_a_move(onto_empty_primary: bool) {
     let fence_key = keys::fence_key(&group, 0);
     let slot = cluster.slot_of(&stream);
     let source = cluster.owner_of_slot(slot).port();
-    let target = if onto_empty_primary {
-        cluster.add_empty_primary().port()
-    } else {
-        cluster.primaries().into_iter().map(|p| p.port()).find(|port| *port != source).expect("another primary")
-    };
+    let target = move_target(&mut cluster, source, onto_empty_primary);
     let store = store_on(&cluster).await;
     store.ensure_group(&stream, "billing").await.expect("ensure");
     let mut added = Vec::new();
