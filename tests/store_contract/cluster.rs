@@ -407,6 +407,63 @@ async fn concurrent_calls_to_a_slot_being_moved_onto_an_empty_primary_all_succee
     concurrent_calls_during_a_move(true).await;
 }
 
+/// A slot move among many concurrent calls to other slots. The `redis` crate's cluster client
+/// follows an `ASK` by sending `ASKING` and then the command as two requests on its shared
+/// connection to the target, so a call to any other slot of the target sent in between took the
+/// one-time flag: the command was answered `MOVED`, each `MOVED` started a slot-map refresh, and a
+/// refresh could hang the connection until every caller's deadline (valkey-glide#2643). The
+/// per-slot limit did not help, since the calls that took the flag were to other slots: 115 of
+/// 2,640 calls failed so ("no reply within 2000 ms"). The store's node connection (`NodeConn`)
+/// sends `ASKING` in one write with its command. Each round sends 16 calls to the moving slot
+/// together with 512 to groups on every primary: every call succeeds, round after round.
+async fn calls_to_other_slots_during_a_move(others_per_round: usize) {
+    const ROUNDS: usize = 5;
+    let mut cluster = RedisCluster::start(3, 0);
+    let group = GroupId::new("orders", "moving");
+    let slot = keys::group_slot(&group);
+    let source = cluster.owner_of_slot(slot).port();
+    let target = move_target(&mut cluster, source, false);
+    let store = store_on(&cluster).await;
+    assert_eq!(store.write(&group, create("v1")).await, Ok(written(1)));
+    let others: Vec<GroupId> =
+        (0..256).map(|i| GroupId::new("orders", format!("still{i}"))).filter(|g| keys::group_slot(g) != slot).collect();
+    for other in &others {
+        assert_eq!(store.write(other, create("v1")).await, Ok(written(1)));
+    }
+    assert_eq!(ports_of(&cluster, &others.iter().map(keys::metadata_key).collect::<Vec<_>>()).len(), 3);
+    let slot_move = cluster.begin_slot_move(slot, cluster.server(target)).expect("the slot is elsewhere");
+    cluster.migrate_named_keys(&slot_move, &[&keys::metadata_key(&group)]);
+    let mut failures = Vec::new();
+    let started = std::time::Instant::now();
+    for _round in 0..ROUNDS {
+        let moving = (0..16).map(|_| {
+            let (store, group) = (store.clone(), group.clone());
+            tokio::spawn(async move { store.load(&group).await.map(|record| record.is_some()) })
+        });
+        let still = (0..others_per_round).map(|i| {
+            let (store, group) = (store.clone(), others[i % others.len()].clone());
+            tokio::spawn(async move { store.load(&group).await.map(|record| record.is_some()) })
+        });
+        let calls: Vec<_> = moving.chain(still).collect();
+        for call in calls {
+            match call.await.expect("task") {
+                Ok(found) => assert!(found, "every group is read"),
+                Err(err) => failures.push(err),
+            }
+        }
+    }
+    let total = ROUNDS * (16 + others_per_round);
+    eprintln!("{total} calls in {:?}, {} failed", started.elapsed(), failures.len());
+    assert!(failures.is_empty(), "{} of {total} calls failed, first: {:?}", failures.len(), failures.first());
+    while cluster.migrate_slot_keys(&slot_move, 100) > 0 {}
+    cluster.finish_slot_move(slot_move);
+}
+
+#[tokio::test]
+async fn calls_to_other_slots_during_a_move_all_succeed() {
+    calls_to_other_slots_during_a_move(512).await;
+}
+
 /// Calls to a primary that hangs (SIGSTOP: connected, never answering) do not hold up calls to the
 /// others: the store limits the calls in flight per hash slot, not per connection, so a steady
 /// stream of calls to the hung primary's groups (about 1,000 a second, over 16 of its slots) leaves calls

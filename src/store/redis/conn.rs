@@ -4,7 +4,7 @@
 //! Owns: one shared multiplexed connection for ordinary commands, and a small pool of dedicated
 //! connections for blocking reads (`XREADGROUP ... BLOCK`), which would otherwise stall every
 //! command queued behind them on the shared connection. On a Cluster each of these is the `redis`
-//! crate's cluster connection (one multiplexed connection per node, routed by slot); a blocking
+//! crate's cluster connection (one multiplexed connection per node, `NodeConn`, routed by slot); a blocking
 //! read then holds a whole cluster connection, so the blocking pool keeps more of them.
 //! Never: waits without a deadline, retries a command on its own (a command that timed out may
 //! still have run; the caller's retry decides, and every write is conditioned on the stamp it was
@@ -30,6 +30,7 @@ use tokio::sync::Mutex;
 
 use super::cluster::DirectNodes;
 use super::errors::{map_error, timed_out, Redactor};
+use super::node_conn::NodeConn;
 use crate::store::StoreError;
 
 /// Idle dedicated connections kept for blocking reads.
@@ -44,7 +45,7 @@ const BLOCKING_IDLE_MAX_CLUSTER: usize = 32;
 pub(crate) enum Conn {
     Single(MultiplexedConnection),
     /// The cluster connection, and what the store adds to it ([`ClusterAids`]).
-    Cluster(ClusterConnection, Arc<ClusterAids>),
+    Cluster(ClusterConnection<NodeConn>, Arc<ClusterAids>),
 }
 
 impl ConnectionLike for Conn {
@@ -134,15 +135,15 @@ impl ClusterAids {
 
 /// Calls in flight at once per hash slot on a cluster connection; the others wait their turn
 /// (under their own deadline). The `redis` crate's cluster connection stops polling its requests
-/// while it refreshes the slot map, and the refresh waits for a lock that a request it no longer
-/// polls may have been granted (tokio's `RwLock` grants a queued reader before it is polled
-/// again): the connection then hangs until every caller's deadline, and the next connection can do
-/// the same (valkey-glide#2643 describes this deadlock; its fork replaced the lock). Calls to a
-/// slot being moved start such refreshes by the hundred (every `MOVED` of the race `asking_then`
-/// describes). In `store_contract`'s `concurrent_calls_to_a_slot_being_moved_all_succeed`, 45 or
-/// more concurrent calls to that slot hung the connection in every round (all calls but one
-/// failed), 32 did not; 16 leaves a margin. Per slot, so that calls to a node that hangs hold up
-/// only calls to its own slots (`calls_to_a_hung_primary_do_not_hold_up_calls_to_the_others`).
+/// while it refreshes the slot map, and a refresh can hang the connection until every caller's
+/// deadline (valkey-glide#2643 describes this deadlock; its fork replaced the lock). Every `MOVED`
+/// the crate gets starts such a refresh. Before `NodeConn` sent `ASKING` in one write with its
+/// command, calls to a slot being moved got `MOVED` by the hundred (the race `asking_then`
+/// describes): in `store_contract`'s `concurrent_calls_to_a_slot_being_moved_all_succeed`, 45 or
+/// more concurrent calls to that slot hung the connection in every round, 32 did not, and 16 left a
+/// margin. The limit stays as a bound on the calls one slot's redirects can involve. Per slot, so
+/// that calls to a node that hangs hold up only calls to its own slots
+/// (`calls_to_a_hung_primary_do_not_hold_up_calls_to_the_others`).
 const SLOT_IN_FLIGHT_MAX: usize = 16;
 
 #[derive(Default)]
@@ -252,18 +253,18 @@ fn read_options<'a>(args: &[&'a [u8]]) -> Option<ReadOptions<'a>> {
 }
 
 /// `cmd` once more after the `redis` crate gave up on an `ASK` redirect: `ASKING` and `cmd` as one
-/// pipeline on the store's own connection to the node the `ASK` names ([`DirectNodes::asking`]),
-/// so no other request can come between them. The crate sends the two as separate requests on its
-/// shared connection to that node, and a concurrent request sent in between takes the one-time
-/// `ASKING` flag: the importing node answers `MOVED`, the source `ASK` again, until the crate's
-/// retries run out (the race redis-plus-plus#281 describes). In `store_contract`'s
-/// `concurrent_calls_to_a_slot_being_moved_all_succeed`, most calls ended so. The last answer,
-/// `ASK`, means the last attempt did not run: this is one more step of the crate's own chain of
-/// retries (which also resends after a lost connection), made so that it cannot be split. A
-/// `MOVED` now (the move has finished meanwhile) is followed through the cluster connection, once.
-/// Pipelines get no such step: the crate resends a redirected pipeline whole, `ASKING` first.
+/// pipeline on the store's own connection to the node the `ASK` names ([`DirectNodes::asking`]).
+/// The crate's own `ASKING` now travels with its command too (`NodeConn`), so the race that made it
+/// give up (another request between `ASKING` and the command took the one-time flag, the command
+/// was answered `MOVED`, the source answered `ASK` again, until the retries ran out:
+/// redis-plus-plus#281) no longer happens on its connections; this step stays for a chain of
+/// redirects that still ends in `ASK`. The last answer, `ASK`, means the last attempt did not run:
+/// this is one more step of the crate's own chain of retries (which also resends after a lost
+/// connection). A `MOVED` now (the move has finished meanwhile) is followed through the cluster
+/// connection, once. Pipelines get no such step: the crate resends a redirected pipeline whole,
+/// `ASKING` first (in one write with it, `NodeConn`).
 async fn asking_then(
-    c: &mut ClusterConnection,
+    c: &mut ClusterConnection<NodeConn>,
     redirects: &DirectNodes,
     cmd: &Cmd,
     ask: RedisError,
@@ -366,7 +367,7 @@ impl Connector {
             Target::Direct(client) => client.clone(),
             Target::Sentinel { client, .. } => client.lock().await.async_get_client().await.map_err(Failure::Lookup)?,
             Target::Cluster(client, aids) => {
-                return Ok(Conn::Cluster(client.get_async_connection().await?, Arc::clone(aids)))
+                return Ok(Conn::Cluster(client.get_async_generic_connection::<NodeConn>().await?, Arc::clone(aids)))
             }
         };
         Ok(Conn::Single(client.get_multiplexed_async_connection_with_config(&self.config).await?))

@@ -73,6 +73,7 @@ mod doorbell;
 mod errors;
 mod fences;
 mod metadata;
+mod node_conn;
 mod probe;
 mod scripts;
 mod sentinel;
