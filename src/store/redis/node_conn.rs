@@ -27,7 +27,9 @@
 
 use ::redis::aio::{ConnectionLike, MultiplexedConnection};
 use ::redis::cluster_async::Connect;
-use ::redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+use ::redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult, Value,
+};
 
 /// A cluster node's connection whose `ASKING` waits for the command it is for (module docs).
 #[derive(Clone)]
@@ -62,6 +64,16 @@ fn asking() -> Cmd {
     ::redis::cmd("ASKING")
 }
 
+/// The replies after `ASKING`'s and the `skip` next: `ASKING`'s own error (`NOPERM` for a user
+/// without `+asking`) is the call's error, as when the crate sent `ASKING` on its own.
+fn after_asking(mut replies: Vec<Value>, skip: usize) -> RedisResult<Vec<Value>> {
+    if replies.is_empty() {
+        return Err(RedisError::from((ErrorKind::Client, "no reply to ASKING")));
+    }
+    replies.remove(0).extract_error()?;
+    Ok(replies.into_iter().skip(skip).collect())
+}
+
 impl ConnectionLike for NodeConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         if is_asking(cmd) {
@@ -75,9 +87,9 @@ impl ConnectionLike for NodeConn {
         Box::pin(async move {
             let mut pipeline = Pipeline::new();
             pipeline.add_command(asking()).add_command(cmd.clone());
-            // The command's reply only (an error reply stays a value, as on the plain path).
-            let mut replies = self.inner.req_packed_commands(&pipeline, 1, 1).await?;
-            Ok(replies.pop().unwrap_or(Value::Nil))
+            let replies = self.inner.req_packed_commands(&pipeline, 0, 2).await?;
+            // The command's reply (an error reply stays a value, as on the plain path).
+            Ok(after_asking(replies, 0)?.pop().unwrap_or(Value::Nil))
         })
     }
 
@@ -102,7 +114,8 @@ impl ConnectionLike for NodeConn {
             for cmd in pipeline.cmd_iter() {
                 with_asking.add_command(cmd.clone());
             }
-            self.inner.req_packed_commands(&with_asking, offset + 1, count).await
+            let replies = self.inner.req_packed_commands(&with_asking, 0, 1 + offset + count).await?;
+            after_asking(replies, offset)
         })
     }
 
@@ -122,5 +135,24 @@ mod tests {
         assert!(!is_asking(::redis::cmd("ASKING").arg("x")));
         assert!(!is_asking(::redis::cmd("GET").arg("ASKING")));
         assert!(!is_asking(&::redis::cmd("PING")));
+    }
+
+    fn server_error(line: &str) -> Value {
+        ::redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).expect("an error reply")
+    }
+
+    #[test]
+    fn the_replies_after_asking_are_the_commands_and_an_asking_refusal_is_the_calls_error() {
+        let ok = || Value::Okay;
+        let nil = || Value::Nil;
+        assert_eq!(after_asking(vec![ok(), Value::Int(1), nil()], 0), Ok(vec![Value::Int(1), nil()]));
+        assert_eq!(after_asking(vec![ok(), Value::Int(1), nil()], 1), Ok(vec![nil()]));
+        // The command's own error reply stays a value, as without ASKING.
+        let wrongtype = server_error("WRONGTYPE Operation against a key holding the wrong kind of value");
+        assert_eq!(after_asking(vec![ok(), wrongtype.clone()], 0), Ok(vec![wrongtype]));
+        let refused = after_asking(vec![server_error("NOPERM no permissions to run the 'asking' command"), nil()], 0)
+            .expect_err("ASKING refused");
+        assert_eq!(refused.kind(), ErrorKind::Server(::redis::ServerErrorKind::NoPerm));
+        assert!(after_asking(Vec::new(), 0).is_err());
     }
 }
