@@ -104,9 +104,9 @@ impl ConnectionLike for NodeConn {
         }
         Box::pin(async move {
             if pipeline.is_transaction() {
-                // `ASKING` cannot go inside MULTI: sent first, as the crate would (this store
-                // sends no transactions).
-                let _: Value = self.inner.req_packed_command(&asking()).await?;
+                // `ASKING` cannot go inside MULTI: sent first, as the crate would, so the race
+                // remains for transactions (this store sends none); its refusal is the error.
+                self.inner.req_packed_command(&asking()).await?.extract_error()?;
                 return self.inner.req_packed_commands(pipeline, offset, count).await;
             }
             let mut with_asking = Pipeline::new();
