@@ -12,7 +12,7 @@ use rsc::store::redis::{RedisStore, RedisStoreOptions};
 use rsc::store::{MetadataStore, ReadFrom, StoreError, StreamStore};
 
 use crate::metadata::{create, written};
-use crate::support::redis_cluster::RedisCluster;
+use crate::support::redis_cluster::{RedisCluster, SlotMove};
 
 async fn store_on(cluster: &RedisCluster) -> RedisStore {
     RedisStore::connect_cluster(&cluster.nodes(), RedisStoreOptions::default()).await.expect("connect")
@@ -346,20 +346,10 @@ fn move_target(cluster: &mut RedisCluster, source: u16, onto_empty_primary: bool
     cluster.primaries().into_iter().map(|p| p.port()).find(|port| *port != source).expect("another primary")
 }
 
-/// A slot move is invisible to many concurrent callers, onto a primary that serves other slots or
-/// onto a new, empty one (which the cluster client holds no connection to). Two faults of the
-/// `redis` crate's cluster client meet here. It follows an `ASK` by sending `ASKING` and then the
-/// command as two requests on the target's shared connection, so a concurrent request sent in
-/// between takes the one-time flag: the command is answered `MOVED`, the source answers `ASK`
-/// again, and so on until the crate gives up with the `ASK` error (redis-plus-plus#281 describes
-/// the race); the store then sends `ASKING` and the command as one pipeline on a connection of its
-/// own. Each `MOVED` also starts a slot-map refresh, during which the crate stops polling its
-/// requests, and the refresh can wait forever for a lock one of them was granted
-/// (valkey-glide#2643): with 64 calls at once every call but one hung to its deadline, round after
-/// round. The store keeps at most `SLOT_IN_FLIGHT_MAX` calls per slot in flight at once.
-async fn concurrent_calls_during_a_move(onto_empty_primary: bool) {
-    const ROUNDS: usize = 5;
-    const CALLS: usize = 128;
+/// A cluster of three primaries with the group `orders/moving` written, and the slot of its keys
+/// begun to move (onto an empty primary or another serving one) with its record already migrated:
+/// the record's reads are answered `ASK` by the source.
+async fn a_group_being_moved(onto_empty_primary: bool) -> (RedisCluster, RedisStore, GroupId, u16, SlotMove) {
     let mut cluster = RedisCluster::start(3, 0);
     let group = GroupId::new("orders", "moving");
     let slot = keys::group_slot(&group);
@@ -368,9 +358,24 @@ async fn concurrent_calls_during_a_move(onto_empty_primary: bool) {
     let store = store_on(&cluster).await;
     assert_eq!(store.write(&group, create("v1")).await, Ok(written(1)));
     let slot_move = cluster.begin_slot_move(slot, cluster.server(target)).expect("the slot is elsewhere");
-    // The record moves (its reads are answered ASK by the source); the liveness hash, absent, is
-    // read through ASK too.
     cluster.migrate_named_keys(&slot_move, &[&keys::metadata_key(&group)]);
+    (cluster, store, group, slot, slot_move)
+}
+
+/// A slot move is invisible to many concurrent callers, onto a primary that serves other slots or
+/// onto a new, empty one (which the cluster client holds no connection to). The `redis` crate's
+/// cluster client followed an `ASK` by sending `ASKING` and then the command as two requests on
+/// the target's shared connection, so a concurrent request sent in between took the one-time
+/// flag: the command was answered `MOVED`, the source answered `ASK` again, and so on until the
+/// crate gave up with the `ASK` error (redis-plus-plus#281 describes the race). Each `MOVED` also
+/// started a slot-map refresh, which could hang the connection (valkey-glide#2643): with 64 calls
+/// at once every call but one hung to its deadline, round after round. The store's node
+/// connection (`NodeConn`) now sends `ASKING` in one write with its command.
+async fn concurrent_calls_during_a_move(onto_empty_primary: bool) {
+    const ROUNDS: usize = 5;
+    const CALLS: usize = 128;
+    // The liveness hash, absent, is read through ASK too.
+    let (cluster, store, group, _slot, slot_move) = a_group_being_moved(onto_empty_primary).await;
     let mut failures = Vec::new();
     for _round in 0..ROUNDS {
         let calls = (0..CALLS).map(|i| {
@@ -418,21 +423,13 @@ async fn concurrent_calls_to_a_slot_being_moved_onto_an_empty_primary_all_succee
 /// together with 512 to groups on every primary: every call succeeds, round after round.
 async fn calls_to_other_slots_during_a_move(others_per_round: usize) {
     const ROUNDS: usize = 5;
-    let mut cluster = RedisCluster::start(3, 0);
-    let group = GroupId::new("orders", "moving");
-    let slot = keys::group_slot(&group);
-    let source = cluster.owner_of_slot(slot).port();
-    let target = move_target(&mut cluster, source, false);
-    let store = store_on(&cluster).await;
-    assert_eq!(store.write(&group, create("v1")).await, Ok(written(1)));
+    let (cluster, store, group, slot, slot_move) = a_group_being_moved(false).await;
     let others: Vec<GroupId> =
         (0..256).map(|i| GroupId::new("orders", format!("still{i}"))).filter(|g| keys::group_slot(g) != slot).collect();
     for other in &others {
         assert_eq!(store.write(other, create("v1")).await, Ok(written(1)));
     }
     assert_eq!(ports_of(&cluster, &others.iter().map(keys::metadata_key).collect::<Vec<_>>()).len(), 3);
-    let slot_move = cluster.begin_slot_move(slot, cluster.server(target)).expect("the slot is elsewhere");
-    cluster.migrate_named_keys(&slot_move, &[&keys::metadata_key(&group)]);
     let mut failures = Vec::new();
     let started = std::time::Instant::now();
     for _round in 0..ROUNDS {
