@@ -24,7 +24,13 @@ impl ConsumerCore {
             assignment_epoch: r.assignment_epoch,
             store_revision: r.store_revision,
         });
-        if sent.leave {
+        // A processed leave is answered with the member's departure (status OK). SYNC_METADATA
+        // means the store lost the version the leave named and the coordinator answered that
+        // instead (a version above the stored one gets SYNC_METADATA, whatever the request): the
+        // member is still recorded. Adopt the view below and leave again from it (still
+        // closing, so the next heartbeat is the leave), or the record would keep the member, and
+        // the shards targeted to it, until its TTL.
+        if sent.leave && r.status != HeartbeatStatus::SyncMetadata {
             self.finish_leave(now_ms);
             return;
         }

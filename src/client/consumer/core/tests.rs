@@ -458,6 +458,33 @@ fn close_drains_then_reports_everything_revoked_in_the_leave() {
     assert_eq!(c.poll_heartbeat(10_000), None);
 }
 
+/// A leave that reaches a store which lost the sender's latest version is answered SYNC_METADATA
+/// (the spec answers every version above the stored one so, whatever else the request says): the
+/// coordinator did not remove the member. The consumer adopts the store's view and sends the leave
+/// again from it, instead of stopping as if it had left, which left its member record (and the
+/// shards targeted to it) waiting out the member TTL (review finding).
+#[test]
+fn a_leave_answered_sync_metadata_is_sent_again_from_the_stores_view() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1])));
+    c.close(20);
+    let rolled_back = HeartbeatResponse {
+        member_epoch: 4,
+        metadata_version: 6,
+        ..response(HeartbeatStatus::SyncMetadata, &[1], &[])
+    };
+    let leave = exchange(&mut c, 20, 30, Ok(rolled_back));
+    assert!(leave.leave && (leave.member_epoch, leave.metadata_version) == (5, 7));
+    assert_eq!(c.phase(), Phase::Closing, "SYNC_METADATA is not the answer to a processed leave");
+    assert!(c.readable_shards(30).is_empty(), "nothing restarts while closing");
+    let again = c.poll_heartbeat(30 + INTERVAL_MS).expect("the leave is sent again");
+    assert!(again.leave && (again.member_epoch, again.metadata_version) == (4, 6), "{again:?}");
+    let left = HeartbeatResponse { member_epoch: 0, ..ok(&[]) };
+    c.handle_heartbeat(30 + INTERVAL_MS + 10, Ok(left));
+    assert_eq!(c.phase(), Phase::Left);
+    assert_eq!(c.poll_heartbeat(10_000), None);
+}
+
 #[test]
 fn close_before_joining_leaves_without_a_heartbeat() {
     let mut c = core();
