@@ -223,10 +223,14 @@ impl Default for GroupConfig {
 }
 
 impl GroupConfig {
+    /// The longest duration any field of a valid config may hold (24 h). Clients bound the leases
+    /// and intervals of answers by it too: a larger one comes from no valid config.
+    pub const MS_MAX: u64 = 24 * 3_600_000;
+
     /// Checks the lease rules of the seed ("the consumer assignment lease must be shorter than or
     /// equal to the coordinator member lease TTL") and the refresh rules.
     pub fn validate(&self) -> Result<(), String> {
-        const MS_MAX: u64 = 24 * 3_600_000;
+        const MS_MAX: u64 = GroupConfig::MS_MAX;
         let fields = [
             ("memberLeaseTtlMs", self.member_lease_ttl_ms),
             ("assignmentLeaseMs", self.assignment_lease_ms),

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::core::model::GroupId;
+use crate::core::model::{GroupId, SHARD_COUNT_MAX};
 use crate::core::planted::PlantedBugs;
 use crate::core::protocol::{ErrorCode, RoutingReport, RoutingResponse};
 use crate::store::{EntryId, StoreError, StreamStore};
@@ -166,6 +166,26 @@ impl<T: CoordinatorTransport, S: StreamStore> Drop for Producer<T, S> {
     }
 }
 
+/// Why a routing answer cannot be this producer's routing, if it cannot: it names another group,
+/// a shard count no group has, or stream keys other than the group's (the coordinator derives
+/// them as `GroupId::stream_key`). Applied, such an answer would send every publish to streams no
+/// consumer of the group reads (or all to one shard), so it counts as a failed refresh: the cache
+/// keeps its lease, and publishing fails closed once it ends.
+fn routing_problem(group: &GroupId, routing: &RoutingResponse) -> Option<String> {
+    if routing.group != *group {
+        return Some(format!("it routes group {:?}, not {group:?}", routing.group));
+    }
+    if routing.shard_count == 0 || routing.shard_count > SHARD_COUNT_MAX {
+        return Some(format!("shard count {} is not in 1..={SHARD_COUNT_MAX}", routing.shard_count));
+    }
+    let keys = &routing.stream_keys;
+    let derived = |(shard, key): (usize, &String)| u32::try_from(shard).is_ok_and(|s| *key == group.stream_key(s));
+    if !keys.is_empty() && (keys.len() != routing.shard_count as usize || !keys.iter().enumerate().all(derived)) {
+        return Some("its stream keys are not the group's".into());
+    }
+    None
+}
+
 fn route_error(error: RouteError, refresh: Option<TransportError>) -> PublishError {
     match error {
         RouteError::NoRouting => {
@@ -221,6 +241,10 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
         if matches!(&result, Err(TransportError::Api(e)) if e.code == ErrorCode::GroupNotFound) {
             self.cache().forget_published();
         }
+        let result = result.and_then(|routing| match routing_problem(&self.config.group, &routing) {
+            Some(problem) => Err(TransportError::Unreachable(format!("invalid routing answer: {problem}"))),
+            None => Ok(routing),
+        });
         let now_ms = self.clock.now_ms();
         let producer = self.config.producer_id.clone();
         match result {

@@ -105,6 +105,32 @@ async fn never_fetched_routing_fails_with_no_routing() {
     assert!(store.add_log().is_empty());
 }
 
+/// A routing answer for another group, with no shards, or with stream keys other than the group's
+/// is a failed refresh: applied, it would send every publish to streams no consumer of the group
+/// reads (review finding). Nothing is published until a valid answer arrives.
+#[tokio::test]
+async fn a_routing_answer_that_is_not_the_groups_is_refused() {
+    let corruptions: [fn(&mut RoutingResponse); 4] = [
+        |r| r.group = GroupId::new("orders", "shipping"),
+        |r| r.shard_count = 0,
+        |r| r.stream_keys[1] = "elsewhere:1".into(),
+        |r| r.stream_keys.truncate(2),
+    ];
+    for corrupt in corruptions {
+        let (store, coordinator, sink) = setup();
+        coordinator.with(|s| corrupt(&mut s.routing));
+        let p = producer(&coordinator, &store, &sink);
+        let refused = p.publish(b"k", b"x".to_vec()).await;
+        assert!(
+            matches!(&refused, Err(PublishError::NoRouting(e)) if e.contains("invalid routing answer")),
+            "{refused:?}"
+        );
+        assert!(store.add_log().is_empty());
+        coordinator.with(|s| s.routing = routing(&group(), 1, 4, TTL_MS, INTERVAL_MS));
+        p.publish(b"k", b"x".to_vec()).await.expect("a valid answer routes again");
+    }
+}
+
 /// A lost AddShards: the producer cached v2 (16 shards), then the store lost it and the coordinator
 /// serves v1 (4 shards). The producer reports v2 on its next refresh, is told it is lost, and
 /// routes with 4 shards at once, long before its cache lease would have ended.

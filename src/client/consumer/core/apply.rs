@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::core::model::{Fence, ShardId};
+use crate::core::model::{Fence, GroupConfig, ShardId};
 use crate::core::planted::PlantedBug;
 use crate::core::protocol::{ErrorCode, HeartbeatResponse, HeartbeatStatus};
 
@@ -40,19 +40,27 @@ impl ConsumerCore {
         self.metadata_version = r.metadata_version;
         self.metadata_version_proof = r.metadata_version_proof;
         self.assignment_epoch = r.assignment_epoch;
+        // An answer's lease and interval are bounded as a valid group config bounds them
+        // (`GroupConfig::validate`): a coordinator's bug or lie must not give a lease that outlives
+        // any partition, nor put the next heartbeat at or past the lease's end (a consumer whose
+        // lease ended before its next heartbeat would sit idle until it came: forever at u64::MAX).
+        let lease_ms = r.assignment_lease_ms.min(GroupConfig::MS_MAX);
         if r.heartbeat_interval_ms > 0 {
-            self.heartbeat_interval_ms = r.heartbeat_interval_ms;
+            let below_lease = if lease_ms > 1 { lease_ms - 1 } else { GroupConfig::MS_MAX };
+            self.heartbeat_interval_ms = r.heartbeat_interval_ms.min(below_lease);
         }
         let lease_from_ms =
             if self.config.planted.has(PlantedBug::LeaseFromReceiveTime) { now_ms } else { sent.sent_ms };
-        let lease_end_ms = lease_from_ms.saturating_add(r.assignment_lease_ms);
-        self.last_lease_ms = r.assignment_lease_ms;
+        let lease_end_ms = lease_from_ms.saturating_add(lease_ms);
+        self.last_lease_ms = lease_ms;
         self.lease_end_ms = Some(lease_end_ms);
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::LeaseExtended { at_ms: now_ms, member, lease_end_ms });
 
-        let assigned: BTreeSet<ShardId> = r.assigned.iter().copied().collect();
         let revoke: BTreeSet<ShardId> = r.revoke.iter().copied().collect();
+        // A shard both assigned and revoked (no coordinator answers that) is revoked: the
+        // instruction that stops reading wins.
+        let assigned: BTreeSet<ShardId> = r.assigned.iter().copied().filter(|s| !revoke.contains(s)).collect();
         let fences: BTreeMap<ShardId, Fence> = r.fences.iter().map(|f| (f.shard, f.fence)).collect();
         self.fenced_refused = false;
         if !fences.is_empty() {

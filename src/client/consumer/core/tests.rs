@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::core::fence::ShardFence;
+use crate::core::model::GroupConfig;
 use crate::core::planted::PlantedBug;
 use crate::core::protocol::{ApiError, Drain, ErrorCode, HeartbeatStatus};
 
@@ -483,6 +484,43 @@ fn a_leave_answered_sync_metadata_is_sent_again_from_the_stores_view() {
     c.handle_heartbeat(30 + INTERVAL_MS + 10, Ok(left));
     assert_eq!(c.phase(), Phase::Left);
     assert_eq!(c.poll_heartbeat(10_000), None);
+}
+
+/// No coordinator lists a shard in both `assigned` and `revoke`; an answer that does (a bug, a
+/// lie) is taken as the revoke, which stops reading, not as a grant that restarts the shard
+/// (review finding: the revoke was dropped and the shard set up again).
+#[test]
+fn a_shard_both_assigned_and_revoked_is_revoked() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+    deliver(&mut c, 20, 1, &[5]);
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::Ok, &[1, 2], &[1])));
+    assert_eq!(c.readable_shards(230), vec![2]);
+    assert_eq!(c.revoking_shards(), vec![1]);
+    let next = c.poll_heartbeat(1_000).expect("heartbeat, within the lease");
+    assert_eq!(next.owned, vec![2]);
+    assert_eq!(next.revoking.iter().map(|r| (r.shard, r.revoke_id)).collect::<Vec<_>>(), vec![(1, Some(revoke_id(1)))]);
+}
+
+/// An answer's lease and heartbeat interval are bounded as a valid group config bounds them: a
+/// lease of u64::MAX would let a partitioned consumer read for ever, and an interval past the
+/// lease's end would leave it idle after the lease until that heartbeat (for ever at u64::MAX)
+/// (review finding).
+#[test]
+fn an_answers_lease_and_interval_are_bounded_as_a_valid_config_bounds_them() {
+    let mut c = core();
+    let absurd = HeartbeatResponse { assignment_lease_ms: u64::MAX, heartbeat_interval_ms: u64::MAX, ..ok(&[1]) };
+    exchange(&mut c, 0, 10, Ok(absurd));
+    let lease_end = GroupConfig::MS_MAX;
+    assert_eq!(c.readable_shards(lease_end - 1), vec![1]);
+    assert!(c.readable_shards(lease_end).is_empty(), "the lease ends within the longest valid one");
+    // The interval runs from the answer (at 10), the lease from the send (at 0).
+    assert_eq!(c.poll_heartbeat(10 + lease_end - 2), None);
+    assert!(c.poll_heartbeat(10 + lease_end - 1).is_some(), "the next heartbeat is within a lease of the answer");
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(HeartbeatResponse { heartbeat_interval_ms: u64::MAX, ..ok(&[1]) }));
+    assert_eq!(c.poll_heartbeat(10 + LEASE_MS - 2), None);
+    assert!(c.poll_heartbeat(10 + LEASE_MS - 1).is_some(), "an interval at or past the lease is cut below it");
 }
 
 #[test]
