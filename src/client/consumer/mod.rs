@@ -186,9 +186,12 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// Acknowledges an entry (XACK). Refused once the lease ended or the entry was abandoned.
     pub async fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
         let now_ms = self.shared.clock.now_ms();
-        self.shared.with_core(|core| core.check_ack(now_ms, delivery))?;
+        // The check and the fence under one lock: a shard removed between them (fenced at the
+        // store, or every shard dropped by the heartbeat task) would read as unfenced and send a
+        // plain XACK that no fence checks (review finding). `ack_all` does the same.
+        let fence =
+            self.shared.with_core(|core| core.check_ack(now_ms, delivery).map(|()| core.fence_of(delivery.shard)))?;
         let group = &self.shared.group;
-        let fence = self.shared.lock().fence_of(delivery.shard);
         let ids = [delivery.entry.id];
         let acked = match fence {
             Some(fence) => {

@@ -256,6 +256,7 @@ impl ConsumerCore {
                         revoke_id: None,
                         fence: None,
                         acked_before_pending_read: BTreeSet::new(),
+                        pending_round: 0,
                     },
                 );
             }
@@ -275,6 +276,7 @@ impl ConsumerCore {
             revoke_id: None,
             fence,
             acked_before_pending_read: BTreeSet::new(),
+            pending_round: 0,
         };
         let entry = self.shards.entry(shard).or_insert(fresh);
         entry.generation = generation;

@@ -116,6 +116,10 @@ struct Shard {
     in_flight: BTreeSet<EntryId>,
     /// When the current setup was planned (start or the last pending sweep).
     setup_at_ms: u64,
+    /// Pending sweeps since the shard started. A read planned before the latest sweep is dropped
+    /// when it returns: the sweep's own-pending re-read (which may have returned the same entries,
+    /// since acked) replaced it, and `acked_before_pending_read` no longer holds what it would need.
+    pending_round: u64,
     /// The revoke instruction this shard is draining for (`HeartbeatResponse::drains`), named in
     /// its REVOKED report; `None` when the consumer stopped it on its own (unassigned, fenced).
     revoke_id: Option<RevokeId>,
@@ -157,6 +161,8 @@ pub struct ReadPlan {
     pub in_flight: usize,
     /// The fence the call must present (`None`: unfenced).
     pub fence: Option<Fence>,
+    /// The shard's pending sweep count when the plan was made (see `Shard::pending_round`).
+    pub pending_round: u64,
 }
 
 /// An entry handed to the application. Ack it with [`super::Consumer::ack`].
@@ -480,6 +486,7 @@ impl ConsumerCore {
         if sweep_due && s.state == (ShardState::Reading { setup_done: true, pending_done: true }) {
             s.state = ShardState::Reading { setup_done: false, pending_done: false };
             s.setup_at_ms = now_ms;
+            s.pending_round += 1;
         }
         let step = match s.state {
             ShardState::Reading { setup_done: false, .. } => ReadStep::Setup,
@@ -487,7 +494,8 @@ impl ConsumerCore {
             ShardState::Reading { setup_done: true, pending_done: true } => ReadStep::Read(ReadFrom::New),
             ShardState::Revoking => return None,
         };
-        Some(ReadPlan { shard, generation: s.generation, step, in_flight: s.in_flight.len(), fence: s.fence })
+        let (generation, in_flight, fence, pending_round) = (s.generation, s.in_flight.len(), s.fence, s.pending_round);
+        Some(ReadPlan { shard, generation, step, in_flight, fence, pending_round })
     }
 
     /// Records a finished setup (group ensured, previous owner's entries claimed).
@@ -521,6 +529,14 @@ impl ConsumerCore {
         if shard.generation != plan.generation || !lease_holds {
             return Vec::new();
         }
+        // Reads that overlapped a completed own-pending re-read or a sweep (polls running
+        // concurrently, a `>` read in flight across a sweep) may return entries that re-read
+        // delivered and that were acked since; nothing records those acks any more, so such a
+        // result is dropped: its entries stay pending at Redis for the next sweep's re-read.
+        let own_pending = plan.step == ReadStep::Read(ReadFrom::OwnPending);
+        if plan.pending_round != shard.pending_round || (own_pending && *pending_done) {
+            return Vec::new();
+        }
         let returned = entries.len();
         let acked = &shard.acked_before_pending_read;
         let mut fresh: Vec<StreamEntry> =
@@ -528,7 +544,6 @@ impl ConsumerCore {
         // An own-pending read asks for the entries in flight plus the caller's `max` (those come
         // back too); more than `max` fresh ones (in flight ones acked meanwhile, or pending entries
         // below them) are left pending at Redis for the next own-pending read.
-        let own_pending = plan.step == ReadStep::Read(ReadFrom::OwnPending);
         let cap = if own_pending { requested.saturating_sub(plan.in_flight) } else { requested };
         let truncated = fresh.len() > cap;
         fresh.truncate(cap);

@@ -594,6 +594,48 @@ fn an_owned_shard_resweeps_pending_entries_so_a_lost_read_reply_is_redelivered()
     assert_eq!(step(&mut c, 900), Some(ReadStep::Read(ReadFrom::New)), "0: no sweep");
 }
 
+/// Two polls running at once (the driver allows it) may both re-read the shard's own pending
+/// entries. The first result delivers them and completes the re-read; an entry acked after that
+/// must not be delivered again by the second result (review finding: it was, with no failure).
+#[test]
+fn an_own_pending_result_after_the_re_read_completed_delivers_nothing() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[2])));
+    let setup = c.read_plans(10).into_iter().find(|p| p.shard == 2).expect("readable");
+    c.setup_done(2, setup.generation);
+    let first = c.plan_for(10, 2, setup.generation).expect("readable");
+    let second = c.plan_for(10, 2, setup.generation).expect("readable");
+    assert_eq!((first.step, second.step), (ReadStep::Read(ReadFrom::OwnPending), ReadStep::Read(ReadFrom::OwnPending)));
+    let got = c.handle_read(20, first, 10, vec![entry(4)]);
+    assert_eq!(got.len(), 1);
+    c.check_ack(30, &got[0]).expect("in flight");
+    c.acked(30, &got[0]);
+    assert!(c.handle_read(40, second, 10, vec![entry(4)]).is_empty(), "entry 4 was processed and acked");
+}
+
+/// A read of new entries (`>`) in flight across a pending sweep: Redis ran it first, so the sweep's
+/// own-pending re-read returned its entries too and delivered them; once acked, the late `>`
+/// result must not deliver them again (review finding).
+#[test]
+fn a_read_planned_before_a_pending_sweep_delivers_nothing() {
+    let mut config = ConsumerConfig::new(GroupId::new("orders", "billing"), "m1");
+    config.pending_sweep_interval_ms = 500;
+    let mut c = ConsumerCore::new(config);
+    exchange(&mut c, 0, 10, Ok(ok(&[2])));
+    assert!(deliver(&mut c, 10, 2, &[]).is_empty());
+    let late = c.read_plans(400).into_iter().find(|p| p.shard == 2).expect("readable");
+    assert_eq!(late.step, ReadStep::Read(ReadFrom::New));
+    let sweep = c.read_plans(510).into_iter().find(|p| p.shard == 2).expect("readable");
+    assert_eq!(sweep.step, ReadStep::Setup);
+    c.setup_done(2, sweep.generation);
+    let own = c.plan_for(510, 2, sweep.generation).expect("readable");
+    let got = c.handle_read(520, own, 10, vec![entry(5)]);
+    assert_eq!(got.len(), 1);
+    c.check_ack(530, &got[0]).expect("in flight");
+    c.acked(530, &got[0]);
+    assert!(c.handle_read(540, late, 10, vec![entry(5)]).is_empty(), "entry 5 was processed and acked");
+}
+
 #[test]
 fn every_heartbeat_carries_the_process_session_the_join_included() {
     let mut c = core();
