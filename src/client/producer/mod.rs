@@ -35,7 +35,12 @@ pub struct ProducerConfig {
     pub group: GroupId,
     /// Names this producer in events.
     pub producer_id: String,
-    /// `XADD ... MAXLEN ~ n` when set.
+    /// `XADD ... MAXLEN ~ n` when set. Trimming deletes the oldest entries whether or not a
+    /// consumer has read or acked them: an entry trimmed before it was read is never delivered
+    /// (its publish succeeded), and one trimmed while pending comes back from the own-pending
+    /// re-read without its fields and is acked there without reaching the application (seen
+    /// only as an `EntryAcked` event, by a sink that asks for entry events). At-least-once holds only for entries the streams still hold; size
+    /// `n` for the longest backlog the consumers may fall behind by, or trim after acking instead.
     pub maxlen: Option<u64>,
     /// A routing request without an answer this long counts as failed.
     pub refresh_timeout_ms: u64,

@@ -57,7 +57,10 @@ pub struct ConsumerConfig {
     /// While a shard is owned, its setup (claim every entry pending to another consumer name)
     /// and the own-pending re-read run again this often (0: only when the shard starts). Without
     /// it, entries whose read reply never reached this consumer — a lost reply, or a read that
-    /// timed out here but ran at Redis later — stay pending until the shard changes owner.
+    /// timed out here but ran at Redis later — stay pending until the shard changes owner; so do
+    /// the entries of a cancelled `poll` and of a read whose result was dropped (it overlapped a
+    /// restart, a sweep or a completed own-pending re-read). With 0, such entries are delivered
+    /// only once the shard moves (at-least-once still holds, but a stable owner never sees them).
     pub pending_sweep_interval_ms: u64,
     /// This process's member session secret (drawn from the OS by [`ConsumerConfig::new`]): sent
     /// with every heartbeat, so only this process can act for the incarnations it joins, and it
