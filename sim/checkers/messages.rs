@@ -180,6 +180,8 @@ pub const SWEEP_GRACE_US: Us = 45_000_000;
 
 /// Acknowledged entries delivered at Redis and never processed: violations for those first
 /// delivered more than [`SWEEP_GRACE_US`] before the end (per stream), and the count of the rest.
+/// An entry is the primary's entry: one a split brain's old primary added under the same id is
+/// another entry (`Deliveries::of`).
 fn delivered_never_processed(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
     let shard_count = facts.final_state().map_or(u32::MAX, |g| g.shard_count);
     let mut first_served: BTreeMap<(&str, EntryId), Us> = BTreeMap::new();
@@ -189,8 +191,16 @@ fn delivered_never_processed(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
             *at = (*at).min(read.served_at_us);
         }
     }
-    let processed: BTreeSet<(&str, EntryId)> =
-        facts.records.processing.iter().map(|p| (p.stream.as_str(), p.id)).collect();
+    // Only processings of the primary's entry count: a split brain's old primary may have added
+    // another entry under the same id, and processing that one is not processing this one.
+    let deliveries = Deliveries::new(facts);
+    let processed: BTreeSet<(&str, EntryId)> = facts
+        .records
+        .processing
+        .iter()
+        .filter(|p| deliveries.of(p).1 == NodeRef::REDIS)
+        .map(|p| (p.stream.as_str(), p.id))
+        .collect();
     let cutoff_us = facts.end_us.saturating_sub(SWEEP_GRACE_US);
     let mut late = 0;
     let mut judged: BTreeMap<&str, (EntryId, usize, Us)> = BTreeMap::new();
