@@ -36,6 +36,13 @@ pub enum StopReason {
     Closing,
     /// Entries only: the application abandoned the entry explicitly.
     Application,
+    /// Entries only: a read of new entries (`>`) returned this entry's id while it was in flight.
+    /// Redis hands out an id at most once per group unless its delivery position went back (a
+    /// failover) or another entry took the id (a split brain's two primaries can each add one): the
+    /// entry in flight may not be the one Redis now holds under the id, whose ack would then be
+    /// an ack of an entry nobody processed. So this one is given up (its ack is refused) and the
+    /// pending sweep delivers whatever Redis holds under the id.
+    Reexposed,
 }
 
 /// One thing a client did.

@@ -541,9 +541,22 @@ impl ConsumerCore {
             return Vec::new();
         }
         let returned = entries.len();
+        // An id a read of new entries returns while it is in flight here was handed out twice
+        // (`StopReason::Reexposed`): the entry in flight is given up, and the sweep delivers what
+        // Redis holds under the id.
+        let reexposed: Vec<EntryId> = if own_pending {
+            Vec::new()
+        } else {
+            entries.iter().map(|e| e.id).filter(|id| shard.in_flight.contains(id)).collect()
+        };
+        for id in &reexposed {
+            shard.in_flight.remove(id);
+        }
         let acked = &shard.acked_before_pending_read;
-        let mut fresh: Vec<StreamEntry> =
-            entries.into_iter().filter(|e| !shard.in_flight.contains(&e.id) && !acked.contains(&e.id)).collect();
+        let mut fresh: Vec<StreamEntry> = entries
+            .into_iter()
+            .filter(|e| !shard.in_flight.contains(&e.id) && !acked.contains(&e.id) && !reexposed.contains(&e.id))
+            .collect();
         // An own-pending read asks for the entries in flight plus the caller's `max` (those come
         // back too); more than `max` fresh ones (in flight ones acked meanwhile, or pending entries
         // below them) are left pending at Redis for the next own-pending read.
@@ -558,6 +571,11 @@ impl ConsumerCore {
         for entry in fresh {
             shard.in_flight.insert(entry.id);
             out.push(Delivery { shard: plan.shard, stream: stream.clone(), entry, fence: plan.fence });
+        }
+        for entry in reexposed {
+            let member = self.config.member_id.clone();
+            let reason = StopReason::Reexposed;
+            self.events.push(ClientEvent::EntryAbandoned { at_ms: now_ms, member, shard: plan.shard, entry, reason });
         }
         if self.entry_events {
             for d in &out {

@@ -636,6 +636,38 @@ fn a_read_planned_before_a_pending_sweep_delivers_nothing() {
     assert!(c.handle_read(540, late, 10, vec![entry(5)]).is_empty(), "entry 5 was processed and acked");
 }
 
+/// A read of new entries that returns an id in flight here: Redis handed the id out twice, after
+/// a failover moved the group's delivery position back or because a split brain's other primary
+/// added another entry under it. Acking the one in flight would ack whatever Redis now holds under
+/// the id, possibly an entry nobody processed (review finding). So the entry in flight is given up
+/// (its ack refused), and the next sweep's own-pending re-read delivers what Redis holds.
+#[test]
+fn an_id_handed_out_again_while_in_flight_is_given_up_and_redelivered_by_the_sweep() {
+    let mut config = ConsumerConfig::new(GroupId::new("orders", "billing"), "m1");
+    config.pending_sweep_interval_ms = 500;
+    let mut c = ConsumerCore::new(config);
+    exchange(&mut c, 0, 10, Ok(ok(&[2])));
+    let held = deliver(&mut c, 10, 2, &[7]);
+    c.drain_events();
+    let plan = c.read_plans(20).into_iter().find(|p| p.shard == 2).expect("readable");
+    assert_eq!(plan.step, ReadStep::Read(ReadFrom::New));
+    let got = c.handle_read(20, plan, 10, vec![entry(7), entry(8)]);
+    assert_eq!(got.iter().map(|d| d.entry.id.ms).collect::<Vec<_>>(), vec![8]);
+    assert_eq!(c.check_ack(30, &held[0]), Err(AckError::NotInFlight { shard: 2, entry: held[0].entry.id }));
+    let abandoned: Vec<_> = c
+        .drain_events()
+        .into_iter()
+        .filter(|e| matches!(e, ClientEvent::EntryAbandoned { reason: StopReason::Reexposed, .. }))
+        .collect();
+    assert_eq!(abandoned.len(), 1);
+    let sweep = c.read_plans(510).into_iter().find(|p| p.shard == 2).expect("readable");
+    assert_eq!(sweep.step, ReadStep::Setup);
+    c.setup_done(2, sweep.generation);
+    let own = c.plan_for(510, 2, sweep.generation).expect("readable");
+    let again = c.handle_read(510, own, 11, vec![entry(7), entry(8)]);
+    assert_eq!(again.iter().map(|d| d.entry.id.ms).collect::<Vec<_>>(), vec![7], "7 again; 8 is in flight");
+}
+
 #[test]
 fn every_heartbeat_carries_the_process_session_the_join_included() {
     let mut c = core();
