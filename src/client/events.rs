@@ -41,7 +41,9 @@ pub enum StopReason {
     /// failover) or another entry took the id (a split brain's two primaries can each add one): the
     /// entry in flight may not be the one Redis now holds under the id, whose ack would then be
     /// an ack of an entry nobody processed. So this one is given up (its ack is refused) and the
-    /// pending sweep delivers whatever Redis holds under the id.
+    /// pending sweep delivers whatever Redis holds under the id. An ack of it already sent when
+    /// the read returns is not covered: if it runs at Redis after the read, it acks the entry the
+    /// read handed out, which is then lost (a split brain's old primary loses writes anyway).
     Reexposed,
 }
 

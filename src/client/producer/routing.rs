@@ -20,7 +20,7 @@
 //!   shards again so a consumer reads them (DESIGN §8). It is forgotten only when the group is
 //!   reported deleted.
 
-use crate::core::model::ShardId;
+use crate::core::model::{GroupConfig, ShardId};
 use crate::core::planted::{PlantedBug, PlantedBugs};
 use crate::core::proof::ViewProof;
 use crate::core::protocol::{RoutingReport, RoutingResponse};
@@ -159,8 +159,13 @@ impl RoutingCache {
 
     /// Applies a successful refresh sent at `sent_ms`.
     pub fn apply_refresh(&mut self, sent_ms: u64, now_ms: u64, routing: RoutingResponse) -> RefreshOutcome {
-        let expires_ms = sent_ms.saturating_add(routing.routing_cache_ttl_ms);
-        let refresh_due_ms = sent_ms.saturating_add(routing.routing_refresh_interval_ms);
+        // Bounded as a valid group config bounds them (at most 24 h, the refresh before the
+        // cache ends): a coordinator's bug or lie must not keep a partitioned producer publishing
+        // on one view for ever, nor stop its refreshes.
+        let ttl_ms = routing.routing_cache_ttl_ms.min(GroupConfig::MS_MAX);
+        let refresh_ms = routing.routing_refresh_interval_ms.min(ttl_ms.saturating_sub(1).max(1));
+        let expires_ms = sent_ms.saturating_add(ttl_ms);
+        let refresh_due_ms = sent_ms.saturating_add(refresh_ms);
         let valid = self.is_valid(now_ms);
         self.peer_reads_shard_count = routing.accepts_known_shard_count;
         self.peer_reads_proofs = routing.metadata_version_proof.is_some();
@@ -255,6 +260,21 @@ mod tests {
             lost_version: None,
             accepts_known_shard_count: true,
         }
+    }
+
+    /// A routing answer's cache TTL and refresh interval are bounded as a valid group config bounds
+    /// them: u64::MAX would let a partitioned producer publish on one view for ever and never
+    /// refresh again (review finding).
+    #[test]
+    fn an_answers_cache_ttl_and_refresh_interval_are_bounded_as_a_valid_config_bounds_them() {
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
+        let absurd =
+            RoutingResponse { routing_cache_ttl_ms: u64::MAX, routing_refresh_interval_ms: u64::MAX, ..routing(3, 4) };
+        assert_eq!(cache.apply_refresh(0, 10, absurd), RefreshOutcome::Replaced);
+        assert_eq!(cache.expires_ms(), Some(GroupConfig::MS_MAX));
+        assert!(!cache.needs_refresh(GroupConfig::MS_MAX - 2));
+        assert!(cache.needs_refresh(GroupConfig::MS_MAX - 1), "the refresh comes before the cache ends");
+        assert!(matches!(cache.route(GroupConfig::MS_MAX, b"k"), Err(RouteError::Expired { .. })));
     }
 
     #[test]

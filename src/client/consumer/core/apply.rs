@@ -41,14 +41,17 @@ impl ConsumerCore {
         self.metadata_version_proof = r.metadata_version_proof;
         self.assignment_epoch = r.assignment_epoch;
         // An answer's lease and interval are bounded as a valid group config bounds them
-        // (`GroupConfig::validate`): a coordinator's bug or lie must not give a lease that outlives
-        // any partition, nor put the next heartbeat at or past the lease's end (a consumer whose
-        // lease ended before its next heartbeat would sit idle until it came: forever at u64::MAX).
+        // (`GroupConfig::validate`: at most 24 h, the interval below the lease): a coordinator's
+        // bug or lie must not give a lease that outlives any partition, nor put the next heartbeat
+        // a lease or more after the answer (a consumer whose lease ended sits idle until its next
+        // heartbeat: for ever at u64::MAX). Without a lease to bound it (0 or 1 ms), the interval
+        // is at most the consumer's own configured one. An interval of 0 keeps the current one,
+        // bounded the same way.
         let lease_ms = r.assignment_lease_ms.min(GroupConfig::MS_MAX);
-        if r.heartbeat_interval_ms > 0 {
-            let below_lease = if lease_ms > 1 { lease_ms - 1 } else { GroupConfig::MS_MAX };
-            self.heartbeat_interval_ms = r.heartbeat_interval_ms.min(below_lease);
-        }
+        let interval_max = if lease_ms > 1 { lease_ms - 1 } else { self.config.heartbeat_interval_ms.max(1) };
+        let interval_ms =
+            if r.heartbeat_interval_ms > 0 { r.heartbeat_interval_ms } else { self.heartbeat_interval_ms };
+        self.heartbeat_interval_ms = interval_ms.min(interval_max);
         let lease_from_ms =
             if self.config.planted.has(PlantedBug::LeaseFromReceiveTime) { now_ms } else { sent.sent_ms };
         let lease_end_ms = lease_from_ms.saturating_add(lease_ms);

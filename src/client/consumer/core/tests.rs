@@ -514,13 +514,26 @@ fn an_answers_lease_and_interval_are_bounded_as_a_valid_config_bounds_them() {
     let lease_end = GroupConfig::MS_MAX;
     assert_eq!(c.readable_shards(lease_end - 1), vec![1]);
     assert!(c.readable_shards(lease_end).is_empty(), "the lease ends within the longest valid one");
-    // The interval runs from the answer (at 10), the lease from the send (at 0).
+    // The interval runs from the answer (at 10): the next heartbeat comes less than a lease after it.
     assert_eq!(c.poll_heartbeat(10 + lease_end - 2), None);
-    assert!(c.poll_heartbeat(10 + lease_end - 1).is_some(), "the next heartbeat is within a lease of the answer");
+    assert!(
+        c.poll_heartbeat(10 + lease_end - 1).is_some(),
+        "the next heartbeat is due less than a lease after the answer"
+    );
     let mut c = core();
     exchange(&mut c, 0, 10, Ok(HeartbeatResponse { heartbeat_interval_ms: u64::MAX, ..ok(&[1]) }));
     assert_eq!(c.poll_heartbeat(10 + LEASE_MS - 2), None);
     assert!(c.poll_heartbeat(10 + LEASE_MS - 1).is_some(), "an interval at or past the lease is cut below it");
+    // No lease to bound it: the consumer's own configured interval does.
+    let mut c = core();
+    let configured = c.config().heartbeat_interval_ms;
+    exchange(
+        &mut c,
+        0,
+        10,
+        Ok(HeartbeatResponse { assignment_lease_ms: 0, heartbeat_interval_ms: u64::MAX, ..ok(&[]) }),
+    );
+    assert!(c.poll_heartbeat(10 + configured).is_some(), "an answer without a lease cannot put off the next heartbeat");
 }
 
 #[test]
