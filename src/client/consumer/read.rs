@@ -110,7 +110,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 return Ok(Handed::new(&self.shared, Vec::new()));
             };
             // Held until the call's result is registered (dropped on error or cancellation too).
-            let _call = CallGuard { shared: &self.shared, shard: plan.shard };
+            let reread = matches!(plan.step, ReadStep::Read(_)).then_some(plan.generation);
+            let mut call = CallGuard { shared: &self.shared, shard: plan.shard, reread };
             let fence = plan.fence.map(|fence| FenceCheck { key: keys::fence_key(group, plan.shard), fence });
             match plan.step {
                 ReadStep::Setup => {
@@ -177,6 +178,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                     }
                     let now_ms = self.shared.clock.now_ms();
                     let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
+                    call.reread = None;
                     if !delivered.is_empty() || from == ReadFrom::New {
                         return Ok(self.ack_trimmed(Handed::new(&self.shared, delivered)).await);
                     }
@@ -209,7 +211,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             });
             let Some(plan) = plan else { continue };
             // Held until the read's result is registered (dropped on error or cancellation too).
-            let guard = CallGuard { shared: &self.shared, shard: plan.shard };
+            let guard = CallGuard { shared: &self.shared, shard: plan.shard, reread: Some(plan.generation) };
             match plan.fence {
                 Some(fence) => reads.push(FencedRead {
                     fence: FenceCheck { key: keys::fence_key(group, plan.shard), fence },
@@ -293,7 +295,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         // while trimmed entries are acked below abandons them instead of losing track of them.
         let now_ms = self.shared.clock.now_ms();
         let mut out = Vec::with_capacity(results.len());
-        for (plan, count, _guard, result) in results {
+        for (plan, count, mut guard, result) in results {
             let result = match result {
                 Ok(answer) => answer,
                 Err(whole_call) => {
@@ -301,18 +303,19 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                     continue;
                 }
             };
-            out.push(
-                result
-                    .map(|entries| {
-                        // XREADGROUP `>` moved the group's last-delivered id to its last entry.
-                        if let Some(last) = entries.last() {
-                            self.shared.saw_new(plan.shard, plan.generation, last.id);
-                        }
-                        let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
-                        Handed::new(&self.shared, delivered)
-                    })
-                    .or_else(|error| self.refused(plan, error)),
-            );
+            let registered = result.map(|entries| {
+                // XREADGROUP `>` moved the group's last-delivered id to its last entry.
+                if let Some(last) = entries.last() {
+                    self.shared.saw_new(plan.shard, plan.generation, last.id);
+                }
+                let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
+                Handed::new(&self.shared, delivered)
+            });
+            if registered.is_ok() {
+                guard.reread = None;
+            }
+            out.push(registered.or_else(|error| self.refused(plan, error)));
+            drop(guard);
         }
         let mut handed = Vec::with_capacity(out.len());
         for read in out {
@@ -395,12 +398,24 @@ impl<T, S> Drop for Handed<'_, T, S> {
 pub(super) struct CallGuard<'a, T, S> {
     shared: &'a Shared<T, S>,
     shard: ShardId,
+    /// A read whose result is not registered yet, under this shard start: dropped so (the poll
+    /// was cancelled, or the call failed here but may have run at Redis), the entries it may
+    /// have made pending to this consumer are re-read at the next poll
+    /// (`ConsumerCore::reread_own_pending`), not at the next pending sweep.
+    reread: Option<u64>,
 }
 
 impl<T, S> Drop for CallGuard<'_, T, S> {
     fn drop(&mut self) {
         let now_ms = self.shared.clock.now_ms();
-        if self.shared.with_core(|core| core.call_finished(now_ms, self.shard)) {
+        let (shard, reread) = (self.shard, self.reread);
+        let drained = self.shared.with_core(|core| {
+            if let Some(generation) = reread {
+                core.reread_own_pending(shard, generation);
+            }
+            core.call_finished(now_ms, shard)
+        });
+        if drained {
             self.shared.wake.notify_one();
         }
     }

@@ -223,6 +223,31 @@ async fn a_cancelled_poll_leaves_nothing_in_flight_and_close_still_leaves() {
     assert!(last.leave);
 }
 
+/// A poll cancelled after its read ran at Redis but before the reply came back (a `timeout`
+/// around `poll`): the entry the read made pending to this consumer never reached it. The next
+/// poll re-reads the shard's own pending entries and delivers it, instead of the pending sweep
+/// 30 s later (`ConsumerConfig::pending_sweep_interval_ms`).
+#[tokio::test]
+async fn the_entries_of_a_read_cancelled_in_flight_come_with_the_next_poll() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    let consumer = Arc::new(join("m1", &coordinator, &store, &sink, Arc::new(NoopListener)));
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    publish(&store, 0, 1).await;
+    for delivery in poll_n(&consumer, 1).await {
+        consumer.ack(&delivery).await.expect("ack");
+    }
+    publish(&store, 0, 1).await;
+    // Half the latency before the store runs the read, half after: cancelled in between.
+    store.set_latency_ms(100);
+    let cancelled = tokio::time::timeout(Duration::from_millis(75), consumer.poll(10)).await;
+    assert!(cancelled.is_err(), "the poll was cancelled mid-read");
+    store.set_latency_ms(0);
+    let started = tokio::time::Instant::now();
+    let again = poll_n(&consumer, 1).await;
+    assert_eq!(again.len(), 1);
+    assert!(started.elapsed() < Duration::from_secs(1), "redelivered by the next polls, not by the sweep");
+}
+
 #[tokio::test]
 async fn a_poll_reads_its_shards_at_once_and_delivers_at_most_max() {
     for fenced in [false, true] {

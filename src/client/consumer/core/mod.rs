@@ -58,9 +58,11 @@ pub struct ConsumerConfig {
     /// and the own-pending re-read run again this often (0: only when the shard starts). Without
     /// it, entries whose read reply never reached this consumer — a lost reply, or a read that
     /// timed out here but ran at Redis later — stay pending until the shard changes owner; so do
-    /// the entries of a cancelled `poll` and of a read whose result was dropped (it overlapped a
-    /// restart, a sweep or a completed own-pending re-read). With 0, such entries are delivered
-    /// only once the shard moves (at-least-once still holds, but a stable owner never sees them).
+    /// the entries of a read whose result was dropped (it overlapped a restart, a sweep or a
+    /// completed own-pending re-read). With 0, such entries are delivered only once the shard
+    /// moves (at-least-once still holds, but a stable owner never sees them). A read that failed
+    /// or whose `poll` was cancelled does not wait for the sweep: the next poll re-reads the
+    /// shard's own pending entries (`reread_own_pending`); its reply is what gets lost, not them.
     pub pending_sweep_interval_ms: u64,
     /// This process's member session secret (drawn from the OS by [`ConsumerConfig::new`]): sent
     /// with every heartbeat, so only this process can act for the incarnations it joins, and it
@@ -499,6 +501,22 @@ impl ConsumerCore {
         };
         let (generation, in_flight, fence, pending_round) = (s.generation, s.in_flight.len(), s.fence, s.pending_round);
         Some(ReadPlan { shard, generation, step, in_flight, fence, pending_round })
+    }
+
+    /// A read on `shard` (under start `generation`) ended without its result being taken: its
+    /// poll was cancelled, or the call failed here though it may have run at Redis. Entries it
+    /// made pending to this consumer never reached it, so the shard's own pending entries are
+    /// re-read at the next poll instead of at the next pending sweep (entries in flight are not
+    /// delivered twice; results of reads planned before are dropped, as after a sweep).
+    pub fn reread_own_pending(&mut self, shard: ShardId, generation: u64) {
+        if self.config.planted.has(crate::core::planted::PlantedBug::SkipPendingRecovery) {
+            return;
+        }
+        let Some(s) = self.shards.get_mut(&shard).filter(|s| s.generation == generation) else { return };
+        if s.state == (ShardState::Reading { setup_done: true, pending_done: true }) {
+            s.state = ShardState::Reading { setup_done: true, pending_done: false };
+            s.pending_round += 1;
+        }
     }
 
     /// Records a finished setup (group ensured, previous owner's entries claimed).
