@@ -191,19 +191,25 @@ async fn close_waits_for_the_drain_then_leaves_with_every_shard_revoked() {
     assert_eq!(consumer.status().phase, Phase::Left);
 }
 
+/// Member m1 reading shard 0, set up (claim and own-pending re-read done, one entry read and
+/// acked), so every later read of it is one call.
+async fn reading_shard_0() -> (MemoryStore, Arc<FakeCoordinator>, Arc<VecSink>, Arc<TestConsumer>) {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    let consumer = Arc::new(join("m1", &coordinator, &store, &sink, Arc::new(NoopListener)));
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    publish(&store, 0, 1).await;
+    for delivery in poll_n(&consumer, 1).await {
+        consumer.ack(&delivery).await.expect("ack");
+    }
+    (store, coordinator, sink, consumer)
+}
+
 /// `poll` is cancel-safe: an application that races it against a shutdown signal (`select!`,
 /// `timeout`) drops it mid-read. Entries it had already read from one shard were in flight with no
 /// one to settle them, so that shard never drained and `close` never sent the leave.
 #[tokio::test]
 async fn a_cancelled_poll_leaves_nothing_in_flight_and_close_still_leaves() {
-    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
-    let consumer = Arc::new(join("m1", &coordinator, &store, &sink, Arc::new(NoopListener)));
-    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
-    // Shard 0 set up (claim and own-pending done), so every later read of it is one call.
-    publish(&store, 0, 1).await;
-    for delivery in poll_n(&consumer, 1).await {
-        consumer.ack(&delivery).await.expect("ack");
-    }
+    let (store, coordinator, sink, consumer) = reading_shard_0().await;
     publish(&store, 0, 2).await;
     coordinator.with(|s| {
         s.assigned.insert("m1".into(), vec![0, 1]);
@@ -229,13 +235,7 @@ async fn a_cancelled_poll_leaves_nothing_in_flight_and_close_still_leaves() {
 /// 30 s later (`ConsumerConfig::pending_sweep_interval_ms`).
 #[tokio::test]
 async fn the_entries_of_a_read_cancelled_in_flight_come_with_the_next_poll() {
-    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
-    let consumer = Arc::new(join("m1", &coordinator, &store, &sink, Arc::new(NoopListener)));
-    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
-    publish(&store, 0, 1).await;
-    for delivery in poll_n(&consumer, 1).await {
-        consumer.ack(&delivery).await.expect("ack");
-    }
+    let (store, _coordinator, _sink, consumer) = reading_shard_0().await;
     publish(&store, 0, 1).await;
     // Half the latency before the store runs the read, half after: cancelled in between.
     store.set_latency_ms(100);

@@ -567,14 +567,12 @@ impl ConsumerCore {
         } else {
             entries.iter().map(|e| e.id).filter(|id| shard.in_flight.contains(id)).collect()
         };
+        let acked = &shard.acked_before_pending_read;
+        let mut fresh: Vec<StreamEntry> =
+            entries.into_iter().filter(|e| !shard.in_flight.contains(&e.id) && !acked.contains(&e.id)).collect();
         for id in &reexposed {
             shard.in_flight.remove(id);
         }
-        let acked = &shard.acked_before_pending_read;
-        let mut fresh: Vec<StreamEntry> = entries
-            .into_iter()
-            .filter(|e| !shard.in_flight.contains(&e.id) && !acked.contains(&e.id) && !reexposed.contains(&e.id))
-            .collect();
         // An own-pending read asks for the entries in flight plus the caller's `max` (those come
         // back too); more than `max` fresh ones (in flight ones acked meanwhile, or pending entries
         // below them) are left pending at Redis for the next own-pending read.

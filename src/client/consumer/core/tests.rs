@@ -85,6 +85,32 @@ fn deliver(c: &mut ConsumerCore, now_ms: u64, shard: ShardId, ids: &[u64]) -> Ve
     }
 }
 
+/// A consumer whose shards' setup and own-pending re-read run again every 500 ms.
+fn sweeping_core() -> ConsumerCore {
+    let mut config = ConsumerConfig::new(GroupId::new("orders", "billing"), "m1");
+    config.pending_sweep_interval_ms = 500;
+    ConsumerCore::new(config)
+}
+
+/// The plan for `shard` at `now_ms` (it must be readable).
+fn plan_of(c: &mut ConsumerCore, now_ms: u64, shard: ShardId) -> ReadPlan {
+    c.read_plans(now_ms).into_iter().find(|p| p.shard == shard).expect("readable")
+}
+
+/// Runs the setup of `shard`'s due pending sweep at `now_ms` and returns its own-pending read.
+fn own_pending_after_sweep(c: &mut ConsumerCore, now_ms: u64, shard: ShardId) -> ReadPlan {
+    let sweep = plan_of(c, now_ms, shard);
+    assert_eq!(sweep.step, ReadStep::Setup);
+    c.setup_done(shard, sweep.generation);
+    c.plan_for(now_ms, shard, sweep.generation).expect("readable")
+}
+
+/// Acks `delivery` at `now_ms` as `Consumer::ack` does around its XACK.
+fn ack(c: &mut ConsumerCore, now_ms: u64, delivery: &Delivery) {
+    c.check_ack(now_ms, delivery).expect("in flight");
+    c.acked(now_ms, delivery);
+}
+
 #[test]
 fn first_heartbeat_joins_with_epoch_zero_and_nothing_owned() {
     let mut c = core();
@@ -614,15 +640,14 @@ fn an_owned_shard_resweeps_pending_entries_so_a_lost_read_reply_is_redelivered()
 fn an_own_pending_result_after_the_re_read_completed_delivers_nothing() {
     let mut c = core();
     exchange(&mut c, 0, 10, Ok(ok(&[2])));
-    let setup = c.read_plans(10).into_iter().find(|p| p.shard == 2).expect("readable");
+    let setup = plan_of(&mut c, 10, 2);
     c.setup_done(2, setup.generation);
     let first = c.plan_for(10, 2, setup.generation).expect("readable");
     let second = c.plan_for(10, 2, setup.generation).expect("readable");
     assert_eq!((first.step, second.step), (ReadStep::Read(ReadFrom::OwnPending), ReadStep::Read(ReadFrom::OwnPending)));
     let got = c.handle_read(20, first, 10, vec![entry(4)]);
     assert_eq!(got.len(), 1);
-    c.check_ack(30, &got[0]).expect("in flight");
-    c.acked(30, &got[0]);
+    ack(&mut c, 30, &got[0]);
     assert!(c.handle_read(40, second, 10, vec![entry(4)]).is_empty(), "entry 4 was processed and acked");
 }
 
@@ -631,21 +656,15 @@ fn an_own_pending_result_after_the_re_read_completed_delivers_nothing() {
 /// result must not deliver them again (review finding).
 #[test]
 fn a_read_planned_before_a_pending_sweep_delivers_nothing() {
-    let mut config = ConsumerConfig::new(GroupId::new("orders", "billing"), "m1");
-    config.pending_sweep_interval_ms = 500;
-    let mut c = ConsumerCore::new(config);
+    let mut c = sweeping_core();
     exchange(&mut c, 0, 10, Ok(ok(&[2])));
     assert!(deliver(&mut c, 10, 2, &[]).is_empty());
-    let late = c.read_plans(400).into_iter().find(|p| p.shard == 2).expect("readable");
+    let late = plan_of(&mut c, 400, 2);
     assert_eq!(late.step, ReadStep::Read(ReadFrom::New));
-    let sweep = c.read_plans(510).into_iter().find(|p| p.shard == 2).expect("readable");
-    assert_eq!(sweep.step, ReadStep::Setup);
-    c.setup_done(2, sweep.generation);
-    let own = c.plan_for(510, 2, sweep.generation).expect("readable");
+    let own = own_pending_after_sweep(&mut c, 510, 2);
     let got = c.handle_read(520, own, 10, vec![entry(5)]);
     assert_eq!(got.len(), 1);
-    c.check_ack(530, &got[0]).expect("in flight");
-    c.acked(530, &got[0]);
+    ack(&mut c, 530, &got[0]);
     assert!(c.handle_read(540, late, 10, vec![entry(5)]).is_empty(), "entry 5 was processed and acked");
 }
 
@@ -656,13 +675,11 @@ fn a_read_planned_before_a_pending_sweep_delivers_nothing() {
 /// (its ack refused), and the next sweep's own-pending re-read delivers what Redis holds.
 #[test]
 fn an_id_handed_out_again_while_in_flight_is_given_up_and_redelivered_by_the_sweep() {
-    let mut config = ConsumerConfig::new(GroupId::new("orders", "billing"), "m1");
-    config.pending_sweep_interval_ms = 500;
-    let mut c = ConsumerCore::new(config);
+    let mut c = sweeping_core();
     exchange(&mut c, 0, 10, Ok(ok(&[2])));
     let held = deliver(&mut c, 10, 2, &[7]);
     c.drain_events();
-    let plan = c.read_plans(20).into_iter().find(|p| p.shard == 2).expect("readable");
+    let plan = plan_of(&mut c, 20, 2);
     assert_eq!(plan.step, ReadStep::Read(ReadFrom::New));
     let got = c.handle_read(20, plan, 10, vec![entry(7), entry(8)]);
     assert_eq!(got.iter().map(|d| d.entry.id.ms).collect::<Vec<_>>(), vec![8]);
@@ -673,10 +690,7 @@ fn an_id_handed_out_again_while_in_flight_is_given_up_and_redelivered_by_the_swe
         .filter(|e| matches!(e, ClientEvent::EntryAbandoned { reason: StopReason::Reexposed, .. }))
         .collect();
     assert_eq!(abandoned.len(), 1);
-    let sweep = c.read_plans(510).into_iter().find(|p| p.shard == 2).expect("readable");
-    assert_eq!(sweep.step, ReadStep::Setup);
-    c.setup_done(2, sweep.generation);
-    let own = c.plan_for(510, 2, sweep.generation).expect("readable");
+    let own = own_pending_after_sweep(&mut c, 510, 2);
     let again = c.handle_read(510, own, 11, vec![entry(7), entry(8)]);
     assert_eq!(again.iter().map(|d| d.entry.id.ms).collect::<Vec<_>>(), vec![7], "7 again; 8 is in flight");
 }
