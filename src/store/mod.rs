@@ -622,8 +622,10 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// The steady heartbeat against a decoded copy the caller holds: increments `member`'s
     /// liveness counter by `step` and returns `Unchanged` when the record still carries `known`,
     /// else the record as `touch_and_load` would. On Redis: HINCRBY + HMGET of four short fields,
-    /// pipelined (two commands, one round trip, no aggregate transfer); a changed record costs one
-    /// more read. Never leaves a liveness key behind for an absent metadata key.
+    /// pipelined (two commands, one round trip, no aggregate transfer; on a Cluster one script
+    /// running both); a changed record costs one more read. The stamp is read after the
+    /// increment, never before it: an expiry that ran before the stamp read is then seen, one
+    /// that ran after it saw the increment. Never leaves a liveness key behind for an absent metadata key.
     fn touch_and_check_by(
         &self,
         group: &GroupId,

@@ -56,25 +56,46 @@ impl MetadataStore for RedisStore {
     ) -> Result<TouchCheck, StoreError> {
         let metadata = keys::metadata_key(group);
         let liveness_key = keys::liveness_key(group);
-        let mut touch = ::redis::cmd("HINCRBY");
-        touch.arg(&liveness_key).arg(member).arg(step);
-        let mut stamp_read = ::redis::cmd("HMGET");
-        stamp_read.arg(&metadata).arg(&[
-            keys::FIELD_REVISION,
-            keys::FIELD_WRITE_ID,
-            keys::FIELD_SCHEMA_VERSION,
-            keys::FIELD_LAYOUT_VERSION,
-        ]);
         let (liveness, stamp): (u64, Vec<Value>) = if self.is_cluster() {
-            // Two requests, sent together, never one pipeline: the `redis` crate follows an ASK
-            // redirect of a pipeline by sending the whole pipeline to the importing node after
-            // one ASKING, which covers only its first command. While a slot migration has moved
-            // the metadata key but not the liveness hash, the HINCRBY then ran on the importing
-            // node too, creating a second liveness hash there (MIGRATE of the real one then
-            // fails with BUSYKEY), and the HMGET bounced (MOVED, ASK, ...) until the deadline.
-            // Each command on its own follows ASK correctly; the pipeline was never atomic.
-            futures_util::future::try_join(self.query("HINCRBY", touch), self.query("HMGET", stamp_read)).await?
+            // One script, never a pipeline nor two requests. A pipeline: the `redis` crate follows
+            // an ASK redirect of a pipeline by sending the whole pipeline to the importing node
+            // after one ASKING, which covers only its first command. While a slot migration has
+            // moved the metadata key but not the liveness hash, the HINCRBY then ran on the
+            // importing node too, creating a second liveness hash there (MIGRATE of the real one
+            // then fails with BUSYKEY), and the HMGET bounced (MOVED, ASK, ...) until the
+            // deadline. Two requests: nothing orders them at Redis (a redirect or a resend delays
+            // one), and a stamp read that ran before an expiry with the increment after it would
+            // answer OK, from a record that still lists the member's shards, a member the expiry
+            // removed (it checked a counter the increment had not moved yet): with fencing off,
+            // two owners. The script is one command: it follows ASK on its own, and while the
+            // two keys are on different nodes Redis answers TRYAGAIN, which the crate retries.
+            let mut invocation = self.inner.scripts.touch_stamp.prepare_invoke();
+            invocation.key(&metadata).key(&liveness_key).arg(member).arg(step);
+            let reply = self.invoke("touch-stamp script", invocation).await?;
+            let Value::Array(mut items) = reply else {
+                return Err(StoreError::Protocol(format!("touch-stamp script: unexpected reply {reply:?}")));
+            };
+            let liveness = match items.first().and_then(number) {
+                Some(liveness) if items.len() == 5 => liveness,
+                _ => return Err(StoreError::Protocol(format!("touch-stamp script: unexpected reply {items:?}"))),
+            };
+            if matches!(items[1], Value::Nil) {
+                // The metadata key is absent: the script wrote nothing.
+                return Ok(TouchCheck::Changed(TouchResult { liveness: 0, record: None }));
+            }
+            (liveness, items.split_off(1))
         } else {
+            // One pipeline, the increment first: Redis runs a connection's commands in order, so
+            // an expiry that ran after the stamp read also ran after the increment (and saw it).
+            let mut touch = ::redis::cmd("HINCRBY");
+            touch.arg(&liveness_key).arg(member).arg(step);
+            let mut stamp_read = ::redis::cmd("HMGET");
+            stamp_read.arg(&metadata).arg(&[
+                keys::FIELD_REVISION,
+                keys::FIELD_WRITE_ID,
+                keys::FIELD_SCHEMA_VERSION,
+                keys::FIELD_LAYOUT_VERSION,
+            ]);
             let mut pipe = ::redis::pipe();
             pipe.add_command(touch).add_command(stamp_read);
             self.pipeline("HINCRBY+HMGET", pipe).await?

@@ -83,6 +83,25 @@ end
 return {counter, f[1], f[2], f[3], f[4], f[5], f[6]}
 "#;
 
+/// Touch-and-stamp, for a heartbeat whose record is cached (`touch_and_check` on a Redis Cluster):
+/// if the metadata key exists, increments the member's liveness counter and reads the record's
+/// stamp, as one atomic step. KEYS: metadata hash, liveness hash. ARGV: member, step. Reply:
+/// `{counter, revision, writeId, schemaVersion, layoutVersion}` (`{0}` and nils, nothing written,
+/// when the metadata key is absent). The counter is read back with HGET, a decimal string: HINCRBY's
+/// reply would pass through a Lua number, which rounds above 2^53. On a single server the same two commands go as one pipeline,
+/// in this order; on a Cluster they cannot (see `touch_and_check_by`), and sent as two requests
+/// they may run in either order: a stamp read before an expiry and an increment after it would
+/// answer a member the expiry removed (the expiry checked a counter the increment had not moved
+/// yet), from a record that still lists its shards.
+const TOUCH_STAMP: &str = r#"
+local f = redis.call('HMGET', KEYS[1], 'revision', 'writeId', 'schemaVersion', 'layoutVersion')
+if not f[1] then
+  return {0, false, false, false, false}
+end
+redis.call('HINCRBY', KEYS[2], ARGV[1], ARGV[2])
+return {redis.call('HGET', KEYS[2], ARGV[1]), f[1], f[2], f[3], f[4]}
+"#;
+
 /// After a pipelined HINCRBY found the metadata key absent: deletes the liveness hash if the
 /// metadata key is still absent (liveness without metadata means nothing; this removes a hash
 /// the HINCRBY created). KEYS: metadata hash, liveness hash. Reply: keys deleted.
@@ -113,10 +132,11 @@ end
 return 0
 "#;
 
-/// The five metadata scripts and the four fence scripts (`fences.rs`), hashed once per store.
+/// The six metadata scripts and the four fence scripts (`fences.rs`), hashed once per store.
 pub(crate) struct Scripts {
     pub(crate) write: Script,
     pub(crate) touch: Script,
+    pub(crate) touch_stamp: Script,
     pub(crate) forget_liveness: Script,
     pub(crate) delete: Script,
     pub(crate) release: Script,
@@ -128,6 +148,7 @@ impl Scripts {
         Self {
             write: Script::new(WRITE),
             touch: Script::new(TOUCH),
+            touch_stamp: Script::new(TOUCH_STAMP),
             forget_liveness: Script::new(FORGET_LIVENESS),
             delete: Script::new(DELETE),
             release: Script::new(RELEASE),
@@ -138,16 +159,18 @@ impl Scripts {
     /// The text of every script, the batched fence scripts too (for running one as `EVAL` where
     /// its `EVALSHA` is answered `NOSCRIPT`, `cluster::DirectNodes::eval_of`).
     pub(crate) fn sources() -> Vec<String> {
-        let mut sources: Vec<String> = [WRITE, TOUCH, FORGET_LIVENESS, DELETE, RELEASE].map(String::from).into();
+        let mut sources: Vec<String> =
+            [WRITE, TOUCH, TOUCH_STAMP, FORGET_LIVENESS, DELETE, RELEASE].map(String::from).into();
         sources.extend(FenceScripts::sources());
         sources
     }
 
     /// (name used in errors, script) for the probe.
-    pub(crate) fn all(&self) -> [(&'static str, &Script); 9] {
+    pub(crate) fn all(&self) -> [(&'static str, &Script); 10] {
         [
             ("write script", &self.write),
             ("touch script", &self.touch),
+            ("touch-stamp script", &self.touch_stamp),
             ("forget-liveness script", &self.forget_liveness),
             ("delete script", &self.delete),
             ("mutex release script", &self.release),
