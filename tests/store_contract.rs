@@ -171,6 +171,7 @@ contract_suite!(
         contract_the_same_counter_with_another_nonce_is_refused,
         contract_a_newer_fence_is_accepted_and_replaces_the_key,
         contract_a_missing_fence_key_accepts_any_fence,
+        contract_a_counter_beyond_the_largest_is_refused_and_never_installed,
         contract_fenced_operations_map_missing_groups_as_unfenced_ones,
         contract_batched_fenced_reads_and_acks_keep_each_shards_outcome,
     ],
@@ -202,6 +203,7 @@ scripted_reads_suite!(
     contract_the_same_counter_with_another_nonce_is_refused,
     contract_a_newer_fence_is_accepted_and_replaces_the_key,
     contract_a_missing_fence_key_accepts_any_fence,
+    contract_a_counter_beyond_the_largest_is_refused_and_never_installed,
     contract_fenced_operations_map_missing_groups_as_unfenced_ones,
     contract_batched_fenced_reads_and_acks_keep_each_shards_outcome,
 );

@@ -31,6 +31,14 @@ pub struct Fence {
 }
 
 impl Fence {
+    /// The largest counter a presented fence may install (2^53 − 1, which a JSON number holds
+    /// exactly in any client). Redis raises a fence key with `HINCRBY`, which fails above
+    /// `i64::MAX`: a made-up counter near it, installed, would keep every later grant of the shard
+    /// from raising its fence, for ever. From this bound, ~9.2·10^18 raises remain. A presented
+    /// fence above it is refused as stale, never installed; no coordinator hands one out (a
+    /// counter grows by one per grant of the shard).
+    pub const COUNTER_MAX: u64 = (1 << 53) - 1;
+
     /// The nonce as stored in the fence key (16 lowercase hex digits).
     pub fn nonce_hex(&self) -> String {
         format!("{:016x}", self.nonce)

@@ -215,6 +215,44 @@ pub async fn contract_a_missing_fence_key_accepts_any_fence<S: MetadataStore + S
     assert_eq!(raise_one(store, &fence_key(1), 0x44).await, Fence { counter: 1, nonce: 0x44 });
 }
 
+/// A counter above `Fence::COUNTER_MAX` is refused, on a missing key as on a raised one, and never
+/// installed: installed near 2^63, it would make every later raise (`HINCRBY`) of the key fail.
+pub async fn contract_a_counter_beyond_the_largest_is_refused_and_never_installed<
+    S: MetadataStore + StreamStore + Clone,
+>(
+    store: &S,
+) {
+    let (s0, s1) = (stream(0), stream(1));
+    store.ensure_group(&s0, GROUP).await.expect("ensure");
+    store.ensure_group(&s1, GROUP).await.expect("ensure");
+    let all = add(store, &s0, 2).await;
+    let refused = |result: Result<u64, StoreError>| {
+        assert!(matches!(result, Err(StoreError::Fenced { .. })), "{result:?}");
+    };
+    for counter in [Fence::COUNTER_MAX + 1, i64::MAX as u64, u64::MAX] {
+        let forged = Fence { counter, nonce: 0x77 };
+        // On a missing key, through every operation.
+        let read = store.fenced_xreadgroup(&check(0, forged), GROUP, "c1", &s0, ReadFrom::New, 2).await;
+        refused(read.map(|e| e.len() as u64));
+        refused(store.fenced_xack(&check(0, forged), &s0, GROUP, &all).await);
+        let claimed = store.fenced_claim_all_pending(&check(0, forged), &s0, GROUP, "c1", 0).await;
+        refused(claimed.map(|e| e.len() as u64));
+        assert_eq!(store.read_fences(&[fence_key(0)]).await, Ok(vec![None]), "never installed");
+        assert_eq!(own_pending(store, &s0, "c1").await, Vec::<EntryId>::new(), "nothing read");
+    }
+    // On a raised key: refused as stale, naming what the key holds.
+    let raised = raise_one(store, &fence_key(1), 0x01).await;
+    let forged = Fence { counter: i64::MAX as u64, nonce: 0x02 };
+    assert_fenced(store.fenced_xack(&check(1, forged), &s1, GROUP, &[]).await, 1, raised);
+    assert_eq!(store.read_fences(&[fence_key(1)]).await, Ok(vec![Some(raised)]));
+    // The largest is accepted, and the shard can still be granted (raised) after it.
+    let largest = Fence { counter: Fence::COUNTER_MAX, nonce: 0x03 };
+    assert_eq!(store.fenced_xack(&check(1, largest), &s1, GROUP, &[]).await, Ok(0));
+    let next = raise_one(store, &fence_key(1), 0x04).await;
+    assert_eq!(next, Fence { counter: Fence::COUNTER_MAX + 1, nonce: 0x04 });
+    assert_eq!(raise_one(store, &fence_key(0), 0x05).await, Fence { counter: 1, nonce: 0x05 });
+}
+
 pub async fn contract_fenced_operations_map_missing_groups_as_unfenced_ones<S: MetadataStore + StreamStore + Clone>(
     store: &S,
 ) {

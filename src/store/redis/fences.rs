@@ -65,7 +65,11 @@ end
 /// The fence check every fenced script runs first: `check(key, counter, nonce, open)` with the
 /// fence key and the presented counter (canonical decimal) and nonce (16 hex digits). Returns nil
 /// to go on, or the `{'fenced', counter, nonce}` reply to return. A missing key (or counter field)
-/// counts as 0 and accepts any counter. A stored counter that is not canonical decimal is
+/// counts as 0 and accepts any counter up to `Fence::COUNTER_MAX` (2^53 − 1). A larger one is
+/// refused like a stale one: the raise is `HINCRBY`, which fails above 2^63 − 1, so a made-up
+/// counter near it, installed, would keep every later grant of the shard from raising its fence,
+/// for ever (no coordinator hands one out; a client that made one up gets `FENCED` and reports it,
+/// and the next grant heals). A stored counter that is not canonical decimal is
 /// `{'corrupt'}` (a hand edit): nothing is touched. A replaced value's gate is closed and the new
 /// one opened; `open` also (re)opens the gate of an exactly matching value (the read scripts: a
 /// gated read that found no gate falls back to them, and they leave the gate in place).
@@ -84,6 +88,9 @@ local function check(key, presented, nonce, open)
   local counter = cur[1] or '0'
   if not canonical(counter) or not canonical(presented) then
     return {'corrupt', counter}
+  end
+  if newer(presented, '9007199254740991') then
+    return {'fenced', counter, cur[2] or ''}
   end
   if cur[1] and counter == presented and cur[2] == nonce then
     if open then
@@ -344,6 +351,11 @@ pub(crate) fn check_args(fence: &Fence) -> (String, String) {
 mod tests {
     use super::*;
     use crate::store::keys;
+
+    #[test]
+    fn the_check_refuses_counters_above_the_same_bound_as_the_fake() {
+        assert!(CHECK.contains(&format!("newer(presented, '{}')", Fence::COUNTER_MAX)));
+    }
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
