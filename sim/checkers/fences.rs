@@ -13,7 +13,15 @@
 //! What no protocol prevents is measured, not failed: a call presenting a fence that was recorded
 //! only in writes the store later lost (a rollback undid them, or an acknowledged write was
 //! dropped) — its grant was answered, then forgotten. Those are counted as stale successes after
-//! loss. Refusals (`FENCED`) are counted too: each is a stale operation the fence stopped.
+//! loss, but only until a grant of the shard with a counter at least the presented one's is
+//! recorded with no loss since: that grant's fence was raised in the key before it was recorded
+//! (DESIGN §10) and nothing has lowered the key since, so the rule refuses the lost fence from
+//! then on (same counter, another nonce: exactly the case the nonce exists for). Refusals
+//! (`FENCED`) are counted too: each is a stale operation the fence stopped.
+//!
+//! This leans on the fake keeping fence keys and metadata in one journal, so a rollback that
+//! undoes a grant undoes its raise too and never a raise alone. On a Redis Cluster they are on
+//! different nodes and can roll back apart (DESIGN §10): the simulation does not model that.
 //!
 //! A split brain's old primary is judged the same way against its own history and logs. A call on
 //! one side presenting a fence only the other side recorded after the failover (a grant of the
@@ -24,7 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use rsc::core::model::{Fence, GroupMetadata, ShardId, ShardOwner};
-use rsc::store::memory::{AckRecord, HistoryEvent, HistoryKind, ReadRecord, ReadSource};
+use rsc::store::memory::{AckRecord, HistoryEvent, HistoryKind, IdentityCause, ReadRecord, ReadSource};
 
 use super::{Facts, Violation};
 use crate::records::{fmt_us, Us};
@@ -116,6 +124,9 @@ struct Snapshot {
     fencing: bool,
     /// The latest grant's fence per shard, in this timeline.
     latest: BTreeMap<ShardId, Fence>,
+    /// Per shard, the largest counter of a grant recorded since the last change that can lower
+    /// fence keys (a rollback, a restart empty): the key holds at least this.
+    floor: BTreeMap<ShardId, u64>,
 }
 
 /// One operation that ran at Redis.
@@ -199,11 +210,16 @@ fn check_log(facts: &Facts<'_>, log: &Log<'_>, foreign: &Foreign, counts: &mut F
         match (op.fence, latest) {
             (Some(presented), Some(latest)) if presented == latest => counts.fenced_ok += 1,
             (Some(presented), latest) => {
-                if timeline.lost.contains(&presented)
-                    || (timeline.dropped_writes && !timeline.recorded.contains(&presented))
-                {
+                // The key holds at least this counter: the rule refuses the presented fence,
+                // whatever was lost before.
+                let superseded = snapshot.floor.get(&shard).is_some_and(|floor| *floor >= presented.counter);
+                let forgotten = timeline.lost.contains(&presented)
+                    || (timeline.dropped_writes && !timeline.recorded.contains(&presented));
+                if forgotten && !superseded {
                     counts.stale_after_loss += 1;
-                } else if foreign.iter().any(|(fences, until_us)| fences.contains(&presented) && at_us <= *until_us) {
+                } else if !superseded
+                    && foreign.iter().any(|(fences, until_us)| fences.contains(&presented) && at_us <= *until_us)
+                {
                     counts.stale_across_split_brain += 1;
                 } else {
                     let consumer = op.consumer.to_string();
@@ -255,6 +271,9 @@ impl Timeline {
             };
             let state: Option<GroupMetadata> = record.as_ref().and_then(|r| serde_json::from_str(&r.aggregate).ok());
             let before = current.clone();
+            if lowers_fence_keys(event) {
+                current.floor.clear();
+            }
             // A key deleted, corrupted or recreated empty records no newer grant: each shard's
             // latest grant stays the last one recorded (the fence keys outlive the record too).
             if let Some(g) = &state {
@@ -269,6 +288,10 @@ impl Timeline {
                         Some(fence) => {
                             current.latest.insert(*shard, fence);
                             recorded.insert(fence);
+                            // After a rollback too: the surviving state's raises survived with
+                            // it (the journal loses a suffix, and a raise comes before its grant).
+                            let floor = current.floor.entry(*shard).or_default();
+                            *floor = (*floor).max(fence.counter);
                         }
                         None => {
                             current.latest.remove(shard);
@@ -295,4 +318,96 @@ impl Timeline {
 /// A change that loses writes: a rollback, or a deletion of the key behind everyone's back.
 fn is_loss(event: &HistoryEvent) -> bool {
     matches!(event.kind, HistoryKind::RolledBack { .. } | HistoryKind::KeyDeleted { .. })
+}
+
+/// A change that can lower a fence key: a rollback (it may undo raises), a restart empty (every
+/// key gone). A deleted metadata key leaves the fence keys alone.
+fn lowers_fence_keys(event: &HistoryEvent) -> bool {
+    matches!(
+        event.kind,
+        HistoryKind::RolledBack { .. } | HistoryKind::IdentityChanged { cause: IdentityCause::FlushAll, .. }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use rsc::core::model::{Fence, GroupMetadata, ShardOwner};
+    use rsc::store::memory::{AckRecord, HistoryKind, RollbackMode};
+
+    use super::{check, FenceViolation};
+    use crate::checkers::fixtures::World;
+
+    /// The fixture group with `member` owning shard 0 under `fence`.
+    fn owning(world: &World, member: &str, fence: Fence) -> GroupMetadata {
+        let mut g = world.group_with_member(member, &[0]);
+        g.current.insert(0, ShardOwner::Owned { member: member.into(), since_assignment_epoch: 0, fence: Some(fence) });
+        g
+    }
+
+    /// An XACK on shard 0 presenting `fence`, run after the first `history_len` metadata changes.
+    fn ack(world: &World, fence: Fence, history_len: usize) -> AckRecord {
+        let stream = world.group.stream_key(0);
+        let group = world.group.consumer_group.clone();
+        AckRecord { at_ms: 1_000 * history_len as u64, stream, group, ids: Vec::new(), fence: Some(fence), history_len }
+    }
+
+    /// m1 granted 5.a, m2 granted 6.b, a silent rollback back to 5.a (6.b lost), m3 granted 6.c:
+    /// four metadata changes.
+    fn lost_then_regranted() -> (World, [Fence; 3]) {
+        let mut world = World::new();
+        let (a, b, c) =
+            (Fence { counter: 5, nonce: 0xa }, Fence { counter: 6, nonce: 0xb }, Fence { counter: 6, nonce: 0xc });
+        let first = owning(&world, "m1", a);
+        world.store(1, &first, 1);
+        world.store(2, &owning(&world, "m2", b), 2);
+        world.store(3, &first, 1);
+        world.history[2].kind = HistoryKind::RolledBack { mode: RollbackMode::Silent, requested: 1, undone: 1 };
+        world.store(4, &owning(&world, "m3", c), 2);
+        (world, [a, b, c])
+    }
+
+    #[test]
+    fn a_lost_fence_is_measured_until_a_grant_as_new_is_recorded() {
+        let (world, [_, lost, _]) = lost_then_regranted();
+        // Right after the rollback the key may hold 5.a: 6.b is strictly newer and the rule lets
+        // it through. No protocol prevents that.
+        let acks = [ack(&world, lost, 3)];
+        let facts = super::super::Facts { store_acks: &acks, ..world.facts() };
+        let (violations, counts) = check(&facts);
+        assert_eq!(violations, Vec::new());
+        assert_eq!(counts.stale_after_loss, 1);
+    }
+
+    #[test]
+    fn a_lost_fence_that_succeeds_after_a_grant_as_new_is_a_violation() {
+        let (world, [_, lost, regranted]) = lost_then_regranted();
+        // 6.c was raised before it was recorded: the key holds 6.c, and the rule refuses 6.b
+        // (same counter, another nonce). Code comparing counters only would let it through.
+        let acks = [ack(&world, lost, 4)];
+        let facts = super::super::Facts { store_acks: &acks, ..world.facts() };
+        let (violations, counts) = check(&facts);
+        assert_eq!(counts.stale_after_loss, 0);
+        assert!(
+            matches!(
+                violations.as_slice(),
+                [FenceViolation::StaleFenceSucceeded { presented, latest: Some(latest), .. }]
+                    if *presented == lost && *latest == regranted
+            ),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn a_second_rollback_excuses_the_lost_fence_again() {
+        let (mut world, [_, lost, _]) = lost_then_regranted();
+        // Another rollback may have undone 6.c's raise with its grant: the key may hold 5.a again.
+        let first = owning(&world, "m1", Fence { counter: 5, nonce: 0xa });
+        world.store(5, &first, 1);
+        world.history[4].kind = HistoryKind::RolledBack { mode: RollbackMode::Silent, requested: 1, undone: 1 };
+        let acks = [ack(&world, lost, 5)];
+        let facts = super::super::Facts { store_acks: &acks, ..world.facts() };
+        let (violations, counts) = check(&facts);
+        assert_eq!(violations, Vec::new());
+        assert_eq!(counts.stale_after_loss, 1);
+    }
 }
