@@ -121,7 +121,13 @@ impl ConsumerCore {
             self.shards.iter().any(|(shard, s)| self.is_drained(*shard, s) && !sent.reported_revoked.contains(shard));
         let prompt = r.status == HeartbeatStatus::SyncMetadata || unreported_drain;
         let delay_ms = if prompt { self.config.prompt_ms } else { self.heartbeat_interval_ms };
-        self.next_heartbeat_ms = now_ms.saturating_add(delay_ms);
+        // The interval runs from the answer, but never past the point that leaves two round trips
+        // as long as this one before the lease ends: with an interval close to the lease and slow
+        // answers (8 s lease, 7 s interval, 600 ms answers), the interval alone put every next
+        // answer after the lease's end, stopping every shard once a cycle.
+        let renew_by_ms = lease_end_ms.saturating_sub(now_ms.saturating_sub(sent.sent_ms).saturating_mul(2));
+        let next_ms = now_ms.saturating_add(delay_ms);
+        self.next_heartbeat_ms = if lease_ms > 1 { next_ms.min(renew_by_ms.max(now_ms)) } else { next_ms };
         self.emit(ClientEvent::StatusApplied {
             at_ms: now_ms,
             member: self.config.member_id.clone(),

@@ -540,16 +540,13 @@ fn an_answers_lease_and_interval_are_bounded_as_a_valid_config_bounds_them() {
     let lease_end = GroupConfig::MS_MAX;
     assert_eq!(c.readable_shards(lease_end - 1), vec![1]);
     assert!(c.readable_shards(lease_end).is_empty(), "the lease ends within the longest valid one");
-    // The interval runs from the answer (at 10): the next heartbeat comes less than a lease after it.
-    assert_eq!(c.poll_heartbeat(10 + lease_end - 2), None);
-    assert!(
-        c.poll_heartbeat(10 + lease_end - 1).is_some(),
-        "the next heartbeat is due less than a lease after the answer"
-    );
+    // The next heartbeat comes before the lease ends, two round trips (of 10 ms) before it.
+    assert_eq!(c.poll_heartbeat(lease_end - 21), None);
+    assert!(c.poll_heartbeat(lease_end - 20).is_some(), "the next heartbeat is due before the lease ends");
     let mut c = core();
     exchange(&mut c, 0, 10, Ok(HeartbeatResponse { heartbeat_interval_ms: u64::MAX, ..ok(&[1]) }));
-    assert_eq!(c.poll_heartbeat(10 + LEASE_MS - 2), None);
-    assert!(c.poll_heartbeat(10 + LEASE_MS - 1).is_some(), "an interval at or past the lease is cut below it");
+    assert_eq!(c.poll_heartbeat(LEASE_MS - 21), None);
+    assert!(c.poll_heartbeat(LEASE_MS - 20).is_some(), "an interval at or past the lease is cut below it");
     // No lease to bound it: the consumer's own configured interval does.
     let mut c = core();
     let configured = c.config().heartbeat_interval_ms;
@@ -560,6 +557,27 @@ fn an_answers_lease_and_interval_are_bounded_as_a_valid_config_bounds_them() {
         Ok(HeartbeatResponse { assignment_lease_ms: 0, heartbeat_interval_ms: u64::MAX, ..ok(&[]) }),
     );
     assert!(c.poll_heartbeat(10 + configured).is_some(), "an answer without a lease cannot put off the next heartbeat");
+}
+
+/// An interval close to the lease with slow answers: timed from the answer alone, every next
+/// answer arrived after the lease's end (8 s lease, 7 s interval, 600 ms answers: the next one
+/// sent at 7.6 s, answered at 8.2 s), and every shard stopped once a cycle (review finding).
+#[test]
+fn the_next_heartbeat_leaves_two_round_trips_before_the_lease_ends() {
+    let mut c = core();
+    let slow = HeartbeatResponse { assignment_lease_ms: 8_000, heartbeat_interval_ms: 7_000, ..ok(&[1]) };
+    exchange(&mut c, 0, 600, Ok(slow.clone()));
+    assert_eq!(c.poll_heartbeat(6_799), None);
+    // Due at 8 s - 2 x 600 ms, not at 7.6 s; its answer, as slow, renews the lease before it
+    // ends: the shard never stops.
+    exchange(&mut c, 6_800, 7_400, Ok(slow));
+    assert_eq!(c.readable_shards(7_999), vec![1]);
+    assert_eq!(c.readable_shards(8_000), vec![1], "renewed from 6.8 s, before the first lease ended");
+    // Fast answers keep the interval as it is.
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1])));
+    assert_eq!(c.poll_heartbeat(10 + INTERVAL_MS - 1), None);
+    assert!(c.poll_heartbeat(10 + INTERVAL_MS).is_some());
 }
 
 #[test]
