@@ -153,8 +153,9 @@ pub enum AssignorKind {
 /// the liveness counter stayed unchanged for the TTL on *its* clock, from a moment after that send.
 /// If the two clocks' rates differ by up to ε each way (NTP slews at most 0.05%; a VM's clock under
 /// load can be off by more), the lease L lasts up to L(1+ε) real time and the TTL T at least
-/// T(1−ε): safety needs T ≥ L(1+ε)/(1−ε) ≈ L(1+2ε). 2% covers ε = 1%. Suspended clocks are a
-/// different problem (the client must read a clock that counts suspended time).
+/// T(1−ε): safety needs T ≥ L(1+ε)/(1−ε) ≈ L(1+2ε). 2% covers ε up to 0.99% (1.02 ≥
+/// 1.0099/0.9901; at exactly 1% it would need 2.02%), twenty times NTP's bound. Suspended clocks
+/// are a different problem (the client must read a clock that counts suspended time).
 pub const CLOCK_RATE_MARGIN_PERCENT: u64 = 2;
 
 /// The clock-rate margin for an assignment lease of `lease_ms` (rounded up).
