@@ -79,10 +79,14 @@ pub enum PlantedBug {
     /// Core: credit a client's report of a version or shard count above the recorded one without
     /// checking its proof, so a forged report starts a correction round or grows the group.
     CreditUnprovenReports,
+    /// Store (the fence check every fenced script runs): accept a fence whose counter equals the
+    /// key's, whatever its nonce, so a grant that a rollback lost (its counter given again, with
+    /// another nonce, to the next owner) still reads, acks and claims.
+    CompareFenceCountersOnly,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 25] = [
+    pub const ALL: [PlantedBug; 26] = [
         PlantedBug::AssignBeforeRelease,
         PlantedBug::RespondBeforeWrite,
         PlantedBug::ResumeRevokingOnHeartbeatFailure,
@@ -108,6 +112,7 @@ impl PlantedBug {
         PlantedBug::NoFenceCheckInAck,
         PlantedBug::FenceAfterAnswer,
         PlantedBug::CreditUnprovenReports,
+        PlantedBug::CompareFenceCountersOnly,
     ];
 }
 
