@@ -660,3 +660,38 @@ async fn raises_of_fence_keys_a_move_has_split_create_no_second_key() {
         assert_eq!(later.counter, earlier.counter + 1, "{during:?} -> {after:?}");
     }
 }
+
+/// A raise that runs on the importing node of a slot move while the old value's gate is still on
+/// the source (the move took the fence key first) cannot close that gate from its script: the
+/// gate, moved later, would let the previous owner's gated reads through under the old value, with
+/// no script involved (an outside review's suspicion). The old owner is refused after the move.
+#[tokio::test]
+async fn a_raise_during_a_move_closes_the_old_gate_left_on_the_source() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store_on(&cluster).await;
+    let group = GroupId::new("orders", "g");
+    let (stream, fence_key) = (group.stream_key(0), keys::fence_key(&group, 0));
+    store.ensure_group(&stream, "g").await.expect("ensure");
+    for _ in 0..3 {
+        store.xadd(&stream, field(), None).await.expect("xadd");
+    }
+    let raise = |nonce| rsc::store::FenceRaise { key: fence_key.clone(), nonce };
+    let old = store.raise_fences(&[raise(1)]).await.expect("raise")[0];
+    let check = |fence| rsc::store::FenceCheck { key: fence_key.clone(), fence };
+    let read = store.fenced_xreadgroup(&check(old), "g", "c1", &stream, ReadFrom::New, 1).await;
+    assert_eq!(read.map(|entries| entries.len()), Ok(1), "the owner reads (its gate is open)");
+
+    let slot = cluster.slot_of(&fence_key);
+    let target = cluster.primaries().into_iter().find(|p| p.port() != cluster.owner_of_slot(slot).port());
+    let slot_move = cluster.begin_slot_move(slot, target.expect("another primary")).expect("the slot is elsewhere");
+    cluster.migrate_named_keys(&slot_move, &[&fence_key]);
+    let new = store.raise_fences(&[raise(2)]).await.expect("the raise during the move")[0];
+    assert_eq!(new.counter, old.counter + 1);
+    while cluster.migrate_slot_keys(&slot_move, 100) > 0 {}
+    cluster.finish_slot_move(slot_move);
+
+    let stale = store.fenced_xreadgroup(&check(old), "g", "c1", &stream, ReadFrom::New, 1).await;
+    assert!(matches!(stale, Err(StoreError::Fenced { .. })), "the previous owner is refused after the move: {stale:?}");
+    let read = store.fenced_xreadgroup(&check(new), "g", "c2", &stream, ReadFrom::New, 1).await;
+    assert_eq!(read.map(|entries| entries.len()), Ok(1), "the new owner reads");
+}

@@ -57,7 +57,7 @@ local function open_gate(key, counter, nonce)
 end
 local function close_gate(key, counter, nonce)
   if counter and nonce then
-    redis.call('DEL', gate_of(key, counter, nonce))
+    return redis.call('DEL', gate_of(key, counter, nonce))
   end
 end
 "#;
@@ -109,16 +109,23 @@ end
 "#;
 
 /// Raise. KEYS: fence key. ARGV: nonce (16 hex digits). Closes the old value's gate and opens
-/// the new one. Reply: the new counter as a decimal string (read back with HGET, so it never
-/// passes through a Lua number).
+/// the new one. Reply: `{counter}`, the new counter as a decimal string (read back with HGET, so
+/// it never passes through a Lua number), or `{counter, gate}` when the old value's gate was not
+/// found here: expired, never opened — or, on a Cluster, still on the source node of a slot move
+/// that has taken the fence key already (a script reaches only its own node's keys; the gate,
+/// moved later, would let the old value's gated reads through). The store then deletes `gate`
+/// by name before the raise returns (`RedisStore::raise_fences`), wherever it is.
 const RAISE: &str = r#"
 local cur = redis.call('HMGET', KEYS[1], 'counter', 'nonce')
-close_gate(KEYS[1], cur[1], cur[2])
+local closed = close_gate(KEYS[1], cur[1], cur[2])
 redis.call('HINCRBY', KEYS[1], 'counter', 1)
 redis.call('HSET', KEYS[1], 'nonce', ARGV[1])
 local counter = redis.call('HGET', KEYS[1], 'counter')
 open_gate(KEYS[1], counter, ARGV[1])
-return counter
+if closed == 0 then
+  return {counter, gate_of(KEYS[1], cur[1], cur[2])}
+end
+return {counter}
 "#;
 
 /// Fenced XREADGROUP (never BLOCK). KEYS: fence key, stream. ARGV: counter, nonce, group,
@@ -295,9 +302,20 @@ fn protocol(what: &str, value: &Value) -> StoreError {
 }
 
 /// Parses the raise script's reply: the new counter (decimal).
-pub(crate) fn parse_raise(reply: &Value, nonce: u64) -> Result<Fence, StoreError> {
-    let counter = number(reply).ok_or_else(|| protocol("fence raise script", reply))?;
-    Ok(Fence { counter, nonce })
+/// Parses a raise script's reply: the new fence, and the old value's gate if the script did not
+/// find it to close (see `RAISE`).
+pub(crate) fn parse_raise(reply: &Value, nonce: u64) -> Result<(Fence, Option<String>), StoreError> {
+    let bad = || protocol("fence raise script", reply);
+    let Value::Array(items) = reply else { return Err(bad()) };
+    let counter = items.first().and_then(number).ok_or_else(bad)?;
+    let leftover = match items.get(1) {
+        None => None,
+        Some(gate) => Some(text(gate).filter(|gate| gate.contains(":gate:")).ok_or_else(bad)?),
+    };
+    if items.len() > 2 {
+        return Err(bad());
+    }
+    Ok((Fence { counter, nonce }, leftover))
 }
 
 /// Parses one HMGET `counter nonce` of a fence key. Both absent: never raised.
@@ -385,6 +403,13 @@ mod tests {
         assert_eq!(fence, Ok(Some(Fence { counter: 12, nonce: 0xdead_beef_0000_0001 })));
         assert!(matches!(parse_fence("k", &[bulk("x"), bulk("deadbeef00000001")]), Err(StoreError::Layout(_))));
         assert!(matches!(parse_fence("k", &[bulk("1"), Value::Nil]), Err(StoreError::Layout(_))));
-        assert_eq!(parse_raise(&bulk("18446744073709551615"), 5), Ok(Fence { counter: u64::MAX, nonce: 5 }));
+        let raised = parse_raise(&Value::Array(vec![bulk("18446744073709551615")]), 5);
+        assert_eq!(raised, Ok((Fence { counter: u64::MAX, nonce: 5 }, None)));
+        let gate = "redis-stream:coord:{o:0}:fence:g:gate:1.0000000000000001";
+        let leftover = parse_raise(&Value::Array(vec![bulk("2"), bulk(gate)]), 5);
+        assert_eq!(leftover, Ok((Fence { counter: 2, nonce: 5 }, Some(gate.to_string()))));
+        // Only a gate name is deleted by name.
+        assert!(parse_raise(&Value::Array(vec![bulk("2"), bulk("orders:0")]), 5).is_err());
+        assert!(parse_raise(&bulk("2"), 5).is_err());
     }
 }

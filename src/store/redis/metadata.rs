@@ -354,7 +354,29 @@ impl MetadataStore for RedisStore {
             self.per_slot("fence raise script", raises, &parts, |part| async move { self.raise_slot(&part).await })
                 .await?
         };
-        raises.iter().zip(&replies).map(|(raise, reply)| parse_raise(reply, raise.nonce)).collect()
+        let parsed: Vec<(Fence, Option<String>)> = raises
+            .iter()
+            .zip(&replies)
+            .map(|(raise, reply)| parse_raise(reply, raise.nonce))
+            .collect::<Result<_, _>>()?;
+        // On a Cluster, an old value's gate the script did not find may be on the source node of
+        // a slot move that took the fence key first: deleted here, by name (each DEL follows its
+        // own key's redirect), before any grant under the new value is written. One more round
+        // trip, only on a Cluster and only for a value whose gate had expired or was never opened
+        // (a shard read in the last 10 s has its gate, which the script closes).
+        let leftovers: Vec<&String> =
+            parsed.iter().filter_map(|(_, gate)| gate.as_ref()).filter(|_| self.is_cluster()).collect();
+        if !leftovers.is_empty() {
+            let deletes = leftovers.into_iter().map(|gate| {
+                let mut delete = ::redis::cmd("DEL");
+                delete.arg(gate);
+                self.query::<u64>("DEL", delete)
+            });
+            for deleted in futures_util::future::join_all(deletes).await {
+                deleted?;
+            }
+        }
+        Ok(parsed.into_iter().map(|(fence, _)| fence).collect())
     }
 
     async fn read_fences(&self, keys: &[String]) -> Result<Vec<Option<Fence>>, StoreError> {
