@@ -266,14 +266,21 @@ impl Timeline {
             if matches!(event.kind, HistoryKind::WriteDropped { .. }) {
                 dropped_writes = true;
             }
+            // Before the record's own change: a restart empty lowers fence keys even where the
+            // group's record was already gone (it then names no record, and the lowered floor
+            // gets a snapshot of its own).
+            let lowered = lowers_fence_keys(event);
+            if lowered {
+                current.floor.clear();
+            }
             let Some((_, record)) = event.metadata_after.iter().rev().find(|(g, _)| g == facts.group) else {
+                if lowered {
+                    snapshots.push((index, current.clone()));
+                }
                 continue;
             };
             let state: Option<GroupMetadata> = record.as_ref().and_then(|r| serde_json::from_str(&r.aggregate).ok());
             let before = current.clone();
-            if lowers_fence_keys(event) {
-                current.floor.clear();
-            }
             // A key deleted, corrupted or recreated empty records no newer grant: each shard's
             // latest grant stays the last one recorded (the fence keys outlive the record too).
             if let Some(g) = &state {
@@ -395,6 +402,26 @@ mod tests {
             ),
             "{violations:?}"
         );
+    }
+
+    #[test]
+    fn a_restart_empty_excuses_the_lost_fence_again_even_with_the_record_gone() {
+        let (mut world, [_, lost, _]) = lost_then_regranted();
+        // The record is deleted, then the server restarts empty: every fence key is gone, so any
+        // counter is let through again. The restart names no record (there is none).
+        world.delete_key(5);
+        let identity =
+            rsc::store::ServerIdentity { run_id: "r2".into(), replication_id: "x2".into(), primaries: Vec::new() };
+        world.history.push(rsc::store::memory::HistoryEvent {
+            at_ms: 6,
+            kind: HistoryKind::IdentityChanged { cause: rsc::store::memory::IdentityCause::FlushAll, identity },
+            metadata_after: Vec::new(),
+        });
+        let acks = [ack(&world, lost, 5), ack(&world, lost, 6)];
+        let facts = super::super::Facts { store_acks: &acks, ..world.facts() };
+        let (violations, counts) = check(&facts);
+        assert_eq!(violations.len(), 1, "before the restart the key still held 6.c: {violations:?}");
+        assert_eq!(counts.stale_after_loss, 1, "after it, the lost fence is what no protocol prevents");
     }
 
     #[test]

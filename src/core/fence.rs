@@ -35,8 +35,9 @@ impl Fence {
     /// exactly in any client). Redis raises a fence key with `HINCRBY`, which fails above
     /// `i64::MAX`: a made-up counter near it, installed, would keep every later grant of the shard
     /// from raising its fence, for ever. From this bound, ~9.2·10^18 raises remain. A presented
-    /// fence above it is refused as stale, never installed; no coordinator hands one out (a
-    /// counter grows by one per grant of the shard).
+    /// fence above it never replaces a key's value (refused as stale); one the key holds exactly
+    /// (raises go on past the bound) is accepted as any other. No coordinator hands out a counter
+    /// that no raise returned (a counter grows by one per grant of the shard).
     pub const COUNTER_MAX: u64 = (1 << 53) - 1;
 
     /// The nonce as stored in the fence key (16 lowercase hex digits).

@@ -245,11 +245,19 @@ pub async fn contract_a_counter_beyond_the_largest_is_refused_and_never_installe
     let forged = Fence { counter: i64::MAX as u64, nonce: 0x02 };
     assert_fenced(store.fenced_xack(&check(1, forged), &s1, GROUP, &[]).await, 1, raised);
     assert_eq!(store.read_fences(&[fence_key(1)]).await, Ok(vec![Some(raised)]));
-    // The largest is accepted, and the shard can still be granted (raised) after it.
+    // The largest is installed, and the shard can still be granted (raised) after it, and its
+    // owner read, ack and claim with the raised value, which is above the largest.
     let largest = Fence { counter: Fence::COUNTER_MAX, nonce: 0x03 };
     assert_eq!(store.fenced_xack(&check(1, largest), &s1, GROUP, &[]).await, Ok(0));
     let next = raise_one(store, &fence_key(1), 0x04).await;
     assert_eq!(next, Fence { counter: Fence::COUNTER_MAX + 1, nonce: 0x04 });
+    let one = add(store, &s1, 1).await;
+    let read = store.fenced_xreadgroup(&check(1, next), GROUP, "c1", &s1, ReadFrom::New, 1).await;
+    assert_eq!(read.map(|e| ids(&e)), Ok(one.clone()));
+    let claimed = store.fenced_claim_all_pending(&check(1, next), &s1, GROUP, "c2", 0).await;
+    assert_eq!(claimed.map(|e| ids(&e)), Ok(one.clone()));
+    assert_eq!(store.fenced_xack(&check(1, next), &s1, GROUP, &one).await, Ok(1));
+    assert_fenced(store.fenced_xack(&check(1, largest), &s1, GROUP, &[]).await, 1, next);
     assert_eq!(raise_one(store, &fence_key(0), 0x05).await, Fence { counter: 1, nonce: 0x05 });
 }
 

@@ -33,14 +33,15 @@ impl Inner {
     /// The check every fenced operation (`op`) runs before it touches the stream.
     pub(super) fn check_fence(&mut self, check: &FenceCheck, op: &'static str) -> Result<(), StoreError> {
         let current = self.keys.fences.get(&check.key);
-        // A counter above `Fence::COUNTER_MAX` is refused as stale, never installed, as the
-        // scripts on Redis refuse it (`store/redis/fences.rs`, `CHECK`).
-        let beyond_raise = check.fence.counter > Fence::COUNTER_MAX;
+        // A counter above `Fence::COUNTER_MAX` never replaces the key (it is refused as stale
+        // unless it is exactly the key's value, which raises reach from there), as the scripts on
+        // Redis refuse it (`store/redis/fences.rs`, `CHECK`).
+        let beyond_install = check.fence.counter > Fence::COUNTER_MAX;
         let counters_only = self.planted.has(PlantedBug::CompareFenceCountersOnly);
         match current {
-            Some(current) if *current == check.fence && !beyond_raise => Ok(()),
-            Some(current) if counters_only && current.counter == check.fence.counter && !beyond_raise => Ok(()),
-            _ if beyond_raise || current.is_some_and(|c| c.counter >= check.fence.counter) => {
+            Some(current) if *current == check.fence => Ok(()),
+            Some(current) if counters_only && current.counter == check.fence.counter => Ok(()),
+            _ if beyond_install || current.is_some_and(|c| c.counter >= check.fence.counter) => {
                 let current = current.map_or_else(|| "0.".to_string(), |c| c.to_string());
                 let refused = StoreError::Fenced { key: check.key.clone(), current };
                 *self.history.fence_refusals.entry(op).or_default() += 1;
