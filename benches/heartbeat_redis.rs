@@ -18,7 +18,7 @@
 //! `INFO commandstats` deltas, which count every command the server executed, including the ones
 //! a Lua script ran. Client round trips per heartbeat are counted separately, by one pass through
 //! a store wrapper that counts calls (each `RedisStore` method is one round trip; a steady
-//! heartbeat is `touch_and_check`, HINCRBY + HMGET pipelined). Last, the CPU a steady heartbeat
+//! heartbeat is `touch_and_check`, HINCRBY + HMGET pipelined, one script on a Cluster). Last, the CPU a steady heartbeat
 //! costs the coordinator besides Redis: the observation update plus the decision (the aggregate
 //! comes from the decoded cache), and, for comparison, decoding the aggregate.
 //!
@@ -30,8 +30,9 @@
 //! (default 20000), `HB_REPEAT` runs per row, the median-throughput one reported (3),
 //! `HB_CONCURRENCY` (`1,16,64`), `HB_MEMBERS` (200), `HB_SHARDS` (64).
 //! Without `--bench` (how `cargo test --all-targets` and `cargo nextest` run it) a small smoke run
-//! only checks that every steady heartbeat answers `OK` in one round trip of at most two Redis
-//! commands, on one server and on the Cluster, and exits non-zero otherwise.
+//! only checks that every steady heartbeat answers `OK` in one round trip, of at most two Redis
+//! commands on one server and of one script call (four commands with the ones it runs) on the
+//! Cluster, and exits non-zero otherwise.
 
 // The integration-test harness; this binary uses `RedisServer` and `RedisCluster`.
 #[cfg(not(madsim))]
@@ -262,16 +263,19 @@ mod bench {
         if let Some(row) = failed.first() {
             return Err(format!("{} heartbeats failed in {} (first: {})", row.errors, row.path, row.first_error));
         }
-        for (name, trips) in [("one server", &trips), ("Redis Cluster", &cluster.trips)] {
+        // On one server: HINCRBY + HMGET, pipelined. On a Cluster: one script call running HMGET,
+        // HINCRBY and HGET (INFO commandstats counts the EVALSHA beside them), since two
+        // requests there are not ordered at Redis (DESIGN §11).
+        for (name, trips, most) in [("one server", &trips, 2.0), ("Redis Cluster", &cluster.trips, 4.0)] {
             if settings.smoke && (trips.per_heartbeat - 1.0).abs() > f64::EPSILON {
                 return Err(format!(
                     "{name}: {:.3} round trips per steady heartbeat, expected exactly 1",
                     trips.per_heartbeat
                 ));
             }
-            if settings.smoke && trips.commands_per_heartbeat > 2.0 + 1e-9 {
+            if settings.smoke && trips.commands_per_heartbeat > most + 1e-9 {
                 return Err(format!(
-                    "{name}: {:.3} Redis commands per steady heartbeat, expected at most 2",
+                    "{name}: {:.3} Redis commands per steady heartbeat, expected at most {most}",
                     trips.commands_per_heartbeat
                 ));
             }
