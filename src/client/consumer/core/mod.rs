@@ -227,6 +227,11 @@ pub struct ConsumerCore {
     /// Store calls (setup, claim, XREADGROUP) issued on a shard and not finished yet. A shard is
     /// drained only when it has none: a read still travelling to Redis could otherwise execute
     /// after the next owner started, and its entries would land behind the next owner's claim.
+    /// "Finished" is the client's view: a call that timed out here, or whose poll was cancelled,
+    /// counts as finished although Redis may still run it later. Unfenced, such a late read or
+    /// claim leaves entries pending to this consumer until the next owner's pending sweep (a claim
+    /// also redelivers the next owner's in-flight entries once); fenced, the new grant's raise
+    /// makes Redis refuse it. No client can know when Redis will no longer run a command it sent.
     calls: BTreeMap<ShardId, u32>,
     /// A coordinator refused the `memberSession` field (an older binary): heartbeats go without it.
     session_refused: bool,
