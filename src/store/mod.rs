@@ -941,8 +941,11 @@ pub trait StreamStore: Send + Sync + 'static {
         block_ms: u64,
     ) -> impl Future<Output = Result<Doorbell, StoreError>> + Send;
 
-    /// [`StreamStore::claim_all_pending`] under the same fence check, every XAUTOCLAIM page in
-    /// one atomic step with it.
+    /// [`StreamStore::claim_all_pending`] under the same fence check, each page in one atomic
+    /// step with its own check. On Redis a page is one script call of up to 1,000 entries (an
+    /// unfenced page one XAUTOCLAIM of 100), so other clients' commands run between pages, and a
+    /// claim can stop midway (an error, or `Fenced` by a raise between pages) with its earlier
+    /// pages already moved to `consumer`; the fake claims everything in one step.
     fn fenced_claim_all_pending(
         &self,
         fence: &FenceCheck,
