@@ -341,7 +341,7 @@ mod tests {
     use rsc::core::model::{Fence, GroupMetadata, ShardOwner};
     use rsc::store::memory::{AckRecord, HistoryKind, RollbackMode};
 
-    use super::{check, FenceViolation};
+    use super::{check, FenceCounts, FenceViolation};
     use crate::checkers::fixtures::World;
 
     /// The fixture group with `member` owning shard 0 under `fence`.
@@ -358,6 +358,18 @@ mod tests {
         AckRecord { at_ms: 1_000 * history_len as u64, stream, group, ids: Vec::new(), fence: Some(fence), history_len }
     }
 
+    /// The checker's verdict on `world` with these XACKs run at Redis.
+    fn judged(world: &World, acks: &[AckRecord]) -> (Vec<FenceViolation>, FenceCounts) {
+        check(&super::super::Facts { store_acks: acks, ..world.facts() })
+    }
+
+    /// Records `g` (revision `revision`) as the state a silent rollback at `at_ms` went back to.
+    fn rolled_back_to(world: &mut World, at_ms: u64, g: &GroupMetadata, revision: u64) {
+        world.store(at_ms, g, revision);
+        let rollback = HistoryKind::RolledBack { mode: RollbackMode::Silent, requested: 1, undone: 1 };
+        world.history.last_mut().expect("just stored").kind = rollback;
+    }
+
     /// m1 granted 5.a, m2 granted 6.b, a silent rollback back to 5.a (6.b lost), m3 granted 6.c:
     /// four metadata changes.
     fn lost_then_regranted() -> (World, [Fence; 3]) {
@@ -367,8 +379,7 @@ mod tests {
         let first = owning(&world, "m1", a);
         world.store(1, &first, 1);
         world.store(2, &owning(&world, "m2", b), 2);
-        world.store(3, &first, 1);
-        world.history[2].kind = HistoryKind::RolledBack { mode: RollbackMode::Silent, requested: 1, undone: 1 };
+        rolled_back_to(&mut world, 3, &first, 1);
         world.store(4, &owning(&world, "m3", c), 2);
         (world, [a, b, c])
     }
@@ -379,8 +390,7 @@ mod tests {
         // Right after the rollback the key may hold 5.a: 6.b is strictly newer and the rule lets
         // it through. No protocol prevents that.
         let acks = [ack(&world, lost, 3)];
-        let facts = super::super::Facts { store_acks: &acks, ..world.facts() };
-        let (violations, counts) = check(&facts);
+        let (violations, counts) = judged(&world, &acks);
         assert_eq!(violations, Vec::new());
         assert_eq!(counts.stale_after_loss, 1);
     }
@@ -391,8 +401,7 @@ mod tests {
         // 6.c was raised before it was recorded: the key holds 6.c, and the rule refuses 6.b
         // (same counter, another nonce). Code comparing counters only would let it through.
         let acks = [ack(&world, lost, 4)];
-        let facts = super::super::Facts { store_acks: &acks, ..world.facts() };
-        let (violations, counts) = check(&facts);
+        let (violations, counts) = judged(&world, &acks);
         assert_eq!(counts.stale_after_loss, 0);
         assert!(
             matches!(
@@ -418,8 +427,7 @@ mod tests {
             metadata_after: Vec::new(),
         });
         let acks = [ack(&world, lost, 5), ack(&world, lost, 6)];
-        let facts = super::super::Facts { store_acks: &acks, ..world.facts() };
-        let (violations, counts) = check(&facts);
+        let (violations, counts) = judged(&world, &acks);
         assert_eq!(violations.len(), 1, "before the restart the key still held 6.c: {violations:?}");
         assert_eq!(counts.stale_after_loss, 1, "after it, the lost fence is what no protocol prevents");
     }
@@ -429,11 +437,9 @@ mod tests {
         let (mut world, [_, lost, _]) = lost_then_regranted();
         // Another rollback may have undone 6.c's raise with its grant: the key may hold 5.a again.
         let first = owning(&world, "m1", Fence { counter: 5, nonce: 0xa });
-        world.store(5, &first, 1);
-        world.history[4].kind = HistoryKind::RolledBack { mode: RollbackMode::Silent, requested: 1, undone: 1 };
+        rolled_back_to(&mut world, 5, &first, 1);
         let acks = [ack(&world, lost, 5)];
-        let facts = super::super::Facts { store_acks: &acks, ..world.facts() };
-        let (violations, counts) = check(&facts);
+        let (violations, counts) = judged(&world, &acks);
         assert_eq!(violations, Vec::new());
         assert_eq!(counts.stale_after_loss, 1);
     }

@@ -11,7 +11,7 @@ use ::redis::{ServerErrorKind, Value};
 use super::cluster::Primary;
 use super::conn::{Conn, Lane};
 use super::fences::{parse_fence, parse_raise, FenceScripts};
-use super::scripts::{number, parse_delete, parse_record, parse_touch, parse_write, text};
+use super::scripts::{number, parse_delete, parse_record, parse_touch, parse_touch_stamp, parse_write, text};
 use super::RedisStore;
 use crate::core::model::{Fence, GroupId, MemberId};
 use crate::store::keys;
@@ -71,19 +71,11 @@ impl MetadataStore for RedisStore {
             // two keys are on different nodes Redis answers TRYAGAIN, which the crate retries.
             let mut invocation = self.inner.scripts.touch_stamp.prepare_invoke();
             invocation.key(&metadata).key(&liveness_key).arg(member).arg(step);
-            let reply = self.invoke("touch-stamp script", invocation).await?;
-            let Value::Array(mut items) = reply else {
-                return Err(StoreError::Protocol(format!("touch-stamp script: unexpected reply {reply:?}")));
-            };
-            let liveness = match items.first().and_then(number) {
-                Some(liveness) if items.len() == 5 => liveness,
-                _ => return Err(StoreError::Protocol(format!("touch-stamp script: unexpected reply {items:?}"))),
-            };
-            if matches!(items[1], Value::Nil) {
+            match parse_touch_stamp(self.invoke("touch-stamp script", invocation).await?)? {
+                Some(touched) => touched,
                 // The metadata key is absent: the script wrote nothing.
-                return Ok(TouchCheck::Changed(TouchResult { liveness: 0, record: None }));
+                None => return Ok(TouchCheck::Changed(TouchResult { liveness: 0, record: None })),
             }
-            (liveness, items.split_off(1))
         } else {
             // One pipeline, the increment first: Redis runs a connection's commands in order, so
             // an expiry that ran after the stamp read also ran after the increment (and saw it).
@@ -364,17 +356,13 @@ impl MetadataStore for RedisStore {
         // own key's redirect), before any grant under the new value is written. One more round
         // trip, only on a Cluster and only for a value whose gate had expired or was never opened
         // (a shard read in the last 10 s has its gate, which the script closes).
-        let leftovers: Vec<&String> =
-            parsed.iter().filter_map(|(_, gate)| gate.as_ref()).filter(|_| self.is_cluster()).collect();
-        if !leftovers.is_empty() {
-            let deletes = leftovers.into_iter().map(|gate| {
+        if self.is_cluster() {
+            let deletes = parsed.iter().filter_map(|(_, gate)| gate.as_ref()).map(|gate| {
                 let mut delete = ::redis::cmd("DEL");
                 delete.arg(gate);
                 self.query::<u64>("DEL", delete)
             });
-            for deleted in futures_util::future::join_all(deletes).await {
-                deleted?;
-            }
+            futures_util::future::try_join_all(deletes).await?;
         }
         Ok(parsed.into_iter().map(|(fence, _)| fence).collect())
     }

@@ -280,6 +280,21 @@ pub(crate) fn parse_touch(reply: &Value) -> Result<(u64, Option<StoredRecord>), 
     Ok((counter, parse_record(items.get(1..).unwrap_or(&[]))?))
 }
 
+/// Parses the TOUCH_STAMP script's reply into (liveness counter, the four stamp fields), or
+/// `None` when the metadata key is absent (the script wrote nothing).
+pub(crate) fn parse_touch_stamp(reply: Value) -> Result<Option<(u64, Vec<Value>)>, StoreError> {
+    let bad = |reply: &Value| protocol("touch-stamp script", reply);
+    let Value::Array(mut items) = reply else { return Err(bad(&reply)) };
+    let liveness = match items.first().and_then(number) {
+        Some(liveness) if items.len() == 5 => liveness,
+        _ => return Err(bad(&Value::Array(items))),
+    };
+    if matches!(items[1], Value::Nil) {
+        return Ok(None);
+    }
+    Ok(Some((liveness, items.split_off(1))))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
