@@ -34,11 +34,10 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// The error returned is that of the first failing shard (by shard id); the other shards'
     /// entries are acked even then.
     pub async fn ack_all(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
-        let now_ms = self.shared.clock.now_ms();
         let mut seen: BTreeSet<(ShardId, EntryId)> = BTreeSet::new();
         let unique: Vec<&Delivery> = deliveries.iter().filter(|d| seen.insert((d.shard, d.entry.id))).collect();
         let group = &self.shared.group;
-        let batches = self.shared.with_core(|core| {
+        let batches = self.shared.with_core_now(|core, now_ms| {
             let mut batches: BTreeMap<ShardId, ShardBatch<'_>> = BTreeMap::new();
             for delivery in unique.iter().copied() {
                 core.check_ack(now_ms, delivery)?;
@@ -88,8 +87,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             .collect();
         // Every shard's outcome is settled under one lock (not one per entry): nothing awaits in
         // between, so this is the same as settling them one by one.
-        let now_ms = self.shared.clock.now_ms();
-        let (first_error, drained) = self.shared.with_core(|core| {
+        let (first_error, drained) = self.shared.with_core_now(|core, now_ms| {
             let mut first_error = None;
             let mut drained = false;
             for ((shard, batch), result) in batches.iter().zip(results) {

@@ -104,10 +104,10 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         known_only: bool,
         changed: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
     ) -> Bell {
-        let now_ms = self.shared.clock.now_ms();
         let group = &self.shared.group;
-        let (plans, lease_end_ms) =
-            self.shared.with_core(|core| (core.read_plans(now_ms), core.lease_end_ms().unwrap_or(now_ms)));
+        let (plans, lease_end_ms, now_ms) = self
+            .shared
+            .with_core_now(|core, now_ms| (core.read_plans(now_ms), core.lease_end_ms().unwrap_or(now_ms), now_ms));
         // A shard being set up or re-reading its own pending entries has work the next poll
         // does; a doorbell would only delay it.
         let busy = plans.iter().any(|p| p.step != ReadStep::Read(ReadFrom::New));

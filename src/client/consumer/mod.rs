@@ -171,8 +171,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
 
     /// The consumer's current state.
     pub fn status(&self) -> ConsumerStatus {
-        let now_ms = self.shared.clock.now_ms();
         let core = self.shared.lock();
+        let now_ms = self.shared.clock.now_ms();
         ConsumerStatus {
             phase: core.phase(),
             member_epoch: core.member_epoch(),
@@ -185,12 +185,12 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
 
     /// Acknowledges an entry (XACK). Refused once the lease ended or the entry was abandoned.
     pub async fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
-        let now_ms = self.shared.clock.now_ms();
         // The check and the fence under one lock: a shard removed between them (fenced at the
         // store, or every shard dropped by the heartbeat task) would read as unfenced and send a
         // plain XACK that no fence checks (review finding). `ack_all` does the same.
-        let fence =
-            self.shared.with_core(|core| core.check_ack(now_ms, delivery).map(|()| core.fence_of(delivery.shard)))?;
+        let fence = self
+            .shared
+            .with_core_now(|core, now_ms| core.check_ack(now_ms, delivery).map(|()| core.fence_of(delivery.shard)))?;
         let group = &self.shared.group;
         let ids = [delivery.entry.id];
         let acked = match fence {
@@ -203,16 +203,14 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         match acked {
             Ok(_) => {}
             Err(StoreError::Fenced { .. }) => {
-                let now_ms = self.shared.clock.now_ms();
                 if let Some(fence) = fence {
-                    self.shared.with_core(|core| core.fenced_at_store(now_ms, delivery.shard, fence));
+                    self.shared.with_core_now(|core, now_ms| core.fenced_at_store(now_ms, delivery.shard, fence));
                 }
                 return Err(AckError::Fenced { shard: delivery.shard, entry: delivery.entry.id });
             }
             Err(e) => return Err(AckError::Store(e.to_string())),
         }
-        let now_ms = self.shared.clock.now_ms();
-        if self.shared.with_core(|core| core.acked(now_ms, delivery)) {
+        if self.shared.with_core_now(|core, now_ms| core.acked(now_ms, delivery)) {
             self.shared.wake.notify_one();
         }
         Ok(())
@@ -220,8 +218,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
 
     /// Gives up an in-flight entry without acking it (it stays pending in Redis).
     pub fn abandon(&self, delivery: &Delivery) -> Result<(), AckError> {
-        let now_ms = self.shared.clock.now_ms();
-        if self.shared.with_core(|core| core.abandon(now_ms, delivery))? {
+        if self.shared.with_core_now(|core, now_ms| core.abandon(now_ms, delivery))? {
             self.shared.wake.notify_one();
         }
         Ok(())
@@ -231,8 +228,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// another task, while this waits), report every shard REVOKED, then send the leave
     /// heartbeat. Gives up after `close_timeout_ms`. A second call returns at once.
     pub async fn close(&self) -> Result<(), CloseError> {
-        let now_ms = self.shared.clock.now_ms();
-        let timeout_ms = self.shared.with_core(|core| {
+        let timeout_ms = self.shared.with_core_now(|core, now_ms| {
             core.close(now_ms);
             core.config().close_timeout_ms
         });
@@ -244,8 +240,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             _ = &mut task => Ok(()),
             _ = tokio::time::sleep_until(deadline) => {
                 task.abort();
-                let now_ms = self.shared.clock.now_ms();
-                self.shared.with_core(|core| core.abort(now_ms));
+                self.shared.with_core_now(|core, now_ms| core.abort(now_ms));
                 Err(CloseError::TimedOut(timeout_ms))
             }
         }
@@ -295,6 +290,15 @@ impl<T, S> Shared<T, S> {
         };
         self.notify_listener(changes);
         result
+    }
+
+    /// [`Shared::with_core`] with the clock read once the lock is held, for every call that judges
+    /// a time (a lease, a permission, a timer): the time `f` sees is never older than the wait for
+    /// the lock, so a sink that runs long under the lock, or another task's turn, cannot make a
+    /// check judge a lease on a time read before them; and the times the core sees follow the
+    /// order in which it is locked.
+    fn with_core_now<R>(&self, f: impl FnOnce(&mut ConsumerCore, u64) -> R) -> R {
+        self.with_core(|core| f(core, self.clock.now_ms()))
     }
 
     fn notify_listener(&self, changes: ShardChanges) {
@@ -347,10 +351,9 @@ async fn heartbeat_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Sha
     let gives_up = shared.lock().config().planted.has(PlantedBug::HeartbeatTaskGivesUp);
     let mut failures_in_a_row: u32 = 0;
     loop {
-        let now_ms = shared.clock.now_ms();
-        let (request, deadline_ms, phase, timeout_ms) = shared.with_core(|core| {
+        let (request, deadline_ms, phase, timeout_ms, now_ms) = shared.with_core_now(|core, now_ms| {
             let request = core.poll_heartbeat(now_ms);
-            (request, core.next_deadline_ms(), core.phase(), core.config().heartbeat_timeout_ms)
+            (request, core.next_deadline_ms(), core.phase(), core.config().heartbeat_timeout_ms, now_ms)
         });
         if phase == Phase::Left {
             return;
@@ -358,8 +361,7 @@ async fn heartbeat_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Sha
         if let Some(request) = request {
             let result = exchange(&shared, request, timeout_ms).await;
             failures_in_a_row = if result.is_err() { failures_in_a_row.saturating_add(1) } else { 0 };
-            let now_ms = shared.clock.now_ms();
-            shared.with_core(|core| core.handle_heartbeat(now_ms, result));
+            shared.with_core_now(|core, now_ms| core.handle_heartbeat(now_ms, result));
             if gives_up && failures_in_a_row >= PLANTED_HEARTBEAT_FAILURES_MAX {
                 return;
             }
@@ -393,8 +395,7 @@ async fn exchange<T: CoordinatorTransport, S: StreamStore>(
             result = &mut call => return result,
             _ = tokio::time::sleep_until(give_up) => return Err(TransportError::Timeout),
             _ = shared.clock.sleep_until_ms(lease_end_ms.unwrap_or(u64::MAX)), if lease_end_ms.is_some() => {
-                let now_ms = shared.clock.now_ms();
-                shared.with_core(|core| core.handle_timeout(now_ms));
+                shared.with_core_now(|core, now_ms| core.handle_timeout(now_ms));
             }
         }
     }

@@ -38,8 +38,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// abandoned (they stay pending at Redis and are redelivered), never left in flight where no
     /// one could settle them — which would keep their shard from ever being reported REVOKED.
     pub async fn poll(&self, max: usize) -> Result<Vec<Delivery>, PollError> {
-        let now_ms = self.shared.clock.now_ms();
-        let plans = self.shared.with_core(|core| core.read_plans(now_ms));
+        let plans = self.shared.with_core_now(|core, now_ms| core.read_plans(now_ms));
         if plans.is_empty() || max == 0 {
             return Ok(Vec::new());
         }
@@ -81,8 +80,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         // under a lease that holds now are handed out; the rest stay pending at Redis for whoever
         // owns the shard next.
         if !out.is_empty() {
-            let now_ms = self.shared.clock.now_ms();
-            self.shared.with_core(|core| out.retain(|delivery| core.check_ack(now_ms, delivery).is_ok()));
+            self.shared.with_core_now(|core, now_ms| out.retain(|delivery| core.check_ack(now_ms, delivery).is_ok()));
         }
         match failure {
             Some(error) if out.is_empty() => Err(PollError::Store(error)),
@@ -96,10 +94,9 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         let (group, member) = (&self.shared.group, &self.shared.member_id);
         let stream = group.stream_key(first.shard);
         for _ in 0..3 {
-            let now_ms = self.shared.clock.now_ms();
             // The permission check and the call count are one step under the core's lock, so no
             // heartbeat can report the shard REVOKED between them.
-            let plan = self.shared.with_core(|core| {
+            let plan = self.shared.with_core_now(|core, now_ms| {
                 let plan = core.plan_for(now_ms, first.shard, first.generation);
                 if plan.is_some() {
                     core.call_started(first.shard);
@@ -122,8 +119,11 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                         self.shared.store.ensure_group(&stream, &group.consumer_group).await?;
                     }
                     // Re-checked: the claim moves entries, so it is as sensitive as a read.
-                    let now_ms = self.shared.clock.now_ms();
-                    if self.shared.with_core(|core| core.plan_for(now_ms, plan.shard, plan.generation)).is_none() {
+                    if self
+                        .shared
+                        .with_core_now(|core, now_ms| core.plan_for(now_ms, plan.shard, plan.generation))
+                        .is_none()
+                    {
                         return Ok(Handed::new(&self.shared, Vec::new()));
                     }
                     if !planted.has(PlantedBug::SkipPendingRecovery) {
@@ -176,8 +176,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                             self.shared.saw_new(plan.shard, plan.generation, last.id);
                         }
                     }
-                    let now_ms = self.shared.clock.now_ms();
-                    let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
+                    let delivered =
+                        self.shared.with_core_now(|core, now_ms| core.handle_read(now_ms, plan, count, entries));
                     call.reread = None;
                     if !delivered.is_empty() || from == ReadFrom::New {
                         return Ok(self.ack_trimmed(Handed::new(&self.shared, delivered)).await);
@@ -200,12 +200,11 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// read whose reply was lost.
     async fn read_new_together(&self, plans: Vec<(ReadPlan, usize)>) -> Vec<Result<Handed<'_, T, S>, StoreError>> {
         let (group, member) = (&self.shared.group, &self.shared.member_id);
-        let now_ms = self.shared.clock.now_ms();
         let mut calls = Vec::with_capacity(plans.len());
         let mut reads = Vec::with_capacity(plans.len());
         let mut plain: Vec<((String, ReadFrom), ReadPlan)> = Vec::new();
         for (first, count) in plans {
-            let plan = self.shared.with_core(|core| {
+            let plan = self.shared.with_core_now(|core, now_ms| {
                 let plan = core.plan_for(now_ms, first.shard, first.generation)?;
                 (plan.step == ReadStep::Read(ReadFrom::New)).then(|| core.call_started(first.shard)).map(|()| plan)
             });
@@ -247,8 +246,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 // first one, and a grant that an answer fenced meanwhile is left to the next poll's
                 // fenced read (a shard that may not be read so is read nothing).
                 Err(error) if plain.len() > 1 && !matches!(error, StoreError::Unavailable(_)) => {
-                    let now_ms = self.shared.clock.now_ms();
-                    let still: Vec<bool> = self.shared.with_core(|core| {
+                    let still: Vec<bool> = self.shared.with_core_now(|core, now_ms| {
                         let mut may = |plan: &ReadPlan| core.plan_for(now_ms, plan.shard, plan.generation);
                         let same = |plan: &ReadPlan, now: ReadPlan| now.step == plan.step && now.fence == plan.fence;
                         plain.iter().map(|(_, plan)| may(plan).is_some_and(|now| same(plan, now))).collect()
@@ -293,7 +291,6 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             .collect();
         // Every shard's entries are registered in flight first (no `.await`), so a cancellation
         // while trimmed entries are acked below abandons them instead of losing track of them.
-        let now_ms = self.shared.clock.now_ms();
         let mut out = Vec::with_capacity(results.len());
         for (plan, count, mut guard, result) in results {
             let result = match result {
@@ -308,7 +305,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 if let Some(last) = entries.last() {
                     self.shared.saw_new(plan.shard, plan.generation, last.id);
                 }
-                let delivered = self.shared.with_core(|core| core.handle_read(now_ms, plan, count, entries));
+                let delivered =
+                    self.shared.with_core_now(|core, now_ms| core.handle_read(now_ms, plan, count, entries));
                 Handed::new(&self.shared, delivered)
             });
             if registered.is_ok() {
@@ -332,8 +330,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     fn refused(&self, plan: ReadPlan, error: StoreError) -> Result<Handed<'_, T, S>, StoreError> {
         match (error, plan.fence) {
             (StoreError::Fenced { .. }, Some(fence)) => {
-                let now_ms = self.shared.clock.now_ms();
-                self.shared.with_core(|core| core.fenced_at_store(now_ms, plan.shard, fence));
+                self.shared.with_core_now(|core, now_ms| core.fenced_at_store(now_ms, plan.shard, fence));
                 Ok(Handed::new(&self.shared, Vec::new()))
             }
             (error, _) => Err(error),
@@ -381,11 +378,10 @@ impl<T, S> Drop for Handed<'_, T, S> {
         if self.deliveries.is_empty() {
             return;
         }
-        let now_ms = self.shared.clock.now_ms();
         let mut drained = false;
         for delivery in &self.deliveries {
             // Not in flight any more (the shard was lost meanwhile): nothing to give up.
-            drained |= self.shared.with_core(|core| core.abandon(now_ms, delivery)).unwrap_or(false);
+            drained |= self.shared.with_core_now(|core, now_ms| core.abandon(now_ms, delivery)).unwrap_or(false);
         }
         if drained {
             self.shared.wake.notify_one();
@@ -407,9 +403,8 @@ pub(super) struct CallGuard<'a, T, S> {
 
 impl<T, S> Drop for CallGuard<'_, T, S> {
     fn drop(&mut self) {
-        let now_ms = self.shared.clock.now_ms();
         let (shard, reread) = (self.shard, self.reread);
-        let drained = self.shared.with_core(|core| {
+        let drained = self.shared.with_core_now(|core, now_ms| {
             if let Some(generation) = reread {
                 core.reread_own_pending(shard, generation);
             }

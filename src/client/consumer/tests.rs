@@ -625,3 +625,34 @@ async fn entries_read_before_the_lease_ended_are_not_handed_out_when_the_poll_re
     assert!(polled.is_empty(), "entries handed out after the lease ended: {polled:?}");
     assert!(consumer.status().readable.is_empty(), "the lease ended: nothing is readable");
 }
+
+/// A permission check judges the lease on a time read once the core's lock is held: an ack that
+/// read the clock, then waited for the lock while another holder kept it past the lease end (a
+/// sink runs under it), sent its XACK to Redis after the lease (the time review's suspicion S2).
+/// The heartbeat task is stopped so that only the ack can notice the lease end; real threads: the
+/// test holds the lock while the ack waits for it on a worker.
+#[cfg(not(madsim))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_that_waited_for_the_lock_judges_the_lease_on_the_time_after_the_wait() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    publish(&store, 0, 1).await;
+    let consumer = Arc::new(join("m1", &coordinator, &store, &sink, Arc::new(NoopListener)));
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    let delivery = poll_n(&consumer, 1).await.remove(0);
+    if let Some(heartbeats) = consumer.take_heartbeats() {
+        heartbeats.abort();
+    }
+    let lease_end_ms = consumer.status().lease_end_ms.expect("a lease");
+    let acked = {
+        let held = consumer.shared.lock();
+        let acking = Arc::clone(&consumer);
+        // Starts while the lease holds (the clock is read at once), then waits for the lock.
+        let ack = tokio::spawn(async move { acking.ack(&delivery).await });
+        std::thread::sleep(Duration::from_millis(lease_end_ms.saturating_sub(consumer.shared.clock.now_ms()) + 100));
+        drop(held);
+        ack.await.expect("the ack task")
+    };
+    let refused = matches!(acked, Err(AckError::LeaseExpired { .. } | AckError::NotInFlight { .. }));
+    assert!(refused, "refused after the lease: {acked:?}");
+    assert!(store.ack_log().is_empty(), "no XACK reached Redis after the lease ended: {:?}", store.ack_log());
+}
