@@ -208,9 +208,11 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
         self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The clock is read once the cache's lock is held, as the consumer's checks do: a wait for
+    /// the lock never makes the lease check judge an older time.
     fn route(&self, key: &[u8]) -> Result<Route, RouteError> {
-        let now_ms = self.clock.now_ms();
-        self.cache().route(now_ms, key)
+        let mut cache = self.cache();
+        cache.route(self.clock.now_ms(), key)
     }
 
     fn fail(&self, error: PublishError) -> PublishError {
