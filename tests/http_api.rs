@@ -538,6 +538,58 @@ async fn tcp_exchange(addr: std::net::SocketAddr, request: &str) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// A request without its route's credential is refused on its headers, before any of its body is
+/// read. A black-box review filled the shared body budget with unauthenticated slow bodies (64 of
+/// about 1 MiB each, renewed at every body read deadline): bodies were read before the credential
+/// check, so every group's heartbeats waited behind them. Each request here declares a body and
+/// never sends it; before the fix none was answered until the body read deadline (408).
+#[tokio::test]
+async fn a_request_without_its_credential_is_refused_before_its_body_is_read() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const CLIENT: &str = "a-client-token-of-orders";
+    let api = Api::with_group(Some(TOKEN), 2).await;
+    let options = HttpOptions {
+        admin_token: Some(TOKEN.to_string()),
+        client_tokens: rsc::http::auth::ClientTokens::parse(&[format!("orders:*={CLIENT}")]).expect("valid"),
+        readiness: api.readiness.clone(),
+        ..HttpOptions::default()
+    };
+    let router = app(api.coordinator.clone(), options);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let config = rsc::http::serve::ServeConfig { header_read_timeout: Duration::from_secs(5), ..Default::default() };
+    let server = tokio::spawn(rsc::http::serve::serve_with(listener, router, config, async {
+        let _ = stopped.await;
+    }));
+
+    let cases = [
+        ("POST", HEARTBEAT, None, "401"),
+        ("POST", HEARTBEAT, Some("a-wrong-token-of-some-length"), "401"),
+        ("GET", ROUTING, None, "401"),
+        ("POST", SHARDS, None, "401"),
+        ("POST", CREATE, Some(CLIENT), "401"),
+    ];
+    for (method, path, bearer, status) in cases {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let auth = bearer.map_or(String::new(), |token| format!("Authorization: Bearer {token}\r\n"));
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}Content-Length: 1000\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.expect("send the head");
+        let mut answer = vec![0; 64];
+        let read = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut answer)).await;
+        let n =
+            read.unwrap_or_else(|_| panic!("{method} {path} was not answered before its body arrived")).expect("read");
+        let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+        assert!(answer.starts_with(&format!("HTTP/1.1 {status}")), "{method} {path}: {answer}");
+    }
+    let _ = stop.send(());
+    server.await.expect("server stops");
+}
+
 /// A black-box review held every concurrency slot with slow request bodies (1,100 connections
 /// sending a byte a second): heartbeats waited for the body read deadline and every member of
 /// every group expired. Bodies are now read before a request takes a slot, so slow ones hold

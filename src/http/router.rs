@@ -111,21 +111,35 @@ pub fn app<S: MetadataStore>(coordinator: Coordinator<S>, options: HttpOptions) 
     let state = AppState { coordinator, options: Arc::new(options) };
     let budget = Arc::new(Semaphore::new(BODY_BUFFER_BYTES_MAX.max(body_bytes_max)));
     let body_gate = BodyGate { state: state.clone(), budget };
+    // One pool of slots for every route.
+    let slots = Arc::new(Semaphore::new(concurrency_max));
     let mut router = Router::new();
     for spec in ROUTES {
         let context = RouteContext { spec, state: state.clone() };
-        let endpoint = endpoint::<S>(spec).route_layer(middleware::from_fn_with_state(context, around_request::<S>));
+        // From the outside in: the credential check (headers only), then the body read, then a
+        // concurrency slot, then the handler. So a request without the route's credential is
+        // refused before any of its body is read, and holds none of the body budget: a black-box
+        // review filled that budget with unauthenticated slow bodies (64 of about 1 MiB each,
+        // renewed every body read deadline), and every group's heartbeats waited behind them.
+        let endpoint = endpoint::<S>(spec)
+            .layer(GlobalConcurrencyLimitLayer::with_semaphore(Arc::clone(&slots)))
+            .route_layer(middleware::from_fn_with_state(body_gate.clone(), buffer_body::<S>))
+            .route_layer(middleware::from_fn_with_state(context, around_request::<S>));
         router = router.route(spec.path, endpoint);
     }
+    // Unmatched paths and methods are answered without reading their bodies.
     router
         .method_not_allowed_fallback(method_not_allowed::<S>)
         .fallback(not_found::<S>)
         .layer(DefaultBodyLimit::max(body_bytes_max))
-        .layer(GlobalConcurrencyLimitLayer::new(concurrency_max))
-        .layer(middleware::from_fn_with_state(body_gate, buffer_body::<S>))
         .layer(middleware::from_fn_with_state(state.clone(), limit_request_head::<S>))
         .with_state(state)
 }
+
+/// Marks a response [`buffer_body`] answered itself and counted under its own route label
+/// (`body_timeout`, ...), so [`around_request`] does not count it a second time.
+#[derive(Clone, Copy, Debug)]
+struct CountedAlready;
 
 /// Request body bytes buffered at once across all requests still reading theirs (at least one
 /// body of the limit): memory stays bounded however many connections send bodies.
@@ -143,7 +157,8 @@ impl<S> Clone for BodyGate<S> {
     }
 }
 
-/// Reads a request's whole body *before* the request takes a concurrency slot. A client that
+/// Reads a request's whole body *before* the request takes a concurrency slot, and after its
+/// credential was checked (see [`app`]). A client that
 /// sends its body slowly (or not at all) then holds a connection and the bytes that did arrive,
 /// never one of the `concurrency_max` slots every group's heartbeats need: a thousand slow
 /// bodies used to take every slot for the body read deadline, and every member of every group
@@ -186,12 +201,16 @@ async fn buffer_body<S: MetadataStore>(State(gate): State<BodyGate<S>>, request:
                 StatusCode::PAYLOAD_TOO_LARGE => format!("request body is over the limit of {limit} bytes"),
                 _ => "the request body could not be read".to_string(),
             };
-            return HttpError::rejected(status, message).into_response();
+            let mut response = HttpError::rejected(status, message).into_response();
+            response.extensions_mut().insert(CountedAlready);
+            return response;
         }
         Err(_) => {
             let status = StatusCode::REQUEST_TIMEOUT;
             record(&gate.state.coordinator.metrics(), method, "body_timeout", status, 0.0);
-            return HttpError::rejected(status, "the request body did not arrive in time").into_response();
+            let mut response = HttpError::rejected(status, "the request body did not arrive in time").into_response();
+            response.extensions_mut().insert(CountedAlready);
+            return response;
         }
     };
     next.run(Request::from_parts(parts, Body::from(bytes))).await
@@ -312,7 +331,9 @@ async fn around_request<S: MetadataStore>(
     span.record("status", status.as_u16());
     let elapsed_s = started.elapsed().as_secs_f64();
     span.in_scope(|| tracing::debug!(status = status.as_u16(), elapsed_s, "answered"));
-    record(&context.state.coordinator.metrics(), spec.method.as_str(), spec.path, status, elapsed_s);
+    if response.extensions().get::<CountedAlready>().is_none() {
+        record(&context.state.coordinator.metrics(), spec.method.as_str(), spec.path, status, elapsed_s);
+    }
     response
 }
 
