@@ -164,6 +164,34 @@ async fn a_deleted_metadata_key_fails_closed_and_is_never_rebuilt() {
     assert_eq!(c.heartbeat(stranger).await.unwrap_err().code, ErrorCode::GroupNotFound);
 }
 
+/// A request naming a group that has no record is judged against the paced index read, not a
+/// new one each: a review found every such request (unauthenticated on an open data plane) read
+/// the whole index. Here the index cannot be read again after the first such request, and the
+/// later ones are still answered from that read (before: each failed to read it and answered
+/// METADATA_MISSING, the cautious answer for an unreadable index).
+#[tokio::test]
+async fn requests_for_unknown_groups_share_one_index_read_per_refresh_period() {
+    let store = MemoryStore::new(3);
+    let options = CoordinatorOptions { ticker_refresh_ms: 60_000, ..CoordinatorOptions::default() };
+    let c = Coordinator::new(store.connect(), options);
+    create(&c, 2).await;
+    let stranger = |n: usize| {
+        let mut request = join("x");
+        request.group = GroupId::new("nobody", format!("here-{n}"));
+        request
+    };
+    assert_eq!(c.heartbeat(stranger(0)).await.unwrap_err().code, ErrorCode::GroupNotFound);
+    store.set_unsupported("SMEMBERS");
+    for n in 1..50 {
+        assert_eq!(c.heartbeat(stranger(n)).await.unwrap_err().code, ErrorCode::GroupNotFound, "request {n}");
+        let routing = c.routing(&stranger(n).group, RoutingReport::version(0)).await;
+        assert_eq!(routing.unwrap_err().code, ErrorCode::GroupNotFound, "routing {n}");
+    }
+    // A group the index lists is still told apart: its record lost, it fails closed.
+    assert!(store.delete_metadata_key(&group()));
+    assert_eq!(c.heartbeat(join("b")).await.unwrap_err().code, ErrorCode::MetadataMissing, "the index knows it");
+}
+
 #[tokio::test]
 async fn recreating_a_lost_group_starts_with_a_correction_round() {
     let store = MemoryStore::new(3);

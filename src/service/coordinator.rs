@@ -953,6 +953,32 @@ impl<S: MetadataStore> Coordinator<S> {
         Ok((groups, true))
     }
 
+    /// Whether the index lists `group`, judged from the ticker's paced index read when that is at
+    /// most `ticker_refresh_ms` old (else read now, and kept for the ticker as its own read is):
+    /// requests naming groups that have no record cost at most one index read per period however
+    /// many arrive. Each such request used to read the whole index (`SMEMBERS`), unauthenticated
+    /// on an open data plane (a review: a few hundred a second saturate Redis with 10,000
+    /// groups). The index is never truth, and [`Coordinator::missing`] only chooses between two
+    /// fail-closed answers with it; an admin create, which decides what it writes by it, reads it
+    /// fresh ([`Coordinator::index_knows`]).
+    /// Only "not listed" is taken from the paced read: "listed" is confirmed by a read of its own
+    /// (rare: a listed group without a record), so a group deleted through another instance since
+    /// is not answered `METADATA_MISSING`, which pages the operator.
+    pub(super) async fn index_lists(&self, group: &GroupId) -> Result<bool, StoreError> {
+        let refresh = Duration::from_millis(self.inner.options.ticker_refresh_ms);
+        let paced = self
+            .local()
+            .index_read
+            .as_ref()
+            .filter(|read| read.at.elapsed() < refresh)
+            .map(|read| read.listed.contains(group));
+        match paced {
+            Some(false) => Ok(false),
+            Some(true) => Ok(self.inner.store.index_members().await?.contains(group)),
+            None => Ok(self.indexed_groups().await?.0.contains(group)),
+        }
+    }
+
     /// This process changed the index (or the store may have lost entries of it): the next pass
     /// reads it.
     pub(super) fn index_changed(&self) {

@@ -348,7 +348,7 @@ impl<S: MetadataStore> Coordinator<S> {
         if self.inner.options.planted.has(PlantedBug::RebuildMissingMetadata) && client_knows {
             self.plant_rebuild(group).await;
         }
-        let known = client_knows || self.index_knows(group).await.unwrap_or(true);
+        let known = client_knows || self.index_lists(group).await.unwrap_or(true);
         if known {
             // A client's word that a group existed cannot be checked, so any client can name any
             // group here (a black-box review added 4,000 series to /metrics that way): the series
