@@ -119,8 +119,48 @@ pub struct FileConfig {
 impl FileConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })
+        Self::parse(&text).map_err(|message| ConfigError::Parse { path: path.into(), message })
     }
+
+    /// The file's settings, or what is wrong with it: the parser's message with every quoted
+    /// value blanked, and the line and column. Never the file's text: the parser's own rendering
+    /// quotes the offending line, and a secret written on it (an `admin_token` the file refuses,
+    /// a `client_tokens` string instead of an array, an unquoted `redis_url` with a password)
+    /// would go to stderr and the error log (a review finding).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| {
+            let at = e.span().map_or(String::new(), |span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.chars().rev().take_while(|c| *c != '\n').count() + 1;
+                format!(" (line {line}, column {column})")
+            });
+            format!("{}{at}", blank_quoted(e.message()))
+        })
+    }
+}
+
+/// `text` with the contents of every double-quoted part replaced by `…` (serde quotes a string
+/// value it refuses, escaped as Rust's `Debug` does).
+fn blank_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c != '"' {
+            continue;
+        }
+        out.push('…');
+        let mut escaped = false;
+        for inner in chars.by_ref() {
+            if !escaped && inner == '"' {
+                out.push('"');
+                break;
+            }
+            escaped = !escaped && inner == '\\';
+        }
+    }
+    out
 }
 
 /// Everything `serve` runs with.
@@ -674,6 +714,28 @@ mod tests {
         let bad_name = ServeArgs { redis_sentinel_master: Some("my master".into()), ..sentinel(None) };
         reject(bad_name, FileConfig::default(), "redis_sentinel_master");
         assert!(toml::from_str::<FileConfig>("redis_sentinel_password = \"x\"").is_err(), "not a file key");
+    }
+
+    #[test]
+    fn a_parse_error_names_the_place_but_never_the_files_text() {
+        let secret = "s3cret-token-of-some-length";
+        for text in [
+            format!("admin_token = \"{secret}\""),
+            format!("redis_sentinel_password = \"{secret}\""),
+            format!("client_tokens = \"orders:*={secret}\""),
+            format!("listen = \"127.0.0.1:1\"\nredis_url = redis://user:{secret}@host:6379"),
+            format!("client_tokens = [\"a\", 5, \"{secret}\\\"x\"]"),
+        ] {
+            let message = FileConfig::parse(&text).err().unwrap_or_else(|| panic!("refused: {text}"));
+            assert!(!message.contains(secret) && !message.contains("s3cret"), "{text} -> {message}");
+            assert!(message.contains("(line "), "{message}");
+        }
+        let message = FileConfig::parse("tick_interval_ms = 5\nredis_url = redis://u:p@h").unwrap_err();
+        assert!(message.contains("line 2, column"), "{message}");
+        assert_eq!(
+            blank_quoted(r#"invalid type: string "a\"b", expected `x`"#),
+            "invalid type: string \"…\", expected `x`"
+        );
     }
 
     #[test]
