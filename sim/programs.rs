@@ -277,7 +277,7 @@ async fn process_one<T, S>(
         let mut records = recorder.lock();
         let start_us = recorder.now_us();
         let (stream, id) = (delivery.stream.clone(), delivery.entry.id);
-        records.processing.push(Processing { process, stream, id, start_us, end_us: None });
+        records.processing.push(Processing { process, stream, id, start_us, end_us: None, completed: false });
         records.processing.len() - 1
     };
     let work = tokio::time::sleep(Duration::from_millis(processing_ms));
@@ -297,7 +297,11 @@ async fn process_one<T, S>(
         }
     };
     let end_us = recorder.now_us();
-    recorder.lock().processing[index].end_us = Some(end_us);
+    {
+        let mut records = recorder.lock();
+        records.processing[index].end_us = Some(end_us);
+        records.processing[index].completed = finished;
+    }
     let (stream, id) = (&delivery.stream, delivery.entry.id);
     if !finished {
         recorder.trace_verbose(process, || format!("processing {stream} {id}: cancelled (shard lost)"));

@@ -151,6 +151,9 @@ pub struct Processing {
     pub start_us: Us,
     /// When processing finished or was cancelled (`None`: the process died first).
     pub end_us: Option<Us>,
+    /// The work ran to its end (not cancelled because the shard was lost, and the process did
+    /// not die first): only such a processing counts as the entry processed.
+    pub completed: bool,
 }
 
 /// The life of one process.

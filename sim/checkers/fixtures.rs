@@ -270,7 +270,27 @@ impl World {
 
     pub fn process_entry(&mut self, p: ProcessId, shard: ShardId, id: EntryId, start: Us, end: Option<Us>) {
         let stream = self.stream(shard);
-        self.records.processing.push(Processing { process: p, stream, id, start_us: start, end_us: end });
+        self.records.processing.push(Processing {
+            process: p,
+            stream,
+            id,
+            start_us: start,
+            end_us: end,
+            completed: end.is_some(),
+        });
+    }
+
+    /// A processing cancelled at `end` (its shard was lost): it did not process the entry.
+    pub fn cancel_entry(&mut self, p: ProcessId, shard: ShardId, id: EntryId, start: Us, end: Us) {
+        let stream = self.stream(shard);
+        self.records.processing.push(Processing {
+            process: p,
+            stream,
+            id,
+            start_us: start,
+            end_us: Some(end),
+            completed: false,
+        });
     }
 
     pub fn routing(&mut self, p: ProcessId, sent: Us, received: Us, ttl_ms: u64, shard_count: u32) {

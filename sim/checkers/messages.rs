@@ -192,13 +192,16 @@ fn delivered_never_processed(facts: &Facts<'_>) -> (Vec<Violation>, usize) {
         }
     }
     // Only processings of the primary's entry count: a split brain's old primary may have added
-    // another entry under the same id, and processing that one is not processing this one.
+    // another entry under the same id, and processing that one is not processing this one. And
+    // only completed ones: a processing cancelled because its shard was lost (or whose process
+    // died) did not process the entry, whose next owner must (an outside review: a cancelled
+    // processing used to count, so an entry the next owner never completed passed).
     let deliveries = Deliveries::new(facts);
     let processed: BTreeSet<(&str, EntryId)> = facts
         .records
         .processing
         .iter()
-        .filter(|p| deliveries.of(p).1 == NodeRef::REDIS)
+        .filter(|p| p.completed && deliveries.of(p).1 == NodeRef::REDIS)
         .map(|p| (p.stream.as_str(), p.id))
         .collect();
     let cutoff_us = facts.end_us.saturating_sub(SWEEP_GRACE_US);
@@ -664,6 +667,25 @@ mod tests {
         // A later redelivery that is processed settles it.
         w.read_ids(a, 0, 20_000_000, &[e2]);
         w.process_entry(a, 0, e2, 20_000_000, Some(20_001_000));
+        assert_eq!(check(&w.facts(), &[]).0, vec![]);
+    }
+
+    #[test]
+    fn an_entry_whose_only_processing_was_cancelled_or_cut_by_a_death_was_never_processed() {
+        let mut w = World::new();
+        let (p, a, b) = (w.producer(1), w.consumer(1), w.consumer(2));
+        let e1 = w.add(p, 0, 1_000);
+        w.read_ids(a, 0, 5_000, &[e1]);
+        w.cancel_entry(a, 0, e1, 6_000, 7_000); // a lost the shard mid-processing
+        w.read_ids(b, 0, 9_000_000, &[e1]);
+        w.process_entry(b, 0, e1, 9_000_000, None); // b died before finishing it
+        let (violations, _) = check(&w.facts(), &[]);
+        assert!(
+            matches!(&violations[..], [Violation::DeliveredNeverProcessed { first_id, count: 1, .. }] if *first_id == e1),
+            "{violations:?}"
+        );
+        // Its next owner completes it: processed.
+        w.process_entry(b, 0, e1, 10_000_000, Some(10_001_000));
         assert_eq!(check(&w.facts(), &[]).0, vec![]);
     }
 
