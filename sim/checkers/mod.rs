@@ -188,9 +188,12 @@ impl Facts<'_> {
         serde_json::from_str(&record.aggregate).ok()
     }
 
-    /// Whether `at_us` lies within one assignment lease of a silent loss of writes (a silent
-    /// rollback, or a window in which acknowledged writes were dropped): grants made in the lost
-    /// history may still run then, which no protocol can prevent.
+    /// Whether `at_us` (an overlap's start) lies in a silent loss of writes (a silent rollback,
+    /// or a window in which acknowledged writes were dropped) or within one assignment lease
+    /// after it: grants made in the lost history may still run then, which no protocol can
+    /// prevent. Not before the loss: an overlap that started earlier ran on grants from a history
+    /// the store still held, which the protocol must keep exclusive (an outside review found the
+    /// window opened a lease early).
     pub fn near_silent_loss(&self, at_us: Us) -> bool {
         let lease_us = self.assignment_lease_us();
         self.records.marks.iter().any(|m| {
@@ -199,7 +202,7 @@ impl Facts<'_> {
                 Mark::WriteDrop { from_us, to_us } => (*from_us, *to_us),
                 Mark::KeyDeleted { .. } | Mark::ClockRate { .. } => return false,
             };
-            at_us + lease_us >= from && at_us <= to + lease_us
+            from <= at_us && at_us <= to + lease_us
         })
     }
 }

@@ -359,6 +359,22 @@ mod tests {
         }
     }
 
+    /// An overlap that started before the silent loss ran on grants the store still held: a
+    /// violation however short, not a measured loss (the excuse window used to open a lease early).
+    #[test]
+    fn a_split_that_started_before_a_silent_rollback_is_a_violation() {
+        let mut w = World::new();
+        let (a, b) = (w.consumer(1), w.consumer(2));
+        w.grant(a, 0, &[0], 8_000);
+        w.reads(a, 0, 100_000..=3_500_000, 50_000);
+        w.grant(b, 950_000, &[0], 8_000);
+        w.reads(b, 0, 1_000_000..=3_000_000, 50_000);
+        w.silent_rollback(2_000_000);
+        let (violations, silent, _) = check(&w.facts(), &[]);
+        assert!(!violations.is_empty(), "{violations:?}");
+        assert_eq!(silent, None);
+    }
+
     /// Lease 8 s in the fixture: the damage window ends at the switch + 8 s + 2%.
     #[test]
     fn a_split_through_an_old_primary_is_measured_within_its_window_and_a_violation_beyond() {
