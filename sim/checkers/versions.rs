@@ -89,9 +89,10 @@ fn losses(facts: &Facts<'_>) -> Vec<Us> {
             _ => false,
         })
         .map(|e| e.at_ms * 1_000)
-        // A split brain's old primary loses every write it accepted when it goes: a report it
-        // recorded is among them.
-        .chain(facts.split_brains.iter().map(|split| split.switch_us))
+        // Not a split brain's switch: the old primary's writes it discards were reports answered
+        // on its side, which `judge` leaves out whole; the switch loses none of the primary's, so
+        // it excuses no report the primary processed (an outside review: it did, for every
+        // report, which hid version reuse after a split brain).
         .collect()
 }
 
@@ -202,6 +203,23 @@ mod tests {
         reused.metadata_version = 13;
         w.store(4_000, &reused, 2);
         assert_eq!(check(&w.facts(), &[]), vec![]);
+    }
+
+    /// A split brain's switch loses none of the primary's writes: a report the primary's side
+    /// answered still protects its version across it (it excused every report before).
+    #[test]
+    fn a_split_brain_switch_excuses_no_report_the_primary_answered() {
+        let mut w = World::new();
+        let p = w.producer(1);
+        let mut g = w.group_with_member("consumer-1", &[0]);
+        g.metadata_version = 12;
+        w.store(1_000, &g, 1);
+        w.split_brain(1, 1_500_000, 3_000_000);
+        w.routing_reporting(p, 13, 2_000_000, 2_100_000);
+        let mut reused = g.clone();
+        reused.metadata_version = 13;
+        w.store(4_000, &reused, 2);
+        assert_eq!(check(&w.facts(), &[]).len(), 1, "answered on the primary's side: a violation");
     }
 
     /// A keyed record can check a report only by its proof: a version reused that only reports
