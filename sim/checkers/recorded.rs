@@ -239,10 +239,11 @@ enum Judged {
 }
 
 /// The primary's states and, per old primary, the states it held while it lived: the one current
-/// at its fork and every one recorded after.
+/// at its fork and every one recorded after; with the span (fork, end of its damage window) in
+/// which a response may come from them.
 struct Timelines {
     primary: States,
-    old: Vec<(NodeRef, Us, States)>,
+    old: Vec<(NodeRef, (Us, Us), States)>,
 }
 
 impl Timelines {
@@ -257,14 +258,19 @@ impl Timelines {
                     .rposition(|e| e.metadata_after.iter().any(|(g, _)| g == facts.group))
                     .unwrap_or(split.fork_len);
                 let held = split.history.get(at_fork..).unwrap_or(&[]);
-                (split.server, split.fork_us, States::from_events(facts, held))
+                // Until the window the other checkers close their split-brain excuses at: after
+                // it, an answer from the old primary's state is no longer in flight from its side
+                // (an outside review: the excuse had no end).
+                let until_us = split.damage_until_us(facts.assignment_lease_us());
+                (split.server, (split.fork_us, until_us), States::from_events(facts, held))
             })
             .collect();
         Self { primary: States::from_events(facts, facts.history), old }
     }
 
     /// Judges one response against the primary's states; also names an old primary whose side may
-    /// have answered it (it arrived after that old primary's fork and matches a state it held).
+    /// have answered it (it arrived between that old primary's fork and the end of its damage
+    /// window, and matches a state it held).
     /// A response only an old primary's states explain is counted, not failed.
     fn judge(
         &self,
@@ -277,8 +283,9 @@ impl Timelines {
         let old_side = self
             .old
             .iter()
-            .find(|(_, fork_us, states)| {
-                *fork_us <= at_us && states.candidates(revision, at_us).iter().any(|g| matches(g).is_ok())
+            .find(|(_, (fork_us, until_us), states)| {
+                (*fork_us..=*until_us).contains(&at_us)
+                    && states.candidates(revision, at_us).iter().any(|g| matches(g).is_ok())
             })
             .map(|(server, ..)| *server);
         match (self.primary.judge(what, who, revision, at_us, &matches), old_side) {
@@ -473,6 +480,30 @@ mod tests {
         resp.assigned.push(3);
         w.heartbeat_answer(a, 1_500_000, resp);
         assert!(matches!(check(&w.facts()).0[..], [Violation::Inconsistent { revision: 1, .. }]));
+    }
+
+    /// An answer only an old primary's state explains is counted while that old primary may still
+    /// be answering (its damage window: the switch + a lease + 2%, lease 8 s here), a violation
+    /// after (the excuse had no end).
+    #[test]
+    fn an_answer_from_an_old_primarys_state_is_excused_only_within_its_damage_window() {
+        for (at_us, excused) in [(2_600_000, true), (3_000_000 + 8_160_000, true), (3_000_000 + 8_160_001, false)] {
+            let mut w = World::new();
+            let a = w.consumer(1);
+            let g = w.store_group_with_member(1_000, "consumer-1", &[0]);
+            w.split_brain(1, 1_500_000, 3_000_000);
+            let mut on_old_side = g.clone();
+            on_old_side.assignment_epoch += 1;
+            w.store(2_000, &on_old_side, 2);
+            let event = w.history.pop().expect("the old primary's write");
+            w.split_brains[0].history.push(event);
+            let mut on_primary = g.clone();
+            on_primary.assignment_epoch += 2;
+            w.store(2_500, &on_primary, 2);
+            w.heartbeat_answer(a, at_us, spec_member_view(&on_old_side, "consumer-1", HeartbeatStatus::Ok, 2));
+            let (violations, _) = check(&w.facts());
+            assert_eq!(violations.is_empty(), excused, "answer at {at_us} us: {violations:?}");
+        }
     }
 
     #[test]
