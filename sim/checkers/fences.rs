@@ -213,8 +213,11 @@ fn check_log(facts: &Facts<'_>, log: &Log<'_>, foreign: &Foreign, counts: &mut F
                 // The key holds at least this counter: the rule refuses the presented fence,
                 // whatever was lost before.
                 let superseded = snapshot.floor.get(&shard).is_some_and(|floor| *floor >= presented.counter);
-                let forgotten = timeline.lost.contains(&presented)
-                    || (timeline.dropped_writes && !timeline.recorded.contains(&presented));
+                // Only a loss before the operation excuses it (an outside review: a loss or drop
+                // anywhere in the run did): until then the history still held what it presented.
+                let before_op = |index: usize| index < op.history_len;
+                let forgotten = timeline.lost.get(&presented).is_some_and(|index| before_op(*index))
+                    || (timeline.first_drop.is_some_and(before_op) && !timeline.recorded.contains(&presented));
                 if forgotten && !superseded {
                     counts.stale_after_loss += 1;
                 } else if !superseded
@@ -247,24 +250,26 @@ fn check_log(facts: &Facts<'_>, log: &Log<'_>, foreign: &Foreign, counts: &mut F
 struct Timeline {
     /// `(history index, snapshot after it)`, for the events that changed the group's record.
     snapshots: Vec<(usize, Snapshot)>,
-    /// Fences recorded in some state that a later rollback undid (their grants were forgotten).
-    lost: BTreeSet<Fence>,
+    /// Fences recorded in some state that a later rollback undid (their grants were forgotten),
+    /// with the history index of the first event that lost them.
+    lost: BTreeMap<Fence, usize>,
     /// Every fence any recorded state held.
     recorded: BTreeSet<Fence>,
-    /// Whether the store dropped acknowledged writes (their grants' fences were never recorded).
-    dropped_writes: bool,
+    /// The history index of the first acknowledged write the store dropped (its grant's fence was
+    /// never recorded), if any.
+    first_drop: Option<usize>,
 }
 
 impl Timeline {
     fn build(facts: &Facts<'_>, history: &[HistoryEvent]) -> Self {
         let mut snapshots: Vec<(usize, Snapshot)> = Vec::new();
-        let mut lost = BTreeSet::new();
+        let mut lost = BTreeMap::new();
         let mut recorded = BTreeSet::new();
-        let mut dropped_writes = false;
+        let mut first_drop = None;
         let mut current = Snapshot::default();
         for (index, event) in history.iter().enumerate() {
             if matches!(event.kind, HistoryKind::WriteDropped { .. }) {
-                dropped_writes = true;
+                first_drop.get_or_insert(index);
             }
             // Before the record's own change: a restart empty lowers fence keys even where the
             // group's record was already gone (it then names no record, and the lowered floor
@@ -308,11 +313,13 @@ impl Timeline {
             }
             if is_loss(event) {
                 let kept: BTreeSet<Fence> = current.latest.values().copied().collect();
-                lost.extend(before.latest.values().filter(|f| !kept.contains(f)));
+                for fence in before.latest.values().filter(|f| !kept.contains(f)) {
+                    lost.entry(*fence).or_insert(index);
+                }
             }
             snapshots.push((index, current.clone()));
         }
-        Timeline { snapshots, lost, recorded, dropped_writes }
+        Timeline { snapshots, lost, recorded, first_drop }
     }
 
     /// The snapshot after the first `history_len` events.
@@ -393,6 +400,34 @@ mod tests {
         let (violations, counts) = judged(&world, &acks);
         assert_eq!(violations, Vec::new());
         assert_eq!(counts.stale_after_loss, 1);
+    }
+
+    /// A loss or a dropped write excuses only the operations after it: a fence nobody recorded
+    /// that succeeded before any write was dropped came from no lost history (the excuse used to
+    /// span the whole run). The same fence after the drop is measured.
+    #[test]
+    fn only_a_loss_before_the_operation_excuses_it() {
+        let mut world = World::new();
+        let (a, b) = (Fence { counter: 5, nonce: 0xa }, Fence { counter: 6, nonce: 0xb });
+        world.store(1, &owning(&world, "m1", a), 1);
+        world.store(2, &owning(&world, "m2", b), 2);
+        world.history.push(rsc::store::memory::HistoryEvent {
+            at_ms: 3,
+            kind: HistoryKind::WriteDropped { group: world.group.clone(), revision: 3 },
+            metadata_after: vec![],
+        });
+        let never_recorded = Fence { counter: 9, nonce: 0xd };
+        let (violations, counts) = judged(&world, &[ack(&world, never_recorded, 2)]);
+        assert!(matches!(violations.as_slice(), [FenceViolation::StaleFenceSucceeded { .. }]), "{violations:?}");
+        assert_eq!(counts.stale_after_loss, 0);
+        let (violations, counts) = judged(&world, &[ack(&world, never_recorded, 3)]);
+        assert_eq!((violations, counts.stale_after_loss), (Vec::new(), 1));
+        // A rollback likewise: 6.b, lost by the rollback at index 2, used before it was even
+        // recorded (index 1) is not excused by that later loss.
+        let (world, [_, lost, _]) = lost_then_regranted();
+        let (violations, counts) = judged(&world, &[ack(&world, lost, 1)]);
+        assert!(matches!(violations.as_slice(), [FenceViolation::StaleFenceSucceeded { .. }]), "{violations:?}");
+        assert_eq!(counts.stale_after_loss, 0);
     }
 
     #[test]
