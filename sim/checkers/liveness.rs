@@ -105,8 +105,19 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
         .iter()
         .filter(|w| in_window(w.issued_at_us, &w.process) && justified(w))
         .map(|w| (w.issued_at_us, w.process, w.stream.as_str()));
+    // And a shard a live member is still processing entries of at the deadline (or later) is
+    // attended: it reads again when the batch is done, and a window shorter than the longest
+    // processing (a shrunk capsule's: 2 s after the deadline, batches of up to 2.5 s) must not
+    // read as neglect.
+    let processing = facts
+        .records
+        .processing
+        .iter()
+        .filter(|p| p.end_us.is_none_or(|end| end >= deadline_us))
+        .map(|p| (p.start_us.max(deadline_us), p.process, p.stream.as_str()));
     let read: BTreeSet<ShardId> = reads
         .chain(watches)
+        .chain(processing)
         .filter(|(at_us, process, _)| in_window(*at_us, process))
         .filter_map(|(_, _, stream)| facts.shard_of(stream))
         .collect();
@@ -186,6 +197,28 @@ mod tests {
         w.reads(a, 0, late + 1..=late + 1, 1);
         w.reads(b, 1, late + 1..=late + 1, 1);
         assert_eq!(check(&w.facts()), vec![]);
+    }
+
+    /// A shard whose entries a live member is still processing across the deadline is attended
+    /// (its next read follows the batch); one whose processing ended before it is not.
+    #[test]
+    fn a_shard_a_live_member_is_still_processing_is_attended() {
+        for (processing_end, attended) in [(None, true), (Some(1), true), (Some(-1), false)] {
+            let mut w = World::new();
+            let a = w.consumer(1);
+            let mut g = w.group_with_member("consumer-1", &[0]);
+            g.shard_count = 1;
+            w.store(1_000, &g, 1);
+            let deadline = w.deadline_us();
+            w.answer(a, deadline + 1, HeartbeatStatus::Ok, &[0], 8_000);
+            let p = w.producer(1);
+            let e = w.add(p, 0, deadline - 3_000_000);
+            w.read_ids(a, 0, deadline - 2_000_000, &[e]);
+            let end = processing_end.map(|offset: i64| deadline.saturating_add_signed(offset));
+            w.process_entry(a, 0, e, deadline - 1_900_000, end);
+            let kinds: Vec<&str> = check(&w.facts()).iter().map(super::super::Violation::kind).collect();
+            assert_eq!(kinds.is_empty(), attended, "processing until {end:?}: {kinds:?}");
+        }
     }
 
     #[test]
