@@ -186,7 +186,7 @@ impl World {
         self.heartbeat(p, at_us - 1_000, at_us, Ok(resp));
     }
 
-    fn stream(&self, shard: ShardId) -> String {
+    pub fn stream(&self, shard: ShardId) -> String {
         self.group.stream_key(shard)
     }
 

@@ -103,8 +103,11 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
         .records
         .watches
         .iter()
-        .filter(|w| in_window(w.issued_at_us, &w.process) && justified(w))
-        .map(|w| (w.issued_at_us, w.process, w.stream.as_str()));
+        // By when the wait ended: a wait that spans the deadline watched the shard into the
+        // window (a consumer idle on a one-second doorbell, with a window of a second, may issue
+        // no wait inside it that ends before the run does).
+        .filter(|w| in_window(w.served_at_us, &w.process) && justified(w))
+        .map(|w| (w.served_at_us, w.process, w.stream.as_str()));
     // And a shard a live member is still processing entries of at the deadline (or later) is
     // attended: it reads again when the batch is done, and a window shorter than the longest
     // processing (a shrunk capsule's: 2 s after the deadline, batches of up to 2.5 s) must not
@@ -218,6 +221,32 @@ mod tests {
             w.process_entry(a, 0, e, deadline - 1_900_000, end);
             let kinds: Vec<&str> = check(&w.facts()).iter().map(super::super::Violation::kind).collect();
             assert_eq!(kinds.is_empty(), attended, "processing until {end:?}: {kinds:?}");
+        }
+    }
+
+    /// A doorbell wait issued before the deadline that ended after it watched the shard into the
+    /// window; one that ended before it did not.
+    #[test]
+    fn a_wait_that_spans_the_deadline_attends_its_shard() {
+        for (served_offset, attended) in [(1_000_i64, true), (-1_000, false)] {
+            let mut w = World::new();
+            let a = w.consumer(1);
+            let mut g = w.group_with_member("consumer-1", &[0]);
+            g.shard_count = 1;
+            w.store(1_000, &g, 1);
+            let deadline = w.deadline_us();
+            w.answer(a, deadline + 1, HeartbeatStatus::Ok, &[0], 8_000);
+            let stream = w.stream(0);
+            w.records.watches.push(crate::records::WatchEvent {
+                process: a,
+                server: crate::plan::NodeRef::REDIS,
+                stream,
+                issued_at_us: deadline - 500_000,
+                served_at_us: deadline.saturating_add_signed(served_offset),
+                after: Some(rsc::store::EntryId { ms: 0, seq: 0 }),
+            });
+            let kinds: Vec<&str> = check(&w.facts()).iter().map(super::super::Violation::kind).collect();
+            assert_eq!(kinds.is_empty(), attended, "served at {served_offset:+} us: {kinds:?}");
         }
     }
 
