@@ -33,6 +33,7 @@ use tokio::task::JoinHandle;
 
 use crate::core::model::{GroupId, MemberId, ShardId};
 use crate::core::planted::PlantedBug;
+use crate::core::protocol::MemberSession;
 use crate::store::{keys, EntryId, FenceCheck, StoreError, StreamStore};
 
 pub use self::core::{AckError, ConsumerConfig, ConsumerCore, Delivery, Phase, ReadPlan, ReadStep};
@@ -144,6 +145,12 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         // suspended: a resumed consumer then keeps reading on a lease that ended long ago.
         let clock = if config.planted.has(PlantedBug::LeaseOnStoppingClock) { env.clock.stopping() } else { env.clock };
         let (group, member_id) = (config.group.clone(), config.member_id.clone());
+        // Every consumer is a new incarnation with a session of its own, whatever config it was
+        // built from: one built from a clone of a closed consumer's config presented that
+        // consumer's session at version 0, which the coordinator refuses as a late copy of the
+        // departed incarnation's join (UNKNOWN_MEMBER), and it rejoined and was refused every
+        // `prompt_ms` for as long as the group remembered the departure (a review finding).
+        let config = ConsumerConfig { member_session: MemberSession::generate(), ..config };
         let mut core = ConsumerCore::new(config);
         core.set_entry_events(env.events.wants_entry_events());
         let shared = Arc::new(Shared {

@@ -656,3 +656,29 @@ async fn an_ack_that_waited_for_the_lock_judges_the_lease_on_the_time_after_the_
     assert!(refused, "refused after the lease: {acked:?}");
     assert!(store.ack_log().is_empty(), "no XACK reached Redis after the lease ended: {:?}", store.ack_log());
 }
+
+/// Two consumers built from one config (a reconnect loop that clones it) are two incarnations
+/// with two sessions: the second presented the first's session at version 0, which the
+/// coordinator refuses as a late copy of the departed incarnation's join, for good.
+#[tokio::test]
+async fn consumers_built_from_one_config_present_different_sessions() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    let config = config("m1");
+    let sessions = |coordinator: &FakeCoordinator| -> Vec<_> {
+        coordinator.with(|s| s.heartbeats.iter().filter_map(|h| h.member_session.clone()).collect())
+    };
+    let env = || ClientEnv::new(Clock::new(), Arc::clone(&sink) as Arc<dyn EventSink>);
+    let first: TestConsumer =
+        Consumer::join_with(config.clone(), Arc::clone(&coordinator), store.connect(), env(), Arc::new(NoopListener));
+    wait_until("the first joined", || !sessions(&coordinator).is_empty()).await;
+    first.close().await.expect("close");
+    let first_session = sessions(&coordinator)[0].clone();
+    assert_ne!(first_session, config.member_session, "not the config's either");
+    let sent = sessions(&coordinator).len();
+    let second: TestConsumer =
+        Consumer::join_with(config, Arc::clone(&coordinator), store.connect(), env(), Arc::new(NoopListener));
+    wait_until("the second joined", || sessions(&coordinator).len() > sent).await;
+    let second_session = sessions(&coordinator)[sent].clone();
+    assert_ne!(second_session, first_session);
+    second.close().await.expect("close");
+}

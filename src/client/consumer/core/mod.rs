@@ -64,9 +64,11 @@ pub struct ConsumerConfig {
     /// or whose `poll` was cancelled does not wait for the sweep: the next poll re-reads the
     /// shard's own pending entries (`reread_own_pending`); its reply is what gets lost, not them.
     pub pending_sweep_interval_ms: u64,
-    /// This process's member session secret (drawn from the OS by [`ConsumerConfig::new`]): sent
-    /// with every heartbeat, so only this process can act for the incarnations it joins, and it
-    /// can rejoin its own member id at once (DESIGN §9). Never logged.
+    /// This process's member session secret (drawn from the OS by [`ConsumerConfig::new`], and
+    /// again by `Consumer::join` for every consumer it builds, so two consumers built from one
+    /// config never share one): sent with every heartbeat, so only this process can act for the
+    /// incarnations it joins, and it can rejoin its own member id at once (DESIGN §9). Never
+    /// logged.
     pub member_session: MemberSession,
     /// Deliberate mistakes for the simulation's negative tests; `NONE` everywhere else.
     pub planted: PlantedBugs,
