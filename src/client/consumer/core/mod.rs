@@ -370,7 +370,10 @@ impl ConsumerCore {
         }
         // A closing consumer reports its drained shards REVOKED *in the leave heartbeat*: the
         // coordinator releases a shard it did not ask back only from a leaving member, so reporting
-        // them earlier would leave them fenced for a lease after the leave.
+        // them earlier would leave them fenced for a lease after the leave. Except a shard it did
+        // ask back (one with a revoke id): a REVOKED report releases that one at once, and holding
+        // it made its next owner wait for the closing member's slowest other shard (up to the
+        // close timeout; a review finding).
         let closing = self.phase == Phase::Closing;
         let all_drained = self.shards.iter().all(|(shard, s)| self.is_drained(*shard, s));
         let leave = closing && all_drained;
@@ -379,7 +382,7 @@ impl ConsumerCore {
         let mut reported_revoked = BTreeSet::new();
         for (shard, s) in self.shards.iter().filter(|(_, s)| s.state == ShardState::Revoking) {
             let in_flight = u32::try_from(s.in_flight.len()).unwrap_or(u32::MAX).saturating_add(self.calls_on(*shard));
-            let revoked = in_flight == 0 && (!closing || leave);
+            let revoked = in_flight == 0 && (!closing || leave || s.revoke_id.is_some());
             if revoked {
                 reported_revoked.insert(*shard);
             }

@@ -485,6 +485,29 @@ fn close_drains_then_reports_everything_revoked_in_the_leave() {
     assert_eq!(c.poll_heartbeat(10_000), None);
 }
 
+/// A closing consumer reports a shard the coordinator asked back REVOKED as soon as it drained,
+/// not in the leave: its next owner does not wait for the closing member's other shards.
+#[test]
+fn a_closing_consumer_reports_a_shard_asked_back_revoked_once_drained() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+    let d = deliver(&mut c, 20, 1, &[8]);
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::Ok, &[1], &[2])));
+    assert_eq!(c.revoking_shards(), vec![2]);
+    c.close(230);
+    let req = exchange(&mut c, 240, 250, Ok(response(HeartbeatStatus::Ok, &[1], &[2])));
+    assert!(!req.leave, "shard 1 still has an entry in flight");
+    assert_eq!(
+        req.revoking,
+        vec![
+            RevokeReport { shard: 1, in_flight: 1, revoked: false, revoke_id: None },
+            RevokeReport { shard: 2, in_flight: 0, revoked: true, revoke_id: Some(revoke_id(2)) }
+        ]
+    );
+    c.check_ack(260, &d[0]).expect("may ack while draining under the lease");
+    c.acked(260, &d[0]);
+}
+
 /// A leave that reaches a store which lost the sender's latest version is answered SYNC_METADATA
 /// (the spec answers every version above the stored one so, whatever else the request says): the
 /// coordinator did not remove the member. The consumer adopts the store's view and sends the leave
