@@ -571,6 +571,10 @@ async fn a_request_without_its_credential_is_refused_before_its_body_is_read() {
         ("GET", ROUTING, None, "401"),
         ("POST", SHARDS, None, "401"),
         ("POST", CREATE, Some(CLIENT), "401"),
+        // A path whose group is not UTF-8 once decoded names no group to check a token against:
+        // refused as the handler would refuse it, before the body too.
+        ("POST", "/v1/groups/%FF/billing/heartbeat", None, "400"),
+        ("POST", "/v1/groups/%FF/billing/heartbeat", Some(CLIENT), "400"),
     ];
     for (method, path, bearer, status) in cases {
         let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");

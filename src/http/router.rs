@@ -316,8 +316,11 @@ async fn around_request<S: MetadataStore>(
             RouteAuth::Admin => check_admin_token(options.admin_token.as_deref(), request.headers()),
             RouteAuth::Client => match params.ok().as_ref().and_then(path_group) {
                 Some(group) => options.client_tokens.check(request.headers(), &group),
-                // No group in the path: the handler's own path check answers it.
-                None => Ok(()),
+                // No group in the path (a parameter that is not UTF-8 once percent-decoded): the
+                // handler's path check would refuse it 400, but only after the body was read, with
+                // no credential checked (a review of this change: 64 such slow bodies filled the
+                // budget again). So it is refused here, before the body, as the handler would.
+                None => return HttpError::bad_request("invalid path: it names no group").into_response(),
             },
         };
         if let Err(error) = refused {
