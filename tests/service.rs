@@ -166,15 +166,17 @@ async fn a_deleted_metadata_key_fails_closed_and_is_never_rebuilt() {
 
 /// A request naming a group that has no record is judged against the paced index read, not a
 /// new one each: a review found every such request (unauthenticated on an open data plane) read
-/// the whole index. Here the index cannot be read again after the first such request, and the
-/// later ones are still answered from that read (before: each failed to read it and answered
-/// METADATA_MISSING, the cautious answer for an unreadable index).
+/// the whole index. Here the ticker's pass reads the index, then the index cannot be read again,
+/// and every request for an unknown group is still answered from the ticker's read (before: each
+/// failed to read it and answered METADATA_MISSING, the cautious answer for an unreadable index).
 #[tokio::test]
 async fn requests_for_unknown_groups_share_one_index_read_per_refresh_period() {
     let store = MemoryStore::new(3);
     let options = CoordinatorOptions { ticker_refresh_ms: 60_000, ..CoordinatorOptions::default() };
     let c = Coordinator::new(store.connect(), options);
     create(&c, 2).await;
+    // The ticker's pass reads the index (paced: kept for `ticker_refresh_ms`).
+    c.tick_all().await;
     let stranger = |n: usize| {
         let mut request = join("x");
         request.group = GroupId::new("nobody", format!("here-{n}"));

@@ -954,9 +954,9 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     /// Whether the index lists `group`, judged from the ticker's paced index read when that is at
-    /// most `ticker_refresh_ms` old (else read now, and kept for the ticker as its own read is):
-    /// requests naming groups that have no record cost at most one index read per period however
-    /// many arrive. Each such request used to read the whole index (`SMEMBERS`), unauthenticated
+    /// most `ticker_refresh_ms` old (a running ticker keeps it so; else read now, and not kept:
+    /// the ticker's own reads drive its clean-up of groups gone elsewhere, which requests must
+    /// not starve): requests naming groups that have no record cost no index read of their own. Each such request used to read the whole index (`SMEMBERS`), unauthenticated
     /// on an open data plane (a review: a few hundred a second saturate Redis with 10,000
     /// groups). The index is never truth, and [`Coordinator::missing`] only chooses between two
     /// fail-closed answers with it; an admin create, which decides what it writes by it, reads it
@@ -974,8 +974,7 @@ impl<S: MetadataStore> Coordinator<S> {
             .map(|read| read.listed.contains(group));
         match paced {
             Some(false) => Ok(false),
-            Some(true) => Ok(self.inner.store.index_members().await?.contains(group)),
-            None => Ok(self.indexed_groups().await?.0.contains(group)),
+            Some(true) | None => Ok(self.inner.store.index_members().await?.contains(group)),
         }
     }
 
