@@ -108,15 +108,19 @@ pub fn check(facts: &Facts<'_>) -> Vec<Violation> {
         // no wait inside it that ends before the run does).
         .filter(|w| in_window(w.served_at_us, &w.process) && justified(w))
         .map(|w| (w.served_at_us, w.process, w.stream.as_str()));
-    // And a shard a live member is still processing entries of at the deadline (or later) is
-    // attended: it reads again when the batch is done, and a window shorter than the longest
-    // processing (a shrunk capsule's: 2 s after the deadline, batches of up to 2.5 s) must not
-    // read as neglect.
+    // And a shard a live member is busy with at the end is attended: its processing of an entry
+    // of the shard, not cancelled, was still running within a poll interval and a second of the
+    // end (its next read follows the batch, maybe after the end). A window shorter than the
+    // longest batch (a shrunk capsule's: 2 s after the deadline) must not read as neglect; a
+    // processing that ended earlier, or was cancelled because the shard was lost, attends nothing
+    // (a review of the first version, which counted any processing that reached the deadline).
+    let busy_since_us = facts.end_us.saturating_sub(facts.plan.workload.poll_interval_ms * 1_000 + 1_000_000);
     let processing = facts
         .records
         .processing
         .iter()
-        .filter(|p| p.end_us.is_none_or(|end| end >= deadline_us))
+        .filter(|p| p.completed || p.end_us.is_none())
+        .filter(|p| p.end_us.is_none_or(|end| end >= busy_since_us.max(deadline_us)))
         .map(|p| (p.start_us.max(deadline_us), p.process, p.stream.as_str()));
     let read: BTreeSet<ShardId> = reads
         .chain(watches)
@@ -202,11 +206,19 @@ mod tests {
         assert_eq!(check(&w.facts()), vec![]);
     }
 
-    /// A shard whose entries a live member is still processing across the deadline is attended
-    /// (its next read follows the batch); one whose processing ended before it is not.
+    /// A shard whose entries a live member is still processing at the end (or finished within a
+    /// poll interval and a second of it) is attended; one whose processing ended well before the
+    /// end, or was cancelled, is not.
     #[test]
-    fn a_shard_a_live_member_is_still_processing_is_attended() {
-        for (processing_end, attended) in [(None, true), (Some(1), true), (Some(-1), false)] {
+    fn a_shard_a_live_member_is_busy_with_at_the_end_is_attended() {
+        let end = World::new().facts().end_us;
+        let busy_for = World::new().facts().plan.workload.poll_interval_ms * 1_000 + 1_000_000;
+        for (processing_end, cancelled, attended) in [
+            (None, false, true),
+            (Some(end - busy_for + 1), false, true),
+            (Some(end - busy_for - 1), false, false),
+            (Some(end - 1), true, false),
+        ] {
             let mut w = World::new();
             let a = w.consumer(1);
             let mut g = w.group_with_member("consumer-1", &[0]);
@@ -217,10 +229,12 @@ mod tests {
             let p = w.producer(1);
             let e = w.add(p, 0, deadline - 3_000_000);
             w.read_ids(a, 0, deadline - 2_000_000, &[e]);
-            let end = processing_end.map(|offset: i64| deadline.saturating_add_signed(offset));
-            w.process_entry(a, 0, e, deadline - 1_900_000, end);
+            match (processing_end, cancelled) {
+                (Some(until), true) => w.cancel_entry(a, 0, e, deadline - 1_900_000, until),
+                (until, _) => w.process_entry(a, 0, e, deadline - 1_900_000, until),
+            }
             let kinds: Vec<&str> = check(&w.facts()).iter().map(super::super::Violation::kind).collect();
-            assert_eq!(kinds.is_empty(), attended, "processing until {end:?}: {kinds:?}");
+            assert_eq!(kinds.is_empty(), attended, "processing until {processing_end:?}: {kinds:?}");
         }
     }
 
