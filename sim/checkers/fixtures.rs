@@ -269,28 +269,24 @@ impl World {
     }
 
     pub fn process_entry(&mut self, p: ProcessId, shard: ShardId, id: EntryId, start: Us, end: Option<Us>) {
-        let stream = self.stream(shard);
-        self.records.processing.push(Processing {
-            process: p,
-            stream,
-            id,
-            start_us: start,
-            end_us: end,
-            completed: end.is_some(),
-        });
+        self.push_processing(p, shard, id, (start, end), end.is_some());
     }
 
     /// A processing cancelled at `end` (its shard was lost): it did not process the entry.
     pub fn cancel_entry(&mut self, p: ProcessId, shard: ShardId, id: EntryId, start: Us, end: Us) {
+        self.push_processing(p, shard, id, (start, Some(end)), false);
+    }
+
+    fn push_processing(
+        &mut self,
+        p: ProcessId,
+        shard: ShardId,
+        id: EntryId,
+        (start_us, end_us): (Us, Option<Us>),
+        completed: bool,
+    ) {
         let stream = self.stream(shard);
-        self.records.processing.push(Processing {
-            process: p,
-            stream,
-            id,
-            start_us: start,
-            end_us: Some(end),
-            completed: false,
-        });
+        self.records.processing.push(Processing { process: p, stream, id, start_us, end_us, completed });
     }
 
     pub fn routing(&mut self, p: ProcessId, sent: Us, received: Us, ttl_ms: u64, shard_count: u32) {

@@ -206,6 +206,19 @@ mod tests {
         assert_eq!(check(&w.facts()), vec![]);
     }
 
+    /// A one-shard group whose one member was answered OK right after the deadline: the member
+    /// and the deadline.
+    fn one_shard_member() -> (World, ProcessId, Us) {
+        let mut w = World::new();
+        let a = w.consumer(1);
+        let mut g = w.group_with_member("consumer-1", &[0]);
+        g.shard_count = 1;
+        w.store(1_000, &g, 1);
+        let deadline = w.deadline_us();
+        w.answer(a, deadline + 1, HeartbeatStatus::Ok, &[0], 8_000);
+        (w, a, deadline)
+    }
+
     /// A shard whose entries a live member is still processing at the end (or finished within a
     /// poll interval and a second of it) is attended; one whose processing ended well before the
     /// end, or was cancelled, is not.
@@ -219,13 +232,7 @@ mod tests {
             (Some(end - busy_for - 1), false, false),
             (Some(end - 1), true, false),
         ] {
-            let mut w = World::new();
-            let a = w.consumer(1);
-            let mut g = w.group_with_member("consumer-1", &[0]);
-            g.shard_count = 1;
-            w.store(1_000, &g, 1);
-            let deadline = w.deadline_us();
-            w.answer(a, deadline + 1, HeartbeatStatus::Ok, &[0], 8_000);
+            let (mut w, a, deadline) = one_shard_member();
             let p = w.producer(1);
             let e = w.add(p, 0, deadline - 3_000_000);
             w.read_ids(a, 0, deadline - 2_000_000, &[e]);
@@ -243,13 +250,7 @@ mod tests {
     #[test]
     fn a_wait_that_spans_the_deadline_attends_its_shard() {
         for (served_offset, attended) in [(1_000_i64, true), (-1_000, false)] {
-            let mut w = World::new();
-            let a = w.consumer(1);
-            let mut g = w.group_with_member("consumer-1", &[0]);
-            g.shard_count = 1;
-            w.store(1_000, &g, 1);
-            let deadline = w.deadline_us();
-            w.answer(a, deadline + 1, HeartbeatStatus::Ok, &[0], 8_000);
+            let (mut w, a, deadline) = one_shard_member();
             let stream = w.stream(0);
             w.records.watches.push(crate::records::WatchEvent {
                 process: a,
