@@ -40,8 +40,11 @@ use crate::client::transport::{CoordinatorTransport, TransportError};
 use crate::core::model::GroupId;
 use crate::core::protocol::{ApiError, HeartbeatRequest, HeartbeatResponse, RoutingReport, RoutingResponse};
 
-/// Largest response body accepted.
-const BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Largest response body accepted: twice the largest answer a coordinator can give (a routing
+/// view of `SHARD_COUNT_MAX` stream keys under the longest prefix is about 14 MB;
+/// `the_largest_answers_a_coordinator_can_give_fit_the_body_limit`), so no group the admin API
+/// accepts has answers its clients refuse.
+const BODY_BYTES_MAX: usize = 32 * 1024 * 1024;
 
 /// Settings of [`HttpTransport`].
 #[derive(Clone, PartialEq, Eq)]

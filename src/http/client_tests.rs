@@ -300,6 +300,59 @@ async fn header_read_timeout_closes_a_stalled_connection() {
 
 /// The same code over madsim's simulated network: coordinators on their own nodes, killed and
 /// clogged by the simulator.
+/// The largest answers a coordinator can give fit the body this client accepts: a routing view of
+/// `SHARD_COUNT_MAX` shards under the longest prefix lists every stream key, and a heartbeat of a
+/// member asked to drain every shard names each with its drain and its fence at the largest
+/// numbers, with room to spare. At a 4 MiB limit a group of ~20,000 shards under a 200-byte prefix
+/// (which create-group and add-shards accept) had a routing answer no producer could read, and
+/// every producer stopped once its cache expired.
+#[test]
+fn the_largest_answers_a_coordinator_can_give_fit_the_body_limit() {
+    use crate::core::fence::{Fence, ShardFence};
+    use crate::core::model::{GROUP_NAME_LEN_MAX, REVOKE_ID_MAX, SHARD_COUNT_MAX};
+    use crate::core::protocol::{Drain, HeartbeatStatus};
+    let long = "p".repeat(GROUP_NAME_LEN_MAX);
+    let group = GroupId::new(&long, &"g".repeat(GROUP_NAME_LEN_MAX));
+    let shards: Vec<u32> = (0..SHARD_COUNT_MAX).collect();
+    let proof: crate::core::proof::ViewProof = "f".repeat(32).parse().expect("a proof");
+    let routing = RoutingResponse {
+        group: group.clone(),
+        metadata_version: u64::MAX,
+        shard_count: SHARD_COUNT_MAX,
+        stream_keys: shards.iter().map(|&s| group.stream_key(s)).collect(),
+        routing_cache_ttl_ms: u64::MAX,
+        routing_refresh_interval_ms: u64::MAX,
+        store_revision: u64::MAX,
+        lost_version: Some(u64::MAX),
+        accepts_known_shard_count: true,
+        metadata_version_proof: Some(proof),
+        shard_count_proof: Some(proof),
+    };
+    let routing_bytes = serde_json::to_vec(&routing).expect("serializes").len();
+    let fence = Fence { counter: u64::MAX, nonce: u64::MAX };
+    let heartbeat = HeartbeatResponse {
+        status: HeartbeatStatus::RevokePending,
+        member_id: "m".repeat(GROUP_NAME_LEN_MAX).into(),
+        member_epoch: u64::MAX,
+        metadata_version: u64::MAX,
+        assignment_epoch: u64::MAX,
+        shard_count: SHARD_COUNT_MAX,
+        assigned: Vec::new(),
+        pending: Vec::new(),
+        revoke: shards.clone(),
+        drains: shards.iter().map(|&shard| Drain { shard, revoke_id: REVOKE_ID_MAX }).collect(),
+        assignment_lease_ms: u64::MAX,
+        heartbeat_interval_ms: u64::MAX,
+        store_revision: u64::MAX,
+        fences: shards.iter().map(|&shard| ShardFence { shard, fence }).collect(),
+        metadata_version_proof: Some(proof),
+    };
+    let heartbeat_bytes = serde_json::to_vec(&heartbeat).expect("serializes").len();
+    eprintln!("routing {routing_bytes} bytes, heartbeat {heartbeat_bytes} bytes, limit {BODY_BYTES_MAX}");
+    assert!(routing_bytes < BODY_BYTES_MAX / 2, "routing answer of {routing_bytes} bytes");
+    assert!(heartbeat_bytes < BODY_BYTES_MAX / 2, "heartbeat answer of {heartbeat_bytes} bytes");
+}
+
 #[cfg(madsim)]
 mod sim {
     use super::*;
