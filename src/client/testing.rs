@@ -20,6 +20,8 @@ pub(crate) struct FakeState {
     pub routing: RoutingResponse,
     pub heartbeats: Vec<HeartbeatRequest>,
     pub routing_calls: usize,
+    /// Routing requests answered `Unreachable` because `up` was false.
+    pub routing_calls_down: usize,
     /// The `known_version` of every routing call, in order.
     pub known_versions: Vec<u64>,
     /// The `known_shard_count` of every routing call, in order.
@@ -46,6 +48,7 @@ impl FakeCoordinator {
                 routing: routing(group, 1, shard_count, lease_ms, interval_ms),
                 heartbeats: Vec::new(),
                 routing_calls: 0,
+                routing_calls_down: 0,
                 known_versions: Vec::new(),
                 known_shard_counts: Vec::new(),
                 reads_shard_count: true,
@@ -120,6 +123,7 @@ impl CoordinatorTransport for FakeCoordinator {
     async fn routing(&self, _group: &GroupId, report: RoutingReport) -> Result<RoutingResponse, TransportError> {
         self.with(|s| {
             if !s.up {
+                s.routing_calls_down += 1;
                 return Err(TransportError::Unreachable("fake coordinator is down".into()));
             }
             s.routing_calls += 1;

@@ -86,6 +86,12 @@ struct Shared<T, S> {
     sink: Arc<dyn EventSink>,
     /// Send time of the last refresh attempt (gates retries).
     last_attempt_ms: Mutex<Option<u64>>,
+    /// When the last refresh that failed ended: a publish finding no valid route refreshes
+    /// inline only `refresh_retry_ms` after it.
+    last_failure_ms: Mutex<Option<u64>>,
+    /// Held across every refresh (background, inline, [`Producer::refresh`]): publishes that find
+    /// no valid route share the refresh in flight instead of each sending its own.
+    refreshing: tokio::sync::Mutex<()>,
 }
 
 /// A producer for one group's shard streams. Dropping it stops its refresh task.
@@ -110,6 +116,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Producer<T, S> {
             clock: env.clock,
             sink: env.events,
             last_attempt_ms: Mutex::new(None),
+            last_failure_ms: Mutex::new(None),
+            refreshing: tokio::sync::Mutex::new(()),
         });
         let refresher = tokio::spawn(refresh_loop(Arc::clone(&shared)));
         Self { shared, refresher: Some(refresher) }
@@ -136,12 +144,28 @@ impl<T: CoordinatorTransport, S: StreamStore> Producer<T, S> {
         let route = match shared.route(key) {
             Ok(route) => route,
             Err(_) => {
-                // No valid cache: refresh immediately, once, then fail closed.
-                shared.cache().mark_stale();
-                let refreshed = shared.refresh().await;
+                // No valid cache: refresh now, once, then fail closed. Publishes that find the
+                // cache invalid together share one refresh (the one in flight, if any), and one
+                // that failed less than `refresh_retry_ms` ago is not repeated: before, every
+                // publish sent its own routing request, so an application retrying at once drove
+                // one request per round trip at a coordinator that was down or answered errors.
+                let turn = shared.refreshing.lock().await;
                 match shared.route(key) {
                     Ok(route) => route,
-                    Err(error) => return Err(shared.fail(route_error(error, refreshed.err()))),
+                    Err(error) if shared.failed_recently() => {
+                        drop(turn);
+                        let why = "the last routing refresh failed less than refresh_retry_ms ago";
+                        return Err(shared.fail(route_error(error, Some(TransportError::Unreachable(why.into())))));
+                    }
+                    Err(_) => {
+                        shared.cache().mark_stale();
+                        let refreshed = shared.refresh_held().await;
+                        drop(turn);
+                        match shared.route(key) {
+                            Ok(route) => route,
+                            Err(error) => return Err(shared.fail(route_error(error, refreshed.err()))),
+                        }
+                    }
                 }
             }
         };
@@ -230,8 +254,27 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
         error
     }
 
-    /// One routing request; the lease of its answer counts from `sent_ms`.
+    /// Whether a refresh failed less than `refresh_retry_ms` ago.
+    fn failed_recently(&self) -> bool {
+        let last = *self.last_failure_ms.lock().unwrap_or_else(|p| p.into_inner());
+        last.is_some_and(|at| self.clock.now_ms() < at.saturating_add(self.config.refresh_retry_ms))
+    }
+
+    /// One routing request, once no other refresh is in flight.
     async fn refresh(&self) -> Result<RefreshOutcome, TransportError> {
+        let _turn = self.refreshing.lock().await;
+        self.refresh_held().await
+    }
+
+    /// One routing request, `refreshing` held; the lease of its answer counts from `sent_ms`.
+    async fn refresh_held(&self) -> Result<RefreshOutcome, TransportError> {
+        let result = self.refresh_inner().await;
+        let failed_at = result.is_err().then(|| self.clock.now_ms());
+        *self.last_failure_ms.lock().unwrap_or_else(|p| p.into_inner()) = failed_at;
+        result
+    }
+
+    async fn refresh_inner(&self) -> Result<RefreshOutcome, TransportError> {
         let sent_ms = self.clock.now_ms();
         *self.last_attempt_ms.lock().unwrap_or_else(|p| p.into_inner()) = Some(sent_ms);
         let report = self.cache().report();

@@ -69,9 +69,50 @@ async fn keeps_publishing_within_the_cache_lease_then_fails_closed() {
     assert!(matches!(error, PublishError::CacheExpired { metadata_version: 1, .. }), "{error:?}");
     assert_eq!(store.add_log().len(), adds, "nothing written after the lease");
     assert!(sink.events().iter().any(|e| matches!(e, ClientEvent::RoutingRefreshFailed { .. })));
-    // Back up: the publish path refreshes immediately and succeeds.
+    // Back up: once the retry pause after the last failed refresh has passed, the publish path
+    // refreshes (or finds the background refresh's view) and succeeds.
     coordinator.with(|s| s.up = true);
+    tokio::time::sleep(Duration::from_millis(p.shared.config.refresh_retry_ms + 5)).await;
     p.publish(b"k", b"4".to_vec()).await.expect("publish after recovery");
+}
+
+/// Publishes that find no valid route share one refresh, and a failed one is not repeated before
+/// `refresh_retry_ms`: before, every publish sent its own routing request, so 16 tasks publishing
+/// in a loop at a coordinator that was down sent one request per publish.
+#[tokio::test]
+async fn publishes_without_a_valid_route_share_one_refresh_per_retry_pause() {
+    let (store, coordinator, sink) = setup();
+    coordinator.with(|s| s.up = false);
+    let p = Arc::new(producer(&coordinator, &store, &sink));
+    let retry_ms = p.shared.config.refresh_retry_ms;
+    let started = tokio::time::Instant::now();
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let p = Arc::clone(&p);
+            tokio::spawn(async move {
+                let mut publishes = 0;
+                while started.elapsed() < Duration::from_millis(200) {
+                    assert!(matches!(p.publish(b"k", b"x".to_vec()).await, Err(PublishError::NoRouting(_))));
+                    publishes += 1;
+                    tokio::task::yield_now().await;
+                }
+                publishes
+            })
+        })
+        .collect();
+    let mut publishes = 0;
+    for task in tasks {
+        publishes += task.await.expect("publisher");
+    }
+    let calls = coordinator.with(|s| s.routing_calls_down);
+    let bound = (started.elapsed().as_millis() as u64 / retry_ms + 2) as usize;
+    assert!(publishes > 10 * bound, "{publishes} publishes");
+    assert!(calls <= bound, "{calls} routing requests for {publishes} publishes (at most {bound})");
+    assert!(store.add_log().is_empty());
+    // Back up: the next publish after the pause refreshes and succeeds.
+    coordinator.with(|s| s.up = true);
+    tokio::time::sleep(Duration::from_millis(retry_ms + 5)).await;
+    p.publish(b"k", b"x".to_vec()).await.expect("publish after recovery");
 }
 
 #[tokio::test]
