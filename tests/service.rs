@@ -738,6 +738,29 @@ async fn a_forged_heartbeat_is_refused_before_it_touches_liveness() {
     assert_eq!(steady.status, HeartbeatStatus::Ok);
 }
 
+/// A heartbeat of a made-up member id leaves a liveness field before it is refused, and a tick
+/// removes such fields once there are more than `ORPHAN_LIVENESS_MAX` — in a group without members
+/// too. Its tick read only the record, so the fields stayed for ever: an unauthenticated flood of
+/// made-up ids at a group whose consumers were not started yet grew Redis without bound.
+#[tokio::test]
+async fn made_up_member_ids_at_a_group_without_members_leave_a_bounded_number_of_liveness_fields() {
+    use rsc::core::model::ORPHAN_LIVENESS_MAX;
+    let store = MemoryStore::new(13);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    create(&c, 2).await;
+    for i in 0..3 * ORPHAN_LIVENESS_MAX {
+        let ghost = HeartbeatRequest { member_epoch: 7, ..join(&format!("ghost-{i}")) };
+        assert_eq!(c.heartbeat(ghost).await.expect_err("refused").code, ErrorCode::UnknownMember);
+        if i % ORPHAN_LIVENESS_MAX == ORPHAN_LIVENESS_MAX - 1 {
+            c.tick_all().await;
+        }
+    }
+    c.tick_all().await;
+    let left = store.liveness(&group()).await.expect("liveness").len();
+    assert!(left <= ORPHAN_LIVENESS_MAX, "{left} liveness fields left");
+    assert!(recorded(&store).expect("the group").members.is_empty());
+}
+
 // --- What the registry exports about members (issue 9 part 4) ---
 
 #[tokio::test]

@@ -1227,12 +1227,11 @@ impl<S: MetadataStore> Coordinator<S> {
             // The state moved on; the next tick starts from a fresh read.
             return Ok(());
         }
-        // A group without members has nobody to expire: its tick reads only the record.
-        let liveness = if g.members.is_empty() {
-            BTreeMap::new()
-        } else {
-            self.inner.store.liveness(group).await.map_err(|e| self.store_error(e))?
-        };
+        // Liveness is read in a group without members too: it has nobody to expire, but
+        // heartbeats of made-up member ids leave fields there that only a tick removes
+        // (`ORPHAN_LIVENESS_MAX`); when it read only the record, a flood of them grew the hash
+        // without bound. An idle group's ticks are deferred, so this costs little.
+        let liveness = self.inner.store.liveness(group).await.map_err(|e| self.store_error(e))?;
         let obs = self.observe(&g, Some(&liveness));
         self.export_group_gauges(&g, &obs);
         let probe = decide_tick(&g, self.context(Some(&g), record.revision, &obs));
