@@ -13,6 +13,8 @@
 //! limit) or 415 (missing or wrong `Content-Type`); unknown routes 404 and wrong methods 405, also
 //! with code `BAD_REQUEST` (the protocol has no dedicated code for them).
 
+use std::time::Duration;
+
 use super::serve::BodyReadTimeout;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
@@ -84,6 +86,35 @@ impl IntoResponse for HttpError {
     }
 }
 
+/// `METADATA_MISSING` answers are logged at ERROR at most once per this period per process; the
+/// others at DEBUG. Any client can ask about a group it names with a version above 0 (and a
+/// producer still running after its group was deleted does so every `refresh_retry_ms`): one
+/// ERROR line per request let it flood the log and bury every other error.
+/// `rsc_metadata_missing_total` still counts every one.
+const MISSING_LOG_PERIOD: Duration = Duration::from_secs(10);
+
+/// When a `METADATA_MISSING` answer was last logged at ERROR, and how many were logged at DEBUG
+/// since.
+static MISSING_LOGGED: std::sync::Mutex<Option<(tokio::time::Instant, u64)>> = std::sync::Mutex::new(None);
+
+/// Whether this `METADATA_MISSING` answer is logged at ERROR, and how many were not since the last
+/// one that was.
+fn missing_log_turn() -> Option<u64> {
+    let now = tokio::time::Instant::now();
+    let mut last = MISSING_LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    match &mut *last {
+        Some((at, quiet)) if now.saturating_duration_since(*at) < MISSING_LOG_PERIOD => {
+            *quiet += 1;
+            None
+        }
+        _ => {
+            let quiet = last.map_or(0, |(_, quiet)| quiet);
+            *last = Some((now, 0));
+            Some(quiet)
+        }
+    }
+}
+
 /// Logs the full message of a 5xx in the current request span; the client gets
 /// [`public_message`] only.
 fn log_server_error(status: StatusCode, error: &ApiError) {
@@ -91,6 +122,18 @@ fn log_server_error(status: StatusCode, error: &ApiError) {
         ErrorCode::CoordinatorTerminating => {
             tracing::debug!(status = status.as_u16(), code = ?error.code, message = %error.message, "refused")
         }
+        ErrorCode::MetadataMissing => match missing_log_turn() {
+            Some(quiet) => tracing::error!(
+                status = status.as_u16(),
+                code = ?error.code,
+                message = %error.message,
+                logged_at_debug_since = quiet,
+                "server error (further METADATA_MISSING answers in the next 10 s are logged at debug)"
+            ),
+            None => {
+                tracing::debug!(status = status.as_u16(), code = ?error.code, message = %error.message, "server error")
+            }
+        },
         ErrorCode::StoreUnavailable => {
             tracing::warn!(status = status.as_u16(), code = ?error.code, message = %error.message, "store error")
         }
@@ -171,7 +214,7 @@ where
 }
 
 /// Body read bound when the request did not come through [`super::serve::serve`] (tests).
-pub(super) const BODY_READ_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(super) const BODY_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
 /// Parses `bytes` as `T`, rejecting unknown fields at any depth: the parse reports every key it
 /// ignored (`serde_ignored`), so a key is refused exactly when no declared field took it. (An
@@ -285,6 +328,18 @@ fn query_rejection(rejection: QueryRejection) -> HttpError {
 mod tests {
     use super::*;
     use crate::core::protocol::HeartbeatRequest;
+
+    /// Of METADATA_MISSING answers in quick succession, only the first of a period is logged at
+    /// ERROR (others in this process may have taken this period's turn already).
+    #[tokio::test]
+    async fn metadata_missing_answers_take_one_error_line_per_period() {
+        let _ = missing_log_turn();
+        for _ in 0..100 {
+            assert_eq!(missing_log_turn(), None, "logged at debug within the period");
+        }
+        let quiet = MISSING_LOGGED.lock().unwrap_or_else(|p| p.into_inner()).map(|(_, quiet)| quiet);
+        assert!(quiet >= Some(100), "{quiet:?}");
+    }
 
     #[test]
     fn strict_parse_rejects_unknown_fields_at_any_depth() {
