@@ -13,6 +13,8 @@
 //! run, see `asking_then`), or keeps a connection that failed, timed out, or answered READONLY /
 //! MASTERDOWN (a demoted master or a replica) — the next call connects afresh (through Sentinel:
 //! to the master it names now), which is how the store follows a restarted or failed-over server.
+//! On a Cluster the failed shared connection is replaced in the background instead, and serves
+//! the other slots until its replacement is ready (`Connector::replace_cluster_connection`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -284,6 +286,8 @@ async fn asking_then(
 struct Slot {
     current: Option<(u64, Conn)>,
     generation: u64,
+    /// A Cluster connection's replacement is being built in the background.
+    replacing: bool,
 }
 
 /// Which connection a round trip uses.
@@ -302,7 +306,16 @@ pub(crate) enum Target {
     /// The master the sentinels name at each connect (`name` is the master name, for errors).
     Sentinel { client: Mutex<SentinelClient>, name: String },
     /// A Redis Cluster, found from its seed nodes, and what the store adds to its client.
-    Cluster(ClusterClient, Arc<ClusterAids>),
+    Cluster(ClusterClients, Arc<ClusterAids>),
+}
+
+/// The two cluster clients of a Cluster target: the same nodes and settings, but the shared
+/// connection's requests time out at the store's deadline inside the crate too (so the crate
+/// drops a node that stopped answering, and a connection built while one hangs gives up on it
+/// instead of waiting for its `PING`), while blocking reads' must outlast their `BLOCK`.
+pub(crate) struct ClusterClients {
+    pub(crate) shared: ClusterClient,
+    pub(crate) blocking: ClusterClient,
 }
 
 impl Target {
@@ -332,8 +345,8 @@ pub(crate) struct Connector {
     redactor: Redactor,
     /// Also removed from error texts: the sentinels' password.
     sentinel_redactor: Redactor,
-    shared: Mutex<Slot>,
-    blocking_idle: Mutex<Vec<Conn>>,
+    shared: Arc<Mutex<Slot>>,
+    blocking_idle: Arc<Mutex<Vec<Conn>>>,
 }
 
 impl Connector {
@@ -350,8 +363,8 @@ impl Connector {
             redactor,
             sentinel_redactor,
             target,
-            shared: Mutex::new(Slot::default()),
-            blocking_idle: Mutex::new(Vec::new()),
+            shared: Arc::new(Mutex::new(Slot::default())),
+            blocking_idle: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -362,12 +375,13 @@ impl Connector {
     /// A new connection. Through Sentinel, the sentinels are asked for the current master first
     /// (the crate confirms its `ROLE`); nothing about an earlier master is reused. On a Cluster,
     /// the slot map is read from the seed nodes.
-    async fn connect(&self) -> Result<Conn, Failure> {
+    async fn connect(&self, lane: Lane) -> Result<Conn, Failure> {
         let client = match &self.target {
             Target::Direct(client) => client.clone(),
             Target::Sentinel { client, .. } => client.lock().await.async_get_client().await.map_err(Failure::Lookup)?,
-            Target::Cluster(client, aids) => {
-                return Ok(Conn::Cluster(client.get_async_generic_connection::<NodeConn>().await?, Arc::clone(aids)))
+            Target::Cluster(clients, aids) => {
+                let client = if lane == Lane::Shared { &clients.shared } else { &clients.blocking };
+                return Ok(Conn::Cluster(client.get_async_generic_connection::<NodeConn>().await?, Arc::clone(aids)));
             }
         };
         Ok(Conn::Single(client.get_multiplexed_async_connection_with_config(&self.config).await?))
@@ -380,7 +394,7 @@ impl Connector {
                 if let Some((generation, conn)) = &slot.current {
                     return Ok((*generation, conn.clone()));
                 }
-                let conn = self.connect().await?;
+                let conn = self.connect(Lane::Shared).await?;
                 // Idle blocking connections were opened to the same server as the shared one that
                 // was just replaced; after a failover they point at the old master.
                 self.blocking_idle.lock().await.clear();
@@ -392,7 +406,7 @@ impl Connector {
                 let idle = self.blocking_idle.lock().await.pop();
                 match idle {
                     Some(conn) => Ok((0, conn)),
-                    None => Ok((0, self.connect().await?)),
+                    None => Ok((0, self.connect(Lane::Blocking).await?)),
                 }
             }
         }
@@ -506,8 +520,43 @@ impl Connector {
     async fn forget(&self, lane: Lane, generation: Option<u64>) {
         // A blocking-lane connection is owned by the failed call and simply dropped.
         if let (Lane::Shared, Some(generation)) = (lane, generation) {
-            self.discard_shared(generation).await;
+            match &self.target {
+                Target::Cluster(clients, aids) => self.replace_cluster_connection(clients, aids, generation).await,
+                Target::Direct(_) | Target::Sentinel { .. } => self.discard_shared(generation).await,
+            }
         }
+    }
+
+    /// On a Cluster, the shared connection that failed a call keeps serving every caller while its
+    /// replacement (a fresh slot map, fresh node connections) is built in the background, and is
+    /// swapped for it once that is ready; a build that fails or takes longer than two deadlines is
+    /// dropped, and the next failure starts another. One failing node must not take the other
+    /// slots with it: when the failed connection was dropped at once, every caller of every slot
+    /// waited, under the checkout lock, for a new one whose build waits on each node (a hung one
+    /// never answers its `PING`), so one hung primary made the whole store `Unavailable`
+    /// (`store_contract`'s `a_hung_primary_fails_only_its_own_shards_of_a_batched_fenced_read_and_ack`).
+    async fn replace_cluster_connection(&self, clients: &ClusterClients, aids: &Arc<ClusterAids>, generation: u64) {
+        {
+            let mut slot = self.shared.lock().await;
+            if slot.replacing || !matches!(&slot.current, Some((g, _)) if *g == generation) {
+                return;
+            }
+            slot.replacing = true;
+        }
+        let (client, aids) = (clients.shared.clone(), Arc::clone(aids));
+        let (shared, idle) = (Arc::clone(&self.shared), Arc::clone(&self.blocking_idle));
+        let limit = Duration::from_millis(self.timeout_ms.saturating_mul(2).max(1));
+        tokio::spawn(async move {
+            let built = tokio::time::timeout(limit, client.get_async_generic_connection::<NodeConn>()).await;
+            let mut slot = shared.lock().await;
+            slot.replacing = false;
+            if let Ok(Ok(conn)) = built {
+                // As in `checkout`: idle blocking connections have the old slot map.
+                idle.lock().await.clear();
+                slot.generation += 1;
+                slot.current = Some((slot.generation, Conn::Cluster(conn, aids)));
+            }
+        });
     }
 }
 

@@ -287,8 +287,9 @@ impl RedisStore {
         }
         let certificates = tls::cluster_certificates(&infos, &options.tls)?;
         let redactor = Redactor::new(infos[0].redis_settings().password());
-        // The crate's per-request response timeout is set beyond any blocking read: the deadline
-        // of every round trip is the store's (see `conn.rs`). Its default wait before retrying
+        // The crate's per-request response timeout is the store's deadline on the shared
+        // connection and beyond any blocking read on the blocking ones: the deadline of every
+        // round trip is the store's (see `conn.rs`). Its default wait before retrying
         // TRYAGAIN, CLUSTERDOWN or MASTERDOWN is at least 1.28 s, which with the default 2 s
         // deadline makes one retry nearly the whole budget and a second impossible: a command
         // naming two keys that a slot migration has split (a gated read: gate and stream) then
@@ -302,19 +303,26 @@ impl RedisStore {
             cluster::DirectNodes::new(infos[0].clone(), certificates.clone(), options.timeout_ms)
                 .with_scripts(Scripts::sources()),
         ));
-        let mut builder = ::redis::cluster::ClusterClientBuilder::new(infos)
-            .connection_timeout(std::time::Duration::from_millis(options.timeout_ms.max(1)))
-            .response_timeout(std::time::Duration::from_secs(24 * 3600))
-            .min_retry_wait(CLUSTER_RETRY_WAIT_MS_MIN)
-            .max_retry_wait(CLUSTER_RETRY_WAIT_MS_MAX);
-        if let Some(certificates) = certificates {
-            // Every connection the client opens (shared, blocking reads, redirects to nodes
-            // learnt from CLUSTER SLOTS) is TLS with these roots and this client certificate.
-            builder = builder.certs(certificates);
-        }
-        let client =
-            builder.build().map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))?;
-        let conn = Connector::new(Target::Cluster(client, aids), options.timeout_ms, redactor, Redactor::default());
+        // Two clients (`conn::ClusterClients`): the shared connection's requests time out at the
+        // store's deadline inside the crate as well; blocking reads' outlast their BLOCK.
+        let client = |response_timeout: std::time::Duration| {
+            let mut builder = ::redis::cluster::ClusterClientBuilder::new(infos.clone())
+                .connection_timeout(std::time::Duration::from_millis(options.timeout_ms.max(1)))
+                .response_timeout(response_timeout)
+                .min_retry_wait(CLUSTER_RETRY_WAIT_MS_MIN)
+                .max_retry_wait(CLUSTER_RETRY_WAIT_MS_MAX);
+            if let Some(certificates) = certificates.clone() {
+                // Every connection the client opens (shared, blocking reads, redirects to nodes
+                // learnt from CLUSTER SLOTS) is TLS with these roots and this client certificate.
+                builder = builder.certs(certificates);
+            }
+            builder.build().map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))
+        };
+        let clients = conn::ClusterClients {
+            shared: client(std::time::Duration::from_millis(options.timeout_ms.max(1)))?,
+            blocking: client(std::time::Duration::from_secs(24 * 3600))?,
+        };
+        let conn = Connector::new(Target::Cluster(clients, aids), options.timeout_ms, redactor, Redactor::default());
         Ok(Self::over(conn, options, Some(direct)))
     }
 
@@ -435,6 +443,31 @@ impl RedisStore {
         out.into_iter()
             .collect::<Option<Vec<R>>>()
             .ok_or_else(|| StoreError::Protocol(format!("{what}: an item in no slot part")))
+    }
+
+    /// [`per_slot`](Self::per_slot) for calls that answer each item on its own: a part that
+    /// fails as a whole fails only its own items, each with that error. So one primary that
+    /// fails over or hangs does not fail the shards of the other slots of a consumer's batched
+    /// read or ack, nor throw away what their reads delivered (as a single-server call's shards
+    /// already keep their own outcomes).
+    async fn per_slot_each<T, R, F, Fut>(
+        &self,
+        what: &str,
+        items: &[T],
+        parts: &[Vec<usize>],
+        call: F,
+    ) -> Result<Vec<Result<R, StoreError>>, StoreError>
+    where
+        T: Clone,
+        F: Fn(Vec<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<Result<R, StoreError>>, StoreError>>,
+    {
+        self.per_slot(what, items, parts, |part| {
+            let count = part.len();
+            let answer = call(part);
+            async move { answer.await.or_else(|error| Ok((0..count).map(|_| Err(error.clone())).collect())) }
+        })
+        .await
     }
 
     /// SCRIPT LOAD of one script (the probe's check that scripting is permitted).

@@ -168,7 +168,7 @@ impl StreamStore for RedisStore {
         let parts = self.slot_parts(reads.iter().map(|read| read.stream.as_str()));
         if parts.len() > 1 {
             return self
-                .per_slot(WHAT, reads, &parts, |part| async move {
+                .per_slot_each(WHAT, reads, &parts, |part| async move {
                     self.fenced_reads_one_slot(group, consumer, &part).await
                 })
                 .await;
@@ -187,7 +187,7 @@ impl StreamStore for RedisStore {
         let parts = self.slot_parts(acks.iter().map(|ack| ack.stream.as_str()));
         if parts.len() > 1 {
             return self
-                .per_slot("fenced ack script", acks, &parts, |part| async move {
+                .per_slot_each("fenced ack script", acks, &parts, |part| async move {
                     self.fenced_acks_one_slot(group, &part).await
                 })
                 .await;
