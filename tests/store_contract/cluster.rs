@@ -813,3 +813,39 @@ async fn a_hung_seed_primary_takes_only_its_own_slots_down_and_its_takeover_is_f
     cluster.server(hung).thaw();
     eprintln!("slowest healthy call while a primary hung: {slowest:?}; its slots served {served:?} after the takeover");
 }
+
+/// A raise that runs while a slot move has taken the old value's gate but not yet the fence key:
+/// the script's DEL of the gate names a key the source no longer holds, which Redis refuses
+/// ("non local key") before anything is written. That is an outage the move ends, answered
+/// `Unavailable` like other redirects; it was `Protocol`, which a consumer's heal surfaced to the
+/// application as a store protocol error. After the move the raise goes through.
+#[tokio::test]
+async fn a_raise_whose_old_gate_a_move_took_first_is_unavailable_until_the_move_ends() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store_on(&cluster).await;
+    let group = GroupId::new("orders", "g");
+    let (stream, fence_key) = (group.stream_key(0), keys::fence_key(&group, 0));
+    store.ensure_group(&stream, "g").await.expect("ensure");
+    store.xadd(&stream, field(), None).await.expect("xadd");
+    let raise = |nonce| rsc::store::FenceRaise { key: fence_key.clone(), nonce };
+    let old = store.raise_fences(&[raise(1)]).await.expect("raise")[0];
+    let check = rsc::store::FenceCheck { key: fence_key.clone(), fence: old };
+    let read = store.fenced_xreadgroup(&check, "g", "c1", &stream, ReadFrom::New, 1).await;
+    assert_eq!(read.map(|entries| entries.len()), Ok(1), "the owner reads (its gate is open)");
+    let gate = format!("{fence_key}:gate:{old}");
+    let slot = cluster.slot_of(&fence_key);
+    assert_eq!(cluster.slot_of(&gate), slot);
+    let target = cluster.primaries().into_iter().find(|p| p.port() != cluster.owner_of_slot(slot).port());
+    let slot_move = cluster.begin_slot_move(slot, target.expect("another primary")).expect("the slot is elsewhere");
+    cluster.migrate_named_keys(&slot_move, &[&gate]);
+    match store.raise_fences(&[raise(2)]).await {
+        Err(StoreError::Unavailable(_)) | Ok(_) => {}
+        other => panic!("a raise during the move is an outage or goes through: {other:?}"),
+    }
+    while cluster.migrate_slot_keys(&slot_move, 100) > 0 {}
+    cluster.finish_slot_move(slot_move);
+    let new = store.raise_fences(&[raise(3)]).await.expect("the raise after the move")[0];
+    assert!(new.counter > old.counter);
+    let stale = store.fenced_xreadgroup(&check, "g", "c1", &stream, ReadFrom::New, 1).await;
+    assert!(matches!(stale, Err(StoreError::Fenced { .. })), "the previous owner is refused: {stale:?}");
+}

@@ -75,6 +75,13 @@ pub(crate) fn map_error(command: &str, err: &RedisError, redactor: &Redactor) ->
             command: quoted_command(detail).unwrap_or_else(|| command.to_uppercase()),
             detail: redactor.clean(format!("{code} {detail}")),
         },
+        // A script touched a key its slot's move has already taken from this node (a fence's gate
+        // moved before its fence key: scripts name gates from the key, undeclared). Redis refuses
+        // that command before it runs, and the fence scripts write nothing before it: like an
+        // `ASK`, the call did nothing and will succeed once the move ends.
+        ErrorKind::Server(ServerErrorKind::ResponseError) if is_non_local_key_text(detail) => {
+            StoreError::Unavailable(text)
+        }
         ErrorKind::Server(ServerErrorKind::ResponseError) if is_unsupported_text(detail) => StoreError::Unsupported {
             command: quoted_command(detail).unwrap_or_else(|| command.to_uppercase()),
             detail: redactor.clean(format!("{code} {detail}")),
@@ -91,6 +98,13 @@ pub(crate) fn map_error(command: &str, err: &RedisError, redactor: &Redactor) ->
         },
         _ => StoreError::Protocol(text),
     }
+}
+
+/// A script's command refused because its key is not on this node (Redis 7: "Script attempted to
+/// access a non local key in a cluster node script"; 6.2: "Lua script attempted to access a non
+/// local key in a cluster node").
+fn is_non_local_key_text(detail: &str) -> bool {
+    detail.to_ascii_lowercase().contains("non local key")
 }
 
 /// Server texts meaning "this server will not run that command": renamed or missing commands,
