@@ -1008,6 +1008,51 @@ async fn quiet_groups_are_ticked_by_one_instance_and_a_silent_ones_groups_are_ta
     }
 }
 
+/// An instance that begins its shutdown leaves the tick roster at once: the other instances tick
+/// its groups from their next roster read. Before, it stayed live in their view for
+/// `ticker_silence_ms` after its last pass, and its share of the groups went unticked meanwhile
+/// (member expiry, rebalance timeouts), at every restart of a rolling update.
+#[tokio::test]
+async fn an_instance_shutting_down_hands_its_groups_over_at_the_next_roster_read() {
+    const GROUPS: usize = 20;
+    let silence_ms = 2_000;
+    let store = MemoryStore::new(14);
+    let instance = |id: &str| {
+        let options = CoordinatorOptions {
+            instance_id: id.into(),
+            max_assignment_lease_ms: fast_config().assignment_lease_ms,
+            idle_group_audit_ms: 0,
+            ticker_silence_ms: silence_ms,
+            ticker_refresh_ms: 20,
+            ..CoordinatorOptions::default()
+        };
+        Coordinator::new(held::HeldStore::new(store.connect()), options)
+    };
+    let (c1, c2) = (instance("c1"), instance("c2"));
+    for c in [&c1, &c2] {
+        c.start().await.expect("probe");
+    }
+    for g in 0..GROUPS {
+        let group = GroupId::new("orders", format!("g{g}"));
+        c1.admin(AdminRequest::CreateGroup { group, shard_count: 1, config: fast_config() }).await.expect("create");
+    }
+    let read_period = Duration::from_millis(silence_ms / 4 + 5);
+    for _ in 0..2 {
+        c1.tick_all().await;
+        c2.tick_all().await;
+        tokio::time::sleep(read_period).await;
+    }
+    let groups: Vec<GroupId> = (0..GROUPS).map(|g| GroupId::new("orders", format!("g{g}"))).collect();
+    let owned = groups.iter().filter(|g| c1.owns_tick(g)).count();
+    assert!(0 < owned && owned < GROUPS, "the groups are shared: c1 owns {owned}");
+    c2.begin_shutdown();
+    c2.tick_all().await;
+    tokio::time::sleep(read_period).await;
+    c1.tick_all().await;
+    let owned = groups.iter().filter(|g| c1.owns_tick(g)).count();
+    assert_eq!(owned, GROUPS, "c1 ticks every group a roster read after c2 began its shutdown");
+}
+
 /// Starts two instances sharing ticks, creates `group()` through the first and lets both read
 /// the tick roster twice; returns them as (the group's tick owner, the other).
 async fn owner_and_other<'a, S: MetadataStore>(

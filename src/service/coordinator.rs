@@ -440,6 +440,18 @@ impl<S: MetadataStore> Coordinator<S> {
     pub fn begin_shutdown(&self) {
         self.inner.gate.begin();
         self.inner.metrics.set("rsc_coordinator_terminating", TERMINATING_HELP, vec![], 1.0);
+        // This instance ticks nothing from now on: it leaves the tick roster (best effort), so
+        // the others take its groups over at their next roster read, not `ticker_silence_ms`
+        // later (every restart of a rolling update left its share of groups unticked ~4 s).
+        if self.inner.options.ticker_silence_ms > 0 {
+            let this = self.clone();
+            tokio::spawn(async move {
+                let me = this.inner.options.instance_id.clone();
+                if let Err(e) = this.inner.store.forget_tickers(&[me]).await {
+                    this.store_error(e);
+                }
+            });
+        }
     }
 
     pub fn is_terminating(&self) -> bool {
@@ -990,7 +1002,9 @@ impl<S: MetadataStore> Coordinator<S> {
     /// depends on a store that did not answer.
     async fn read_roster(&self, mid_pass: bool) {
         let silence_ms = self.inner.options.ticker_silence_ms;
-        if silence_ms == 0 {
+        // A terminating instance left the roster (`begin_shutdown`); a pass still running must
+        // not count it in again.
+        if silence_ms == 0 || self.is_terminating() {
             return;
         }
         let period_ms =
