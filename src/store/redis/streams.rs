@@ -70,11 +70,15 @@ fn parse_entry(value: Value) -> Result<StreamEntry, StoreError> {
         // invalid bytes replaced (U+FFFD) rather than failing the read: a read that fails after
         // XREADGROUP delivered the entry would fail again at every re-read of the pending entry
         // and stall the shard. Values keep their exact bytes; a replaced name is logged, since
-        // two such names can read alike.
+        // two such names can read alike — the 1st, 2nd, 4th, 8th, ... of the process, so a
+        // writer that always uses such names does not make every read log a line per entry.
         let name = match name {
             Value::BulkString(bytes) => String::from_utf8(bytes).unwrap_or_else(|invalid| {
                 let name = String::from_utf8_lossy(invalid.as_bytes()).into_owned();
-                tracing::warn!(entry = %id, field = %name, "a stream field name is not UTF-8: read with U+FFFD in place of its invalid bytes");
+                let seen = NON_UTF8_FIELD_NAMES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if seen.is_power_of_two() {
+                    tracing::warn!(entry = %id, field = %name, seen, "a stream field name is not UTF-8: read with U+FFFD in place of its invalid bytes (logged at the 1st, 2nd, 4th, ... such name read)");
+                }
                 name
             }),
             other => text(&other).ok_or_else(|| protocol("stream field name", &other))?,
@@ -87,6 +91,9 @@ fn parse_entry(value: Value) -> Result<StreamEntry, StoreError> {
     }
     Ok(StreamEntry { id, fields })
 }
+
+/// Non-UTF-8 field names read by this process (each read of one counts).
+static NON_UTF8_FIELD_NAMES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn parse_entries(value: Value) -> Result<Vec<StreamEntry>, StoreError> {
     match value {
