@@ -247,10 +247,15 @@ impl RedisStore {
     ///
     /// Each command goes to the primary serving its key's slot; the `redis` crate follows MOVED
     /// and ASK redirects and retries TRYAGAIN, CLUSTERDOWN and a lost connection within its retry
-    /// budget, all under [`RedisStoreOptions::timeout_ms`]. Such a resend is harmless here: every
+    /// budget, all under [`RedisStoreOptions::timeout_ms`]. Such a resend is safe here: every
     /// metadata write is conditioned on its stamp, every fenced operation on its fence, and XACK
-    /// is idempotent; only a resent XADD can add an entry twice (at-least-once, as a producer's
-    /// own retry). Batched calls (fenced reads and acks of several shards, fence raises and reads,
+    /// is idempotent. It is not free: a resent XADD adds the entry twice (at-least-once, as a
+    /// producer's own retry), and a resent read of new entries (`XREADGROUP >`, after a connection
+    /// lost with the first one's reply, or a pipeline resent whole because another of its reads
+    /// was redirected) answers the next entries, while the first read's stay pending to the
+    /// consumer unseen: they come back at its next own-pending read (the pending sweep, 30 s by
+    /// default, or the shard's next owner), after later ones — delayed and out of order, never
+    /// lost. Batched calls (fenced reads and acks of several shards, fence raises and reads,
     /// reads of several streams) are split into one call per slot, sent concurrently; each part
     /// is as atomic as the single-server call, the parts are not one step together (they never
     /// were across shards: each shard's outcome is its own). `identity()` covers every primary,
