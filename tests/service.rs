@@ -789,6 +789,16 @@ async fn the_tick_exports_per_group_aggregates_and_per_member_series_only_when_o
     let of_a = vec![("group", group().to_string()), ("member", "a".to_string())];
     assert_eq!(metrics.value("rsc_member_revoking_shards", &of_a), revoking as f64);
     assert!(metrics.render().contains("rsc_member_heartbeat_age_seconds{group=\"orders:billing\",member=\"b\"}"));
+
+    // b leaves through another instance: this one's next tick no longer exports b's series
+    // (they stayed, frozen, on the tick owner for every member that left elsewhere).
+    let other = coordinator(&store, "c2", PlantedBugs::NONE);
+    let b = other.heartbeat(next(&c.heartbeat(join("b")).await.expect("b"))).await.expect("b steady");
+    other.heartbeat(HeartbeatRequest { leave: true, ..next(&b) }).await.expect("b leaves");
+    c.tick_all().await;
+    let text = metrics.render();
+    assert!(!text.contains("member=\"b\""), "no series of the departed member:\n{text}");
+    assert!(text.contains("member=\"a\""), "{text}");
 }
 
 /// A group may not configure a lease above the instance's ceiling (correction rounds rely on no

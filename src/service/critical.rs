@@ -390,6 +390,7 @@ impl<S: MetadataStore> Coordinator<S> {
     /// ([`crate::metrics::Metrics::member_series`]: off by default, because `/metrics` is not
     /// authenticated and member ids must not leak through it).
     pub(super) fn export_group_gauges(&self, g: &GroupMetadata, obs: &Observations) {
+        const MEMBER_SERIES: &[&str] = &["rsc_member_heartbeat_age_seconds", "rsc_member_revoking_shards"];
         let metrics = &self.inner.metrics;
         self.local().gauges_exported.insert(g.group.clone());
         let group_labels = || vec![("group", g.group.to_string())];
@@ -410,6 +411,9 @@ impl<S: MetadataStore> Coordinator<S> {
         if !metrics.member_series() {
             return;
         }
+        // Only the members observed now: a member that left through another instance would
+        // otherwise keep its series here, frozen, for as long as this instance ticks the group.
+        metrics.forget_named(MEMBER_SERIES, "group", &g.group.to_string());
         for (member, seen) in &obs.liveness {
             let labels = vec![("group", g.group.to_string()), ("member", member.clone())];
             metrics.set(
