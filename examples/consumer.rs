@@ -3,7 +3,7 @@
 //! the leave heartbeat) so its shards move to the other members at once.
 //!
 //! ```sh
-//! cargo run --example consumer -- [member-id]     # default member id: consumer-<pid>
+//! cargo run --example consumer -- [member-id]     # default member id: consumer-<host>-<pid>
 //! ```
 //!
 //! Start two or three in separate terminals and watch the shards move between them.
@@ -58,7 +58,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     use rsc::store::redis::{RedisStore, RedisStoreOptions};
 
     let env = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_string());
-    let member = std::env::args().nth(1).unwrap_or_else(|| format!("consumer-{}", std::process::id()));
+    // The host name too: in containers every replica's process id is often 1, and two live
+    // processes with one member id would be refused MEMBER_ID_IN_USE.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let member = std::env::args().nth(1).unwrap_or_else(|| format!("consumer-{host}-{}", std::process::id()));
 
     let group = GroupId::new(env("STREAM_PREFIX", "orders"), env("CONSUMER_GROUP", "billing"));
     // A coordinator started with `--client-token` needs one (`COORDINATOR_CLIENT_TOKEN`).
