@@ -194,10 +194,10 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// reads more than it asked for). Each shard is checked (lease, still reading new entries, the
     /// call counted) right before the calls, with no `.await` between the checks and the calls. A
     /// shard whose step changed since `plans` was taken is left for the next poll. One result per
-    /// shard read. A failed call fails the reads of all its shards; on a Redis Cluster (one read
-    /// per slot) entries that another slot's read delivered are then not handed out: they stay
-    /// pending to this consumer and come back with the shard's next pending sweep, as after a
-    /// read whose reply was lost.
+    /// shard read. A failed call fails the reads of all its shards (on a Redis Cluster the fenced
+    /// call is one per slot, and a slot that fails fails only its own shards; the unfenced
+    /// multi-stream read still fails whole, its delivered entries staying pending to this
+    /// consumer until the shard's next own-pending read, as after a read whose reply was lost).
     async fn read_new_together(&self, plans: Vec<(ReadPlan, usize)>) -> Vec<Result<Handed<'_, T, S>, StoreError>> {
         let (group, member) = (&self.shared.group, &self.shared.member_id);
         let mut calls = Vec::with_capacity(plans.len());

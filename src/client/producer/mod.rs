@@ -86,9 +86,12 @@ struct Shared<T, S> {
     sink: Arc<dyn EventSink>,
     /// Send time of the last refresh attempt (gates retries).
     last_attempt_ms: Mutex<Option<u64>>,
-    /// When the last refresh that failed ended: a publish finding no valid route refreshes
-    /// inline only `refresh_retry_ms` after it.
-    last_failure_ms: Mutex<Option<u64>>,
+    /// When the last refresh ended and how, if it failed: a publish finding no valid route
+    /// refreshes inline only `refresh_retry_ms` after a failed one.
+    last_failure: Mutex<Option<(u64, TransportError)>>,
+    /// Refreshes that ended (any kind): a publish that waited for `refreshing` while one ended
+    /// takes that one's outcome instead of sending another.
+    refreshes_ended: std::sync::atomic::AtomicU64,
     /// Held across every refresh (background, inline, [`Producer::refresh`]): publishes that find
     /// no valid route share the refresh in flight instead of each sending its own.
     refreshing: tokio::sync::Mutex<()>,
@@ -116,7 +119,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Producer<T, S> {
             clock: env.clock,
             sink: env.events,
             last_attempt_ms: Mutex::new(None),
-            last_failure_ms: Mutex::new(None),
+            last_failure: Mutex::new(None),
+            refreshes_ended: std::sync::atomic::AtomicU64::new(0),
             refreshing: tokio::sync::Mutex::new(()),
         });
         let refresher = tokio::spawn(refresh_loop(Arc::clone(&shared)));
@@ -144,20 +148,24 @@ impl<T: CoordinatorTransport, S: StreamStore> Producer<T, S> {
         let route = match shared.route(key) {
             Ok(route) => route,
             Err(_) => {
-                // No valid cache: refresh now, once, then fail closed. Publishes that find the
-                // cache invalid together share one refresh (the one in flight, if any), and one
-                // that failed less than `refresh_retry_ms` ago is not repeated: before, every
-                // publish sent its own routing request, so an application retrying at once drove
-                // one request per round trip at a coordinator that was down or answered errors.
+                // No valid cache: refresh now, once, then fail closed. A publish that waited
+                // while another refresh ended (background, or another publish's) takes its
+                // outcome instead of sending one more; after a failed refresh, the next goes out
+                // `refresh_retry_ms` after it, this publish waiting for it. Before, every publish
+                // sent its own routing request, so an application retrying at once drove one
+                // request per round trip at a coordinator that was down or answered errors.
+                let ended = shared.refreshes_ended.load(std::sync::atomic::Ordering::SeqCst);
                 let turn = shared.refreshing.lock().await;
                 match shared.route(key) {
                     Ok(route) => route,
-                    Err(error) if shared.failed_recently() => {
+                    Err(error) if shared.refreshes_ended.load(std::sync::atomic::Ordering::SeqCst) != ended => {
                         drop(turn);
-                        let why = "the last routing refresh failed less than refresh_retry_ms ago";
-                        return Err(shared.fail(route_error(error, Some(TransportError::Unreachable(why.into())))));
+                        return Err(shared.fail(route_error(error, shared.last_failure_error())));
                     }
                     Err(_) => {
+                        if let Some(until_ms) = shared.retry_pause_until_ms() {
+                            shared.clock.sleep_until_ms(until_ms).await;
+                        }
                         shared.cache().mark_stale();
                         let refreshed = shared.refresh_held().await;
                         drop(turn);
@@ -254,10 +262,17 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
         error
     }
 
-    /// Whether a refresh failed less than `refresh_retry_ms` ago.
-    fn failed_recently(&self) -> bool {
-        let last = *self.last_failure_ms.lock().unwrap_or_else(|p| p.into_inner());
-        last.is_some_and(|at| self.clock.now_ms() < at.saturating_add(self.config.refresh_retry_ms))
+    /// When the retry pause after the last refresh ends, if that refresh failed less than
+    /// `refresh_retry_ms` ago.
+    fn retry_pause_until_ms(&self) -> Option<u64> {
+        let last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
+        let until_ms = last.as_ref()?.0.saturating_add(self.config.refresh_retry_ms);
+        (self.clock.now_ms() < until_ms).then_some(until_ms)
+    }
+
+    /// The error of the last refresh, if it failed.
+    fn last_failure_error(&self) -> Option<TransportError> {
+        self.last_failure.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|(_, error)| error.clone())
     }
 
     /// One routing request, once no other refresh is in flight.
@@ -266,11 +281,21 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
         self.refresh_held().await
     }
 
+    /// The background task's refresh: one routing request, unless a publish's refresh made it not
+    /// due any more while this waited for `refreshing` (so the two never send two per pause).
+    async fn refresh_if_due(&self) {
+        let _turn = self.refreshing.lock().await;
+        if self.clock.now_ms() >= self.next_refresh_ms() {
+            let _ = self.refresh_held().await;
+        }
+    }
+
     /// One routing request, `refreshing` held; the lease of its answer counts from `sent_ms`.
     async fn refresh_held(&self) -> Result<RefreshOutcome, TransportError> {
         let result = self.refresh_inner().await;
-        let failed_at = result.is_err().then(|| self.clock.now_ms());
-        *self.last_failure_ms.lock().unwrap_or_else(|p| p.into_inner()) = failed_at;
+        let failure = result.as_ref().err().map(|error| (self.clock.now_ms(), error.clone()));
+        *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = failure;
+        self.refreshes_ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         result
     }
 
@@ -355,7 +380,7 @@ async fn refresh_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Share
         let next_ms = shared.next_refresh_ms();
         if shared.clock.now_ms() >= next_ms {
             // Failures are recorded as events; the next attempt follows the retry pause.
-            let _ = shared.refresh().await;
+            shared.refresh_if_due().await;
             continue;
         }
         shared.clock.sleep_until_ms(next_ms).await;

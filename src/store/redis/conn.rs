@@ -529,8 +529,8 @@ impl Connector {
 
     /// On a Cluster, the shared connection that failed a call keeps serving every caller while its
     /// replacement (a fresh slot map, fresh node connections) is built in the background, and is
-    /// swapped for it once that is ready; a build that fails or takes longer than two deadlines is
-    /// dropped, and the next failure starts another. One failing node must not take the other
+    /// swapped for it once that is ready; a build that fails or takes longer than three deadlines
+    /// (a hung node's `PING` takes one and a half) is dropped, and the next failure starts another. One failing node must not take the other
     /// slots with it: when the failed connection was dropped at once, every caller of every slot
     /// waited, under the checkout lock, for a new one whose build waits on each node (a hung one
     /// never answers its `PING`), so one hung primary made the whole store `Unavailable`
@@ -545,16 +545,27 @@ impl Connector {
         }
         let (client, aids) = (clients.shared.clone(), Arc::clone(aids));
         let (shared, idle) = (Arc::clone(&self.shared), Arc::clone(&self.blocking_idle));
-        let limit = Duration::from_millis(self.timeout_ms.saturating_mul(2).max(1));
+        let limit = Duration::from_millis(self.timeout_ms.saturating_mul(3).max(1));
+        let redactor = self.redactor.clone();
         tokio::spawn(async move {
             let built = tokio::time::timeout(limit, client.get_async_generic_connection::<NodeConn>()).await;
             let mut slot = shared.lock().await;
             slot.replacing = false;
-            if let Ok(Ok(conn)) = built {
-                // As in `checkout`: idle blocking connections have the old slot map.
-                idle.lock().await.clear();
-                slot.generation += 1;
-                slot.current = Some((slot.generation, Conn::Cluster(conn, aids)));
+            match built {
+                Ok(Ok(conn)) => {
+                    // As in `checkout`: idle blocking connections have the old slot map.
+                    idle.lock().await.clear();
+                    slot.generation += 1;
+                    slot.current = Some((slot.generation, Conn::Cluster(conn, aids)));
+                }
+                Ok(Err(error)) => {
+                    let error = redactor.clean(error.to_string());
+                    tracing::warn!(%error, "Redis Cluster: a replacement connection failed; the current one keeps serving");
+                }
+                Err(_) => tracing::warn!(
+                    ?limit,
+                    "Redis Cluster: a replacement connection took too long; the current one keeps serving"
+                ),
             }
         });
     }

@@ -308,8 +308,11 @@ impl RedisStore {
             cluster::DirectNodes::new(infos[0].clone(), certificates.clone(), options.timeout_ms)
                 .with_scripts(Scripts::sources()),
         ));
-        // Two clients (`conn::ClusterClients`): the shared connection's requests time out at the
-        // store's deadline inside the crate as well; blocking reads' outlast their BLOCK.
+        // Two clients (`conn::ClusterClients`): the shared connection's requests time out inside
+        // the crate too, half a deadline after the store's own deadline (so the crate never gives
+        // up on, and resends, a command its caller still waits for: a resent XADD would add its
+        // entry twice), which bounds the crate's own requests no caller waits for (the `PING` of
+        // each node while a connection is built); blocking reads' outlast their BLOCK.
         let client = |response_timeout: std::time::Duration| {
             let mut builder = ::redis::cluster::ClusterClientBuilder::new(infos.clone())
                 .connection_timeout(std::time::Duration::from_millis(options.timeout_ms.max(1)))
@@ -324,7 +327,7 @@ impl RedisStore {
             builder.build().map_err(|e| StoreError::Config(format!("Redis Cluster client: {}", e.kind_name())))
         };
         let clients = conn::ClusterClients {
-            shared: client(std::time::Duration::from_millis(options.timeout_ms.max(1)))?,
+            shared: client(std::time::Duration::from_millis(options.timeout_ms.max(1).saturating_mul(3) / 2))?,
             blocking: client(std::time::Duration::from_secs(24 * 3600))?,
         };
         let conn = Connector::new(Target::Cluster(clients, aids), options.timeout_ms, redactor, Redactor::default());
