@@ -164,6 +164,33 @@ async fn a_deleted_metadata_key_fails_closed_and_is_never_rebuilt() {
     assert_eq!(c.heartbeat(stranger).await.unwrap_err().code, ErrorCode::GroupNotFound);
 }
 
+/// `rsc_metadata_missing_total` names a group whose key is missing when this process holds it or
+/// the index lists it — so a coordinator that just started, and holds nothing yet, still pages on
+/// a listed group's lost key — and counts a group only a client says existed under one shared
+/// label (any client can name any group). Before, a process that held nothing counted a listed
+/// group under the shared label, which the suggested alert leaves out.
+#[tokio::test]
+async fn a_missing_key_is_counted_under_its_groups_name_when_the_index_lists_it() {
+    let store = MemoryStore::new(21);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    create(&c, 2).await;
+    let r = c.heartbeat(join("a")).await.expect("join");
+    assert!(store.delete_metadata_key(&group()));
+    let restarted = coordinator(&store, "c2", PlantedBugs::NONE);
+    restarted.start().await.expect("probe");
+    assert_eq!(restarted.heartbeat(next(&r)).await.unwrap_err().code, ErrorCode::MetadataMissing);
+    let named = vec![("group", group().to_string())];
+    assert_eq!(restarted.metrics().value("rsc_metadata_missing_total", &named), 1.0);
+    let made_up = GroupId::new("nobody", "here");
+    let refused = restarted.routing(&made_up, RoutingReport::version(7)).await.unwrap_err();
+    assert_eq!(refused.code, ErrorCode::MetadataMissing, "a client says it existed");
+    assert!(refused.message.contains(rsc::service::UNSEEN_MISSING), "{}", refused.message);
+    let unseen = vec![("group", "(not seen by this instance)".to_string())];
+    assert_eq!(restarted.metrics().value("rsc_metadata_missing_total", &unseen), 1.0);
+    let metrics = restarted.metrics().render();
+    assert!(!metrics.contains("nobody"), "no series named by a client:\n{metrics}");
+}
+
 /// A request naming a group that has no record is judged against the paced index read, not a
 /// new one each: a review found every such request (unauthenticated on an open data plane) read
 /// the whole index. Here the ticker's pass reads the index, then the index cannot be read again,

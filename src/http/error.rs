@@ -86,10 +86,12 @@ impl IntoResponse for HttpError {
     }
 }
 
-/// `METADATA_MISSING` answers are logged at ERROR at most once per this period per process; the
-/// others at DEBUG. Any client can ask about a group it names with a version above 0 (and a
-/// producer still running after its group was deleted does so every `refresh_retry_ms`): one
-/// ERROR line per request let it flood the log and bury every other error.
+/// `METADATA_MISSING` answers for groups only a client says existed (this instance holds nothing
+/// of them and the index does not list them: [`crate::service::UNSEEN_MISSING`]) are logged at
+/// ERROR at most once per this period per process; the others at DEBUG. Any client can ask about
+/// a group it names with a version above 0 (and a producer still running after its group was
+/// deleted does so every `refresh_retry_ms`): one ERROR line per request let it flood the log and
+/// bury every other error. A group this instance holds or the index lists is logged every time.
 /// `rsc_metadata_missing_total` still counts every one.
 const MISSING_LOG_PERIOD: Duration = Duration::from_secs(10);
 
@@ -122,13 +124,16 @@ fn log_server_error(status: StatusCode, error: &ApiError) {
         ErrorCode::CoordinatorTerminating => {
             tracing::debug!(status = status.as_u16(), code = ?error.code, message = %error.message, "refused")
         }
+        ErrorCode::MetadataMissing if !error.message.contains(crate::service::UNSEEN_MISSING) => {
+            tracing::error!(status = status.as_u16(), code = ?error.code, message = %error.message, "server error")
+        }
         ErrorCode::MetadataMissing => match missing_log_turn() {
             Some(quiet) => tracing::error!(
                 status = status.as_u16(),
                 code = ?error.code,
                 message = %error.message,
                 logged_at_debug_since = quiet,
-                "server error (further METADATA_MISSING answers in the next 10 s are logged at debug)"
+                "server error (further such METADATA_MISSING answers in the next 10 s are logged at debug)"
             ),
             None => {
                 tracing::debug!(status = status.as_u16(), code = ?error.code, message = %error.message, "server error")

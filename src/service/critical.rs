@@ -27,6 +27,11 @@ use crate::store::{keys, FenceRaise, MetadataStore, StoreError, StoredRecord, Wr
 /// (only a client says it existed).
 pub const UNSEEN_GROUP: &str = "(not seen by this instance)";
 
+/// In the message of a `METADATA_MISSING` answer for such a group: the HTTP edge logs those at
+/// ERROR at most once per period (`http::error`), since any client can ask for them.
+pub const UNSEEN_MISSING: &str =
+    "this instance holds nothing of it and the index does not list it: only a client says it existed";
+
 impl<S: MetadataStore> Coordinator<S> {
     /// Runs one critical section: `decide(state, revision, observations)` against fresh state,
     /// writes its next state conditioned on the loaded record's stamp, and returns its outcome
@@ -348,19 +353,30 @@ impl<S: MetadataStore> Coordinator<S> {
         if self.inner.options.planted.has(PlantedBug::RebuildMissingMetadata) && client_knows {
             self.plant_rebuild(group).await;
         }
-        let known = client_knows || self.index_lists(group).await.unwrap_or(true);
+        let held = self.local().view.holds(group);
+        // The index is read (the ticker's paced read when it is fresh) unless a client already
+        // says the group existed and this process holds it.
+        let listed = if client_knows && held { None } else { Some(self.index_lists(group).await) };
+        let known = client_knows || listed.as_ref().is_none_or(|listed| *listed.as_ref().unwrap_or(&true));
         if known {
             // A client's word that a group existed cannot be checked, so any client can name any
             // group here (a black-box review added 4,000 series to /metrics that way): the series
-            // is labelled with the group only when this process holds something of it, the rest
-            // share one label. Either way the counter rises, which is what pages the operator.
-            let label = if self.local().view.holds(group) { group.to_string() } else { UNSEEN_GROUP.to_string() };
+            // is labelled with the group only when this process holds something of it or the
+            // index lists it (after a restart, a group whose key was lost is held by nobody yet),
+            // the rest share one label, and their log line is rate-limited (`http::error`).
+            let named = held || matches!(listed, Some(Ok(true)));
+            let label = if named { group.to_string() } else { UNSEEN_GROUP.to_string() };
             self.inner.metrics.inc(
                 "rsc_metadata_missing_total",
                 "Requests for a known group whose metadata key is gone (fail closed).",
                 vec![("group", label)],
             );
-            ApiError::new(ErrorCode::MetadataMissing, format!("metadata of group {group} is missing; failing closed"))
+            let message = if named {
+                format!("metadata of group {group} is missing; failing closed")
+            } else {
+                format!("metadata of group {group} is missing ({UNSEEN_MISSING}); failing closed")
+            };
+            ApiError::new(ErrorCode::MetadataMissing, message)
         } else {
             self.forget_if_held(group);
             ApiError::new(ErrorCode::GroupNotFound, format!("group {group} does not exist"))

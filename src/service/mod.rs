@@ -18,4 +18,5 @@ pub use coordinator::{
     TICKER_SILENCE_MS_DEFAULT,
 };
 #[doc(hidden)]
+pub use critical::UNSEEN_MISSING;
 pub use pruning::LocalSizes;
