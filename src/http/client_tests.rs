@@ -309,10 +309,10 @@ async fn header_read_timeout_closes_a_stalled_connection() {
 #[test]
 fn the_largest_answers_a_coordinator_can_give_fit_the_body_limit() {
     use crate::core::fence::{Fence, ShardFence};
-    use crate::core::model::{GROUP_NAME_LEN_MAX, REVOKE_ID_MAX, SHARD_COUNT_MAX};
+    use crate::core::model::{GROUP_NAME_LEN_MAX, MEMBER_ID_LEN_MAX, REVOKE_ID_MAX, SHARD_COUNT_MAX};
     use crate::core::protocol::{Drain, HeartbeatStatus};
     let long = "p".repeat(GROUP_NAME_LEN_MAX);
-    let group = GroupId::new(&long, &"g".repeat(GROUP_NAME_LEN_MAX));
+    let group = GroupId::new(&long, "g".repeat(GROUP_NAME_LEN_MAX));
     let shards: Vec<u32> = (0..SHARD_COUNT_MAX).collect();
     let proof: crate::core::proof::ViewProof = "f".repeat(32).parse().expect("a proof");
     let routing = RoutingResponse {
@@ -332,7 +332,7 @@ fn the_largest_answers_a_coordinator_can_give_fit_the_body_limit() {
     let fence = Fence { counter: u64::MAX, nonce: u64::MAX };
     let heartbeat = HeartbeatResponse {
         status: HeartbeatStatus::RevokePending,
-        member_id: "m".repeat(GROUP_NAME_LEN_MAX).into(),
+        member_id: "m".repeat(MEMBER_ID_LEN_MAX),
         member_epoch: u64::MAX,
         metadata_version: u64::MAX,
         assignment_epoch: u64::MAX,

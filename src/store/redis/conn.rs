@@ -306,7 +306,7 @@ pub(crate) enum Target {
     /// The master the sentinels name at each connect (`name` is the master name, for errors).
     Sentinel { client: Mutex<SentinelClient>, name: String },
     /// A Redis Cluster, found from its seed nodes, and what the store adds to its client.
-    Cluster(ClusterClients, Arc<ClusterAids>),
+    Cluster(Box<ClusterClients>, Arc<ClusterAids>),
 }
 
 /// The two cluster clients of a Cluster target: the same nodes and settings, but the shared

@@ -330,7 +330,8 @@ impl RedisStore {
             shared: client(std::time::Duration::from_millis(options.timeout_ms.max(1).saturating_mul(3) / 2))?,
             blocking: client(std::time::Duration::from_secs(24 * 3600))?,
         };
-        let conn = Connector::new(Target::Cluster(clients, aids), options.timeout_ms, redactor, Redactor::default());
+        let conn =
+            Connector::new(Target::Cluster(Box::new(clients), aids), options.timeout_ms, redactor, Redactor::default());
         Ok(Self::over(conn, options, Some(direct)))
     }
 
