@@ -310,9 +310,10 @@ pub(crate) enum Target {
 }
 
 /// The two cluster clients of a Cluster target: the same nodes and settings, but the shared
-/// connection's requests time out at the store's deadline inside the crate too (so the crate
-/// drops a node that stopped answering, and a connection built while one hangs gives up on it
-/// instead of waiting for its `PING`), while blocking reads' must outlast their `BLOCK`.
+/// connection's requests also time out inside the crate, half a deadline after the store's own
+/// deadline (so a connection built while a node hangs gives up on that node's `PING`, and the
+/// crate never resends a command its caller still awaits), while blocking reads' must outlast
+/// their `BLOCK`.
 pub(crate) struct ClusterClients {
     pub(crate) shared: ClusterClient,
     pub(crate) blocking: ClusterClient,
@@ -530,8 +531,9 @@ impl Connector {
     /// On a Cluster, the shared connection that failed a call keeps serving every caller while its
     /// replacement (a fresh slot map, fresh node connections) is built in the background, and is
     /// swapped for it once that is ready; a build that fails or takes longer than three deadlines
-    /// (a hung node's `PING` takes one and a half) is dropped, and the next failure starts another. One failing node must not take the other
-    /// slots with it: when the failed connection was dropped at once, every caller of every slot
+    /// (a hung node's `PING` takes one and a half) is dropped, and the next failure starts
+    /// another. One failing node must not take the other slots with it: when the failed
+    /// connection was dropped at once, every caller of every slot
     /// waited, under the checkout lock, for a new one whose build waits on each node (a hung one
     /// never answers its `PING`), so one hung primary made the whole store `Unavailable`
     /// (`store_contract`'s `a_hung_primary_fails_only_its_own_shards_of_a_batched_fenced_read_and_ack`).
