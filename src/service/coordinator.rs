@@ -977,17 +977,21 @@ impl<S: MetadataStore> Coordinator<S> {
     /// (rare: a listed group without a record), so a group deleted through another instance since
     /// is not answered `METADATA_MISSING`, which pages the operator.
     pub(super) async fn index_lists(&self, group: &GroupId) -> Result<bool, StoreError> {
-        let refresh = Duration::from_millis(self.inner.options.ticker_refresh_ms);
-        let paced = self
-            .local()
-            .index_read
-            .as_ref()
-            .filter(|read| read.at.elapsed() < refresh)
-            .map(|read| read.listed.contains(group));
-        match paced {
+        match self.index_lists_paced(group) {
             Some(false) => Ok(false),
             Some(true) | None => Ok(self.inner.store.index_members().await?.contains(group)),
         }
+    }
+
+    /// Whether the ticker's paced index read lists `group`, if that read is fresh (no read of its
+    /// own: `None` when there is no fresh one).
+    pub(super) fn index_lists_paced(&self, group: &GroupId) -> Option<bool> {
+        let refresh = Duration::from_millis(self.inner.options.ticker_refresh_ms);
+        self.local()
+            .index_read
+            .as_ref()
+            .filter(|read| read.at.elapsed() < refresh)
+            .map(|read| read.listed.contains(group))
     }
 
     /// This process changed the index (or the store may have lost entries of it): the next pass

@@ -354,17 +354,18 @@ impl<S: MetadataStore> Coordinator<S> {
             self.plant_rebuild(group).await;
         }
         let held = self.local().view.holds(group);
-        // The index is read (the ticker's paced read when it is fresh) unless a client already
-        // says the group existed and this process holds it.
-        let listed = if client_knows && held { None } else { Some(self.index_lists(group).await) };
-        let known = client_knows || listed.as_ref().is_none_or(|listed| *listed.as_ref().unwrap_or(&true));
+        // When a client says the group existed, the index only names the metric's series: the
+        // ticker's paced read is asked, never Redis (any client can send such requests, and each
+        // must not cost an index read). Otherwise it decides the answer, as before.
+        let listed = if client_knows { self.index_lists_paced(group) } else { self.index_lists(group).await.ok() };
+        let known = client_knows || listed.unwrap_or(true);
         if known {
             // A client's word that a group existed cannot be checked, so any client can name any
             // group here (a black-box review added 4,000 series to /metrics that way): the series
             // is labelled with the group only when this process holds something of it or the
             // index lists it (after a restart, a group whose key was lost is held by nobody yet),
             // the rest share one label, and their log line is rate-limited (`http::error`).
-            let named = held || matches!(listed, Some(Ok(true)));
+            let named = held || listed == Some(true);
             let label = if named { group.to_string() } else { UNSEEN_GROUP.to_string() };
             self.inner.metrics.inc(
                 "rsc_metadata_missing_total",
