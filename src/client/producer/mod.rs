@@ -281,11 +281,14 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
         self.refresh_held().await
     }
 
-    /// The background task's refresh: one routing request, unless a publish's refresh made it not
-    /// due any more while this waited for `refreshing` (so the two never send two per pause).
+    /// The background task's refresh: one routing request, unless another refresh ended while
+    /// this waited for `refreshing` (a publish's, or [`Producer::refresh`]) or made it not due:
+    /// the two never send two back to back, and a publish queued behind both waits for one.
     async fn refresh_if_due(&self) {
+        let ended = self.refreshes_ended.load(std::sync::atomic::Ordering::SeqCst);
         let _turn = self.refreshing.lock().await;
-        if self.clock.now_ms() >= self.next_refresh_ms() {
+        let another_ended = self.refreshes_ended.load(std::sync::atomic::Ordering::SeqCst) != ended;
+        if !another_ended && self.clock.now_ms() >= self.next_refresh_ms() {
             let _ = self.refresh_held().await;
         }
     }
