@@ -143,13 +143,22 @@ async fn join_and_steady_heartbeats_write_once_then_answer_from_reads() {
     assert!(c.metrics().render().contains("rsc_heartbeats_total{status=\"OK\"} 6"));
 }
 
-#[tokio::test]
-async fn a_deleted_metadata_key_fails_closed_and_is_never_rebuilt() {
-    let store = MemoryStore::new(2);
+/// `group()` of 2 shards, created through a coordinator, member `a` joined (its answer), then
+/// its metadata key deleted out of band.
+async fn a_member_of_a_group_whose_key_is_deleted(
+    seed: u64,
+) -> (MemoryStore, Coordinator<MemoryStore>, HeartbeatResponse) {
+    let store = MemoryStore::new(seed);
     let c = coordinator(&store, "c1", PlantedBugs::NONE);
     create(&c, 2).await;
     let r = c.heartbeat(join("a")).await.expect("join");
     assert!(store.delete_metadata_key(&group()));
+    (store, c, r)
+}
+
+#[tokio::test]
+async fn a_deleted_metadata_key_fails_closed_and_is_never_rebuilt() {
+    let (store, c, r) = a_member_of_a_group_whose_key_is_deleted(2).await;
 
     assert_eq!(c.heartbeat(next(&r)).await.unwrap_err().code, ErrorCode::MetadataMissing);
     assert_eq!(c.heartbeat(join("b")).await.unwrap_err().code, ErrorCode::MetadataMissing, "the index knows it");
@@ -171,11 +180,7 @@ async fn a_deleted_metadata_key_fails_closed_and_is_never_rebuilt() {
 /// group under the shared label, which the suggested alert leaves out.
 #[tokio::test]
 async fn a_missing_key_is_counted_under_its_groups_name_when_the_index_lists_it() {
-    let store = MemoryStore::new(21);
-    let c = coordinator(&store, "c1", PlantedBugs::NONE);
-    create(&c, 2).await;
-    let r = c.heartbeat(join("a")).await.expect("join");
-    assert!(store.delete_metadata_key(&group()));
+    let (store, _, r) = a_member_of_a_group_whose_key_is_deleted(21).await;
     let restarted = coordinator(&store, "c2", PlantedBugs::NONE);
     restarted.start().await.expect("probe");
     // Its ticker's first pass reads the index (and finds the key missing: not counted yet).

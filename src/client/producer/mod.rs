@@ -145,38 +145,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Producer<T, S> {
     /// Publishes arbitrary fields; `key` only chooses the shard.
     pub async fn publish_fields(&self, key: &[u8], fields: Vec<(String, Vec<u8>)>) -> Result<EntryId, PublishError> {
         let shared = &self.shared;
-        let route = match shared.route(key) {
-            Ok(route) => route,
-            Err(_) => {
-                // No valid cache: refresh now, once, then fail closed. A publish that waited
-                // while another refresh ended (background, or another publish's) takes its
-                // outcome instead of sending one more; after a failed refresh, the next goes out
-                // `refresh_retry_ms` after it, this publish waiting for it. Before, every publish
-                // sent its own routing request, so an application retrying at once drove one
-                // request per round trip at a coordinator that was down or answered errors.
-                let ended = shared.refreshes_ended.load(std::sync::atomic::Ordering::SeqCst);
-                let turn = shared.refreshing.lock().await;
-                match shared.route(key) {
-                    Ok(route) => route,
-                    Err(error) if shared.refreshes_ended.load(std::sync::atomic::Ordering::SeqCst) != ended => {
-                        drop(turn);
-                        return Err(shared.fail(route_error(error, shared.last_failure_error())));
-                    }
-                    Err(_) => {
-                        if let Some(until_ms) = shared.retry_pause_until_ms() {
-                            shared.clock.sleep_until_ms(until_ms).await;
-                        }
-                        shared.cache().mark_stale();
-                        let refreshed = shared.refresh_held().await;
-                        drop(turn);
-                        match shared.route(key) {
-                            Ok(route) => route,
-                            Err(error) => return Err(shared.fail(route_error(error, refreshed.err()))),
-                        }
-                    }
-                }
-            }
-        };
+        let route = shared.route_or_refresh(key).await?;
         // No `.await` between the lease check in `route` and this call.
         match shared.store.xadd(&route.stream, fields, shared.config.maxlen).await {
             Ok(entry) => {
@@ -260,6 +229,34 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
             cache_expires_ms,
         });
         error
+    }
+
+    /// The route of `key`; without a valid cache, after a refresh, else the failure (fail
+    /// closed). A publish that waited while another refresh ended (background, or another
+    /// publish's) takes its outcome instead of sending one more; after a failed refresh, the next
+    /// goes out `refresh_retry_ms` after it, this publish waiting for it. Before, every publish
+    /// sent its own routing request, so an application retrying at once drove one request per
+    /// round trip at a coordinator that was down or answered errors.
+    async fn route_or_refresh(&self, key: &[u8]) -> Result<Route, PublishError> {
+        if let Ok(route) = self.route(key) {
+            return Ok(route);
+        }
+        let ended = self.refreshes_ended.load(std::sync::atomic::Ordering::SeqCst);
+        let _turn = self.refreshing.lock().await;
+        let refresh_error = match self.route(key) {
+            Ok(route) => return Ok(route),
+            Err(_) if self.refreshes_ended.load(std::sync::atomic::Ordering::SeqCst) != ended => {
+                self.last_failure_error()
+            }
+            Err(_) => {
+                if let Some(until_ms) = self.retry_pause_until_ms() {
+                    self.clock.sleep_until_ms(until_ms).await;
+                }
+                self.cache().mark_stale();
+                self.refresh_held().await.err()
+            }
+        };
+        self.route(key).map_err(|error| self.fail(route_error(error, refresh_error)))
     }
 
     /// When the retry pause after the last refresh ends, if that refresh failed less than
