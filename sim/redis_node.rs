@@ -210,9 +210,11 @@ pub async fn serve(store: MemoryStore, recorder: Recorder, server: NodeRef) {
         };
         let endpoint = Arc::clone(&endpoint);
         let recorder = recorder.clone();
+        // The command's future is boxed so the spawned one stays small: a spawn copies its future
+        // twice, and `execute`'s is ~1.9 KB, at every request (~2% of a seed's time in memmove).
         tokio::spawn(async move {
             let call_id = envelope.call_id;
-            let reply = execute(&connection, *envelope, &recorder, server).await;
+            let reply = Box::pin(execute(&connection, *envelope, &recorder, server)).await;
             // A reply to a client that died or is cut off is simply lost.
             let _ = endpoint.send_to_raw(from, call_id, reply).await;
         });
