@@ -123,7 +123,15 @@ struct Shared<T, S> {
 /// coordinator expires it after the member lease TTL).
 pub struct Consumer<T: CoordinatorTransport, S: StreamStore> {
     shared: Arc<Shared<T, S>>,
-    heartbeats: Mutex<Option<JoinHandle<()>>>,
+    /// The heartbeat task. `close` holds this lock while it waits for the task, and leaves the
+    /// handle in place until the task ended or was aborted: a `close` that is cancelled (a
+    /// `timeout` around it) leaves the task where `Drop` aborts it and a later `close` waits for
+    /// it again. (It used to take the handle out first: a cancelled close detached the task,
+    /// which then heartbeat as a closing member for ever once its in-flight entries could no
+    /// longer be settled, holding its shards and its member id.)
+    heartbeats: tokio::sync::Mutex<Option<JoinHandle<()>>>,
+    /// How the close that ended the heartbeat task ended: what a later `close` returns.
+    closed: Mutex<Option<Result<(), CloseError>>>,
 }
 
 impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
@@ -169,7 +177,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             idle: AtomicBool::new(false),
         });
         let heartbeats = tokio::spawn(heartbeat_loop(Arc::clone(&shared)));
-        Self { shared, heartbeats: Mutex::new(Some(heartbeats)) }
+        Self { shared, heartbeats: tokio::sync::Mutex::new(Some(heartbeats)), closed: Mutex::new(None) }
     }
 
     pub fn member_id(&self) -> String {
@@ -233,36 +241,39 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
 
     /// Clean leave: stop reading, let the application ack or abandon in-flight entries (from
     /// another task, while this waits), report every shard REVOKED, then send the leave
-    /// heartbeat. Gives up after `close_timeout_ms`. A second call returns at once.
+    /// heartbeat. Gives up after `close_timeout_ms`. Cancel-safe: a cancelled close leaves the
+    /// consumer closing, and a later call waits again (each with its own `close_timeout_ms`); a
+    /// call made while another runs waits for it. Once the close ended, a call returns its
+    /// outcome at once.
     pub async fn close(&self) -> Result<(), CloseError> {
         let timeout_ms = self.shared.with_core_now(|core, now_ms| {
             core.close(now_ms);
             core.config().close_timeout_ms
         });
         self.shared.wake.notify_one();
-        let Some(mut task) = self.take_heartbeats() else { return Ok(()) };
+        let mut heartbeats = self.heartbeats.lock().await;
+        let Some(task) = heartbeats.as_mut() else {
+            return self.closed.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or(Ok(()));
+        };
         let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
-        tokio::select! {
+        let outcome = tokio::select! {
             biased;
-            _ = &mut task => Ok(()),
+            _ = &mut *task => Ok(()),
             _ = tokio::time::sleep_until(deadline) => {
                 task.abort();
                 self.shared.with_core_now(|core, now_ms| core.abort(now_ms));
                 Err(CloseError::TimedOut(timeout_ms))
             }
-        }
-    }
-}
-
-impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
-    fn take_heartbeats(&self) -> Option<JoinHandle<()>> {
-        self.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).take()
+        };
+        *heartbeats = None;
+        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome.clone());
+        outcome
     }
 }
 
 impl<T: CoordinatorTransport, S: StreamStore> Drop for Consumer<T, S> {
     fn drop(&mut self) {
-        if let Some(task) = self.take_heartbeats() {
+        if let Some(task) = self.heartbeats.get_mut().take() {
             task.abort();
         }
     }

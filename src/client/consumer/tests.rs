@@ -191,6 +191,39 @@ async fn close_waits_for_the_drain_then_leaves_with_every_shard_revoked() {
     assert_eq!(consumer.status().phase, Phase::Left);
 }
 
+/// An application that puts a `timeout` around `close` while an entry is still in flight, then
+/// drops the consumer: the close had taken the heartbeat task's handle out, so its cancellation
+/// detached the task and `Drop` found nothing to abort. The task heartbeat as a closing member for
+/// ever (nobody could settle the entry any more), holding the shard and the member id. A second
+/// `close` returned `Ok` at once, before any leave.
+#[tokio::test]
+async fn a_cancelled_close_can_be_called_again_and_a_drop_after_it_stops_the_heartbeats() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0]), ("m2", vec![0])]);
+    publish(&store, 0, 2).await;
+    for member in ["m1", "m2"] {
+        let consumer = join(member, &coordinator, &store, &sink, Arc::new(NoopListener));
+        wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+        let delivery = poll_n(&consumer, 1).await.remove(0);
+        let cancelled = tokio::time::timeout(Duration::from_millis(5 * INTERVAL_MS), consumer.close()).await;
+        assert!(cancelled.is_err(), "the close waits for the entry in flight");
+        let sent = |member: &str| coordinator.with(|s| s.heartbeats.iter().filter(|h| h.member_id == member).count());
+        if member == "m1" {
+            // Called again: it waits for the drain and the leave, as the first would have.
+            consumer.ack(&delivery).await.expect("ack while closing");
+            consumer.close().await.expect("clean close");
+            let last = coordinator.with(|s| s.heartbeats.last().cloned()).expect("heartbeats");
+            assert!(last.leave && last.member_id == "m1", "the second close returned after the leave");
+            assert_eq!(consumer.close().await, Ok(()), "a close after the end returns its outcome");
+        } else {
+            drop(consumer);
+            tokio::time::sleep(Duration::from_millis(2 * INTERVAL_MS)).await;
+            let after_drop = sent(member);
+            tokio::time::sleep(Duration::from_millis(10 * INTERVAL_MS)).await;
+            assert_eq!(sent(member), after_drop, "no heartbeat once the consumer is dropped");
+        }
+    }
+}
+
 /// Member m1 reading shard 0, set up (claim and own-pending re-read done, one entry read and
 /// acked), so every later read of it is one call.
 async fn reading_shard_0() -> (MemoryStore, Arc<FakeCoordinator>, Arc<VecSink>, Arc<TestConsumer>) {
@@ -639,7 +672,7 @@ async fn an_ack_that_waited_for_the_lock_judges_the_lease_on_the_time_after_the_
     let consumer = Arc::new(join("m1", &coordinator, &store, &sink, Arc::new(NoopListener)));
     wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
     let delivery = poll_n(&consumer, 1).await.remove(0);
-    if let Some(heartbeats) = consumer.take_heartbeats() {
+    if let Some(heartbeats) = consumer.heartbeats.try_lock().expect("no close runs").as_ref() {
         heartbeats.abort();
     }
     let lease_end_ms = consumer.status().lease_end_ms.expect("a lease");
