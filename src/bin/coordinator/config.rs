@@ -305,11 +305,15 @@ impl Settings {
                 .unwrap_or(defaults.max_assignment_lease_ms),
             planted: defaults.planted,
         };
-        let redis_url = non_empty(args.redis_url.clone().or(file.redis_url));
+        let redis_url = set_not_blank("redis_url", args.redis_url.clone().or(file.redis_url), REDIS_UNSET_HINT)?;
         let redis_cluster_nodes: Vec<String> = match &args.redis_cluster_nodes {
             Some(list) => list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect(),
             None => file.redis_cluster_nodes.clone().unwrap_or_default().iter().map(|s| s.trim().to_string()).collect(),
         };
+        let nodes_given = args.redis_cluster_nodes.is_some() || file.redis_cluster_nodes.is_some();
+        if nodes_given && redis_cluster_nodes.iter().all(String::is_empty) {
+            return Err(set_but_blank("redis_cluster_nodes", REDIS_UNSET_HINT));
+        }
         let redis_url = match &redis_sentinel {
             Some(sentinel) => Some(redis_url.unwrap_or_else(|| format!("redis://{}", sentinel.master_name))),
             None => redis_url,
@@ -324,12 +328,21 @@ impl Settings {
             },
             redis_sentinel,
             redis_cluster_nodes,
-            admin_token: non_empty(args.admin_token.clone()),
+            admin_token: set_not_blank(
+                "admin_token",
+                args.admin_token.clone(),
+                "unset it to leave the admin routes open, or set a token",
+            )?,
             client_tokens: {
                 let specs: Vec<&String> =
                     args.client_tokens.iter().chain(file.client_tokens.iter().flatten()).collect();
-                ClientTokens::parse(&specs)
-                    .map_err(|e| ConfigError::Invalid { key: "client_tokens", message: e.to_string() })?
+                let tokens = ClientTokens::parse(&specs)
+                    .map_err(|e| ConfigError::Invalid { key: "client_tokens", message: e.to_string() })?;
+                if !specs.is_empty() && tokens.is_empty() {
+                    let hint = "unset it to leave the data plane open, or set a token";
+                    return Err(set_but_blank("client_tokens", hint));
+                }
+                tokens
             },
             coordinator,
             redis_timeout_ms: file.redis_timeout_ms.unwrap_or(2_000),
@@ -384,6 +397,25 @@ impl Settings {
     }
 }
 
+/// What a Redis target set but blank would have meant: no Redis at all.
+const REDIS_UNSET_HINT: &str = "unset it to run on the in-memory store (nothing survives a restart)";
+
+/// A setting that was given (flag, environment or file) but is blank. Taking it as unset would
+/// fail open: an environment variable from an optional Secret that rendered empty would run the
+/// coordinator on the in-memory store, or leave the admin routes or the data plane open, with
+/// nothing but a warning (an admin review finding).
+fn set_but_blank(key: &'static str, hint: &str) -> ConfigError {
+    ConfigError::Invalid { key, message: format!("is set but empty; {hint}") }
+}
+
+/// `value` as given (`None`: not given), or the error if it was given blank.
+fn set_not_blank(key: &'static str, value: Option<String>, hint: &str) -> Result<Option<String>, ConfigError> {
+    match value {
+        Some(v) if v.trim().is_empty() => Err(set_but_blank(key, hint)),
+        other => Ok(other),
+    }
+}
+
 /// The Sentinel settings from flags/environment (which win) and the file: sentinels and master
 /// name come together, each address is `host:port`, and a sentinel password needs sentinels.
 fn resolve_sentinel(args: &ServeArgs, file: &FileConfig) -> Result<Option<RedisSentinelOptions>, ConfigError> {
@@ -391,6 +423,10 @@ fn resolve_sentinel(args: &ServeArgs, file: &FileConfig) -> Result<Option<RedisS
         Some(list) => list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect(),
         None => file.redis_sentinels.clone().unwrap_or_default().iter().map(|s| s.trim().to_string()).collect(),
     };
+    let given = args.redis_sentinels.is_some() || file.redis_sentinels.is_some();
+    if given && sentinels.iter().all(String::is_empty) {
+        return Err(set_but_blank("redis_sentinels", REDIS_UNSET_HINT));
+    }
     let master = args.redis_sentinel_master.clone().or(file.redis_sentinel_master.clone());
     let master = master.map(|m| m.trim().to_string()).filter(|m| !m.is_empty());
     let password = args.redis_sentinel_password.clone().filter(|p| !p.is_empty());
@@ -404,8 +440,9 @@ fn resolve_sentinel(args: &ServeArgs, file: &FileConfig) -> Result<Option<RedisS
     if master_name.chars().any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '@' | ':')) {
         return invalid("redis_sentinel_master", "must not contain whitespace, '/', '@' or ':'");
     }
-    if let Some(bad) = sentinels.iter().find(|s| parse_sentinel_address(s).is_none()) {
-        let message = format!("invalid sentinel address {bad:?}: expected host:port");
+    if let Some(bad) = sentinels.iter().position(|s| parse_sentinel_address(s).is_none()) {
+        // Named by position, not echoed: an entry written as a URL may carry a password.
+        let message = format!("sentinel address #{} is not host:port", bad + 1);
         return Err(ConfigError::Invalid { key: "redis_sentinels", message });
     }
     Ok(Some(RedisSentinelOptions { sentinels, master_name, sentinel_password: password }))
@@ -519,7 +556,6 @@ mod tests {
         let args = ServeArgs {
             listen: Some("127.0.0.1:7000".parse().expect("addr")),
             tick_interval_ms: Some(100),
-            admin_token: Some("  ".into()),
             ..ServeArgs::default()
         };
         let settings = Settings::resolve(&args, file, 1).expect("resolves");
@@ -528,7 +564,6 @@ mod tests {
         assert_eq!(settings.coordinator.tick_interval_ms, 100);
         assert_eq!(settings.coordinator.mutex_ttl_ms, 3000);
         assert_eq!(settings.coordinator.instance_id, "from-file");
-        assert_eq!(settings.admin_token, None, "a blank token is no token");
         assert!(!format!("{settings:?}").contains("redis://"), "Debug hides the URL");
     }
 
@@ -711,9 +746,48 @@ mod tests {
             let args = ServeArgs { redis_sentinels: Some(bad.into()), ..sentinel(None) };
             reject(args, FileConfig::default(), "redis_sentinels");
         }
+        // An entry written as a URL with a password: refused without echoing it.
+        let with_password = ServeArgs { redis_sentinels: Some("redis://:hunter2-pw@h:26379".into()), ..sentinel(None) };
+        let error = Settings::resolve(&with_password, FileConfig::default(), 1).unwrap_err().to_string();
+        assert!(error.contains("#1") && !error.contains("hunter2"), "{error}");
         let bad_name = ServeArgs { redis_sentinel_master: Some("my master".into()), ..sentinel(None) };
         reject(bad_name, FileConfig::default(), "redis_sentinel_master");
         assert!(toml::from_str::<FileConfig>("redis_sentinel_password = \"x\"").is_err(), "not a file key");
+    }
+
+    /// A setting given blank (an environment variable from an optional Secret that rendered
+    /// empty, `redis_url = ""`) is refused, not taken as unset: unset, it would have run the
+    /// coordinator on the in-memory store or left the admin routes or the data plane open, even
+    /// when the file names a Redis server.
+    #[test]
+    fn settings_given_blank_are_refused_rather_than_taken_as_unset() {
+        let file_url = || FileConfig { redis_url: Some("redis://file:6379".into()), ..FileConfig::default() };
+        let refused = |args: ServeArgs, file: FileConfig, key: &str| {
+            let error = Settings::resolve(&args, file, 1).unwrap_err();
+            assert!(matches!(&error, ConfigError::Invalid { key: k, .. } if *k == key), "{key}: {error}");
+            assert!(error.to_string().contains("set but empty"), "{error}");
+        };
+        refused(ServeArgs { redis_url: Some(String::new()), ..ServeArgs::default() }, file_url(), "redis_url");
+        refused(ServeArgs::default(), FileConfig { redis_url: Some(" ".into()), ..FileConfig::default() }, "redis_url");
+        refused(
+            ServeArgs { redis_cluster_nodes: Some(" , ".into()), ..ServeArgs::default() },
+            file_url(),
+            "redis_cluster_nodes",
+        );
+        refused(
+            ServeArgs { redis_sentinels: Some(String::new()), ..ServeArgs::default() },
+            file_url(),
+            "redis_sentinels",
+        );
+        refused(ServeArgs { admin_token: Some("  ".into()), ..ServeArgs::default() }, file_url(), "admin_token");
+        refused(ServeArgs { client_tokens: vec![String::new()], ..ServeArgs::default() }, file_url(), "client_tokens");
+        // Not given at all: the in-memory store and open routes, as documented.
+        let unset = Settings::resolve(&ServeArgs::default(), FileConfig::default(), 1).expect("resolves");
+        assert!(unset.redis_url.is_none() && unset.admin_token.is_none() && unset.client_tokens.is_empty());
+        // A trailing comma in a token list is not a blank list.
+        let spaced =
+            ServeArgs { client_tokens: vec!["0123456789abcdef".into(), String::new()], ..ServeArgs::default() };
+        assert_eq!(Settings::resolve(&spaced, FileConfig::default(), 1).expect("resolves").client_tokens.len(), 1);
     }
 
     #[test]
