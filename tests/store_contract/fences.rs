@@ -388,6 +388,34 @@ async fn redis_store_raises_fences_once_after_the_script_cache_was_flushed() {
     assert_eq!(store.read_fences(&[fence_key(0)]).await, Ok(vec![Some(raised[0])]));
 }
 
+/// Real Redis only: a master with `min-replicas-to-write` and no replica (an old master cut off
+/// from its replicas) answers writes `NOREPLICAS`. It is `Unavailable` (the call did nothing; it
+/// was `Protocol` before), and a batched fenced call fails as a whole, as on a replica, so that
+/// through Sentinel the client replaces the connection and finds the new master.
+#[tokio::test]
+async fn redis_store_calls_on_a_master_without_its_replicas_are_unavailable_and_batches_fail_whole() {
+    let primary = crate::support::RedisServer::start();
+    let options = rsc::store::redis::RedisStoreOptions::default();
+    let store = rsc::store::redis::RedisStore::connect(&primary.url(), options).await.expect("connect");
+    let s = stream(0);
+    store.ensure_group(&s, GROUP).await.expect("ensure");
+    let added = add(&store, &s, 2).await;
+    let fence = raise_one(&store, &fence_key(0), 5).await;
+    primary.cmd(&["CONFIG", "SET", "min-replicas-to-write", "1"]);
+    let unavailable = |what: &str, result: Result<(), StoreError>| match result {
+        Err(StoreError::Unavailable(text)) => assert!(text.contains("NOREPLICAS"), "{what}: {text}"),
+        other => panic!("{what}: expected Unavailable with NOREPLICAS, got {other:?}"),
+    };
+    unavailable("XADD", store.xadd(&s, vec![("k".into(), b"v".to_vec())], None).await.map(drop));
+    let reads = [FencedRead { fence: check(0, fence), stream: s.clone(), from: ReadFrom::New, count: 10 }];
+    unavailable("batched read", store.fenced_xreadgroup_many(GROUP, "c1", &reads).await.map(drop));
+    let acks = [FencedAck { fence: check(0, fence), stream: s.clone(), ids: added.clone() }];
+    unavailable("batched ack", store.fenced_xack_many(GROUP, &acks).await.map(drop));
+    primary.cmd(&["CONFIG", "SET", "min-replicas-to-write", "0"]);
+    let got = store.fenced_xreadgroup_many(GROUP, "c1", &reads).await.expect("served again");
+    assert_eq!(got[0].as_ref().map(|e| ids(e)), Ok(added));
+}
+
 /// Real Redis only: a batched call that lands on a server that is no longer a writable master
 /// (a demoted primary: here a replica) fails as a whole with the server's `READONLY`, as the
 /// single-shard script does, so the client replaces the connection, instead of answering every

@@ -11,8 +11,9 @@
 //! computed from; the `redis` crate's cluster client does resend after a lost connection, and the
 //! store adds one step to its chain after an `ASK` it gave up on, which means the command did not
 //! run, see `asking_then`), or keeps a connection that failed, timed out, or answered READONLY /
-//! MASTERDOWN (a demoted master or a replica) — the next call connects afresh (through Sentinel:
-//! to the master it names now), which is how the store follows a restarted or failed-over server.
+//! MASTERDOWN (a demoted master or a replica), or through Sentinel NOREPLICAS (an old master cut
+//! off from its replicas) — the next call connects afresh (through Sentinel: to the master it names
+//! now), which is how the store follows a restarted or failed-over server.
 //! On a Cluster the failed shared connection is replaced in the background instead, and serves
 //! the other slots until its replacement is ready (`Connector::replace_cluster_connection`).
 
@@ -456,7 +457,7 @@ impl Connector {
                 // Server replies (NOGROUP, NOPERM, ...) leave the connection healthy; anything at
                 // the transport level means it must be replaced, and so does a server that is no
                 // longer (or not yet) a writable master.
-                if err.is_io_error() || err.is_unrecoverable_error() || not_a_master(&err) {
+                if err.is_io_error() || err.is_unrecoverable_error() || not_a_master(&err, &self.target) {
                     self.forget(lane, used).await;
                 }
                 Err(self.scrub(map_error(command, &err, &self.redactor)))
@@ -575,13 +576,49 @@ impl Connector {
 
 /// READONLY (a replica, e.g. a demoted master) or MASTERDOWN: this connection will not reach a
 /// writable master again.
-fn not_a_master(err: &RedisError) -> bool {
+fn not_a_master(err: &RedisError, target: &Target) -> bool {
     matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown))
+        || (matches!(target, Target::Sentinel { .. }) && is_no_replicas(err))
+}
+
+/// `NOREPLICAS`: a master with `min-replicas-to-write` (which the README recommends) that lost
+/// its replicas refuses writes. Through Sentinel that is an old master cut off from the rest, whose
+/// replica the sentinels may have promoted meanwhile: the connection is replaced, so the next call
+/// asks the sentinels again instead of staying on the old master for as long as the partition
+/// lasts (a TLS/Sentinel review finding). A fixed server has nowhere else to go: its connection
+/// is kept (replacing it would reconnect to the same server at every call).
+fn is_no_replicas(err: &RedisError) -> bool {
+    err.code() == Some("NOREPLICAS")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cut-off old master's `NOREPLICAS` replaces the connection through Sentinel (the next one
+    /// asks the sentinels again), but not to a fixed server (it would only reconnect there).
+    #[test]
+    fn no_replicas_replaces_the_connection_only_through_sentinel() {
+        use crate::store::redis::{RedisSentinelOptions, RedisStore, RedisStoreOptions};
+        let reply = |line: &str| match ::redis::parse_redis_value(line.as_bytes()) {
+            Ok(Value::ServerError(err)) => RedisError::from(err),
+            other => panic!("not a server error: {other:?}"),
+        };
+        let no_replicas = reply("-NOREPLICAS Not enough good replicas to write.\r\n");
+        let read_only = reply("-READONLY You can't write against a read only replica.\r\n");
+        let direct = RedisStore::open("redis://127.0.0.1:1/", RedisStoreOptions::default()).expect("open");
+        let sentinel = RedisSentinelOptions {
+            sentinels: vec!["127.0.0.1:1".into()],
+            master_name: "mymaster".into(),
+            sentinel_password: None,
+        };
+        let options = RedisStoreOptions { sentinel: Some(sentinel), ..RedisStoreOptions::default() };
+        let through_sentinel = RedisStore::open("redis://mymaster", options).expect("open");
+        assert!(!not_a_master(&no_replicas, direct.inner.conn.target()));
+        assert!(not_a_master(&no_replicas, through_sentinel.inner.conn.target()));
+        assert!(not_a_master(&read_only, direct.inner.conn.target()));
+        assert!(not_a_master(&read_only, through_sentinel.inner.conn.target()));
+    }
 
     fn command(args: &[&str]) -> Cmd {
         let mut cmd = ::redis::cmd(args[0]);

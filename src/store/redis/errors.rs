@@ -94,6 +94,10 @@ pub(crate) fn map_error(command: &str, err: &RedisError, redactor: &Redactor) ->
             // A long-running script (BUSY), or a blocked read the server force-unblocked because its
             // role changed during a failover (UNBLOCKED).
             "BUSY" | "UNBLOCKED" => StoreError::Unavailable(text),
+            // A master with `min-replicas-to-write` that lost its replicas refuses writes until
+            // they are back (or, through Sentinel, until the store finds the new master): the call
+            // did nothing, as with READONLY.
+            "NOREPLICAS" => StoreError::Unavailable(text),
             _ => StoreError::Protocol(text),
         },
         _ => StoreError::Protocol(text),
@@ -168,6 +172,7 @@ mod tests {
             ("READONLY", "You can't write against a read only replica."),
             ("MASTERDOWN", "Link with MASTER is down"),
             ("UNBLOCKED", "force unblock from blocking operation"),
+            ("NOREPLICAS", "Not enough good replicas to write."),
         ] {
             assert!(matches!(map_error("X", &server_error(code, detail), &redactor), StoreError::Unavailable(_)));
         }

@@ -192,7 +192,8 @@ return {'ok', cursor, out}
 /// Shared by the batched scripts: runs `one(i, ...)` for every shard under Lua's `pcall`, so an
 /// error of one shard's commands (a fence key of another type, a missing group) is that shard's
 /// `{'error', text}` and the other shards go on. A server that is no longer a writable master
-/// (`READONLY`, `MASTERDOWN`) fails the whole call instead, as the single-shard scripts do, so
+/// (`READONLY`, `MASTERDOWN`, or `NOREPLICAS`: a master cut off from its replicas) fails the
+/// whole call instead, as the single-shard scripts do, so
 /// the client drops the connection and finds the new master. (An error element inside an array
 /// reply would fail the whole call in the client: errors travel as text.)
 const EACH_SHARD: &str = r#"
@@ -204,7 +205,7 @@ local function each_shard(one)
       out[i] = result
     else
       local text = type(result) == 'table' and result.err or tostring(result)
-      if string.find(text, '^READONLY') or string.find(text, '^MASTERDOWN') then
+      if string.find(text, '^READONLY') or string.find(text, '^MASTERDOWN') or string.find(text, '^NOREPLICAS') then
         return redis.error_reply(text)
       end
       out[i] = {'error', text}
