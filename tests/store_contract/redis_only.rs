@@ -236,6 +236,46 @@ async fn a_hung_server_is_unavailable_within_the_timeout_and_recovers() {
 /// Hostile review: an entry another writer added with a field name that is not UTF-8 failed every
 /// read of its stream (the first one after XREADGROUP had delivered it, then every re-read of the
 /// pending entry), so the shard stalled for good. It is now read, the name lossily decoded.
+/// Opening the shared connection is single-flight on a task of its own, with the whole deadline.
+/// It ran inside the caller holding the checkout lock, under that caller's deadline: after an
+/// outage in which each attempt hung for a whole deadline, each next caller in the queue held the
+/// lock with only the gap since the one before it left, so while calls came faster than a
+/// connect took (here 150 ms; TLS, a Sentinel lookup past a dead sentinel), every attempt was cut
+/// off and the store stayed unavailable after Redis came back, for as long as the calls came.
+#[tokio::test]
+async fn a_slow_connect_succeeds_after_an_outage_while_calls_keep_coming_faster_than_it() {
+    const TIMEOUT_MS: u64 = 400;
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    proxy.set_connect_delay_ms(150);
+    let store = std::sync::Arc::new(RedisStore::connect(&proxy.url(), options(TIMEOUT_MS)).await.expect("connect"));
+    // The outage: every connection cut, new ones hang (held by the pause) for a whole deadline.
+    proxy.pause();
+    proxy.cut();
+    let started = Instant::now();
+    let healed_at = Duration::from_millis(1_500);
+    let (mut calls, mut resumed) = (Vec::new(), false);
+    while started.elapsed() < healed_at + Duration::from_secs(3) {
+        if !resumed && started.elapsed() >= healed_at {
+            proxy.resume();
+            resumed = true;
+        }
+        let store = std::sync::Arc::clone(&store);
+        let sent = started.elapsed();
+        calls.push(tokio::spawn(async move { (sent, store.load(&group()).await.is_ok()) }));
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mut first_ok = None;
+    for call in calls {
+        let (sent, ok) = call.await.expect("call task");
+        if ok && sent >= healed_at {
+            first_ok = Some(first_ok.map_or(sent, |f: Duration| f.min(sent)));
+        }
+    }
+    let first_ok = first_ok.expect("no call succeeded in the 3 s after Redis came back");
+    assert!(first_ok < healed_at + Duration::from_millis(3 * TIMEOUT_MS), "first success at {first_ok:?}");
+}
+
 #[tokio::test]
 async fn an_entry_with_a_non_utf8_field_name_is_read_and_acked_not_a_stalled_shard() {
     let server = RedisServer::start();

@@ -1,5 +1,6 @@
 //! A TCP proxy on 127.0.0.1 for integration tests: forwards every accepted connection to a target
-//! port, and can pause forwarding, cut every connection, or switch targets.
+//! port, and can pause forwarding, cut every connection, switch targets, or hold each new
+//! connection for a while before it reaches the target (a slow connect: TLS, a far server).
 //!
 //! Used for the replication link (pause it, then promote the replica: the writes made during the
 //! pause are acknowledged by the primary and never reach the new primary) and for clients that
@@ -9,7 +10,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -22,6 +23,8 @@ struct Gate {
 
 struct Shared {
     target: AtomicU16,
+    /// How long each new connection waits before the proxy connects it to the target.
+    connect_delay_ms: AtomicU64,
     stopping: AtomicBool,
     gate: Mutex<Gate>,
     wake: Condvar,
@@ -41,6 +44,7 @@ impl TcpProxy {
         let port = listener.local_addr().expect("proxy addr").port();
         let shared = Arc::new(Shared {
             target: AtomicU16::new(target),
+            connect_delay_ms: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             gate: Mutex::new(Gate { paused: false, epoch: 0 }),
             wake: Condvar::new(),
@@ -63,6 +67,12 @@ impl TcpProxy {
     /// New connections go to `target` from now on (existing ones stay until `cut()`).
     pub fn set_target(&self, target: u16) {
         self.shared.target.store(target, Ordering::SeqCst);
+    }
+
+    /// Every connection accepted from now on waits `ms` before it is connected to the target
+    /// (nothing it sends is forwarded meanwhile).
+    pub fn set_connect_delay_ms(&self, ms: u64) {
+        self.shared.connect_delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Stops forwarding in both directions. When this returns, no byte read afterwards is
@@ -106,21 +116,35 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             return;
         }
         let Ok(client) = client else { continue };
-        let target = shared.target.load(Ordering::SeqCst);
-        let Ok(upstream) = TcpStream::connect(("127.0.0.1", target)) else {
-            let _ = client.shutdown(Shutdown::Both);
-            continue;
-        };
-        let _ = client.set_nodelay(true);
-        let _ = upstream.set_nodelay(true);
-        let epoch = shared.gate.lock().expect("gate").epoch;
-        let clones = (client.try_clone(), upstream.try_clone(), client.try_clone(), upstream.try_clone());
-        let (Ok(c1), Ok(u1), Ok(c2), Ok(u2)) = clones else { continue };
-        shared.sockets.lock().expect("sockets").extend([client, upstream]);
-        let (s1, s2) = (shared.clone(), shared.clone());
-        std::thread::spawn(move || forward(c1, u1, s1, epoch));
-        std::thread::spawn(move || forward(u2, c2, s2, epoch));
+        let delay_ms = shared.connect_delay_ms.load(Ordering::SeqCst);
+        if delay_ms == 0 {
+            connect_through(client, &shared);
+        } else {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+                connect_through(client, &shared);
+            });
+        }
     }
+}
+
+/// Connects `client` to the target and starts forwarding both ways.
+fn connect_through(client: TcpStream, shared: &Arc<Shared>) {
+    let target = shared.target.load(Ordering::SeqCst);
+    let Ok(upstream) = TcpStream::connect(("127.0.0.1", target)) else {
+        let _ = client.shutdown(Shutdown::Both);
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    let epoch = shared.gate.lock().expect("gate").epoch;
+    let clones = (client.try_clone(), upstream.try_clone(), client.try_clone(), upstream.try_clone());
+    let (Ok(c1), Ok(u1), Ok(c2), Ok(u2)) = clones else { return };
+    shared.sockets.lock().expect("sockets").extend([client, upstream]);
+    let (s1, s2) = (shared.clone(), shared.clone());
+    std::thread::spawn(move || forward(c1, u1, s1, epoch));
+    std::thread::spawn(move || forward(u2, c2, s2, epoch));
 }
 
 /// Copies `from` -> `to` until EOF, an error, or a `cut()`; waits while paused.

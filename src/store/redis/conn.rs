@@ -289,7 +289,13 @@ struct Slot {
     generation: u64,
     /// A Cluster connection's replacement is being built in the background.
     replacing: bool,
+    /// The shared connection is being opened (no current one): its outcome, once known, for
+    /// every caller waiting for it.
+    connecting: Option<Connecting>,
 }
+
+/// The outcome of opening the shared connection: `None` while it runs.
+type Connecting = tokio::sync::watch::Receiver<Option<Result<(), Failure>>>;
 
 /// Which connection a round trip uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -305,7 +311,7 @@ pub(crate) enum Target {
     /// The server of the URL.
     Direct(Client),
     /// The master the sentinels name at each connect (`name` is the master name, for errors).
-    Sentinel { client: Mutex<SentinelClient>, name: String },
+    Sentinel { client: Arc<Mutex<SentinelClient>>, name: String },
     /// A Redis Cluster, found from its seed nodes, and what the store adds to its client.
     Cluster(Box<ClusterClients>, Arc<ClusterAids>),
 }
@@ -327,11 +333,15 @@ impl Target {
 }
 
 /// Why a round trip failed before its reply could be mapped.
+#[derive(Clone)]
 enum Failure {
     /// The command or the connection to the server failed.
     Redis(RedisError),
     /// No sentinel named a usable master (the lookup failed).
     Lookup(RedisError),
+    /// Opening the shared connection took longer than the store's deadline, or was abandoned
+    /// (the runtime is shutting down).
+    Connect(String),
 }
 
 impl From<RedisError> for Failure {
@@ -376,34 +386,102 @@ impl Connector {
 
     /// A new connection. Through Sentinel, the sentinels are asked for the current master first
     /// (the crate confirms its `ROLE`); nothing about an earlier master is reused. On a Cluster,
-    /// the slot map is read from the seed nodes.
-    async fn connect(&self, lane: Lane) -> Result<Conn, Failure> {
-        let client = match &self.target {
-            Target::Direct(client) => client.clone(),
-            Target::Sentinel { client, .. } => client.lock().await.async_get_client().await.map_err(Failure::Lookup)?,
+    /// the slot map is read from the seed nodes. The future owns what it needs (it may run on a
+    /// task of its own).
+    fn connect(&self, lane: Lane) -> impl Future<Output = Result<Conn, Failure>> + Send + 'static {
+        enum Via {
+            Client(Client),
+            Sentinel(Arc<Mutex<SentinelClient>>),
+            Cluster(ClusterClient, Arc<ClusterAids>),
+        }
+        let via = match &self.target {
+            Target::Direct(client) => Via::Client(client.clone()),
+            Target::Sentinel { client, .. } => Via::Sentinel(Arc::clone(client)),
             Target::Cluster(clients, aids) => {
                 let client = if lane == Lane::Shared { &clients.shared } else { &clients.blocking };
-                return Ok(Conn::Cluster(client.get_async_generic_connection::<NodeConn>().await?, Arc::clone(aids)));
+                Via::Cluster(client.clone(), Arc::clone(aids))
             }
         };
-        Ok(Conn::Single(client.get_multiplexed_async_connection_with_config(&self.config).await?))
+        let config = self.config.clone();
+        async move {
+            let client = match via {
+                Via::Client(client) => client,
+                Via::Sentinel(client) => client.lock().await.async_get_client().await.map_err(Failure::Lookup)?,
+                Via::Cluster(client, aids) => {
+                    return Ok(Conn::Cluster(client.get_async_generic_connection::<NodeConn>().await?, aids));
+                }
+            };
+            Ok(Conn::Single(client.get_multiplexed_async_connection_with_config(&config).await?))
+        }
     }
 
-    async fn checkout(&self, lane: Lane) -> Result<(u64, Conn), Failure> {
-        match lane {
-            Lane::Shared => {
+    /// The shared connection; opened first if there is none. Opening it is single-flight and runs
+    /// on a task of its own, with the store's whole deadline, while callers wait for its outcome
+    /// under their own deadlines. It used to run inside the caller that held the checkout lock,
+    /// under that caller's deadline: after an outage where each attempt hung for a whole
+    /// deadline, the next caller in the queue held the lock with only the time since the one
+    /// before it arrived left, so while calls came faster than one connect took (TLS, a Sentinel
+    /// lookup past a dead sentinel), every attempt was cut off and the store stayed unavailable
+    /// after Redis came back, for as long as the calls kept coming (a TLS/Sentinel review
+    /// finding).
+    async fn checkout_shared(&self) -> Result<(u64, Conn), Failure> {
+        loop {
+            let mut connecting = {
                 let mut slot = self.shared.lock().await;
                 if let Some((generation, conn)) = &slot.current {
                     return Ok((*generation, conn.clone()));
                 }
-                let conn = self.connect(Lane::Shared).await?;
-                // Idle blocking connections were opened to the same server as the shared one that
-                // was just replaced; after a failover they point at the old master.
-                self.blocking_idle.lock().await.clear();
-                slot.generation += 1;
-                slot.current = Some((slot.generation, conn.clone()));
-                Ok((slot.generation, conn))
-            }
+                match &slot.connecting {
+                    Some(connecting) => connecting.clone(),
+                    None => self.start_connect(&mut slot),
+                }
+            };
+            let outcome = loop {
+                if let Some(outcome) = connecting.borrow_and_update().clone() {
+                    break outcome;
+                }
+                if connecting.changed().await.is_err() {
+                    break Err(Failure::Connect("the connection attempt was abandoned".into()));
+                }
+            };
+            // Opened: take it (or, if a failure discarded it meanwhile, open another).
+            outcome?;
+        }
+    }
+
+    /// Starts opening the shared connection on a task of its own (`slot` has none, and no open
+    /// is under way).
+    fn start_connect(&self, slot: &mut Slot) -> Connecting {
+        let (done, connecting) = tokio::sync::watch::channel(None);
+        slot.connecting = Some(connecting.clone());
+        let connect = self.connect(Lane::Shared);
+        let (shared, idle) = (Arc::clone(&self.shared), Arc::clone(&self.blocking_idle));
+        let limit_ms = self.timeout_ms.max(1);
+        tokio::spawn(async move {
+            let opened = tokio::time::timeout(Duration::from_millis(limit_ms), connect).await;
+            let mut slot = shared.lock().await;
+            slot.connecting = None;
+            let outcome = match opened {
+                Ok(Ok(conn)) => {
+                    // Idle blocking connections were opened to the same server as the shared one
+                    // that was just replaced; after a failover they point at the old master.
+                    idle.lock().await.clear();
+                    slot.generation += 1;
+                    slot.current = Some((slot.generation, conn));
+                    Ok(())
+                }
+                Ok(Err(failure)) => Err(failure),
+                Err(_elapsed) => Err(Failure::Connect(format!("connecting took longer than {limit_ms} ms"))),
+            };
+            drop(slot);
+            let _ = done.send(Some(outcome));
+        });
+        connecting
+    }
+
+    async fn checkout(&self, lane: Lane) -> Result<(u64, Conn), Failure> {
+        match lane {
+            Lane::Shared => self.checkout_shared().await,
             Lane::Blocking => {
                 let idle = self.blocking_idle.lock().await.pop();
                 match idle {
@@ -463,6 +541,7 @@ impl Connector {
                 Err(self.scrub(map_error(command, &err, &self.redactor)))
             }
             Ok(Err(Failure::Lookup(err))) => Err(self.lookup_error(command, &err)),
+            Ok(Err(Failure::Connect(text))) => Err(self.scrub(StoreError::Unavailable(format!("{command}: {text}")))),
             Err(_elapsed) => {
                 self.forget(lane, used).await;
                 Err(timed_out(command, limit_ms))

@@ -219,7 +219,7 @@ impl RedisStore {
                 let certificates = tls::sentinel_certificates(&info, &options.tls)?;
                 let client = sentinel::client(url, &info, sentinel, certificates, &redactor)?;
                 let name = sentinel.master_name.trim().to_string();
-                (Target::Sentinel { client: tokio::sync::Mutex::new(client), name }, sentinel_redactor)
+                (Target::Sentinel { client: Arc::new(tokio::sync::Mutex::new(client)), name }, sentinel_redactor)
             }
         };
         let conn = Connector::new(target, options.timeout_ms, redactor, sentinel_redactor);
