@@ -355,6 +355,21 @@ impl ShardChanges {
                 StopReason::Revoked | StopReason::SyncDropped | StopReason::Closing => self.revoked.push(*shard),
                 _ => self.lost.push(*shard),
             },
+            // A shard already stopped (draining after a revoke) whose in-flight entries are
+            // given up because it was lost (lease end, fenced, group gone): the application,
+            // told only `on_revoked`, was still processing them beside the next owner (a consumer
+            // API review finding). It hears `on_lost` for it once.
+            ClientEvent::EntryAbandoned {
+                shard,
+                reason:
+                    StopReason::LeaseExpired | StopReason::Fenced | StopReason::GroupUnavailable | StopReason::FencedAtStore,
+                ..
+            } => {
+                if self.lost.contains(shard) {
+                    return;
+                }
+                self.lost.push(*shard);
+            }
             _ => return,
         }
         self.any = true;

@@ -115,6 +115,27 @@ async fn reads_only_assigned_shards_after_setup_and_acks() {
     }
 }
 
+/// A shard revoked while an entry of it is in flight (draining), then lost before the entry was
+/// settled (the lease ended): `on_revoked` had told the application to finish the entry, and
+/// nothing told it the entry could no longer be acked, so it kept processing it beside the next
+/// owner, who claims it one lease later. It hears `on_lost` for that shard.
+#[tokio::test]
+async fn a_draining_shard_lost_with_an_entry_in_flight_is_reported_lost() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    publish(&store, 0, 1).await;
+    let recorder = Arc::new(Recorder::default());
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::clone(&recorder) as Arc<dyn RebalanceListener>);
+    wait_until("both readable", || consumer.status().readable == vec![0, 1]).await;
+    let _held = poll_n(&consumer, 1).await;
+    coordinator.with(|s| s.assigned.insert("m1".into(), vec![1]));
+    wait_until("revoked", || recorder.calls().contains(&("revoked", vec![0]))).await;
+    coordinator.with(|s| s.up = false);
+    wait_until("lost", || recorder.calls().iter().any(|(kind, _)| *kind == "lost")).await;
+    let lost: Vec<ShardId> =
+        recorder.calls().into_iter().filter(|(kind, _)| *kind == "lost").flat_map(|(_, shards)| shards).collect();
+    assert_eq!(lost, vec![0, 1], "the draining shard with an entry in flight is lost too, once");
+}
+
 #[tokio::test]
 async fn fails_closed_at_lease_end_while_the_coordinator_is_unreachable_then_recovers() {
     let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
