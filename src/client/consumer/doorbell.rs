@@ -55,7 +55,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             tokio::pin!(changed);
             changed.as_mut().enable();
             if !ring_first {
-                let delivered = self.poll(max).await?;
+                let delivered = self.poll_once(max).await?;
                 if rang && delivered.is_empty() {
                     // The doorbell rang for entries no read of `>` found: the group's last-delivered
                     // ids moved without this consumer (someone else read the group). Forget them, so

@@ -37,7 +37,22 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// Cancel-safe: if the future is dropped before it returns, entries it had already read are
     /// abandoned (they stay pending at Redis and are redelivered), never left in flight where no
     /// one could settle them — which would keep their shard from ever being reported REVOKED.
+    ///
+    /// An empty poll yields to the runtime before it returns: with nothing readable (before the
+    /// first grant, after the lease ended) it reached no `.await` at all, so an application loop
+    /// `loop { consumer.poll(n).await }` never yielded, and on a single-threaded runtime starved
+    /// the heartbeat task, which alone could make something readable (a consumer API review
+    /// finding). [`Consumer::poll_wait`] waits instead of spinning.
     pub async fn poll(&self, max: usize) -> Result<Vec<Delivery>, PollError> {
+        let polled = self.poll_once(max).await;
+        if matches!(&polled, Ok(delivered) if delivered.is_empty()) {
+            tokio::task::yield_now().await;
+        }
+        polled
+    }
+
+    /// [`Consumer::poll`] without its yield (`poll_wait` waits on its own).
+    pub(super) async fn poll_once(&self, max: usize) -> Result<Vec<Delivery>, PollError> {
         let plans = self.shared.with_core_now(|core, now_ms| core.read_plans(now_ms));
         if plans.is_empty() || max == 0 {
             return Ok(Vec::new());

@@ -245,6 +245,26 @@ async fn a_cancelled_close_can_be_called_again_and_a_drop_after_it_stops_the_hea
     }
 }
 
+/// A Kafka-style loop on `poll` with nothing readable yet, on a single-threaded runtime (tokio's
+/// test default): `poll` returned without reaching an `.await`, so the loop never yielded and the
+/// heartbeat task that would make the shard readable never ran.
+#[cfg(not(madsim))]
+#[tokio::test(flavor = "current_thread")]
+async fn a_loop_on_poll_with_nothing_readable_lets_the_heartbeat_task_run() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    publish(&store, 0, 1).await;
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    let mut polls = 0;
+    let delivered = loop {
+        let delivered = consumer.poll(10).await.expect("poll");
+        polls += 1;
+        if !delivered.is_empty() || polls == 100_000 {
+            break delivered;
+        }
+    };
+    assert_eq!(delivered.len(), 1, "nothing delivered in {polls} polls: the heartbeat task never ran");
+}
+
 /// Member m1 reading shard 0, set up (claim and own-pending re-read done, one entry read and
 /// acked), so every later read of it is one call.
 async fn reading_shard_0() -> (MemoryStore, Arc<FakeCoordinator>, Arc<VecSink>, Arc<TestConsumer>) {
