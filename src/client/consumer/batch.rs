@@ -3,7 +3,7 @@
 //!
 //! Owns only the batching: every delivery is checked and settled in the core exactly as a single
 //! [`Consumer::ack`] is (in flight, lease holds; acked, or the shard lost on `FENCED`). Never
-//! sends anything for a batch that fails the check, and never holds the core's lock across an
+//! sends anything for a delivery that fails the check, and never holds the core's lock across an
 //! `.await`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,20 +27,29 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// instead of one per entry.
     ///
     /// First every delivery is checked as [`Consumer::ack`] checks it (in flight here, lease
-    /// holds): if any fails, that error is returned and nothing is sent. A delivery listed twice
-    /// is acked once. Then each shard's outcome is settled as a single ack's: acked entries leave
-    /// the in-flight set; a `FENCED` refusal loses the shard at once ([`AckError::Fenced`]); a
-    /// failed XACK leaves that shard's entries in flight ([`AckError::Store`]), to be acked again.
-    /// The error returned is that of the first failing shard (by shard id); the other shards'
-    /// entries are acked even then.
+    /// holds): one that fails is not sent, the others are. A delivery listed twice is acked once.
+    /// Then each shard's outcome is settled as a single ack's: acked entries leave the in-flight
+    /// set; a `FENCED` refusal loses the shard at once ([`AckError::Fenced`]); a failed XACK
+    /// leaves that shard's entries in flight ([`AckError::Store`]), to be acked again. The error
+    /// returned is that of the first failing shard (by shard id); the other deliveries are acked
+    /// even then, so the same batch can simply be acked again after an error: what was acked
+    /// already answers `NotInFlight`, and the rest is sent. (One delivery that failed the check
+    /// used to keep the whole batch from being sent: a retry after one shard's XACK failed was
+    /// refused whole, for the shard acked the first time, and the failed shard's entries stayed
+    /// in flight for ever, keeping it from draining — a consumer API review finding.)
     pub async fn ack_all(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
         let mut seen: BTreeSet<(ShardId, EntryId)> = BTreeSet::new();
         let unique: Vec<&Delivery> = deliveries.iter().filter(|d| seen.insert((d.shard, d.entry.id))).collect();
         let group = &self.shared.group;
+        // The first error of each shard, from the check or from the store.
+        let mut errors: BTreeMap<ShardId, AckError> = BTreeMap::new();
         let batches = self.shared.with_core_now(|core, now_ms| {
             let mut batches: BTreeMap<ShardId, ShardBatch<'_>> = BTreeMap::new();
             for delivery in unique.iter().copied() {
-                core.check_ack(now_ms, delivery)?;
+                if let Err(error) = core.check_ack(now_ms, delivery) {
+                    errors.entry(delivery.shard).or_insert(error);
+                    continue;
+                }
                 let batch = batches.entry(delivery.shard).or_insert_with(|| ShardBatch {
                     stream: &delivery.stream,
                     fence: core.fence_of(delivery.shard),
@@ -48,8 +57,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 });
                 batch.deliveries.push(delivery);
             }
-            Ok::<_, AckError>(batches)
-        })?;
+            batches
+        });
         // Fenced shards' XACKs go to the store as one call; unfenced ones each as its own XACK, all
         // concurrently.
         let fenced: Vec<FencedAck> = batches
@@ -87,8 +96,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             .collect();
         // Every shard's outcome is settled under one lock (not one per entry): nothing awaits in
         // between, so this is the same as settling them one by one.
-        let (first_error, drained) = self.shared.with_core_now(|core, now_ms| {
-            let mut first_error = None;
+        let drained = self.shared.with_core_now(|core, now_ms| {
             let mut drained = false;
             for ((shard, batch), result) in batches.iter().zip(results) {
                 // A batch holds at least one delivery; the first names the refused batch.
@@ -108,13 +116,13 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                     }
                     Err(e) => AckError::Store(e.to_string()),
                 };
-                first_error.get_or_insert(error);
+                errors.entry(*shard).or_insert(error);
             }
-            (first_error, drained)
+            drained
         });
         if drained {
             self.shared.wake.notify_one();
         }
-        first_error.map_or(Ok(()), Err)
+        errors.into_values().next().map_or(Ok(()), Err)
     }
 }
