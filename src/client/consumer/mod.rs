@@ -302,7 +302,7 @@ impl<T, S> Shared<T, S> {
             let mut changes = ShardChanges::default();
             core.drain_events_with(|event| {
                 changes.note(&event);
-                self.sink.emit(event);
+                guarded("event sink", || self.sink.emit(event));
             });
             (result, changes)
         };
@@ -325,14 +325,30 @@ impl<T, S> Shared<T, S> {
         }
         // Stops first: a shard stopped and restarted by one response ends up assigned.
         if !changes.lost.is_empty() {
-            self.listener.on_lost(&changes.lost);
+            guarded("rebalance listener (on_lost)", || self.listener.on_lost(&changes.lost));
         }
         if !changes.revoked.is_empty() {
-            self.listener.on_revoked(&changes.revoked);
+            guarded("rebalance listener (on_revoked)", || self.listener.on_revoked(&changes.revoked));
         }
         if !changes.assigned.is_empty() {
-            self.listener.on_assigned(&changes.assigned);
+            guarded("rebalance listener (on_assigned)", || self.listener.on_assigned(&changes.assigned));
         }
+    }
+}
+
+/// Runs application code (the listener, the event sink) so that a panic in it is logged and goes
+/// no further. The heartbeat task runs both: a panic there ended the task without a word, after
+/// which the consumer never heartbeat again, `poll` returned nothing for ever, and `close`
+/// returned `Ok` without the leave (a consumer API review finding). What the panicking call
+/// missed is the application's to lose; the consumer's own state was already updated.
+fn guarded(what: &str, call: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(what, panic = %message, "consumer: application code panicked; the consumer goes on");
     }
 }
 

@@ -474,6 +474,34 @@ impl RebalanceListener for Recorder {
     }
 }
 
+/// A listener that panics (the application's code: a `println!` to a closed pipe panics).
+struct Panicking;
+
+impl RebalanceListener for Panicking {
+    fn on_assigned(&self, _shards: &[ShardId]) {
+        panic!("the application's on_assigned panicked");
+    }
+    fn on_revoked(&self, _shards: &[ShardId]) {}
+}
+
+/// The listener runs on the heartbeat task: its panic ended the task without a word, after which
+/// the consumer never heartbeat again (its lease ran out, `poll` returned nothing for ever) and
+/// `close` returned `Ok` without sending the leave.
+#[tokio::test]
+async fn a_panicking_listener_does_not_stop_the_heartbeats() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    publish(&store, 0, 1).await;
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(Panicking));
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    let sent = coordinator.with(|s| s.heartbeats.len());
+    tokio::time::sleep(Duration::from_millis(LEASE_MS + 5 * INTERVAL_MS)).await;
+    assert!(coordinator.with(|s| s.heartbeats.len()) > sent + 5, "heartbeats go on");
+    let delivered = poll_n(&consumer, 1).await;
+    consumer.ack(&delivered[0]).await.expect("ack under a lease still renewed");
+    consumer.close().await.expect("close");
+    assert!(coordinator.with(|s| s.heartbeats.last().is_some_and(|h| h.leave)), "the leave was sent");
+}
+
 #[tokio::test]
 async fn the_rebalance_listener_hears_assigned_revoked_and_lost() {
     let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
