@@ -27,7 +27,7 @@ use rsc::http::routes::{group_path, RouteId};
 use rsc::http::tls::ClientTls;
 
 /// The admin bearer token every coordinator of these tests is started with.
-pub const ADMIN_TOKEN: &str = "e2e-admin-token";
+pub const ADMIN_TOKEN: &str = "e2e-admin-token-0123";
 /// The shutdown accept window of these tests' coordinators (shorter than the 5 s default, so
 /// SIGTERM stories stay quick).
 pub const SHUTDOWN_ACCEPT_MS_E2E: u64 = 1_000;

@@ -185,7 +185,9 @@ impl Client {
         let authority = uri.authority().ok_or_else(|| AdminError::Usage(format!("--url {url:?} has no host")))?;
         let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_owned();
         let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let token = token.filter(|t| !t.trim().is_empty());
+        // Trimmed as the server trims what it reads: a token from a file ends with a newline,
+        // which no header may carry.
+        let token = token.map(|t| t.trim().to_string()).filter(|t| !t.is_empty());
         let authority = authority.to_string();
         Ok(Self { url: url.to_owned(), authority, host, port, token, timeout, https, tls: None })
     }

@@ -56,7 +56,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::cli::ServeArgs;
-use rsc::http::auth::ClientTokens;
+use rsc::http::auth::{ClientTokens, CLIENT_TOKEN_LEN_MAX, CLIENT_TOKEN_LEN_MIN};
 use rsc::http::router::{BODY_BYTES_MAX_DEFAULT, CONCURRENCY_MAX_DEFAULT};
 use rsc::service::CoordinatorOptions;
 use rsc::store::redis::{parse_sentinel_address, url_names_master, RedisSentinelOptions, RedisTlsOptions};
@@ -328,11 +328,7 @@ impl Settings {
             },
             redis_sentinel,
             redis_cluster_nodes,
-            admin_token: set_not_blank(
-                "admin_token",
-                args.admin_token.clone(),
-                "unset it to leave the admin routes open, or set a token",
-            )?,
+            admin_token: admin_token(args.admin_token.clone())?,
             client_tokens: {
                 let specs: Vec<&String> =
                     args.client_tokens.iter().chain(file.client_tokens.iter().flatten()).collect();
@@ -414,6 +410,24 @@ fn set_not_blank(key: &'static str, value: Option<String>, hint: &str) -> Result
         Some(v) if v.trim().is_empty() => Err(set_but_blank(key, hint)),
         other => Ok(other),
     }
+}
+
+/// The admin token, trimmed (a Secret file's trailing newline: the server trims the token a
+/// request presents, so an untrimmed one never matched and every admin request got 401), and held
+/// to the client tokens' rule (16 to 512 visible ASCII characters): a one-character token was
+/// accepted, and a non-ASCII one can never be sent in a header (an admin review finding).
+fn admin_token(given: Option<String>) -> Result<Option<String>, ConfigError> {
+    let hint = "unset it to leave the admin routes open, or set a token";
+    let Some(token) = set_not_blank("admin_token", given, hint)? else { return Ok(None) };
+    let token = token.trim();
+    if !(CLIENT_TOKEN_LEN_MIN..=CLIENT_TOKEN_LEN_MAX).contains(&token.len())
+        || !token.bytes().all(|b| b.is_ascii_graphic())
+    {
+        let message =
+            format!("must be {CLIENT_TOKEN_LEN_MIN}..={CLIENT_TOKEN_LEN_MAX} visible ASCII characters without spaces");
+        return Err(ConfigError::Invalid { key: "admin_token", message });
+    }
+    Ok(Some(token.to_string()))
 }
 
 /// The Sentinel settings from flags/environment (which win) and the file: sentinels and master
@@ -780,6 +794,16 @@ mod tests {
             "redis_sentinels",
         );
         refused(ServeArgs { admin_token: Some("  ".into()), ..ServeArgs::default() }, file_url(), "admin_token");
+        // The admin token: trimmed, and as long as a client token.
+        let admin = |token: &str| ServeArgs { admin_token: Some(token.into()), ..ServeArgs::default() };
+        let trimmed =
+            Settings::resolve(&admin("admin-token-0123456789\n"), FileConfig::default(), 1).expect("resolves");
+        assert_eq!(trimmed.admin_token.as_deref(), Some("admin-token-0123456789"));
+        for bad in ["x", "short-token", "admin token with spaces", "admin-tøken-0123456789"] {
+            let error = Settings::resolve(&admin(bad), FileConfig::default(), 1).unwrap_err();
+            assert!(matches!(&error, ConfigError::Invalid { key: "admin_token", .. }), "{bad}: {error}");
+            assert!(!error.to_string().contains(bad), "the token is not echoed: {error}");
+        }
         refused(ServeArgs { client_tokens: vec![String::new()], ..ServeArgs::default() }, file_url(), "client_tokens");
         // Not given at all: the in-memory store and open routes, as documented.
         let unset = Settings::resolve(&ServeArgs::default(), FileConfig::default(), 1).expect("resolves");
