@@ -369,6 +369,21 @@ impl Settings {
                 return Err(ConfigError::Invalid { key, message: "must be > 0".into() });
             }
         }
+        // Upper bounds where a larger value is a mistake that would fail later or hang: tokio's
+        // semaphores panic above `usize::MAX >> 3` permits (exit 101 after the Redis probe), and a
+        // mutex TTL or deadline of hours keeps a killed holder's groups, or every caller, waiting
+        // that long (an admin review finding).
+        let bounded = [
+            ("concurrency_max", self.concurrency_max as u64, CONCURRENCY_MAX_MAX),
+            ("body_bytes_max", self.body_bytes_max as u64, BODY_BYTES_MAX_MAX),
+            ("mutex_ttl_ms", c.mutex_ttl_ms, MUTEX_TTL_MS_MAX),
+            ("redis_timeout_ms", self.redis_timeout_ms, REDIS_TIMEOUT_MS_MAX),
+        ];
+        for (key, value, max) in bounded {
+            if value > max {
+                return Err(ConfigError::Invalid { key, message: format!("must be at most {max}") });
+            }
+        }
         // The longest lease a group may configure (GroupConfig::validate's bound); 0 would turn
         // the ceiling off and a huge value would make every correction round endless.
         if !(1..=LEASE_CEILING_MS_MAX).contains(&c.max_assignment_lease_ms) {
@@ -392,6 +407,12 @@ impl Settings {
         Ok(())
     }
 }
+
+/// Bounds of settings whose larger values are mistakes (see `Settings::validate`).
+const CONCURRENCY_MAX_MAX: u64 = 1 << 20;
+const BODY_BYTES_MAX_MAX: u64 = 1 << 30;
+const MUTEX_TTL_MS_MAX: u64 = 60_000;
+const REDIS_TIMEOUT_MS_MAX: u64 = 60_000;
 
 /// What a Redis target set but blank would have meant: no Redis at all.
 const REDIS_UNSET_HINT: &str = "unset it to run on the in-memory store (nothing survives a restart)";
@@ -842,6 +863,31 @@ mod tests {
         let file = FileConfig { tick_interval_ms: Some(0), ..FileConfig::default() };
         let error = Settings::resolve(&ServeArgs::default(), file, 1).unwrap_err();
         assert!(matches!(error, ConfigError::Invalid { key: "tick_interval_ms", .. }), "{error}");
+    }
+
+    #[test]
+    fn sizes_and_durations_past_their_bounds_are_rejected() {
+        let cases = [
+            ("concurrency_max", FileConfig { concurrency_max: Some(usize::MAX), ..FileConfig::default() }),
+            ("body_bytes_max", FileConfig { body_bytes_max: Some(usize::MAX), ..FileConfig::default() }),
+            ("mutex_ttl_ms", FileConfig { mutex_ttl_ms: Some(MUTEX_TTL_MS_MAX + 1), ..FileConfig::default() }),
+            (
+                "redis_timeout_ms",
+                FileConfig { redis_timeout_ms: Some(REDIS_TIMEOUT_MS_MAX + 1), ..FileConfig::default() },
+            ),
+        ];
+        for (key, file) in cases {
+            let error = Settings::resolve(&ServeArgs::default(), file, 1).unwrap_err();
+            assert!(matches!(&error, ConfigError::Invalid { key: k, .. } if *k == key), "{key}: {error}");
+        }
+        let at_bounds = FileConfig {
+            concurrency_max: Some(CONCURRENCY_MAX_MAX as usize),
+            body_bytes_max: Some(BODY_BYTES_MAX_MAX as usize),
+            mutex_ttl_ms: Some(MUTEX_TTL_MS_MAX),
+            redis_timeout_ms: Some(REDIS_TIMEOUT_MS_MAX),
+            ..FileConfig::default()
+        };
+        Settings::resolve(&ServeArgs::default(), at_bounds, 1).expect("the bounds themselves are accepted");
     }
 
     #[test]
