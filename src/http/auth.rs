@@ -144,18 +144,22 @@ impl ClientTokens {
     }
 }
 
-/// `<prefix>:<group>` with `*` wildcards; parts must be non-empty.
+/// `<prefix>:<group>` with `*` wildcards; each part a valid one of a [`GroupId`] (so a prefix may
+/// contain ':', split at the last one: a prefix such as `orders:eu` could not be named before,
+/// only over-granted with `*`, and a part no group can have, such as `ord*`, admitted nothing).
 fn parse_scope(scope: &str) -> Option<GroupScope> {
-    let (prefix, group) = scope.trim().split_once(':')?;
-    let part = |p: &str| -> Option<Option<String>> {
+    let (prefix, group) = scope.trim().rsplit_once(':')?;
+    let part = |p: &str, valid: &dyn Fn(&str) -> bool| -> Option<Option<String>> {
         match p {
-            "" => None,
             "*" => Some(None),
-            p if p.bytes().all(|b| b.is_ascii_graphic() && b != b':') => Some(Some(p.to_owned())),
+            p if valid(p) => Some(Some(p.to_owned())),
             _ => None,
         }
     };
-    Some(GroupScope { stream_prefix: part(prefix)?, consumer_group: part(group)? })
+    Some(GroupScope {
+        stream_prefix: part(prefix, &|p| GroupId::new(p, "g").validate().is_ok())?,
+        consumer_group: part(group, &|g| GroupId::new("p", g).validate().is_ok())?,
+    })
 }
 
 /// The bearer token of `Authorization: Bearer <token>` (scheme case-insensitive).
@@ -217,7 +221,20 @@ mod tests {
         let scoped = ClientTokens::parse(&[format!("*:billing={A}")]).expect("valid");
         assert!(scoped.check(&headers(&format!("Bearer {A}")), &orders()).is_ok());
         assert!(scoped.check(&headers(&format!("Bearer {A}")), &GroupId::new("orders", "audit")).is_err());
-        for bad in ["short", "has space in it, and more", "x:y:z=aaaaaaaaaaaaaaaaaaaaaaa", ":x=aaaaaaaaaaaaaaaaaaaa"] {
+        // A prefix with ':' (split at the last one), as group ids allow.
+        let eu = ClientTokens::parse(&[format!("orders:eu:billing={A}")]).expect("valid");
+        assert!(eu.check(&headers(&format!("Bearer {A}")), &GroupId::new("orders:eu", "billing")).is_ok());
+        assert!(eu.check(&headers(&format!("Bearer {A}")), &GroupId::new("orders", "billing")).is_err());
+        let any_eu = ClientTokens::parse(&[format!("orders:eu:*={A}")]).expect("valid");
+        assert!(any_eu.check(&headers(&format!("Bearer {A}")), &GroupId::new("orders:eu", "audit")).is_ok());
+        for bad in [
+            "short",
+            "has space in it, and more",
+            ":x=aaaaaaaaaaaaaaaaaaaa",
+            "x:=aaaaaaaaaaaaaaaaaaaa",
+            "ord*:x=aaaaaaaaaaaaaaaaaaaa",
+            "orders:bill ing=aaaaaaaaaaaaaaaaaaaa",
+        ] {
             let error = ClientTokens::parse(&[bad]).expect_err(bad);
             assert!(!error.to_string().contains(bad), "{error}");
         }

@@ -69,7 +69,8 @@ pub struct ServeArgs {
     #[arg(long, env = "COORDINATOR_ADMIN_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     pub admin_token: Option<String>,
     /// A client token the data plane (heartbeat, routing) accepts; repeat for several (rotation).
-    /// `TOKEN` admits every group, `PREFIX:GROUP=TOKEN` one scope (`*` for any part). Without any,
+    /// `TOKEN` admits every group, `PREFIX:GROUP=TOKEN` one scope (`*` for any part; split at the
+    /// last `:`, so a prefix may contain `:`). Without any,
     /// the data plane is open and accepts loss evidence from any client.
     #[arg(
         long = "client-token",
