@@ -15,7 +15,7 @@
 //! `coordinator admin create-group --prefix orders --group billing --shards 8`.
 
 #[cfg(not(madsim))]
-use rsc::client::RebalanceListener;
+use rsc::client::{AckError, RebalanceListener};
 #[cfg(not(madsim))]
 use rsc::core::model::ShardId;
 
@@ -112,16 +112,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 String::from_utf8_lossy(value.unwrap_or_default()).into_owned()
             };
             println!("shard {} entry {}: {} = {}", delivery.shard, delivery.entry.id, field("key"), field("payload"));
-            if let Err(error) = consumer.ack(&delivery).await {
-                // The lease ended or the shard was lost: the entry stays pending in Redis and its
-                // next owner redelivers it.
-                eprintln!("ack {} failed: {error}", delivery.entry.id);
+            match consumer.ack(&delivery).await {
+                Ok(()) => {}
+                // The XACK itself failed (Redis unreachable): the entry is still in flight here.
+                // Give it up, so it stays pending in Redis for whoever reads the shard next and
+                // does not hold up a drain (an entry left in flight makes `close` wait for it).
+                Err(AckError::Store(error)) => {
+                    eprintln!("ack {} failed: {error}; abandoned, it will be redelivered", delivery.entry.id);
+                    let _ = consumer.abandon(&delivery);
+                }
+                // The lease ended or the shard was lost: the entry is no longer ours; it stays
+                // pending in Redis and its next owner redelivers it.
+                Err(error) => eprintln!("ack {} refused: {error}", delivery.entry.id),
             }
         }
     }
 
     println!("leaving: draining, reporting REVOKED, sending the leave heartbeat");
-    consumer.close().await?;
+    let closed = consumer.close().await;
     println!("{member} left; client metrics:\n{}", metrics.render());
+    closed?;
     Ok(())
 }

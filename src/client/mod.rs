@@ -19,7 +19,7 @@ pub mod transport;
 use std::sync::Arc;
 
 pub use clock::Clock;
-pub use consumer::{Consumer, ConsumerConfig, Delivery, RebalanceListener};
+pub use consumer::{AckError, CloseError, Consumer, ConsumerConfig, Delivery, PollError, RebalanceListener};
 pub use events::{ClientEvent, EventSink, NoopSink, StopReason, VecSink};
 pub use producer::{Producer, ProducerConfig, PublishError, RoutingCache};
 pub use transport::{CoordinatorTransport, TransportError};
