@@ -54,7 +54,7 @@ pub struct ServeArgs {
     /// Run on a Redis Cluster found from these seed nodes (redis://[user:password@]host:port,...,
     /// or all rediss:// for TLS with the Redis TLS files; any subset of the cluster's nodes, all
     /// with the same credentials) instead of REDIS_URL. Not combinable with REDIS_URL or Sentinel.
-    #[arg(long, env = "REDIS_CLUSTER_NODES", value_name = "URL,...")]
+    #[arg(long, env = "REDIS_CLUSTER_NODES", hide_env_values = true, value_name = "URL,...")]
     pub redis_cluster_nodes: Option<String>,
     /// The master name the Sentinels monitor (`sentinel monitor <name> ...`).
     #[arg(long, env = "REDIS_SENTINEL_MASTER", value_name = "NAME")]
@@ -229,6 +229,34 @@ mod tests {
     #[test]
     fn the_cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// `--help` prints the current value of each setting's environment variable unless it is
+    /// hidden: every variable that can carry a secret (a password in a Redis URL, a token) hides
+    /// it. `REDIS_CLUSTER_NODES` (seed URLs with the password) did not.
+    #[test]
+    fn help_never_shows_the_value_of_a_variable_that_can_carry_a_secret() {
+        let secret_bearing = [
+            "REDIS_URL",
+            "REDIS_CLUSTER_NODES",
+            "REDIS_SENTINEL_PASSWORD",
+            "COORDINATOR_ADMIN_TOKEN",
+            "COORDINATOR_CLIENT_TOKENS",
+        ];
+        let command = Cli::command();
+        let mut found = Vec::new();
+        for sub in command.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let Some(env) = arg.get_env().and_then(|e| e.to_str()) else { continue };
+                if secret_bearing.contains(&env) {
+                    assert!(arg.is_hide_env_values_set(), "{env}'s value is shown by --help");
+                    found.push(env.to_string());
+                }
+            }
+        }
+        found.sort();
+        found.dedup();
+        assert_eq!(found.len(), secret_bearing.len(), "every such variable is a serve setting: {found:?}");
     }
 
     #[test]
