@@ -33,9 +33,16 @@ pub enum AdminError {
     /// The arguments are unusable (bad URL, bad config JSON).
     #[error("{0}")]
     Usage(String),
-    /// The coordinator could not be reached or did not answer in time.
+    /// The coordinator could not be reached.
     #[error("cannot reach the coordinator at {url}: {detail}")]
     Unreachable { url: String, detail: String },
+    /// No answer in time: the request may have been received, and a change applied.
+    #[error(
+        "no answer from the coordinator at {url} within {timeout_ms} ms: the request may have been applied; \
+         run `describe` before retrying a change (a retried create then answers GROUP_EXISTS, a retried change \
+         REVISION_CONFLICT)"
+    )]
+    NoAnswer { url: String, timeout_ms: u128 },
     /// The coordinator answered with an error.
     #[error("{} (HTTP {status}): {}", serde_json::to_value(.error.code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(), .error.message)]
     Api { status: StatusCode, error: ApiError },
@@ -48,7 +55,10 @@ impl AdminError {
     fn exit_code(&self) -> u8 {
         match self {
             AdminError::Usage(_) => 2,
-            AdminError::Unreachable { .. } | AdminError::Api { .. } | AdminError::Unexpected { .. } => 1,
+            AdminError::Unreachable { .. }
+            | AdminError::NoAnswer { .. }
+            | AdminError::Api { .. }
+            | AdminError::Unexpected { .. } => 1,
         }
     }
 }
@@ -220,7 +230,7 @@ impl Client {
         let exchange = self.exchange(method, &path, body);
         let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
             .await
-            .map_err(|_| unreachable(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|_| AdminError::NoAnswer { url: self.url.clone(), timeout_ms: self.timeout.as_millis() })?
             .map_err(unreachable)?;
         if status.is_success() {
             return serde_json::from_slice(&bytes).map_err(|_| AdminError::Unexpected {
@@ -293,6 +303,27 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A coordinator that took the request and did not answer in time may have applied it: the
+    /// CLI said "cannot reach the coordinator", and the operator's retry then met GROUP_EXISTS or
+    /// REVISION_CONFLICT for a change that had in fact been made.
+    #[tokio::test]
+    async fn no_answer_in_time_says_the_change_may_have_been_applied() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let client = Client::new(&url, None, Duration::from_millis(200)).expect("client");
+        let error = client.send(Method::POST, "/v1/groups".into(), Some(json!({}))).await.unwrap_err();
+        assert!(matches!(error, AdminError::NoAnswer { .. }), "{error}");
+        assert!(error.to_string().contains("may have been applied"), "{error}");
+        assert_eq!(error.exit_code(), 1);
+        silent.abort();
+    }
 
     #[test]
     fn config_overrides_merge_over_the_base_and_are_validated() {
