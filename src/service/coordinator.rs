@@ -229,6 +229,10 @@ pub(super) struct LocalState {
     index_read: Option<IndexRead>,
     /// Bumped whenever `index_read` is dropped, so a read issued before does not store its answer.
     index_generation: u64,
+    /// Groups a heartbeat through this process found recorded while the last index read did not
+    /// list them, and until when that finding is fresh: the next index read that still does not
+    /// list one adds it ([`Coordinator::indexed_groups`]).
+    heard_unlisted: BTreeMap<GroupId, Instant>,
     /// When the ticker last counted itself in the tick roster and read it.
     roster_read_at: Option<Instant>,
     pub(super) rng: SmallRng,
@@ -251,6 +255,16 @@ impl LocalState {
     /// the group is ticked (and the write relayed) without waiting for the refresh period.
     fn note_listed(&mut self, group: &GroupId) {
         if self.index_read.as_ref().is_some_and(|read| !read.listed.contains(group)) {
+            self.index_changed();
+        }
+    }
+
+    /// A heartbeat through this process found `group` recorded: as [`Local::note_listed`], and if
+    /// the last index read did not list it, the next one that still does not adds it (see
+    /// [`Coordinator::indexed_groups`]), if that comes within `fresh_for`.
+    fn note_heard(&mut self, group: &GroupId, fresh_for: Duration) {
+        if self.index_read.as_ref().is_some_and(|read| !read.listed.contains(group)) {
+            self.heard_unlisted.insert(group.clone(), Instant::now() + fresh_for);
             self.index_changed();
         }
     }
@@ -394,6 +408,7 @@ impl<S: MetadataStore> Coordinator<S> {
             relay: Relay::new(SmallRng::seed_from_u64(seed ^ RELAY_SALT).gen()),
             index_read: None,
             index_generation: 0,
+            heard_unlisted: BTreeMap::new(),
             roster_read_at: None,
             rng: SmallRng::seed_from_u64(seed),
             write_rng: SmallRng::seed_from_u64(seed ^ WRITE_ID_SALT),
@@ -957,12 +972,39 @@ impl<S: MetadataStore> Coordinator<S> {
         };
         let at = Instant::now();
         let groups = self.inner.store.index_members().await?;
-        let mut local = self.local();
-        if local.index_generation == generation {
-            let listed = groups.iter().cloned().collect();
-            local.index_read = Some(IndexRead { at, groups: groups.clone(), listed });
-        }
+        let heal: Vec<GroupId> = {
+            let mut local = self.local();
+            let listed: BTreeSet<GroupId> = groups.iter().cloned().collect();
+            let heard = std::mem::take(&mut local.heard_unlisted);
+            let heal = heard.into_iter().filter(|(g, fresh)| *fresh > at && !listed.contains(g)).map(|(g, _)| g);
+            let heal = heal.collect();
+            if local.index_generation == generation {
+                local.index_read = Some(IndexRead { at, groups: groups.clone(), listed });
+            }
+            heal
+        };
+        self.heal_index(&heal).await;
         Ok((groups, true))
+    }
+
+    /// Adds to the index groups a member heartbeat through this process while the index did not
+    /// list them: their create's index write failed (it is a separate command, and only logged
+    /// when it fails), and the ticker walks only the index, so such a group was never ticked —
+    /// a crashed member never expired and its shards never moved — until an operator ran
+    /// `rebuild-index` (an admin review finding). Only a fresh finding (within half the group's
+    /// assignment lease) counts: a delete waits for an empty group and a whole assignment lease
+    /// (DESIGN §3), so a group that had a member so recently is not being deleted. The next pass
+    /// reads the index again, so the group is ticked from then on.
+    async fn heal_index(&self, groups: &[GroupId]) {
+        for group in groups {
+            match self.inner.store.index_add(group).await {
+                Ok(()) => tracing::warn!(%group, "group recorded but missing from the group index: added"),
+                Err(error) => tracing::warn!(%group, %error, "group missing from the group index: adding it failed"),
+            }
+        }
+        if !groups.is_empty() {
+            self.index_changed();
+        }
     }
 
     /// Whether the index lists `group`, judged from the ticker's paced index read when that is at
@@ -1164,14 +1206,16 @@ impl<S: MetadataStore> Coordinator<S> {
         changed: bool,
         generation: u64,
     ) {
+        let fresh_for = Duration::from_millis(g.config.assignment_lease_ms / 2);
         if !self.inner.options.renew_deferrals_from_heartbeats {
+            self.local().note_heard(&g.group, fresh_for);
             return;
         }
         let now_ms = self.now_ms();
         {
             let mut local = self.local();
             local.view.note_heartbeat(now_ms, g, member, liveness);
-            local.note_listed(&g.group);
+            local.note_heard(&g.group, fresh_for);
             match (changed, stamp) {
                 (false, Some(stamp)) => {
                     if let Some(d) = local.deferred.get_mut(&g.group) {

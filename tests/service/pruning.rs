@@ -7,7 +7,7 @@ use rsc::core::model::{GroupId, GroupMetadata};
 use rsc::core::protocol::{AdminRequest, ErrorCode, HeartbeatRequest, RoutingReport};
 use rsc::core::PlantedBugs;
 use rsc::service::{Coordinator, CoordinatorOptions, LocalSizes};
-use rsc::store::memory::MemoryStore;
+use rsc::store::memory::{MemoryStore, RollbackMode};
 use rsc::store::MetadataStore;
 
 use super::{coordinator, fast_config, join, next};
@@ -295,4 +295,50 @@ async fn made_up_member_ids_leave_no_liveness_fields_behind() {
     let left: Vec<String> = store.liveness(&super::group()).await.expect("liveness").into_keys().collect();
     assert_eq!(left, vec!["a".to_string()], "only the member's own field is left");
     c.heartbeat(next(&a)).await.expect("a is still a member");
+}
+
+/// A group whose create's index write was lost (a failed SADD after the create is only logged;
+/// here it is undone) is recorded but not indexed, and the ticker walks only the index: the group
+/// was never ticked, so a crashed member never expired and its shards never moved, until an
+/// operator ran `rebuild-index`. The first index read after a member's heartbeat through this
+/// instance found the record adds it back, and from then on the group is ticked.
+#[tokio::test]
+async fn a_recorded_group_missing_from_the_index_is_added_back_after_a_member_heartbeats() {
+    let store = MemoryStore::new(1);
+    // A short mutex TTL: undoing the index writes also undoes the release of the create's mutex.
+    let options = CoordinatorOptions {
+        instance_id: "c1".into(),
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ticker_refresh_ms: REFRESH_MS,
+        mutex_ttl_ms: 50,
+        ..CoordinatorOptions::default()
+    };
+    let c = Coordinator::new(store.connect(), options);
+    let group = named(0);
+    let create = AdminRequest::CreateGroup { group: group.clone(), shard_count: 4, config: fast_config() };
+    c.admin(create).await.expect("create");
+    let mut undone = 0;
+    while store.index_members().await.expect("index").contains(&group) {
+        assert!(undone < 4, "the index entry was not undone");
+        undone += store.rollback(1, RollbackMode::Silent);
+    }
+    assert!(store.load(&group).await.expect("load").is_some(), "the group is still recorded");
+    tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    tick_after_refresh(&c).await;
+    let joined = c.heartbeat(for_group(join("a"), &group)).await.expect("join");
+    c.heartbeat(for_group(next(&joined), &group)).await.expect("heartbeat");
+    tick_after_refresh(&c).await;
+    assert!(store.index_members().await.expect("index").contains(&group), "added back to the index");
+    // Ticked from now on: the member stops heartbeating and expires.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        tick_after_refresh(&c).await;
+        let members = store.load(&group).await.expect("load").map(|r| {
+            serde_json::from_str::<GroupMetadata>(&r.aggregate).map(|g| g.members.len()).unwrap_or(usize::MAX)
+        });
+        if members == Some(0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the silent member never expired: {members:?}");
+    }
 }
