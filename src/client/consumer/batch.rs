@@ -30,10 +30,13 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// holds): one that fails is not sent, the others are. A delivery listed twice is acked once.
     /// Then each shard's outcome is settled as a single ack's: acked entries leave the in-flight
     /// set; a `FENCED` refusal loses the shard at once ([`AckError::Fenced`]); a failed XACK
-    /// leaves that shard's entries in flight ([`AckError::Store`]), to be acked again. The error
-    /// returned is that of the first failing shard (by shard id); the other deliveries are acked
-    /// even then, so the same batch can simply be acked again after an error: what was acked
-    /// already answers `NotInFlight`, and the rest is sent. (One delivery that failed the check
+    /// leaves that shard's entries in flight ([`AckError::Store`]), to be acked again. The other
+    /// deliveries are acked even then, so the same batch can simply be acked again after an error:
+    /// what was acked already answers `NotInFlight`, and the rest is sent. The error returned is
+    /// the one that most needs acting on, the first by shard id among equals: `Store` (entries
+    /// still in flight: ack the batch again), then `Fenced`, `LeaseExpired`, and last
+    /// `NotInFlight` (nothing of the batch is left in flight here because of it), so a retry
+    /// that acked everything still in flight answers `NotInFlight` at most, never `Store`. (One delivery that failed the check
     /// used to keep the whole batch from being sent: a retry after one shard's XACK failed was
     /// refused whole, for the shard acked the first time, and the failed shard's entries stayed
     /// in flight for ever, keeping it from draining — a consumer API review finding.)
@@ -41,13 +44,13 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         let mut seen: BTreeSet<(ShardId, EntryId)> = BTreeSet::new();
         let unique: Vec<&Delivery> = deliveries.iter().filter(|d| seen.insert((d.shard, d.entry.id))).collect();
         let group = &self.shared.group;
-        // The first error of each shard, from the check or from the store.
-        let mut errors: BTreeMap<ShardId, AckError> = BTreeMap::new();
+        // Every error, from the check or from the store, with its shard.
+        let mut errors: Vec<(ShardId, AckError)> = Vec::new();
         let batches = self.shared.with_core_now(|core, now_ms| {
             let mut batches: BTreeMap<ShardId, ShardBatch<'_>> = BTreeMap::new();
             for delivery in unique.iter().copied() {
                 if let Err(error) = core.check_ack(now_ms, delivery) {
-                    errors.entry(delivery.shard).or_insert(error);
+                    errors.push((delivery.shard, error));
                     continue;
                 }
                 let batch = batches.entry(delivery.shard).or_insert_with(|| ShardBatch {
@@ -116,13 +119,21 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                     }
                     Err(e) => AckError::Store(e.to_string()),
                 };
-                errors.entry(*shard).or_insert(error);
+                errors.push((*shard, error));
             }
             drained
         });
         if drained {
             self.shared.wake.notify_one();
         }
-        errors.into_values().next().map_or(Ok(()), Err)
+        let urgency = |error: &AckError| match error {
+            AckError::Store(_) => 0,
+            AckError::Fenced { .. } => 1,
+            AckError::LeaseExpired { .. } => 2,
+            AckError::NotInFlight { .. } => 3,
+        };
+        // `min_by_key` keeps the first of equals; check errors come before store errors, in
+        // delivery order.
+        errors.into_iter().min_by_key(|(shard, error)| (urgency(error), *shard)).map_or(Ok(()), |(_, e)| Err(e))
     }
 }

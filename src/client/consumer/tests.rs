@@ -655,6 +655,29 @@ async fn ack_all_refused_as_fenced_loses_the_shard_and_keeps_the_other_shards_ac
     assert!(matches!(consumer.ack_all(&shard0).await, Err(AckError::NotInFlight { shard: 0, .. })));
 }
 
+/// The error of a batch is the one that most needs acting on, not the lowest shard's: here shard 0
+/// answers `NotInFlight` (one delivery acked already: nothing left in flight because of it) and
+/// shard 1 is `FENCED` at Redis (the shard is lost). Reporting `NotInFlight` would tell an
+/// application that retries until it sees a harmless error to stop, whatever else failed.
+#[tokio::test]
+async fn ack_all_reports_the_most_urgent_error_of_the_batch() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let fence = crate::core::model::Fence { counter: 1, nonce: 11 };
+    coordinator.with(|s| s.fences.insert(1, fence));
+    publish(&store, 0, 2).await;
+    publish(&store, 1, 1).await;
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::new(NoopListener));
+    wait_until("both shards readable", || consumer.status().readable == vec![0, 1]).await;
+    let got = poll_n(&consumer, 3).await;
+    let acked = got.iter().find(|d| d.shard == 0).expect("a shard 0 delivery");
+    consumer.ack(acked).await.expect("ack");
+    let key = crate::store::keys::fence_key(&group(), 1);
+    store.raise_fences(&[crate::store::FenceRaise { key, nonce: 22 }]).await.expect("raise");
+    let refused = consumer.ack_all(&got).await;
+    assert!(matches!(refused, Err(AckError::Fenced { shard: 1, .. })), "{refused:?}");
+    assert_eq!(store.peek_pending("orders:0", "billing"), Vec::new(), "shard 0's other entry was acked");
+}
+
 #[tokio::test]
 async fn poll_wait_sleeps_on_the_doorbell_and_wakes_when_an_entry_arrives() {
     let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
