@@ -233,9 +233,6 @@ async fn a_hung_server_is_unavailable_within_the_timeout_and_recovers() {
     assert_eq!(load_after_reconnect(&store).await, None);
 }
 
-/// Hostile review: an entry another writer added with a field name that is not UTF-8 failed every
-/// read of its stream (the first one after XREADGROUP had delivered it, then every re-read of the
-/// pending entry), so the shard stalled for good. It is now read, the name lossily decoded.
 /// Opening the shared connection is single-flight on a task of its own, with the whole deadline.
 /// It ran inside the caller holding the checkout lock, under that caller's deadline: after an
 /// outage in which each attempt hung for a whole deadline, each next caller in the queue held the
@@ -276,6 +273,38 @@ async fn a_slow_connect_succeeds_after_an_outage_while_calls_keep_coming_faster_
     assert!(first_ok < healed_at + Duration::from_millis(3 * TIMEOUT_MS), "first success at {first_ok:?}");
 }
 
+/// A store used from two runtimes, the first dropped while the store's connect task ran on it:
+/// the task went with its runtime without an outcome, and every later call failed with "the
+/// connection attempt was abandoned" for good, since nothing cleared the attempt.
+#[test]
+fn a_connect_abandoned_with_its_runtime_is_started_again_by_a_later_call() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let store = RedisStore::open(&proxy.url(), options(2_000)).expect("open");
+    proxy.pause();
+    let first = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    first.block_on(async {
+        let cut_short = tokio::time::timeout(Duration::from_millis(100), store.load(&group())).await;
+        assert!(cut_short.is_err(), "the connect hangs while the proxy is paused");
+    });
+    drop(first);
+    proxy.resume();
+    let second = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    second.block_on(async {
+        let mut last = None;
+        for _ in 0..3 {
+            match store.load(&group()).await {
+                Ok(_) => return,
+                Err(error) => last = Some(error),
+            }
+        }
+        panic!("the store never connected again: {last:?}");
+    });
+}
+
+/// Hostile review: an entry another writer added with a field name that is not UTF-8 failed every
+/// read of its stream (the first one after XREADGROUP had delivered it, then every re-read of the
+/// pending entry), so the shard stalled for good. It is now read, the name lossily decoded.
 #[tokio::test]
 async fn an_entry_with_a_non_utf8_field_name_is_read_and_acked_not_a_stalled_shard() {
     let server = RedisServer::start();

@@ -441,6 +441,13 @@ impl Connector {
                     break outcome;
                 }
                 if connecting.changed().await.is_err() {
+                    // The task ended without an outcome: its runtime shut down (a store shared
+                    // across runtimes), or it panicked. Forgotten, so the next call starts another
+                    // instead of every call failing here for good.
+                    let mut slot = self.shared.lock().await;
+                    if slot.connecting.as_ref().is_some_and(|c| c.same_channel(&connecting)) {
+                        slot.connecting = None;
+                    }
                     break Err(Failure::Connect("the connection attempt was abandoned".into()));
                 }
             };
