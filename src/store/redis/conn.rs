@@ -359,6 +359,8 @@ pub(crate) struct Connector {
     sentinel_redactor: Redactor,
     shared: Arc<Mutex<Slot>>,
     blocking_idle: Arc<Mutex<Vec<Conn>>>,
+    /// When a `NOREPLICAS` answer last replaced the connection (see `is_no_replicas`).
+    no_replicas_replaced_at: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Connector {
@@ -377,6 +379,7 @@ impl Connector {
             target,
             shared: Arc::new(Mutex::new(Slot::default())),
             blocking_idle: Arc::new(Mutex::new(Vec::new())),
+            no_replicas_replaced_at: std::sync::Mutex::new(None),
         }
     }
 
@@ -542,7 +545,10 @@ impl Connector {
                 // Server replies (NOGROUP, NOPERM, ...) leave the connection healthy; anything at
                 // the transport level means it must be replaced, and so does a server that is no
                 // longer (or not yet) a writable master.
-                if err.is_io_error() || err.is_unrecoverable_error() || not_a_master(&err, &self.target) {
+                if err.is_io_error()
+                    || err.is_unrecoverable_error()
+                    || (not_a_master(&err, &self.target) && self.replace_due(&err))
+                {
                     self.forget(lane, used).await;
                 }
                 Err(self.scrub(map_error(command, &err, &self.redactor)))
@@ -554,6 +560,23 @@ impl Connector {
                 Err(timed_out(command, limit_ms))
             }
         }
+    }
+
+    /// Whether a "not a master" answer replaces the connection now: always, but `NOREPLICAS` at
+    /// most once per deadline. A master whose replica is only restarting also answers it, and
+    /// there every refused write replaced the connection (a sentinel lookup, a new connection, the
+    /// blocking pool cleared) at the rate of the calls (diff review).
+    fn replace_due(&self, err: &RedisError) -> bool {
+        if !is_no_replicas(err) {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        let mut last = self.no_replicas_replaced_at.lock().unwrap_or_else(|p| p.into_inner());
+        let due = last.is_none_or(|at| now.duration_since(at) >= Duration::from_millis(self.timeout_ms));
+        if due {
+            *last = Some(now);
+        }
+        due
     }
 
     /// A failed Sentinel lookup is always `Unavailable`: during a failover no sentinel names a
@@ -704,6 +727,12 @@ mod tests {
         assert!(not_a_master(&no_replicas, through_sentinel.inner.conn.target()));
         assert!(not_a_master(&read_only, direct.inner.conn.target()));
         assert!(not_a_master(&read_only, through_sentinel.inner.conn.target()));
+        // At most once per deadline for NOREPLICAS (a master whose replica is only restarting
+        // answers it to every write); always for READONLY.
+        let conn = &through_sentinel.inner.conn;
+        assert!(conn.replace_due(&no_replicas));
+        assert!(!conn.replace_due(&no_replicas), "not again within the deadline");
+        assert!(conn.replace_due(&read_only) && conn.replace_due(&read_only));
     }
 
     fn command(args: &[&str]) -> Cmd {
