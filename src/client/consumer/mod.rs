@@ -23,7 +23,7 @@ mod read;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -51,7 +51,9 @@ pub trait RebalanceListener: Send + Sync {
     /// ack in-flight work quickly; the shards are released once nothing is in flight.
     fn on_revoked(&self, shards: &[ShardId]);
     /// The consumer lost `shards` at once (lease ended, fenced, group unavailable): in-flight
-    /// entries were abandoned and can no longer be acked.
+    /// entries were abandoned and can no longer be acked; stop working on them (the next owner
+    /// redelivers them). Also called for a shard `on_revoked` already named, when it is lost while
+    /// draining with entries in flight. The default calls `on_revoked`.
     fn on_lost(&self, shards: &[ShardId]) {
         self.on_revoked(shards);
     }
@@ -324,11 +326,12 @@ impl<T, S> Shared<T, S> {
             self.reads_changed.notify_waiters();
         }
         // Stops first: a shard stopped and restarted by one response ends up assigned.
+        let revoked = changes.revoked_not_lost();
         if !changes.lost.is_empty() {
             guarded("rebalance listener (on_lost)", || self.listener.on_lost(&changes.lost));
         }
-        if !changes.revoked.is_empty() {
-            guarded("rebalance listener (on_revoked)", || self.listener.on_revoked(&changes.revoked));
+        if !revoked.is_empty() {
+            guarded("rebalance listener (on_revoked)", || self.listener.on_revoked(&revoked));
         }
         if !changes.assigned.is_empty() {
             guarded("rebalance listener (on_assigned)", || self.listener.on_assigned(&changes.assigned));
@@ -361,15 +364,27 @@ struct ShardChanges {
     assigned: Vec<ShardId>,
     revoked: Vec<ShardId>,
     lost: Vec<ShardId>,
+    /// `lost` as a set: one `EntryAbandoned` event per entry is checked against it.
+    lost_set: BTreeSet<ShardId>,
 }
 
 impl ShardChanges {
+    /// The shards revoked and not also lost among these events: a shard both is lost (its entries
+    /// can no longer be acked), and `on_revoked` after `on_lost` would say the opposite.
+    fn revoked_not_lost(&self) -> Vec<ShardId> {
+        self.revoked.iter().copied().filter(|shard| !self.lost_set.contains(shard)).collect()
+    }
+
     fn note(&mut self, event: &ClientEvent) {
         match event {
             ClientEvent::ShardStarted { shard, .. } => self.assigned.push(*shard),
             ClientEvent::ShardStopped { shard, reason, .. } => match reason {
                 StopReason::Revoked | StopReason::SyncDropped | StopReason::Closing => self.revoked.push(*shard),
-                _ => self.lost.push(*shard),
+                _ => {
+                    if self.lost_set.insert(*shard) {
+                        self.lost.push(*shard);
+                    }
+                }
             },
             // A shard already stopped (draining after a revoke) whose in-flight entries are
             // given up because it was lost (lease end, fenced, group gone): the application,
@@ -381,7 +396,7 @@ impl ShardChanges {
                     StopReason::LeaseExpired | StopReason::Fenced | StopReason::GroupUnavailable | StopReason::FencedAtStore,
                 ..
             } => {
-                if self.lost.contains(shard) {
+                if !self.lost_set.insert(*shard) {
                     return;
                 }
                 self.lost.push(*shard);

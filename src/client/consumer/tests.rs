@@ -245,6 +245,34 @@ async fn a_cancelled_close_can_be_called_again_and_a_drop_after_it_stops_the_hea
     }
 }
 
+/// Among one step's events, a shard revoked and then lost (its entries abandoned at a lease end)
+/// is reported lost only, once however many entries were abandoned: `on_revoked` after `on_lost`
+/// would tell the application to finish entries that can no longer be acked.
+#[test]
+fn a_shard_revoked_and_lost_in_one_step_is_reported_lost_once() {
+    let member = "m1".to_string();
+    let mut changes = ShardChanges::default();
+    changes.note(&ClientEvent::ShardStopped {
+        at_ms: 1,
+        member: member.clone(),
+        shard: 3,
+        reason: StopReason::Revoked,
+    });
+    changes.note(&ClientEvent::ShardStopped {
+        at_ms: 1,
+        member: member.clone(),
+        shard: 4,
+        reason: StopReason::Revoked,
+    });
+    for seq in 0..3 {
+        let entry = crate::store::EntryId { ms: 1, seq };
+        let reason = StopReason::LeaseExpired;
+        changes.note(&ClientEvent::EntryAbandoned { at_ms: 2, member: member.clone(), shard: 3, entry, reason });
+    }
+    assert_eq!(changes.lost, vec![3]);
+    assert_eq!(changes.revoked_not_lost(), vec![4]);
+}
+
 /// A Kafka-style loop on `poll` with nothing readable yet, on a single-threaded runtime (tokio's
 /// test default): `poll` returned without reaching an `.await`, so the loop never yielded and the
 /// heartbeat task that would make the shard readable never ran.
