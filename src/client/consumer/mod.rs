@@ -83,6 +83,10 @@ pub enum CloseError {
     /// everything was abandoned (the coordinator expires the member after its lease TTL).
     #[error("close timed out after {0} ms; in-flight entries were abandoned")]
     TimedOut(u64),
+    /// The heartbeat task had ended abnormally (a panic, say in the application's transport):
+    /// no leave was sent (the coordinator expires the member after its lease TTL).
+    #[error("the heartbeat task ended abnormally ({0}); no leave was sent")]
+    HeartbeatTask(String),
 }
 
 /// A snapshot of the consumer's state (diagnostics, tests, the simulation's trace).
@@ -260,7 +264,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
         let outcome = tokio::select! {
             biased;
-            _ = &mut *task => Ok(()),
+            ended = &mut *task => ended.map_err(|e| CloseError::HeartbeatTask(e.to_string())),
             _ = tokio::time::sleep_until(deadline) => {
                 task.abort();
                 self.shared.with_core_now(|core, now_ms| core.abort(now_ms));

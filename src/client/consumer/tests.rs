@@ -293,6 +293,39 @@ async fn a_loop_on_poll_with_nothing_readable_lets_the_heartbeat_task_run() {
     assert_eq!(delivered.len(), 1, "nothing delivered in {polls} polls: the heartbeat task never ran");
 }
 
+/// A transport that panics (the application's own transport implementation).
+#[cfg(not(madsim))]
+struct PanickingTransport;
+
+#[cfg(not(madsim))]
+impl CoordinatorTransport for PanickingTransport {
+    async fn heartbeat(
+        &self,
+        _req: crate::core::protocol::HeartbeatRequest,
+    ) -> Result<crate::core::protocol::HeartbeatResponse, crate::client::TransportError> {
+        panic!("the application's transport panicked");
+    }
+
+    async fn routing(
+        &self,
+        _group: &GroupId,
+        _report: crate::core::protocol::RoutingReport,
+    ) -> Result<crate::core::protocol::RoutingResponse, crate::client::TransportError> {
+        Err(crate::client::TransportError::Unreachable("no routing here".into()))
+    }
+}
+
+/// A heartbeat task that ended by a panic sent no leave: `close` said `Ok` all the same.
+#[cfg(not(madsim))]
+#[tokio::test]
+async fn close_reports_a_heartbeat_task_that_ended_abnormally() {
+    let store = MemoryStore::new(7);
+    let consumer = Consumer::join(config("m1"), PanickingTransport, store.connect());
+    tokio::time::sleep(Duration::from_millis(2 * INTERVAL_MS)).await;
+    let closed = consumer.close().await;
+    assert!(matches!(closed, Err(CloseError::HeartbeatTask(_))), "{closed:?}");
+}
+
 /// Member m1 reading shard 0, set up (claim and own-pending re-read done, one entry read and
 /// acked), so every later read of it is one call.
 async fn reading_shard_0() -> (MemoryStore, Arc<FakeCoordinator>, Arc<VecSink>, Arc<TestConsumer>) {
