@@ -310,7 +310,10 @@ impl Settings {
             Some(list) => list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect(),
             None => file.redis_cluster_nodes.clone().unwrap_or_default().iter().map(|s| s.trim().to_string()).collect(),
         };
-        let nodes_given = args.redis_cluster_nodes.is_some() || file.redis_cluster_nodes.is_some();
+        // A file's empty list is a deliberate "none", as for `client_tokens`; an entry or a
+        // variable that is blank is not.
+        let nodes_given =
+            args.redis_cluster_nodes.is_some() || file.redis_cluster_nodes.as_ref().is_some_and(|v| !v.is_empty());
         if nodes_given && redis_cluster_nodes.iter().all(String::is_empty) {
             return Err(set_but_blank("redis_cluster_nodes", REDIS_UNSET_HINT));
         }
@@ -415,7 +418,8 @@ const MUTEX_TTL_MS_MAX: u64 = 60_000;
 const REDIS_TIMEOUT_MS_MAX: u64 = 60_000;
 
 /// What a Redis target set but blank would have meant: no Redis at all.
-const REDIS_UNSET_HINT: &str = "unset it to run on the in-memory store (nothing survives a restart)";
+const REDIS_UNSET_HINT: &str =
+    "unset it or give a value (with no Redis setting at all, the coordinator runs on the in-memory store)";
 
 /// A setting that was given (flag, environment or file) but is blank. Taking it as unset would
 /// fail open: an environment variable from an optional Secret that rendered empty would run the
@@ -458,7 +462,7 @@ fn resolve_sentinel(args: &ServeArgs, file: &FileConfig) -> Result<Option<RedisS
         Some(list) => list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect(),
         None => file.redis_sentinels.clone().unwrap_or_default().iter().map(|s| s.trim().to_string()).collect(),
     };
-    let given = args.redis_sentinels.is_some() || file.redis_sentinels.is_some();
+    let given = args.redis_sentinels.is_some() || file.redis_sentinels.as_ref().is_some_and(|v| !v.is_empty());
     if given && sentinels.iter().all(String::is_empty) {
         return Err(set_but_blank("redis_sentinels", REDIS_UNSET_HINT));
     }

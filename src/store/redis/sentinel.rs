@@ -89,9 +89,10 @@ pub(super) fn client(
         return Err(StoreError::Config("TLS through Sentinel needs a rediss:// URL and its certificates".into()));
     }
     let mut addresses = Vec::with_capacity(options.sentinels.len());
-    for address in &options.sentinels {
+    for (index, address) in options.sentinels.iter().enumerate() {
+        // Named by position, not echoed: an address written as a URL may carry a password.
         let (host, port) = parse_sentinel_address(address)
-            .ok_or_else(|| StoreError::Config(format!("invalid sentinel address {address:?}: expected host:port")))?;
+            .ok_or_else(|| StoreError::Config(format!("sentinel address #{} is not host:port", index + 1)))?;
         addresses.push(if tls {
             ConnectionAddr::TcpTls { host, port, insecure: false, tls_params: None }
         } else {
@@ -189,6 +190,9 @@ mod tests {
             let err = build("redis://mymaster", &bad).err().expect("refused");
             assert!(matches!(err, StoreError::Config(_)), "{err}");
         }
+        // An address written as a URL with a password is named by position, never echoed.
+        let err = build("redis://mymaster", &options(&["a:1", "redis://:hunter2@b:26379"])).err().expect("refused");
+        assert!(err.to_string().contains("#2") && !err.to_string().contains("hunter2"), "{err}");
     }
 
     #[test]
