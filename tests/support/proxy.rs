@@ -121,8 +121,14 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             connect_through(client, &shared);
         } else {
             let shared = shared.clone();
+            let accepted_in = shared.gate.lock().expect("gate").epoch;
             std::thread::spawn(move || {
                 std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+                // A `cut()` while it waited closes it too.
+                if shared.gate.lock().expect("gate").epoch != accepted_in {
+                    let _ = client.shutdown(Shutdown::Both);
+                    return;
+                }
                 connect_through(client, &shared);
             });
         }
