@@ -309,7 +309,7 @@ pub(crate) enum Lane {
 /// Where connections go.
 pub(crate) enum Target {
     /// The server of the URL.
-    Direct(Client),
+    Direct(Box<Client>),
     /// The master the sentinels name at each connect (`name` is the master name, for errors).
     Sentinel { client: Arc<Mutex<SentinelClient>>, name: String },
     /// A Redis Cluster, found from its seed nodes, and what the store adds to its client.
@@ -393,22 +393,22 @@ impl Connector {
     /// task of its own).
     fn connect(&self, lane: Lane) -> impl Future<Output = Result<Conn, Failure>> + Send + 'static {
         enum Via {
-            Client(Client),
+            Client(Box<Client>),
             Sentinel(Arc<Mutex<SentinelClient>>),
-            Cluster(ClusterClient, Arc<ClusterAids>),
+            Cluster(Box<ClusterClient>, Arc<ClusterAids>),
         }
         let via = match &self.target {
             Target::Direct(client) => Via::Client(client.clone()),
             Target::Sentinel { client, .. } => Via::Sentinel(Arc::clone(client)),
             Target::Cluster(clients, aids) => {
                 let client = if lane == Lane::Shared { &clients.shared } else { &clients.blocking };
-                Via::Cluster(client.clone(), Arc::clone(aids))
+                Via::Cluster(Box::new(client.clone()), Arc::clone(aids))
             }
         };
         let config = self.config.clone();
         async move {
             let client = match via {
-                Via::Client(client) => client,
+                Via::Client(client) => *client,
                 Via::Sentinel(client) => client.lock().await.async_get_client().await.map_err(Failure::Lookup)?,
                 Via::Cluster(client, aids) => {
                     return Ok(Conn::Cluster(client.get_async_generic_connection::<NodeConn>().await?, aids));

@@ -213,7 +213,7 @@ impl RedisStore {
         })?;
         let redactor = Redactor::new(info.redis_settings().password());
         let (target, sentinel_redactor) = match &options.sentinel {
-            None => (Target::Direct(tls::client(info, &options.tls, &redactor)?), Redactor::default()),
+            None => (Target::Direct(Box::new(tls::client(info, &options.tls, &redactor)?)), Redactor::default()),
             Some(sentinel) => {
                 let sentinel_redactor = Redactor::new(sentinel.sentinel_password.as_deref());
                 let certificates = tls::sentinel_certificates(&info, &options.tls)?;
