@@ -229,10 +229,11 @@ pub(super) struct LocalState {
     index_read: Option<IndexRead>,
     /// Bumped whenever `index_read` is dropped, so a read issued before does not store its answer.
     index_generation: u64,
-    /// Groups a heartbeat through this process found recorded while the last index read did not
-    /// list them, and until when that finding is fresh: the next index read that still does not
-    /// list one adds it ([`Coordinator::indexed_groups`]).
-    heard_unlisted: BTreeMap<GroupId, Instant>,
+    /// Groups a recorded member's heartbeat through this process found recorded while the last
+    /// index read did not list them (or there was none since a change), and until when that
+    /// finding is fresh: the next index read that still does not list one adds it
+    /// ([`Coordinator::indexed_groups`]). Emptied at every index read.
+    pub(super) heard_unlisted: BTreeMap<GroupId, Instant>,
     /// When the ticker last counted itself in the tick roster and read it.
     roster_read_at: Option<Instant>,
     pub(super) rng: SmallRng,
@@ -259,13 +260,20 @@ impl LocalState {
         }
     }
 
-    /// A heartbeat through this process found `group` recorded: as [`Local::note_listed`], and if
-    /// the last index read did not list it, the next one that still does not adds it (see
-    /// [`Coordinator::indexed_groups`]), if that comes within `fresh_for`.
+    /// A recorded member's heartbeat through this process found `group` recorded: as
+    /// [`Local::note_listed`], and unless the last index read listed it, the next one that still
+    /// does not adds it (see [`Coordinator::indexed_groups`]), if that comes within `fresh_for`.
     fn note_heard(&mut self, group: &GroupId, fresh_for: Duration) {
-        if self.index_read.as_ref().is_some_and(|read| !read.listed.contains(group)) {
-            self.heard_unlisted.insert(group.clone(), Instant::now() + fresh_for);
-            self.index_changed();
+        match &self.index_read {
+            Some(read) if read.listed.contains(group) => {}
+            Some(_) => {
+                self.heard_unlisted.insert(group.clone(), Instant::now() + fresh_for);
+                self.index_changed();
+            }
+            // No index read since the last change: the next one judges it.
+            None => {
+                self.heard_unlisted.insert(group.clone(), Instant::now() + fresh_for);
+            }
         }
     }
 
@@ -991,12 +999,22 @@ impl<S: MetadataStore> Coordinator<S> {
     /// list them: their create's index write failed (it is a separate command, and only logged
     /// when it fails), and the ticker walks only the index, so such a group was never ticked —
     /// a crashed member never expired and its shards never moved — until an operator ran
-    /// `rebuild-index` (an admin review finding). Only a fresh finding (within half the group's
-    /// assignment lease) counts: a delete waits for an empty group and a whole assignment lease
-    /// (DESIGN §3), so a group that had a member so recently is not being deleted. The next pass
-    /// reads the index again, so the group is ticked from then on.
+    /// `rebuild-index` (an admin review finding). Only a recorded member's heartbeat from the last
+    /// half assignment lease counts, and each group's record is read again first: one deleted
+    /// (through another instance) since is not added back, which would page `METADATA_MISSING`
+    /// for it (a diff review). What is left is a delete landing between that read and the add, one
+    /// round trip; its stale entry pages until `rebuild-index`, as a failed delete's does. The
+    /// next pass reads the index again, so the group is ticked from then on.
     async fn heal_index(&self, groups: &[GroupId]) {
         for group in groups {
+            match self.inner.store.load(group).await {
+                Ok(Some(_)) => {}
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!(%group, %error, "group missing from the group index: its record could not be read");
+                    continue;
+                }
+            }
             match self.inner.store.index_add(group).await {
                 Ok(()) => tracing::warn!(%group, "group recorded but missing from the group index: added"),
                 Err(error) => tracing::warn!(%group, %error, "group missing from the group index: adding it failed"),
@@ -1206,16 +1224,25 @@ impl<S: MetadataStore> Coordinator<S> {
         changed: bool,
         generation: u64,
     ) {
+        // Only a recorded member's heartbeat: a join refused, a made-up member id or a leave does
+        // not show the group in use (a group whose last member left may be deleted at once).
         let fresh_for = Duration::from_millis(g.config.assignment_lease_ms / 2);
+        let in_use = g.members.contains_key(member);
         if !self.inner.options.renew_deferrals_from_heartbeats {
-            self.local().note_heard(&g.group, fresh_for);
+            if in_use {
+                self.local().note_heard(&g.group, fresh_for);
+            }
             return;
         }
         let now_ms = self.now_ms();
         {
             let mut local = self.local();
             local.view.note_heartbeat(now_ms, g, member, liveness);
-            local.note_heard(&g.group, fresh_for);
+            if in_use {
+                local.note_heard(&g.group, fresh_for);
+            } else {
+                local.note_listed(&g.group);
+            }
             match (changed, stamp) {
                 (false, Some(stamp)) => {
                     if let Some(d) = local.deferred.get_mut(&g.group) {

@@ -108,6 +108,7 @@ impl<S: MetadataStore> Coordinator<S> {
             local.session_rechecked.remove(group);
             local.gauges_exported.remove(group);
             local.relay.retain(|g| g != group);
+            local.heard_unlisted.remove(group);
         }
         let except: &[&str] = match why {
             Forget::Deleted => &[],
