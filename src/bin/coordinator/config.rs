@@ -310,10 +310,9 @@ impl Settings {
             Some(list) => list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect(),
             None => file.redis_cluster_nodes.clone().unwrap_or_default().iter().map(|s| s.trim().to_string()).collect(),
         };
-        // A file's empty list is a deliberate "none", as for `client_tokens`; an entry or a
-        // variable that is blank is not.
-        let nodes_given =
-            args.redis_cluster_nodes.is_some() || file.redis_cluster_nodes.as_ref().is_some_and(|v| !v.is_empty());
+        // A list given empty, in the file too, is refused like a blank variable: with no other
+        // Redis setting it would mean the in-memory store.
+        let nodes_given = args.redis_cluster_nodes.is_some() || file.redis_cluster_nodes.is_some();
         if nodes_given && redis_cluster_nodes.iter().all(String::is_empty) {
             return Err(set_but_blank("redis_cluster_nodes", REDIS_UNSET_HINT));
         }
@@ -337,7 +336,7 @@ impl Settings {
                     args.client_tokens.iter().chain(file.client_tokens.iter().flatten()).collect();
                 let tokens = ClientTokens::parse(&specs)
                     .map_err(|e| ConfigError::Invalid { key: "client_tokens", message: e.to_string() })?;
-                if !specs.is_empty() && tokens.is_empty() {
+                if (!specs.is_empty() || file.client_tokens.is_some()) && tokens.is_empty() {
                     let hint = "unset it to leave the data plane open, or set a token";
                     return Err(set_but_blank("client_tokens", hint));
                 }
@@ -462,7 +461,7 @@ fn resolve_sentinel(args: &ServeArgs, file: &FileConfig) -> Result<Option<RedisS
         Some(list) => list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect(),
         None => file.redis_sentinels.clone().unwrap_or_default().iter().map(|s| s.trim().to_string()).collect(),
     };
-    let given = args.redis_sentinels.is_some() || file.redis_sentinels.as_ref().is_some_and(|v| !v.is_empty());
+    let given = args.redis_sentinels.is_some() || file.redis_sentinels.is_some();
     if given && sentinels.iter().all(String::is_empty) {
         return Err(set_but_blank("redis_sentinels", REDIS_UNSET_HINT));
     }
@@ -830,6 +829,19 @@ mod tests {
             assert!(!error.to_string().contains(bad), "the token is not echoed: {error}");
         }
         refused(ServeArgs { client_tokens: vec![String::new()], ..ServeArgs::default() }, file_url(), "client_tokens");
+        // Empty lists in the file too.
+        let empty = || Some(Vec::new());
+        refused(
+            ServeArgs::default(),
+            FileConfig { redis_cluster_nodes: empty(), ..FileConfig::default() },
+            "redis_cluster_nodes",
+        );
+        refused(
+            ServeArgs::default(),
+            FileConfig { redis_sentinels: empty(), ..FileConfig::default() },
+            "redis_sentinels",
+        );
+        refused(ServeArgs::default(), FileConfig { client_tokens: empty(), ..file_url() }, "client_tokens");
         // Not given at all: the in-memory store and open routes, as documented.
         let unset = Settings::resolve(&ServeArgs::default(), FileConfig::default(), 1).expect("resolves");
         assert!(unset.redis_url.is_none() && unset.admin_token.is_none() && unset.client_tokens.is_empty());
