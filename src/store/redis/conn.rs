@@ -547,7 +547,7 @@ impl Connector {
                 // longer (or not yet) a writable master.
                 if err.is_io_error()
                     || err.is_unrecoverable_error()
-                    || (not_a_master(&err, &self.target) && self.replace_due(&err))
+                    || (not_a_master(&err, &self.target) && (lane == Lane::Blocking || self.replace_due(&err)))
                 {
                     self.forget(lane, used).await;
                 }
@@ -565,7 +565,8 @@ impl Connector {
     /// Whether a "not a master" answer replaces the connection now: always, but `NOREPLICAS` at
     /// most once per deadline. A master whose replica is only restarting also answers it, and
     /// there every refused write replaced the connection (a sentinel lookup, a new connection, the
-    /// blocking pool cleared) at the rate of the calls (diff review).
+    /// blocking pool cleared) at the rate of the calls (diff review). The budget is the shared
+    /// connection's: a blocking connection that failed is only dropped, and does not spend it.
     fn replace_due(&self, err: &RedisError) -> bool {
         if !is_no_replicas(err) {
             return true;
