@@ -36,13 +36,14 @@ pub enum AdminError {
     /// The coordinator could not be reached.
     #[error("cannot reach the coordinator at {url}: {detail}")]
     Unreachable { url: String, detail: String },
-    /// No answer in time: the request may have been received, and a change applied.
+    /// The request was sent and no answer came (in time, or before the connection failed): it
+    /// may have been received, and a change applied.
     #[error(
-        "no answer from the coordinator at {url} within {timeout_ms} ms: the request may have been applied; \
+        "no answer from the coordinator at {url} ({detail}): the request may have been applied; \
          run `describe` before retrying a change (a retried create then answers GROUP_EXISTS, a retried change \
          REVISION_CONFLICT)"
     )]
-    NoAnswer { url: String, timeout_ms: u128 },
+    NoAnswer { url: String, detail: String },
     /// The coordinator answered with an error.
     #[error("{} (HTTP {status}): {}", serde_json::to_value(.error.code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(), .error.message)]
     Api { status: StatusCode, error: ApiError },
@@ -226,12 +227,22 @@ impl Client {
 
     /// Sends one request; `Ok` only for a 2xx with a JSON body.
     async fn send(&self, method: Method, path: String, body: Option<Value>) -> Result<Value, AdminError> {
-        let unreachable = |detail: String| AdminError::Unreachable { url: self.url.clone(), detail };
-        let exchange = self.exchange(method, &path, body);
+        // Set once the request is handed to the connection: a failure or timeout after that may
+        // follow a request the coordinator received.
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        let failed = |detail: String| {
+            let url = self.url.clone();
+            if sent.load(std::sync::atomic::Ordering::SeqCst) {
+                AdminError::NoAnswer { url, detail }
+            } else {
+                AdminError::Unreachable { url, detail }
+            }
+        };
+        let exchange = self.exchange(method, &path, body, &sent);
         let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
             .await
-            .map_err(|_| AdminError::NoAnswer { url: self.url.clone(), timeout_ms: self.timeout.as_millis() })?
-            .map_err(unreachable)?;
+            .map_err(|_| failed(format!("nothing within {:?}", self.timeout)))?
+            .map_err(failed)?;
         if status.is_success() {
             return serde_json::from_slice(&bytes).map_err(|_| AdminError::Unexpected {
                 status,
@@ -247,15 +258,21 @@ impl Client {
         }
     }
 
-    async fn exchange(&self, method: Method, path: &str, body: Option<Value>) -> Result<(StatusCode, Bytes), String> {
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        sent: &std::sync::atomic::AtomicBool,
+    ) -> Result<(StatusCode, Bytes), String> {
         let stream =
             tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await.map_err(|e| e.to_string())?;
         match &self.tls {
-            None => self.exchange_on(stream, method, path, body).await,
+            None => self.exchange_on(stream, method, path, body, sent).await,
             Some(tls) => {
                 let peer = stream.peer_addr().map_err(|e| e.to_string())?;
                 let stream = tls.connect(peer, stream).await.map_err(|e| format!("TLS handshake: {e}"))?;
-                self.exchange_on(stream, method, path, body).await
+                self.exchange_on(stream, method, path, body, sent).await
             }
         }
     }
@@ -266,6 +283,7 @@ impl Client {
         method: Method,
         path: &str,
         body: Option<Value>,
+        sent: &std::sync::atomic::AtomicBool,
     ) -> Result<(StatusCode, Bytes), String>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
@@ -292,6 +310,7 @@ impl Client {
             None => Bytes::new(),
         };
         let request = request.body(Full::new(payload)).map_err(|e| e.to_string())?;
+        sent.store(true, std::sync::atomic::Ordering::SeqCst);
         let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
         let status = response.status();
         let collected =
@@ -323,6 +342,13 @@ mod tests {
         assert!(error.to_string().contains("may have been applied"), "{error}");
         assert_eq!(error.exit_code(), 1);
         silent.abort();
+        // Nothing listening: nothing was sent, so nothing can have been applied.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", closed.local_addr().expect("addr"));
+        drop(closed);
+        let client = Client::new(&url, None, Duration::from_millis(200)).expect("client");
+        let error = client.send(Method::POST, "/v1/groups".into(), Some(json!({}))).await.unwrap_err();
+        assert!(matches!(error, AdminError::Unreachable { .. }), "{error}");
     }
 
     #[test]
