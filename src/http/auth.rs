@@ -75,7 +75,7 @@ impl fmt::Debug for ClientTokens {
 pub enum TokenSpecError {
     #[error("client token #{index}: a token is {CLIENT_TOKEN_LEN_MIN}..={CLIENT_TOKEN_LEN_MAX} visible ASCII characters without '=', ',' or spaces")]
     Token { index: usize },
-    #[error("client token #{index}: the scope must be <streamPrefix>:<consumerGroup>, either part may be '*'")]
+    #[error("client token #{index}: the scope must be <streamPrefix>:<consumerGroup> (split at the last ':'), each part a valid one of a group id or '*'")]
     Scope { index: usize },
 }
 
