@@ -9,8 +9,10 @@
 //!
 //! Specification of one client token (`--client-token`, `COORDINATOR_CLIENT_TOKENS`, the config
 //! file's `client_tokens`): `TOKEN` (every group), or `SCOPE=TOKEN` where `SCOPE` is
-//! `<streamPrefix>:<consumerGroup>` and either part may be `*` (`orders:*`, `*:billing`). A token
-//! is 16 to 512 visible ASCII characters without `=`, `,` or whitespace (base64url and hex fit).
+//! `<streamPrefix>:<consumerGroup>` and either part may be `*` (`orders:*`, `*:billing`); it is
+//! split at its last `:` (a prefix may contain `:`, as in `orders:eu:billing`), and each part
+//! must be one a group id can have. A token is 16 to 512 visible ASCII characters without `=`,
+//! `,` or whitespace (base64url and hex fit).
 
 use std::fmt;
 
@@ -107,6 +109,11 @@ impl ClientTokens {
 
     pub fn len(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// Whether `secret` is one of the configured client tokens (configuration checks only).
+    pub fn contains_secret(&self, secret: &str) -> bool {
+        self.tokens.iter().any(|token| token.secret == secret)
     }
 
     /// `Ok` when no token is configured, or the request's bearer token is one of them and its

@@ -350,6 +350,12 @@ impl Settings {
             shutdown_timeout_ms: args.shutdown_timeout_ms.or(file.shutdown_timeout_ms).unwrap_or(10_000),
             listener,
         };
+        // The admin token must not also be a client token: every consumer host would hold the
+        // admin routes (an admin review finding).
+        if settings.admin_token.as_deref().is_some_and(|admin| settings.client_tokens.contains_secret(admin)) {
+            let message = "must differ from every client token".to_string();
+            return Err(ConfigError::Invalid { key: "admin_token", message });
+        }
         settings.validate()?;
         Ok(settings)
     }
@@ -823,6 +829,10 @@ mod tests {
         let trimmed =
             Settings::resolve(&admin("admin-token-0123456789\n"), FileConfig::default(), 1).expect("resolves");
         assert_eq!(trimmed.admin_token.as_deref(), Some("admin-token-0123456789"));
+        let shared =
+            ServeArgs { client_tokens: vec!["admin-token-0123456789".into()], ..admin("admin-token-0123456789") };
+        let error = Settings::resolve(&shared, FileConfig::default(), 1).unwrap_err();
+        assert!(matches!(&error, ConfigError::Invalid { key: "admin_token", .. }), "one token for both: {error}");
         for bad in ["x", "short-token", "admin token with spaces", "admin-tøken-0123456789"] {
             let error = Settings::resolve(&admin(bad), FileConfig::default(), 1).unwrap_err();
             assert!(matches!(&error, ConfigError::Invalid { key: "admin_token", .. }), "{bad}: {error}");
