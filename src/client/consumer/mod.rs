@@ -48,7 +48,10 @@ pub trait RebalanceListener: Send + Sync {
     /// The consumer may now read `shards`.
     fn on_assigned(&self, shards: &[ShardId]);
     /// The consumer stopped reading `shards` (revoked, dropped by a sync, or closing): finish and
-    /// ack in-flight work quickly; the shards are released once nothing is in flight.
+    /// ack in-flight work quickly; the shards are released once nothing is in flight. A poll that
+    /// was under way may still hand out entries of these shards read before the revoke: they are
+    /// in flight like the others, so settle them too (ack or abandon), or the drain waits for
+    /// them.
     fn on_revoked(&self, shards: &[ShardId]);
     /// The consumer lost `shards` at once (lease ended, fenced, group unavailable): in-flight
     /// entries were abandoned and can no longer be acked; stop working on them (the next owner
