@@ -523,6 +523,16 @@ async fn a_producer_reporting_a_lost_version_is_told_so_and_the_evidence_is_reco
     assert_eq!(after.max_client_version_seen, seen.metadata_version);
     assert_eq!(told.store_revision, store.peek_record(&group()).expect("record").revision, "answered from the write");
     assert!(c.metrics().total("rsc_client_metadata_version_ahead_total") >= 1.0);
+    // The gauge the spec's alert reads is exported by the next tick, with per-member series off
+    // (the default): it was once set only after their early return, so the alert never fired.
+    // (The first tick finds the rollback's revision regression and starts over.)
+    assert!(!c.metrics().member_series());
+    c.tick_all().await;
+    c.tick_all().await;
+    let ahead = c.metrics().value("rsc_client_reported_metadata_version_ahead", &vec![("group", group().to_string())]);
+    let now = recorded(&store).expect("record");
+    assert!(now.max_client_version_seen > now.metadata_version, "{now:?}");
+    assert_eq!(ahead, (now.max_client_version_seen - now.metadata_version) as f64, "{}", c.metrics().render());
     // The same report again changes nothing (the round already covers it).
     let revision = store.peek_record(&group()).expect("record").revision;
     assert_eq!(c.routing(&group(), report).await.expect("again").lost_version, told.lost_version);

@@ -425,6 +425,15 @@ impl<S: MetadataStore> Coordinator<S> {
             group_labels(),
             revoking as f64,
         );
+        // A per-group gauge, exported whether or not per-member series are on: it is the signal of
+        // the spec's "client-reported metadata version ahead" alert.
+        let ahead = g.max_client_version_seen.saturating_sub(g.metadata_version);
+        metrics.set(
+            "rsc_client_reported_metadata_version_ahead",
+            "Highest client-reported metadataVersion minus the stored one (>0: the store lost writes).",
+            group_labels(),
+            ahead as f64,
+        );
         if !metrics.member_series() {
             return;
         }
@@ -446,13 +455,6 @@ impl<S: MetadataStore> Coordinator<S> {
                 g.revoking_shards(member).len() as f64,
             );
         }
-        let ahead = g.max_client_version_seen.saturating_sub(g.metadata_version);
-        metrics.set(
-            "rsc_client_reported_metadata_version_ahead",
-            "Highest client-reported metadataVersion minus the stored one (>0: the store lost writes).",
-            vec![("group", g.group.to_string())],
-            ahead as f64,
-        );
     }
 }
 
