@@ -50,6 +50,14 @@ struct Families {
     histograms: BTreeMap<(&'static str, Labels), Histogram>,
 }
 
+/// A counter's name and help, declared once so that its increments and its registration at 0
+/// ([`Metrics::declare`]) cannot disagree.
+#[derive(Clone, Copy, Debug)]
+pub struct Counter {
+    pub name: &'static str,
+    pub help: &'static str,
+}
+
 /// A registry of metric values.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -93,6 +101,26 @@ impl Metrics {
     /// Adds one to a counter.
     pub fn inc(&self, name: &'static str, help: &'static str, labels: Labels) {
         self.inc_by(name, help, labels, 1.0);
+    }
+
+    /// Adds one to a declared counter.
+    pub fn count(&self, counter: &Counter, labels: Labels) {
+        self.inc_by(counter.name, counter.help, labels, 1.0);
+    }
+
+    /// Adds `by` to a declared counter.
+    pub fn count_by(&self, counter: &Counter, labels: Labels, by: f64) {
+        self.inc_by(counter.name, counter.help, labels, by);
+    }
+
+    /// Registers a counter's series at 0 unless it exists (then nothing changes). Prometheus sees
+    /// a series from its first sample: one that first appears at 1 reads as no increase, so an
+    /// `increase(...) > 0` alert would miss the first event of each series.
+    pub fn declare(&self, counter: &Counter, labels: Labels) {
+        self.with(|f| {
+            f.help.insert(counter.name, ("counter", counter.help));
+            f.values.entry((counter.name, labels)).or_insert(0.0);
+        });
     }
 
     /// Sets a gauge.

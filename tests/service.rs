@@ -156,6 +156,28 @@ async fn a_member_of_a_group_whose_key_is_deleted(
     (store, c, r)
 }
 
+/// Counters that are evidence of trouble exist at 0 before their first event: a series that
+/// first appeared at 1 read as no increase to Prometheus, so `increase(...) > 0` alerts missed a
+/// process's first identity change and each group's first version regression.
+#[tokio::test]
+async fn evidence_counters_are_exported_at_zero_before_their_first_event() {
+    let store = MemoryStore::new(17);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    let rendered = c.metrics().render();
+    for line in ["\nrsc_store_identity_changes_total 0\n", "\nrsc_heard_relay_failures_total 0\n"] {
+        assert!(rendered.contains(line), "{line:?} missing from:\n{rendered}");
+    }
+    create(&c, 2).await;
+    c.heartbeat(join("a")).await.expect("join");
+    c.tick_all().await;
+    let rendered = c.metrics().render();
+    for name in ["rsc_metadata_version_regressions_total", "rsc_metadata_schema_errors_total", "rsc_redis_mutex_give_ups_total"] {
+        let line = format!("\n{name}{{group=\"{}\"}} 0\n", group());
+        assert!(rendered.contains(&line), "{line:?} missing from:\n{rendered}");
+        assert!(rendered.contains(&format!("# TYPE {name} counter\n")), "{rendered}");
+    }
+}
+
 #[tokio::test]
 async fn a_deleted_metadata_key_fails_closed_and_is_never_rebuilt() {
     let (store, c, r) = a_member_of_a_group_whose_key_is_deleted(2).await;

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use crate::core::model::{MemberId, ShardId};
 use crate::core::protocol::{HeartbeatStatus, RevokeReport};
-use crate::metrics::Metrics;
+use crate::metrics::{Counter, Metrics};
 use crate::store::EntryId;
 
 use super::clock::Clock;
@@ -45,6 +45,31 @@ pub enum StopReason {
     /// the read returns is not covered: if it runs at Redis after the read, it acks the entry the
     /// read handed out, which is then lost (a split brain's old primary loses writes anyway).
     Reexposed,
+}
+
+impl StopReason {
+    /// The reasons a shard stops for (the others are entries' only).
+    pub const FOR_SHARDS: [StopReason; 7] = [
+        StopReason::Revoked,
+        StopReason::SyncDropped,
+        StopReason::LeaseExpired,
+        StopReason::Fenced,
+        StopReason::GroupUnavailable,
+        StopReason::FencedAtStore,
+        StopReason::Closing,
+    ];
+    /// Every reason, the entries' own included.
+    pub const ALL: [StopReason; 9] = [
+        StopReason::Revoked,
+        StopReason::SyncDropped,
+        StopReason::LeaseExpired,
+        StopReason::Fenced,
+        StopReason::GroupUnavailable,
+        StopReason::FencedAtStore,
+        StopReason::Closing,
+        StopReason::Application,
+        StopReason::Reexposed,
+    ];
 }
 
 /// One thing a client did.
@@ -231,9 +256,29 @@ pub struct MetricsSink {
     clock: Clock,
 }
 
+const SHARD_STOPS: Counter =
+    Counter { name: "rsc_client_shard_stops_total", help: "Shards a consumer stopped reading, by reason." };
+const ENTRIES_ABANDONED: Counter =
+    Counter { name: "rsc_client_entries_abandoned_total", help: "In-flight entries given up, by reason." };
+const PUBLISHES: Counter = Counter { name: "rsc_client_publishes_total", help: "Publishes by outcome." };
+const ROUTING_REFRESH_FAILURES: Counter =
+    Counter { name: "rsc_client_routing_refresh_failures_total", help: "Failed producer routing refreshes." };
+
 impl MetricsSink {
-    /// `clock` must be the clock of the clients whose events this sink receives.
+    /// `clock` must be the clock of the clients whose events this sink receives. Registers the
+    /// counters of bounded label values at 0, so that an alert on `increase(...) > 0` sees their
+    /// first event (a series that first appeared at 1 reads as no increase).
     pub fn new(metrics: std::sync::Arc<Metrics>, clock: Clock) -> Self {
+        for reason in StopReason::FOR_SHARDS {
+            metrics.declare(&SHARD_STOPS, vec![("reason", format!("{reason:?}"))]);
+        }
+        for reason in StopReason::ALL {
+            metrics.declare(&ENTRIES_ABANDONED, vec![("reason", format!("{reason:?}"))]);
+        }
+        for outcome in ["ok", "failed"] {
+            metrics.declare(&PUBLISHES, vec![("outcome", outcome.into())]);
+        }
+        metrics.declare(&ROUTING_REFRESH_FAILURES, vec![]);
         Self { metrics, clock }
     }
 
@@ -264,22 +309,12 @@ impl EventSink for MetricsSink {
             ClientEvent::Left { member, .. } => {
                 m.forget("rsc_client_assignment_lease_remaining_seconds", "member", &member);
             }
-            ClientEvent::ShardStopped { reason, .. } => m.inc(
-                "rsc_client_shard_stops_total",
-                "Shards a consumer stopped reading, by reason.",
-                vec![("reason", format!("{reason:?}"))],
-            ),
-            ClientEvent::EntryAbandoned { reason, .. } => m.inc(
-                "rsc_client_entries_abandoned_total",
-                "In-flight entries given up, by reason.",
-                vec![("reason", format!("{reason:?}"))],
-            ),
-            ClientEvent::PublishOk { .. } => {
-                m.inc("rsc_client_publishes_total", "Publishes by outcome.", vec![("outcome", "ok".into())])
+            ClientEvent::ShardStopped { reason, .. } => m.count(&SHARD_STOPS, vec![("reason", format!("{reason:?}"))]),
+            ClientEvent::EntryAbandoned { reason, .. } => {
+                m.count(&ENTRIES_ABANDONED, vec![("reason", format!("{reason:?}"))])
             }
-            ClientEvent::PublishFailed { .. } => {
-                m.inc("rsc_client_publishes_total", "Publishes by outcome.", vec![("outcome", "failed".into())])
-            }
+            ClientEvent::PublishOk { .. } => m.count(&PUBLISHES, vec![("outcome", "ok".into())]),
+            ClientEvent::PublishFailed { .. } => m.count(&PUBLISHES, vec![("outcome", "failed".into())]),
             ClientEvent::RoutingRefreshed { at_ms, producer, cache_expires_ms, .. } => {
                 m.set_since(
                     "rsc_client_routing_cache_age_seconds",
@@ -294,9 +329,7 @@ impl EventSink for MetricsSink {
                     self.instant(cache_expires_ms),
                 );
             }
-            ClientEvent::RoutingRefreshFailed { .. } => {
-                m.inc("rsc_client_routing_refresh_failures_total", "Failed producer routing refreshes.", vec![])
-            }
+            ClientEvent::RoutingRefreshFailed { .. } => m.count(&ROUTING_REFRESH_FAILURES, vec![]),
             _ => {}
         }
     }
@@ -323,6 +356,50 @@ mod tests {
         assert!(VecSink::new().wants_entry_events());
         let shared: Arc<dyn EventSink> = Arc::new(NoopSink);
         assert!(!Arc::new(shared).wants_entry_events());
+    }
+
+    /// The counters of bounded label values exist at 0 from the start: an alert on
+    /// `increase(rsc_client_shard_stops_total{reason="LeaseExpired"}[5m]) > 0` missed a process's
+    /// first lease expiry when its series first appeared at 1.
+    #[test]
+    fn metrics_sink_exports_its_counters_at_zero_before_their_first_event() {
+        let metrics = Arc::new(Metrics::new());
+        let sink = MetricsSink::new(Arc::clone(&metrics), Clock::new());
+        let rendered = metrics.render();
+        for line in [
+            "rsc_client_shard_stops_total{reason=\"LeaseExpired\"} 0",
+            "rsc_client_shard_stops_total{reason=\"FencedAtStore\"} 0",
+            "rsc_client_entries_abandoned_total{reason=\"Reexposed\"} 0",
+            "rsc_client_publishes_total{outcome=\"failed\"} 0",
+            "rsc_client_routing_refresh_failures_total 0",
+        ] {
+            assert!(rendered.lines().any(|l| l == line), "{line} missing from:\n{rendered}");
+        }
+        sink.emit(ClientEvent::ShardStopped {
+            at_ms: 0,
+            member: "a".into(),
+            shard: 1,
+            reason: StopReason::LeaseExpired,
+        });
+        let stops = metrics.value("rsc_client_shard_stops_total", &vec![("reason", "LeaseExpired".to_string())]);
+        assert_eq!(stops, 1.0);
+        // Every reason is listed: a new variant must be added to `ALL` (this match stops compiling).
+        for reason in StopReason::ALL {
+            match reason {
+                StopReason::Revoked
+                | StopReason::SyncDropped
+                | StopReason::LeaseExpired
+                | StopReason::Fenced
+                | StopReason::GroupUnavailable
+                | StopReason::FencedAtStore
+                | StopReason::Closing
+                | StopReason::Application
+                | StopReason::Reexposed => {}
+            }
+        }
+        let distinct: std::collections::BTreeSet<_> = StopReason::ALL.into_iter().collect();
+        assert_eq!(distinct.len(), StopReason::ALL.len());
+        assert!(StopReason::FOR_SHARDS.iter().all(|r| distinct.contains(r)));
     }
 
     #[tokio::test]

@@ -21,6 +21,10 @@ use serde::{Deserialize, Serialize};
 use tokio::time::{Duration, Instant};
 
 use super::cache::DecodedCache;
+use super::counters::{
+    self, CLIENT_METADATA_VERSION_AHEAD, LOST_ADD_SHARDS_HEALED, METADATA_VERSION_REGRESSIONS, STORE_IDENTITY_CHANGES,
+    TICKS_DEFERRED_WITHOUT_READ,
+};
 use super::marks::{write_digest, Observed, ReadOrder, ReadTicket, RevisionVerdict};
 use super::monitors::GroupMonitors;
 use super::pruning::{Forget, Vanished};
@@ -433,6 +437,9 @@ impl<S: MetadataStore> Coordinator<S> {
             monitors: GroupMonitors::default(),
         };
         inner.metrics.set("rsc_coordinator_terminating", TERMINATING_HELP, vec![], 0.0);
+        for counter in counters::LABEL_LESS {
+            inner.metrics.declare(counter, vec![]);
+        }
         Self { inner: Arc::new(inner) }
     }
 
@@ -726,11 +733,7 @@ impl<S: MetadataStore> Coordinator<S> {
     /// Counts a recorded heal.
     fn count_healed(&self, group: &GroupId, from: u32, to: u32) {
         tracing::warn!(%group, from, to, "a producer published with more shards than recorded: re-adding the shards of a lost add-shards");
-        self.inner.metrics.inc(
-            "rsc_lost_add_shards_healed_total",
-            "Routing refreshes that re-added the shards of an add-shards the store lost (a producer published with more shards than recorded).",
-            vec![("group", group.to_string())],
-        );
+        self.inner.metrics.count(&LOST_ADD_SHARDS_HEALED, vec![("group", group.to_string())]);
     }
 
     fn count_session_refused(&self, error: &ApiError) {
@@ -752,11 +755,7 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     fn count_version_ahead(&self, group: &GroupId) {
-        self.inner.metrics.inc(
-            "rsc_client_metadata_version_ahead_total",
-            "Client requests (heartbeats, routing refreshes) reporting a metadataVersion above the stored one.",
-            vec![("group", group.to_string())],
-        );
+        self.inner.metrics.count(&CLIENT_METADATA_VERSION_AHEAD, vec![("group", group.to_string())]);
     }
 
     /// The recorded metadata of a group, for operators.
@@ -1202,11 +1201,7 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         let Some(d) = local.deferred.get_mut(group) else { return false };
         d.until = (now + Duration::from_millis(ms)).min(d.audit_at);
-        self.inner.metrics.inc(
-            "rsc_ticks_deferred_without_read_total",
-            "Idle-group deferrals this instance renewed from heartbeats it served, without reading the store.",
-            vec![],
-        );
+        self.inner.metrics.count(&TICKS_DEFERRED_WITHOUT_READ, vec![]);
         true
     }
 
@@ -1387,11 +1382,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let mut local = self.local();
         let revision = read.revision;
         if let RevisionVerdict::Regressed { seen } = local.reads.observe_read(group, ticket, read, ignore_order) {
-            self.inner.metrics.inc(
-                "rsc_metadata_version_regressions_total",
-                "Times a read issued after this coordinator observed a revision returned a lower one.",
-                vec![("group", group.to_string())],
-            );
+            self.inner.metrics.count(&METADATA_VERSION_REGRESSIONS, vec![("group", group.to_string())]);
             local.view.reset(group);
             local.regressed.insert(group.clone(), LossEvidence::RevisionRegressed { seen, stored: revision });
         }
@@ -1447,11 +1438,7 @@ impl<S: MetadataStore> Coordinator<S> {
             }
             Some(seen) if !seen.same_servers(&identity) => {
                 tracing::warn!(?seen, now = ?identity, "store identity changed: treating recent writes as lost");
-                self.inner.metrics.inc(
-                    "rsc_store_identity_changes_total",
-                    "Store server identity changes (failover or restart): evidence of lost writes.",
-                    vec![],
-                );
+                self.inner.metrics.count(&STORE_IDENTITY_CHANGES, vec![]);
                 local.identity = Some(identity.clone());
                 local.identity_generation += 1;
                 local.index_changed();

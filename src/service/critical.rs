@@ -13,6 +13,10 @@ use tokio::time::{Duration, Instant};
 
 use super::codec::{decode, encode};
 use super::coordinator::{Coordinator, LocalState};
+use super::counters::{
+    self, FENCES_RAISED, LIVENESS_GUARD_CONFLICTS, METADATA_CAS_GIVE_UPS, METADATA_REVISION_CONFLICTS,
+    METADATA_SCHEMA_ERRORS, REDIS_MUTEX_GIVE_UPS,
+};
 use super::marks::{write_digest, Observed};
 use crate::core::fence::{attach_fences, unfenced_grants, CarriesFences};
 use crate::core::model::{
@@ -136,23 +140,15 @@ impl<S: MetadataStore> Coordinator<S> {
                     }
                     return decision.outcome;
                 }
-                WriteOutcome::RevisionConflict { .. } => self.inner.metrics.inc(
-                    "rsc_metadata_revision_conflicts_total",
-                    "Metadata writes whose loaded (revision, writeId) was no longer stored; retried.",
-                    vec![("group", group.to_string())],
-                ),
-                WriteOutcome::LivenessChanged { .. } => self.inner.metrics.inc(
-                    "rsc_liveness_guard_conflicts_total",
-                    "Expiry decisions dropped because the member heartbeated meanwhile.",
-                    vec![("group", group.to_string())],
-                ),
+                WriteOutcome::RevisionConflict { .. } => {
+                    self.inner.metrics.count(&METADATA_REVISION_CONFLICTS, vec![("group", group.to_string())])
+                }
+                WriteOutcome::LivenessChanged { .. } => {
+                    self.inner.metrics.count(&LIVENESS_GUARD_CONFLICTS, vec![("group", group.to_string())])
+                }
             }
         }
-        self.inner.metrics.inc(
-            "rsc_metadata_cas_give_ups_total",
-            "Critical sections abandoned after cas_attempts_max lost CAS races (answered STORE_UNAVAILABLE).",
-            vec![("group", group.to_string())],
-        );
+        self.inner.metrics.count(&METADATA_CAS_GIVE_UPS, vec![("group", group.to_string())]);
         Err(ApiError::new(ErrorCode::StoreUnavailable, "group metadata kept changing; retry"))
     }
 
@@ -185,12 +181,7 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         let raised: BTreeMap<ShardId, Fence> = shards.into_iter().zip(fences).collect();
         attach_fences(next, &raised);
-        self.inner.metrics.inc_by(
-            "rsc_fences_raised_total",
-            "Shard fences raised at Redis before recording a grant (DESIGN §10).",
-            vec![("group", next.group.to_string())],
-            raised.len() as f64,
-        );
+        self.inner.metrics.count_by(&FENCES_RAISED, vec![("group", next.group.to_string())], raised.len() as f64);
         Ok(true)
     }
 
@@ -211,11 +202,7 @@ impl<S: MetadataStore> Coordinator<S> {
             let jitter = self.local().rng.gen_range(0..=options.mutex_retry_ms);
             tokio::time::sleep(Duration::from_millis(options.mutex_retry_ms + jitter)).await;
         }
-        self.inner.metrics.inc(
-            "rsc_redis_mutex_give_ups_total",
-            "Critical sections abandoned because the group mutex stayed busy (answered STORE_UNAVAILABLE).",
-            vec![("group", group.to_string())],
-        );
+        self.inner.metrics.count(&REDIS_MUTEX_GIVE_UPS, vec![("group", group.to_string())]);
         Err(ApiError::new(ErrorCode::StoreUnavailable, "group mutex is busy; retry"))
     }
 
@@ -323,11 +310,7 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     fn count_schema_error(&self, group: &GroupId) {
-        self.inner.metrics.inc(
-            "rsc_metadata_schema_errors_total",
-            "Stored metadata with an unknown schema/layout version, an unparsable aggregate or a malformed hash.",
-            vec![("group", group.to_string())],
-        );
+        self.inner.metrics.count(&METADATA_SCHEMA_ERRORS, vec![("group", group.to_string())]);
     }
 
     /// Maps a store failure to the API error, counting compatibility failures.
@@ -411,6 +394,9 @@ impl<S: MetadataStore> Coordinator<S> {
         let metrics = &self.inner.metrics;
         self.local().gauges_exported.insert(g.group.clone());
         let group_labels = || vec![("group", g.group.to_string())];
+        for counter in counters::PER_GROUP {
+            metrics.declare(counter, group_labels());
+        }
         let age_max_ms = obs.liveness.values().map(|seen| seen.unchanged_ms).max().unwrap_or(0);
         metrics.set(
             "rsc_group_member_heartbeat_age_max_seconds",

@@ -5,6 +5,7 @@
 mod cache;
 pub mod codec;
 mod coordinator;
+mod counters;
 mod critical;
 mod marks;
 mod monitors;

@@ -34,6 +34,7 @@ use crate::core::model::{GroupId, GroupMetadata, MemberId};
 use crate::store::{MetadataStore, RecordStamp, ServerIdentity};
 
 use super::coordinator::Coordinator;
+use super::counters::{HEARD_RELAY_BLOBS_SENT, HEARD_RELAY_FAILURES, HEARD_RELAY_WINDOWS_RESTARTED};
 
 /// The blob format's version; a reader ignores a blob of another one.
 const BLOB_VERSION: u32 = 1;
@@ -328,23 +329,14 @@ impl<S: MetadataStore> Coordinator<S> {
         let blobs = match self.inner.store.exchange_heard(&me, &outgoing, ttl_ms, &senders).await {
             Ok(blobs) => blobs,
             Err(e) => {
-                self.inner.metrics.inc(
-                    "rsc_heard_relay_failures_total",
-                    "Heard-relay exchanges the store failed (owners then read the groups whose heartbeats this instance served).",
-                    vec![],
-                );
+                self.inner.metrics.count(&HEARD_RELAY_FAILURES, vec![]);
                 self.store_error(e);
                 return;
             }
         };
         self.local().relay.stored(upto);
         if !outgoing.is_empty() {
-            self.inner.metrics.inc_by(
-                "rsc_heard_relay_blobs_sent_total",
-                "Blobs of heard heartbeats this instance left for the tick owners of the groups (one per owner and exchange).",
-                vec![],
-                outgoing.len() as f64,
-            );
+            self.inner.metrics.count_by(&HEARD_RELAY_BLOBS_SENT, vec![], outgoing.len() as f64);
         }
         for (sender, blob) in senders.iter().zip(blobs) {
             if let Some(text) = blob {
@@ -384,12 +376,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 }
             }
         }
-        self.inner.metrics.inc_by(
-            "rsc_heard_relay_windows_restarted_total",
-            "Member liveness windows restarted by heartbeats other instances relayed (news above the counter known here).",
-            vec![],
-            restarted as f64,
-        );
+        self.inner.metrics.count_by(&HEARD_RELAY_WINDOWS_RESTARTED, vec![], restarted as f64);
     }
 }
 
