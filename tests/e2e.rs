@@ -81,4 +81,5 @@ mod write_loss;
 fn the_harness_checkers_can_fail() {
     e2e_support::ground_truth::self_check();
     e2e_support::http_tap::self_check();
+    e2e_support::process::self_check();
 }

@@ -306,10 +306,11 @@ impl CoordinatorProcess {
     }
 
     /// Panics if the current incarnation logged anything at ERROR level (a refused invalid
-    /// state, a server error answered to a client, ...).
+    /// state, a server error answered to a client, ...) or panicked anywhere (see
+    /// [`error_lines`]).
     pub fn assert_no_error_logged(&self) {
         let log = self.log();
-        let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+        let errors = error_lines(&log);
         assert!(errors.is_empty(), "coordinator {} logged errors:\n{}", self.name, errors.join("\n"));
     }
 
@@ -412,6 +413,24 @@ impl CoordinatorProcess {
         let answer: Value = serde_json::from_str(&stdout).expect("create-group prints JSON");
         assert_eq!(answer["storeRevision"].as_u64(), Some(1), "{answer}");
     }
+}
+
+/// The lines of a coordinator log that [`CoordinatorProcess::assert_no_error_logged`] refuses:
+/// an ERROR event, or a panic. A panic in a spawned task (a connection handler, the ticker) kills
+/// only that task and the process carries on; the binary's panic hook logs it at ERROR, and the
+/// default hook's `thread '...' panicked at` line is caught too, should the hook be missing.
+pub fn error_lines(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains(" ERROR ") || l.contains("panicked at")).collect()
+}
+
+/// [`error_lines`] refuses what it should, and only that.
+pub fn self_check() {
+    let clean = "2026-01-01T00:00:00Z  INFO rsc: coordinator serving\n2026-01-01T00:00:01Z  WARN rsc: slow";
+    assert!(error_lines(clean).is_empty(), "{clean}");
+    let error = "2026-01-01T00:00:00Z ERROR rsc::http: answered 500";
+    assert_eq!(error_lines(error), vec![error]);
+    let default_hook = "thread 'tokio-runtime-worker' panicked at src/http/serve.rs:71:5:\nboom";
+    assert_eq!(error_lines(default_hook), vec!["thread 'tokio-runtime-worker' panicked at src/http/serve.rs:71:5:"]);
 }
 
 impl Drop for CoordinatorProcess {

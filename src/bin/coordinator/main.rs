@@ -33,6 +33,7 @@ fn main() -> std::process::ExitCode {
 
     let cli = cli::Cli::parse();
     init_tracing();
+    install_panic_hook();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -61,4 +62,53 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+}
+
+/// Logs every panic at ERROR through `tracing`, then runs the default hook (its `thread '...'
+/// panicked at` line and backtrace note stay on stderr). A panic in a spawned task (a connection
+/// handler, the listener, the ticker) ends only that task and the process carries on, so without
+/// this it left no ERROR line for log-based alerting (or the e2e tests' log check) to find.
+#[cfg(not(madsim))]
+fn install_panic_hook() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current();
+        tracing::error!(thread = thread.name().unwrap_or("<unnamed>"), "{info}");
+        default(info);
+    }));
+}
+
+#[cfg(all(test, not(madsim)))]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The hook logs a panic at ERROR with its place and message (the default hook still runs and
+    /// prints to the test's stderr).
+    #[test]
+    fn a_panic_is_logged_at_error() {
+        super::install_panic_hook();
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        let outcome =
+            tracing::subscriber::with_default(subscriber, || std::panic::catch_unwind(|| panic!("a planted panic")));
+        assert!(outcome.is_err());
+        let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(log.contains(" ERROR "), "{log}");
+        assert!(log.contains("panicked at src/bin/coordinator/main.rs"), "{log}");
+        assert!(log.contains("a planted panic"), "{log}");
+    }
 }
