@@ -83,15 +83,27 @@ async fn the_coordinator_keeps_answering_heartbeats_across_a_sentinel_failover()
     eprintln!("{unavailable} STORE_UNAVAILABLE answers, first 200 {recovered_after:?} after the kill: {last}");
     assert_eq!(sentinel.master_port(), Some(replica.port()), "Sentinel promoted the replica");
 
-    // Heartbeats go on being answered from the new master.
-    for _ in 0..5 {
+    // Heartbeats go on being answered from the new master: each one answered 200 from here on
+    // bumps alpha's liveness counter there (the counter as of the kill may have been replicated
+    // already, so only its growth since the promotion shows heartbeats reaching the new master).
+    let liveness_key = rsc::store::keys::liveness_key(&group);
+    let counter = || -> u64 {
+        let value = replica.cmd(&["HGET", &liveness_key, "alpha"]);
+        redis::from_redis_value(value.clone()).unwrap_or_else(|e| panic!("alpha's liveness counter {value:?}: {e}"))
+    };
+    let promoted = counter();
+    const AFTER: u64 = 5;
+    for _ in 0..AFTER {
         let answer = heartbeat(&coordinator, &group, Some(&last)).await;
         assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
         last = answer.json();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let liveness = replica.cmd(&["HGET", &rsc::store::keys::liveness_key(&group), "alpha"]);
-    assert!(matches!(liveness, redis::Value::BulkString(_)), "heartbeats reach the new master: {liveness:?}");
+    let now = counter();
+    assert!(
+        now >= promoted + AFTER,
+        "heartbeats reach the new master: liveness counter {promoted} then {now} after {AFTER} heartbeats answered 200"
+    );
     let log = coordinator.log();
     assert!(log.contains("store identity changed"), "the coordinator saw the new master's identity:\n{log}");
 }
