@@ -150,8 +150,15 @@ impl Metrics {
 
     /// Removes every series of a gauge whose labels contain `(key, value)` (e.g. a removed member).
     pub fn forget(&self, name: &'static str, key: &'static str, value: &str) {
-        let other =
-            |n: &&'static str, labels: &Labels| *n != name || !labels.iter().any(|(k, v)| *k == key && v == value);
+        self.forget_matching(name, &[(key, value)]);
+    }
+
+    /// Removes every series of a gauge whose labels contain all of `pairs` (e.g. a member of one
+    /// group: member ids are the clients' own and repeat across groups).
+    pub fn forget_matching(&self, name: &'static str, pairs: &[(&str, &str)]) {
+        let matches =
+            |labels: &Labels| pairs.iter().all(|(key, value)| labels.iter().any(|(k, v)| k == key && v == value));
+        let other = |n: &&'static str, labels: &Labels| *n != name || !matches(labels);
         self.with(|f| {
             f.values.retain(|(n, labels), _| other(n, labels));
             f.clocks.retain(|(n, labels), _| other(n, labels));

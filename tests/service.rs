@@ -27,7 +27,7 @@ mod stalled;
 
 use std::time::Duration;
 
-use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, ReshardReason, ShardOwner};
+use rsc::core::model::{GroupConfig, GroupId, GroupMetadata, MemberState, ReshardReason, ShardOwner};
 use rsc::core::proof::Fact;
 use rsc::core::protocol::{
     AdminRequest, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberSession, RevokeReport,
@@ -176,6 +176,53 @@ async fn evidence_counters_are_exported_at_zero_before_their_first_event() {
         assert!(rendered.contains(&line), "{line:?} missing from:\n{rendered}");
         assert!(rendered.contains(&format!("# TYPE {name} counter\n")), "{rendered}");
     }
+}
+
+/// A member that does not drain in time is fenced, and a silent one expires: both are counted,
+/// so an alert sees them even when the scrape interval is longer than the gauges that showed them
+/// (`rsc_group_revoking_shards` until the fence, a heartbeat age for half a member TTL).
+#[tokio::test]
+async fn members_fenced_or_expired_by_a_tick_and_their_fenced_shards_are_counted() {
+    let store = MemoryStore::new(18);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    let config = GroupConfig { rebalance_timeout_ms: 300, ..fast_config() };
+    c.admin(AdminRequest::CreateGroup { group: group(), shard_count: 4, config }).await.expect("create");
+    let labels = vec![("group", group().to_string())];
+    let counted = |name: &'static str| c.metrics().value(name, &labels);
+    let a = c.heartbeat(join("a")).await.expect("a joins");
+    let a = c.heartbeat(next(&a)).await.expect("a steady");
+    let held = a.assigned.len();
+    let b = c.heartbeat(join("b")).await.expect("b joins");
+    // a heartbeats on but never drains what it is told to (it reports nothing revoked).
+    let mut a_next = next(&a);
+    let mut told = c.heartbeat(a_next.clone()).await.expect("a told to drain");
+    let draining = told.revoke.len();
+    assert!(draining > 0, "{told:?}");
+    assert_eq!((counted("rsc_shards_fenced_total"), counted("rsc_members_removed_by_tick_total")), (0.0, 0.0));
+    let fenced_a = || recorded(&store).expect("record").members.get("a").is_some_and(|m| m.state == MemberState::Fenced);
+    let started = tokio::time::Instant::now();
+    while !fenced_a() {
+        assert!(started.elapsed() < Duration::from_secs(3), "a is fenced at the rebalance timeout");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        a_next = HeartbeatRequest { revoking: Vec::new(), ..next(&told) };
+        if let Ok(answer) = c.heartbeat(a_next.clone()).await {
+            told = answer;
+        }
+        c.heartbeat(next(&b)).await.expect("b steady");
+        c.tick_all().await;
+    }
+    assert_eq!(counted("rsc_members_fenced_total"), 1.0, "{}", c.metrics().render());
+    // Every shard a held, the ones it was told to drain and the ones it kept.
+    assert_eq!(counted("rsc_shards_fenced_total"), held as f64);
+    assert_eq!(counted("rsc_members_expired_total"), 0.0);
+    // Both fall silent and expire; the fenced shards were counted once.
+    while !recorded(&store).expect("record").members.is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(6), "both expire");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        c.tick_all().await;
+    }
+    assert_eq!(counted("rsc_members_expired_total"), 2.0, "{}", c.metrics().render());
+    assert_eq!((counted("rsc_members_fenced_total"), counted("rsc_shards_fenced_total")), (1.0, held as f64));
 }
 
 #[tokio::test]
@@ -865,6 +912,30 @@ async fn the_tick_exports_per_group_aggregates_and_per_member_series_only_when_o
     let text = metrics.render();
     assert!(!text.contains("member=\"b\""), "no series of the departed member:\n{text}");
     assert!(text.contains("member=\"a\""), "{text}");
+}
+
+/// Member ids are the clients' own and repeat across groups: a member that leaves one group
+/// keeps its series in the others (removing by the member label alone took them all, until that
+/// group's next tick, a quarter TTL away for an idle group).
+#[tokio::test]
+async fn a_member_leaving_one_group_keeps_its_series_in_another() {
+    let store = MemoryStore::new(19);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    c.metrics().set_member_series(true);
+    let audit = GroupId::new("orders", "audit");
+    create(&c, 2).await;
+    let req = AdminRequest::CreateGroup { group: audit.clone(), shard_count: 2, config: fast_config() };
+    c.admin(req).await.expect("create audit");
+    let in_billing = c.heartbeat(join("m")).await.expect("m joins billing");
+    c.heartbeat(HeartbeatRequest { group: audit.clone(), ..join("m") }).await.expect("m joins audit");
+    c.tick_all().await;
+    let series = |g: &GroupId| format!("rsc_member_heartbeat_age_seconds{{group=\"{g}\",member=\"m\"}}");
+    let text = c.metrics().render();
+    assert!(text.contains(&series(&group())) && text.contains(&series(&audit)), "{text}");
+    c.heartbeat(HeartbeatRequest { leave: true, ..next(&in_billing) }).await.expect("m leaves billing");
+    let text = c.metrics().render();
+    assert!(!text.contains(&series(&group())), "{text}");
+    assert!(text.contains(&series(&audit)), "m's series in the other group stays:\n{text}");
 }
 
 /// A group may not configure a lease above the instance's ceiling (correction rounds rely on no

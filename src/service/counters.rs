@@ -64,6 +64,16 @@ pub(super) const METADATA_SCHEMA_ERRORS: Counter = Counter {
     name: "rsc_metadata_schema_errors_total",
     help: "Stored metadata with an unknown schema/layout version, an unparsable aggregate or a malformed hash.",
 };
+pub(super) const SHARDS_FENCED: Counter = Counter {
+    name: "rsc_shards_fenced_total",
+    help: "Shards taken from a member that may still hold them (it expired, or did not drain or sync in time): free again one assignment lease later.",
+};
+pub(super) const MEMBERS_EXPIRED: Counter =
+    Counter { name: "rsc_members_expired_total", help: "Members a tick removed after a member TTL of silence." };
+pub(super) const MEMBERS_FENCED: Counter = Counter {
+    name: "rsc_members_fenced_total",
+    help: "Members fenced for not draining or syncing within rebalanceTimeoutMs (they must rejoin).",
+};
 pub(super) const LOST_ADD_SHARDS_HEALED: Counter = Counter {
     name: "rsc_lost_add_shards_healed_total",
     help: "Routing refreshes that re-added the shards of an add-shards the store lost (a producer published with more shards than recorded).",
@@ -79,7 +89,7 @@ pub(super) const LABEL_LESS: [&Counter; 5] = [
 ];
 
 /// Registered at 0 (`group` label) whenever this instance exports the group's gauges.
-pub(super) const PER_GROUP: [&Counter; 9] = [
+pub(super) const PER_GROUP: [&Counter; 12] = [
     &METADATA_VERSION_REGRESSIONS,
     &CLIENT_METADATA_VERSION_AHEAD,
     &METADATA_REVISION_CONFLICTS,
@@ -89,4 +99,7 @@ pub(super) const PER_GROUP: [&Counter; 9] = [
     &REDIS_MUTEX_GIVE_UPS,
     &METADATA_SCHEMA_ERRORS,
     &LOST_ADD_SHARDS_HEALED,
+    &SHARDS_FENCED,
+    &MEMBERS_EXPIRED,
+    &MEMBERS_FENCED,
 ];

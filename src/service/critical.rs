@@ -14,13 +14,13 @@ use tokio::time::{Duration, Instant};
 use super::codec::{decode, encode};
 use super::coordinator::{Coordinator, LocalState};
 use super::counters::{
-    self, FENCES_RAISED, LIVENESS_GUARD_CONFLICTS, METADATA_CAS_GIVE_UPS, METADATA_REVISION_CONFLICTS,
-    METADATA_SCHEMA_ERRORS, REDIS_MUTEX_GIVE_UPS,
+    self, FENCES_RAISED, LIVENESS_GUARD_CONFLICTS, MEMBERS_EXPIRED, MEMBERS_FENCED, METADATA_CAS_GIVE_UPS,
+    METADATA_REVISION_CONFLICTS, METADATA_SCHEMA_ERRORS, REDIS_MUTEX_GIVE_UPS, SHARDS_FENCED,
 };
 use super::marks::{write_digest, Observed};
 use crate::core::fence::{attach_fences, unfenced_grants, CarriesFences};
 use crate::core::model::{
-    Fence, GroupId, GroupMetadata, MemberId, ShardId, ShardOwner, LAYOUT_VERSION, SCHEMA_VERSION,
+    Fence, GroupId, GroupMetadata, MemberId, MemberState, ShardId, ShardOwner, LAYOUT_VERSION, SCHEMA_VERSION,
 };
 use crate::core::proof::ViewKey;
 use crate::core::protocol::{ApiError, ErrorCode};
@@ -116,6 +116,8 @@ impl<S: MetadataStore> Coordinator<S> {
             };
             match self.inner.store.write(group, request).await.map_err(|e| self.group_store_error(group, e))? {
                 WriteOutcome::Written { revision: written } => {
+                    // Only ticks read liveness, and only ticks remove members without their leave.
+                    self.count_removals(state.as_deref(), &next, with_liveness);
                     let observed = Observed {
                         revision: written,
                         incarnation: next.incarnation,
@@ -134,9 +136,11 @@ impl<S: MetadataStore> Coordinator<S> {
                     }
                     self.note_view_key(group, &next);
                     self.inner.cache.put(group, written_record, Arc::new(next));
+                    let group_label = group.to_string();
                     for member in &decision.write.liveness_remove {
-                        self.inner.metrics.forget("rsc_member_heartbeat_age_seconds", "member", member);
-                        self.inner.metrics.forget("rsc_member_revoking_shards", "member", member);
+                        let series: &[(&str, &str)] = &[("group", &group_label), ("member", member)];
+                        self.inner.metrics.forget_matching("rsc_member_heartbeat_age_seconds", series);
+                        self.inner.metrics.forget_matching("rsc_member_revoking_shards", series);
                     }
                     return decision.outcome;
                 }
@@ -307,6 +311,40 @@ impl<S: MetadataStore> Coordinator<S> {
             ErrorCode::MetadataIncompatible,
             format!("group {group}: metadata hash not in this layout: {detail}"),
         )
+    }
+
+    /// Counts what a recorded write took from members without their leave: members fenced,
+    /// members a tick expired, and the shards taken from a member that may still hold them.
+    /// Otherwise these show only in gauges that last less than a lease or half a member TTL,
+    /// shorter than many scrape intervals.
+    fn count_removals(&self, before: Option<&GroupMetadata>, after: &GroupMetadata, by_tick: bool) {
+        let Some(before) = before else { return };
+        let labels = || vec![("group", after.group.to_string())];
+        if by_tick {
+            let expired = before.members.keys().filter(|m| !after.members.contains_key(*m)).count();
+            if expired > 0 {
+                self.inner.metrics.count_by(&MEMBERS_EXPIRED, labels(), expired as f64);
+            }
+        }
+        let fenced = |g: &GroupMetadata, m: &MemberId| g.members.get(m).is_some_and(|m| m.state == MemberState::Fenced);
+        let newly_fenced = after.members.keys().filter(|m| fenced(after, m) && !fenced(before, m)).count();
+        if newly_fenced > 0 {
+            self.inner.metrics.count_by(&MEMBERS_FENCED, labels(), newly_fenced as f64);
+        }
+        let was_fenced = |shard: &ShardId, member: &MemberId| {
+            before
+                .current
+                .get(shard)
+                .is_some_and(|owner| matches!(owner, ShardOwner::Fenced { .. }) && owner.member() == member)
+        };
+        let newly = after
+            .current
+            .iter()
+            .filter(|(shard, owner)| matches!(owner, ShardOwner::Fenced { .. }) && !was_fenced(shard, owner.member()))
+            .count();
+        if newly > 0 {
+            self.inner.metrics.count_by(&SHARDS_FENCED, labels(), newly as f64);
+        }
     }
 
     fn count_schema_error(&self, group: &GroupId) {
