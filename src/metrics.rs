@@ -368,4 +368,56 @@ mod tests {
         m.forget("lease_remaining_seconds", "member", "a");
         assert!(!m.render().contains("member=\"a\""));
     }
+
+    /// Every metric name the code emits is documented in `docs/metrics.md`, and every metric name
+    /// the docs and runbooks mention is one the code emits (a runbook once pointed at a counter
+    /// that never existed, and one counter was missing from the table that claims to list them).
+    #[test]
+    fn the_metric_docs_name_exactly_the_metrics_the_code_emits() {
+        fn files(dir: &std::path::Path, ext: &str, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).expect("read dir") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    files(&path, ext, out);
+                } else if path.extension().is_some_and(|e| e == ext) {
+                    out.push(path);
+                }
+            }
+        }
+        /// The `rsc_...` names in `text`; `quoted`: only string literals (the code's names).
+        fn names(text: &str, quoted: bool) -> BTreeSet<String> {
+            let mut found = BTreeSet::new();
+            for (at, _) in text.match_indices("rsc_") {
+                if quoted && !text[..at].ends_with('"') {
+                    continue;
+                }
+                let rest = &text[at..];
+                let end = rest.find(|c: char| !(c.is_ascii_lowercase() || c == '_')).unwrap_or(rest.len());
+                if quoted && !rest[end..].starts_with('"') {
+                    continue;
+                }
+                let name = &rest[..end];
+                // `rsc_group_*` in prose names a family; histogram series carry suffixes.
+                if !name.ends_with('_') {
+                    let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s));
+                    found.insert(base.unwrap_or(name).to_string());
+                }
+            }
+            found
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let (mut sources, mut docs) = (Vec::new(), Vec::new());
+        files(&root.join("src"), "rs", &mut sources);
+        files(&root.join("docs"), "md", &mut docs);
+        docs.push(root.join("README.md"));
+        let read = |p: &std::path::PathBuf| std::fs::read_to_string(p).expect("read");
+        let emitted: BTreeSet<String> = sources.iter().flat_map(|p| names(&read(p), true)).collect();
+        let table = names(&std::fs::read_to_string(root.join("docs/metrics.md")).expect("metrics.md"), false);
+        let mentioned: BTreeSet<String> = docs.iter().flat_map(|p| names(&read(p), false)).collect();
+        assert!(emitted.len() > 30, "the scan found the code's metrics: {emitted:?}");
+        let undocumented: Vec<_> = emitted.difference(&table).collect();
+        assert!(undocumented.is_empty(), "emitted but not in docs/metrics.md: {undocumented:?}");
+        let unknown: Vec<_> = mentioned.difference(&emitted).collect();
+        assert!(unknown.is_empty(), "named in docs but never emitted: {unknown:?}");
+    }
 }
