@@ -58,6 +58,10 @@ pub struct MeasurementsLine {
     pub paused_processing_overlaps: usize,
     pub backlog_entries: usize,
     pub stranded_entries: usize,
+    #[serde(default)]
+    pub stranded_unprovable_entries: usize,
+    #[serde(default)]
+    pub unprovable_version_reuses: usize,
     pub silent_loss_processing_overlaps: usize,
     pub responses_from_dropped_writes: usize,
     pub lost_version_answers: usize,
@@ -105,6 +109,8 @@ impl SeedLine {
             paused_processing_overlaps: m.paused_processing_overlaps,
             backlog_entries: m.backlog_entries,
             stranded_entries: m.stranded_entries,
+            stranded_unprovable_entries: m.stranded_unprovable_entries,
+            unprovable_version_reuses: m.unprovable_version_reuses,
             silent_loss_processing_overlaps: m.silent_loss_processing_overlaps,
             responses_from_dropped_writes: m.responses_from_dropped_writes,
             lost_version_answers: m.lost_version_answers,
@@ -127,14 +133,15 @@ impl SeedLine {
     /// The outcome the summary adds up (no trace: the child wrote it for a failing seed).
     pub fn to_outcome(&self) -> SeedOutcome {
         let l = &self.measurements;
-        // `..default()`: a measurement added to the checkers later reads as zero here until this
-        // line format learns it (clippy sees every field listed today).
-        #[allow(clippy::needless_update)]
+        // Every field by name, no `..default()`: a measurement added to the checkers is a compile
+        // error here until this line format carries it (else `--jobs N` would print it as zero).
         let m = Measurements {
             silent_rollback_split_us: l.silent_rollback_split_us,
             paused_processing_overlaps: l.paused_processing_overlaps,
             backlog_entries: l.backlog_entries,
             stranded_entries: l.stranded_entries,
+            stranded_unprovable_entries: l.stranded_unprovable_entries,
+            unprovable_version_reuses: l.unprovable_version_reuses,
             silent_loss_processing_overlaps: l.silent_loss_processing_overlaps,
             responses_from_dropped_writes: l.responses_from_dropped_writes,
             lost_version_answers: l.lost_version_answers,
@@ -147,7 +154,6 @@ impl SeedLine {
                 stale_across_split_brain: l.split_brain.1,
             },
             split_brain: l.split_brain.0.clone(),
-            ..Measurements::default()
         };
         let findings = self
             .findings

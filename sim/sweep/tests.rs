@@ -12,6 +12,8 @@ fn outcome() -> SeedOutcome {
     let measurements = Measurements {
         silent_rollback_split_us: Some(1_234),
         stranded_entries: 2,
+        stranded_unprovable_entries: 3,
+        unprovable_version_reuses: 4,
         correction_rounds_by_cause: BTreeMap::from([("identity-change", 3)]),
         ..Measurements::default()
     };
