@@ -656,3 +656,35 @@ async fn slow_request_bodies_take_no_concurrency_slot_from_other_requests() {
     let _ = stop.send(());
     server.await.expect("server stops");
 }
+
+/// The operational routes have slots of their own: `/healthz`, `/readyz` and `/metrics` queued
+/// behind heartbeats for the API's slots, so an overload (here: the only slot held by a heartbeat
+/// waiting on a slow store) failed liveness probes, which restart the pod, and scrapes.
+#[tokio::test]
+async fn probes_and_scrapes_are_answered_while_every_api_slot_is_taken() {
+    use std::time::Duration;
+
+    let api = Api::with_group(None, 2).await;
+    let options = HttpOptions { concurrency_max: 1, readiness: api.readiness.clone(), ..HttpOptions::default() };
+    let router = app(api.coordinator.clone(), options);
+    api.store.set_latency_ms(1_000);
+    let request = |method: &str, uri: &str, body: String| {
+        let request = Request::builder().method(method).uri(uri).header(header::CONTENT_TYPE, "application/json");
+        request.body(Body::from(body)).expect("request builds")
+    };
+    let heartbeat = tokio::spawn(router.clone().oneshot(request("POST", HEARTBEAT, join_body("a").to_string())));
+    // On this current-thread runtime the heartbeat runs up to its store call, slot held.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for uri in ["/healthz", "/readyz", "/metrics"] {
+        let answered = tokio::time::timeout(
+            Duration::from_millis(500),
+            router.clone().oneshot(request("GET", uri, String::new())),
+        );
+        let response =
+            answered.await.unwrap_or_else(|_| panic!("{uri} waited for the heartbeat's slot")).expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK, "{uri}");
+    }
+    assert!(!heartbeat.is_finished(), "the heartbeat still held the only API slot");
+    let response = heartbeat.await.expect("task").expect("infallible");
+    assert_eq!(response.status(), StatusCode::OK);
+}

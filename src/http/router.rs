@@ -57,7 +57,8 @@ pub const HEADERS_MAX: usize = 64;
 pub struct HttpOptions {
     /// Largest request body accepted (413 above it).
     pub body_bytes_max: usize,
-    /// Requests handled at once across all routes; further ones wait.
+    /// Requests handled at once across the API's routes; further ones wait. The operational
+    /// routes have [`OPERATIONAL_CONCURRENCY_MAX`] slots of their own.
     pub concurrency_max: usize,
     /// Bearer token required by admin routes; `None`: admin routes are open.
     pub admin_token: Option<String>,
@@ -104,6 +105,10 @@ impl<S> Clone for AppState<S> {
     }
 }
 
+/// Concurrent requests to the operational routes (`RouteAuth::Open`: `/healthz`, `/readyz`,
+/// `/metrics`, the OpenAPI document), apart from `HttpOptions::concurrency_max`.
+pub const OPERATIONAL_CONCURRENCY_MAX: usize = 16;
+
 /// The coordinator's HTTP API over `coordinator`.
 pub fn app<S: MetadataStore>(coordinator: Coordinator<S>, options: HttpOptions) -> Router {
     let body_bytes_max = options.body_bytes_max;
@@ -111,8 +116,12 @@ pub fn app<S: MetadataStore>(coordinator: Coordinator<S>, options: HttpOptions) 
     let state = AppState { coordinator, options: Arc::new(options) };
     let budget = Arc::new(Semaphore::new(BODY_BUFFER_BYTES_MAX.max(body_bytes_max)));
     let body_gate = BodyGate { state: state.clone(), budget };
-    // One pool of slots for every route.
+    // One pool of slots for the API's routes, and a small one of their own for the operational
+    // ones (probes, metrics, the OpenAPI document): they queued behind heartbeats for the same
+    // slots, so an overload failed liveness probes (restarts) and scrapes (gaps) exactly when
+    // they mattered; and a flood of them cannot take the API's slots either.
     let slots = Arc::new(Semaphore::new(concurrency_max));
+    let operational_slots = Arc::new(Semaphore::new(OPERATIONAL_CONCURRENCY_MAX));
     let mut router = Router::new();
     for spec in ROUTES {
         let context = RouteContext { spec, state: state.clone() };
@@ -121,8 +130,9 @@ pub fn app<S: MetadataStore>(coordinator: Coordinator<S>, options: HttpOptions) 
         // refused before any of its body is read, and holds none of the body budget: a black-box
         // review filled that budget with unauthenticated slow bodies (64 of about 1 MiB each,
         // renewed every body read deadline), and every group's heartbeats waited behind them.
+        let pool = if spec.auth == RouteAuth::Open { &operational_slots } else { &slots };
         let endpoint = endpoint::<S>(spec)
-            .layer(GlobalConcurrencyLimitLayer::with_semaphore(Arc::clone(&slots)))
+            .layer(GlobalConcurrencyLimitLayer::with_semaphore(Arc::clone(pool)))
             .route_layer(middleware::from_fn_with_state(body_gate.clone(), buffer_body::<S>))
             .route_layer(middleware::from_fn_with_state(context, around_request::<S>));
         router = router.route(spec.path, endpoint);
