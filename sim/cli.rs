@@ -1,7 +1,12 @@
 //! The `sim` command line: run plans over seed ranges, replay one seed with a full trace, show a
 //! drawn plan, run the planted-bug and regression suites. Prints the summary table and, for every
 //! failing seed, its drawn parameters, its findings, where its trace was written and
-//! `REPRODUCE WITH: cargo sim replay <plan> <seed>`. Draws one run as an HTML timeline.
+//! `REPRODUCE WITH: <command>` (`reproduce`: a command that runs that seed again as it ran). Draws
+//! one run as an HTML timeline.
+
+mod reproduce;
+
+pub(crate) use reproduce::reproduce_command;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +18,7 @@ use clap::{Parser, Subcommand};
 use crate::bench;
 use crate::capsule::{self, Capsule};
 use crate::checkers::{count_by_kind, Finding};
-use crate::plan::{default_plan_dir, load_plan, plan_names, Plan, PlanError, PlanSpec};
+use crate::plan::{default_plan_dir, load_plan, plan_names, Plan, PlanError, PlanSource, PlanSpec};
 use crate::records::{fmt_us, render_trace, Records};
 use crate::regressions;
 use crate::runner::{run_seed, sim_group, SeedOutcome};
@@ -348,15 +353,24 @@ pub fn run_plan_with(
         }
         summary.add(&outcome);
         if !outcome.findings.is_empty() && (spec.expect.is_empty() || flags.capsules) {
-            summary.capsules.extend(report_failure(&spec.name, &plan, &description, &outcome));
+            let failure = Failure { source: spec.source(), name: &spec.name, flags };
+            summary.capsules.extend(report_failure(&failure, &plan, &description, &outcome));
         }
         on_seed(&outcome);
     }
     Ok(summary)
 }
 
+/// Which run failed: the plan (its file and name) and the flags it ran with.
+struct Failure<'a> {
+    source: PlanSource,
+    name: &'a str,
+    flags: RunFlags,
+}
+
 /// Prints a failing seed's report and writes its trace and capsule; returns the capsule's path.
-fn report_failure(name: &str, plan: &Plan, description: &str, outcome: &SeedOutcome) -> Option<PathBuf> {
+fn report_failure(failure: &Failure<'_>, plan: &Plan, description: &str, outcome: &SeedOutcome) -> Option<PathBuf> {
+    let name = failure.name;
     println!("\nFAILED {name} seed {}", outcome.seed);
     print!("{description}");
     for finding in outcome.findings.iter().take(20) {
@@ -370,16 +384,18 @@ fn report_failure(name: &str, plan: &Plan, description: &str, outcome: &SeedOutc
     if verbose.findings != outcome.findings {
         println!("  WARNING: the re-run with the full trace found something else (nondeterminism?)");
     }
-    match write_trace(name, outcome.seed, &verbose) {
+    // A control run (planted bugs off) gets its own file names: the planted run of the same seed
+    // writes its trace and capsule under the plain ones.
+    let stem = reproduce::run_stem(name, outcome.seed, failure.flags.without_planted);
+    match write_trace(&stem, &verbose) {
         Ok(path) => println!("  trace: {}", path.display()),
         Err(e) => println!("  trace not written: {e}"),
     }
-    // A control run (planted bugs off) of a planted plan gets its own capsule name.
-    let control = if name.starts_with("planted-") && plan.planted.is_empty() { "-without-planted" } else { "" };
+    let command = reproduce::reproduce_command(&failure.source, outcome.seed, failure.flags);
     let first = outcome.findings.first().map(ToString::to_string).unwrap_or_default();
-    let note = format!("found by `cargo sim run {name} --seeds {}`{control}: {first}", outcome.seed);
+    let note = format!("found by `{command}`: {first}");
     let capsule = Capsule::new(plan, &verbose.findings, verbose.trace_hash, note);
-    let path = capsule::default_dir().join(format!("{name}-{}{control}.toml", outcome.seed));
+    let path = capsule::default_dir().join(format!("{stem}.toml"));
     let written = match capsule.write(&path) {
         Ok(()) => {
             println!("{CAPSULE_LINE_PREFIX}{}", path.display());
@@ -390,17 +406,18 @@ fn report_failure(name: &str, plan: &Plan, description: &str, outcome: &SeedOutc
             None
         }
     };
-    println!("REPRODUCE WITH: cargo sim replay {name} {}", outcome.seed);
+    println!("REPRODUCE WITH: {command}");
     written
 }
 
 /// The line a failure report names its capsule with (the sweep's summary collects them).
 pub const CAPSULE_LINE_PREFIX: &str = "  capsule: ";
 
-pub(crate) fn write_trace(name: &str, seed: u64, outcome: &SeedOutcome) -> std::io::Result<PathBuf> {
+/// Writes a run's trace to `target/sim-traces/<stem>.log` (and its metadata history next to it).
+pub(crate) fn write_trace(stem: &str, outcome: &SeedOutcome) -> std::io::Result<PathBuf> {
     let dir = trace_dir();
     std::fs::create_dir_all(&dir)?;
-    let path = dir.join(format!("{name}-{seed}.log"));
+    let path = dir.join(format!("{stem}.log"));
     let mut text = render_trace(&outcome.trace);
     for finding in &outcome.findings {
         text.push_str(&format!("FINDING {finding}\n"));
@@ -601,7 +618,7 @@ fn replay(dir: &Path, name: &str, seed: u64) -> Result<bool, PlanError> {
     for finding in &outcome.findings {
         println!("  {finding}");
     }
-    match write_trace(name, seed, &outcome) {
+    match write_trace(&format!("{name}-{seed}"), &outcome) {
         Ok(path) => {
             println!("trace ({} events, hash {:016x}): {}", outcome.trace.len(), outcome.trace_hash, path.display())
         }
@@ -623,13 +640,15 @@ fn timeline_dir() -> PathBuf {
 
 /// Runs one seed with the full trace and writes its timeline page; prints the page's path.
 fn timeline(dir: &Path, name: &str, seed: u64, without_planted: bool) -> Result<bool, PlanError> {
-    let plan = load_spec(dir, name, RunFlags { without_planted, ..RunFlags::default() })?.draw(seed)?;
+    let spec = load_spec(dir, name, RunFlags { without_planted, ..RunFlags::default() })?;
+    let plan = spec.draw(seed)?;
     let outcome = run_seed(plan.clone(), true);
     for finding in &outcome.findings {
         println!("  {finding}");
     }
     // A run that panicked has no records; its page still shows the plan and the panic.
     let empty = Records::default();
+    let flags = RunFlags { without_planted, ..RunFlags::default() };
     let input = TimelineInput {
         plan: &plan,
         group: &sim_group(),
@@ -637,6 +656,8 @@ fn timeline(dir: &Path, name: &str, seed: u64, without_planted: bool) -> Result<
         findings: &outcome.findings,
         end_us: plan.durations.run_ms * 1_000,
         planted_on: !without_planted,
+        reproduce: reproduce::reproduce_command(&spec.source(), seed, flags),
+        this_page: reproduce::timeline_command(&spec.source(), seed, without_planted),
     };
     let html = timeline::render(&input);
     let out = timeline_dir();
@@ -667,10 +688,8 @@ fn planted(dir: &Path, seeds: (u64, u64), capsules: bool) -> Result<bool, PlanEr
         control_spec.expect.clear();
         control_spec.also.clear();
         println!("--- {name}: control run (planted bugs off; must be clean)");
-        let control = run_plan(&control_spec, seeds, false, false)?;
-        if !control.failed.is_empty() {
-            println!("  (a control run's REPRODUCE line needs --without-planted: cargo sim run {name} --seeds S..S+1 --without-planted)");
-        }
+        let control_flags = RunFlags { without_planted: true, ..RunFlags::default() };
+        let control = run_plan_with(&control_spec, seeds, control_flags, &mut |_| {})?;
         let missing: Vec<&str> =
             spec.expect.iter().map(String::as_str).filter(|k| !summary.kinds.contains_key(k)).collect();
         let allowed = |k: &str| spec.expect.iter().chain(&spec.also).any(|e| e == k);
@@ -713,3 +732,6 @@ fn planted(dir: &Path, seeds: (u64, u64), capsules: bool) -> Result<bool, PlanEr
     }
     Ok(all_ok && never.is_empty())
 }
+
+#[cfg(test)]
+mod tests;

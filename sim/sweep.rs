@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::checkers::{Finding, Measurements, KINDS};
-use crate::cli::{print_table, run_plan_with, PlanSummary, RunFlags, CAPSULE_LINE_PREFIX};
+use crate::cli::{print_table, reproduce_command, run_plan_with, PlanSummary, RunFlags, CAPSULE_LINE_PREFIX};
 use crate::plan::{PlanError, PlanSpec};
 use crate::runner::SeedOutcome;
 
@@ -500,11 +500,7 @@ fn report(
     println!("\nfailing seeds ({}):", failing.len());
     for (plan, seed, kinds) in failing.iter() {
         let name = &specs[*plan].name;
-        let reproduce = if flags.without_planted {
-            format!("cargo sim run {name} --seeds {seed} --without-planted")
-        } else {
-            format!("cargo sim replay {name} {seed}")
-        };
+        let reproduce = reproduce_command(&specs[*plan].source(), *seed, flags);
         println!("  {name:<36} seed {seed:<8} {:<40} REPRODUCE WITH: {reproduce}", kinds.join(","));
     }
 }

@@ -45,6 +45,10 @@ pub struct TimelineInput<'a> {
     pub end_us: Us,
     /// Whether the plan's planted bugs were on (`--without-planted` switches them off).
     pub planted_on: bool,
+    /// The command that runs this run again (the REPRODUCE line of a failing seed).
+    pub reproduce: String,
+    /// The command that draws this page again.
+    pub this_page: String,
 }
 
 /// The colour of a consumer node (every incarnation of a node shares it).
@@ -494,7 +498,6 @@ fn header_html(input: &TimelineInput<'_>) -> String {
         (false, true) => planted.join(", "),
         (false, false) => format!("off (--without-planted; plan lists {})", planted.join(", ")),
     };
-    let control = if input.planted_on { "" } else { " --without-planted" };
     let verdict = if input.findings.is_empty() {
         "no violations".to_string()
     } else {
@@ -503,7 +506,7 @@ fn header_html(input: &TimelineInput<'_>) -> String {
     format!(
         "<h1>{} &middot; seed {}</h1>\n<div class=\"meta\">{} coordinators, {} consumers, {} producers, {} shards; \
          run {} s, faults heal by {} s; planted bugs: {}; {verdict}. \
-         Replay: <code>cargo sim replay {} {}</code> &middot; this page: <code>cargo sim timeline {} {}{control}</code></div>",
+         Replay: <code>{}</code> &middot; this page: <code>{}</code></div>",
         esc(&plan.name),
         plan.seed,
         t.coordinators,
@@ -513,10 +516,8 @@ fn header_html(input: &TimelineInput<'_>) -> String {
         secs(input.end_us),
         plan.durations.heal_ms / 1_000,
         esc(&planted),
-        esc(&plan.name),
-        plan.seed,
-        esc(&plan.name),
-        plan.seed,
+        esc(&input.reproduce),
+        esc(&input.this_page),
     )
 }
 

@@ -22,7 +22,7 @@ pub fn run_file(path: &Path, without_planted: bool, write_trace: bool) -> Result
     if write_trace {
         let stem = path.file_stem().map_or_else(|| "capsule".into(), |s| s.to_string_lossy().into_owned());
         let control = if without_planted { "-without-planted" } else { "" };
-        match crate::cli::write_trace(&format!("capsule-{stem}{control}"), outcome.seed, &outcome) {
+        match crate::cli::write_trace(&format!("capsule-{stem}{control}-{}", outcome.seed), &outcome) {
             Ok(trace) => println!("trace ({} events): {}", outcome.trace.len(), trace.display()),
             Err(e) => println!("trace not written: {e}"),
         }

@@ -69,6 +69,19 @@ pub struct PlanSpec {
     #[serde(default, rename = "action")]
     pub actions: Vec<EntrySpec>,
     pub random: Option<RandomSpec>,
+    /// The file this spec was loaded from ([`load_plan`]); `None` for a spec parsed from text.
+    #[serde(skip)]
+    pub source: Option<PlanSource>,
+}
+
+/// How a plan file was named when it was loaded, so that a child process or a printed command
+/// loads exactly that file again (the `name` inside the file need not match its file name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanSource {
+    /// `<dir>/<name>.toml`: a name in a plans directory (`--plans`, as given).
+    Named { dir: PathBuf, name: String },
+    /// A path to a `.toml` file, canonical (absolute) when it could be resolved.
+    File(PathBuf),
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -388,6 +401,11 @@ impl PlanSpec {
         Self::parse(&text, path)
     }
 
+    /// The file this spec came from; a spec parsed from text counts as the shipped plan of its name.
+    pub fn source(&self) -> PlanSource {
+        self.source.clone().unwrap_or_else(|| PlanSource::Named { dir: default_plan_dir(), name: self.name.clone() })
+    }
+
     /// Draws every parameter for `seed` and validates the result.
     pub fn draw(&self, seed: u64) -> Result<Plan, PlanError> {
         draw::draw(self, seed)
@@ -424,8 +442,16 @@ pub fn plan_names(dir: &Path) -> Result<Vec<String>, PlanError> {
 
 /// Loads the plan `name` (a file stem in `dir`, or a path to a `.toml` file).
 pub fn load_plan(dir: &Path, name: &str) -> Result<PlanSpec, PlanError> {
-    let path = if name.ends_with(".toml") { PathBuf::from(name) } else { dir.join(format!("{name}.toml")) };
-    PlanSpec::load(&path)
+    let (path, source) = if name.ends_with(".toml") {
+        let path = PathBuf::from(name);
+        let canonical = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        (path, PlanSource::File(canonical))
+    } else {
+        (dir.join(format!("{name}.toml")), PlanSource::Named { dir: dir.to_path_buf(), name: name.to_string() })
+    };
+    let mut spec = PlanSpec::load(&path)?;
+    spec.source = Some(source);
+    Ok(spec)
 }
 
 #[cfg(test)]

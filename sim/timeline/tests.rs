@@ -21,6 +21,8 @@ fn input<'a>(w: &'a World, findings: &'a [Finding]) -> TimelineInput<'a> {
         findings,
         end_us: 60_000_000,
         planted_on: true,
+        reproduce: "cargo sim replay fixture 0".into(),
+        this_page: "cargo sim timeline fixture 0".into(),
     }
 }
 
@@ -130,6 +132,8 @@ fn the_timeline_of_a_planted_failure_marks_its_violations() {
         findings: &outcome.findings,
         end_us: plan.durations.run_ms * 1_000,
         planted_on: true,
+        reproduce: String::new(),
+        this_page: String::new(),
     };
     let html = render(&input);
     for (i, finding) in outcome.findings.iter().enumerate() {
@@ -143,3 +147,17 @@ fn the_timeline_of_a_planted_failure_marks_its_violations() {
 
 #[cfg(madsim)]
 const PLANTED_SEED: u64 = 3;
+
+/// The header's commands are the ones the caller built (`cli::reproduce`): a control run's page
+/// names the control run, not `cargo sim replay`, which runs the planted bugs.
+#[test]
+fn the_header_gives_the_commands_that_run_this_run_again() {
+    let (w, findings) = split_world();
+    let mut input = input(&w, &findings);
+    input.planted_on = false;
+    input.reproduce = "cargo sim --plans /tmp/p run x --seeds 3 --without-planted".into();
+    input.this_page = "cargo sim --plans /tmp/p timeline x 3 --without-planted".into();
+    let html = render(&input);
+    assert!(html.contains("Replay: <code>cargo sim --plans /tmp/p run x --seeds 3 --without-planted</code>"), "{html}");
+    assert!(html.contains("this page: <code>cargo sim --plans /tmp/p timeline x 3 --without-planted</code>"));
+}
