@@ -15,7 +15,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::plan::{load_plan, PlanError, PlanSpec};
+use crate::plan::{load_plan, PlanError, PlanSource, PlanSpec};
 use crate::sweep::{PlanLine, PLAN_LINE_PREFIX};
 
 /// One binary under test.
@@ -61,19 +61,18 @@ pub fn plan_line_from(stdout: &str, plan: &str) -> Option<PlanLine> {
         .find(|l| l.plan == plan)
 }
 
-fn run_child(
-    binary: &Binary,
-    dir: &Path,
-    plan: &str,
-    seed: u64,
-    json: bool,
-) -> Result<(String, String, i32), PlanError> {
-    let mut cmd = Command::new(&binary.path);
-    cmd.arg("--plans").arg(dir).arg("run").arg(plan).arg("--seeds").arg(format!("{seed}..{}", seed + 1));
+/// The arguments of a child that runs `seed` of the plan loaded from `source`: it loads that very
+/// file (a plan given as a path, or one whose `name` is not its file name, included).
+pub(crate) fn run_args(source: &PlanSource, seed: u64, json: bool) -> Vec<String> {
+    let mut rest = vec!["--seeds".to_string(), format!("{seed}..{}", seed + 1)];
     if json {
-        cmd.arg("--json");
+        rest.push("--json".to_string());
     }
-    let out = cmd.output().map_err(|e| {
+    crate::cli::child_args(source, "run", &rest)
+}
+
+fn run_child(binary: &Binary, spec: &PlanSpec, seed: u64, json: bool) -> Result<(String, String, i32), PlanError> {
+    let out = Command::new(&binary.path).args(run_args(&spec.source(), seed, json)).output().map_err(|e| {
         PlanError::Invalid(format!("cannot run the {} binary {}: {e}", binary.label, binary.path.display()))
     })?;
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
@@ -81,10 +80,10 @@ fn run_child(
 }
 
 /// Times one seed of one plan on one binary.
-fn time_seed(binary: &mut Binary, dir: &Path, spec: &PlanSpec, seed: u64) -> Result<Timing, PlanError> {
+fn time_seed(binary: &mut Binary, spec: &PlanSpec, seed: u64) -> Result<Timing, PlanError> {
     let plan = spec.name.as_str();
     if binary.json != Some(false) {
-        let (stdout, stderr, _) = run_child(binary, dir, plan, seed, true)?;
+        let (stdout, stderr, _) = run_child(binary, spec, seed, true)?;
         if let Some(line) = plan_line_from(&stdout, plan) {
             binary.json = Some(true);
             return Ok(Timing {
@@ -103,7 +102,7 @@ fn time_seed(binary: &mut Binary, dir: &Path, spec: &PlanSpec, seed: u64) -> Res
         // An older build: its argument parser refused `--json`.
         binary.json = Some(false);
     }
-    let (stdout, stderr, code) = run_child(binary, dir, plan, seed, false)?;
+    let (stdout, stderr, code) = run_child(binary, spec, seed, false)?;
     let ratio = ratio_from_table(&stdout, plan).filter(|r| *r > 0.0).ok_or_else(|| {
         PlanError::Invalid(format!(
             "no sim/wall ratio for {plan} in the {} binary's output:\n{stdout}{stderr}",
@@ -147,7 +146,7 @@ pub fn bench(dir: &Path, plans: &str, seeds: (u64, u64), baseline: Option<PathBu
                 order.reverse();
             }
             for b in order {
-                let t = time_seed(&mut binaries[b], dir, spec, seed)?;
+                let t = time_seed(&mut binaries[b], spec, seed)?;
                 add(totals.entry((p, b)).or_default(), t);
             }
             done += 1;

@@ -6,7 +6,7 @@
 
 mod reproduce;
 
-pub(crate) use reproduce::reproduce_command;
+pub(crate) use reproduce::{child_args, reproduce_command};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -588,7 +588,7 @@ fn run_plans(
     };
     let specs = names.iter().map(|name| load_spec(dir, name, flags)).collect::<Result<Vec<_>, _>>()?;
     if jobs > 1 {
-        return sweep::run_parallel(dir, &specs, seeds, flags, jobs);
+        return sweep::run_parallel(&specs, seeds, flags, jobs);
     }
     let mut summaries = Vec::new();
     let mut progress = sweep::Progress::sequential((seeds.1 - seeds.0) * specs.len() as u64);

@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::checkers::{Finding, Measurements, KINDS};
-use crate::cli::{print_table, reproduce_command, run_plan_with, PlanSummary, RunFlags, CAPSULE_LINE_PREFIX};
-use crate::plan::{PlanError, PlanSpec};
+use crate::cli::{
+    child_args, print_table, reproduce_command, run_plan_with, PlanSummary, RunFlags, CAPSULE_LINE_PREFIX,
+};
+use crate::plan::{PlanError, PlanSource, PlanSpec};
 use crate::runner::SeedOutcome;
 
 /// Prefix of a seed line on a child's stdout (every other line is free text: failure reports).
@@ -254,22 +256,10 @@ fn chunks(plans: usize, seeds: (u64, u64), jobs: usize) -> Vec<Chunk> {
     out
 }
 
-fn spawn(
-    exe: &Path,
-    dir: &Path,
-    name: &str,
-    chunk: &Chunk,
-    flags: RunFlags,
-    id: usize,
-    tx: &mpsc::Sender<Event>,
-) -> std::io::Result<()> {
-    let mut cmd = Command::new(exe);
-    cmd.arg("--plans")
-        .arg(dir)
-        .arg("chunk")
-        .arg(name)
-        .arg("--seeds")
-        .arg(format!("{}..{}", chunk.seeds.0, chunk.seeds.1));
+/// The arguments of the child that runs `seeds` of the plan loaded from `source`: it loads that
+/// very file (a plan given as a path, or one whose `name` is not its file name, included).
+pub(crate) fn chunk_args(source: &PlanSource, seeds: (u64, u64), flags: RunFlags) -> Vec<String> {
+    let mut rest = vec!["--seeds".to_string(), format!("{}..{}", seeds.0, seeds.1)];
     for (on, flag) in [
         (flags.without_planted, "--without-planted"),
         (flags.check_determinism, "--check-determinism"),
@@ -277,9 +267,22 @@ fn spawn(
         (flags.capsules, "--capsules"),
     ] {
         if on {
-            cmd.arg(flag);
+            rest.push(flag.to_string());
         }
     }
+    child_args(source, "chunk", &rest)
+}
+
+fn spawn(
+    exe: &Path,
+    source: &PlanSource,
+    chunk: &Chunk,
+    flags: RunFlags,
+    id: usize,
+    tx: &mpsc::Sender<Event>,
+) -> std::io::Result<()> {
+    let mut cmd = Command::new(exe);
+    cmd.args(chunk_args(source, chunk.seeds, flags));
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     let (stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
     let tx = tx.clone();
@@ -388,13 +391,7 @@ impl Progress {
 }
 
 /// The parent of a `--jobs N` run. `specs` are the plans in table order.
-pub fn run_parallel(
-    dir: &Path,
-    specs: &[PlanSpec],
-    seeds: (u64, u64),
-    flags: RunFlags,
-    jobs: usize,
-) -> Result<bool, PlanError> {
+pub fn run_parallel(specs: &[PlanSpec], seeds: (u64, u64), flags: RunFlags, jobs: usize) -> Result<bool, PlanError> {
     let exe = std::env::current_exe().map_err(|e| PlanError::Invalid(format!("cannot find this executable: {e}")))?;
     let queue = chunks(specs.len(), seeds, jobs);
     let mut summaries: Vec<PlanSummary> =
@@ -417,7 +414,7 @@ pub fn run_parallel(
     while next < queue.len() || running > 0 {
         while running < jobs && next < queue.len() {
             let chunk = &queue[next];
-            spawn(&exe, dir, &specs[chunk.plan].name, chunk, flags, next, &tx)
+            spawn(&exe, &specs[chunk.plan].source(), chunk, flags, next, &tx)
                 .map_err(|e| PlanError::Invalid(format!("cannot start {}: {e}", exe.display())))?;
             next += 1;
             running += 1;

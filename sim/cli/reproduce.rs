@@ -1,5 +1,6 @@
 //! The commands the tool prints to run a seed again: the REPRODUCE line of a failing seed (in
-//! process and in a sweep's list), a timeline page's header and a capsule's note.
+//! process and in a sweep's list), a timeline page's header and a capsule's note; and the
+//! arguments a child process (a sweep's chunk, a bench run) loads its plan with.
 //!
 //! Owns: naming a plan file so that it is loaded again exactly (`--plans DIR` when the plan was
 //! named in a directory other than the shipped one, the path when it was given as a path), and the
@@ -20,6 +21,22 @@ fn plan_args(source: &PlanSource) -> (Vec<String>, String) {
         }
         PlanSource::File(path) => (Vec::new(), path.to_string_lossy().into_owned()),
     }
+}
+
+/// The arguments of a child process (a sweep's chunk, a bench run) that loads exactly the file
+/// `source` names: `--plans DIR <command> NAME` or `<command> PATH`, then `rest`. The directory
+/// is always given: another build (bench's baseline) has another default.
+pub fn child_args(source: &PlanSource, command: &str, rest: &[String]) -> Vec<String> {
+    let (mut args, plan) = match source {
+        PlanSource::Named { dir, name } => {
+            (vec!["--plans".to_string(), dir.to_string_lossy().into_owned()], name.clone())
+        }
+        PlanSource::File(path) => (Vec::new(), path.to_string_lossy().into_owned()),
+    };
+    args.push(command.to_string());
+    args.push(plan);
+    args.extend(rest.iter().cloned());
+    args
 }
 
 fn same_dir(a: &Path, b: &Path) -> bool {

@@ -7,7 +7,7 @@ use clap::Parser;
 
 use super::reproduce::{reproduce_command, run_stem, timeline_command};
 use super::{Cli, Command, RunFlags};
-use crate::plan::{default_plan_dir, PlanSource};
+use crate::plan::{default_plan_dir, load_plan, PlanSource};
 
 /// Parses a printed `cargo sim ...` command as `sim` would (its words hold no spaces here).
 fn parse(command: &str) -> Cli {
@@ -61,4 +61,34 @@ fn a_plan_from_another_directory_or_a_path_is_named_so_that_the_same_file_loads(
 fn a_control_run_writes_its_files_under_another_name() {
     assert_ne!(run_stem("planted-x", 3, true), run_stem("planted-x", 3, false));
     assert_eq!(run_stem("planted-x", 3, false), "planted-x-3");
+}
+
+/// A plan given as a path, or named in another directory, whose `name` is another plan's: a
+/// sweep's child and a bench run load the very file their parent loaded.
+#[test]
+fn a_child_process_loads_exactly_the_plan_file_its_parent_loaded() {
+    let dir = std::env::temp_dir().join(format!("sim-child-args-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shipped = std::fs::read_to_string(default_plan_dir().join("standard.toml")).unwrap();
+    // Still `name = "standard"`, another topology: it draws another run than the shipped plan.
+    let edited = shipped.replace("shards = 8", "shards = 5");
+    assert_ne!(edited, shipped);
+    std::fs::write(dir.join("mine.toml"), &edited).unwrap();
+    let path = dir.join("mine.toml").to_string_lossy().into_owned();
+    for parent in [load_plan(&default_plan_dir(), &path).unwrap(), load_plan(&dir, "mine").unwrap()] {
+        let expected = parent.draw(1).unwrap();
+        let chunk = crate::sweep::chunk_args(&parent.source(), (1, 2), RunFlags::default());
+        let bench = crate::bench::run_args(&parent.source(), 1, true);
+        for args in [chunk, bench] {
+            let cli = Cli::try_parse_from(std::iter::once("sim".to_string()).chain(args.clone()))
+                .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            let plan = match cli.command {
+                Command::Chunk { plan, .. } | Command::Run { plan: Some(plan), .. } => plan,
+                _ => panic!("{args:?}: not a chunk or a run"),
+            };
+            let child = load_plan(&cli.plans, &plan).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert_eq!(child.draw(1).unwrap(), expected, "{args:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
