@@ -345,7 +345,7 @@ pub fn run_plan_with(
             if again.trace_hash != outcome.trace_hash || again.findings != outcome.findings {
                 outcome.findings.push(Finding {
                     checker: "runner",
-                    kind: "nondeterminism",
+                    kind: NONDETERMINISM,
                     at_us: 0,
                     detail: format!("trace hash {:016x} then {:016x}", outcome.trace_hash, again.trace_hash),
                 });
@@ -360,6 +360,10 @@ pub fn run_plan_with(
     }
     Ok(summary)
 }
+
+/// The finding of `--check-determinism` when two runs of a seed differ. No single run produces
+/// it, so no capsule (one run, replayed once) can show it.
+const NONDETERMINISM: &str = "nondeterminism";
 
 /// Which run failed: the plan (its file and name) and the flags it ran with.
 struct Failure<'a> {
@@ -381,13 +385,28 @@ fn report_failure(failure: &Failure<'_>, plan: &Plan, description: &str, outcome
     }
     // Re-run with the full trace (the run is deterministic) and keep it.
     let verbose = run_seed(plan.clone(), true);
-    if verbose.findings != outcome.findings {
+    write_failure_files(failure, plan, outcome, &verbose)
+}
+
+/// Writes a failing seed's trace and capsule from `verbose`, its re-run with the full trace, and
+/// prints the command that reproduces it; returns the capsule's path. A capsule that would record
+/// a passing run (the failure was only that two runs differed) is not written.
+fn write_failure_files(
+    failure: &Failure<'_>,
+    plan: &Plan,
+    outcome: &SeedOutcome,
+    verbose: &SeedOutcome,
+) -> Option<PathBuf> {
+    let name = failure.name;
+    let one_run: Vec<&Finding> = outcome.findings.iter().filter(|f| f.kind != NONDETERMINISM).collect();
+    let nondeterministic = one_run.len() < outcome.findings.len();
+    if !verbose.findings.iter().eq(one_run.iter().copied()) {
         println!("  WARNING: the re-run with the full trace found something else (nondeterminism?)");
     }
     // A control run (planted bugs off) gets its own file names: the planted run of the same seed
     // writes its trace and capsule under the plain ones.
     let stem = reproduce::run_stem(name, outcome.seed, failure.flags.without_planted);
-    match write_trace(&stem, &verbose) {
+    match write_trace(&stem, verbose) {
         Ok(path) => println!("  trace: {}", path.display()),
         Err(e) => println!("  trace not written: {e}"),
     }
@@ -396,14 +415,27 @@ fn report_failure(failure: &Failure<'_>, plan: &Plan, description: &str, outcome
     let note = format!("found by `{command}`: {first}");
     let capsule = Capsule::new(plan, &verbose.findings, verbose.trace_hash, note);
     let path = capsule::default_dir().join(format!("{stem}.toml"));
-    let written = match capsule.write(&path) {
-        Ok(()) => {
-            println!("{CAPSULE_LINE_PREFIX}{}", path.display());
-            Some(path)
-        }
-        Err(e) => {
-            println!("  capsule not written: {e}");
-            None
+    if nondeterministic {
+        println!(
+            "  {NONDETERMINISM}: a capsule records one run and replays it once, so it cannot show that two runs \
+             of this seed differ; the command below runs the seed twice and compares"
+        );
+    }
+    let written = if verbose.findings.is_empty() {
+        println!(
+            "  capsule not written: the re-run with the full trace found nothing, and would read as a passing run"
+        );
+        None
+    } else {
+        match capsule.write(&path) {
+            Ok(()) => {
+                println!("{CAPSULE_LINE_PREFIX}{}", path.display());
+                Some(path)
+            }
+            Err(e) => {
+                println!("  capsule not written: {e}");
+                None
+            }
         }
     };
     println!("REPRODUCE WITH: {command}");

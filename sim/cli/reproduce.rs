@@ -4,7 +4,8 @@
 //!
 //! Owns: naming a plan file so that it is loaded again exactly (`--plans DIR` when the plan was
 //! named in a directory other than the shipped one, the path when it was given as a path), and the
-//! flags that change what a run is (`--without-planted`). Never runs anything.
+//! flags that change what a run is (`--without-planted`, `--check-determinism`). Never runs
+//! anything.
 
 use std::path::Path;
 
@@ -53,13 +54,20 @@ fn cargo_sim(source: &PlanSource, command: &str, rest: &[String]) -> String {
 }
 
 /// The command that runs `seed` of the plan again as the reported run was: `replay` (one run with
-/// the full trace) unless the run switched the planted bugs off, which `replay <plan>` cannot do:
-/// then `run --seeds S --without-planted`.
+/// the full trace) unless the run switched the planted bugs off or compared two runs, which
+/// `replay <plan>` cannot do: then `run --seeds S` with the same flags.
 pub fn reproduce_command(source: &PlanSource, seed: u64, flags: RunFlags) -> String {
-    if !flags.without_planted {
+    if !flags.without_planted && !flags.check_determinism {
         return cargo_sim(source, "replay", &[seed.to_string()]);
     }
-    cargo_sim(source, "run", &["--seeds".to_string(), seed.to_string(), "--without-planted".to_string()])
+    let mut rest = vec!["--seeds".to_string(), seed.to_string()];
+    if flags.without_planted {
+        rest.push("--without-planted".to_string());
+    }
+    if flags.check_determinism {
+        rest.push("--check-determinism".to_string());
+    }
+    cargo_sim(source, "run", &rest)
 }
 
 /// The command that draws the timeline page of `seed` again.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use super::reproduce::{reproduce_command, run_stem, timeline_command};
-use super::{Cli, Command, RunFlags};
+use super::{write_failure_files, Cli, Command, Failure, RunFlags, NONDETERMINISM};
 use crate::plan::{default_plan_dir, load_plan, PlanSource};
 
 /// Parses a printed `cargo sim ...` command as `sim` would (its words hold no spaces here).
@@ -91,4 +91,44 @@ fn a_child_process_loads_exactly_the_plan_file_its_parent_loaded() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_determinism_failures_reproduce_command_runs_the_seed_twice_and_compares() {
+    let flags = RunFlags { check_determinism: true, ..RunFlags::default() };
+    let command = reproduce_command(&shipped("standard"), 5, flags);
+    let Command::Run { plan, seeds, check_determinism, .. } = parse(&command).command else {
+        panic!("{command}: not a plan run")
+    };
+    assert_eq!((plan.as_deref(), seeds, check_determinism), (Some("standard"), (5, 6), true), "{command}");
+}
+
+/// `--check-determinism` found only that two runs differed: the traced re-run passes, and its
+/// capsule would record a passing run (`shrink`: nothing to shrink; `replay --capsule`: exit 0).
+#[test]
+fn a_seed_that_failed_only_by_nondeterminism_writes_no_passing_capsule() {
+    use crate::checkers::Finding;
+    use crate::runner::SeedOutcome;
+    let plan = load_plan(&default_plan_dir(), "standard").unwrap().draw(0).unwrap();
+    // A name of its own: the files it writes are no real run's.
+    let name = "test-nondeterminism-only";
+    let failure =
+        Failure { source: shipped(name), name, flags: RunFlags { check_determinism: true, ..RunFlags::default() } };
+    let outcome = |findings: Vec<Finding>| SeedOutcome {
+        seed: 0,
+        coverage: Default::default(),
+        findings,
+        measurements: Default::default(),
+        trace_hash: 1,
+        trace: Vec::new(),
+        history: Vec::new(),
+        records: None,
+        simulated: Default::default(),
+        wall: Default::default(),
+    };
+    let differed = Finding { checker: "runner", kind: NONDETERMINISM, at_us: 0, detail: "hash a then b".into() };
+    let path = crate::capsule::default_dir().join(format!("{name}-0.toml"));
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(write_failure_files(&failure, &plan, &outcome(vec![differed]), &outcome(Vec::new())), None);
+    assert!(!path.exists(), "{} records a passing run", path.display());
 }
