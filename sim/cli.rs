@@ -183,7 +183,11 @@ fn parse_seeds(s: &str) -> Result<(u64, u64), String> {
                 Err(format!("empty seed range {s}"))
             }
         }
-        None => parse(s).map(|a| (a, a + 1)),
+        None => {
+            let a = parse(s)?;
+            // The range's end is exclusive: u64::MAX has none (`a + 1` wrapped to the empty MAX..0).
+            a.checked_add(1).map(|b| (a, b)).ok_or_else(|| format!("seed {a} too large (the last is {})", u64::MAX - 1))
+        }
     }
 }
 

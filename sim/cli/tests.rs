@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use super::reproduce::{reproduce_command, run_stem, timeline_command};
-use super::{write_failure_files, Cli, Command, Failure, RunFlags, NONDETERMINISM};
+use super::{parse_seeds, write_failure_files, Cli, Command, Failure, RunFlags, NONDETERMINISM};
 use crate::plan::{default_plan_dir, load_plan, PlanSource};
 
 /// Parses a printed `cargo sim ...` command as `sim` would (its words hold no spaces here).
@@ -131,4 +131,14 @@ fn a_seed_that_failed_only_by_nondeterminism_writes_no_passing_capsule() {
     let _ = std::fs::remove_file(&path);
     assert_eq!(write_failure_files(&failure, &plan, &outcome(vec![differed]), &outcome(Vec::new())), None);
     assert!(!path.exists(), "{} records a passing run", path.display());
+}
+
+#[test]
+fn the_largest_seed_is_refused_rather_than_wrapping_to_an_empty_range() {
+    assert!(parse_seeds("18446744073709551615").is_err(), "u64::MAX..0 ran nothing and passed");
+    assert_eq!(parse_seeds("18446744073709551614"), Ok((u64::MAX - 1, u64::MAX)));
+    assert_eq!(parse_seeds("7"), Ok((7, 8)));
+    for bad in ["5..3", "5..5", "", "..5", "x"] {
+        assert!(parse_seeds(bad).is_err(), "{bad:?}");
+    }
 }
