@@ -13,8 +13,11 @@ use tokio::time::Instant;
 /// Label pairs, sorted by name.
 pub type Labels = Vec<(&'static str, String)>;
 
-/// Bucket bounds (seconds) of every histogram: 100 µs to 10 s.
-const BUCKETS_S: [f64; 12] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0, 10.0];
+/// Bucket bounds (seconds) of every histogram: 100 µs to 10 s. Steps of 2.5 and 2 per decade up to
+/// 10 s: a mutex give-up takes 0.2–0.4 s and clients time out at 2 s, which one bucket from 0.1 s
+/// to 1 s and one to 10 s could not tell apart.
+const BUCKETS_S: [f64; 16] =
+    [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
 #[derive(Clone, Debug, Default)]
 struct Histogram {

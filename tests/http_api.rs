@@ -688,3 +688,30 @@ async fn probes_and_scrapes_are_answered_while_every_api_slot_is_taken() {
     let response = heartbeat.await.expect("task").expect("infallible");
     assert_eq!(response.status(), StatusCode::OK);
 }
+
+/// A request whose client gave up is counted: hyper drops the handler when the client closes the
+/// connection, and such requests were counted nowhere (neither the request counter, the latency
+/// histogram, nor the heartbeat counter), so the dashboards went quiet during a slow store.
+#[tokio::test]
+async fn a_request_dropped_before_its_answer_is_counted() {
+    use std::time::Duration;
+
+    let api = Api::with_group(None, 2).await;
+    api.store.set_latency_ms(1_000);
+    let request = Request::builder()
+        .method("POST")
+        .uri(HEARTBEAT)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(join_body("a").to_string()))
+        .expect("request builds");
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), api.app.clone().oneshot(request)).await;
+    assert!(gave_up.is_err(), "the client gave up before the answer");
+    let metrics = api.coordinator.metrics();
+    let text = metrics.render();
+    let route = "/v1/groups/{streamPrefix}/{consumerGroup}/heartbeat";
+    let counted = format!("rsc_http_requests_total{{method=\"POST\",route=\"{route}\",status=\"499\"}} 1");
+    assert!(text.lines().any(|l| l == counted), "{counted} missing from:\n{text}");
+    let observed = format!("rsc_http_request_duration_seconds_count{{route=\"{route}\"}} 1");
+    assert!(text.lines().any(|l| l == observed), "{text}");
+    assert_eq!(metrics.value("rsc_heartbeats_total", &vec![("status", "CANCELLED".to_string())]), 1.0, "{text}");
+}

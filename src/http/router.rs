@@ -180,6 +180,7 @@ async fn buffer_body<S: MetadataStore>(State(gate): State<BodyGate<S>>, request:
     let deadline = parts.extensions.get::<BodyReadTimeout>().map_or(BODY_READ_TIMEOUT_DEFAULT, |t| t.0);
     let limit = gate.state.options.body_bytes_max;
     let method = method_label(&parts.method);
+    let started = Instant::now();
     let read = async {
         let mut body = body;
         let mut buffered = BytesMut::new();
@@ -206,7 +207,7 @@ async fn buffer_body<S: MetadataStore>(State(gate): State<BodyGate<S>>, request:
     let (bytes, _held) = match tokio::time::timeout(deadline, read).await {
         Ok(Ok(read)) => read,
         Ok(Err((status, label))) => {
-            record(&gate.state.coordinator.metrics(), method, label, status, 0.0);
+            record(&gate.state.coordinator.metrics(), method, label, status, started.elapsed().as_secs_f64());
             let message = match status {
                 StatusCode::PAYLOAD_TOO_LARGE => format!("request body is over the limit of {limit} bytes"),
                 _ => "the request body could not be read".to_string(),
@@ -217,7 +218,8 @@ async fn buffer_body<S: MetadataStore>(State(gate): State<BodyGate<S>>, request:
         }
         Err(_) => {
             let status = StatusCode::REQUEST_TIMEOUT;
-            record(&gate.state.coordinator.metrics(), method, "body_timeout", status, 0.0);
+            let elapsed_s = started.elapsed().as_secs_f64();
+            record(&gate.state.coordinator.metrics(), method, "body_timeout", status, elapsed_s);
             let mut response = HttpError::rejected(status, "the request body did not arrive in time").into_response();
             response.extensions_mut().insert(CountedAlready);
             return response;
@@ -319,6 +321,13 @@ async fn around_request<S: MetadataStore>(
         status = tracing::field::Empty,
     );
     let started = Instant::now();
+    let mut unanswered = Unanswered {
+        metrics: context.state.coordinator.metrics(),
+        method: spec.method.as_str(),
+        route: spec.path,
+        started,
+        armed: true,
+    };
     let response = async {
         let options = &context.state.options;
         let refused = match spec.auth {
@@ -340,6 +349,7 @@ async fn around_request<S: MetadataStore>(
     }
     .instrument(span.clone())
     .await;
+    unanswered.armed = false;
     let status = response.status();
     span.record("status", status.as_u16());
     let elapsed_s = started.elapsed().as_secs_f64();
@@ -362,6 +372,30 @@ fn path_group(params: &RawPathParams) -> Option<GroupId> {
         }
     }
     Some(GroupId::new(prefix?, group?))
+}
+
+/// The `status` label of a request whose client went away before it was answered (nginx's 499).
+const CLIENT_CLOSED: u16 = 499;
+
+/// Counts a matched request whose future was dropped before it answered: the client closed the
+/// connection (its timeout), so hyper dropped the handler. Such requests were counted nowhere,
+/// and the latency histogram lost its tail, during exactly the slowdowns they come from. Counted
+/// with status `499` and the time until the drop.
+struct Unanswered {
+    metrics: Arc<Metrics>,
+    method: &'static str,
+    route: &'static str,
+    started: Instant,
+    armed: bool,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if self.armed {
+            let status = StatusCode::from_u16(CLIENT_CLOSED).unwrap_or(StatusCode::REQUEST_TIMEOUT);
+            record(&self.metrics, self.method, self.route, status, self.started.elapsed().as_secs_f64());
+        }
+    }
 }
 
 fn record(metrics: &Metrics, method: &str, route: &'static str, status: StatusCode, elapsed_s: f64) {

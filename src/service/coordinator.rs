@@ -495,7 +495,20 @@ impl<S: MetadataStore> Coordinator<S> {
 
     /// Answers a consumer heartbeat.
     pub async fn heartbeat(&self, req: HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
+        /// Counts a heartbeat whose future was dropped before it answered (its client went away:
+        /// hyper drops the handler), as `CANCELLED`: such heartbeats were counted nowhere, so the
+        /// failure-ratio alert went quiet during the slowdowns that cause them.
+        struct Unanswered<'a>(Option<&'a Metrics>);
+        impl Drop for Unanswered<'_> {
+            fn drop(&mut self) {
+                if let Some(metrics) = self.0 {
+                    metrics.inc(HEARTBEATS, HEARTBEATS_HELP, vec![("status", "CANCELLED".into())]);
+                }
+            }
+        }
+        let mut unanswered = Unanswered(Some(&self.inner.metrics));
         let result = self.heartbeat_inner(&req).await;
+        unanswered.0 = None;
         let label = match &result {
             Ok(r) => serde_json::to_value(r.status).ok().and_then(|v| v.as_str().map(str::to_owned)),
             Err(e) => serde_json::to_value(e.code).ok().and_then(|v| v.as_str().map(str::to_owned)),
