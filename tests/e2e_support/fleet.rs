@@ -73,8 +73,11 @@ impl Fleet {
         }
     }
 
+    /// A consumer's environment: its events go to the fleet's sink, its shard stops to the read
+    /// log as well (the split check needs them).
     fn env(&self) -> ClientEnv {
-        ClientEnv::new(self.clock.clone(), self.events.clone())
+        let sink = StopSink { inner: self.events.clone(), reads: self.reads.clone(), group: self.group.clone() };
+        ClientEnv::new(self.clock.clone(), Arc::new(sink))
     }
 
     /// The clients' transport: every coordinator address, short per-attempt timeouts.
@@ -112,6 +115,7 @@ impl Fleet {
         config.close_timeout_ms = 5_000;
         config.poll_idle_ms = 10;
         let store = RecordingStore::new(store, self.reads.clone());
+        self.reads.note_incarnation(member);
         let consumer =
             Arc::new(Consumer::join_with(config, self.transport(), store, self.env(), Arc::new(NoopListener)));
         ConsumerApp::start(member, consumer, self.ledger.clone(), settings)
@@ -417,6 +421,27 @@ pub struct ProducerApp {
 struct PublishSink {
     inner: Arc<VecSink>,
     last_ok: Mutex<Option<(ShardId, EntryId)>>,
+}
+
+/// Forwards a consumer's events to the fleet's sink, and notes each `ShardStopped` in the read
+/// log as it is emitted.
+struct StopSink {
+    inner: Arc<VecSink>,
+    reads: ReadLog,
+    group: GroupId,
+}
+
+impl EventSink for StopSink {
+    fn emit(&self, event: ClientEvent) {
+        if let ClientEvent::ShardStopped { member, shard, .. } = &event {
+            self.reads.note_stop(member.as_str(), self.group.stream_key(*shard));
+        }
+        self.inner.emit(event);
+    }
+
+    fn wants_entry_events(&self) -> bool {
+        self.inner.wants_entry_events()
+    }
 }
 
 impl EventSink for PublishSink {

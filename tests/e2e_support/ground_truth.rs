@@ -1,12 +1,20 @@
 //! Ground truth of who read which shard when: [`RecordingStore`] wraps the real stream store of
 //! each consumer and records every call that takes entries from a shard stream (XREADGROUP, and
 //! XAUTOCLAIM, which moves the previous owner's pending entries), with its start and end on the
-//! test process's monotonic clock. [`split_violations`] then checks the safety property the whole
-//! coordinator exists for: no two consumers ever had a read call open on the same shard at
-//! overlapping times.
+//! test process's monotonic clock. It also records when each consumer stopped reading a shard
+//! (its `ShardStopped` events, noted by the fleet's event sink as they are emitted) and when a
+//! consumer of a member id was started. [`split_violations`] then checks the safety property the
+//! whole coordinator exists for, in two ways:
+//!
+//! - no two consumers ever had a read call open on the same shard at overlapping times;
+//! - no interleaving: a member that read a shard, then saw another member read it, may read it
+//!   again only if it stopped the shard in between (and was granted it again). Reads are short
+//!   round trips between poll sleeps, so two owners of one shard mostly read it alternately
+//!   (A, B, A) without their calls ever overlapping; this catches that.
 //!
 //! A call whose future is dropped before it completes (the consumer was killed mid-read) is still
-//! recorded, ending at the drop: the command may have reached Redis.
+//! recorded, ending at the drop: the command may have reached Redis, even after that (a limit of
+//! a client-side record: only a server-side one, such as `MONITOR`, would see when it ran).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -32,24 +40,55 @@ pub struct ReadCall {
     pub cancelled: bool,
 }
 
+/// A member stopped reading a shard stream (`stream: Some`), or a consumer of the member id was
+/// started (`None`: a new incarnation, which holds nothing of the previous one's).
+#[derive(Clone, Debug)]
+pub struct Stop {
+    pub member: String,
+    pub stream: Option<String>,
+    pub at: Instant,
+}
+
 /// Every recorded call of every consumer of a test. Cheap to clone (shared).
 #[derive(Clone, Debug)]
 pub struct ReadLog {
     origin: Instant,
     calls: Arc<Mutex<Vec<ReadCall>>>,
+    stops: Arc<Mutex<Vec<Stop>>>,
 }
 
 impl ReadLog {
     pub fn new() -> Self {
-        Self { origin: Instant::now(), calls: Arc::new(Mutex::new(Vec::new())) }
+        Self {
+            origin: Instant::now(),
+            calls: Arc::new(Mutex::new(Vec::new())),
+            stops: Arc::new(Mutex::new(Vec::new())),
+        }
     }
 
     pub fn calls(&self) -> Vec<ReadCall> {
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    pub fn stops(&self) -> Vec<Stop> {
+        self.stops.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     fn push(&self, call: ReadCall) {
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(call);
+    }
+
+    /// `member` stopped reading `stream` now (its consumer emitted `ShardStopped`).
+    pub fn note_stop(&self, member: &str, stream: String) {
+        let stop = Stop { member: member.to_string(), stream: Some(stream), at: Instant::now() };
+        self.stops.lock().unwrap_or_else(|p| p.into_inner()).push(stop);
+    }
+
+    /// A consumer of `member` is being started now: whatever an earlier one of that id read
+    /// (a crashed one emits no `ShardStopped`), this one reads only what it is granted.
+    pub fn note_incarnation(&self, member: &str) {
+        let stop = Stop { member: member.to_string(), stream: None, at: Instant::now() };
+        self.stops.lock().unwrap_or_else(|p| p.into_inner()).push(stop);
     }
 
     /// Milliseconds from the log's origin to `at` (for messages).
@@ -122,18 +161,35 @@ pub struct Tenure {
     pub calls: usize,
 }
 
-/// Every pair of calls by different members on the same stream whose intervals overlap, as
-/// messages. Empty when no shard was ever read by two consumers at once.
+/// Every split on the log, as messages; empty when no shard was ever read by two consumers at
+/// once. Two kinds:
+///
+/// - two calls by different members on the same stream whose intervals overlap;
+/// - an interleaving: a member's call on a stream that starts after another member's call there
+///   started, which itself started after the first member's previous call there, with no stop of
+///   that stream by the first member (and no new incarnation of it) between its two calls: it
+///   read on as if it still held the shard after another member had taken it.
 pub fn split_violations(log: &ReadLog) -> Vec<String> {
     let mut by_stream: BTreeMap<String, Vec<ReadCall>> = BTreeMap::new();
     for call in log.calls() {
         by_stream.entry(call.stream.clone()).or_default().push(call);
     }
+    let stops = log.stops();
+    let stopped_between = |member: &str, stream: &str, from: Instant, to: Instant| {
+        stops.iter().any(|stop| {
+            stop.member == member
+                && stop.stream.as_deref().is_none_or(|s| s == stream)
+                && from < stop.at
+                && stop.at < to
+        })
+    };
     let mut violations = Vec::new();
     for (stream, mut calls) in by_stream {
         calls.sort_by_key(|c| c.start);
         // For each member, the call that ends last among those started so far.
         let mut latest: BTreeMap<String, ReadCall> = BTreeMap::new();
+        // For each member, its last call started so far.
+        let mut previous: BTreeMap<String, ReadCall> = BTreeMap::new();
         for call in calls {
             for (member, other) in &latest {
                 if *member != call.member && other.end > call.start {
@@ -150,10 +206,34 @@ pub fn split_violations(log: &ReadLog) -> Vec<String> {
                     ));
                 }
             }
+            if let Some(mine) = previous.get(&call.member) {
+                // The latest call of another member started since this member's previous call.
+                let between = previous
+                    .values()
+                    .filter(|other| other.member != call.member && other.start > mine.start)
+                    .max_by_key(|other| other.start);
+                if let Some(other) = between {
+                    if !stopped_between(&call.member, &stream, mine.start, call.start) {
+                        violations.push(format!(
+                            "{stream}: {} read [{:.1}..{:.1} ms] after {} read [{:.1}..{:.1} ms], and had read \
+                             [{:.1}..{:.1} ms] before it without stopping the shard since",
+                            call.member,
+                            log.ms(call.start),
+                            log.ms(call.end),
+                            other.member,
+                            log.ms(other.start),
+                            log.ms(other.end),
+                            log.ms(mine.start),
+                            log.ms(mine.end),
+                        ));
+                    }
+                }
+            }
             let keep = latest.get(&call.member).is_some_and(|c| c.end >= call.end);
             if !keep {
-                latest.insert(call.member.clone(), call);
+                latest.insert(call.member.clone(), call.clone());
             }
+            previous.insert(call.member.clone(), call);
         }
     }
     violations
@@ -384,16 +464,16 @@ pub fn assert_no_split(log: &ReadLog) {
     let shown: Vec<&String> = violations.iter().take(20).collect();
     assert!(
         violations.is_empty(),
-        "{} overlapping reads of one shard by two consumers:\n{shown:#?}\ntenures:\n{}",
+        "{} splits (a shard read by two consumers at once or in turn):\n{shown:#?}\ntenures:\n{}",
         violations.len(),
         log.describe_tenures()
     );
-    eprintln!("read tenures (no overlap):\n{}", log.describe_tenures());
+    eprintln!("read tenures (no overlap, no interleaving):\n{}", log.describe_tenures());
 }
 
-/// A self-check of the checker: it must flag an overlap and accept a clean handover.
+/// A self-check of the checker: it must flag an overlap and an interleaving, and accept a clean
+/// handover, and a member reading a shard again after a stop or as a new incarnation.
 pub fn self_check() {
-    let log = ReadLog::new();
     let t0 = Instant::now();
     let ms = |n: u64| t0 + Duration::from_millis(n);
     let call = |member: &str, start: u64, end: u64| ReadCall {
@@ -405,10 +485,44 @@ pub fn self_check() {
         entries: 1,
         cancelled: false,
     };
+    let stop = |log: &ReadLog, member: &str, stream: Option<&str>, at: u64| {
+        log.stops.lock().unwrap().push(Stop { member: member.into(), stream: stream.map(str::to_string), at: ms(at) });
+    };
+    let log = ReadLog::new();
     log.push(call("a", 0, 10));
     log.push(call("a", 20, 30));
-    log.push(call("b", 30, 40));
+    stop(&log, "a", Some("s:0"), 31);
+    log.push(call("b", 40, 50));
     assert!(split_violations(&log).is_empty(), "a clean handover is not a split");
     log.push(call("a", 5, 100)); // A long call by `a` still open while `b` reads.
     assert_eq!(split_violations(&log).len(), 1, "an overlap is a split");
+
+    // Short calls, never overlapping: a, b, a again without a stop of `a` in between.
+    let interleaved = ReadLog::new();
+    interleaved.push(call("a", 0, 1));
+    interleaved.push(call("b", 10, 11));
+    interleaved.push(call("a", 20, 21));
+    let found = split_violations(&interleaved);
+    assert_eq!(found.len(), 1, "an interleaving is a split: {found:?}");
+    // A stop of another stream, or by another member, explains nothing.
+    stop(&interleaved, "a", Some("s:1"), 15);
+    stop(&interleaved, "b", Some("s:0"), 15);
+    assert_eq!(split_violations(&interleaved).len(), 1, "only a's stop of s:0 explains a's return");
+    // A stop before a's first read explains nothing either.
+    stop(&interleaved, "a", Some("s:0"), 0);
+    assert_eq!(split_violations(&interleaved).len(), 1, "a stop must fall between a's two reads");
+    // a stopped s:0 in between (revoked, then granted it back): a handover and back.
+    stop(&interleaved, "a", Some("s:0"), 5);
+    assert!(split_violations(&interleaved).is_empty(), "a, b, a with a's stop between is no split");
+
+    // A new incarnation of `a` (a restart after a crash) holds nothing of the old one's.
+    let restarted = ReadLog::new();
+    restarted.push(call("a", 0, 1));
+    restarted.push(call("b", 10, 11));
+    restarted.push(call("a", 20, 21));
+    stop(&restarted, "a", None, 12);
+    assert!(split_violations(&restarted).is_empty(), "a new incarnation is no split");
+    // ... but b reading again after a without stopping is one.
+    restarted.push(call("b", 30, 31));
+    assert_eq!(split_violations(&restarted).len(), 1, "b, a, b without b's stop is a split");
 }
