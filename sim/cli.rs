@@ -42,8 +42,9 @@ enum Command {
     Run {
         #[arg(required_unless_present = "capsule")]
         plan: Option<String>,
-        /// Run this capsule (a whole recorded run) instead of a plan's seeds.
-        #[arg(long, conflicts_with = "plan")]
+        /// Run this capsule (a whole recorded run) instead of a plan's seeds. It runs once: of the
+        /// flags below only `--without-planted` applies, and the others are refused.
+        #[arg(long, conflicts_with_all = ["plan", "seeds", "check_determinism", "verbose", "jobs", "json"])]
         capsule: Option<PathBuf>,
         /// Seeds `A..B` (B excluded) or a single seed.
         #[arg(long, default_value = "0..10", value_parser = parse_seeds)]

@@ -142,3 +142,17 @@ fn the_largest_seed_is_refused_rather_than_wrapping_to_an_empty_range() {
         assert!(parse_seeds(bad).is_err(), "{bad:?}");
     }
 }
+
+/// `run --capsule` runs the capsule once: a flag it would ignore (`--check-determinism` in a CI
+/// step, say) is refused, not silently dropped.
+#[test]
+fn a_capsule_run_refuses_the_flags_it_would_ignore() {
+    let base = ["sim", "run", "--capsule", "x.toml"];
+    assert!(Cli::try_parse_from(base).is_ok());
+    assert!(Cli::try_parse_from([&base[..], &["--without-planted"]].concat()).is_ok());
+    let ignored: [&[&str]; 5] =
+        [&["--check-determinism"], &["--seeds", "0..5"], &["--jobs", "2"], &["--verbose"], &["--json"]];
+    for extra in ignored {
+        assert!(Cli::try_parse_from([&base[..], extra].concat()).is_err(), "{extra:?}");
+    }
+}
