@@ -22,7 +22,7 @@
 //! `/metrics` exposes (`metrics_exposure`), and the previous release's coordinator and consumer
 //! next to this build's through a rolling update and back (`mixed_versions`), with the wire rule
 //! and the ACL users across the two releases (`mixed_wire`); both need `.ci/build-old-release`
-//! and are skipped without it outside CI.
+//! and fail without it unless `E2E_SKIP_OLD_RELEASE=1` (outside CI).
 //!
 //! Safety is checked against ground truth (`e2e_support::ground_truth`): every XREADGROUP and
 //! XAUTOCLAIM each consumer issued, with its time span. Leases are short (assignment lease 1.5 s,

@@ -1,8 +1,10 @@
 //! The previous release's binaries (the commit pinned in `tests/compat/OLD_RELEASE`, built by
 //! `.ci/build-old-release` into `target/old-release/`), for the mixed-version story.
 //!
-//! [`OldRelease::find`] locates them; absent binaries skip the story with a message, except under
-//! CI (`CI` set), where they are a failure. [`OldConsumer`] runs the old `examples/consumer` as a
+//! [`OldRelease::find`] locates them; absent binaries fail the story (build them with
+//! `.ci/build-old-release`, which `.ci/test-all` runs first), unless `E2E_SKIP_OLD_RELEASE=1`
+//! opts out explicitly outside CI: a plain `cargo nextest run --test e2e` must not report the
+//! mixed-version stories green without running them. [`OldConsumer`] runs the old `examples/consumer` as a
 //! child process against one coordinator address and turns what it prints into the shared
 //! [`Ledger`]: every entry it received (timestamped when its line arrived), every failed ack, and
 //! the shards it currently reads (from its rebalance listener's lines). It is killed on drop.
@@ -34,6 +36,10 @@ pub fn pinned_commit() -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display())).trim().to_string()
 }
 
+/// The variable that, set to `1`, skips the mixed-version stories when the old binaries are
+/// missing (outside CI).
+pub const SKIP_OLD_RELEASE: &str = "E2E_SKIP_OLD_RELEASE";
+
 /// The previous release's `coordinator` and `consumer` executables.
 #[derive(Clone, Debug)]
 pub struct OldRelease {
@@ -43,9 +49,10 @@ pub struct OldRelease {
 }
 
 impl OldRelease {
-    /// The old binaries, or `None` (with a message on stderr) when they were not built and this
-    /// is not CI. Panics under CI when they are absent, and always when they were built from
-    /// another commit than the pinned one (stale: rebuild them).
+    /// The old binaries, or `None` (with a message on stderr) when they were not built and
+    /// `E2E_SKIP_OLD_RELEASE=1` opts out of the mixed-version stories. Panics when they are
+    /// absent without that opt-out (and under CI, `CI` set, even with it), and always when they
+    /// were built from another commit than the pinned one (stale: rebuild them).
     pub fn find() -> Option<Self> {
         let dir = release_dir();
         let (coordinator, consumer) = (dir.join("coordinator"), dir.join("consumer"));
@@ -55,10 +62,14 @@ impl OldRelease {
                 "the previous release's binaries are not in {} (build them with .ci/build-old-release)",
                 dir.display()
             );
-            if std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
+            let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+            if set("CI") {
                 panic!("{message}; CI must build them before the tests");
             }
-            eprintln!("SKIPPED: {message}");
+            if std::env::var_os(SKIP_OLD_RELEASE).is_none_or(|v| v != "1") {
+                panic!("{message}, or set {SKIP_OLD_RELEASE}=1 to skip the mixed-version stories");
+            }
+            eprintln!("SKIPPED ({SKIP_OLD_RELEASE}=1): {message}");
             return None;
         }
         let built = std::fs::read_to_string(dir.join("COMMIT")).unwrap_or_default().trim().to_string();
