@@ -138,6 +138,12 @@ async fn mutual_tls_serves_only_clients_with_a_certificate_from_the_client_ca() 
     let refused = https(&foreign_cert, addr, "GET", "/healthz", &[], Vec::new()).await;
     assert!(refused.is_err(), "a client certificate from another CA was accepted: {refused:?}");
 
+    // The refused handshakes cost the listener nothing: a client with a certificate is still
+    // served, by the same process.
+    assert_eq!(coordinator.get("/healthz").await.status, 200, "served after the refused handshakes");
+    assert_eq!(shard_count(&library, &group).await.expect("routing after the refused handshakes"), 4);
+    let mut coordinator = coordinator;
+    assert_eq!(coordinator.wait_exit(Duration::ZERO).await, None, "the coordinator is still running");
     coordinator.assert_no_error_logged();
     let _ = std::fs::remove_dir_all(&dir);
 }
