@@ -123,7 +123,8 @@ enum Command {
     },
     /// Check capsules against the runs they record: for each seed, the capsule of (plan, seed)
     /// must replay with the trace hash and findings of (plan, seed), and still after the plan's
-    /// draw order is changed (which changes the run (plan, seed) means).
+    /// draw order is changed (which changes the run (plan, seed) means; n/a for a plan with
+    /// nothing to reorder).
     CapsuleCheck {
         plan: String,
         #[arg(long, default_value = "0..2", value_parser = parse_seeds)]
