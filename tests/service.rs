@@ -225,6 +225,20 @@ async fn members_fenced_or_expired_by_a_tick_and_their_fenced_shards_are_counted
     assert_eq!((counted("rsc_members_fenced_total"), counted("rsc_shards_fenced_total")), (1.0, held as f64));
 }
 
+/// A best-effort step whose command the server rejects (an ACL changed at run time) is counted
+/// like any other: the index add after a create answered nothing and only logged a WARN, so a
+/// group that was then never ticked showed in no metric.
+#[tokio::test]
+async fn a_rejected_index_add_is_counted_as_a_compatibility_and_index_failure() {
+    let store = MemoryStore::new(20);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    store.set_unsupported("SADD");
+    create(&c, 2).await;
+    let metrics = c.metrics();
+    assert_eq!(metrics.value("rsc_redis_command_compat_failures_total", &vec![("command", "SADD".to_string())]), 1.0);
+    assert_eq!(metrics.value("rsc_group_index_failures_total", &Vec::new()), 1.0, "{}", metrics.render());
+}
+
 #[tokio::test]
 async fn a_deleted_metadata_key_fails_closed_and_is_never_rebuilt() {
     let (store, c, r) = a_member_of_a_group_whose_key_is_deleted(2).await;

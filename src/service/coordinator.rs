@@ -22,8 +22,8 @@ use tokio::time::{Duration, Instant};
 
 use super::cache::DecodedCache;
 use super::counters::{
-    self, CLIENT_METADATA_VERSION_AHEAD, LOST_ADD_SHARDS_HEALED, METADATA_VERSION_REGRESSIONS, STORE_IDENTITY_CHANGES,
-    TICKS_DEFERRED_WITHOUT_READ,
+    self, CLIENT_METADATA_VERSION_AHEAD, GROUP_INDEX_FAILURES, LOST_ADD_SHARDS_HEALED, METADATA_VERSION_REGRESSIONS,
+    STORE_IDENTITY_CHANGES, TICKS_DEFERRED_WITHOUT_READ,
 };
 use super::marks::{write_digest, Observed, ReadOrder, ReadTicket, RevisionVerdict};
 use super::monitors::GroupMonitors;
@@ -743,6 +743,11 @@ impl<S: MetadataStore> Coordinator<S> {
         }
     }
 
+    fn count_index_failure(&self, error: &StoreError) {
+        self.note_store_error(error);
+        self.inner.metrics.count(&GROUP_INDEX_FAILURES, vec![]);
+    }
+
     /// Counts a recorded heal.
     fn count_healed(&self, group: &GroupId, from: u32, to: u32) {
         tracing::warn!(%group, from, to, "a producer published with more shards than recorded: re-adding the shards of a lost add-shards");
@@ -842,6 +847,7 @@ impl<S: MetadataStore> Coordinator<S> {
             AdminRequest::CreateGroup { .. } => {
                 // The index is rebuildable, never truth: a failure here is repaired by rebuild.
                 if let Err(e) = self.inner.store.index_add(&group).await {
+                    self.count_index_failure(&e);
                     tracing::warn!(%group, error = %e, "index add failed; run rebuild-index");
                 }
             }
@@ -1029,7 +1035,10 @@ impl<S: MetadataStore> Coordinator<S> {
             }
             match self.inner.store.index_add(group).await {
                 Ok(()) => tracing::warn!(%group, "group recorded but missing from the group index: added"),
-                Err(error) => tracing::warn!(%group, %error, "group missing from the group index: adding it failed"),
+                Err(error) => {
+                    self.count_index_failure(&error);
+                    tracing::warn!(%group, %error, "group missing from the group index: adding it failed");
+                }
             }
         }
         if !groups.is_empty() {

@@ -31,6 +31,10 @@ pub(super) const HEARD_RELAY_WINDOWS_RESTARTED: Counter = Counter {
     help:
         "Member liveness windows restarted by heartbeats other instances relayed (news above the counter known here).",
 };
+pub(super) const GROUP_INDEX_FAILURES: Counter = Counter {
+    name: "rsc_group_index_failures_total",
+    help: "Group index additions the store failed (after a create, or healing a group heartbeats showed unlisted): such a group is not ticked until an index write succeeds.",
+};
 
 pub(super) const METADATA_VERSION_REGRESSIONS: Counter = Counter {
     name: "rsc_metadata_version_regressions_total",
@@ -80,12 +84,13 @@ pub(super) const LOST_ADD_SHARDS_HEALED: Counter = Counter {
 };
 
 /// Registered at 0 when the coordinator starts.
-pub(super) const LABEL_LESS: [&Counter; 5] = [
+pub(super) const LABEL_LESS: [&Counter; 6] = [
     &STORE_IDENTITY_CHANGES,
     &TICKS_DEFERRED_WITHOUT_READ,
     &HEARD_RELAY_FAILURES,
     &HEARD_RELAY_BLOBS_SENT,
     &HEARD_RELAY_WINDOWS_RESTARTED,
+    &GROUP_INDEX_FAILURES,
 ];
 
 /// Registered at 0 (`group` label) whenever this instance exports the group's gauges.

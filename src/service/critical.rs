@@ -353,18 +353,26 @@ impl<S: MetadataStore> Coordinator<S> {
 
     /// Maps a store failure to the API error, counting compatibility failures.
     pub(super) fn store_error(&self, error: StoreError) -> ApiError {
+        self.note_store_error(&error);
+        tracing::debug!(%error, "store error");
+        ApiError::new(ErrorCode::StoreUnavailable, error.to_string())
+    }
+
+    /// What every store failure tells this process, including those of best-effort steps whose
+    /// failure answers nothing (a mutex release, an index add): a server that may have changed,
+    /// and a command the server rejects (counted: an ACL changed at run time to deny `DEL` or
+    /// `SADD` once showed only in DEBUG or WARN lines).
+    pub(super) fn note_store_error(&self, error: &StoreError) {
         if matches!(error, StoreError::Unavailable(_)) {
             self.local().identity_suspect = true;
         }
-        if let StoreError::Unsupported { command, .. } = &error {
+        if let StoreError::Unsupported { command, .. } = error {
             self.inner.metrics.inc(
                 "rsc_redis_command_compat_failures_total",
                 "Redis commands rejected as unknown, disabled or denied.",
                 vec![("command", command.clone())],
             );
         }
-        tracing::debug!(%error, "store error");
-        ApiError::new(ErrorCode::StoreUnavailable, error.to_string())
     }
 
     /// The error for an absent metadata key: `METADATA_MISSING` when the group is known to have
@@ -526,6 +534,7 @@ impl<S: MetadataStore> Drop for HeldMutex<S> {
 async fn release_mutex<S: MetadataStore>(coordinator: &Coordinator<S>, group: &GroupId, token: &str) {
     if let Err(e) = coordinator.inner.store.release_mutex(group, token).await {
         // The mutex expires by its TTL; the stamp condition keeps correctness meanwhile.
+        coordinator.note_store_error(&e);
         tracing::debug!(%group, error = %e, "mutex release failed");
     }
 }
