@@ -430,7 +430,9 @@ async fn redis_store_batched_calls_on_a_replica_fail_as_a_whole() {
     store.ensure_group(&s, GROUP).await.expect("ensure");
     let added = add(&store, &s, 2).await;
     let fence = raise_one(&store, &fence_key(0), 5).await;
-    primary.cmd(&["WAIT", "1", "5000"]);
+    // The replica holds the stream and the fence, so READONLY is the only reason to refuse (WAIT
+    // on a fresh admin connection with no writes of its own would return at once).
+    primary.wait_replicated(1);
     let on_replica = rsc::store::redis::RedisStore::connect(&replica.url(), options).await.expect("connect replica");
     let reads = [FencedRead { fence: check(0, fence), stream: s.clone(), from: ReadFrom::New, count: 10 }];
     match on_replica.fenced_xreadgroup_many(GROUP, "c1", &reads).await {
