@@ -154,7 +154,7 @@ enum Command {
     Regressions,
     /// Run every plan (not planted-*) over the seeds and print what the runs reached, per plan:
     /// statuses, error codes, decision rules recorded, faults, rare situations. Fails when an item
-    /// of fault-plans/must-reach.toml is never reached.
+    /// of fault-plans/must-reach.toml is never reached, or a seed found a violation.
     Coverage {
         #[arg(long, default_value = "0..5", value_parser = parse_seeds)]
         seeds: (u64, u64),
@@ -568,13 +568,16 @@ pub struct RunFlags {
     pub capsules: bool,
 }
 
-/// `sim coverage`: every plan but planted-*, then the must-reach check over all of them.
+/// `sim coverage`: every plan but planted-*, then the must-reach check over all of them. Fails
+/// too when a seed found a violation: the runs are a sweep like `run`'s.
 fn coverage(dir: &Path, seeds: (u64, u64)) -> Result<bool, PlanError> {
     let must = crate::coverage::load_must_reach(dir).map_err(PlanError::Invalid)?;
     let names: Vec<String> = plan_names(dir)?.into_iter().filter(|n| !n.starts_with("planted-")).collect();
     let mut total = crate::coverage::Coverage::new();
+    let mut failing: Vec<String> = Vec::new();
     for name in &names {
         let summary = run_plan(&load_plan(dir, name)?, seeds, false, false)?;
+        failing.extend(summary.failed.iter().map(|seed| format!("{name} seed {seed}")));
         println!("{name} (seeds {}..{}):", seeds.0, seeds.1);
         let mut line = String::new();
         for (item, n) in &summary.coverage {
@@ -598,7 +601,10 @@ fn coverage(dir: &Path, seeds: (u64, u64)) -> Result<bool, PlanError> {
     for item in &unreached {
         println!("NEVER REACHED: {item}");
     }
-    Ok(unreached.is_empty())
+    if !failing.is_empty() {
+        println!("FAILED: seeds that found violations: {}", failing.join(", "));
+    }
+    Ok(unreached.is_empty() && failing.is_empty())
 }
 
 /// Loads a plan, its planted bugs switched off under `--without-planted`.

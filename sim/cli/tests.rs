@@ -156,3 +156,18 @@ fn a_capsule_run_refuses_the_flags_it_would_ignore() {
         assert!(Cli::try_parse_from([&base[..], extra].concat()).is_err(), "{extra:?}");
     }
 }
+
+/// `coverage` runs seeds like `run` does: a seed that found a violation fails it, even when every
+/// must-reach item was reached (it passed with rc 0).
+#[test]
+fn coverage_fails_when_a_seed_found_a_violation() {
+    let dir = std::env::temp_dir().join(format!("sim-coverage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A planted plan under another file name (coverage skips planted-* files): seed 0 is caught.
+    let planted = default_plan_dir().join("planted-route-over-one-shard-too-many.toml");
+    std::fs::copy(planted, dir.join("routes-over-one-shard.toml")).unwrap();
+    std::fs::write(dir.join("must-reach.toml"), "items = []\n").unwrap();
+    let passed = super::coverage(&dir, (0, 1));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!passed.unwrap(), "a failing seed must fail coverage");
+}
