@@ -125,6 +125,12 @@ pub enum ClientEvent {
     EntryAbandoned { at_ms: u64, member: MemberId, shard: ShardId, entry: EntryId, reason: StopReason },
     /// The clean-leave heartbeat was answered: the member is gone.
     Left { at_ms: u64, member: MemberId },
+    /// The consumer gave up its assignment lease before it ran out (fenced, unknown to the
+    /// coordinator, or its group unavailable): it reads nothing until a new lease.
+    LeaseEnded { at_ms: u64, member: MemberId },
+    /// The consumer stopped without a clean leave (a close that gave up, or the consumer was
+    /// dropped): nothing of it runs any more; the coordinator expires the member after its TTL.
+    Closed { at_ms: u64, member: MemberId },
     /// A publish was written (XADD succeeded).
     PublishOk {
         at_ms: u64,
@@ -171,6 +177,8 @@ impl ClientEvent {
             | ClientEvent::EntryAcked { at_ms, .. }
             | ClientEvent::EntryAbandoned { at_ms, .. }
             | ClientEvent::Left { at_ms, .. }
+            | ClientEvent::LeaseEnded { at_ms, .. }
+            | ClientEvent::Closed { at_ms, .. }
             | ClientEvent::PublishOk { at_ms, .. }
             | ClientEvent::PublishFailed { at_ms, .. }
             | ClientEvent::RoutingRefreshed { at_ms, .. }
@@ -306,7 +314,15 @@ impl EventSink for MetricsSink {
                 vec![("member", member)],
                 self.instant(lease_end_ms),
             ),
-            ClientEvent::Left { member, .. } => {
+            // The gauge kept counting down the old lease after a fence (up to a lease, 8 s by
+            // default, of "still reading"), and stayed at 0 for ever after a close that gave up.
+            ClientEvent::LeaseEnded { at_ms, member } => m.set_until(
+                "rsc_client_assignment_lease_remaining_seconds",
+                "Seconds until the consumer's assignment lease ends (0: ended, reads have stopped).",
+                vec![("member", member)],
+                self.instant(at_ms),
+            ),
+            ClientEvent::Left { member, .. } | ClientEvent::Closed { member, .. } => {
                 m.forget("rsc_client_assignment_lease_remaining_seconds", "member", &member);
             }
             ClientEvent::ShardStopped { reason, .. } => m.count(&SHARD_STOPS, vec![("reason", format!("{reason:?}"))]),
@@ -418,6 +434,13 @@ mod tests {
         assert_eq!(metrics.value("rsc_client_assignment_lease_remaining_seconds", &member("b")), 0.0);
         sink.emit(ClientEvent::Left { at_ms: now_ms, member: "a".into() });
         assert!(!metrics.render().contains("member=\"a\""), "a left: its series is gone");
+        // Fenced with time left on the lease: 0 at once, not the old lease counting down.
+        sink.emit(ClientEvent::LeaseExtended { at_ms: now_ms, member: "c".into(), lease_end_ms: now_ms + 30_000 });
+        sink.emit(ClientEvent::LeaseEnded { at_ms: now_ms, member: "c".into() });
+        assert_eq!(metrics.value("rsc_client_assignment_lease_remaining_seconds", &member("c")), 0.0);
+        // Stopped without a leave: its series goes (it read 0 for ever, and the alert fired).
+        sink.emit(ClientEvent::Closed { at_ms: now_ms, member: "c".into() });
+        assert!(!metrics.render().contains("member=\"c\""), "c closed: its series is gone");
 
         tokio::time::sleep(Duration::from_millis(20)).await;
         sink.emit(ClientEvent::RoutingRefreshed {

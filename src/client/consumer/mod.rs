@@ -284,6 +284,9 @@ impl<T: CoordinatorTransport, S: StreamStore> Drop for Consumer<T, S> {
     fn drop(&mut self) {
         if let Some(task) = self.heartbeats.get_mut().take() {
             task.abort();
+            // Nothing of this consumer runs any more: its shards stop and the sink hears
+            // `Closed` (nothing happens after a clean close, whose core already left).
+            self.shared.with_core_now(|core, now_ms| core.abort(now_ms));
         }
     }
 }

@@ -172,7 +172,7 @@ impl ConsumerCore {
             Some(ErrorCode::UnknownMember | ErrorCode::FencedMemberEpoch | ErrorCode::SessionMismatch) => {
                 self.stop_all(now_ms, StopReason::Fenced, true);
                 self.shards.clear();
-                self.lease_end_ms = None;
+                self.end_lease(now_ms);
                 self.member_epoch = 0;
                 if self.phase == Phase::Closing {
                     // The coordinator no longer knows this incarnation: nothing is left to leave.
@@ -183,7 +183,7 @@ impl ConsumerCore {
             }
             Some(ErrorCode::GroupNotFound | ErrorCode::MetadataMissing | ErrorCode::MetadataIncompatible) => {
                 self.stop_all(now_ms, StopReason::GroupUnavailable, true);
-                self.lease_end_ms = None;
+                self.end_lease(now_ms);
                 self.next_heartbeat_ms = now_ms.saturating_add(self.config.slow_retry_ms);
             }
             Some(ErrorCode::BadRequest) if refuses_fenced && self.reports_fenced => {
@@ -319,6 +319,14 @@ impl ConsumerCore {
             }
         }
         self.events.extend(events);
+    }
+
+    /// Gives up the lease before it runs out; tells the sink when there was one.
+    pub(super) fn end_lease(&mut self, now_ms: u64) {
+        if self.lease_end_ms.take().is_some_and(|end| now_ms < end) {
+            let member = self.config.member_id.clone();
+            self.emit(ClientEvent::LeaseEnded { at_ms: now_ms, member });
+        }
     }
 
     /// The member is gone (leave answered, or fenced while closing).

@@ -459,6 +459,8 @@ impl ConsumerCore {
         self.lease_end_ms = None;
         self.phase = Phase::Left;
         self.outstanding = None;
+        let member = self.config.member_id.clone();
+        self.emit(ClientEvent::Closed { at_ms: now_ms, member });
     }
 
     /// What may be read at `now_ms`: one plan per readable shard. Every plan must be issued at

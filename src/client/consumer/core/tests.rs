@@ -397,9 +397,13 @@ fn fenced_or_unknown_stops_everything_at_once_and_rejoins_with_epoch_zero() {
         exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
         let d = deliver(&mut c, 20, 1, &[5]);
         exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
+        c.drain_events();
         exchange(&mut c, 420, 430, Err(api(code)));
         assert!(c.readable_shards(430).is_empty(), "lease still runs, but nothing is readable");
         assert_eq!(c.lease_end_ms(), None);
+        // The sink hears that the lease ended (its gauge kept counting down the old one).
+        let ended = c.drain_events().iter().filter(|e| matches!(e, ClientEvent::LeaseEnded { at_ms: 430, .. })).count();
+        assert_eq!(ended, 1, "{code:?}");
         assert!(matches!(c.check_ack(430, &d[0]), Err(AckError::NotInFlight { .. })));
         let req = c.poll_heartbeat(430 + c.config().prompt_ms).expect("prompt rejoin");
         assert_eq!((req.member_epoch, req.metadata_version), (0, 7), "rejoin keeps the highest version seen");
