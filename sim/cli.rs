@@ -656,13 +656,14 @@ fn run_plans(
 }
 
 fn replay(dir: &Path, name: &str, seed: u64) -> Result<bool, PlanError> {
-    let plan = load_plan(dir, name)?.draw(seed)?;
+    let spec = load_plan(dir, name)?;
+    let plan = spec.draw(seed)?;
     print!("{}", plan.describe());
     let outcome = run_seed(plan, true);
     for finding in &outcome.findings {
         println!("  {finding}");
     }
-    match write_trace(&format!("{name}-{seed}"), &outcome) {
+    match write_trace(&reproduce::run_stem(&spec.name, seed, false), &outcome) {
         Ok(path) => {
             println!("trace ({} events, hash {:016x}): {}", outcome.trace.len(), outcome.trace_hash, path.display())
         }
@@ -705,9 +706,7 @@ fn timeline(dir: &Path, name: &str, seed: u64, without_planted: bool) -> Result<
     };
     let html = timeline::render(&input);
     let out = timeline_dir();
-    // A control run gets its own page, so it never overwrites the planted run's.
-    let control = if without_planted { "-without-planted" } else { "" };
-    let path = out.join(format!("{name}-{seed}{control}.html"));
+    let path = out.join(format!("{}.html", reproduce::run_stem(&spec.name, seed, without_planted)));
     std::fs::create_dir_all(&out)
         .and_then(|()| std::fs::write(&path, html))
         .map_err(|e| PlanError::Io { path: path.clone(), message: e.to_string() })?;

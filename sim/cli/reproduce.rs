@@ -79,9 +79,13 @@ pub fn timeline_command(source: &PlanSource, seed: u64, without_planted: bool) -
     cargo_sim(source, "timeline", &rest)
 }
 
-/// The file stem of what one run writes (trace, capsule): `<plan>-<seed>`, and
+/// The file stem of what one run writes (trace, capsule, timeline page): `<plan>-<seed>`, and
 /// `-without-planted` for a control run, so that it never overwrites the planted run's files.
+/// `plan` is the plan's `name`, never the argument that named it (a path): characters outside
+/// `[A-Za-z0-9._-]` become `_`, so the file stays in its directory.
 pub fn run_stem(plan: &str, seed: u64, without_planted: bool) -> String {
+    let plan: String =
+        plan.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
     let control = if without_planted { "-without-planted" } else { "" };
     format!("{plan}-{seed}{control}")
 }

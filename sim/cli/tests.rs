@@ -171,3 +171,17 @@ fn coverage_fails_when_a_seed_found_a_violation() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!passed.unwrap(), "a failing seed must fail coverage");
 }
+
+/// `replay` and `timeline` name their files after the plan's name; a name that is a path (or
+/// holds one) still writes inside the output directory (`timeline fault-plans/x.toml 3` failed
+/// after the run; `replay /abs/x.toml 3` wrote next to the plan).
+#[test]
+fn a_runs_files_stay_in_their_directory_whatever_the_plan_is_called() {
+    let out = std::path::Path::new("/out");
+    for name in ["a/b.toml", "/x/b.toml", "../up", "fault-plans/standard.toml"] {
+        let path = out.join(format!("{}.log", run_stem(name, 3, false)));
+        assert_eq!(path.parent(), Some(out), "{name}: {}", path.display());
+    }
+    assert_eq!(run_stem("standard", 3, false), "standard-3");
+    assert_eq!(run_stem("planted-x", 3, true), "planted-x-3-without-planted");
+}
