@@ -128,6 +128,8 @@ pub enum ClientEvent {
     /// The consumer gave up its assignment lease before it ran out (fenced, unknown to the
     /// coordinator, or its group unavailable): it reads nothing until a new lease.
     LeaseEnded { at_ms: u64, member: MemberId },
+    /// The producer was dropped: its routing cache gauges go.
+    ProducerClosed { at_ms: u64, producer: String },
     /// The consumer stopped without a clean leave (a close that gave up, or the consumer was
     /// dropped): nothing of it runs any more; the coordinator expires the member after its TTL.
     Closed { at_ms: u64, member: MemberId },
@@ -179,6 +181,7 @@ impl ClientEvent {
             | ClientEvent::Left { at_ms, .. }
             | ClientEvent::LeaseEnded { at_ms, .. }
             | ClientEvent::Closed { at_ms, .. }
+            | ClientEvent::ProducerClosed { at_ms, .. }
             | ClientEvent::PublishOk { at_ms, .. }
             | ClientEvent::PublishFailed { at_ms, .. }
             | ClientEvent::RoutingRefreshed { at_ms, .. }
@@ -272,6 +275,10 @@ const PUBLISHES: Counter = Counter { name: "rsc_client_publishes_total", help: "
 const ROUTING_REFRESH_FAILURES: Counter =
     Counter { name: "rsc_client_routing_refresh_failures_total", help: "Failed producer routing refreshes." };
 
+const ROUTING_CACHE_REMAINING: &str = "rsc_client_routing_cache_remaining_seconds";
+const ROUTING_CACHE_REMAINING_HELP: &str =
+    "Seconds until the producer's routing cache lease ends (0: publishes fail closed).";
+
 impl MetricsSink {
     /// `clock` must be the clock of the clients whose events this sink receives. Registers the
     /// counters of bounded label values at 0, so that an alert on `increase(...) > 0` sees their
@@ -339,13 +346,28 @@ impl EventSink for MetricsSink {
                     self.instant(at_ms),
                 );
                 m.set_until(
-                    "rsc_client_routing_cache_remaining_seconds",
-                    "Seconds until the producer's routing cache lease ends (0: publishes fail closed).",
+                    ROUTING_CACHE_REMAINING,
+                    ROUTING_CACHE_REMAINING_HELP,
                     vec![("producer", producer)],
                     self.instant(cache_expires_ms),
                 );
             }
-            ClientEvent::RoutingRefreshFailed { .. } => m.count(&ROUTING_REFRESH_FAILURES, vec![]),
+            ClientEvent::RoutingRefreshFailed { at_ms, producer, cache_expires_ms, .. } => {
+                m.count(&ROUTING_REFRESH_FAILURES, vec![]);
+                // A producer that never got routing (started during an outage) had no series, so
+                // the "remaining == 0" alert never fired for the producer that could not publish.
+                m.set_until(
+                    ROUTING_CACHE_REMAINING,
+                    ROUTING_CACHE_REMAINING_HELP,
+                    vec![("producer", producer)],
+                    self.instant(cache_expires_ms.unwrap_or(at_ms)),
+                );
+            }
+            ClientEvent::ProducerClosed { producer, .. } => {
+                // Left behind, `remaining` read 0 for ever: a permanent "fails closed" alert.
+                m.forget("rsc_client_routing_cache_age_seconds", "producer", &producer);
+                m.forget(ROUTING_CACHE_REMAINING, "producer", &producer);
+            }
             _ => {}
         }
     }
@@ -456,5 +478,23 @@ mod tests {
         assert!((0.02..1.0).contains(&age), "age counts from the refresh: {age}");
         let remaining = metrics.value("rsc_client_routing_cache_remaining_seconds", &producer);
         assert!(remaining > 8.0 && remaining <= 10.0, "{remaining}");
+        // A producer whose first refresh failed has the series, at 0 (it cannot publish).
+        let failed = |producer: &str, cache_expires_ms| ClientEvent::RoutingRefreshFailed {
+            at_ms: now_ms,
+            producer: producer.into(),
+            error: crate::client::TransportError::Unreachable("down".into()),
+            cache_expires_ms,
+        };
+        sink.emit(failed("q", None));
+        let q = vec![("producer", "q".to_string())];
+        assert!(metrics.render().contains("rsc_client_routing_cache_remaining_seconds{producer=\"q\"} 0"));
+        assert_eq!(metrics.value("rsc_client_routing_cache_remaining_seconds", &q), 0.0);
+        // A failed refresh with a valid cache leaves the lease where it was.
+        sink.emit(failed("p", Some(now_ms + 10_000)));
+        let remaining = metrics.value("rsc_client_routing_cache_remaining_seconds", &producer);
+        assert!(remaining > 8.0 && remaining <= 10.0, "{remaining}");
+        // A dropped producer's series go (they read 0 for ever).
+        sink.emit(ClientEvent::ProducerClosed { at_ms: now_ms, producer: "p".into() });
+        assert!(!metrics.render().contains("producer=\"p\""), "{}", metrics.render());
     }
 }

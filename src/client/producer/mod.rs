@@ -169,6 +169,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Drop for Producer<T, S> {
         if let Some(task) = self.refresher.take() {
             task.abort();
         }
+        let (at_ms, producer) = (self.shared.clock.now_ms(), self.shared.config.producer_id.clone());
+        self.shared.sink.emit(ClientEvent::ProducerClosed { at_ms, producer });
     }
 }
 
