@@ -10,6 +10,10 @@
 //! each fault earlier; halve each fault's integer parameters (durations included); simpler
 //! settings (the datagram protocol, fewer keys, smaller reads, smaller `add-shards`).
 //!
+//! The result is a fixpoint of these passes (no candidate of a last round accepted), not a
+//! minimal run; when the run budget (`--max-runs`) stops it first, it says so and the note of the
+//! shrunk capsule records it.
+//!
 //! Owns: candidate generation and acceptance. Never changes the seed: the remaining randomness
 //! (madsim's scheduler and network, each process's RNG) stays the one the capsule recorded.
 
@@ -36,13 +40,13 @@ pub fn shrink_file(path: &Path, kind: Option<String>, max_runs: usize) -> Result
     }
     println!("shrinking {} keeping {key} (the run produces {kinds:?}): {}", path.display(), capsule.size());
     let liveness_key = original.findings.iter().any(|f| f.kind == key && f.checker == "liveness");
-    let mut shrinker =
-        Shrinker { best: capsule.run.clone(), key: key.clone(), allowed: kinds, liveness_key, runs: 0, max_runs };
-    shrinker.shrink();
+    let mut shrinker = Shrinker::new(capsule.run.clone(), key.clone(), kinds, liveness_key, max_runs);
+    let fixpoint = shrinker.shrink();
     let shrunk = run_seed(shrinker.best.clone(), true);
     let before = capsule.size();
+    let stopped = if fixpoint { "" } else { ", stopped by the run budget" };
     let note = format!(
-        "shrunk from {} keeping {key} in {} candidate runs (was {before}): {}",
+        "shrunk from {} keeping {key} in {} candidate runs{stopped} (was {before}): {}",
         path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
         shrinker.runs,
         capsule.note
@@ -53,6 +57,13 @@ pub fn shrink_file(path: &Path, kind: Option<String>, max_runs: usize) -> Result
     out.write(&out_path)?;
     println!("before: {before}\nafter:  {} ({} candidate runs)", out.size(), shrinker.runs);
     println!("kinds {:?}; written {}", out.kinds, out_path.display());
+    if !fixpoint {
+        println!(
+            "run budget spent (--max-runs {max_runs}): the shrinking stopped before a round accepted nothing, so a \
+             smaller run may fail the same way; shrink {} again, or with a larger --max-runs",
+            out_path.display()
+        );
+    }
     Ok(true)
 }
 
@@ -75,10 +86,18 @@ struct Shrinker {
     liveness_key: bool,
     runs: usize,
     max_runs: usize,
+    /// A candidate was not run because the budget was spent: the result is no fixpoint.
+    budget_spent: bool,
 }
 
 impl Shrinker {
-    fn shrink(&mut self) {
+    fn new(best: Plan, key: String, allowed: Vec<String>, liveness_key: bool, max_runs: usize) -> Self {
+        Self { best, key, allowed, liveness_key, runs: 0, max_runs, budget_spent: false }
+    }
+
+    /// Runs rounds of every pass; true when the last one accepted nothing with no candidate left
+    /// unrun for the budget (a fixpoint of the passes), false when the budget stopped it.
+    fn shrink(&mut self) -> bool {
         let mut round = 0;
         loop {
             round += 1;
@@ -91,8 +110,11 @@ impl Shrinker {
             changed |= self.halve_fault_params();
             changed |= self.simplify_params();
             println!("round {round}: {} candidate runs, {}", self.runs - runs, self.size());
-            if !changed || self.runs >= self.max_runs {
-                break;
+            if !changed {
+                return !self.budget_spent;
+            }
+            if self.runs >= self.max_runs {
+                return false;
             }
         }
     }
@@ -105,7 +127,11 @@ impl Shrinker {
     fn try_candidate(&mut self, what: &str, mut candidate: Plan) -> bool {
         candidate.faults.sort_by_key(|f| f.at_ms);
         candidate.actions.sort_by_key(|a| a.at_ms);
-        if candidate == self.best || candidate.check().is_err() || self.runs >= self.max_runs {
+        if candidate == self.best || candidate.check().is_err() {
+            return false;
+        }
+        if self.runs >= self.max_runs {
+            self.budget_spent = true;
             return false;
         }
         self.runs += 1;
@@ -356,3 +382,6 @@ impl Shrinker {
         changed
     }
 }
+
+#[cfg(test)]
+mod tests;
