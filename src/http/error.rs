@@ -13,6 +13,7 @@
 //! limit) or 415 (missing or wrong `Content-Type`); unknown routes 404 and wrong methods 405, also
 //! with code `BAD_REQUEST` (the protocol has no dedicated code for them).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::serve::BodyReadTimeout;
@@ -95,23 +96,37 @@ impl IntoResponse for HttpError {
 /// `rsc_metadata_missing_total` still counts every one.
 const MISSING_LOG_PERIOD: Duration = Duration::from_secs(10);
 
-/// When a `METADATA_MISSING` answer was last logged at ERROR, and how many were logged at DEBUG
-/// since.
-static MISSING_LOGGED: std::sync::Mutex<Option<(tokio::time::Instant, u64)>> = std::sync::Mutex::new(None);
+/// The answers whose log lines are rate-limited, each on its own turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Noisy {
+    /// `METADATA_MISSING` for a group only a client says existed (see [`MISSING_LOG_PERIOD`]).
+    UnseenMissing,
+    /// `STORE_UNAVAILABLE`: during an outage every heartbeat of every member gets it, one WARN
+    /// line each (N lines a second for N members); the metrics count them all.
+    StoreUnavailable,
+    /// `METADATA_INCOMPATIBLE`: every request of a corrupted group's members, two ERROR lines
+    /// each until an operator acts; `rsc_metadata_schema_errors_total` counts them all.
+    Incompatible,
+}
 
-/// Whether this `METADATA_MISSING` answer is logged at ERROR, and how many were not since the last
-/// one that was.
-fn missing_log_turn() -> Option<u64> {
+/// When each kind of noisy answer was last logged at its full level, and how many were logged at
+/// DEBUG since.
+static NOISY_LOGGED: std::sync::Mutex<BTreeMap<Noisy, (tokio::time::Instant, u64)>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+/// Whether this answer of kind `kind` is logged at its full level (once per
+/// [`MISSING_LOG_PERIOD`] per kind and process), and how many were not since the last that was.
+fn log_turn(kind: Noisy) -> Option<u64> {
     let now = tokio::time::Instant::now();
-    let mut last = MISSING_LOGGED.lock().unwrap_or_else(|p| p.into_inner());
-    match &mut *last {
+    let mut logged = NOISY_LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    match logged.get_mut(&kind) {
         Some((at, quiet)) if now.saturating_duration_since(*at) < MISSING_LOG_PERIOD => {
             *quiet += 1;
             None
         }
-        _ => {
-            let quiet = last.map_or(0, |(_, quiet)| quiet);
-            *last = Some((now, 0));
+        last => {
+            let quiet = last.map_or(0, |(_, quiet)| *quiet);
+            logged.insert(kind, (now, 0));
             Some(quiet)
         }
     }
@@ -127,7 +142,7 @@ fn log_server_error(status: StatusCode, error: &ApiError) {
         ErrorCode::MetadataMissing if !error.message.contains(crate::service::UNSEEN_MISSING) => {
             tracing::error!(status = status.as_u16(), code = ?error.code, message = %error.message, "server error")
         }
-        ErrorCode::MetadataMissing => match missing_log_turn() {
+        ErrorCode::MetadataMissing => match log_turn(Noisy::UnseenMissing) {
             Some(quiet) => tracing::error!(
                 status = status.as_u16(),
                 code = ?error.code,
@@ -139,9 +154,30 @@ fn log_server_error(status: StatusCode, error: &ApiError) {
                 tracing::debug!(status = status.as_u16(), code = ?error.code, message = %error.message, "server error")
             }
         },
-        ErrorCode::StoreUnavailable => {
-            tracing::warn!(status = status.as_u16(), code = ?error.code, message = %error.message, "store error")
-        }
+        ErrorCode::StoreUnavailable => match log_turn(Noisy::StoreUnavailable) {
+            Some(quiet) => tracing::warn!(
+                status = status.as_u16(),
+                code = ?error.code,
+                message = %error.message,
+                logged_at_debug_since = quiet,
+                "store error (further STORE_UNAVAILABLE answers in the next 10 s are logged at debug)"
+            ),
+            None => {
+                tracing::debug!(status = status.as_u16(), code = ?error.code, message = %error.message, "store error")
+            }
+        },
+        ErrorCode::MetadataIncompatible => match log_turn(Noisy::Incompatible) {
+            Some(quiet) => tracing::error!(
+                status = status.as_u16(),
+                code = ?error.code,
+                message = %error.message,
+                logged_at_debug_since = quiet,
+                "server error (further METADATA_INCOMPATIBLE answers in the next 10 s are logged at debug)"
+            ),
+            None => {
+                tracing::debug!(status = status.as_u16(), code = ?error.code, message = %error.message, "server error")
+            }
+        },
         _ => tracing::error!(status = status.as_u16(), code = ?error.code, message = %error.message, "server error"),
     }
 }
@@ -338,12 +374,36 @@ mod tests {
     /// ERROR (others in this process may have taken this period's turn already).
     #[tokio::test]
     async fn metadata_missing_answers_take_one_error_line_per_period() {
-        let _ = missing_log_turn();
-        for _ in 0..100 {
-            assert_eq!(missing_log_turn(), None, "logged at debug within the period");
+        for kind in [Noisy::UnseenMissing, Noisy::StoreUnavailable, Noisy::Incompatible] {
+            let _ = log_turn(kind);
+            for _ in 0..100 {
+                assert_eq!(log_turn(kind), None, "logged at debug within the period");
+            }
+            let logged = NOISY_LOGGED.lock().unwrap_or_else(|p| p.into_inner()).get(&kind).copied();
+            assert!(logged.map(|(_, quiet)| quiet) >= Some(100), "{logged:?}");
         }
-        let quiet = MISSING_LOGGED.lock().unwrap_or_else(|p| p.into_inner()).map(|(_, quiet)| quiet);
-        assert!(quiet >= Some(100), "{quiet:?}");
+    }
+
+    /// The answers that come once per request during an outage or a corrupted group take turns
+    /// (they flooded the log: N WARN lines a second for N members of a down store).
+    #[test]
+    fn store_outage_and_corruption_answers_are_rate_limited() {
+        let kinds = |code| match code {
+            ErrorCode::StoreUnavailable => Some(Noisy::StoreUnavailable),
+            ErrorCode::MetadataIncompatible => Some(Noisy::Incompatible),
+            _ => None,
+        };
+        for code in [ErrorCode::StoreUnavailable, ErrorCode::MetadataIncompatible] {
+            let kind = kinds(code).expect("noisy");
+            let before = NOISY_LOGGED.lock().unwrap_or_else(|p| p.into_inner()).get(&kind).map_or(0, |(_, q)| *q);
+            let error = ApiError::new(code, "x");
+            // The first of the period may be this one or another test's; the rest are quiet.
+            for _ in 0..10 {
+                log_server_error(StatusCode::SERVICE_UNAVAILABLE, &error);
+            }
+            let after = NOISY_LOGGED.lock().unwrap_or_else(|p| p.into_inner()).get(&kind).map_or(0, |(_, q)| *q);
+            assert!(after >= before + 9, "{code:?}: {before} -> {after}");
+        }
     }
 
     #[test]
