@@ -12,7 +12,9 @@
 //!
 //! Each replay also says whether its trace is still the recorded one: a different hash means the
 //! product or trace code changed since the capsule was recorded, not that the capsule changed
-//! (`cargo sim capsule-check` proves capsules replay exactly at one commit).
+//! (`cargo sim capsule-check` proves capsules replay exactly at one commit). A capsule that cannot
+//! be loaded (stale format, a broken file) fails the run at the end, after every other capsule
+//! was replayed, so one bad file hides no other result.
 
 use std::path::{Path, PathBuf};
 
@@ -40,8 +42,17 @@ pub fn run(plans: &Path) -> Result<bool, PlanError> {
     }
     let mut ok = true;
     let mut stale = 0;
+    let mut unloadable: Vec<PathBuf> = Vec::new();
+    let mut load = |path: &Path| match Capsule::load(path) {
+        Ok(capsule) => Some(capsule),
+        Err(e) => {
+            println!("{}: FAILED (cannot load it: {e})", path.display());
+            unloadable.push(path.to_path_buf());
+            None
+        }
+    };
     for path in &regressions {
-        let capsule = Capsule::load(path)?;
+        let Some(capsule) = load(path) else { continue };
         let outcome = run_seed(capsule.run.clone(), true);
         let verdict = if outcome.findings.is_empty() { "ok" } else { "FAILED" };
         let found = capsule.found.as_deref().unwrap_or(&capsule.note);
@@ -56,7 +67,7 @@ pub fn run(plans: &Path) -> Result<bool, PlanError> {
         }
     }
     for path in &planted {
-        let capsule = Capsule::load(path)?;
+        let Some(capsule) = load(path) else { continue };
         let Some(kind) = capsule.kinds.first() else {
             println!("{}: FAILED (a planted capsule records no kind)", path.display());
             ok = false;
@@ -85,6 +96,11 @@ pub fn run(plans: &Path) -> Result<bool, PlanError> {
             println!("REPRODUCE WITH: cargo sim replay --capsule {} --without-planted", path.display());
             ok = false;
         }
+    }
+    if !unloadable.is_empty() {
+        println!("{} capsules could not be loaded:", unloadable.len());
+        unloadable.iter().for_each(|path| println!("  {}", path.display()));
+        ok = false;
     }
     if stale > 0 {
         println!(
@@ -115,5 +131,20 @@ mod tests {
             let capsule = Capsule::load(&path).unwrap();
             assert!(!capsule.run.planted.is_empty() && !capsule.kinds.is_empty(), "{}", path.display());
         }
+    }
+
+    /// A capsule that cannot be loaded fails the run at the end; it aborted it (rc 2, no other
+    /// capsule replayed, only the first bad file named).
+    #[cfg(madsim)]
+    #[test]
+    fn an_unloadable_capsule_fails_the_run_without_stopping_it() {
+        let plans = std::env::temp_dir().join(format!("sim-regressions-{}", std::process::id()));
+        let dir = corpus_dir(&plans);
+        std::fs::create_dir_all(dir.join("planted")).unwrap();
+        std::fs::write(dir.join("cut-short.toml"), "format = 1\nnote = \"cut short\"\n").unwrap();
+        std::fs::write(dir.join("planted").join("not-toml.toml"), "[run").unwrap();
+        let result = run(&plans);
+        let _ = std::fs::remove_dir_all(&plans);
+        assert!(matches!(result, Ok(false)), "{result:?}");
     }
 }
