@@ -630,6 +630,10 @@ fn run_plans(
     } else {
         vec![which.to_string()]
     };
+    if names.is_empty() {
+        // Nothing run would pass: a mistyped `--plans` directory is not a green sweep.
+        return Err(PlanError::Invalid(format!("no plans in {} (`all` leaves out planted-*)", dir.display())));
+    }
     let specs = names.iter().map(|name| load_spec(dir, name, flags)).collect::<Result<Vec<_>, _>>()?;
     if jobs > 1 {
         return sweep::run_parallel(&specs, seeds, flags, jobs);

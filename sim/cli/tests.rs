@@ -185,3 +185,15 @@ fn a_runs_files_stay_in_their_directory_whatever_the_plan_is_called() {
     assert_eq!(run_stem("standard", 3, false), "standard-3");
     assert_eq!(run_stem("planted-x", 3, true), "planted-x-3-without-planted");
 }
+
+/// `run all` over a directory with no plans (or only planted ones) is an error, not a sweep that
+/// ran nothing and passed.
+#[test]
+fn run_all_refuses_a_directory_without_plans() {
+    let dir = std::env::temp_dir().join(format!("sim-no-plans-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(default_plan_dir().join("planted-reuse-lost-version.toml"), dir.join("planted-x.toml")).unwrap();
+    let result = super::run_plans(&dir, "all", (0, 1), RunFlags::default(), 1, false);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(result.is_err(), "{:?}", result.ok());
+}
