@@ -35,7 +35,7 @@ use rsc::core::protocol::{
 };
 use rsc::core::{PlantedBug, PlantedBugs};
 use rsc::service::{Coordinator, CoordinatorOptions};
-use rsc::store::memory::{MemoryStore, RollbackMode};
+use rsc::store::memory::{MemoryStore, OutageMode, RollbackMode};
 use rsc::store::{MetadataStore, WriteRequest};
 
 fn group() -> GroupId {
@@ -237,6 +237,24 @@ async fn a_rejected_index_add_is_counted_as_a_compatibility_and_index_failure() 
     let metrics = c.metrics();
     assert_eq!(metrics.value("rsc_redis_command_compat_failures_total", &vec![("command", "SADD".to_string())]), 1.0);
     assert_eq!(metrics.value("rsc_group_index_failures_total", &Vec::new()), 1.0, "{}", metrics.render());
+}
+
+/// The ticker's progress is visible: the age of its last completed pass grows while it does not
+/// pass (dead, stalled, or unable to read the index) and restarts at each pass.
+#[tokio::test]
+async fn the_age_of_the_last_tick_pass_grows_until_a_pass_completes() {
+    let store = MemoryStore::new(21);
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    create(&c, 2).await;
+    let age = || c.metrics().value("rsc_ticker_last_pass_age_seconds", &Vec::new());
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(age() >= 0.1, "no pass yet: the age counts from the start ({})", age());
+    c.tick_all().await;
+    assert!(age() < 0.1, "{}", age());
+    store.set_outage(Some(OutageMode::Errors));
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    c.tick_all().await;
+    assert!(age() >= 0.1, "a pass that could not read the index did not complete ({})", age());
 }
 
 #[tokio::test]

@@ -393,6 +393,11 @@ fn process_seed(rng_seed: u64) -> u64 {
     }
 }
 
+/// Nothing else showed a ticker that died or stalled (or cannot read the index): `/healthz` stayed
+/// 200, members never expired and the group gauges froze at healthy-looking values.
+const TICKER_PASS_AGE: &str = "rsc_ticker_last_pass_age_seconds";
+const TICKER_PASS_AGE_HELP: &str =
+    "Seconds since this instance's ticker last completed a pass over the indexed groups (since the start before the first).";
 const TERMINATING_HELP: &str = "1 while the coordinator is terminating (refusing new mutations), else 0.";
 const HEARTBEATS_HELP: &str = "Heartbeats answered, by status or error code.";
 
@@ -437,6 +442,8 @@ impl<S: MetadataStore> Coordinator<S> {
             monitors: GroupMonitors::default(),
         };
         inner.metrics.set("rsc_coordinator_terminating", TERMINATING_HELP, vec![], 0.0);
+        // From the start: a ticker that never completes a pass shows as an age that grows.
+        inner.metrics.set_since(TICKER_PASS_AGE, TICKER_PASS_AGE_HELP, vec![], inner.started);
         for counter in counters::LABEL_LESS {
             inner.metrics.declare(counter, vec![]);
         }
@@ -981,6 +988,7 @@ impl<S: MetadataStore> Coordinator<S> {
             vec![],
             not_mine as f64,
         );
+        self.inner.metrics.set_since(TICKER_PASS_AGE, TICKER_PASS_AGE_HELP, vec![], Instant::now());
     }
 
     /// The groups the index lists, and whether they were read for this pass: read at most every
