@@ -73,7 +73,7 @@ pub fn write_seed(
 
 /// What changing a plan's draw order did to the run a seed means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reorder {
+pub enum ReorderVerdict {
     /// The reordered plan drew another run, and its trace differs: the capsule, which still
     /// replays the recorded run, shows it never reads the plan.
     Differs,
@@ -85,13 +85,13 @@ pub enum Reorder {
 }
 
 /// The verdict of the reordering half of `capsule-check` for one seed.
-pub fn reorder_verdict(plan: &Plan, redrawn: &Plan, trace_hash: u64, redrawn_trace_hash: u64) -> Reorder {
+pub fn reorder_verdict(plan: &Plan, redrawn: &Plan, trace_hash: u64, redrawn_trace_hash: u64) -> ReorderVerdict {
     if redrawn == plan {
-        Reorder::NothingToReorder
+        ReorderVerdict::NothingToReorder
     } else if redrawn_trace_hash != trace_hash {
-        Reorder::Differs
+        ReorderVerdict::Differs
     } else {
-        Reorder::SameRun
+        ReorderVerdict::SameRun
     }
 }
 
@@ -121,12 +121,12 @@ pub fn check_seeds(dir: &Path, name: &str, seeds: (u64, u64)) -> Result<bool, Pl
             if same { "same run" } else { "DIFFERENT RUN" },
             fmt_hash(moved.trace_hash),
             match reorder {
-                Reorder::Differs => "another run, as expected",
-                Reorder::NothingToReorder => "n/a: nothing to reorder, the plan draws the same run",
-                Reorder::SameRun => "SAME RUN: the reordering changed nothing",
+                ReorderVerdict::Differs => "another run, as expected",
+                ReorderVerdict::NothingToReorder => "n/a: nothing to reorder, the plan draws the same run",
+                ReorderVerdict::SameRun => "SAME RUN: the reordering changed nothing",
             },
         );
-        ok &= same && reorder != Reorder::SameRun;
+        ok &= same && reorder != ReorderVerdict::SameRun;
     }
     Ok(ok)
 }

@@ -54,13 +54,13 @@ fn a_capsule_breaking_a_draw_rule_or_naming_an_unknown_field_is_refused() {
 #[cfg(madsim)]
 #[test]
 fn capsule_check_of_a_plan_with_nothing_to_reorder_is_not_a_failure() {
-    use super::replay::{reorder_verdict, Reorder};
+    use super::replay::{reorder_verdict, ReorderVerdict};
     let spec = load_plan(&default_plan_dir(), "m05-metadata-key-deleted").unwrap();
     let plan = spec.draw(0).unwrap();
     let redrawn = reordered(&spec).draw(0).unwrap();
-    assert_eq!(reorder_verdict(&plan, &redrawn, 7, 7), Reorder::NothingToReorder);
+    assert_eq!(reorder_verdict(&plan, &redrawn, 7, 7), ReorderVerdict::NothingToReorder);
     let swarm = load_plan(&default_plan_dir(), "swarm").unwrap();
     let (plan, redrawn) = (swarm.draw(5).unwrap(), reordered(&swarm).draw(5).unwrap());
-    assert_eq!(reorder_verdict(&plan, &redrawn, 7, 8), Reorder::Differs);
-    assert_eq!(reorder_verdict(&plan, &redrawn, 7, 7), Reorder::SameRun, "a reordering that showed nothing");
+    assert_eq!(reorder_verdict(&plan, &redrawn, 7, 8), ReorderVerdict::Differs);
+    assert_eq!(reorder_verdict(&plan, &redrawn, 7, 7), ReorderVerdict::SameRun, "a reordering that showed nothing");
 }
