@@ -91,7 +91,7 @@ fn check(doc: &Value, schema: &Value, value: &Value, path: &str, errors: &mut Ve
             "uint64" => u64::MAX,
             other => panic!("format {other} not supported by this validator"),
         };
-        if value.is_number() && !value.as_u64().is_some_and(|n| n <= max) {
+        if value.is_number() && value.as_u64().is_none_or(|n| n > max) {
             errors.push(format!("{path}: {value} is not a {format}"));
         }
     }
