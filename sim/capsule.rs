@@ -15,6 +15,8 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
+use rsc::core::model::GroupConfig;
+
 use crate::checkers::Finding;
 use crate::plan::{Plan, PlanError, PlanSpec};
 
@@ -48,6 +50,43 @@ pub struct Capsule {
     pub fix: Option<String>,
     /// The run itself.
     pub run: Plan,
+}
+
+/// `[run.group]` as a capsule must hold it: every field of the product's `GroupConfig` and no
+/// other. The product's type reads its own records leniently (three fields default when absent,
+/// unknown keys are ignored), so a capsule read through it alone would run a misspelt or missing
+/// setting at its default, silently.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct GroupRecord {
+    member_lease_ttl_ms: u64,
+    assignment_lease_ms: u64,
+    heartbeat_interval_ms: u64,
+    rebalance_timeout_ms: u64,
+    routing_cache_ttl_ms: u64,
+    routing_refresh_interval_ms: u64,
+    assignor: rsc::core::model::AssignorKind,
+    heal_lost_add_shards: bool,
+    fencing: bool,
+}
+
+/// The group config of a capsule's text, read strictly as a [`GroupRecord`]. Every field is
+/// named: one added to `GroupConfig` is a compile error here until the record has it too.
+fn group_config(text: &str) -> Result<GroupConfig, String> {
+    let value: toml::Value = toml::from_str(text).map_err(|e| e.to_string())?;
+    let group = value.get("run").and_then(|run| run.get("group")).ok_or("no [run.group]")?;
+    let r = GroupRecord::deserialize(group.clone()).map_err(|e| format!("[run.group]: {e}"))?;
+    Ok(GroupConfig {
+        member_lease_ttl_ms: r.member_lease_ttl_ms,
+        assignment_lease_ms: r.assignment_lease_ms,
+        heartbeat_interval_ms: r.heartbeat_interval_ms,
+        rebalance_timeout_ms: r.rebalance_timeout_ms,
+        routing_cache_ttl_ms: r.routing_cache_ttl_ms,
+        routing_refresh_interval_ms: r.routing_refresh_interval_ms,
+        assignor: r.assignor,
+        heal_lost_add_shards: r.heal_lost_add_shards,
+        fencing: r.fencing,
+    })
 }
 
 /// Where failing runs write their capsules.
@@ -113,7 +152,8 @@ impl Capsule {
     /// Parses a capsule's text and checks its run against the rules a draw enforces.
     pub fn parse(text: &str, path: &Path) -> Result<Self, PlanError> {
         let parse = |message: String| PlanError::Parse { path: path.to_path_buf(), message };
-        let capsule: Capsule = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
+        let mut capsule: Capsule = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
+        capsule.run.group = group_config(text).map_err(parse)?;
         if capsule.format != FORMAT {
             return Err(parse(format!("capsule format {} (this build reads {FORMAT})", capsule.format)));
         }

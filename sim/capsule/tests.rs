@@ -64,3 +64,21 @@ fn capsule_check_of_a_plan_with_nothing_to_reorder_is_not_a_failure() {
     assert_eq!(reorder_verdict(&plan, &redrawn, 7, 8), ReorderVerdict::Differs);
     assert_eq!(reorder_verdict(&plan, &redrawn, 7, 7), ReorderVerdict::SameRun, "a reordering that showed nothing");
 }
+
+/// `[run.group]` is the product's `GroupConfig`, which defaults missing settings and ignores
+/// unknown keys: a capsule edited with a misspelt or missing setting ran fencing (say) at its
+/// default without a word.
+#[test]
+fn a_capsule_group_with_an_unknown_or_missing_setting_is_refused() {
+    let plan = load_plan(&default_plan_dir(), "standard").unwrap().draw(1).unwrap();
+    let text = Capsule::new(&plan, &[], 0, String::new()).to_toml().unwrap();
+    let path = Path::new("group.toml");
+    assert!(text.contains("\nfencing = true\n"), "{text}");
+    let misspelt = text.replace("\nfencing = true\n", "\nfencng = false\n");
+    assert!(Capsule::parse(&misspelt, path).is_err(), "unknown key, fencing left at its default");
+    let missing = text.replace("\nfencing = true\n", "\n");
+    assert!(Capsule::parse(&missing, path).is_err(), "missing key, defaulted");
+    let extra = text.replace("[run.group]\n", "[run.group]\nbogusField = 1\n");
+    assert_ne!(extra, text);
+    assert!(Capsule::parse(&extra, path).is_err(), "unknown key");
+}
