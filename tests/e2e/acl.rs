@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::cluster::asking_calls;
 use crate::e2e_support::checks::shares_all;
 use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, Fleet};
 use crate::e2e_support::ground_truth::assert_no_split;
@@ -252,16 +253,34 @@ async fn the_readme_users_run_the_whole_fenced_flow_on_a_cluster() {
     ];
     let migrate = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut report = Vec::new();
         for slot_move in moves {
-            while tokio::task::block_in_place(|| cluster.migrate_slot_keys(&slot_move, 1)) > 0 {
+            let target = slot_move.target_port;
+            let asking_before = tokio::task::block_in_place(|| asking_calls(cluster.server(target)));
+            let mut moved = 0;
+            loop {
+                let batch = tokio::task::block_in_place(|| cluster.migrate_slot_keys(&slot_move, 1));
+                if batch == 0 {
+                    break;
+                }
+                moved += batch;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             // Every key of the slot is on the target now, reached only through ASK, for a second.
             tokio::time::sleep(Duration::from_millis(1_000)).await;
+            let asking = tokio::task::block_in_place(|| asking_calls(cluster.server(target))) - asking_before;
             tokio::task::block_in_place(|| cluster.finish_slot_move(slot_move));
+            report.push((target, moved, asking));
         }
+        report
     };
-    tokio::join!(producer.publish_paced(0..MESSAGES, 2_000), migrate);
+    let ((), moved) = tokio::join!(producer.publish_paced(0..MESSAGES, 2_000), migrate);
+    // Each move migrated keys, and the coordinator or the clients followed ASK to its target
+    // (ASKING there) while the slot was split: else the migration part tested nothing.
+    eprintln!("ACL cluster slot moves (target port, keys migrated, ASKING there): {moved:?}");
+    for (target, keys, asking) in &moved {
+        assert!(*keys > 0 && *asking > 0, "move to port {target}: {keys} keys migrated, {asking} ASKING: {moved:?}");
+    }
     let ledger = fleet.ledger.clone();
     fleet.wait_all_acked(MESSAGES, Duration::from_secs(20)).await;
     assert_no_split(&fleet.reads);

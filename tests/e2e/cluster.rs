@@ -391,6 +391,9 @@ async fn move_slot_step_wise<T>(
         tryagain_errors: block_in_place(|| tryagain_errors(cluster.server(source_port))) - tryagain_before,
     };
     assert!(report.batches >= 3, "{what}: the slot moved in several batches: {report}");
+    // Clients touched the slot while it was split (an ASK followed, or a multi-key command met
+    // split keys): else the "under traffic" part of the move tested nothing.
+    assert!(report.asking_calls > 0 || report.tryagain_errors > 0, "{what}: no client met the split slot: {report}");
     eprintln!("moved the slot of the {what}: {report}");
     (report, output)
 }
@@ -414,7 +417,7 @@ fn hash_tag(key: &str) -> &str {
 }
 
 /// `calls` of `cmdstat_asking` in `INFO commandstats` (0 before the first).
-fn asking_calls(node: &RedisServer) -> u64 {
+pub(crate) fn asking_calls(node: &RedisServer) -> u64 {
     info_counter(node, "commandstats", "cmdstat_asking", "calls")
 }
 
