@@ -13,7 +13,9 @@
 //!
 //! so the fake cannot drift from real Redis, and the Cluster from one server. Cases that need a
 //! revision lost and written again (`stamp.rs`) also take the store's way of making that loss: by
-//! hand on a real server, by the fake's rollback fault in the fake. `store_contract/redis_only.rs` holds what only a real
+//! hand on a real server (on the slot's primary in a Cluster, plain and TLS), by the fake's
+//! rollback fault in the fake. The fence cases run once more with every fenced read through the
+//! script (gates off) on one server and on a Cluster. `store_contract/redis_only.rs` holds what only a real
 //! server can show (layout on the wire, restart, failover, dead and hung servers, renamed and
 //! ACL-denied commands).
 //!
@@ -194,6 +196,21 @@ macro_rules! scripted_reads_suite {
                 }
             )*
         }
+
+        mod redis_cluster_store_scripted_reads {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let cluster = crate::support::redis_cluster::RedisCluster::start(3, 1);
+                    let options =
+                        rsc::store::redis::RedisStoreOptions { fenced_read_gates: false, ..Default::default() };
+                    let store = rsc::store::redis::RedisStore::connect_cluster(&cluster.nodes(), options)
+                        .await
+                        .expect("connect");
+                    crate::$case(&store).await;
+                }
+            )*
+        }
     };
 }
 
@@ -233,6 +250,35 @@ macro_rules! contract_loss_suite {
                     let options = rsc::store::redis::RedisStoreOptions::default();
                     let store = rsc::store::redis::RedisStore::connect(&url, options).await.expect("connect");
                     crate::$case(&store, &crate::HandRewrite(&server)).await;
+                }
+            )*
+        }
+
+        mod redis_cluster_store_after_loss {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let cluster = crate::support::redis_cluster::RedisCluster::start(3, 1);
+                    let options = rsc::store::redis::RedisStoreOptions::default();
+                    let store = rsc::store::redis::RedisStore::connect_cluster(&cluster.nodes(), options)
+                        .await
+                        .expect("connect");
+                    crate::$case(&store, &crate::ClusterHandRewrite(&cluster)).await;
+                }
+            )*
+        }
+
+        mod redis_tls_cluster_store_after_loss {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let auth = crate::support::redis_server::TlsClientAuth::Yes;
+                    let cluster = crate::support::redis_cluster::RedisCluster::start_tls(3, 0, auth);
+                    let options = crate::tls_cluster::mutual_tls_options(&cluster);
+                    let store = rsc::store::redis::RedisStore::connect_cluster(&cluster.nodes(), options)
+                        .await
+                        .expect("connect");
+                    crate::$case(&store, &crate::ClusterHandRewrite(&cluster)).await;
                 }
             )*
         }

@@ -16,6 +16,7 @@ use rsc::store::memory::{MemoryStore, RollbackMode};
 use rsc::store::{CasStamp, MetadataStore, StoreError, StreamStore, WriteOutcome, WriteRequest};
 
 use crate::metadata::{cas, create, group, stored};
+use crate::support::redis_cluster::RedisCluster;
 use crate::support::RedisServer;
 
 /// Loses the last write of `group` (revision r) and writes revision r again with `write_id` and
@@ -32,6 +33,16 @@ impl LoseAndRewrite for HandRewrite<'_> {
         let key = keys::metadata_key(group);
         let revision: String = redis::from_redis_value(self.0.cmd(&["HGET", &key, "revision"])).expect("revision");
         self.0.cmd(&["HSET", &key, "revision", &revision, "writeId", write_id, "aggregate", aggregate]);
+    }
+}
+
+/// On a Redis Cluster: the same, on the primary that holds the group's metadata slot.
+pub struct ClusterHandRewrite<'a>(pub &'a RedisCluster);
+
+impl LoseAndRewrite for ClusterHandRewrite<'_> {
+    async fn lose_and_rewrite(&self, group: &GroupId, write_id: &str, aggregate: &str) {
+        let key = keys::metadata_key(group);
+        HandRewrite(self.0.node_for_key(&key)).lose_and_rewrite(group, write_id, aggregate).await;
     }
 }
 
