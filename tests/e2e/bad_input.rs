@@ -154,8 +154,8 @@ async fn stalled_request_bodies_are_cut_off_and_do_not_starve_other_clients() {
     let answer = answer.unwrap_or_else(|_| {
         panic!(
             "a heartbeat waited {waited:?} behind {SLOTS} stalled request bodies (concurrency_max = {SLOTS}, \
-             header_read_timeout_ms = 1000); /healthz answered: {}; stalled connections still open 10 s later: \
-             {still_open} of {SLOTS}",
+             header_read_timeout_ms = 1000); /healthz answered: {}; stalled connections not closed within 3 s \
+             of the check: {still_open} of {SLOTS}",
             healthz.is_ok()
         )
     });
