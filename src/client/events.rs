@@ -72,7 +72,9 @@ impl StopReason {
     ];
 }
 
-/// One thing a client did.
+/// One thing a client did. Non-exhaustive: new kinds of events are added in minor releases, so a
+/// sink's `match` needs a wildcard arm.
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClientEvent {
     /// A heartbeat left the consumer (its send time starts any lease its response grants).

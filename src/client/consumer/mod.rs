@@ -267,7 +267,12 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
         let outcome = tokio::select! {
             biased;
-            ended = &mut *task => ended.map_err(|e| CloseError::HeartbeatTask(e.to_string())),
+            ended = &mut *task => ended.map_err(|e| {
+                // The task ended abnormally, without the leave: what it held stops here, and the
+                // sink hears `Closed` (its lease gauge read 0 for ever otherwise).
+                self.shared.with_core_now(|core, now_ms| core.abort(now_ms));
+                CloseError::HeartbeatTask(e.to_string())
+            }),
             _ = tokio::time::sleep_until(deadline) => {
                 task.abort();
                 self.shared.with_core_now(|core, now_ms| core.abort(now_ms));
@@ -284,9 +289,20 @@ impl<T: CoordinatorTransport, S: StreamStore> Drop for Consumer<T, S> {
     fn drop(&mut self) {
         if let Some(task) = self.heartbeats.get_mut().take() {
             task.abort();
-            // Nothing of this consumer runs any more: its shards stop and the sink hears
-            // `Closed` (nothing happens after a clean close, whose core already left).
-            self.shared.with_core_now(|core, now_ms| core.abort(now_ms));
+            // Nothing of this consumer runs any more: the sink hears `Closed`, unless a clean
+            // close already ended it. Without the core's lock, and no listener call: a sink or
+            // listener that drops the consumer (under that lock) must not deadlock here, and the
+            // listener is never called from a drop. The lock is only tried, to read the phase.
+            let left = match self.shared.core.try_lock() {
+                Ok(core) => core.phase() == Phase::Left,
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().phase() == Phase::Left,
+                Err(std::sync::TryLockError::WouldBlock) => false,
+            };
+            if !left {
+                let event =
+                    ClientEvent::Closed { at_ms: self.shared.clock.now_ms(), member: self.shared.member_id.clone() };
+                guarded("event sink", || self.shared.sink.emit(event));
+            }
         }
     }
 }

@@ -95,6 +95,10 @@ struct Shared<T, S> {
     /// Held across every refresh (background, inline, [`Producer::refresh`]): publishes that find
     /// no valid route share the refresh in flight instead of each sending its own.
     refreshing: tokio::sync::Mutex<()>,
+    /// True once the producer was dropped. Held while a refresh's event is emitted and while the
+    /// drop emits `ProducerClosed`: a refresh ending on another thread as the producer is dropped
+    /// would otherwise recreate the routing series after their removal (reading 0 for ever).
+    closed: Mutex<bool>,
 }
 
 /// A producer for one group's shard streams. Dropping it stops its refresh task.
@@ -122,6 +126,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Producer<T, S> {
             last_failure: Mutex::new(None),
             refreshes_ended: std::sync::atomic::AtomicU64::new(0),
             refreshing: tokio::sync::Mutex::new(()),
+            closed: Mutex::new(false),
         });
         let refresher = tokio::spawn(refresh_loop(Arc::clone(&shared)));
         Self { shared, refresher: Some(refresher) }
@@ -169,6 +174,8 @@ impl<T: CoordinatorTransport, S: StreamStore> Drop for Producer<T, S> {
         if let Some(task) = self.refresher.take() {
             task.abort();
         }
+        let mut closed = self.shared.closed.lock().unwrap_or_else(|p| p.into_inner());
+        *closed = true;
         let (at_ms, producer) = (self.shared.clock.now_ms(), self.shared.config.producer_id.clone());
         self.shared.sink.emit(ClientEvent::ProducerClosed { at_ms, producer });
     }
@@ -206,6 +213,14 @@ fn route_error(error: RouteError, refresh: Option<TransportError>) -> PublishErr
 }
 
 impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
+    /// Emits a refresh's event, unless the producer was dropped (see `closed`).
+    fn emit_unless_closed(&self, event: ClientEvent) {
+        let closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        if !*closed {
+            self.sink.emit(event);
+        }
+    }
+
     fn cache(&self) -> MutexGuard<'_, RoutingCache> {
         // A poisoned lock means a panic mid-update; every cache method leaves it coherent.
         self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -332,7 +347,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
                     let outcome = cache.apply_refresh(sent_ms, now_ms, routing);
                     (outcome, cache.expires_ms().unwrap_or(0))
                 };
-                self.sink.emit(ClientEvent::RoutingRefreshed {
+                self.emit_unless_closed(ClientEvent::RoutingRefreshed {
                     at_ms: now_ms,
                     producer,
                     metadata_version,
@@ -344,7 +359,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
             }
             Err(error) => {
                 let cache_expires_ms = self.cache().expires_ms();
-                self.sink.emit(ClientEvent::RoutingRefreshFailed {
+                self.emit_unless_closed(ClientEvent::RoutingRefreshFailed {
                     at_ms: now_ms,
                     producer,
                     error: error.clone(),
