@@ -57,8 +57,8 @@ pub const HEADERS_MAX: usize = 64;
 pub struct HttpOptions {
     /// Largest request body accepted (413 above it).
     pub body_bytes_max: usize,
-    /// Requests handled at once across the API's routes; further ones wait. The operational
-    /// routes have [`OPERATIONAL_CONCURRENCY_MAX`] slots of their own.
+    /// Requests handled at once across the API's routes; further ones wait. The probes and the
+    /// scrapes have slots of their own ([`PROBE_CONCURRENCY_MAX`], [`SCRAPE_CONCURRENCY_MAX`]).
     pub concurrency_max: usize,
     /// Bearer token required by admin routes; `None`: admin routes are open.
     pub admin_token: Option<String>,
@@ -105,9 +105,10 @@ impl<S> Clone for AppState<S> {
     }
 }
 
-/// Concurrent requests to the operational routes (`RouteAuth::Open`: `/healthz`, `/readyz`,
-/// `/metrics`, the OpenAPI document), apart from `HttpOptions::concurrency_max`.
-pub const OPERATIONAL_CONCURRENCY_MAX: usize = 16;
+/// Concurrent requests to the probes (`/healthz`, `/readyz`), apart from every other route's.
+pub const PROBE_CONCURRENCY_MAX: usize = 16;
+/// Concurrent requests to `/metrics` and the OpenAPI document, apart from every other route's.
+pub const SCRAPE_CONCURRENCY_MAX: usize = 4;
 
 /// The coordinator's HTTP API over `coordinator`.
 pub fn app<S: MetadataStore>(coordinator: Coordinator<S>, options: HttpOptions) -> Router {
@@ -116,12 +117,14 @@ pub fn app<S: MetadataStore>(coordinator: Coordinator<S>, options: HttpOptions) 
     let state = AppState { coordinator, options: Arc::new(options) };
     let budget = Arc::new(Semaphore::new(BODY_BUFFER_BYTES_MAX.max(body_bytes_max)));
     let body_gate = BodyGate { state: state.clone(), budget };
-    // One pool of slots for the API's routes, and a small one of their own for the operational
-    // ones (probes, metrics, the OpenAPI document): they queued behind heartbeats for the same
-    // slots, so an overload failed liveness probes (restarts) and scrapes (gaps) exactly when
-    // they mattered; and a flood of them cannot take the API's slots either.
+    // One pool of slots for the API's routes, and small ones of their own for the probes and for
+    // the scrapes (metrics, the OpenAPI document): probes and scrapes queued behind heartbeats for
+    // the same slots, so an overload failed liveness probes (restarts) and scrapes (gaps) exactly
+    // when they mattered. Apart from each other too: `/metrics` is unauthenticated and costs a
+    // render, so a flood of it must not hold the probes' slots (nor the API's).
     let slots = Arc::new(Semaphore::new(concurrency_max));
-    let operational_slots = Arc::new(Semaphore::new(OPERATIONAL_CONCURRENCY_MAX));
+    let probe_slots = Arc::new(Semaphore::new(PROBE_CONCURRENCY_MAX));
+    let scrape_slots = Arc::new(Semaphore::new(SCRAPE_CONCURRENCY_MAX));
     let mut router = Router::new();
     for spec in ROUTES {
         let context = RouteContext { spec, state: state.clone() };
@@ -130,7 +133,11 @@ pub fn app<S: MetadataStore>(coordinator: Coordinator<S>, options: HttpOptions) 
         // refused before any of its body is read, and holds none of the body budget: a black-box
         // review filled that budget with unauthenticated slow bodies (64 of about 1 MiB each,
         // renewed every body read deadline), and every group's heartbeats waited behind them.
-        let pool = if spec.auth == RouteAuth::Open { &operational_slots } else { &slots };
+        let pool = match spec.id {
+            RouteId::Healthz | RouteId::Readyz => &probe_slots,
+            RouteId::Metrics | RouteId::OpenApi => &scrape_slots,
+            _ => &slots,
+        };
         let endpoint = endpoint::<S>(spec)
             .layer(GlobalConcurrencyLimitLayer::with_semaphore(Arc::clone(pool)))
             .route_layer(middleware::from_fn_with_state(body_gate.clone(), buffer_body::<S>))
@@ -392,7 +399,12 @@ struct Unanswered {
 impl Drop for Unanswered {
     fn drop(&mut self) {
         if self.armed {
-            let status = StatusCode::from_u16(CLIENT_CLOSED).unwrap_or(StatusCode::REQUEST_TIMEOUT);
+            // Unwinding from a panic in the handler is a server error, not a client that left.
+            let status = if std::thread::panicking() {
+                StatusCode::INTERNAL_SERVER_ERROR
+            } else {
+                StatusCode::from_u16(CLIENT_CLOSED).unwrap_or(StatusCode::REQUEST_TIMEOUT)
+            };
             record(&self.metrics, self.method, self.route, status, self.started.elapsed().as_secs_f64());
         }
     }
