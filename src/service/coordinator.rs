@@ -23,7 +23,7 @@ use tokio::time::{Duration, Instant};
 use super::cache::DecodedCache;
 use super::counters::{
     self, CLIENT_METADATA_VERSION_AHEAD, GROUP_INDEX_FAILURES, LOST_ADD_SHARDS_HEALED, METADATA_VERSION_REGRESSIONS,
-    STORE_IDENTITY_CHANGES, TICKS_DEFERRED_WITHOUT_READ,
+    STORE_IDENTITY_CHANGES, TICKS_DEFERRED_WITHOUT_READ, TICK_FAILURES,
 };
 use super::marks::{write_digest, Observed, ReadOrder, ReadTicket, RevisionVerdict};
 use super::monitors::GroupMonitors;
@@ -238,6 +238,11 @@ pub(super) struct LocalState {
     /// finding is fresh: the next index read that still does not list one adds it
     /// ([`Coordinator::indexed_groups`]). Emptied at every index read.
     pub(super) heard_unlisted: BTreeMap<GroupId, Instant>,
+    /// Per group whose stored metadata this process cannot decode, when that was last logged at
+    /// ERROR (once per 10 s, `critical::INCOMPATIBLE_LOG_PERIOD`; every request and tick of such a group meets
+    /// it, and one ERROR line each flooded the log). Bounded by the groups that exist; pruned
+    /// with the others.
+    pub(super) incompatible_logged: BTreeMap<GroupId, Instant>,
     /// When the ticker last counted itself in the tick roster and read it.
     roster_read_at: Option<Instant>,
     pub(super) rng: SmallRng,
@@ -426,6 +431,7 @@ impl<S: MetadataStore> Coordinator<S> {
             index_read: None,
             index_generation: 0,
             heard_unlisted: BTreeMap::new(),
+            incompatible_logged: BTreeMap::new(),
             roster_read_at: None,
             rng: SmallRng::seed_from_u64(seed),
             write_rng: SmallRng::seed_from_u64(seed ^ WRITE_ID_SALT),
@@ -509,7 +515,9 @@ impl<S: MetadataStore> Coordinator<S> {
         impl Drop for Unanswered<'_> {
             fn drop(&mut self) {
                 if let Some(metrics) = self.0 {
-                    metrics.inc(HEARTBEATS, HEARTBEATS_HELP, vec![("status", "CANCELLED".into())]);
+                    // Unwinding from a panic is not a client that went away.
+                    let status = if std::thread::panicking() { "INTERNAL" } else { "CANCELLED" };
+                    metrics.inc(HEARTBEATS, HEARTBEATS_HELP, vec![("status", status.into())]);
                 }
             }
         }
@@ -751,7 +759,7 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     fn count_index_failure(&self, error: &StoreError) {
-        self.note_store_error(error);
+        self.count_compat_failure(error);
         self.inner.metrics.count(&GROUP_INDEX_FAILURES, vec![]);
     }
 
@@ -952,6 +960,7 @@ impl<S: MetadataStore> Coordinator<S> {
             self.local().session_rechecked.retain(|group, _| indexed.contains(group));
             self.local().gauges_exported.retain(|group| indexed.contains(group));
             self.local().relay.retain(|group| indexed.contains(group));
+            self.local().incompatible_logged.retain(|group, _| indexed.contains(group));
             self.forget_unindexed_absent_groups(&indexed).await;
         }
         self.read_roster(false).await;
@@ -979,6 +988,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 continue;
             }
             if let Err(error) = self.tick_group(&group).await {
+                self.inner.metrics.count(&TICK_FAILURES, vec![]);
                 tracing::debug!(%group, ?error, "tick failed");
             }
         }

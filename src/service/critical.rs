@@ -294,7 +294,11 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         let decoded = |record: &StoredRecord| decode(group, record).inspect(|g| self.note_view_key(group, g));
         self.inner.cache.decode(group, record, decoded).inspect_err(|e| {
-            tracing::error!(%group, message = %e.message, "stored metadata is incompatible; failing closed");
+            if self.incompatible_log_turn(group) {
+                tracing::error!(%group, message = %e.message, "stored metadata is incompatible; failing closed (logged once per 10 s per group)");
+            } else {
+                tracing::debug!(%group, message = %e.message, "stored metadata is incompatible; failing closed");
+            }
             self.count_schema_error(group);
         })
     }
@@ -305,7 +309,11 @@ impl<S: MetadataStore> Coordinator<S> {
     pub(super) fn group_store_error(&self, group: &GroupId, error: StoreError) -> ApiError {
         let StoreError::Layout(detail) = error else { return self.store_error(error) };
         self.inner.cache.forget(group);
-        tracing::error!(%group, %detail, "stored metadata hash is not in this layout; failing closed");
+        if self.incompatible_log_turn(group) {
+            tracing::error!(%group, %detail, "stored metadata hash is not in this layout; failing closed (logged once per 10 s per group)");
+        } else {
+            tracing::debug!(%group, %detail, "stored metadata hash is not in this layout; failing closed");
+        }
         self.count_schema_error(group);
         ApiError::new(
             ErrorCode::MetadataIncompatible,
@@ -347,25 +355,38 @@ impl<S: MetadataStore> Coordinator<S> {
         }
     }
 
+    /// Whether this failure to decode `group`'s metadata is logged at ERROR: the first of each
+    /// [`INCOMPATIBLE_LOG_PERIOD`] per group (`rsc_metadata_schema_errors_total` counts them all).
+    fn incompatible_log_turn(&self, group: &GroupId) -> bool {
+        let now = Instant::now();
+        let mut local = self.local();
+        match local.incompatible_logged.get(group) {
+            Some(at) if now.saturating_duration_since(*at) < INCOMPATIBLE_LOG_PERIOD => false,
+            _ => {
+                local.incompatible_logged.insert(group.clone(), now);
+                true
+            }
+        }
+    }
+
     fn count_schema_error(&self, group: &GroupId) {
         self.inner.metrics.count(&METADATA_SCHEMA_ERRORS, vec![("group", group.to_string())]);
     }
 
     /// Maps a store failure to the API error, counting compatibility failures.
     pub(super) fn store_error(&self, error: StoreError) -> ApiError {
-        self.note_store_error(&error);
+        if matches!(error, StoreError::Unavailable(_)) {
+            self.local().identity_suspect = true;
+        }
+        self.count_compat_failure(&error);
         tracing::debug!(%error, "store error");
         ApiError::new(ErrorCode::StoreUnavailable, error.to_string())
     }
 
-    /// What every store failure tells this process, including those of best-effort steps whose
-    /// failure answers nothing (a mutex release, an index add): a server that may have changed,
-    /// and a command the server rejects (counted: an ACL changed at run time to deny `DEL` or
-    /// `SADD` once showed only in DEBUG or WARN lines).
-    pub(super) fn note_store_error(&self, error: &StoreError) {
-        if matches!(error, StoreError::Unavailable(_)) {
-            self.local().identity_suspect = true;
-        }
+    /// Counts a command the server rejects, including in best-effort steps whose failure answers
+    /// nothing (a mutex release, an index add): an ACL changed at run time to deny `DEL` or
+    /// `SADD` once showed only in DEBUG or WARN lines.
+    pub(super) fn count_compat_failure(&self, error: &StoreError) {
         if let StoreError::Unsupported { command, .. } = error {
             self.inner.metrics.inc(
                 "rsc_redis_command_compat_failures_total",
@@ -438,10 +459,12 @@ impl<S: MetadataStore> Coordinator<S> {
     pub(super) fn export_group_gauges(&self, g: &GroupMetadata, obs: &Observations) {
         const MEMBER_SERIES: &[&str] = &["rsc_member_heartbeat_age_seconds", "rsc_member_revoking_shards"];
         let metrics = &self.inner.metrics;
-        self.local().gauges_exported.insert(g.group.clone());
+        let first_export = self.local().gauges_exported.insert(g.group.clone());
         let group_labels = || vec![("group", g.group.to_string())];
-        for counter in counters::PER_GROUP {
-            metrics.declare(counter, group_labels());
+        if first_export {
+            for counter in counters::PER_GROUP {
+                metrics.declare(counter, group_labels());
+            }
         }
         let age_max_ms = obs.liveness.values().map(|seen| seen.unchanged_ms).max().unwrap_or(0);
         metrics.set(
@@ -534,10 +557,13 @@ impl<S: MetadataStore> Drop for HeldMutex<S> {
 async fn release_mutex<S: MetadataStore>(coordinator: &Coordinator<S>, group: &GroupId, token: &str) {
     if let Err(e) = coordinator.inner.store.release_mutex(group, token).await {
         // The mutex expires by its TTL; the stamp condition keeps correctness meanwhile.
-        coordinator.note_store_error(&e);
+        coordinator.count_compat_failure(&e);
         tracing::debug!(%group, error = %e, "mutex release failed");
     }
 }
+
+/// How often a group whose stored metadata cannot be decoded is logged at ERROR.
+pub(super) const INCOMPATIBLE_LOG_PERIOD: Duration = Duration::from_secs(10);
 
 /// Wall-clock milliseconds for the display-only `updatedAt` field and the starting point of a
 /// created group's versions (`core::admin::first_metadata_version`); never for a safety decision.

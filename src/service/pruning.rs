@@ -109,6 +109,7 @@ impl<S: MetadataStore> Coordinator<S> {
             local.gauges_exported.remove(group);
             local.relay.retain(|g| g != group);
             local.heard_unlisted.remove(group);
+            local.incompatible_logged.remove(group);
         }
         let except: &[&str] = match why {
             Forget::Deleted => &[],
