@@ -240,7 +240,10 @@ async fn a_cancelled_close_can_be_called_again_and_a_drop_after_it_stops_the_hea
             // The sink hears it (a metrics sink then drops the member's lease gauge, which read 0
             // for ever and kept a "lease about to end" alert firing); the clean close did not.
             let closed = |member: &str| {
-                sink.events().iter().filter(|e| matches!(e, ClientEvent::Closed { member: m, .. } if m == member)).count()
+                sink.events()
+                    .iter()
+                    .filter(|e| matches!(e, ClientEvent::Closed { member: m, .. } if m == member))
+                    .count()
             };
             assert_eq!((closed("m1"), closed("m2")), (0, 1));
             tokio::time::sleep(Duration::from_millis(2 * INTERVAL_MS)).await;
