@@ -161,6 +161,10 @@ pub struct Tenure {
     pub calls: usize,
 }
 
+/// How long before a member's read its stop of the shard may be recorded and still end the
+/// grant that read belongs to (see `split_violations`).
+const STOP_SLACK: Duration = Duration::from_millis(50);
+
 /// Every split on the log, as messages; empty when no shard was ever read by two consumers at
 /// once. Two kinds:
 ///
@@ -169,10 +173,6 @@ pub struct Tenure {
 ///   started, which itself started after the first member's previous call there, with no stop of
 ///   that stream by the first member (and no new incarnation of it) between its two calls: it
 ///   read on as if it still held the shard after another member had taken it.
-/// How long before a member's read its stop of the shard may be recorded and still end the
-/// grant that read belongs to (see `split_violations`).
-const STOP_SLACK: Duration = Duration::from_millis(50);
-
 pub fn split_violations(log: &ReadLog) -> Vec<String> {
     let mut by_stream: BTreeMap<String, Vec<ReadCall>> = BTreeMap::new();
     for call in log.calls() {
