@@ -216,12 +216,11 @@ pub struct ListenerTlsFiles {
 
 /// The listener settings from flags/environment (which win), the file and defaults.
 fn resolve_listener(args: &ServeArgs, file: &FileConfig) -> Result<ListenerSettings, ConfigError> {
-    let path = |flag: &Option<PathBuf>, key: &Option<PathBuf>| {
-        flag.clone().or(key.clone()).filter(|p| !p.as_os_str().is_empty())
-    };
-    let cert_file = path(&args.tls_cert_file, &file.tls_cert_file);
-    let key_file = path(&args.tls_key_file, &file.tls_key_file);
-    let client_ca_file = path(&args.tls_client_ca_file, &file.tls_client_ca_file);
+    let path =
+        |key, flag: &Option<PathBuf>, value: &Option<PathBuf>| path_not_blank(key, flag.clone().or(value.clone()));
+    let cert_file = path("tls_cert_file", &args.tls_cert_file, &file.tls_cert_file)?;
+    let key_file = path("tls_key_file", &args.tls_key_file, &file.tls_key_file)?;
+    let client_ca_file = path("tls_client_ca_file", &args.tls_client_ca_file, &file.tls_client_ca_file)?;
     let invalid = |key, message: &str| Err(ConfigError::Invalid { key, message: message.into() });
     let tls = match (cert_file, key_file, client_ca_file) {
         (None, None, None) => None,
@@ -285,7 +284,6 @@ impl Settings {
             None => LISTEN_DEFAULT.parse().expect("LISTEN_DEFAULT parses"),
         };
         let non_empty = |value: Option<String>| value.filter(|v| !v.trim().is_empty());
-        let path = |value: Option<PathBuf>| value.filter(|p| !p.as_os_str().is_empty());
         let coordinator = CoordinatorOptions {
             instance_id: non_empty(args.instance_id.clone().or(file.instance_id)).unwrap_or_else(default_instance_id),
             mutex_ttl_ms: file.mutex_ttl_ms.unwrap_or(defaults.mutex_ttl_ms),
@@ -324,9 +322,18 @@ impl Settings {
             listen,
             redis_url,
             redis_tls: RedisTlsOptions {
-                ca_file: path(args.redis_tls_ca_file.clone().or(file.redis_tls_ca_file)),
-                client_cert_file: path(args.redis_tls_client_cert_file.clone().or(file.redis_tls_client_cert_file)),
-                client_key_file: path(args.redis_tls_client_key_file.clone().or(file.redis_tls_client_key_file)),
+                ca_file: path_not_blank(
+                    "redis_tls_ca_file",
+                    args.redis_tls_ca_file.clone().or(file.redis_tls_ca_file),
+                )?,
+                client_cert_file: path_not_blank(
+                    "redis_tls_client_cert_file",
+                    args.redis_tls_client_cert_file.clone().or(file.redis_tls_client_cert_file),
+                )?,
+                client_key_file: path_not_blank(
+                    "redis_tls_client_key_file",
+                    args.redis_tls_client_key_file.clone().or(file.redis_tls_client_key_file),
+                )?,
             },
             redis_sentinel,
             redis_cluster_nodes,
@@ -438,6 +445,20 @@ fn set_but_blank(key: &'static str, hint: &str) -> ConfigError {
 fn set_not_blank(key: &'static str, value: Option<String>, hint: &str) -> Result<Option<String>, ConfigError> {
     match value {
         Some(v) if v.trim().is_empty() => Err(set_but_blank(key, hint)),
+        other => Ok(other),
+    }
+}
+
+/// A file path as given (`None`: not given), or the error if it was given blank. Flags and
+/// environment variables never are (clap refuses an empty path), but a file key can be, e.g. from
+/// a template whose variable rendered empty: taken as unset, `tls_client_ca_file = ""` would turn
+/// client-certificate verification off and three blank listener keys would serve plain HTTP, with
+/// no error.
+fn path_not_blank(key: &'static str, value: Option<PathBuf>) -> Result<Option<PathBuf>, ConfigError> {
+    match value {
+        Some(p) if p.to_string_lossy().trim().is_empty() => {
+            Err(set_but_blank(key, "unset it or give a path (taken as unset, it would turn TLS off)"))
+        }
         other => Ok(other),
     }
 }
@@ -852,6 +873,23 @@ mod tests {
             "redis_sentinels",
         );
         refused(ServeArgs::default(), FileConfig { client_tokens: empty(), ..file_url() }, "client_tokens");
+        // Blank TLS paths in the file (a template whose variable rendered empty): taken as unset,
+        // a blank client CA turned mutual TLS off and blank listener keys served plain HTTP.
+        let listener = |cert: &str, key: &str, ca: &str| {
+            let text = format!("tls_cert_file = {cert:?}\ntls_key_file = {key:?}\ntls_client_ca_file = {ca:?}\n");
+            FileConfig { redis_url: file_url().redis_url, ..toml::from_str::<FileConfig>(&text).expect("parses") }
+        };
+        refused(ServeArgs::default(), listener("/tls/cert.pem", "/tls/key.pem", ""), "tls_client_ca_file");
+        refused(ServeArgs::default(), listener("", "", ""), "tls_cert_file");
+        refused(ServeArgs::default(), listener("/tls/cert.pem", " ", "/tls/ca.pem"), "tls_key_file");
+        for key in ["redis_tls_ca_file", "redis_tls_client_cert_file", "redis_tls_client_key_file"] {
+            let file = toml::from_str::<FileConfig>(&format!("redis_url = \"rediss://h:6380\"\n{key} = \"\"\n"));
+            refused(ServeArgs::default(), file.expect("parses"), key);
+        }
+        let given =
+            Settings::resolve(&ServeArgs::default(), listener("/tls/cert.pem", "/tls/key.pem", "/tls/ca.pem"), 1);
+        let tls = given.expect("resolves").listener.tls.expect("TLS on");
+        assert_eq!(tls.client_ca_file.as_deref(), Some(std::path::Path::new("/tls/ca.pem")));
         // Not given at all: the in-memory store and open routes, as documented.
         let unset = Settings::resolve(&ServeArgs::default(), FileConfig::default(), 1).expect("resolves");
         assert!(unset.redis_url.is_none() && unset.admin_token.is_none() && unset.client_tokens.is_empty());
