@@ -1001,6 +1001,39 @@ async fn a_lease_above_the_coordinator_ceiling_is_refused_and_changes_nothing() 
         .expect("at the ceiling");
 }
 
+/// A group whose lease was recorded above the ceiling (created before the ceiling was set: an
+/// upgrade to a release that has one, or a ceiling lowered later) can still be changed: keeping or
+/// shortening its lease is allowed (turning fencing off must not wait until every instance was
+/// restarted with a higher ceiling); raising it further is still refused and writes nothing.
+#[tokio::test]
+async fn a_lease_recorded_above_a_later_ceiling_can_be_kept_or_shortened_but_not_raised() {
+    let store = MemoryStore::new(7);
+    let unbounded = Coordinator::new(
+        store.connect(),
+        CoordinatorOptions { instance_id: "old".into(), max_assignment_lease_ms: 0, ..CoordinatorOptions::default() },
+    );
+    let c = coordinator(&store, "c1", PlantedBugs::NONE);
+    let ceiling = c.options().max_assignment_lease_ms;
+    let long = GroupConfig { assignment_lease_ms: 4 * ceiling, member_lease_ttl_ms: 8 * ceiling, ..fast_config() };
+    unbounded
+        .admin(AdminRequest::CreateGroup { group: group(), shard_count: 2, config: long.clone() })
+        .await
+        .expect("no ceiling on that instance");
+    let fencing_off = GroupConfig { fencing: false, ..long.clone() };
+    c.admin(AdminRequest::ChangeConfig { group: group(), expected_revision: 1, config: fencing_off.clone() })
+        .await
+        .expect("the recorded lease kept, fencing turned off");
+    let shorter = GroupConfig { assignment_lease_ms: 2 * ceiling, ..fencing_off };
+    c.admin(AdminRequest::ChangeConfig { group: group(), expected_revision: 2, config: shorter.clone() })
+        .await
+        .expect("shortened, still above the ceiling");
+    let before = recorded(&store).expect("created");
+    let raised = GroupConfig { assignment_lease_ms: 3 * ceiling, ..shorter };
+    let refused = c.admin(AdminRequest::ChangeConfig { group: group(), expected_revision: 3, config: raised }).await;
+    assert_eq!(refused.expect_err("raised above the ceiling").code, ErrorCode::BadRequest);
+    assert_eq!(recorded(&store), Some(before), "a refused change writes nothing");
+}
+
 /// Ticks scale with due work, not with groups: an idle group — one member holding every shard,
 /// nothing waiting — is not read by the ticker again until a quarter of its member TTL (400 ms
 /// here) passed; a write through this process makes it ticked at the next pass; a group without

@@ -5,7 +5,7 @@
 
 use super::engine::{Context, Decision};
 use super::input::check_admin_request;
-use super::model::{GroupMetadata, LeaseTransition, LossEvidence, ReshardReason, SHARD_COUNT_MAX};
+use super::model::{GroupConfig, GroupMetadata, LeaseTransition, LossEvidence, ReshardReason, SHARD_COUNT_MAX};
 use super::proof::ViewKey;
 use super::protocol::{AdminRequest, AdminResponse, ApiError, ErrorCode};
 use super::transition::{Transition, Written};
@@ -60,6 +60,11 @@ pub fn decide_admin(
             format!("expected revision {expected}, stored revision is {}", ctx.stored_revision),
         );
     }
+    if let AdminRequest::ChangeConfig { config, .. } = req {
+        if let Some(refused) = lease_above_ceiling(g, config, ctx.observations.lease_ceiling_ms) {
+            return reject(ErrorCode::BadRequest, refused);
+        }
+    }
     let mut tx = Transition::new(g, ctx);
     let checked = match req {
         AdminRequest::AddShards { new_shard_count, .. } => add_shards(&mut tx, *new_shard_count),
@@ -86,6 +91,25 @@ pub fn decide_admin(
     let state = write.next.as_ref().unwrap_or(g);
     let response = AdminResponse { group, store_revision, metadata_version: state.metadata_version };
     Decision { write, outcome: Ok(response) }
+}
+
+/// Why a config change must be refused for its assignment lease, if it must: the lease may not
+/// go above the deployment's ceiling (`ceiling_ms`, 0: none; correction rounds rely on no
+/// coordinator granting a longer lease), but a change that keeps or shortens a recorded lease
+/// already above it is let through. Such a lease was recorded before the ceiling was set (an
+/// upgrade to a release that has one, or a ceiling lowered later); round waits cover it
+/// ([`GroupMetadata::round_wait_ms`] takes the longer of the two), and refusing every change to
+/// the group would also refuse the one that fixes it, such as turning fencing off or shortening
+/// the lease itself.
+pub fn lease_above_ceiling(g: &GroupMetadata, config: &GroupConfig, ceiling_ms: u64) -> Option<String> {
+    let lease = config.assignment_lease_ms;
+    if ceiling_ms == 0 || lease <= ceiling_ms || lease <= g.config.assignment_lease_ms {
+        return None;
+    }
+    Some(format!(
+        "assignmentLeaseMs {lease} exceeds this coordinator's maximum assignment lease ({ceiling_ms} ms, \
+         --max-assignment-lease-ms); raise it on every instance first"
+    ))
 }
 
 /// Why a delete must wait, if it must: a group is deleted only when nobody may still read any of

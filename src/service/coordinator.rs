@@ -811,14 +811,18 @@ impl<S: MetadataStore> Coordinator<S> {
         })
     }
 
-    /// Refuses a config whose assignment lease exceeds this instance's ceiling
+    /// Refuses a created group whose assignment lease exceeds this instance's ceiling
     /// ([`CoordinatorOptions::max_assignment_lease_ms`]): correction rounds rely on no coordinator
-    /// granting a longer lease.
+    /// granting a longer lease. A config change is judged against the recorded lease, in the
+    /// decision ([`crate::core::admin::lease_above_ceiling`]): keeping or shortening a lease
+    /// recorded above the ceiling is allowed.
     fn check_lease_ceiling(&self, req: &AdminRequest) -> Result<(), ApiError> {
         let ceiling = self.inner.options.max_assignment_lease_ms;
         let config = match req {
-            AdminRequest::CreateGroup { config, .. } | AdminRequest::ChangeConfig { config, .. } => config,
-            AdminRequest::AddShards { .. } | AdminRequest::DeleteGroup { .. } => return Ok(()),
+            AdminRequest::CreateGroup { config, .. } => config,
+            AdminRequest::ChangeConfig { .. } | AdminRequest::AddShards { .. } | AdminRequest::DeleteGroup { .. } => {
+                return Ok(())
+            }
         };
         if ceiling == 0 || config.assignment_lease_ms <= ceiling {
             return Ok(());
@@ -1039,8 +1043,12 @@ impl<S: MetadataStore> Coordinator<S> {
     /// half assignment lease counts, and each group's record is read again first: one deleted
     /// (through another instance) since is not added back, which would page `METADATA_MISSING`
     /// for it (a diff review). What is left is a delete landing between that read and the add, one
-    /// round trip; its stale entry pages until `rebuild-index`, as a failed delete's does. The
-    /// next pass reads the index again, so the group is ticked from then on.
+    /// round trip; its stale entry pages `METADATA_MISSING` until it is removed from the index by
+    /// hand (`SREM`: `rebuild-index` only adds), as the entry of a delete whose `SREM` failed does.
+    /// Nothing removes an entry on its own: an entry whose record is gone is also what a lost
+    /// group looks like, and it is what makes the group's next create a recreate, which waits
+    /// out the lost history's leases. The next pass reads the index again, so the group is ticked
+    /// from then on.
     async fn heal_index(&self, groups: &[GroupId]) {
         for group in groups {
             match self.inner.store.load(group).await {
