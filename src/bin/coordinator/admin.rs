@@ -98,6 +98,7 @@ async fn run(args: AdminArgs) -> Result<Value, AdminError> {
             // the group moved past `expected_revision` meanwhile.
             let described = client.send(Method::GET, group_path(RouteId::Describe, &group_id(&group)), None).await?;
             let current = described["metadata"]["config"].clone();
+            check_fencing_known(&current, &config_json)?;
             let config = wire_config(merged_config(current, Some(&config_json))?);
             let body = json!({"expectedRevision": expected_revision, "config": config});
             client.send(Method::PUT, group_path(RouteId::ChangeConfig, &group_id(&group)), Some(body)).await
@@ -152,6 +153,25 @@ fn merged_config(base: Value, overrides: Option<&str>) -> Result<Value, AdminErr
         serde_json::from_value(config.clone()).map_err(|e| AdminError::Usage(format!("invalid config: {e}")))?;
     checked.validate().map_err(|e| AdminError::Usage(format!("invalid config: {e}")))?;
     Ok(config)
+}
+
+/// Refuses a change built on a described config without `fencing` that does not name it: every
+/// coordinator that knows the field describes it, so the answer came from an older one, which
+/// leaves it out whatever the record holds. Merged from that, the change would be sent with
+/// fencing on (absent means on) and, through an upgraded coordinator, turn a group's
+/// `fencing: false` back on, with applications whose Redis user cannot run the fence scripts.
+fn check_fencing_known(described: &Value, overrides: &str) -> Result<(), AdminError> {
+    let named = |config: &Value| config.as_object().is_some_and(|c| c.contains_key("fencing"));
+    // Unparsable overrides are reported by `merged_config`.
+    let overrides_name_it = serde_json::from_str::<Value>(overrides).is_ok_and(|o| named(&o));
+    if named(described) || overrides_name_it {
+        return Ok(());
+    }
+    Err(AdminError::Usage(
+        "the coordinator that described the group does not know its `fencing` setting (an older release): \
+         run set-config through an upgraded coordinator, or name \"fencing\" in --config-json"
+            .into(),
+    ))
 }
 
 /// `config` as sent: without `fencing` when it is on. Absent means on to every coordinator that
@@ -322,6 +342,21 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A described config without `fencing` came from a coordinator older than the field, which
+    /// leaves it out whatever the record holds: a set-config built on it was sent with fencing on,
+    /// and through an upgraded coordinator turned a group's `fencing: false` back on.
+    #[test]
+    fn a_set_config_built_on_a_describe_without_fencing_must_name_it() {
+        let mut recorded = default_config().expect("defaults");
+        recorded["fencing"] = json!(false);
+        check_fencing_known(&recorded, r#"{"heartbeatIntervalMs": 2000}"#).expect("described by an upgraded one");
+        let mut old = recorded.clone();
+        old.as_object_mut().expect("object").remove("fencing");
+        let error = check_fencing_known(&old, r#"{"heartbeatIntervalMs": 2000}"#).unwrap_err();
+        assert!(matches!(&error, AdminError::Usage(m) if m.contains("fencing")), "{error}");
+        check_fencing_known(&old, r#"{"fencing": false}"#).expect("named by the operator");
+    }
 
     /// A coordinator that took the request and did not answer in time may have applied it: the
     /// CLI said "cannot reach the coordinator", and the operator's retry then met GROUP_EXISTS or
