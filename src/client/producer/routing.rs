@@ -5,9 +5,13 @@
 //! - The cache lease is `routingCacheTtlMs` counted from the *send* time of the refresh that
 //!   fetched it; a publish after the lease ended fails (fail closed). This is the invariant.
 //! - A refresh is due `routingRefreshIntervalMs` after the last successful refresh's send time
-//!   (before expiry), and at once when a publish finds no valid cache or detects stale routing.
-//! - A refresh replaces the view only when its metadataVersion is newer; an equal version only
-//!   extends the lease. A failed refresh keeps the cache while its lease holds.
+//!   (before expiry), and at once when a publish finds no valid cache (none yet, or its lease
+//!   ended). A publish has no other staleness signal: an XADD carries no version, so a view that
+//!   is valid but out of date is replaced by the next periodic refresh, never by a publish.
+//! - A refresh replaces the view when its metadataVersion is newer, or when it is equal but routes
+//!   differently (the store lost writes and the version was issued again with other content; the
+//!   store is the source of truth). An equal version that routes the same only extends the lease.
+//!   A failed refresh keeps the cache while its lease holds.
 //! - Decision filling a gap: an *older* version (the store lost writes) never replaces a valid
 //!   cache and never extends it; once the cache expired it is adopted, because Redis is the source
 //!   of truth and refusing it would stop every producer for good after a rollback.
@@ -17,8 +21,11 @@
 //! - The cache remembers the highest shard count any publish was routed with, and every refresh
 //!   reports it (`knownShardCount`) once a coordinator said it reads it: entries published before
 //!   the loss was detected sit on shards of a lost AddShards, and the coordinator adds those
-//!   shards again so a consumer reads them (DESIGN §8). It is forgotten only when the group is
-//!   reported deleted.
+//!   shards again so a consumer reads them (DESIGN §8). It is forgotten when a refresh is answered
+//!   `GROUP_NOT_FOUND`. A producer that holds a view never gets that answer: it reports a version,
+//!   and to a report naming a version a coordinator answers a group whose metadata key is gone
+//!   with `METADATA_MISSING` (it cannot tell a delete from lost metadata). So a running producer
+//!   keeps the count across a delete, and reports it to a group recreated under the same name.
 
 use crate::core::model::{GroupConfig, ShardId};
 use crate::core::planted::{PlantedBug, PlantedBugs};
@@ -152,7 +159,7 @@ impl RoutingCache {
         self.refresh_due_ms().is_none_or(|due| now_ms >= due)
     }
 
-    /// A publish detected stale routing (or found no valid cache): refresh at once.
+    /// A publish found no valid cache (none yet, or its lease ended): refresh at once.
     pub fn mark_stale(&mut self) {
         self.refresh_now = true;
     }
