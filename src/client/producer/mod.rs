@@ -319,16 +319,22 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
     async fn refresh_inner(&self) -> Result<RefreshOutcome, TransportError> {
         let sent_ms = self.clock.now_ms();
         *self.last_attempt_ms.lock().unwrap_or_else(|p| p.into_inner()) = Some(sent_ms);
-        let report = self.cache().report();
+        let mut report = self.cache().report();
         let give_up = tokio::time::Instant::now() + Duration::from_millis(self.config.refresh_timeout_ms);
         let mut result = self.routing_until(report, give_up).await;
-        let extras = report.known_shard_count > 0
-            || report.known_version_proof.is_some()
-            || report.known_shard_count_proof.is_some();
-        if extras && matches!(&result, Err(TransportError::Api(e)) if e.code == ErrorCode::BadRequest) {
-            // An older coordinator behind the same address refuses the parameters: ask it without.
-            self.cache().peer_refused_shard_count();
-            result = self.routing_until(RoutingReport::version(report.known_version), give_up).await;
+        // An older coordinator behind the same address refuses parameters it does not know: the
+        // cache decides what to ask instead (`RoutingCache::refused`, at most
+        // `ROUTING_REQUESTS_MAX` requests in all).
+        for _ in 1..routing::ROUTING_REQUESTS_MAX {
+            let retry = match &result {
+                Err(TransportError::Api(e)) if e.code == ErrorCode::BadRequest => {
+                    self.cache().refused(&report, &e.message)
+                }
+                _ => None,
+            };
+            let Some(retry) = retry else { break };
+            report = retry;
+            result = self.routing_until(report, give_up).await;
         }
         if matches!(&result, Err(TransportError::Api(e)) if e.code == ErrorCode::GroupNotFound) {
             self.cache().forget_published();

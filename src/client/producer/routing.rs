@@ -26,6 +26,10 @@
 //!   and to a report naming a version a coordinator answers a group whose metadata key is gone
 //!   with `METADATA_MISSING` (it cannot tell a delete from lost metadata). So a running producer
 //!   keeps the count across a delete, and reports it to a group recreated under the same name.
+//! - A coordinator that refuses a report's extra parameters (an older binary behind the same
+//!   address answers 400 naming one) is asked again with the same report once, since behind a
+//!   balancer the retry likely reaches another coordinator; refused twice in a row, the report
+//!   loses what was refused (see [`Refused`]) until an answer says its coordinator reads it.
 
 use crate::core::model::{GroupConfig, ShardId};
 use crate::core::planted::{PlantedBug, PlantedBugs};
@@ -33,6 +37,45 @@ use crate::core::proof::ViewProof;
 use crate::core::protocol::{RoutingReport, RoutingResponse};
 
 use super::super::hash::shard_for_key;
+
+/// Most routing requests one refresh sends: a report with a shard count and proofs, again after
+/// a 400, once more without the proofs after the second, again, and with the version alone
+/// ([`RoutingCache::refused`]; each pair of refusals leaves out more, and a report without extras
+/// is never sent again).
+pub const ROUTING_REQUESTS_MAX: usize = 5;
+
+/// What a coordinator refused in a routing report, read from its 400 (a binary that does not know
+/// a parameter refuses the whole request: `deny_unknown_fields`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Only a proof (`knownVersionProof`, `knownShardCountProof`) of a report that carries one:
+    /// the previous release reads `knownShardCount`, which came before the proofs, so the count
+    /// still goes, unproven (that release heals from it; a newer one counts it as unproven).
+    Proofs,
+    /// `knownShardCount`, or something the refusal does not name: only the version goes.
+    ShardCount,
+}
+
+impl Refused {
+    /// What the 400 `message` to `report` refused. serde names the first unknown parameter as
+    /// "unknown field `knownVersionProof`, expected `knownVersion` or `knownShardCount`": only the
+    /// name right after "unknown field" counts, since the list that follows names parameters the
+    /// coordinator does read.
+    pub fn of(report: &RoutingReport, message: &str) -> Self {
+        let names = |parameter: &str| message.contains(&format!("unknown field `{parameter}`"));
+        let proofs = report.known_version_proof.is_some() || report.known_shard_count_proof.is_some();
+        if proofs && !names("knownShardCount") && (names("knownVersionProof") || names("knownShardCountProof")) {
+            Refused::Proofs
+        } else {
+            Refused::ShardCount
+        }
+    }
+}
+
+/// True when `report` carries anything besides the version (the parameters a newer binary added).
+pub fn carries_extras(report: &RoutingReport) -> bool {
+    report.known_shard_count > 0 || report.known_version_proof.is_some() || report.known_shard_count_proof.is_some()
+}
 
 /// Where one publish goes, decided at `now_ms`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,6 +131,9 @@ pub struct RoutingCache {
     peer_reads_shard_count: bool,
     /// The last answer carried proofs, so its coordinator reads them (older ones refuse them).
     peer_reads_proofs: bool,
+    /// The last report was refused once (400) and sent again as it was ([`RoutingCache::refused`]);
+    /// cleared by any answer, and by the second refusal, which leaves the refused part out.
+    refused_once: bool,
     planted: PlantedBugs,
 }
 
@@ -100,6 +146,7 @@ impl RoutingCache {
             published_shard_count_proof: None,
             peer_reads_shard_count: false,
             peer_reads_proofs: false,
+            refused_once: false,
             planted,
         }
     }
@@ -119,11 +166,30 @@ impl RoutingCache {
         }
     }
 
-    /// A coordinator refused a report naming a shard count or a proof (an older binary behind the
-    /// same address): send only the version until an answer says otherwise.
-    pub fn peer_refused_shard_count(&mut self) {
-        self.peer_reads_shard_count = false;
+    /// A coordinator answered `report` (a report this cache made) with a 400 whose message is
+    /// `message`: the report to send at once instead, or `None` when the refusal is not about
+    /// anything a newer binary adds (a report without extras; the refresh then fails as it is).
+    ///
+    /// The first refusal sends the same report again: behind a balancer over an old and a new
+    /// coordinator the retry likely reaches the other one. Dropping the extras at once, and taking
+    /// them up again at the next answer that carries proofs, let a round robin of two hand every
+    /// full report to the old coordinator and every reduced retry to the new one, so a proof never
+    /// reached the coordinator that checks it (the trap DESIGN §10 describes for `fenced`). Two
+    /// refusals in a row leave out what was refused (see [`Refused`]) until an answer says its
+    /// coordinator reads it, so a refresh ends after at most [`ROUTING_REQUESTS_MAX`] requests.
+    pub fn refused(&mut self, report: &RoutingReport, message: &str) -> Option<RoutingReport> {
+        if !carries_extras(report) {
+            return None;
+        }
+        if !std::mem::replace(&mut self.refused_once, true) {
+            return Some(*report);
+        }
+        self.refused_once = false;
         self.peer_reads_proofs = false;
+        if Refused::of(report, message) == Refused::ShardCount {
+            self.peer_reads_shard_count = false;
+        }
+        Some(self.report())
     }
 
     /// The group was deleted: shards published to before belong to an incarnation that is gone.
@@ -176,6 +242,7 @@ impl RoutingCache {
         let valid = self.is_valid(now_ms);
         self.peer_reads_shard_count = routing.accepts_known_shard_count;
         self.peer_reads_proofs = routing.metadata_version_proof.is_some();
+        self.refused_once = false;
         let outcome = match &mut self.cached {
             Some(c) if routing.metadata_version == c.routing.metadata_version && same_view(&c.routing, &routing) => {
                 // Refreshes may be answered out of order: never shorten the lease.
@@ -357,16 +424,59 @@ mod tests {
         let report = cache.report();
         assert_eq!((report.known_version, report.known_shard_count), (4, 8));
         assert_eq!((report.known_version_proof, report.known_shard_count_proof), (Some(proof(3)), Some(proof(2))));
-        // An older coordinator refused the parameters: only the version goes until an answer
+        // An older coordinator refused a proof: the same report goes once more; refused again,
+        // the count goes without proofs (that coordinator reads the count) until an answer
         // carries proofs again.
-        cache.peer_refused_shard_count();
-        assert_eq!(cache.report(), RoutingReport::version(4));
+        let full = cache.report();
+        let old = "invalid query: unknown field `knownVersionProof`, expected `knownVersion` or `knownShardCount`";
+        assert_eq!(cache.refused(&full, old), Some(full));
+        let unproven = RoutingReport { known_version: 4, known_shard_count: 8, ..RoutingReport::NONE };
+        assert_eq!(cache.refused(&full, old), Some(unproven));
+        assert_eq!(cache.report(), unproven);
         cache.apply_refresh(2_100, 2_105, proven(4, 2, 3, 4));
         assert_eq!(cache.report().known_shard_count_proof, Some(proof(2)));
         // An answer without proofs (an older coordinator) turns them off.
         cache.apply_refresh(2_200, 2_205, routing(4, 2));
         assert_eq!(cache.report().known_version_proof, None);
         assert_eq!(cache.report().known_shard_count_proof, None);
+    }
+
+    /// A 400 to a report with extras sends the same report once more, and leaves out what was
+    /// refused only at the second refusal in a row: behind a round robin of an old and a new
+    /// coordinator the retry reaches the new one with everything (compat review F4). The name
+    /// after "unknown field" decides what is refused, not the list of parameters that follows.
+    #[test]
+    fn a_refused_report_goes_once_more_and_loses_only_what_two_refusals_in_a_row_named() {
+        let proof: ViewProof = "0123456789abcdef0123456789abcdef".parse().expect("a proof");
+        let proven =
+            RoutingResponse { metadata_version_proof: Some(proof), shard_count_proof: Some(proof), ..routing(5, 8) };
+        let mut cache = RoutingCache::new(PlantedBugs::NONE);
+        cache.apply_refresh(0, 5, proven.clone());
+        cache.route(10, b"k").expect("routed");
+        let full = cache.report();
+        assert_eq!((full.known_shard_count, full.known_version_proof), (8, Some(proof)));
+        let count_refused = "unknown field `knownShardCount`, expected `knownVersion`";
+        let proof_refused = "unknown field `knownShardCountProof`, expected one of `knownVersion`, `knownShardCount`";
+        assert_eq!(Refused::of(&full, proof_refused), Refused::Proofs);
+        assert_eq!(Refused::of(&full, count_refused), Refused::ShardCount);
+        assert_eq!(Refused::of(&full, "a 400 about something else"), Refused::ShardCount);
+        let unproven = RoutingReport { known_version_proof: None, known_shard_count_proof: None, ..full };
+        assert_eq!(Refused::of(&unproven, proof_refused), Refused::ShardCount, "no proof to leave out");
+        // An answer between two refusals makes the next one a first refusal again.
+        assert_eq!(cache.refused(&full, count_refused), Some(full));
+        cache.apply_refresh(100, 105, proven.clone());
+        assert_eq!(cache.refused(&full, count_refused), Some(full), "not two in a row");
+        // Two in a row naming the count: only the version goes, then nothing is retried.
+        assert_eq!(cache.refused(&full, count_refused), Some(RoutingReport::version(5)));
+        assert_eq!(cache.refused(&RoutingReport::version(5), count_refused), None);
+        // Two refusals of the proof, then two of the unproven count: the most one refresh sends.
+        cache.apply_refresh(200, 205, proven);
+        let mut report = cache.report();
+        let mut requests = 1;
+        while let Some(retry) = cache.refused(&report, if report == full { proof_refused } else { count_refused }) {
+            (report, requests) = (retry, requests + 1);
+        }
+        assert_eq!((report, requests), (RoutingReport::version(5), ROUTING_REQUESTS_MAX));
     }
 
     /// Found by the simulation (swarm seed 1106): a failover lost an AddShards write (v9, 23

@@ -8,6 +8,8 @@ use super::*;
 use crate::client::events::VecSink;
 use crate::client::hash::shard_for_key;
 use crate::client::testing::{routing, FakeCoordinator};
+use crate::core::proof::ViewProof;
+use crate::core::protocol::{ApiError, HeartbeatRequest, HeartbeatResponse};
 use crate::store::memory::MemoryStore;
 
 const TTL_MS: u64 = 300;
@@ -220,7 +222,7 @@ async fn refreshes_report_the_highest_shard_count_published_with() {
 
 /// A coordinator that does not announce `acceptsKnownShardCount` (an older binary) is never sent
 /// the parameter; one that announces it but refuses it (a downgrade behind the same address) is
-/// asked again without it, in the same refresh.
+/// asked again with it once, then without it, in the same refresh.
 #[tokio::test]
 async fn the_shard_count_goes_only_to_coordinators_that_read_it() {
     let (store, coordinator, sink) = setup();
@@ -238,9 +240,9 @@ async fn the_shard_count_goes_only_to_coordinators_that_read_it() {
 
     coordinator.with(|s| s.reads_shard_count = false);
     let calls = coordinator.with(|s| s.routing_calls);
-    p.refresh().await.expect("the refused report is resent without the count");
+    p.refresh().await.expect("the report refused twice is resent without the count");
     let counts = coordinator.with(|s| s.known_shard_counts[calls..].to_vec());
-    assert_eq!(counts, vec![4, 0]);
+    assert_eq!(counts, vec![4, 4, 0], "sent once more before it is left out");
     p.refresh().await.expect("refresh");
     assert_eq!(coordinator.with(|s| s.known_shard_counts.last().copied()), Some(0));
 }
@@ -261,4 +263,86 @@ async fn a_routing_lease_that_ended_during_a_suspension_is_refused_before_the_ne
     let error = p.publish(b"k", b"2".to_vec()).await.expect_err("the view expired during the suspension");
     assert!(matches!(error, PublishError::CacheExpired { .. }), "{error:?}");
     assert_eq!(store.add_log().len(), adds, "no XADD after the routing lease ended");
+}
+
+/// A balancer that sends each routing request to the next of two coordinators in turn: an "old"
+/// one (the previous release: reads `knownShardCount`, refuses the proofs with 400, gives none)
+/// and a "new" one (gives proofs). Records the reports the new one was sent.
+struct RoundRobin {
+    state: std::sync::Mutex<RoundRobinState>,
+}
+
+struct RoundRobinState {
+    next_is_old: bool,
+    to_new: Vec<RoutingReport>,
+}
+
+impl RoundRobin {
+    fn new(first_is_old: bool) -> Self {
+        let state = RoundRobinState { next_is_old: first_is_old, to_new: Vec::new() };
+        Self { state: std::sync::Mutex::new(state) }
+    }
+
+    fn to_new(&self) -> Vec<RoutingReport> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).to_new.clone()
+    }
+}
+
+impl CoordinatorTransport for RoundRobin {
+    async fn heartbeat(&self, _req: HeartbeatRequest) -> Result<HeartbeatResponse, TransportError> {
+        Err(TransportError::Unreachable("no consumers here".into()))
+    }
+
+    async fn routing(&self, group: &GroupId, report: RoutingReport) -> Result<RoutingResponse, TransportError> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let old = s.next_is_old;
+        s.next_is_old = !old;
+        // Long enough that the background task sends no periodic refresh during the test.
+        let view = routing(group, 1, 4, 120_000, 60_000);
+        if old {
+            // The previous release's query parser names the first unknown parameter (the HTTP
+            // client sends the version's proof before the count's).
+            let unknown = match (report.known_version_proof, report.known_shard_count_proof) {
+                (Some(_), _) => "knownVersionProof",
+                (None, Some(_)) => "knownShardCountProof",
+                (None, None) => return Ok(view),
+            };
+            let message = format!(
+                "invalid query: Failed to deserialize query string: unknown field `{unknown}`, expected `knownVersion` or `knownShardCount`"
+            );
+            return Err(ApiError::new(ErrorCode::BadRequest, message).into());
+        }
+        s.to_new.push(report);
+        let proof: ViewProof = "0123456789abcdef0123456789abcdef".parse().expect("a proof");
+        Ok(RoutingResponse { metadata_version_proof: Some(proof), shard_count_proof: Some(proof), ..view })
+    }
+}
+
+/// Compat review F4: behind a balancer that alternates per request between an old and a new
+/// coordinator, a report refused by the old one (it does not know the proofs) was resent at once
+/// without count and proofs, which reached the new one; the new one's answer turned both on
+/// again, so every full report went to the old one and the proofs never reached the coordinator
+/// that checks them. The retry now carries the same report once more, so it reaches the new one
+/// within three refreshes, whichever coordinator the balancer starts with.
+#[tokio::test]
+async fn a_proven_report_reaches_the_new_coordinator_behind_a_round_robin_with_an_old_one() {
+    for first_is_old in [true, false] {
+        let (store, sink) = (MemoryStore::new(3), Arc::new(VecSink::new()));
+        let balancer = Arc::new(RoundRobin::new(first_is_old));
+        let mut config = ProducerConfig::new(group(), "p1");
+        config.refresh_retry_ms = 20;
+        let env = ClientEnv::new(Clock::new(), Arc::clone(&sink) as Arc<dyn EventSink>);
+        let p = Producer::new_with(config, Arc::clone(&balancer), store.connect(), env);
+        p.publish(b"k", b"1".to_vec()).await.expect("publish on 4 shards");
+        let proven = |r: &RoutingReport| {
+            r.known_shard_count == 4 && r.known_version_proof.is_some() && r.known_shard_count_proof.is_some()
+        };
+        for _ in 0..3 {
+            p.refresh().await.expect("every refresh gets a view");
+            // The count's proof is the one of the view a publish was routed with.
+            p.publish(b"k", b"2".to_vec()).await.expect("publish");
+        }
+        let to_new = balancer.to_new();
+        assert!(to_new.iter().any(proven), "first to the old one: {first_is_old}; the new one got {to_new:?}");
+    }
 }
