@@ -65,7 +65,13 @@ impl ConsumerCore {
         // instruction that stops reading wins.
         let assigned: BTreeSet<ShardId> = r.assigned.iter().copied().filter(|s| !revoke.contains(s)).collect();
         let fences: BTreeMap<ShardId, Fence> = r.fences.iter().map(|f| (f.shard, f.fence)).collect();
+        // An answer ends a run of refusals by an older coordinator: a field refused once goes
+        // again as if never refused, and the session goes again (the next heartbeat may reach a
+        // newer coordinator). The proof and the `fenced` reports come back only with an answer
+        // whose coordinator gives them (a proof, fences).
         self.fenced_refused = false;
+        self.proof_refused = false;
+        self.session_refused = false;
         if !fences.is_empty() {
             self.reports_fenced = true;
         }
@@ -153,6 +159,12 @@ impl ConsumerCore {
             matches!(&error, TransportError::Api(e) if e.message.contains("unknown field `metadataVersionProof`"));
         let member = self.config.member_id.clone();
         self.emit(ClientEvent::HeartbeatFailed { at_ms: now_ms, member, sent_at_ms: sent.sent_ms, error });
+        if matches!(code, Some(ErrorCode::SessionMismatch | ErrorCode::MemberIdInUse)) {
+            // Only a coordinator that reads sessions answers these: a heartbeat without the
+            // session (after an older coordinator refused the field) cannot pass one that recorded
+            // it, so the rejoin carries it again.
+            self.session_refused = false;
+        }
         match code {
             Some(ErrorCode::UnknownMember)
                 if self.config.planted.has(PlantedBug::GiveUpOnUnknownMember) && self.phase == Phase::Active =>
@@ -197,9 +209,14 @@ impl ConsumerCore {
                 self.next_heartbeat_ms = now_ms.saturating_add(self.config.prompt_ms);
             }
             Some(ErrorCode::BadRequest) if refuses_proof && self.metadata_version_proof.is_some() => {
-                // An older coordinator behind the same address: it checks no proof. Its answers
-                // give none, so none is sent again until a newer coordinator answers.
-                self.metadata_version_proof = None;
+                // An older coordinator behind the same address: it checks no proof. As for
+                // `fenced`, the prompt retry sends it once more (another coordinator may answer
+                // it); refused twice in a row, none is sent until an answer gives one again (an
+                // older coordinator's answers give none).
+                if std::mem::replace(&mut self.proof_refused, true) {
+                    self.metadata_version_proof = None;
+                    self.proof_refused = false;
+                }
                 self.next_heartbeat_ms = now_ms.saturating_add(self.config.prompt_ms);
             }
             Some(ErrorCode::BadRequest) if refuses_sessions && !self.session_refused => {

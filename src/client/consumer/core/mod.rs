@@ -235,7 +235,13 @@ pub struct ConsumerCore {
     /// also redelivers the next owner's in-flight entries once); fenced, the new grant's raise
     /// makes Redis refuse it. No client can know when Redis will no longer run a command it sent.
     calls: BTreeMap<ShardId, u32>,
-    /// A coordinator refused the `memberSession` field (an older binary): heartbeats go without it.
+    /// A coordinator refused the `memberSession` field (a binary older than the previous
+    /// release): heartbeats go without it until an answer comes, successful or one only a
+    /// coordinator that reads sessions gives (`SESSION_MISMATCH`, `MEMBER_ID_IN_USE`). Kept for the
+    /// consumer's life, as it was, one refusal behind a balancer left every later heartbeat
+    /// without the secret: a coordinator that recorded its digest answered `SESSION_MISMATCH`, and
+    /// every rejoin `MEMBER_ID_IN_USE`, until the incarnation expired. The cost: while only such
+    /// a coordinator answers, each heartbeat interval starts with one refused request.
     session_refused: bool,
     /// Shards Redis refused as `FENCED` while they held exactly the fence recorded for them: not
     /// started again while answers still give that fence, and reported (`fenced`) so the
@@ -250,6 +256,11 @@ pub struct ConsumerCore {
     /// and taking them up again at the next answer with fences, can hand every report to the old
     /// coordinator in turn (a round robin of two), and the fenced shard then waits forever.
     fenced_refused: bool,
+    /// The last heartbeat's `metadataVersionProof` was refused by a coordinator that does not
+    /// know the field; the prompt retry sends it once more, for the reason `fenced_refused` gives
+    /// (a round robin of two otherwise handed every proof to the old coordinator, and a proven
+    /// version ahead never started a correction round at the new one).
+    proof_refused: bool,
     events: Vec<ClientEvent>,
     /// Whether `EntryDelivered` and `EntryAcked` are emitted (the sink wants them:
     /// [`super::super::EventSink::wants_entry_events`]).
@@ -278,6 +289,7 @@ impl ConsumerCore {
             fenced: BTreeMap::new(),
             reports_fenced: false,
             fenced_refused: false,
+            proof_refused: false,
             events: Vec::new(),
             entry_events: true,
         }

@@ -797,13 +797,17 @@ fn the_proof_of_the_adopted_version_goes_back_with_it_and_an_older_coordinator_g
         ErrorCode::BadRequest,
         "invalid request body: unknown field `metadataVersionProof`, expected one of ...",
     ));
-    let second = exchange(&mut c, 250, 255, Err(refused));
+    let second = exchange(&mut c, 250, 255, Err(refused.clone()));
     assert_eq!((second.metadata_version, second.metadata_version_proof), (7, Some(proof)));
-    // An older coordinator refused the field: the next heartbeat, sent promptly, goes without it.
-    let third = exchange(&mut c, 255 + prompt_ms, 260 + prompt_ms, Ok(ok(&[1])));
+    // An older coordinator refused the field: the prompt retry sends it once more (behind a
+    // balancer another coordinator may answer it); refused twice in a row, the next heartbeat,
+    // sent promptly, goes without it.
+    let retry = exchange(&mut c, 255 + prompt_ms, 260 + prompt_ms, Err(refused));
+    assert_eq!(retry.metadata_version_proof, Some(proof), "the prompt retry sends it once more");
+    let third = exchange(&mut c, 260 + 2 * prompt_ms, 265 + 2 * prompt_ms, Ok(ok(&[1])));
     assert_eq!((third.metadata_version, third.metadata_version_proof), (7, None));
     // An answer without a proof (an older coordinator) leaves none to send.
-    let at = 260 + prompt_ms + INTERVAL_MS + 10;
+    let at = 265 + 2 * prompt_ms + INTERVAL_MS + 10;
     let sync = HeartbeatResponse {
         metadata_version: 6,
         metadata_version_proof: Some(proof),
@@ -814,6 +818,77 @@ fn the_proof_of_the_adopted_version_goes_back_with_it_and_an_older_coordinator_g
     // A newer coordinator's answer (here a SYNC_METADATA back to version 6) gives one again.
     let next = c.poll_heartbeat(at + 5 + prompt_ms.max(INTERVAL_MS)).expect("due");
     assert_eq!((next.metadata_version, next.metadata_version_proof), (6, Some(proof)));
+}
+
+/// Compat review F4: behind a balancer that alternates per request between an old coordinator
+/// (refuses `metadataVersionProof`, gives no proof) and a new one (gives one), dropping the proof
+/// at the old one's refusal and taking it up at the new one's answer sent every proof to the old
+/// one, so a proven version ahead never reached the coordinator that starts a correction round
+/// from it. The prompt retry now carries it once more, and it reaches the new one within three
+/// heartbeats, whichever coordinator the balancer starts with.
+#[test]
+fn a_proof_alternating_between_an_old_and_a_new_coordinator_reaches_the_new_one() {
+    let proof: ViewProof = "0123456789abcdef0123456789abcdef".parse().expect("a proof");
+    let refused = TransportError::Api(ApiError::new(
+        ErrorCode::BadRequest,
+        "invalid request body: unknown field `metadataVersionProof`, expected one of ...",
+    ));
+    for first_is_old in [true, false] {
+        let mut c = core();
+        let mut to_new = Vec::new();
+        let mut now = 0;
+        // At most three heartbeats, each with its prompt retry.
+        for request in 0..6 {
+            let req = c.poll_heartbeat(now).expect("a heartbeat is due");
+            let answer = if (request % 2 == 0) == first_is_old {
+                if req.metadata_version_proof.is_some() {
+                    Err(refused.clone())
+                } else {
+                    Ok(ok(&[1]))
+                }
+            } else {
+                to_new.push(req.metadata_version_proof);
+                Ok(HeartbeatResponse { metadata_version_proof: Some(proof), ..ok(&[1]) })
+            };
+            c.handle_heartbeat(now + 5, answer);
+            now = c.next_deadline_ms().expect("a heartbeat or the lease end is due");
+            assert!(c.lease_end_ms().is_some_and(|end| now < end), "every other request extends the lease");
+        }
+        assert!(to_new.contains(&Some(proof)), "first to the old one: {first_is_old}; the new one got {to_new:?}");
+    }
+}
+
+/// Compat review F6: one heartbeat refused for `memberSession` (a coordinator older than the
+/// previous release behind the same address) left every later heartbeat without the session for
+/// the life of the consumer; a coordinator that recorded the session's digest then answered
+/// `SESSION_MISMATCH`, and every rejoin `MEMBER_ID_IN_USE`, until the incarnation expired. The
+/// session goes again after the next answer, or at once after a refusal only a coordinator that
+/// reads sessions gives.
+#[test]
+fn a_refused_session_goes_again_after_the_next_answer() {
+    let refused = TransportError::Api(ApiError::new(
+        ErrorCode::BadRequest,
+        "invalid request body: unknown field `memberSession`, expected one of ...",
+    ));
+    let mut c = core();
+    let prompt_ms = c.config().prompt_ms;
+    exchange(&mut c, 0, 5, Ok(ok(&[1])));
+    let req = exchange(&mut c, 205, 210, Err(refused.clone()));
+    assert!(req.member_session.is_some());
+    let retry = exchange(&mut c, 210 + prompt_ms, 215 + prompt_ms, Ok(ok(&[1])));
+    assert_eq!(retry.member_session, None, "the prompt retry goes without it");
+    let next = c.poll_heartbeat(c.next_deadline_ms().expect("due")).expect("due");
+    assert!(next.member_session.is_some(), "an answer re-arms it");
+
+    // The retry without the session reaches a coordinator that recorded its digest.
+    let mut c = core();
+    exchange(&mut c, 0, 5, Ok(ok(&[1])));
+    exchange(&mut c, 205, 210, Err(refused));
+    let retry = exchange(&mut c, 210 + prompt_ms, 215 + prompt_ms, Err(api(ErrorCode::SessionMismatch)));
+    assert_eq!(retry.member_session, None);
+    let rejoin = c.poll_heartbeat(215 + 2 * prompt_ms).expect("a prompt rejoin");
+    assert_eq!(rejoin.member_epoch, 0);
+    assert!(rejoin.member_session.is_some(), "the rejoin carries the session the coordinator recorded");
 }
 
 #[test]
