@@ -598,6 +598,39 @@ async fn the_decoded_cache_never_answers_for_a_write_redis_no_longer_holds() {
     assert!(seen.revoke.is_empty(), "b's join was lost with the rollback: {seen:?}");
 }
 
+/// An admin mutation through the instance that holds evidence of a silent rollback records the
+/// correction round first, as heartbeats, ticks and deletes do: it used to decide on the rolled-back
+/// record with no round, so the new shards' grants were recorded and another instance answered
+/// them `OK` beside the lost history's owners until this instance's next tick. The operator's
+/// change meets the round's write (REVISION_CONFLICT: the group moved on); done again, it is
+/// decided inside the round, which answers no one `OK` until the lost history's leases ended.
+#[tokio::test]
+async fn an_add_shards_through_the_instance_holding_regression_evidence_records_the_round_first() {
+    let store = MemoryStore::new(15);
+    let c1 = short_mutex(&store, "c1");
+    create(&c1, 2).await;
+    let base = store.peek_record(&group()).expect("record").revision;
+    let joined = c1.heartbeat(join("x")).await.expect("x joins");
+    assert_eq!(joined.status, HeartbeatStatus::Ok);
+    while store.peek_record(&group()).expect("record").revision > base {
+        store.rollback(1, RollbackMode::Silent);
+    }
+    assert!(recorded(&store).expect("record").correction.is_none(), "a silent rollback: nothing recorded yet");
+
+    let add = |expected_revision| AdminRequest::AddShards { group: group(), expected_revision, new_shard_count: 4 };
+    let refused = c1.admin(add(base)).await.expect_err("the round was recorded first");
+    assert_eq!(refused.code, ErrorCode::RevisionConflict, "{refused:?}");
+    let round = recorded(&store).expect("record");
+    assert!(round.correction.is_some(), "c1 saw a later revision than the store holds: {round:?}");
+    let revision = store.peek_record(&group()).expect("record").revision;
+    c1.admin(add(revision)).await.expect("add shards, in the round");
+    assert_eq!(recorded(&store).expect("record").shard_count, 4);
+
+    let c2 = short_mutex(&store, "c2");
+    let newcomer = c2.heartbeat(join("y")).await.expect("y joins through c2");
+    assert_ne!(newcomer.status, HeartbeatStatus::Ok, "no OK while the round runs: {newcomer:?}");
+}
+
 /// A producer's routing refresh reports its cached version. One above the stored version (an
 /// AddShards the store lost) is loss evidence like a consumer's report: recorded once as a
 /// correction round, and answered with `lostVersion` so the producer drops the lost view.

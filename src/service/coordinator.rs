@@ -697,6 +697,7 @@ impl<S: MetadataStore> Coordinator<S> {
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
         check_routing_report(&report).map_err(bad_request)?;
         self.recheck_identity_if_suspect().await?;
+        let ticket = self.local().reads.begin_read();
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
             return Err(self.missing(group, report.known_version > 0).await);
@@ -723,6 +724,9 @@ impl<S: MetadataStore> Coordinator<S> {
         if credited_ahead {
             self.count_version_ahead(group);
         }
+        // Loss evidence this process holds is recorded first, as heartbeats do: the report is
+        // then decided inside the correction round (see `record_evidence_before_mutation`).
+        self.record_pending_evidence(&g, (record.revision, write_digest(&record.write_id)), ticket).await?;
         // The shard count the last attempt's decision healed from (attempts repeat on a conflict).
         let mut healed_from = None;
         let recorded = self
@@ -850,6 +854,9 @@ impl<S: MetadataStore> Coordinator<S> {
         } else {
             Creation::Plain
         };
+        if matches!(req, AdminRequest::AddShards { .. } | AdminRequest::ChangeConfig { .. }) {
+            self.record_evidence_before_mutation(&group).await?;
+        }
         let decided = self
             .critical(&group, false, |g, rev, obs| decide_admin(g, &req, creation, self.context(g, rev, obs)))
             .await;
@@ -1400,6 +1407,22 @@ impl<S: MetadataStore> Coordinator<S> {
     /// Records a correction round for evidence this process found (identity change, regression).
     /// `(revision, write)`: the record's revision and the [`write_digest`] of its `writeId`.
     /// Returns true when it went through a critical section (the caller's state is then stale).
+    /// Before a mutation that does not judge its own read (an admin add-shards or config change;
+    /// routing reports judge the read they start with): reads the group and records the loss evidence
+    /// this process holds for it, as heartbeats, ticks and deletes do, so the mutation is decided
+    /// inside the correction round rather than before it. Without this, an instance that had seen
+    /// a later revision than a silent rollback left could record an add-shards' grants with no
+    /// round, and another instance answer them `OK` beside the lost history's owners until this
+    /// one's next tick of the group. One more read per such mutation (they are rare).
+    async fn record_evidence_before_mutation(&self, group: &GroupId) -> Result<(), ApiError> {
+        let ticket = self.local().reads.begin_read();
+        let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
+        let Some(record) = record else { return Ok(()) };
+        let g = self.decode_counted(group, &record)?;
+        self.record_pending_evidence(&g, (record.revision, write_digest(&record.write_id)), ticket).await?;
+        Ok(())
+    }
+
     async fn record_pending_evidence(
         &self,
         g: &GroupMetadata,
