@@ -631,6 +631,36 @@ async fn an_add_shards_through_the_instance_holding_regression_evidence_records_
     assert_ne!(newcomer.status, HeartbeatStatus::Ok, "no OK while the round runs: {newcomer:?}");
 }
 
+/// A fence key that vanished (evicted, flushed, deleted by hand) used to restart at counter 1 on
+/// the shard's next grant: below the counters of grants made before, so a late operation under
+/// one of those would win the check at Redis, and the fencing token applications compare went
+/// backwards. A key without a counter is now raised to the coordinator's wall clock in ms.
+#[tokio::test]
+async fn a_grant_after_its_fence_key_vanished_gets_a_counter_above_the_earlier_grants() {
+    let store = MemoryStore::new(16);
+    let c = short_mutex(&store, "c1");
+    create(&c, 1).await;
+    let fence_of = |r: &HeartbeatResponse| r.fences.iter().find(|f| f.shard == 0).map(|f| f.fence);
+    let joined = c.heartbeat(join("a")).await.expect("a joins");
+    let first = fence_of(&joined).expect("a's grant is fenced");
+    // a leaves without its REVOKED report: its grant runs out a lease later, at a tick.
+    c.heartbeat(HeartbeatRequest { leave: true, ..next(&joined) }).await.expect("a leaves");
+    assert!(store.delete_fence_key(&rsc::store::keys::fence_key(&group(), 0)), "the key existed");
+    tokio::time::sleep(Duration::from_millis(fast_config().assignment_lease_ms * 2)).await;
+    c.tick_all().await;
+    let mut granted = c.heartbeat(join("b")).await.expect("b joins");
+    for _ in 0..20 {
+        if fence_of(&granted).is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c.tick_all().await;
+        granted = c.heartbeat(next(&granted)).await.expect("b heartbeats");
+    }
+    let second = fence_of(&granted).expect("b was granted the shard");
+    assert!(second.counter > first.counter, "{second} after {first}: the vanished key restarted below");
+}
+
 /// A producer's routing refresh reports its cached version. One above the stored version (an
 /// AddShards the store lost) is loss evidence like a consumer's report: recorded once as a
 /// correction round, and answered with `lostVersion` so the producer drops the lost view.

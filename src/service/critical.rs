@@ -169,7 +169,10 @@ impl<S: MetadataStore> Coordinator<S> {
         let raises: Vec<FenceRaise> = {
             let mut local = self.local();
             let keys = shards.iter().map(|shard| keys::fence_key(&next.group, *shard));
-            keys.map(|key| FenceRaise { key, nonce: local.write_rng.gen() }).collect()
+            // The wall clock as the floor of a key that holds no counter (`FenceRaise::floor`):
+            // a vanished key's next counter stays above every earlier grant's (DESIGN §10).
+            let floor = wall_clock_ms().min(FENCE_FLOOR_MAX);
+            keys.map(|key| FenceRaise { key, nonce: local.write_rng.gen(), floor }).collect()
         };
         let fences = if self.inner.options.planted.has(PlantedBug::FenceAfterAnswer) {
             // The planted mistake: predict the next value and record it without raising the key.
@@ -568,6 +571,11 @@ pub(super) const INCOMPATIBLE_LOG_PERIOD: Duration = Duration::from_secs(10);
 /// Wall-clock milliseconds for the display-only `updatedAt` field and the starting point of a
 /// created group's versions (`core::admin::first_metadata_version`); never for a safety decision.
 /// Under the simulation madsim intercepts the system clock, so this stays deterministic.
+/// The largest clock floor a raise is given: half of [`Fence::COUNTER_MAX`], so a clock set far
+/// in the future (about the year 144,000) cannot push counters to where the check stops
+/// accepting new values.
+const FENCE_FLOOR_MAX: u64 = Fence::COUNTER_MAX / 2;
+
 fn wall_clock_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

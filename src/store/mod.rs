@@ -714,12 +714,21 @@ pub trait MetadataStore: Send + Sync + 'static {
     fn read_fences(&self, keys: &[String]) -> impl Future<Output = Result<Vec<Option<Fence>>, StoreError>> + Send;
 }
 
-/// One fence to raise ([`MetadataStore::raise_fences`]): the shard's fence key and the random
-/// nonce the coordinator drew for this grant.
+/// One fence to raise ([`MetadataStore::raise_fences`]): the shard's fence key, the random
+/// nonce the coordinator drew for this grant, and the least counter the raise may give.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FenceRaise {
     pub key: String,
     pub nonce: u64,
+    /// The counter a raise gives a key that holds none (0 counts as 1); a key that holds one is
+    /// raised by one. The coordinator passes its wall clock in milliseconds, so a fence key that
+    /// vanished (evicted, flushed, a restart without persistence, a `DEL` by hand) does not start
+    /// again at 1, below the counters of grants made before it: a late operation under one of
+    /// those would then win the check, and the fencing token applications compare would go
+    /// backwards. Counters stay below the clock unless a key is raised more than once a
+    /// millisecond on average, so a vanished key's next value is above every earlier one as long
+    /// as coordinators' clocks move forward.
+    pub floor: u64,
 }
 
 /// The fence a stream operation presents ([`StreamStore::fenced_xreadgroup`] and friends).

@@ -535,7 +535,7 @@ async fn fenced_operations_during_a_move(onto_empty_primary: bool) {
     for _ in 0..6 {
         added.push(store.xadd(&stream, field(), None).await.expect("xadd"));
     }
-    let raise = rsc::store::FenceRaise { key: fence_key.clone(), nonce: 7 };
+    let raise = rsc::store::FenceRaise { key: fence_key.clone(), nonce: 7, floor: 0 };
     let fence = store.raise_fences(&[raise]).await.expect("raise")[0];
     let check = rsc::store::FenceCheck { key: fence_key.clone(), fence };
     // A gated read first, so the gate key exists and moves with the others.
@@ -553,7 +553,7 @@ async fn fenced_operations_during_a_move(onto_empty_primary: bool) {
     let claimed = store.fenced_claim_all_pending(&check, &stream, "billing", "c2", 0).await;
     assert_eq!(claimed.map(|e| e.len()), Ok(0), "the claim script through ASK");
     // A new grant's raise, a pipeline of the raise script, reaches the key through ASK too.
-    let raised = store.raise_fences(&[rsc::store::FenceRaise { key: fence_key.clone(), nonce: 8 }]).await;
+    let raised = store.raise_fences(&[rsc::store::FenceRaise { key: fence_key.clone(), nonce: 8, floor: 0 }]).await;
     let newer = rsc::core::model::Fence { counter: fence.counter + 1, nonce: 8 };
     assert_eq!(raised, Ok(vec![newer]), "a raise through ASK");
     let check = rsc::store::FenceCheck { key: fence_key.clone(), fence: newer };
@@ -600,8 +600,10 @@ async fn without_eval_a_script_on_an_empty_primary_stays_a_retryable_noscript() 
     let store = RedisStore::connect_cluster(&seeds, RedisStoreOptions::default()).await.expect("connect");
     store.ensure_group(&stream, "billing").await.expect("ensure");
     let added = store.xadd(&stream, field(), None).await.expect("xadd");
-    let fence =
-        store.raise_fences(&[rsc::store::FenceRaise { key: fence_key.clone(), nonce: 7 }]).await.expect("raise")[0];
+    let fence = store
+        .raise_fences(&[rsc::store::FenceRaise { key: fence_key.clone(), nonce: 7, floor: 0 }])
+        .await
+        .expect("raise")[0];
     let check = rsc::store::FenceCheck { key: fence_key, fence };
     assert_eq!(
         store.fenced_xreadgroup(&check, "billing", "c1", &stream, ReadFrom::New, 1).await.map(|e| e.len()),
@@ -643,7 +645,7 @@ async fn raises_of_fence_keys_a_move_has_split_create_no_second_key() {
     let slot = cluster.slot_of(&moved);
     let source = cluster.owner_of_slot(slot).port();
     let target = cluster.primaries().into_iter().find(|p| p.port() != source).expect("another primary");
-    let raise = |key: &str, nonce| rsc::store::FenceRaise { key: key.to_string(), nonce };
+    let raise = |key: &str, nonce| rsc::store::FenceRaise { key: key.to_string(), nonce, floor: 0 };
     let first = store.raise_fences(&[raise(&still, 1), raise(&moved, 1)]).await.expect("raise");
     let slot_move = cluster.begin_slot_move(slot, target).expect("the slot is elsewhere");
     cluster.migrate_named_keys(&slot_move, &[&moved]);
@@ -676,7 +678,7 @@ async fn a_raise_during_a_move_closes_the_old_gate_left_on_the_source() {
     for _ in 0..3 {
         store.xadd(&stream, field(), None).await.expect("xadd");
     }
-    let raise = |nonce| rsc::store::FenceRaise { key: fence_key.clone(), nonce };
+    let raise = |nonce| rsc::store::FenceRaise { key: fence_key.clone(), nonce, floor: 0 };
     let old = store.raise_fences(&[raise(1)]).await.expect("raise")[0];
     let check = |fence| rsc::store::FenceCheck { key: fence_key.clone(), fence };
     let read = store.fenced_xreadgroup(&check(old), "g", "c1", &stream, ReadFrom::New, 1).await;
@@ -718,8 +720,10 @@ async fn a_hung_primary_fails_only_its_own_shards_of_a_batched_fenced_read_and_a
         store.ensure_group(stream, "billing").await.expect("ensure");
         store.xadd(stream, field(), None).await.expect("xadd");
         let key = keys::fence_key(&group, shard as u32);
-        let fence =
-            store.raise_fences(&[FenceRaise { key: key.clone(), nonce: nonce as u64 + 1 }]).await.expect("raise")[0];
+        let fence = store
+            .raise_fences(&[FenceRaise { key: key.clone(), nonce: nonce as u64 + 1, floor: 0 }])
+            .await
+            .expect("raise")[0];
         reads.push(FencedRead {
             fence: FenceCheck { key, fence },
             stream: stream.clone(),
@@ -844,7 +848,7 @@ async fn a_raise_whose_old_gate_a_move_took_first_is_unavailable_until_the_move_
     let (stream, fence_key) = (group.stream_key(0), keys::fence_key(&group, 0));
     store.ensure_group(&stream, "g").await.expect("ensure");
     store.xadd(&stream, field(), None).await.expect("xadd");
-    let raise = |nonce| rsc::store::FenceRaise { key: fence_key.clone(), nonce };
+    let raise = |nonce| rsc::store::FenceRaise { key: fence_key.clone(), nonce, floor: 0 };
     let old = store.raise_fences(&[raise(1)]).await.expect("raise")[0];
     let check = rsc::store::FenceCheck { key: fence_key.clone(), fence: old };
     let read = store.fenced_xreadgroup(&check, "g", "c1", &stream, ReadFrom::New, 1).await;

@@ -50,7 +50,7 @@ async fn own_pending<S: StreamStore>(store: &S, stream: &str, consumer: &str) ->
 }
 
 async fn raise_one<S: MetadataStore>(store: &S, key: &str, nonce: u64) -> Fence {
-    let raised = store.raise_fences(&[FenceRaise { key: key.to_string(), nonce }]).await.expect("raise");
+    let raised = store.raise_fences(&[FenceRaise { key: key.to_string(), nonce, floor: 0 }]).await.expect("raise");
     assert_eq!(raised.len(), 1);
     raised[0]
 }
@@ -75,7 +75,10 @@ fn assert_nogroup<T: std::fmt::Debug>(result: Result<T, StoreError>) {
 
 pub async fn contract_fence_raise_counts_up_and_stores_the_nonce<S: MetadataStore + StreamStore + Clone>(store: &S) {
     let (a, b, never) = (fence_key(0), fence_key(1), fence_key(2));
-    let raises = [FenceRaise { key: a.clone(), nonce: 0xa1 }, FenceRaise { key: b.clone(), nonce: u64::MAX }];
+    let raises = [
+        FenceRaise { key: a.clone(), nonce: 0xa1, floor: 0 },
+        FenceRaise { key: b.clone(), nonce: u64::MAX, floor: 0 },
+    ];
     let first = store.raise_fences(&raises).await.expect("raise");
     assert_eq!(first, vec![Fence { counter: 1, nonce: 0xa1 }, Fence { counter: 1, nonce: u64::MAX }]);
     let again = raise_one(store, &a, 0xa2).await;
@@ -84,6 +87,25 @@ pub async fn contract_fence_raise_counts_up_and_stores_the_nonce<S: MetadataStor
     let read = store.read_fences(&[a.clone(), b.clone(), never]).await.expect("read fences");
     assert_eq!(read, vec![Some(again), Some(first[1]), None]);
     assert_eq!(store.read_fences(&[]).await, Ok(vec![]));
+}
+
+/// A key without a counter (new, or vanished: evicted, flushed, a restart without persistence)
+/// is raised to the floor the coordinator passes (its wall clock), not to 1, so it does not start
+/// again below the counters of grants made before it vanished; a key with a counter is raised by
+/// one whatever the floor, and a floor of 0 gives 1.
+pub async fn contract_fence_raise_floor_sets_only_a_key_without_a_counter<S: MetadataStore + StreamStore + Clone>(
+    store: &S,
+) {
+    let (a, b) = (fence_key(0), fence_key(1));
+    let floored = |key: &str, nonce, floor| FenceRaise { key: key.to_string(), nonce, floor };
+    let first = store.raise_fences(&[floored(&a, 0x01, 1_764_000_000_000)]).await.expect("raise");
+    assert_eq!(first, vec![Fence { counter: 1_764_000_000_000, nonce: 0x01 }]);
+    let next = store.raise_fences(&[floored(&a, 0x02, 1_764_000_000_500)]).await.expect("raise");
+    assert_eq!(next, vec![Fence { counter: 1_764_000_000_001, nonce: 0x02 }], "a held counter counts up");
+    let lower = store.raise_fences(&[floored(&a, 0x03, 7)]).await.expect("raise");
+    assert_eq!(lower, vec![Fence { counter: 1_764_000_000_002, nonce: 0x03 }]);
+    assert_eq!(store.raise_fences(&[floored(&b, 0x04, 0)]).await, Ok(vec![Fence { counter: 1, nonce: 0x04 }]));
+    assert_eq!(store.read_fences(&[a]).await, Ok(vec![Some(lower[0])]));
 }
 
 pub async fn contract_fenced_operations_accept_the_exact_fence<S: MetadataStore + StreamStore + Clone>(store: &S) {
@@ -376,7 +398,8 @@ async fn redis_store_raises_fences_once_after_the_script_cache_was_flushed() {
     let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
     assert_eq!(raise_one(&store, &fence_key(0), 1).await.counter, 1);
     server.cmd(&["SCRIPT", "FLUSH"]);
-    let raises: Vec<FenceRaise> = (0..3).map(|shard| FenceRaise { key: fence_key(shard), nonce: 2 }).collect();
+    let raises: Vec<FenceRaise> =
+        (0..3).map(|shard| FenceRaise { key: fence_key(shard), nonce: 2, floor: 0 }).collect();
     let raised = store.raise_fences(&raises).await.expect("raise after a flush");
     assert_eq!(raised.iter().map(|f| f.counter).collect::<Vec<_>>(), vec![2, 1, 1]);
     server.cmd(&["SCRIPT", "FLUSH"]);

@@ -360,6 +360,30 @@ async fn a_blocking_read_waits_its_block_time_without_stalling_other_calls() {
     assert!(started.elapsed() >= Duration::from_millis(450));
 }
 
+/// A server whose `maxmemory-policy` evicts keys without a TTL fails the probe: an evicted fence
+/// key accepts any fence, so a previous owner's late read or ack would run at Redis beside the
+/// current owner. `volatile-*` policies (the coordinator's TTL keys are mutexes, relays and
+/// gates, all re-created when needed) and `noeviction` pass.
+#[tokio::test]
+async fn an_evicting_maxmemory_policy_fails_the_probe() {
+    let server = RedisServer::start();
+    let store = store_for(&server.url()).await;
+    for policy in ["allkeys-lru", "allkeys-lfu", "allkeys-random"] {
+        server.cmd(&["CONFIG", "SET", "maxmemory-policy", policy]);
+        match store.probe().await {
+            Err(StoreError::Unsupported { command, detail }) => {
+                assert_eq!(command, "maxmemory-policy");
+                assert!(detail.contains(policy), "{detail}");
+            }
+            other => panic!("{policy}: the probe must refuse it, got {other:?}"),
+        }
+    }
+    for policy in ["volatile-lru", "noeviction"] {
+        server.cmd(&["CONFIG", "SET", "maxmemory-policy", policy]);
+        store.probe().await.unwrap_or_else(|e| panic!("{policy}: {e}"));
+    }
+}
+
 #[tokio::test]
 async fn an_acl_denied_command_fails_the_probe_naming_it() {
     let server = RedisServer::start();
@@ -475,7 +499,7 @@ async fn exactly_the_fence_value_the_key_holds_has_a_gate() {
         found
     };
     let raise = |nonce| {
-        let raises = vec![FenceRaise { key: key.clone(), nonce }];
+        let raises = vec![FenceRaise { key: key.clone(), nonce, floor: 0 }];
         let store = store.clone();
         async move { store.raise_fences(&raises).await }
     };

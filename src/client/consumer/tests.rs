@@ -709,7 +709,7 @@ async fn ack_all_refused_as_fenced_loses_the_shard_and_keeps_the_other_shards_ac
     assert!(got.iter().filter(|d| d.shard == 0).all(|d| d.fence == Some(fence)));
     // A newer grant of shard 0 raises its fence at Redis.
     let key = crate::store::keys::fence_key(&group(), 0);
-    store.raise_fences(&[crate::store::FenceRaise { key: key.clone(), nonce: 22 }]).await.expect("raise");
+    store.raise_fences(&[crate::store::FenceRaise { key: key.clone(), nonce: 22, floor: 0 }]).await.expect("raise");
     let refused = consumer.ack_all(&got).await;
     assert!(matches!(refused, Err(AckError::Fenced { shard: 0, .. })), "{refused:?}");
     assert!(!consumer.status().readable.contains(&0), "shard 0 lost at once");
@@ -742,7 +742,7 @@ async fn ack_all_reports_the_most_urgent_error_of_the_batch() {
     let acked = got.iter().find(|d| d.shard == 0).expect("a shard 0 delivery");
     consumer.ack(acked).await.expect("ack");
     let key = crate::store::keys::fence_key(&group(), 1);
-    store.raise_fences(&[crate::store::FenceRaise { key, nonce: 22 }]).await.expect("raise");
+    store.raise_fences(&[crate::store::FenceRaise { key, nonce: 22, floor: 0 }]).await.expect("raise");
     let refused = consumer.ack_all(&got).await;
     assert!(matches!(refused, Err(AckError::Fenced { shard: 1, .. })), "{refused:?}");
     assert_eq!(store.peek_pending("orders:0", "billing"), Vec::new(), "shard 0's other entry was acked");

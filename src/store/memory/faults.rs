@@ -188,6 +188,12 @@ impl MemoryStore {
         true
     }
 
+    /// Deletes a fence key (eviction under an `allkeys-*` policy, a `DEL` by hand). Not a
+    /// journaled write. Returns whether the key existed.
+    pub fn delete_fence_key(&self, key: &str) -> bool {
+        self.lock().keys.fences.remove(key).is_some()
+    }
+
     /// An operator's `XGROUP DESTROY` of a shard stream's consumer group: reads of that stream
     /// fail with `NOGROUP` until the group is created again. Returns whether it existed.
     pub fn destroy_consumer_group(&self, stream: &str, group: &str) -> bool {

@@ -15,9 +15,10 @@ use super::keyspace::Change;
 use super::Inner;
 
 impl Inner {
-    /// The raise script: `counter + 1` (1 for a new key) stored with `nonce`.
-    pub(super) fn raise_fence(&mut self, key: &str, nonce: u64) -> Fence {
-        let counter = self.keys.fences.get(key).map_or(0, |f| f.counter).saturating_add(1);
+    /// The raise script: `counter + 1`, or for a key that holds none `floor` (at least 1),
+    /// stored with `nonce`.
+    pub(super) fn raise_fence(&mut self, key: &str, nonce: u64, floor: u64) -> Fence {
+        let counter = self.keys.fences.get(key).map_or(floor.max(1), |f| f.counter.saturating_add(1));
         let fence = Fence { counter, nonce };
         let mut change = Change::default();
         self.keys.put_fence(&mut change, key, fence);

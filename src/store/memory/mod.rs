@@ -664,7 +664,7 @@ impl MetadataStore for MemoryStore {
                 tokio::task::yield_now().await;
             }
             fences.push(
-                self.execute(&["EVALSHA", "HINCRBY", "HSET"], |inner| Ok(inner.raise_fence(&raise.key, raise.nonce)))??,
+                self.execute(&["EVALSHA", "HINCRBY", "HSET"], |inner| Ok(inner.raise_fence(&raise.key, raise.nonce, raise.floor)))??,
             );
         }
         sleep_ms(latency_ms - request_ms).await;

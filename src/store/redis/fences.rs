@@ -106,8 +106,11 @@ local function check(key, presented, nonce, open)
 end
 "#;
 
-/// Raise. KEYS: fence key. ARGV: nonce (16 hex digits). Closes the old value's gate and opens
-/// the new one. Reply: `{counter}`, the new counter as a decimal string (read back with HGET, so
+/// Raise. KEYS: fence key. ARGV: nonce (16 hex digits), floor (canonical decimal,
+/// `FenceRaise::floor`: the coordinator's wall clock in ms). The counter becomes `counter + 1`,
+/// or, for a key that holds none (new, or vanished: evicted, flushed, a restart without
+/// persistence), the floor (1 if it is 0), so a vanished key does not restart at 1 below the
+/// counters of earlier grants. Closes the old value's gate and opens the new one. Reply: `{counter}`, the new counter as a decimal string (read back with HGET, so
 /// it never passes through a Lua number), or `{counter, gate}` when the old value's gate was not
 /// found here: expired, never opened — or, on a Cluster, still on the source node of a slot move
 /// that has taken the fence key already (a script reaches only its own node's keys; the gate,
@@ -116,9 +119,16 @@ end
 const RAISE: &str = r#"
 local cur = redis.call('HMGET', KEYS[1], 'counter', 'nonce')
 local closed = close_gate(KEYS[1], cur[1], cur[2])
-redis.call('HINCRBY', KEYS[1], 'counter', 1)
-redis.call('HSET', KEYS[1], 'nonce', ARGV[1])
-local counter = redis.call('HGET', KEYS[1], 'counter')
+local counter
+if cur[1] then
+  redis.call('HINCRBY', KEYS[1], 'counter', 1)
+  counter = redis.call('HGET', KEYS[1], 'counter')
+elseif ARGV[2] and ARGV[2] ~= '0' then
+  counter = ARGV[2]
+else
+  counter = '1'
+end
+redis.call('HSET', KEYS[1], 'counter', counter, 'nonce', ARGV[1])
 open_gate(KEYS[1], counter, ARGV[1])
 if closed == 0 then
   return {counter, gate_of(KEYS[1], cur[1], cur[2])}

@@ -410,7 +410,7 @@ impl RedisStore {
         let script = &self.inner.scripts.fences.raise;
         let calls = raises.iter().map(|raise| async move {
             let mut invocation = script.prepare_invoke();
-            invocation.key(&raise.key).arg(format!("{:016x}", raise.nonce));
+            invocation.key(&raise.key).arg(format!("{:016x}", raise.nonce)).arg(raise.floor);
             self.invoke("fence raise script", invocation).await
         });
         futures_util::future::join_all(calls).await.into_iter().collect()
@@ -442,7 +442,7 @@ impl RedisStore {
                             Some(source) => pipe.cmd("EVAL").arg(source.as_str()),
                             None => pipe.cmd("EVALSHA").arg(script.get_hash()),
                         };
-                        pipe.arg(1).arg(&raises[i].key).arg(format!("{:016x}", raises[i].nonce));
+                        pipe.arg(1).arg(&raises[i].key).arg(format!("{:016x}", raises[i].nonce)).arg(raises[i].floor);
                     }
                     let values: Vec<Value> = pipe.query_async(&mut c).await?;
                     let mut missing = false;

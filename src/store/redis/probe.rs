@@ -104,16 +104,39 @@ impl RedisStore {
         Ok((section(&server, "server")?, section(&replication, "replication")?))
     }
 
-    /// The INFO `server` section of the server, or of every serving primary of a Cluster.
-    async fn server_infos(&self) -> Result<Vec<String>, StoreError> {
+    /// The INFO `section` of the server, or of every serving primary of a Cluster.
+    async fn server_infos(&self, section: &str) -> Result<Vec<String>, StoreError> {
         if !self.is_cluster() {
-            return Ok(vec![self.info("server").await?]);
+            return Ok(vec![self.info(section).await?]);
         }
         let mut infos = Vec::new();
         for primary in self.cluster_primaries().await? {
-            infos.push(self.node_info(&primary, "server").await?);
+            infos.push(self.node_info(&primary, section).await?);
         }
         Ok(infos)
+    }
+
+    /// Refuses a server (any primary of a Cluster) whose `maxmemory-policy` evicts keys without a
+    /// TTL (`allkeys-*`): an evicted metadata key fails its group closed, but an evicted fence key
+    /// accepts any fence until the shard's owner next presents its own, so a late operation of a
+    /// previous owner would run at Redis beside the current one (DESIGN §10). Read from `INFO
+    /// memory` (the coordinator's user has `+info`; `CONFIG GET` is often denied). The policy
+    /// can still be changed at run time; the README says so.
+    async fn check_eviction_policy(&self) -> Result<(), StoreError> {
+        for memory in self.server_infos("memory").await? {
+            let Some(policy) = info_field(&memory, "maxmemory_policy") else { continue };
+            if policy.starts_with("allkeys-") {
+                return Err(StoreError::Unsupported {
+                    command: "maxmemory-policy".into(),
+                    detail: format!(
+                        "the server's maxmemory-policy is {policy}, which evicts keys without a TTL: an evicted \
+                         fence key lets a previous owner's late read or ack run beside the current owner; \
+                         use noeviction (recommended) or a volatile-* policy"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Checks the version of the server (every primary of a Cluster) and returns the first one's.
@@ -122,7 +145,7 @@ impl RedisStore {
     /// are per node: configure them alike).
     pub(super) async fn run_probe(&self) -> Result<ProbeReport, StoreError> {
         let mut reported = None;
-        for server in self.server_infos().await? {
+        for server in self.server_infos("server").await? {
             let version = info_field(&server, "redis_version")
                 .ok_or_else(|| StoreError::Protocol("INFO server has no redis_version".into()))?;
             let parsed = major_minor(&version)
@@ -136,6 +159,7 @@ impl RedisStore {
             reported.get_or_insert(version);
         }
         let version = reported.ok_or_else(|| StoreError::Protocol("INFO server: no server answered".into()))?;
+        self.check_eviction_policy().await?;
         self.check_commands_exist().await?;
         let base = format!("redis-stream:coord:{{__probe__:{:016x}}}", nonce());
         let exercised = self.exercise(&base).await;
@@ -267,7 +291,7 @@ impl RedisStore {
         // Named as fence keys are (`…:fence:<group>`), so the scripts open and close its gate.
         let key = format!("{base}:probe:fence:g");
         let stream = format!("{base}:probe-stream");
-        let raised = self.raise_fences(&[FenceRaise { key: key.clone(), nonce: nonce() }]).await?;
+        let raised = self.raise_fences(&[FenceRaise { key: key.clone(), nonce: nonce(), floor: 0 }]).await?;
         let fence = match raised.as_slice() {
             [fence] if fence.counter == 1 => *fence,
             other => return Err(StoreError::Protocol(format!("probe: fence raise script replied {other:?}"))),
