@@ -384,6 +384,27 @@ async fn an_evicting_maxmemory_policy_fails_the_probe() {
     }
 }
 
+/// A replica fails the probe, a writable one (`replica-read-only no`) too: the coordinator's
+/// writes there are invisible to consumers of the primary and lost at the next resync.
+#[tokio::test]
+async fn a_replica_fails_the_probe_even_a_writable_one() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_with(ServerConfig {
+        replica_of: Some(primary.port()),
+        extra_args: vec!["--replica-read-only".into(), "no".into()],
+        ..ServerConfig::default()
+    });
+    let store = store_for(&replica.url()).await;
+    match store.probe().await {
+        Err(StoreError::Unsupported { command, detail }) => {
+            assert_eq!(command, "role");
+            assert!(detail.contains("slave") || detail.contains("replica"), "{detail}");
+        }
+        other => panic!("the probe must refuse a replica, got {other:?}"),
+    }
+    store_for(&primary.url()).await.probe().await.expect("the primary passes");
+}
+
 #[tokio::test]
 async fn an_acl_denied_command_fails_the_probe_naming_it() {
     let server = RedisServer::start();

@@ -116,6 +116,29 @@ impl RedisStore {
         Ok(infos)
     }
 
+    /// Refuses a single server that is a replica (a replica host or a managed reader endpoint
+    /// named by mistake). A read-only one fails every write with `READONLY`; a writable one
+    /// (`replica-read-only no`) passed the probe, and the coordinator's metadata writes and fence
+    /// raises landed where consumers reading the primary never see them, to be wiped by the next
+    /// resync. A Cluster's primaries are found by their slots, and Sentinel's client checks the
+    /// role of the server it is given.
+    async fn check_primary(&self) -> Result<(), StoreError> {
+        if self.is_cluster() {
+            return Ok(());
+        }
+        let replication = self.info("replication").await?;
+        match info_field(&replication, "role").as_deref() {
+            Some("master") | None => Ok(()),
+            Some(role) => Err(StoreError::Unsupported {
+                command: "role".into(),
+                detail: format!(
+                    "the server is a {role}, not a primary: name the primary (writes to a replica are lost at its \
+                     next resync)"
+                ),
+            }),
+        }
+    }
+
     /// Refuses a server (any primary of a Cluster) whose `maxmemory-policy` evicts keys without a
     /// TTL (`allkeys-*`): an evicted metadata key fails its group closed, but an evicted fence key
     /// accepts any fence until the shard's owner next presents its own, so a late operation of a
@@ -160,6 +183,7 @@ impl RedisStore {
         }
         let version = reported.ok_or_else(|| StoreError::Protocol("INFO server: no server answered".into()))?;
         self.check_eviction_policy().await?;
+        self.check_primary().await?;
         self.check_commands_exist().await?;
         let base = format!("redis-stream:coord:{{__probe__:{:016x}}}", nonce());
         let exercised = self.exercise(&base).await;
