@@ -98,8 +98,21 @@ pub(crate) fn map_error(command: &str, err: &RedisError, redactor: &Redactor) ->
             // they are back (or, through Sentinel, until the store finds the new master): the call
             // did nothing, as with READONLY.
             "NOREPLICAS" => StoreError::Unavailable(text),
+            // A server at `maxmemory` with `noeviction` refuses every command that may grow
+            // memory (the liveness touch, the mutex, metadata writes), and one whose last RDB
+            // save failed refuses writes (`MISCONF`): the call did nothing and works once memory
+            // or the disk is freed. Both were `Protocol` ("unexpected store reply": a bug), which
+            // hid an operational state behind a wrong answer.
+            "OOM" | "MISCONF" => StoreError::Unavailable(text),
             _ => StoreError::Protocol(text),
         },
+        // `ERR max number of clients reached`: the server refused this connection's command at
+        // its `maxclients`; transient like a refused connection.
+        ErrorKind::Server(ServerErrorKind::ResponseError)
+            if detail.to_ascii_lowercase().starts_with("max number of clients reached") =>
+        {
+            StoreError::Unavailable(text)
+        }
         _ => StoreError::Protocol(text),
     }
 }
@@ -173,6 +186,9 @@ mod tests {
             ("MASTERDOWN", "Link with MASTER is down"),
             ("UNBLOCKED", "force unblock from blocking operation"),
             ("NOREPLICAS", "Not enough good replicas to write."),
+            ("OOM", "command not allowed when used memory > 'maxmemory'."),
+            ("MISCONF", "Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."),
+            ("ERR", "max number of clients reached"),
         ] {
             assert!(matches!(map_error("X", &server_error(code, detail), &redactor), StoreError::Unavailable(_)));
         }
