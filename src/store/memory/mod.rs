@@ -663,9 +663,9 @@ impl MetadataStore for MemoryStore {
             if i > 0 {
                 tokio::task::yield_now().await;
             }
-            fences.push(
-                self.execute(&["EVALSHA", "HINCRBY", "HSET"], |inner| Ok(inner.raise_fence(&raise.key, raise.nonce, raise.floor)))??,
-            );
+            fences.push(self.execute(&["EVALSHA", "HINCRBY", "HSET"], |inner| {
+                Ok(inner.raise_fence(&raise.key, raise.nonce, raise.floor))
+            })??);
         }
         sleep_ms(latency_ms - request_ms).await;
         Ok(fences)
