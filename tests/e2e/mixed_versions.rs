@@ -369,7 +369,9 @@ async fn a_rolling_update_from_the_previous_release_and_back_loses_nothing_and_s
                 let allowed = match error.code() {
                     Some(ErrorCode::CoordinatorTerminating) => true,
                     // The old coordinator refusing `fenced` or the proof sent back with a version
-                    // (the consumer then sends neither to it again).
+                    // (the consumer sends the refused field once more in the prompt retry, which
+                    // may reach the new coordinator, and leaves it out only after two refusals in
+                    // a row, until an answer gives fences or a proof again).
                     Some(ErrorCode::BadRequest) => text.contains(FENCED_REFUSED) || text.contains(PROOF_REFUSED),
                     Some(_) => false,
                     // A connection the load balancer cut when its list changed.
