@@ -1404,9 +1404,6 @@ impl<S: MetadataStore> Coordinator<S> {
         Ok(())
     }
 
-    /// Records a correction round for evidence this process found (identity change, regression).
-    /// `(revision, write)`: the record's revision and the [`write_digest`] of its `writeId`.
-    /// Returns true when it went through a critical section (the caller's state is then stale).
     /// Before a mutation that does not judge its own read (an admin add-shards or config change;
     /// routing reports judge the read they start with): reads the group and records the loss evidence
     /// this process holds for it, as heartbeats, ticks and deletes do, so the mutation is decided
@@ -1423,6 +1420,9 @@ impl<S: MetadataStore> Coordinator<S> {
         Ok(())
     }
 
+    /// Records a correction round for evidence this process found (identity change, regression).
+    /// `(revision, write)`: the record's revision and the [`write_digest`] of its `writeId`.
+    /// Returns true when it went through a critical section (the caller's state is then stale).
     async fn record_pending_evidence(
         &self,
         g: &GroupMetadata,

@@ -568,14 +568,17 @@ async fn release_mutex<S: MetadataStore>(coordinator: &Coordinator<S>, group: &G
 /// How often a group whose stored metadata cannot be decoded is logged at ERROR.
 pub(super) const INCOMPATIBLE_LOG_PERIOD: Duration = Duration::from_secs(10);
 
-/// Wall-clock milliseconds for the display-only `updatedAt` field and the starting point of a
-/// created group's versions (`core::admin::first_metadata_version`); never for a safety decision.
-/// Under the simulation madsim intercepts the system clock, so this stays deterministic.
 /// The largest clock floor a raise is given: half of [`Fence::COUNTER_MAX`], so a clock set far
 /// in the future (about the year 144,000) cannot push counters to where the check stops
 /// accepting new values.
 const FENCE_FLOOR_MAX: u64 = Fence::COUNTER_MAX / 2;
 
+/// Wall-clock milliseconds for the display-only `updatedAt` field, the starting point of a
+/// created group's versions (`core::admin::first_metadata_version`) and the floor of a fence key
+/// that holds no counter (`FenceRaise::floor`). No safety decision rests on it alone: a fence
+/// key that holds a counter counts up whatever the clock says, and the floor only keeps a
+/// vanished key from restarting below earlier grants when clocks move forward. Under the
+/// simulation madsim intercepts the system clock, so this stays deterministic.
 fn wall_clock_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

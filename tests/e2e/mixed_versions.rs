@@ -46,7 +46,8 @@ pub(crate) const FENCED_REFUSED: &str = "unknown field `fenced`";
 /// An older coordinator refusing the proof a new consumer sends back with its version (DESIGN §8).
 const PROOF_REFUSED: &str = "unknown field `metadataVersionProof`";
 /// The proofs a new producer sends back with its routing report; an older coordinator refuses
-/// them and the producer asks again without.
+/// them, and the producer sends the same report once more (another instance may read it) and
+/// drops the proofs only after a second refusal in a row.
 const PROOF_PARAMETERS: [&str; 2] = ["knownVersionProof", "knownShardCountProof"];
 
 /// The stored aggregate of `group` (the metadata hash's `aggregate` field, as JSON).
