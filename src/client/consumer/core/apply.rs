@@ -72,6 +72,7 @@ impl ConsumerCore {
         self.fenced_refused = false;
         self.proof_refused = false;
         self.session_refused = false;
+        self.session_refused_once = false;
         if !fences.is_empty() {
             self.reports_fenced = true;
         }
@@ -164,6 +165,7 @@ impl ConsumerCore {
             // session (after an older coordinator refused the field) cannot pass one that recorded
             // it, so the rejoin carries it again.
             self.session_refused = false;
+            self.session_refused_once = false;
         }
         match code {
             Some(ErrorCode::UnknownMember)
@@ -221,7 +223,13 @@ impl ConsumerCore {
             }
             Some(ErrorCode::BadRequest) if refuses_sessions && !self.session_refused => {
                 // An older coordinator: it checks no session, so sending none loses nothing there.
-                self.session_refused = true;
+                // As for `fenced`, the prompt retry sends it once more (another coordinator may
+                // answer it, and one that recorded the session's digest refuses a heartbeat
+                // without it); refused twice in a row, it is left out until the next answer.
+                if std::mem::replace(&mut self.session_refused_once, true) {
+                    self.session_refused = true;
+                    self.session_refused_once = false;
+                }
                 self.next_heartbeat_ms = now_ms.saturating_add(self.config.prompt_ms);
             }
             Some(ErrorCode::BadRequest) => {

@@ -235,14 +235,20 @@ pub struct ConsumerCore {
     /// also redelivers the next owner's in-flight entries once); fenced, the new grant's raise
     /// makes Redis refuse it. No client can know when Redis will no longer run a command it sent.
     calls: BTreeMap<ShardId, u32>,
-    /// A coordinator refused the `memberSession` field (a binary older than the previous
-    /// release): heartbeats go without it until an answer comes, successful or one only a
+    /// A coordinator refused the `memberSession` field twice in a row (a binary older than the
+    /// previous release): heartbeats go without it until an answer comes, successful or one only a
     /// coordinator that reads sessions gives (`SESSION_MISMATCH`, `MEMBER_ID_IN_USE`). Kept for the
     /// consumer's life, as it was, one refusal behind a balancer left every later heartbeat
     /// without the secret: a coordinator that recorded its digest answered `SESSION_MISMATCH`, and
     /// every rejoin `MEMBER_ID_IN_USE`, until the incarnation expired. The cost: while only such
-    /// a coordinator answers, each heartbeat interval starts with one refused request.
+    /// a coordinator answers, each heartbeat interval starts with two refused requests.
     session_refused: bool,
+    /// The last heartbeat's `memberSession` was refused once by a coordinator that does not know
+    /// the field; the prompt retry sends it once more, for the reason `fenced_refused` gives
+    /// (dropped at the first refusal, a round robin of an old and a new coordinator handed every
+    /// heartbeat with the session to the old one and every one without it to the new one, which
+    /// answered `SESSION_MISMATCH`).
+    session_refused_once: bool,
     /// Shards Redis refused as `FENCED` while they held exactly the fence recorded for them: not
     /// started again while answers still give that fence, and reported (`fenced`) so the
     /// coordinator raises a new one (DESIGN §10).
@@ -286,6 +292,7 @@ impl ConsumerCore {
             next_generation: 1,
             calls: BTreeMap::new(),
             session_refused: false,
+            session_refused_once: false,
             fenced: BTreeMap::new(),
             reports_fenced: false,
             fenced_refused: false,

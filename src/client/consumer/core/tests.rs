@@ -775,10 +775,13 @@ fn an_older_coordinator_that_refuses_the_session_field_gets_heartbeats_without_i
         ErrorCode::BadRequest,
         "invalid request body: unknown field `memberSession`, expected one of ...",
     ));
-    let first = exchange(&mut c, 0, 5, Err(refused));
+    let first = exchange(&mut c, 0, 5, Err(refused.clone()));
     assert!(first.member_session.is_some());
-    let again = c.poll_heartbeat(5 + c.config().prompt_ms).expect("resent promptly");
-    assert_eq!(again.member_session, None);
+    let prompt_ms = c.config().prompt_ms;
+    let once_more = exchange(&mut c, 5 + prompt_ms, 10 + prompt_ms, Err(refused));
+    assert!(once_more.member_session.is_some(), "the prompt retry sends it once more");
+    let again = c.poll_heartbeat(10 + 2 * prompt_ms).expect("resent promptly");
+    assert_eq!(again.member_session, None, "refused twice in a row");
     // Any other BAD_REQUEST keeps the session (it is not the old coordinator's refusal).
     let mut c = core();
     exchange(&mut c, 0, 5, Err(api(ErrorCode::BadRequest)));
@@ -875,18 +878,23 @@ fn a_refused_session_goes_again_after_the_next_answer() {
     exchange(&mut c, 0, 5, Ok(ok(&[1])));
     let req = exchange(&mut c, 205, 210, Err(refused.clone()));
     assert!(req.member_session.is_some());
-    let retry = exchange(&mut c, 210 + prompt_ms, 215 + prompt_ms, Ok(ok(&[1])));
-    assert_eq!(retry.member_session, None, "the prompt retry goes without it");
+    // Behind a round robin of an old and a new coordinator the prompt retry reaches the new one:
+    // it goes once more with the session (without, the new one answered SESSION_MISMATCH).
+    let again = exchange(&mut c, 210 + prompt_ms, 215 + prompt_ms, Err(refused.clone()));
+    assert!(again.member_session.is_some(), "the prompt retry sends it once more");
+    let retry = exchange(&mut c, 215 + 2 * prompt_ms, 220 + 2 * prompt_ms, Ok(ok(&[1])));
+    assert_eq!(retry.member_session, None, "refused twice in a row, the retry goes without it");
     let next = c.poll_heartbeat(c.next_deadline_ms().expect("due")).expect("due");
     assert!(next.member_session.is_some(), "an answer re-arms it");
 
     // The retry without the session reaches a coordinator that recorded its digest.
     let mut c = core();
     exchange(&mut c, 0, 5, Ok(ok(&[1])));
-    exchange(&mut c, 205, 210, Err(refused));
-    let retry = exchange(&mut c, 210 + prompt_ms, 215 + prompt_ms, Err(api(ErrorCode::SessionMismatch)));
+    exchange(&mut c, 205, 210, Err(refused.clone()));
+    exchange(&mut c, 210 + prompt_ms, 215 + prompt_ms, Err(refused));
+    let retry = exchange(&mut c, 215 + 2 * prompt_ms, 220 + 2 * prompt_ms, Err(api(ErrorCode::SessionMismatch)));
     assert_eq!(retry.member_session, None);
-    let rejoin = c.poll_heartbeat(215 + 2 * prompt_ms).expect("a prompt rejoin");
+    let rejoin = c.poll_heartbeat(220 + 3 * prompt_ms).expect("a prompt rejoin");
     assert_eq!(rejoin.member_epoch, 0);
     assert!(rejoin.member_session.is_some(), "the rejoin carries the session the coordinator recorded");
 }
