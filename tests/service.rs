@@ -620,6 +620,7 @@ async fn an_add_shards_through_the_instance_holding_regression_evidence_records_
     let add = |expected_revision| AdminRequest::AddShards { group: group(), expected_revision, new_shard_count: 4 };
     let refused = c1.admin(add(base)).await.expect_err("the round was recorded first");
     assert_eq!(refused.code, ErrorCode::RevisionConflict, "{refused:?}");
+    assert!(refused.message.contains("correction round"), "the conflict says why: {refused:?}");
     let round = recorded(&store).expect("record");
     assert!(round.correction.is_some(), "c1 saw a later revision than the store holds: {round:?}");
     let revision = store.peek_record(&group()).expect("record").revision;

@@ -854,8 +854,18 @@ impl<S: MetadataStore> Coordinator<S> {
         } else {
             Creation::Plain
         };
-        if matches!(req, AdminRequest::AddShards { .. } | AdminRequest::ChangeConfig { .. }) {
-            self.record_evidence_before_mutation(&group).await?;
+        if matches!(req, AdminRequest::AddShards { .. } | AdminRequest::ChangeConfig { .. })
+            && self.record_evidence_before_mutation(&group).await?
+        {
+            // The round's write moved the revision the operator named: said so, rather than a
+            // bare conflict that reads like another operator's change.
+            return Err(ApiError::new(
+                ErrorCode::RevisionConflict,
+                format!(
+                    "this coordinator holds evidence that the store lost writes of group {group}: a correction \
+                     round was recorded first; describe the group and retry with its new revision"
+                ),
+            ));
         }
         let decided = self
             .critical(&group, false, |g, rev, obs| decide_admin(g, &req, creation, self.context(g, rev, obs)))
@@ -1411,13 +1421,16 @@ impl<S: MetadataStore> Coordinator<S> {
     /// a later revision than a silent rollback left could record an add-shards' grants with no
     /// round, and another instance answer them `OK` beside the lost history's owners until this
     /// one's next tick of the group. One more read per such mutation (they are rare).
-    async fn record_evidence_before_mutation(&self, group: &GroupId) -> Result<(), ApiError> {
+    /// Returns whether it recorded a round (the group's revision then moved on).
+    async fn record_evidence_before_mutation(&self, group: &GroupId) -> Result<bool, ApiError> {
+        // An identity change this process suspects is evidence too: found now, not only inside
+        // the mutation's critical section, after its decision.
+        self.recheck_identity_if_suspect().await?;
         let ticket = self.local().reads.begin_read();
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
-        let Some(record) = record else { return Ok(()) };
+        let Some(record) = record else { return Ok(false) };
         let g = self.decode_counted(group, &record)?;
-        self.record_pending_evidence(&g, (record.revision, write_digest(&record.write_id)), ticket).await?;
-        Ok(())
+        self.record_pending_evidence(&g, (record.revision, write_digest(&record.write_id)), ticket).await
     }
 
     /// Records a correction round for evidence this process found (identity change, regression).
