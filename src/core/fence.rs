@@ -2,8 +2,8 @@
 //! grant, read, ack and claim the shard's stream at Redis.
 //!
 //! A [`Fence`] is made by Redis, not by the core: when the coordinator grants a shard it first
-//! raises the shard's fence key (`INCR` of a per-shard counter, stored with a random nonce the
-//! coordinator drew), then records the value in the grant, then answers. The core only says which
+//! raises the shard's fence key (an increment of a per-shard counter, or the coordinator's wall
+//! clock in ms for a key that holds none, stored with a random nonce the coordinator drew), then records the value in the grant, then answers. The core only says which
 //! grants still need one ([`unfenced_grants`]), takes the raised values back in
 //! ([`attach_fences`]), and derives what a member is told ([`fences_for`]). It never invents a
 //! value, so no decision can hand two grants the same fence: counters restored by a rollback come
@@ -37,7 +37,8 @@ impl Fence {
     /// from raising its fence, for ever. From this bound, ~9.2·10^18 raises remain. A presented
     /// fence above it never replaces a key's value (refused as stale); one the key holds exactly
     /// (raises go on past the bound) is accepted as any other. No coordinator hands out a counter
-    /// that no raise returned (a counter grows by one per grant of the shard).
+    /// that no raise returned (a counter grows by one per grant of the shard, from the wall clock
+    /// in ms at the key's first raise: about 2^41 today, far below this bound).
     pub const COUNTER_MAX: u64 = (1 << 53) - 1;
 
     /// The nonce as stored in the fence key (16 lowercase hex digits).

@@ -700,14 +700,17 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// The server's current identity.
     fn identity(&self) -> impl Future<Output = Result<ServerIdentity, StoreError>> + Send;
 
-    /// Startup compatibility probe: server version and every command the layout needs. Fails with
-    /// `Unsupported` naming the first missing command.
+    /// Startup compatibility probe: server version, every command the layout needs, and (on
+    /// Redis) a primary whose `maxmemory-policy` does not evict keys without a TTL. Fails with
+    /// `Unsupported` naming the first missing command (or `maxmemory-policy`, or `role` for a
+    /// replica).
     fn probe(&self) -> impl Future<Output = Result<ProbeReport, StoreError>> + Send;
 
     /// Raises each fence key: increments its counter and stores the raise's nonce with it, one
     /// atomic step per key (a script), all keys in one round trip per node (pipelined; the steps
     /// of different keys may interleave with other clients' commands). Returns the new fence of
-    /// each key, in order. A key that does not exist starts at counter 1.
+    /// each key, in order. A key that holds no counter (new, or vanished) starts at the raise's
+    /// [`FenceRaise::floor`] (1 for a floor of 0).
     fn raise_fences(&self, raises: &[FenceRaise]) -> impl Future<Output = Result<Vec<Fence>, StoreError>> + Send;
 
     /// The fence each key holds now (`None`: never raised), in order. For operators and tests.

@@ -110,8 +110,9 @@ end
 /// `FenceRaise::floor`: the coordinator's wall clock in ms). The counter becomes `counter + 1`,
 /// or, for a key that holds none (new, or vanished: evicted, flushed, a restart without
 /// persistence), the floor (1 if it is 0), so a vanished key does not restart at 1 below the
-/// counters of earlier grants. Closes the old value's gate and opens the new one. Reply: `{counter}`, the new counter as a decimal string (read back with HGET, so
-/// it never passes through a Lua number), or `{counter, gate}` when the old value's gate was not
+/// counters of earlier grants. Closes the old value's gate and opens the new one. Reply:
+/// `{counter}`, the new counter as a decimal string (read back with HGET after the increment, or
+/// the floor as given, so it never passes through a Lua number), or `{counter, gate}` when the old value's gate was not
 /// found here: expired, never opened — or, on a Cluster, still on the source node of a slot move
 /// that has taken the fence key already (a script reaches only its own node's keys; the gate,
 /// moved later, would let the old value's gated reads through). The store then deletes `gate`
