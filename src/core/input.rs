@@ -44,6 +44,28 @@ pub enum InputError {
     /// A config that breaks its own rules (durations, lease ordering).
     #[error("{0}")]
     Config(String),
+    /// A created group whose stream prefix lies inside, or above, the coordinator's own keys
+    /// ([`COORDINATOR_KEY_NAMESPACE`]).
+    #[error(
+        "streamPrefix {0:?} is reserved: shard streams under it would share the coordinator's key namespace \
+         ({COORDINATOR_KEY_NAMESPACE}:*), and an application's Redis user granted its streams would reach \
+         every group's metadata"
+    )]
+    ReservedPrefix(String),
+}
+
+/// The prefix of every key the coordinator itself writes (metadata, index, fences, relays). A
+/// group created with a stream prefix `P` such that `P:` starts this namespace (`redis-stream`,
+/// `redis-stream:coord`) or with `P` inside it would have shard streams `P:<n>` among those keys:
+/// the README's application ACL (`~P:*`) would then grant every group's metadata, and a stream
+/// could take the name of a relay key. Groups recorded before this check keep working; only
+/// creations are refused.
+pub const COORDINATOR_KEY_NAMESPACE: &str = "redis-stream:coord";
+
+/// Whether `prefix` is a stream prefix a new group may not take ([`InputError::ReservedPrefix`]).
+pub fn reserved_stream_prefix(prefix: &str) -> bool {
+    let namespace = format!("{COORDINATOR_KEY_NAMESPACE}:");
+    namespace.starts_with(&format!("{prefix}:")) || prefix.starts_with(&namespace)
 }
 
 /// A version, epoch or revision a client sent.
@@ -117,7 +139,10 @@ pub fn check_admin_request(req: &AdminRequest) -> Result<(), InputError> {
         Ok(())
     };
     match req {
-        AdminRequest::CreateGroup { shard_count: count, config, .. } => {
+        AdminRequest::CreateGroup { group, shard_count: count, config, .. } => {
+            if reserved_stream_prefix(&group.stream_prefix) {
+                return Err(InputError::ReservedPrefix(group.stream_prefix.clone()));
+            }
             shard_count("shardCount", *count)?;
             config.validate().map_err(InputError::Config)
         }
@@ -247,5 +272,29 @@ mod tests {
         for (req, ok) in cases {
             assert_eq!(check_admin_request(&req).is_ok(), ok, "{req:?}");
         }
+    }
+    #[test]
+    fn a_group_is_not_created_with_a_stream_prefix_in_or_above_the_coordinators_keys() {
+        let create = |prefix: &str| AdminRequest::CreateGroup {
+            group: GroupId::new(prefix, "billing"),
+            shard_count: 4,
+            config: GroupConfig::default(),
+        };
+        for prefix in ["redis-stream", "redis-stream:coord", "redis-stream:coord:heard:1:2", "redis-stream:coord:x"] {
+            assert_eq!(
+                check_admin_request(&create(prefix)),
+                Err(InputError::ReservedPrefix(prefix.into())),
+                "{prefix}"
+            );
+        }
+        for prefix in ["redis-streams", "redis-stream-orders", "redis", "redis-stream:coordx", "orders:redis-stream"] {
+            assert_eq!(check_admin_request(&create(prefix)), Ok(()), "{prefix}");
+        }
+        // Only creations: a group recorded before the check can still be changed and deleted.
+        let group = GroupId::new("redis-stream", "billing");
+        let change =
+            AdminRequest::ChangeConfig { group: group.clone(), expected_revision: 3, config: GroupConfig::default() };
+        assert_eq!(check_admin_request(&change), Ok(()));
+        assert_eq!(check_admin_request(&AdminRequest::DeleteGroup { group, expected_revision: 3 }), Ok(()));
     }
 }

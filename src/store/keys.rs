@@ -103,6 +103,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_coordinator_key_lies_in_the_namespace_new_stream_prefixes_may_not_enter() {
+        let group = GroupId::new("orders:v1", "billing");
+        let namespace = format!("{}:", crate::core::input::COORDINATOR_KEY_NAMESPACE);
+        let keys = [
+            INDEX_KEY.to_string(),
+            TICK_ROSTER_KEY.to_string(),
+            HEARD_RELAY_PREFIX.to_string(),
+            METADATA_SCAN_PATTERN.to_string(),
+            metadata_key(&group),
+            mutex_key(&group),
+            liveness_key(&group),
+            fence_key(&group, 7),
+            heard_relay_key("a", "b"),
+        ];
+        for key in keys {
+            assert!(key.starts_with(&namespace), "{key}");
+        }
+    }
+
+    #[test]
     fn keys_share_the_hash_tag_and_round_trip() {
         let group = GroupId::new("orders:v1", "billing");
         assert_eq!(metadata_key(&group), "redis-stream:coord:{orders:v1:billing}:metadata");
