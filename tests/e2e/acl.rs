@@ -1,6 +1,8 @@
 //! Story 4: least privilege. The coordinator and its clients run under ACL users without FLUSHDB /
-//! FLUSHALL — among them the two users the README documents, read from its text — and a server
-//! with a command renamed away makes `coordinator serve` fail fast.
+//! FLUSHALL — among them the two users the README documents, read from its text — the README's
+//! application user of one stream prefix is refused the streams and fence keys of a prefix that
+//! extends it and of another consumer group, and a server with a command renamed away makes
+//! `coordinator serve` fail fast.
 
 use std::time::Duration;
 
@@ -11,6 +13,11 @@ use crate::e2e_support::ground_truth::assert_no_split;
 use crate::e2e_support::process::{cluster_target, serve_expecting_exit, CoordinatorProcess};
 use crate::e2e_support::{fast_config, group, wait_until};
 use crate::support::{RedisServer, ServerConfig};
+use rsc::core::fence::Fence;
+use rsc::core::GroupId;
+use rsc::store::keys::fence_key;
+use rsc::store::redis::{RedisStore, RedisStoreOptions};
+use rsc::store::{EntryId, FenceCheck, FenceRaise, MetadataStore, ReadFrom, StoreError, StreamStore};
 
 /// Every command the coordinator's startup probe checks, plus COMMAND (the probe's own): what a
 /// least-privilege user of the coordinator and its clients is granted, and nothing else.
@@ -53,8 +60,8 @@ enum AclUser {
     /// clients (a command missing from it would pass the probe and fail in production).
     ProbedCommandsOnly,
     /// The two users the README documents, taken from its text: `rsc-coordinator` for the
-    /// coordinator, `rsc-client` (its shard streams and their fence keys only) for the consumers
-    /// and the producer, with fencing on.
+    /// coordinator, `rsc-client` (its shard streams and its consumer group's fence keys only) for
+    /// the consumers and the producer, with fencing on.
     Documented,
 }
 
@@ -73,31 +80,206 @@ async fn the_readme_users_run_the_whole_fenced_flow_and_nothing_is_denied() {
     acl_story(AclUser::Documented).await;
 }
 
-/// The `redis-cli ACL SETUSER` commands of the README's Redis section, as argument lists (shell
-/// quoting and line continuations undone), with the README's password and stream prefix replaced.
-fn readme_acl_commands(password: &str, stream_prefix: &str) -> Vec<Vec<String>> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
-    readme_acl_commands_in(&readme, password, stream_prefix)
+/// The README's application user is exact (review F4): stream prefixes may contain ':', so a
+/// `~orders:*` would also grant the prefix `orders:eu` — another tenant's streams, and through the
+/// fenced scripts (they HSET a fence presented with a larger counter) its fence keys, keeping its
+/// owners FENCED. Two applications, on `orders` and `orders:eu`, each under its own README user:
+/// each works on its own shard, and the `orders` user is refused `orders:eu`'s streams and fence
+/// keys, as raw commands and through the fenced scripts, and the fence keys of group `audit` on
+/// its own streams; nothing it tried reads, acks or moves a fence. What the README says Redis
+/// cannot separate holds too: that user can read as group `audit` on its own streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_user_of_a_prefix_is_refused_the_streams_and_fences_of_a_prefix_extending_it_and_of_other_groups() {
+    const STALE_COUNTER: u64 = 1_000;
+    let redis = RedisServer::start();
+    let password = "e2e-acl-secret";
+    let orders = GroupId::new("orders", "billing");
+    let orders_eu = GroupId::new("orders:eu", "billing");
+    let audit = GroupId::new("orders", "audit");
+    let readme = readme_text();
+    apply_readme_users(&redis, &readme, password, &orders, "app-orders");
+    apply_readme_users(&redis, &readme, password, &orders_eu, "app-orders-eu");
+    let user_url = |name: &str| format!("redis://{name}:{password}@127.0.0.1:{}", redis.port());
+    let connect =
+        |url: String| async move { RedisStore::connect(&url, RedisStoreOptions::default()).await.expect("connect") };
+
+    // Arrange, as the administrator: shard 0 of each group holds an entry, its consumer group and
+    // a fence raised by the coordinator's own script (which also opens the fence's gate).
+    let admin = connect(redis.url()).await;
+    let mut fences = Vec::new();
+    for group in [&orders, &orders_eu, &audit] {
+        let stream = group.stream_key(0);
+        admin.ensure_group(&stream, &group.consumer_group).await.expect("XGROUP CREATE");
+        let raise = FenceRaise { key: fence_key(group, 0), nonce: 7, floor: 100 };
+        let fence = admin.raise_fences(&[raise]).await.expect("raise")[0];
+        fences.push(FenceCheck { key: fence_key(group, 0), fence });
+    }
+    let [orders_fence, eu_fence, audit_fence] = <[FenceCheck; 3]>::try_from(fences).expect("three fences");
+    let xadd = |stream: String| {
+        let admin = admin.clone();
+        async move { admin.xadd(&stream, vec![("n".into(), b"1".to_vec())], None).await.expect("XADD") }
+    };
+    let (orders_stream, eu_stream) = (orders.stream_key(0), orders_eu.stream_key(0));
+    xadd(orders_stream.clone()).await;
+    xadd(eu_stream.clone()).await;
+    redis.cmd(&["ACL", "LOG", "RESET"]);
+
+    // Each application reads and acks its own shard under its fence, through the gate and the
+    // scripts: the users grant what the fenced flow needs.
+    let orders_app = connect(user_url("app-orders")).await;
+    let eu_app = connect(user_url("app-orders-eu")).await;
+    for (app, check, stream) in [(&orders_app, &orders_fence, &orders_stream), (&eu_app, &eu_fence, &eu_stream)] {
+        let read = app.fenced_xreadgroup(check, "billing", "c", stream, ReadFrom::New, 10).await.expect("own read");
+        assert_eq!(read.len(), 1, "{stream}: the entry is read");
+        let acked = app.fenced_xack(check, stream, "billing", &[read[0].id]).await.expect("own ack");
+        assert_eq!(acked, 1, "{stream}: the entry is acked");
+        let claimed = app.fenced_claim_all_pending(check, stream, "billing", "c", 0).await.expect("own claim");
+        assert_eq!(claimed, vec![], "{stream}: nothing is pending");
+    }
+    assert_eq!(redis.cmd(&["ACL", "LOG"]), redis::Value::Array(vec![]), "nothing of the own flows was denied");
+
+    // Act: the `orders` user tries `orders:eu`'s shard 0 and group `audit`'s fence, presenting a
+    // larger counter than the fence holds (which the scripts would install), with a fresh entry
+    // to read on `orders:eu:0`.
+    let waiting = xadd(eu_stream.clone()).await;
+    let stale =
+        |check: &FenceCheck| FenceCheck { key: check.key.clone(), fence: Fence { counter: STALE_COUNTER, nonce: 1 } };
+    let mut outcomes: Vec<(String, Result<(), String>)> = Vec::new();
+    let nopermed = |what: &str, result: Result<String, StoreError>| {
+        let outcome = match result {
+            Err(StoreError::Unsupported { detail, .. }) if detail.starts_with("NOPERM") => Ok(()),
+            other => Err(format!("{other:?}")),
+        };
+        (what.to_string(), outcome)
+    };
+    let (eu_stale, audit_stale) = (stale(&eu_fence), stale(&audit_fence));
+    let debug = |r: Result<Vec<rsc::store::StreamEntry>, StoreError>| r.map(|e| format!("{e:?}"));
+    // Through the fenced scripts first, as a client library would (the gated read of new entries
+    // included), then as raw commands.
+    for from in [ReadFrom::New, ReadFrom::OwnPending] {
+        let read = orders_app.fenced_xreadgroup(&eu_stale, "billing", "c", &eu_stream, from, 10).await;
+        outcomes.push(nopermed(&format!("fenced read {from:?} of {eu_stream}"), debug(read)));
+        let read = orders_app.fenced_xreadgroup(&audit_stale, "audit", "c", &orders_stream, from, 10).await;
+        outcomes.push(nopermed(&format!("fenced read {from:?} of {orders_stream} as audit"), debug(read)));
+    }
+    let ack = orders_app.fenced_xack(&eu_stale, &eu_stream, "billing", &[waiting]).await;
+    outcomes.push(nopermed(&format!("fenced ack on {eu_stream}"), ack.map(|n| n.to_string())));
+    let ack = orders_app.fenced_xack(&audit_stale, &orders_stream, "audit", &[]).await;
+    outcomes.push(nopermed(&format!("fenced ack on {orders_stream} as audit"), ack.map(|n| n.to_string())));
+    let claim = orders_app.fenced_claim_all_pending(&eu_stale, &eu_stream, "billing", "c", 0).await;
+    outcomes.push(nopermed(&format!("fenced claim on {eu_stream}"), debug(claim)));
+    let claim = orders_app.fenced_claim_all_pending(&audit_stale, &orders_stream, "audit", "c", 0).await;
+    outcomes.push(nopermed(&format!("fenced claim on {orders_stream} as audit"), debug(claim)));
+
+    let raw = redis::Client::open(user_url("app-orders")).expect("URL");
+    let mut raw = raw.get_connection_with_timeout(Duration::from_secs(2)).expect("app-orders connects");
+    let commands: Vec<Vec<String>> = [
+        vec!["XREADGROUP", "GROUP", "billing", "c", "COUNT", "10", "STREAMS", &eu_stream, ">"],
+        vec!["XREADGROUP", "GROUP", "billing", "c", "COUNT", "10", "STREAMS", &eu_stream, "0"],
+        vec!["XACK", &eu_stream, "billing", &waiting.to_string()],
+        vec!["XAUTOCLAIM", &eu_stream, "billing", "c", "0", "0-0"],
+        vec!["XADD", &eu_stream, "*", "n", "forged"],
+        vec!["HSET", &eu_fence.key, "counter", &STALE_COUNTER.to_string()],
+        vec!["HSET", &audit_fence.key, "counter", &STALE_COUNTER.to_string()],
+        vec!["HMGET", &audit_fence.key, "counter", "nonce"],
+    ]
+    .into_iter()
+    .map(|args| args.into_iter().map(String::from).collect())
+    .collect();
+    for args in commands {
+        let result = redis::cmd(&args[0]).arg(&args[1..]).query::<redis::Value>(&mut raw);
+        let outcome = match result {
+            Err(e) if e.code() == Some("NOPERM") => Ok(()),
+            other => Err(format!("{other:?}")),
+        };
+        outcomes.push((args.join(" "), outcome));
+    }
+
+    // Assert: every attempt was refused by the ACL, ...
+    let allowed: Vec<_> = outcomes.iter().filter(|(_, outcome)| outcome.is_err()).collect();
+    assert!(allowed.is_empty(), "the `orders` user was not refused:\n{allowed:#?}");
+    // ... no fence moved ...
+    let keys = [orders_fence.key.clone(), eu_fence.key.clone(), audit_fence.key.clone()];
+    let held = admin.read_fences(&keys).await.expect("read fences");
+    assert_eq!(held, vec![Some(orders_fence.fence), Some(eu_fence.fence), Some(audit_fence.fence)]);
+    // ... and the waiting entry is still `orders:eu`'s to read, under its unchanged fence.
+    let read = eu_app.fenced_xreadgroup(&eu_fence, "billing", "c", &eu_stream, ReadFrom::New, 10).await;
+    let ids: Vec<EntryId> = read.expect("orders:eu still reads").iter().map(|e| e.id).collect();
+    assert_eq!(ids, vec![waiting], "the entry waiting on {eu_stream} was delivered to nobody else");
+    // The `orders:eu` user, for its part, is refused `orders`'s streams.
+    let eu_raw = redis::Client::open(user_url("app-orders-eu")).expect("URL");
+    let mut eu_raw = eu_raw.get_connection_with_timeout(Duration::from_secs(2)).expect("app-orders-eu connects");
+    let denied = redis::cmd("XREADGROUP")
+        .arg(&["GROUP", "billing", "c", "STREAMS", &orders_stream, ">"])
+        .query::<redis::Value>(&mut eu_raw)
+        .unwrap_err();
+    assert_eq!(denied.code(), Some("NOPERM"), "{denied}");
+    // What Redis cannot separate (README): stream commands are not scoped per consumer group, so
+    // the `billing` application may read as group `audit` on its own prefix's streams.
+    let foreign = redis::cmd("XREADGROUP")
+        .arg(&["GROUP", "audit", "c", "COUNT", "10", "STREAMS", &orders_stream, ">"])
+        .query::<redis::Value>(&mut raw);
+    assert!(foreign.is_ok(), "groups on one prefix share its streams: {foreign:?}");
+    eprintln!("README users of `orders` and `orders:eu`: {} attempts refused", outcomes.len());
 }
 
-/// [`readme_acl_commands`] of a given README text (e.g. the previous release's).
+/// The stream prefix, consumer group and application user the README's ACL block is written for;
+/// [`readme_acl_commands_for`] replaces them.
+const README_STREAM_PREFIX: &str = "orders";
+const README_CONSUMER_GROUP: &str = "billing";
+const README_CLIENT_USER: &str = "rsc-client";
+
+fn readme_text() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md")
+}
+
+/// The `redis-cli ACL SETUSER` commands of the README's Redis section for `group`, with the
+/// README's password replaced.
+fn readme_acl_commands(password: &str, group: &GroupId) -> Vec<Vec<String>> {
+    readme_acl_commands_for(&readme_text(), password, group, README_CLIENT_USER)
+}
+
+/// [`readme_acl_commands_for`] of a given README text (e.g. the previous release's) for its own
+/// consumer group under `stream_prefix`.
 pub(crate) fn readme_acl_commands_in(readme: &str, password: &str, stream_prefix: &str) -> Vec<Vec<String>> {
+    let group = GroupId::new(stream_prefix, README_CONSUMER_GROUP);
+    readme_acl_commands_for(readme, password, &group, README_CLIENT_USER)
+}
+
+/// The `redis-cli ACL SETUSER` commands of `readme`'s Redis section, as argument lists (shell
+/// quoting and line continuations undone), with the password, the stream prefix and the consumer
+/// group replaced, and the application's user named `client_user`.
+fn readme_acl_commands_for(readme: &str, password: &str, group: &GroupId, client_user: &str) -> Vec<Vec<String>> {
     let joined = readme.replace("\\\n", " ");
+    let substitute = |arg: String| {
+        let (prefix, consumer_group) = (&group.stream_prefix, &group.consumer_group);
+        match arg.as_str() {
+            README_CLIENT_USER => client_user.to_string(),
+            _ => arg
+                .replace(">CHANGE-ME", &format!(">{password}"))
+                .replace(&format!("~{README_STREAM_PREFIX}:"), &format!("~{prefix}:"))
+                .replace(&format!("{{{README_STREAM_PREFIX}:"), &format!("{{{prefix}:"))
+                .replace(&format!(":fence:{README_CONSUMER_GROUP}"), &format!(":fence:{consumer_group}")),
+        }
+    };
     let commands: Vec<Vec<String>> = joined
         .lines()
         .filter_map(|line| line.trim().strip_prefix("redis-cli ACL SETUSER "))
         .map(|rest| {
             let mut args = vec!["ACL".to_string(), "SETUSER".to_string()];
-            args.extend(shell_words(rest).into_iter().map(|arg| {
-                arg.replace(">CHANGE-ME", &format!(">{password}"))
-                    .replace("~orders:", &format!("~{stream_prefix}:"))
-                    .replace("{orders:", &format!("{{{stream_prefix}:"))
-            }));
+            args.extend(shell_words(rest).into_iter().map(substitute));
             args
         })
         .collect();
     assert_eq!(commands.len(), 2, "the README documents a coordinator user and a client user");
     commands
+}
+
+/// Applies the README's users for `group` on `server`, the application's named `client_user`.
+fn apply_readme_users(server: &RedisServer, readme: &str, password: &str, group: &GroupId, client_user: &str) {
+    for args in readme_acl_commands_for(readme, password, group, client_user) {
+        server.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    }
 }
 
 /// Splits a shell command line on blanks, honouring single quotes (all the README uses).
@@ -145,10 +327,8 @@ async fn acl_story(user: AclUser) {
             (user_url("coordinator"), user_url("coordinator"))
         }
         AclUser::Documented => {
-            for args in readme_acl_commands(password, &group.stream_prefix) {
-                redis.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
-            }
-            (user_url("rsc-coordinator"), user_url("rsc-client"))
+            apply_readme_users(&redis, &readme_text(), password, &group, README_CLIENT_USER);
+            (user_url("rsc-coordinator"), user_url(README_CLIENT_USER))
         }
     };
     for user_url in [&url, &client_url] {
@@ -209,10 +389,10 @@ async fn the_readme_users_run_the_whole_fenced_flow_on_a_cluster() {
     let password = "e2e-acl-secret";
     let group = group("acl-cluster");
     for node in cluster.servers() {
-        for args in readme_acl_commands(password, &group.stream_prefix) {
+        for args in readme_acl_commands(password, &group) {
             node.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
         }
-        for user in ["rsc-coordinator", "rsc-client"] {
+        for user in ["rsc-coordinator", README_CLIENT_USER] {
             node.cmd(&["ACL", "SETUSER", user, "+cluster|slots", "+asking", "+eval"]);
         }
         node.cmd(&["ACL", "SETUSER", "rsc-coordinator", "+cluster|nodes"]);
