@@ -558,7 +558,8 @@ pub fn decide_routing(g: &GroupMetadata, report: RoutingReport, ctx: Context<'_>
 }
 
 /// Whether a routing report is evidence of a lost `add-shards` this group heals: a count above
-/// the recorded one, proven issued by this deployment (DESIGN §8).
+/// the recorded one, proven issued by this deployment (DESIGN §8). A keyless record heals no
+/// count: nothing in it can check one, and shards added are never removed ([`credited`]).
 pub fn heals_lost_add_shards(g: &GroupMetadata, report: &RoutingReport, planted: PlantedBugs) -> bool {
     g.config.heal_lost_add_shards
         && report.known_shard_count > g.shard_count
@@ -582,7 +583,7 @@ pub fn version_credited(g: &GroupMetadata, version: u64, proof: Option<&ViewProo
 }
 
 /// Whether a reported `metadataVersion` is proven by the record's key (not merely credited by a
-/// keyless record, which credits anything): a number this group's own history issued, credited
+/// keyless record, which credits any version): a number this group's own history issued, credited
 /// up to [`PROVEN_VERSION_AHEAD_MAX`](super::model::PROVEN_VERSION_AHEAD_MAX) ahead.
 pub fn version_proven(g: &GroupMetadata, version: u64, proof: Option<&ViewProof>) -> bool {
     g.view_key
@@ -602,3 +603,6 @@ pub fn version_learned(g: &GroupMetadata, version: u64) -> bool {
 }
 
 pub use super::admin::decide_admin;
+
+#[cfg(test)]
+mod tests;

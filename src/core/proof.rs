@@ -145,11 +145,22 @@ impl<'de> Deserialize<'de> for ViewProof {
 }
 
 /// Whether a client's report of `value` for `fact` is evidence this group may act on: proven by
-/// the group's key, or any report at all for a group that has no key yet (created by an older
-/// release and not written since: the compatibility rule's safe case is crediting, as before).
+/// the group's key; or, for a group that has no key yet (created by an older release and not
+/// written since, or rewritten by one during a rolling update), a version, as before proofs.
+///
+/// A keyless group never credits a shard count (DESIGN §8, "Keyless records heal no shard
+/// count"). The two facts differ in what a forged report leaves behind. A forged version starts
+/// at most one correction round: the round's own write draws the key, the version credited is
+/// capped ([`CLIENT_VERSION_AHEAD_MAX`](super::model::CLIENT_VERSION_AHEAD_MAX)), and the round
+/// ends a lease later. A forged count adds shards for good (shards are never removed) and
+/// re-routes almost every key: one request of 65,536 took a group from 4 shards to 65,536. Nothing
+/// in a keyless record bounds a count: the count a lost `add-shards` set is not in the record the
+/// rollback restored, so any cap relative to that record is a step that every keyless window
+/// grants again (each write by an older coordinator drops the key), walking the count up to the
+/// limit. A count a keyless record lost is restored by an operator's `add-shards`.
 pub fn credited(key: Option<&ViewKey>, group: &GroupId, fact: Fact, value: u64, proof: Option<&ViewProof>) -> bool {
     match key {
-        None => true,
+        None => fact == Fact::MetadataVersion,
         Some(key) => proof.is_some_and(|proof| key.verifies(group, fact, value, proof)),
     }
 }
@@ -211,7 +222,7 @@ mod tests {
     }
 
     #[test]
-    fn a_keyless_group_credits_every_report_and_a_keyed_one_only_proven_ones() {
+    fn a_keyless_group_credits_every_version_and_a_keyed_one_only_proven_ones() {
         let key = ViewKey::from_bytes([1; 32]);
         let g = group("p", "g");
         let proof = key.prove(&g, Fact::MetadataVersion, 5);
@@ -219,5 +230,20 @@ mod tests {
         assert!(!credited(Some(&key), &g, Fact::MetadataVersion, 5, None));
         assert!(credited(Some(&key), &g, Fact::MetadataVersion, 5, Some(&proof)));
         assert!(!credited(Some(&key), &g, Fact::MetadataVersion, 6, Some(&proof)));
+    }
+
+    /// Numbers review, finding 1: a keyless group credited any shard count, so one routing
+    /// request grew it to 65,536 shards for good. It credits none, proof or not (a proof under a
+    /// key the record does not hold checks nothing); a keyed group still credits a proven count.
+    #[test]
+    fn a_keyless_group_credits_no_shard_count() {
+        let key = ViewKey::from_bytes([2; 32]);
+        let g = group("p", "g");
+        for count in [5, 65_536] {
+            let proof = key.prove(&g, Fact::ShardCount, count);
+            assert!(!credited(None, &g, Fact::ShardCount, count, None), "{count} unproven");
+            assert!(!credited(None, &g, Fact::ShardCount, count, Some(&proof)), "{count} under a key not recorded");
+            assert!(credited(Some(&key), &g, Fact::ShardCount, count, Some(&proof)), "{count} proven");
+        }
     }
 }
