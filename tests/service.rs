@@ -10,6 +10,8 @@ mod bounds;
 mod deleting;
 #[path = "service/held.rs"]
 mod held;
+#[path = "service/keyless.rs"]
+mod keyless;
 #[path = "service/late_copies.rs"]
 mod late_copies;
 #[path = "service/pruning.rs"]
