@@ -1637,6 +1637,77 @@ async fn a_cluster_failover_is_evidence_only_for_the_groups_on_the_failed_primar
     assert!(!elsewhere, "the group on an unchanged primary records none");
 }
 
+/// On a Redis Cluster, a primary that stops answering (crashed before its replica takes over, no
+/// replica, frozen, or cut off from the coordinator alone) fails only the groups it holds. Its
+/// groups' failures make the identity suspect, and a whole identity read needs every primary:
+/// before, every request of every group re-read it and failed `STORE_UNAVAILABLE`, so a bystander
+/// group's members lost their leases and nobody was ticked. Now each group asks its own primary:
+/// the bystander's heartbeats answer `OK` throughout, its silent member is expired by the ticker
+/// (whose index read, on the down primary, falls back to the last list), the down primary's group
+/// stays refused (fail closed), and when the primary is back everything answers again.
+#[tokio::test]
+async fn a_cluster_primary_that_does_not_answer_fails_only_its_own_groups() {
+    use rsc::store::keys;
+    let (a, b) = ((0, 8191), (8192, 16383));
+    let on = |range: (u16, u16), name: &str| {
+        (0..)
+            .map(|i| GroupId::new("orders", format!("{name}{i}")))
+            .find(|g| (range.0..=range.1).contains(&keys::group_slot(g)))
+            .expect("a group in the range")
+    };
+    let (down_group, bystander) = (on(a, "g"), on(b, "h"));
+    let store = MemoryStore::new(23);
+    let options = CoordinatorOptions {
+        instance_id: "c1".into(),
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ..CoordinatorOptions::default()
+    };
+    let c = Coordinator::new(held::HeldStore::new(store.connect()), options);
+    c.store().set_identity(cluster_identity(vec![primary("a", "xa", a), primary("b", "xb", b)]));
+    c.store().set_account(primary("a", "xa", a));
+    c.store().set_account(primary("b", "xb", b));
+    c.start().await.expect("probe");
+    let beat = |g: &GroupId, r: &HeartbeatResponse| HeartbeatRequest { group: g.clone(), ..next(r) };
+    let mut joined = std::collections::BTreeMap::new();
+    for g in [&down_group, &bystander] {
+        let create = AdminRequest::CreateGroup { group: g.clone(), shard_count: 2, config: fast_config() };
+        c.admin(create).await.expect("create");
+        for m in ["m", "n"] {
+            let r = c.heartbeat(HeartbeatRequest { group: g.clone(), ..join(m) }).await.expect("join");
+            joined.insert((g.clone(), m), r);
+        }
+    }
+    c.tick_all().await;
+    // Primary a stops answering; its group's next heartbeat fails, which makes the identity suspect.
+    c.store().primary_down(Some(("a", vec![down_group.clone()])));
+    let refused = c.heartbeat(beat(&down_group, &joined[&(down_group.clone(), "m")])).await;
+    assert_eq!(refused.expect_err("a is down").code, ErrorCode::StoreUnavailable);
+    // The bystander's member m heartbeats on, n falls silent: m keeps answering OK, and the ticker
+    // expires n and hands both shards to m.
+    let mut m = joined[&(bystander.clone(), "m")].clone();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(1_500) {
+        // (OK, or REVOKE_PENDING while it hands shard 1 to n before n falls silent.)
+        m = c.heartbeat(beat(&bystander, &m)).await.expect("the bystander answers while a is down");
+        c.tick_all().await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        (m.status, m.assigned.clone()),
+        (HeartbeatStatus::Ok, vec![0, 1]),
+        "n expired, both shards went to m: {m:?}"
+    );
+    let described = c.describe(&bystander).await.expect("describe the bystander");
+    assert!(!described.metadata.members.contains_key("n"), "n was expired by the ticker");
+    // The down primary's group stays refused; back up, it answers again.
+    let refused = c.heartbeat(beat(&down_group, &joined[&(down_group.clone(), "m")])).await;
+    assert_eq!(refused.expect_err("still down").code, ErrorCode::StoreUnavailable);
+    c.store().primary_down(None);
+    c.tick_all().await;
+    let back = c.heartbeat(HeartbeatRequest { group: down_group.clone(), ..join("o") }).await.expect("a is back");
+    assert_eq!(back.status, HeartbeatStatus::Ok);
+}
+
 /// The same servers, unchanged, and a claims b's slots too: a migration's handover between two
 /// unchanged primaries (the target took the slots, the source has not heard yet), no evidence for
 /// anyone. b's replica d, promoted on the far side of a partition, claiming them beside b: d is

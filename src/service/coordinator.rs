@@ -162,6 +162,21 @@ pub const TICKER_REFRESH_MS_DEFAULT: u64 = 1_000;
 /// ([`Coordinator::recheck_refused_session`]).
 const SESSION_RECHECK_MS: u64 = 1_000;
 
+/// How long one Cluster primary's own-account check serves the other groups it holds while the
+/// store identity is suspect ([`Coordinator::slot_confirmed`]).
+const PRIMARY_CHECK_FRESH: Duration = Duration::from_millis(1_000);
+
+/// What a check of one group's Cluster primary alone found ([`Coordinator::slot_confirmed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotCheck {
+    /// The primary that alone held the slot still does, unchanged.
+    Unchanged,
+    /// That primary did not answer.
+    Unreachable,
+    /// No verdict: the whole identity read decides.
+    Undecided,
+}
+
 /// Instances silent this long are removed from the tick roster (it would otherwise collect every
 /// instance id a deployment ever ran).
 const TICKER_FORGET_MS: u64 = 600_000;
@@ -214,6 +229,16 @@ pub(super) struct LocalState {
     /// Set by any `Unavailable` store error (a failover or restart breaks connections): the next
     /// request re-checks the server identity before answering from what it reads.
     pub(super) identity_suspect: bool,
+    /// While `identity_suspect`, the last own-account checks of single Cluster primaries
+    /// ([`Coordinator::slot_confirmed`]), by node, with when they answered and whether the node
+    /// was unchanged: requests of the groups one primary holds share one check per
+    /// [`PRIMARY_CHECK_FRESH`] instead of each reading it. Emptied by any `Unavailable` error and
+    /// any identity change.
+    pub(super) primary_checks: BTreeMap<String, (Instant, bool)>,
+    /// The groups of the last index read that answered: a ticker pass walks them when the index
+    /// key cannot be read while a Cluster primary is down, so that the groups on the other
+    /// primaries are still ticked.
+    last_indexed: Vec<GroupId>,
     /// Idle groups the ticker skips until the instant (and only within the identity generation)
     /// it computed; cleared by any write to the group through this process.
     pub(super) deferred: BTreeMap<GroupId, Deferred>,
@@ -422,6 +447,8 @@ impl<S: MetadataStore> Coordinator<S> {
             vanished: BTreeMap::new(),
             view_keys: BTreeMap::new(),
             identity_suspect: false,
+            primary_checks: BTreeMap::new(),
+            last_indexed: Vec::new(),
             deferred: BTreeMap::new(),
             dirty: BTreeSet::new(),
             session_rechecked: BTreeMap::new(),
@@ -537,7 +564,7 @@ impl<S: MetadataStore> Coordinator<S> {
         req.group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
         // Before the liveness touch: a request refused for its shape leaves no trace in the store.
         check_heartbeat_request(req).map_err(bad_request)?;
-        self.recheck_identity_if_suspect().await?;
+        self.recheck_identity_if_suspect(&req.group).await?;
         let ticket = self.local().reads.begin_read();
         let (g, revision, write) = self.heartbeat_read(req).await?;
         let evidence_recorded = self.record_pending_evidence(&g, (revision, write), ticket).await?;
@@ -696,7 +723,7 @@ impl<S: MetadataStore> Coordinator<S> {
     pub async fn routing(&self, group: &GroupId, report: RoutingReport) -> Result<RoutingResponse, ApiError> {
         group.validate().map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
         check_routing_report(&report).map_err(bad_request)?;
-        self.recheck_identity_if_suspect().await?;
+        self.recheck_identity_if_suspect(group).await?;
         let ticket = self.local().reads.begin_read();
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else {
@@ -963,7 +990,16 @@ impl<S: MetadataStore> Coordinator<S> {
             Ok(read) => read,
             Err(e) => {
                 self.store_error(e);
-                return;
+                // On a Cluster the index key lives on one primary: while that one does not
+                // answer, the groups of the last list that did are ticked all the same, those on
+                // the other primaries as usual (each group's tick checks its own primary first).
+                // On one server nothing else would answer either: the pass ends.
+                let local = self.local();
+                let cluster = local.identity.as_ref().is_some_and(|identity| !identity.primaries.is_empty());
+                if !cluster || local.last_indexed.is_empty() {
+                    return;
+                }
+                (local.last_indexed.clone(), false)
             }
         };
         if fresh {
@@ -1039,6 +1075,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let groups = self.inner.store.index_members().await?;
         let heal: Vec<GroupId> = {
             let mut local = self.local();
+            local.last_indexed.clone_from(&groups);
             let listed: BTreeSet<GroupId> = groups.iter().cloned().collect();
             let heard = std::mem::take(&mut local.heard_unlisted);
             let heal = heard.into_iter().filter(|(g, fresh)| *fresh > at && !listed.contains(g)).map(|(g, _)| g);
@@ -1364,6 +1401,11 @@ impl<S: MetadataStore> Coordinator<S> {
     async fn tick_group(&self, group: &GroupId) -> Result<(), ApiError> {
         // The generation this tick judged evidence in: a change that lands meanwhile must void the
         // deferral it may end with.
+        // While the identity is suspect, a group whose Cluster primary does not answer fails here
+        // at once (one check per primary serves all its groups), rather than each spending the
+        // store's deadline on its load: a pass then reaches the groups on the other primaries in
+        // time (an isolation review: one hung primary delayed every group's expiries).
+        self.recheck_identity_if_suspect(group).await?;
         let generation = self.local().identity_generation;
         let ticket = self.local().reads.begin_read();
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
@@ -1425,7 +1467,7 @@ impl<S: MetadataStore> Coordinator<S> {
     async fn record_evidence_before_mutation(&self, group: &GroupId) -> Result<bool, ApiError> {
         // An identity change this process suspects is evidence too: found now, not only inside
         // the mutation's critical section, after its decision.
-        self.recheck_identity_if_suspect().await?;
+        self.recheck_identity_if_suspect(group).await?;
         let ticket = self.local().reads.begin_read();
         let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
         let Some(record) = record else { return Ok(false) };
@@ -1486,12 +1528,71 @@ impl<S: MetadataStore> Coordinator<S> {
         None
     }
 
-    /// After a connection-level failure, confirms the server identity before answering.
-    pub(super) async fn recheck_identity_if_suspect(&self) -> Result<(), ApiError> {
-        if self.local().identity_suspect && !self.check_identity().await {
+    /// After a connection-level failure, confirms the server identity before answering for
+    /// `group`. On a Redis Cluster the primary holding the group's slot is asked first, alone
+    /// ([`Self::slot_confirmed`]): a primary that does not answer (crashed, frozen, cut off)
+    /// fails only the groups it holds, as a whole identity read — which needs every primary —
+    /// would fail every group's requests until its replica took over (an isolation review: a
+    /// bystander group on another primary stopped with it).
+    pub(super) async fn recheck_identity_if_suspect(&self, group: &GroupId) -> Result<(), ApiError> {
+        if !self.local().identity_suspect {
+            return Ok(());
+        }
+        match self.slot_confirmed(group).await {
+            SlotCheck::Unchanged => return Ok(()),
+            // Its own primary does not answer: neither would the request's reads. The whole read
+            // runs at the ticker's next pass (which processes a failover it finds).
+            SlotCheck::Unreachable => {
+                return Err(ApiError::new(
+                    ErrorCode::StoreUnavailable,
+                    "store identity could not be confirmed: the primary holding this group's slot does not answer",
+                ))
+            }
+            SlotCheck::Undecided => {}
+        }
+        if !self.check_identity().await {
             return Err(ApiError::new(ErrorCode::StoreUnavailable, "store identity could not be confirmed"));
         }
         Ok(())
+    }
+
+    /// On a Redis Cluster, whether the primary that held `group`'s slot alone at the last identity
+    /// read still does, unchanged, by its own account read now ([`ServerIdentity::slot_unchanged`]):
+    /// nothing written to the group's keys can have been lost by a change of its primary,
+    /// whatever other primaries did. One check per primary per [`PRIMARY_CHECK_FRESH`] serves
+    /// every group it holds. `Undecided` on one server, without a recorded identity, for a slot
+    /// the last read found migrating or disputed, and when the node answered changed (the whole
+    /// read must then process the change).
+    async fn slot_confirmed(&self, group: &GroupId) -> SlotCheck {
+        let slot = keys::group_slot(group);
+        let (seen, generation) = {
+            let local = self.local();
+            match &local.identity {
+                Some(seen) if !seen.primaries.is_empty() => (seen.clone(), local.identity_generation),
+                _ => return SlotCheck::Undecided,
+            }
+        };
+        let Some(holder) = seen.sole_holder(slot) else { return SlotCheck::Undecided };
+        let node = holder.node_key().to_string();
+        if let Some((at, unchanged)) = self.local().primary_checks.get(&node) {
+            if at.elapsed() < PRIMARY_CHECK_FRESH {
+                return if *unchanged { SlotCheck::Unchanged } else { SlotCheck::Unreachable };
+            }
+        }
+        let verdict = match self.inner.store.primary_account(holder).await {
+            Ok(Some(now)) if seen.slot_unchanged(slot, &now) => SlotCheck::Unchanged,
+            Err(StoreError::Unavailable(_)) => SlotCheck::Unreachable,
+            // Changed (the whole read must process the change), not a Cluster, or an answer that
+            // is no verdict (a denial, a protocol error).
+            Ok(_) | Err(_) => return SlotCheck::Undecided,
+        };
+        let mut local = self.local();
+        // Only while nothing changed meanwhile: an identity change or a new failure empties the
+        // checks, and a check issued before must not be kept as fresh.
+        if local.identity_suspect && local.identity_generation == generation && local.identity.as_ref() == Some(&seen) {
+            local.primary_checks.insert(node, (Instant::now(), verdict == SlotCheck::Unchanged));
+        }
+        verdict
     }
 
     /// Compares the store's identity with the last one seen; a change resets every window.
@@ -1511,6 +1612,7 @@ impl<S: MetadataStore> Coordinator<S> {
             return true;
         }
         local.identity_suspect = false;
+        local.primary_checks.clear();
         match local.identity.clone() {
             // On a Cluster, servers that changed without any slot that may have lost writes — a
             // node added (an idle master) or gone after giving its slots away unchanged, a

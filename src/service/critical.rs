@@ -49,7 +49,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let monitor = self.inner.monitors.enter(group);
         let _monitor = monitor.lock().await;
         let _entered = self.inner.gate.enter()?;
-        self.recheck_identity_if_suspect().await?;
+        self.recheck_identity_if_suspect(group).await?;
         // Armed before the acquire: a SET NX whose answer never arrived may still hold the mutex.
         let held = HeldMutex { coordinator: Some(self.clone()), group: group.clone(), token: self.token() };
         self.acquire_mutex(group, &held.token).await?;
@@ -379,7 +379,10 @@ impl<S: MetadataStore> Coordinator<S> {
     /// Maps a store failure to the API error, counting compatibility failures.
     pub(super) fn store_error(&self, error: StoreError) -> ApiError {
         if matches!(error, StoreError::Unavailable(_)) {
-            self.local().identity_suspect = true;
+            let mut local = self.local();
+            local.identity_suspect = true;
+            // A primary found unchanged before this failure is asked again.
+            local.primary_checks.clear();
         }
         self.count_compat_failure(&error);
         tracing::debug!(%error, "store error");

@@ -385,6 +385,35 @@ impl ServerIdentity {
         }
     }
 
+    /// The one primary holding `slot` by this read, when it alone decides the slot: the primary
+    /// the view lists, claiming it by its own account, and no migration, handover or dispute of
+    /// it ([`Self::holders`] is that one primary). `None` otherwise, and on one server.
+    pub fn sole_holder(&self, slot: u16) -> Option<&PrimaryIdentity> {
+        match self.holders(slot).as_slice() {
+            [one] if in_ranges(&one.slots, slot) && in_ranges(&one.claimed, slot) => Some(*one),
+            _ => None,
+        }
+    }
+
+    /// Whether `now`, the own account of this read's [sole holder](Self::sole_holder) of `slot`
+    /// read again from that node alone ([`MetadataStore::primary_account`]), shows the slot
+    /// unchanged since this read: the same node, `run_id` and replication id (no restart,
+    /// failover or replacement), still claiming `slot` itself, and neither handing it to another
+    /// node nor migrating or importing it. Then nothing written to `slot`'s keys since this read
+    /// can have been lost by a change of its primary, whatever the other primaries did: a
+    /// failover costs only the slots the failed primary held (DESIGN §11). False whenever this
+    /// read has no sole holder of `slot`.
+    pub fn slot_unchanged(&self, slot: u16, now: &PrimaryIdentity) -> bool {
+        let Some(held) = self.sole_holder(slot) else { return false };
+        held.node_key() == now.node_key()
+            && held.run_id == now.run_id
+            && held.replication_id == now.replication_id
+            && in_ranges(&now.claimed, slot)
+            && !now.handed.iter().any(|(start, end, _)| (*start..=*end).contains(&slot))
+            && !now.migrating.iter().any(|(s, _)| *s == slot)
+            && !now.importing.iter().any(|(s, _)| *s == slot)
+    }
+
     /// Whether this read cannot name the primaries holding `slot` ([`Self::holders`] is empty):
     /// no listed primary claims it, more than two do, two do and the view lists neither, or the
     /// one the view lists does not claim it and is not a live primary that handed it to the one
@@ -699,6 +728,21 @@ pub trait MetadataStore: Send + Sync + 'static {
 
     /// The server's current identity.
     fn identity(&self) -> impl Future<Output = Result<ServerIdentity, StoreError>> + Send;
+
+    /// On a Redis Cluster, the current own account of one primary an earlier
+    /// [`identity`](Self::identity) read listed (`listed`, from [`ServerIdentity::primaries`]),
+    /// read from that node alone: its `run_id`, replication id and the slots it claims, hands and
+    /// migrates by its own account, as the identity read records them. Lets one group's requests
+    /// confirm their own slot ([`ServerIdentity::slot_unchanged`]) while another primary does not
+    /// answer, which a whole identity read cannot. `Ok(None)`: not a Cluster (one server's
+    /// identity is read whole, [`identity`](Self::identity)).
+    fn primary_account(
+        &self,
+        listed: &PrimaryIdentity,
+    ) -> impl Future<Output = Result<Option<PrimaryIdentity>, StoreError>> + Send {
+        let _ = listed;
+        std::future::ready(Ok(None))
+    }
 
     /// Startup compatibility probe: server version, every command the layout needs, and (on
     /// Redis) a primary whose `maxmemory-policy` does not evict keys without a TTL. Fails with
@@ -1034,6 +1078,41 @@ mod tests {
             primaries.iter().map(|p| format!("{}={}", p.node, f(p))).collect::<Vec<_>>().join(",")
         };
         ServerIdentity { run_id: join(|p| &p.run_id), replication_id: join(|p| &p.replication_id), primaries }
+    }
+
+    /// A slot's own primary, read again alone, confirms the slot only when it alone held it at
+    /// the last read and is still the same server claiming it, with no handover or migration.
+    #[test]
+    fn a_slot_is_confirmed_by_its_sole_holder_read_again_unchanged() {
+        let [a, b, c] = three();
+        let seen = cluster(vec![a.clone(), b.clone(), c.clone()]);
+        assert_eq!(seen.sole_holder(7000).map(PrimaryIdentity::node_key), Some("b"));
+        assert!(seen.slot_unchanged(7000, &b), "unchanged");
+        assert!(!seen.slot_unchanged(7000, &a), "another node");
+        assert!(!seen.slot_unchanged(0, &b), "not the slot's holder");
+        let changed = [
+            PrimaryIdentity { run_id: "rb2".into(), ..b.clone() },
+            PrimaryIdentity { replication_id: "xb2".into(), ..b.clone() },
+            claiming(&b, &[]),
+            claiming(&b, &[(5461, 6999)]),
+            PrimaryIdentity { handed: vec![(7000, 7000, "a".into())], ..b.clone() },
+            PrimaryIdentity { migrating: vec![(7000, "a".into())], ..b.clone() },
+            PrimaryIdentity { importing: vec![(7000, "a".into())], ..b.clone() },
+        ];
+        for now in changed {
+            assert!(!seen.slot_unchanged(7000, &now), "{now:?}");
+        }
+        // A slot the last read found migrating, or disputed, has no sole holder: no verdict.
+        let migrating =
+            cluster(vec![a.clone(), PrimaryIdentity { migrating: vec![(7000, "c".into())], ..b.clone() }, c.clone()]);
+        assert_eq!(migrating.sole_holder(7000), None);
+        assert!(!migrating.slot_unchanged(7000, &b));
+        let disputed = cluster(vec![a.clone(), claiming(&b, &[]), c]);
+        assert_eq!(disputed.sole_holder(7000), None);
+        // One server: no slot map.
+        let one = ServerIdentity { run_id: "r".into(), replication_id: "x".into(), primaries: Vec::new() };
+        assert_eq!(one.sole_holder(7000), None);
+        assert!(!one.slot_unchanged(7000, &b));
     }
 
     #[test]

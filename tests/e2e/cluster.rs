@@ -16,7 +16,7 @@ use crate::e2e_support::fleet::{abandoned_entries, check_delivery, AppSettings, 
 use crate::e2e_support::ground_truth::assert_no_split;
 use crate::e2e_support::process::{cluster_target, CoordinatorProcess, LONG_LEASES_SERVE_CONFIG};
 use crate::e2e_support::{fast_config, group, metric_total, wait_until};
-use crate::support::redis_cluster::{RedisCluster, SlotMove};
+use crate::support::redis_cluster::{ClusterConfig, RedisCluster, SlotMove};
 use crate::support::RedisServer;
 use rsc::client::events::ClientEvent;
 use rsc::core::model::GroupId;
@@ -440,6 +440,75 @@ fn metric_labelled(text: &str, name: &str, label: &str) -> f64 {
         .filter(|line| line.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') && rest.contains(label)))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// A primary that stops answering — frozen (SIGSTOP: its sockets stay open, nothing answers), as a
+/// crashed primary is until its replica takes over, one without a replica for good, or one cut
+/// off from the coordinator alone — costs only the groups whose keys it holds. Its group's
+/// heartbeats fail, which makes the coordinator suspect the store's identity; a whole identity read
+/// needs every primary, and before each group asked its own primary alone, every heartbeat of
+/// every group was then refused `STORE_UNAVAILABLE` until the frozen primary answered again: a
+/// bystander group whose keys and streams live on the other primaries lost its leases with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_primary_stops_only_the_groups_it_holds() {
+    // No replicas, and a node timeout well above the freeze: nothing fails over, and the cluster
+    // never marks the frozen node failed (with full coverage required, that would stop every slot).
+    let cluster = RedisCluster::start_with(ClusterConfig { node_timeout_ms: 30_000, ..ClusterConfig::new(3, 0) });
+    let frozen_group = group("cluster-frozen");
+    let frozen = cluster.node_for_key(&metadata_key(&frozen_group));
+    // The bystander's metadata and both shard streams on the other primaries.
+    let bystander = (0..)
+        .map(|i| crate::e2e_support::group(&format!("cluster-frozen-bystander-{i}")))
+        .find(|g| {
+            let keys = [metadata_key(g), g.stream_key(0), g.stream_key(1)];
+            keys.iter().all(|key| cluster.node_for_key(key).port() != frozen.port())
+        })
+        .expect("a group on the other primaries");
+    let target = cluster_target(&cluster.nodes());
+    let coordinator = CoordinatorProcess::start(&target, "e2e-cluster-frozen").await;
+    coordinator.create_group(&frozen_group, 2, &fast_config()).await;
+    coordinator.create_group(&bystander, 2, &fast_config()).await;
+    let frozen_fleet = Fleet::new(frozen_group.clone(), vec![coordinator.addr()], target.clone());
+    let bystanders = Fleet::new(bystander.clone(), vec![coordinator.addr()], target.clone());
+    let g = frozen_fleet.consumer("gamma", AppSettings::default()).await;
+    let d = bystanders.consumer("delta", AppSettings::default()).await;
+    wait_until("gamma owns its group's 2 shards", Duration::from_secs(15), || shares_all(&[&g], 2)).await;
+    wait_until("delta owns the bystander's 2 shards", Duration::from_secs(15), || shares_all(&[&d], 2)).await;
+
+    let cut_ms = bystanders.clock.now_ms();
+    frozen.freeze();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let thawed_ms = bystanders.clock.now_ms();
+    let still_owned = shares_all(&[&d], 2);
+    frozen.thaw();
+
+    let during = |e: &ClientEvent| e.at_ms() > cut_ms && e.at_ms() < thawed_ms;
+    let gamma_failed = frozen_fleet
+        .events()
+        .iter()
+        .filter(|e| during(e))
+        .any(|e| matches!(e, ClientEvent::HeartbeatFailed { member, .. } if member == "gamma"));
+    assert!(gamma_failed, "the frozen primary's group was refused while it was frozen\n{}", frozen_fleet.explain());
+    let delta: Vec<String> = bystanders
+        .events()
+        .iter()
+        .filter(|e| during(e))
+        .filter_map(|e| match e {
+            ClientEvent::HeartbeatAnswered { status, .. } => Some(format!("{status:?}")),
+            ClientEvent::HeartbeatFailed { error, .. } => Some(format!("failed: {error}")),
+            _ => None,
+        })
+        .collect();
+    // 6 s at a 200 ms interval: about 30 heartbeats.
+    assert!(delta.len() >= 15, "delta kept heartbeating: {delta:?}");
+    assert!(
+        delta.iter().all(|status| status == "Ok"),
+        "a group on the other primaries was refused while one primary was frozen: {delta:?}\n{}",
+        bystanders.explain()
+    );
+    assert!(still_owned, "delta kept the bystander's shards throughout\n{}", bystanders.explain());
+    // Thawed, the frozen primary's group is served again.
+    wait_until("gamma owns its group's 2 shards again", Duration::from_secs(20), || shares_all(&[&g], 2)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -9,19 +9,26 @@
 //! - [`HeldStore::stall_load`]: a later `load` waits before it reaches the store (a coordinator
 //!   stalled between two reads of one request).
 //!
+//! - [`HeldStore::primary_down`]: a Redis Cluster primary that does not answer: the identity read
+//!   (which needs every primary), its own account and the calls of the groups set on it are
+//!   `Unavailable`; [`HeldStore::set_account`] gives the other primaries' own accounts.
+//!
 //! Every other call goes straight to the in-memory store.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rsc::core::model::{Fence, GroupId, MemberId};
 use rsc::store::memory::MemoryStore;
 use rsc::store::{
-    CasStamp, FenceRaise, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord,
-    TouchCheck, TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, FenceRaise, MetadataStore, PrimaryIdentity, ProbeReport, RecordStamp, ServerIdentity, StoreError,
+    StoredRecord, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 use tokio::sync::oneshot;
+
+/// A primary that does not answer: its node key, and the groups whose keys it holds.
+type DownPrimary = (String, BTreeSet<GroupId>);
 
 /// One armed gate: taken (and awaited) by the call it holds.
 type Gate = Arc<Mutex<Option<oneshot::Receiver<()>>>>;
@@ -39,6 +46,10 @@ pub struct HeldStore {
     reads: Arc<AtomicU64>,
     /// What `identity` answers instead of the in-memory store's (a Redis Cluster's, say).
     identity: Arc<Mutex<Option<ServerIdentity>>>,
+    /// Own accounts `primary_account` answers, by node key (empty: not a Cluster, `None`).
+    accounts: Arc<Mutex<BTreeMap<String, PrimaryIdentity>>>,
+    /// A primary that does not answer: its node key, and the groups whose keys it holds.
+    down: Arc<Mutex<Option<DownPrimary>>>,
 }
 
 fn arm(gate: &Gate) -> oneshot::Sender<()> {
@@ -65,6 +76,29 @@ impl HeldStore {
             load_stalled: Arc::default(),
             reads: Arc::default(),
             identity: Arc::default(),
+            accounts: Arc::default(),
+            down: Arc::default(),
+        }
+    }
+
+    /// From now on `primary_account` answers `account` for its node (unless it is down).
+    pub fn set_account(&self, account: PrimaryIdentity) {
+        self.accounts.lock().expect("accounts lock").insert(account.node_key().to_string(), account);
+    }
+
+    /// From now on the primary `node` does not answer: the identity read, its own account and
+    /// every call of `groups` are `Unavailable`. `None` brings it back.
+    pub fn primary_down(&self, down: Option<(&str, Vec<GroupId>)>) {
+        *self.down.lock().expect("down lock") =
+            down.map(|(node, groups)| (node.to_string(), groups.into_iter().collect()));
+    }
+
+    fn unavailable(&self, group: &GroupId) -> Result<(), StoreError> {
+        match &*self.down.lock().expect("down lock") {
+            Some((node, groups)) if groups.contains(group) => {
+                Err(StoreError::Unavailable(format!("{node} does not answer")))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -115,6 +149,7 @@ impl HeldStore {
 impl MetadataStore for HeldStore {
     async fn load(&self, group: &GroupId) -> Result<Option<StoredRecord>, StoreError> {
         self.reads.fetch_add(1, Ordering::SeqCst);
+        self.unavailable(group)?;
         let to_go = self.loads_to_stall.load(Ordering::SeqCst);
         if to_go > 0 {
             self.loads_to_stall.store(to_go - 1, Ordering::SeqCst);
@@ -126,6 +161,7 @@ impl MetadataStore for HeldStore {
         self.inner.load(group).await
     }
     async fn touch_and_load_by(&self, group: &GroupId, member: &str, step: u64) -> Result<TouchResult, StoreError> {
+        self.unavailable(group)?;
         let answer = self.inner.touch_and_load_by(group, member, step).await;
         pass(&self.touch_answer).await;
         answer
@@ -137,15 +173,18 @@ impl MetadataStore for HeldStore {
         known: &RecordStamp,
         step: u64,
     ) -> Result<TouchCheck, StoreError> {
+        self.unavailable(group)?;
         let answer = self.inner.touch_and_check_by(group, member, known, step).await;
         pass(&self.touch_answer).await;
         answer
     }
     async fn liveness(&self, group: &GroupId) -> Result<BTreeMap<MemberId, u64>, StoreError> {
+        self.unavailable(group)?;
         self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.liveness(group).await
     }
     async fn write(&self, group: &GroupId, request: WriteRequest) -> Result<WriteOutcome, StoreError> {
+        self.unavailable(group)?;
         pass(&self.mutation).await;
         self.inner.write(group, request).await
     }
@@ -154,6 +193,7 @@ impl MetadataStore for HeldStore {
         self.inner.delete(group, expected).await
     }
     async fn acquire_mutex(&self, group: &GroupId, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+        self.unavailable(group)?;
         self.inner.acquire_mutex(group, token, ttl_ms).await
     }
     async fn release_mutex(&self, group: &GroupId, token: &str) -> Result<bool, StoreError> {
@@ -187,6 +227,9 @@ impl MetadataStore for HeldStore {
         self.inner.rebuild_index().await
     }
     async fn identity(&self) -> Result<ServerIdentity, StoreError> {
+        if let Some((node, _)) = &*self.down.lock().expect("down lock") {
+            return Err(StoreError::Unavailable(format!("{node} does not answer")));
+        }
         let set = self.identity.lock().expect("identity lock").clone();
         match set {
             Some(identity) => Ok(identity),
@@ -205,5 +248,16 @@ impl MetadataStore for HeldStore {
     }
     async fn read_fences(&self, keys: &[String]) -> Result<Vec<Option<Fence>>, StoreError> {
         self.inner.read_fences(keys).await
+    }
+    async fn primary_account(&self, listed: &PrimaryIdentity) -> Result<Option<PrimaryIdentity>, StoreError> {
+        let node = listed.node_key();
+        if self.down.lock().expect("down lock").as_ref().is_some_and(|(down, _)| down == node) {
+            return Err(StoreError::Unavailable(format!("{node} does not answer")));
+        }
+        let accounts = self.accounts.lock().expect("accounts lock");
+        if accounts.is_empty() {
+            return Ok(None);
+        }
+        accounts.get(node).cloned().map(Some).ok_or_else(|| StoreError::Unavailable(format!("{node} is unknown")))
     }
 }

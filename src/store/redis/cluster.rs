@@ -507,6 +507,24 @@ impl RedisStore {
         self.read_cluster_identity().await
     }
 
+    /// The own account of one primary an earlier identity read listed, read from that node alone
+    /// ([`crate::store::MetadataStore::primary_account`]): `listed.node` is `host:port/node id`.
+    pub(super) async fn listed_primary_account(&self, listed: &PrimaryIdentity) -> Result<PrimaryIdentity, StoreError> {
+        let (address, node_id) = listed.node.split_once('/').unwrap_or((listed.node.as_str(), ""));
+        let (host, port) = address
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+            .ok_or_else(|| StoreError::Protocol(format!("identity names node {:?} without host:port", listed.node)))?;
+        let primary = Primary {
+            host: host.to_string(),
+            port,
+            node_id: node_id.to_string(),
+            slots: listed.slots.clone(),
+            direct: false,
+        };
+        Ok(self.primary_identity(&primary).await?.0)
+    }
+
     /// One read of the identity: the view, then each primary it lists ([`primary_identity`]),
     /// then each [idle](PrimaryIdentity::idle) master their accounts name. An idle master that
     /// cannot be read (unreachable, or a replica by now) is left out: a slot migrating to a node

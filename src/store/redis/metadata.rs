@@ -16,8 +16,8 @@ use super::RedisStore;
 use crate::core::model::{Fence, GroupId, MemberId};
 use crate::store::keys;
 use crate::store::{
-    CasStamp, FenceRaise, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, StoredRecord,
-    TouchCheck, TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, FenceRaise, MetadataStore, PrimaryIdentity, ProbeReport, RecordStamp, ServerIdentity, StoreError,
+    StoredRecord, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 
 /// Upper bound on SCAN round trips of one `rebuild_index` (a limit on everything; at COUNT 1000
@@ -329,6 +329,13 @@ impl MetadataStore for RedisStore {
 
     async fn identity(&self) -> Result<ServerIdentity, StoreError> {
         self.server_identity().await
+    }
+
+    async fn primary_account(&self, listed: &PrimaryIdentity) -> Result<Option<PrimaryIdentity>, StoreError> {
+        if !self.is_cluster() {
+            return Ok(None);
+        }
+        self.listed_primary_account(listed).await.map(Some)
     }
 
     async fn probe(&self) -> Result<ProbeReport, StoreError> {
