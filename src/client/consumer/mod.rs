@@ -16,6 +16,7 @@
 //! wake the task); results of a call are handed back to the core, which drops them if the shard
 //! stopped meanwhile.
 
+mod app_calls;
 mod batch;
 pub mod core;
 mod doorbell;
@@ -36,6 +37,7 @@ use crate::core::planted::PlantedBug;
 use crate::core::protocol::MemberSession;
 use crate::store::{keys, EntryId, FenceCheck, StoreError, StreamStore};
 
+use self::app_calls::AppCalls;
 pub use self::core::{AckError, ConsumerConfig, ConsumerCore, Delivery, Phase, ReadPlan, ReadStep};
 use super::clock::Clock;
 use super::events::{ClientEvent, EventSink, StopReason};
@@ -126,10 +128,14 @@ struct Shared<T, S> {
     last_seen: Mutex<BTreeMap<ShardId, (u64, EntryId)>>,
     /// The last `poll_wait` ended empty: the next one rings the doorbell before polling.
     idle: AtomicBool,
+    /// The sink's and the listener's calls, ended when the consumer is dropped (`app_calls.rs`).
+    app: AppCalls,
 }
 
 /// A consumer group member. Dropping it without `close` stops its heartbeats at once (the
-/// coordinator expires it after the member lease TTL).
+/// coordinator expires it after the member lease TTL). The drop waits for a sink or listener call
+/// under way on another thread (the heartbeat task's) to return; after it, the sink has heard
+/// `Closed` (unless a close ended the consumer) and nothing more, and no listener call starts.
 pub struct Consumer<T: CoordinatorTransport, S: StreamStore> {
     shared: Arc<Shared<T, S>>,
     /// The heartbeat task. `close` holds this lock while it waits for the task, and leaves the
@@ -184,6 +190,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             reads_changed: Notify::new(),
             last_seen: Mutex::new(BTreeMap::new()),
             idle: AtomicBool::new(false),
+            app: AppCalls::default(),
         });
         let heartbeats = tokio::spawn(heartbeat_loop(Arc::clone(&shared)));
         Self { shared, heartbeats: tokio::sync::Mutex::new(Some(heartbeats)), closed: Mutex::new(None) }
@@ -289,20 +296,17 @@ impl<T: CoordinatorTransport, S: StreamStore> Drop for Consumer<T, S> {
     fn drop(&mut self) {
         if let Some(task) = self.heartbeats.get_mut().take() {
             task.abort();
-            // Nothing of this consumer runs any more: the sink hears `Closed`, unless a clean
-            // close already ended it. Without the core's lock, and no listener call: a sink or
-            // listener that drops the consumer (under that lock) must not deadlock here, and the
-            // listener is never called from a drop. The lock is only tried, to read the phase.
-            let left = match self.shared.core.try_lock() {
-                Ok(core) => core.phase() == Phase::Left,
-                Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().phase() == Phase::Left,
-                Err(std::sync::TryLockError::WouldBlock) => false,
-            };
-            if !left {
-                let event =
-                    ClientEvent::Closed { at_ms: self.shared.clock.now_ms(), member: self.shared.member_id.clone() };
-                guarded("event sink", || self.shared.sink.emit(event));
-            }
+        }
+        // Nothing of this consumer runs any more: no sink or listener call starts from here on,
+        // the ones under way on other threads (the heartbeat task may be emitting on another
+        // worker: `abort` stops it only at its next `.await`) end first, and then the sink hears
+        // `Closed` as this member's last event, unless a clean close (`Left`) or a close that
+        // gave up (`Closed`) already ended it. The core's lock is not taken: a sink that drops
+        // the consumer runs under it. The listener is never called from a drop.
+        if !self.shared.app.end() {
+            let event =
+                ClientEvent::Closed { at_ms: self.shared.clock.now_ms(), member: self.shared.member_id.clone() };
+            guarded("event sink", || self.shared.sink.emit(event));
         }
     }
 }
@@ -320,7 +324,8 @@ impl<T, S> Shared<T, S> {
     }
 
     /// Runs `f` on the core, then publishes the events it emitted: to the sink under the lock (so
-    /// the sink sees them in order), to the listener after the lock is released.
+    /// the sink sees them in order), to the listener after the lock is released. Once the
+    /// consumer was dropped, the events are dropped too (see `app_calls.rs`).
     fn with_core<R>(&self, f: impl FnOnce(&mut ConsumerCore) -> R) -> R {
         let (result, changes) = {
             let mut core = self.lock();
@@ -328,10 +333,19 @@ impl<T, S> Shared<T, S> {
             // Moved into the sink, not cloned: the listener needs only the shard changes, noted
             // on the way (most events are per entry, and most batches start or stop nothing).
             let mut changes = ShardChanges::default();
+            let call = self.app.enter();
             core.drain_events_with(|event| {
                 changes.note(&event);
+                // Checked per event: a sink may drop the consumer (on this thread) mid-batch.
+                if call.is_none() || self.app.dropped() {
+                    return;
+                }
+                if matches!(event, ClientEvent::Left { .. } | ClientEvent::Closed { .. }) {
+                    self.app.note_ended();
+                }
                 guarded("event sink", || self.sink.emit(event));
             });
+            drop(call);
             (result, changes)
         };
         self.notify_listener(changes);
@@ -351,16 +365,25 @@ impl<T, S> Shared<T, S> {
         if changes.any {
             self.reads_changed.notify_waiters();
         }
+        let Some(_call) = self.app.enter() else { return };
         // Stops first: a shard stopped and restarted by one response ends up assigned.
         let revoked = changes.revoked_not_lost();
         if !changes.lost.is_empty() {
-            guarded("rebalance listener (on_lost)", || self.listener.on_lost(&changes.lost));
+            self.listen("rebalance listener (on_lost)", || self.listener.on_lost(&changes.lost));
         }
         if !revoked.is_empty() {
-            guarded("rebalance listener (on_revoked)", || self.listener.on_revoked(&revoked));
+            self.listen("rebalance listener (on_revoked)", || self.listener.on_revoked(&revoked));
         }
         if !changes.assigned.is_empty() {
-            guarded("rebalance listener (on_assigned)", || self.listener.on_assigned(&changes.assigned));
+            self.listen("rebalance listener (on_assigned)", || self.listener.on_assigned(&changes.assigned));
+        }
+    }
+
+    /// One listener call, unless the consumer was dropped meanwhile (by the listener's previous
+    /// call, on this thread).
+    fn listen(&self, what: &str, call: impl FnOnce()) {
+        if !self.app.dropped() {
+            guarded(what, call);
         }
     }
 }
@@ -441,6 +464,11 @@ async fn heartbeat_loop<T: CoordinatorTransport, S: StreamStore>(shared: Arc<Sha
     let gives_up = shared.lock().config().planted.has(PlantedBug::HeartbeatTaskGivesUp);
     let mut failures_in_a_row: u32 = 0;
     loop {
+        // Dropped: `abort` ends this task only at its next `.await`, and nothing of a dropped
+        // consumer may go on (no heartbeat, no event).
+        if shared.app.dropped() {
+            return;
+        }
         let (request, deadline_ms, phase, timeout_ms, now_ms) = shared.with_core_now(|core, now_ms| {
             let request = core.poll_heartbeat(now_ms);
             (request, core.next_deadline_ms(), core.phase(), core.config().heartbeat_timeout_ms, now_ms)

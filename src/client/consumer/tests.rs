@@ -879,3 +879,74 @@ async fn consumers_built_from_one_config_present_different_sessions() {
     assert_ne!(second_session, first_session);
     second.close().await.expect("close");
 }
+
+/// A sink that keeps every event and feeds a metrics sink, and that can be made to block in one
+/// `LeaseExtended` until released (a slow sink, or the emitting thread preempted).
+#[cfg(not(madsim))]
+struct BlockingSink {
+    events: VecSink,
+    metrics: crate::client::events::MetricsSink,
+    armed: std::sync::atomic::AtomicBool,
+    entered: std::sync::atomic::AtomicBool,
+    released: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(not(madsim))]
+impl EventSink for BlockingSink {
+    fn emit(&self, event: ClientEvent) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if matches!(event, ClientEvent::LeaseExtended { .. }) && self.armed.swap(false, SeqCst) {
+            self.entered.store(true, SeqCst);
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !self.released.load(SeqCst) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.events.emit(event.clone());
+        self.metrics.emit(event);
+    }
+}
+
+/// The consumer is dropped while its heartbeat task, on another worker, is inside the sink (it
+/// holds the core's lock there): the drop emitted `Closed` at once, and the heartbeat's
+/// `LeaseExtended` reached the sink after it, recreating the member's lease series in a metrics
+/// sink (it then read 0 for ever and kept a "lease ended" alert firing; review F6). `Closed` is
+/// now the member's last event, and its series stays removed.
+#[cfg(not(madsim))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_dropped_while_its_heartbeat_task_is_in_the_sink_hears_closed_last() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (store, coordinator, _) = setup(&[("m1", vec![0])]);
+    let clock = Clock::new();
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let sink = Arc::new(BlockingSink {
+        events: VecSink::new(),
+        metrics: crate::client::events::MetricsSink::new(Arc::clone(&metrics), clock.clone()),
+        armed: false.into(),
+        entered: false.into(),
+        released: false.into(),
+    });
+    let env = ClientEnv::new(clock, Arc::clone(&sink) as Arc<dyn EventSink>);
+    let consumer: TestConsumer =
+        Consumer::join_with(config("m1"), Arc::clone(&coordinator), store.connect(), env, Arc::new(NoopListener));
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    sink.armed.store(true, SeqCst);
+    // From here on a worker is blocked in the sink, and tokio's timers may not fire until it
+    // returns (the blocked worker may hold the time driver): the test waits on the thread.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !sink.entered.load(SeqCst) {
+        assert!(std::time::Instant::now() < deadline, "the heartbeat task never emitted LeaseExtended");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let dropping = std::thread::spawn(move || drop(consumer));
+    // Time for a drop that does not wait for the sink to emit `Closed` before the release.
+    std::thread::sleep(Duration::from_millis(100));
+    sink.released.store(true, SeqCst);
+    dropping.join().expect("the drop");
+    tokio::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
+    let events = sink.events.events();
+    let closed = events.iter().position(|e| matches!(e, ClientEvent::Closed { .. })).expect("Closed");
+    assert_eq!(closed, events.len() - 1, "events after Closed: {:?}", &events[closed..]);
+    let rendered = metrics.render();
+    assert!(!rendered.contains("member=\"m1\""), "the lease series came back after Closed:\n{rendered}");
+}
