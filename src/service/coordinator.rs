@@ -108,6 +108,12 @@ pub struct CoordinatorOptions {
     /// been seen by no live coordinator, and this is what bounds the leases its grants run under.
     /// 0 disables the ceiling (rounds then wait the longest lease this process saw recorded).
     pub max_assignment_lease_ms: u64,
+    /// Most requests of one group that may hold or wait for its critical section in this process
+    /// (sections of a group run one at a time); more are refused `STORE_UNAVAILABLE` at once, and
+    /// clients retry. `serve` sets a quarter of `concurrency_max` (256 of 1,024), so one group's
+    /// burst leaves the other groups three quarters of the request slots. Queued beyond that, a
+    /// section would wait longer than a client's deadline anyway (about 7 ms each).
+    pub group_sections_max: usize,
     /// Deliberate mistakes for the simulation's negative tests; `NONE` in production.
     pub planted: PlantedBugs,
 }
@@ -128,6 +134,7 @@ impl Default for CoordinatorOptions {
             ticker_refresh_ms: TICKER_REFRESH_MS_DEFAULT,
             rng_seed: 0,
             max_assignment_lease_ms: MAX_ASSIGNMENT_LEASE_MS_DEFAULT,
+            group_sections_max: GROUP_SECTIONS_MAX_DEFAULT,
             planted: PlantedBugs::NONE,
         }
     }
@@ -400,6 +407,9 @@ impl<S> Clone for Coordinator<S> {
 /// a longer lease is refused loudly (`BAD_REQUEST` naming the setting) until the operator raises
 /// the ceiling; a ceiling set too high would instead lengthen every lossy failover's round.
 pub const MAX_ASSIGNMENT_LEASE_MS_DEFAULT: u64 = 8_000;
+/// Default [`CoordinatorOptions::group_sections_max`]: a quarter of the listener's default
+/// `concurrency_max` (1,024).
+pub const GROUP_SECTIONS_MAX_DEFAULT: usize = 256;
 
 const HEARTBEATS: &str = "rsc_heartbeats_total";
 /// Separates the `writeId` RNG's seed from the token RNG's.
@@ -881,6 +891,14 @@ impl<S: MetadataStore> Coordinator<S> {
         } else {
             Creation::Plain
         };
+        if matches!(req, AdminRequest::DeleteGroup { .. }) && self.record_evidence_before_mutation(&group).await? {
+            // A delete waits for the round like for any member (its section would record the
+            // round itself, and then refuse the revision the operator named as a bare conflict).
+            return Err(ApiError::new(
+                ErrorCode::GroupNotEmpty,
+                format!("group {group} may have lost writes; a correction round started, retry once it ends"),
+            ));
+        }
         if matches!(req, AdminRequest::AddShards { .. } | AdminRequest::ChangeConfig { .. })
             && self.record_evidence_before_mutation(&group).await?
         {
@@ -1488,7 +1506,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let evidence = self.pending_evidence(&g.group, read, ticket);
         let Some(evidence) = evidence else { return Ok(false) };
         let generation = self.local().identity_generation;
-        self.critical(&g.group, false, |g, rev, obs| match g {
+        self.critical_recording_evidence(&g.group, |g, rev, obs| match g {
             Some(g) => decide_evidence(g, evidence.clone(), self.context(Some(g), rev, obs)),
             None => Decision { write: Default::default(), outcome: Ok(()) },
         })
@@ -1503,7 +1521,7 @@ impl<S: MetadataStore> Coordinator<S> {
     /// has to record. Only a read issued after a higher revision (or the same revision under
     /// another `writeId`) was observed testifies to a regression ([`ReadOrder`]); identity changes
     /// are tracked per generation.
-    fn pending_evidence(&self, group: &GroupId, read: Observed, ticket: ReadTicket) -> Option<LossEvidence> {
+    pub(super) fn pending_evidence(&self, group: &GroupId, read: Observed, ticket: ReadTicket) -> Option<LossEvidence> {
         let ignore_order = self.inner.options.planted.has(PlantedBug::ProcessWideRevisionMark);
         let mut local = self.local();
         let revision = read.revision;

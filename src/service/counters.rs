@@ -89,8 +89,13 @@ pub(super) const LOST_ADD_SHARDS_HEALED: Counter = Counter {
     help: "Routing refreshes that re-added the shards of an add-shards the store lost (a producer published with more shards than recorded).",
 };
 
+pub(super) const GROUP_BUSY_REFUSALS: Counter = Counter {
+    name: "rsc_group_busy_refusals_total",
+    help: "Requests refused STORE_UNAVAILABLE because as many of their group's requests were already in or waiting for its critical section on this instance as one group may hold (a quarter of concurrency_max).",
+};
+
 /// Registered at 0 when the coordinator starts.
-pub(super) const LABEL_LESS: [&Counter; 7] = [
+pub(super) const LABEL_LESS: [&Counter; 8] = [
     &STORE_IDENTITY_CHANGES,
     &TICKS_DEFERRED_WITHOUT_READ,
     &HEARD_RELAY_FAILURES,
@@ -98,6 +103,7 @@ pub(super) const LABEL_LESS: [&Counter; 7] = [
     &HEARD_RELAY_WINDOWS_RESTARTED,
     &GROUP_INDEX_FAILURES,
     &TICK_FAILURES,
+    &GROUP_BUSY_REFUSALS,
 ];
 
 /// Registered at 0 (`group` label) when this instance first exports the group's gauges: the

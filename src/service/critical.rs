@@ -14,8 +14,8 @@ use tokio::time::{Duration, Instant};
 use super::codec::{decode, encode};
 use super::coordinator::{Coordinator, LocalState};
 use super::counters::{
-    self, FENCES_RAISED, LIVENESS_GUARD_CONFLICTS, MEMBERS_EXPIRED, MEMBERS_FENCED, METADATA_CAS_GIVE_UPS,
-    METADATA_REVISION_CONFLICTS, METADATA_SCHEMA_ERRORS, REDIS_MUTEX_GIVE_UPS, SHARDS_FENCED,
+    self, FENCES_RAISED, GROUP_BUSY_REFUSALS, LIVENESS_GUARD_CONFLICTS, MEMBERS_EXPIRED, MEMBERS_FENCED,
+    METADATA_CAS_GIVE_UPS, METADATA_REVISION_CONFLICTS, METADATA_SCHEMA_ERRORS, REDIS_MUTEX_GIVE_UPS, SHARDS_FENCED,
 };
 use super::marks::{write_digest, Observed};
 use crate::core::fence::{attach_fences, unfenced_grants, CarriesFences};
@@ -40,22 +40,77 @@ impl<S: MetadataStore> Coordinator<S> {
     /// Runs one critical section: `decide(state, revision, observations)` against fresh state,
     /// writes its next state conditioned on the loaded record's stamp, and returns its outcome
     /// only once written.
+    ///
+    /// Every load a decision is made on is judged for loss evidence, as the read before the
+    /// section was: when a load went back (a rollback landing between that read and this one), or
+    /// the section's own recheck found the identity changed, the correction round is recorded in
+    /// this section first, and the request is decided on the record the round wrote. Before, such
+    /// a load was decided on unjudged, and a join queued across a silent rollback was answered `OK`
+    /// for the shards of a member whose join was lost, beside that member's lease (a concurrency
+    /// review).
     pub(super) async fn critical<R: CarriesFences>(
         &self,
         group: &GroupId,
         with_liveness: bool,
-        mut decide: impl FnMut(Option<&GroupMetadata>, u64, &Observations) -> Decision<R>,
+        decide: impl FnMut(Option<&GroupMetadata>, u64, &Observations) -> Decision<R>,
     ) -> Result<R, ApiError> {
-        let monitor = self.inner.monitors.enter(group);
+        self.section(group, with_liveness, decide, true).await
+    }
+
+    /// [`Self::critical`] for the section that records loss evidence: its loads are not judged
+    /// (the round it records is what a judged load would ask for).
+    pub(super) async fn critical_recording_evidence<R: CarriesFences>(
+        &self,
+        group: &GroupId,
+        decide: impl FnMut(Option<&GroupMetadata>, u64, &Observations) -> Decision<R>,
+    ) -> Result<R, ApiError> {
+        self.section(group, false, decide, false).await
+    }
+
+    async fn section<R: CarriesFences>(
+        &self,
+        group: &GroupId,
+        with_liveness: bool,
+        mut decide: impl FnMut(Option<&GroupMetadata>, u64, &Observations) -> Decision<R>,
+        judged: bool,
+    ) -> Result<R, ApiError> {
+        let max = self.inner.options.group_sections_max;
+        let Some(monitor) = self.inner.monitors.enter(group, max) else {
+            self.inner.metrics.count(&GROUP_BUSY_REFUSALS, vec![]);
+            return Err(ApiError::new(
+                ErrorCode::StoreUnavailable,
+                format!(
+                    "group {group} is busy: {max} of its requests are already in or waiting for its critical section \
+                     on this instance; retry"
+                ),
+            ));
+        };
         let _monitor = monitor.lock().await;
         let _entered = self.inner.gate.enter()?;
         self.recheck_identity_if_suspect(group).await?;
         // Armed before the acquire: a SET NX whose answer never arrived may still hold the mutex.
         let held = HeldMutex { coordinator: Some(self.clone()), group: group.clone(), token: self.token() };
         self.acquire_mutex(group, &held.token).await?;
-        let result = self.attempts(group, with_liveness, &mut decide).await;
+        let result = self.attempts(group, with_liveness, &mut decide, judged).await;
         held.release().await;
         result
+    }
+
+    /// Records `evidence`'s correction round in the critical section its caller holds
+    /// ([`Self::attempts`], unjudged). A boxed `dyn` future: [`Self::attempts`] awaits it, and
+    /// its own future type would otherwise contain itself.
+    fn record_round_in_section<'a>(
+        &'a self,
+        group: &'a GroupId,
+        evidence: crate::core::model::LossEvidence,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ApiError>> + Send + 'a>> {
+        Box::pin(async move {
+            let mut record_round = |g: Option<&GroupMetadata>, rev: u64, obs: &Observations| match g {
+                Some(g) => crate::core::decide_evidence(g, evidence.clone(), self.context(Some(g), rev, obs)),
+                None => Decision { write: Default::default(), outcome: Ok(()) },
+            };
+            self.attempts(group, false, &mut record_round, false).await
+        })
     }
 
     async fn attempts<R: CarriesFences>(
@@ -63,13 +118,29 @@ impl<S: MetadataStore> Coordinator<S> {
         group: &GroupId,
         with_liveness: bool,
         decide: &mut impl FnMut(Option<&GroupMetadata>, u64, &Observations) -> Decision<R>,
+        judged: bool,
     ) -> Result<R, ApiError> {
         for _ in 0..self.inner.options.cas_attempts_max {
+            let ticket = self.local().reads.begin_read();
             let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
             let state = match &record {
                 Some(r) => Some(self.decode_counted(group, r)?),
                 None => None,
             };
+            if let (true, Some(r), Some(g)) = (judged, &record, &state) {
+                let read =
+                    Observed { revision: r.revision, incarnation: g.incarnation, write: write_digest(&r.write_id) };
+                if let Some(evidence) = self.pending_evidence(group, read, ticket) {
+                    // Recorded in this section (the group's monitor and mutex are held), then the
+                    // request is decided on the record the round wrote.
+                    let generation = self.local().identity_generation();
+                    self.record_round_in_section(group, evidence).await?;
+                    let mut local = self.local();
+                    local.evidence_recorded.insert(group.clone(), generation);
+                    local.regressed.remove(group);
+                    continue;
+                }
+            }
             let revision = record.as_ref().map_or(0, |r| r.revision);
             let obs = match &state {
                 Some(g) => {

@@ -38,10 +38,19 @@ impl GroupMonitors {
     }
 
     /// Claims `group`'s monitor (creating it if no one holds it); lock it with
-    /// [`MonitorEntry::lock`].
-    pub(super) fn enter(&self, group: &GroupId) -> MonitorEntry<'_> {
-        let monitor = Arc::clone(self.lock_map().entry(group.clone()).or_default());
-        MonitorEntry { owner: self, group: group.clone(), monitor: Some(monitor) }
+    /// [`MonitorEntry::lock`]. `None` when `max` sections of the group already hold or wait for
+    /// it: one group's burst must not take every request slot of the process while its sections
+    /// run one at a time (a concurrency review: a 1,000-member restart, or one client that never
+    /// times out, starved every other group's heartbeats until their leases ended).
+    pub(super) fn enter(&self, group: &GroupId, max: usize) -> Option<MonitorEntry<'_>> {
+        let mut map = self.lock_map();
+        let monitor = map.entry(group.clone()).or_default();
+        // Every clone besides the map's own belongs to a live entry (module invariant).
+        if Arc::strong_count(monitor) > max {
+            return None;
+        }
+        let monitor = Arc::clone(monitor);
+        Some(MonitorEntry { owner: self, group: group.clone(), monitor: Some(monitor) })
     }
 
     /// How many groups have a monitor now (tests and `debug_sizes`).
@@ -83,10 +92,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn at_most_max_sections_of_a_group_hold_or_wait_and_a_refusal_leaves_nothing() {
+        let monitors = GroupMonitors::default();
+        let first = monitors.enter(&group("a"), 2).expect("1 of 2");
+        let held = first.lock().await;
+        let second = monitors.enter(&group("a"), 2).expect("2 of 2 (waiting)");
+        assert!(monitors.enter(&group("a"), 2).is_none(), "a third is refused");
+        assert!(monitors.enter(&group("b"), 2).is_some(), "another group is not");
+        drop(held);
+        drop(first);
+        assert!(monitors.enter(&group("a"), 2).is_some(), "a place came free");
+        drop(second);
+        assert_eq!(monitors.len(), 0, "refusals left no monitor behind");
+    }
+
+    #[tokio::test]
     async fn the_last_section_to_leave_removes_the_monitor() {
         let monitors = GroupMonitors::default();
         {
-            let entry = monitors.enter(&group("a"));
+            let entry = monitors.enter(&group("a"), usize::MAX).expect("under the cap");
             let _guard = entry.lock().await;
             assert_eq!(monitors.len(), 1);
         }
@@ -96,15 +120,15 @@ mod tests {
     #[tokio::test]
     async fn a_monitor_someone_waits_for_is_kept_and_still_excludes() {
         let monitors = GroupMonitors::default();
-        let first = monitors.enter(&group("a"));
+        let first = monitors.enter(&group("a"), usize::MAX).expect("under the cap");
         let held = first.lock().await;
-        let second = monitors.enter(&group("a"));
+        let second = monitors.enter(&group("a"), usize::MAX).expect("under the cap");
         drop(held);
         drop(first);
         assert_eq!(monitors.len(), 1, "the waiting entry keeps the monitor");
         let second_guard = second.lock().await;
         // A third section must wait for the second: it got the same monitor, not a fresh one.
-        let third = monitors.enter(&group("a"));
+        let third = monitors.enter(&group("a"), usize::MAX).expect("under the cap");
         assert!(third.monitor.as_ref().is_some_and(|m| m.try_lock().is_err()));
         drop(second_guard);
         drop(second);
@@ -115,10 +139,10 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_that_gives_up_removes_the_idle_monitor() {
         let monitors = GroupMonitors::default();
-        let first = monitors.enter(&group("a"));
+        let first = monitors.enter(&group("a"), usize::MAX).expect("under the cap");
         let held = first.lock().await;
         let waiting = async {
-            let entry = monitors.enter(&group("a"));
+            let entry = monitors.enter(&group("a"), usize::MAX).expect("under the cap");
             let _guard = entry.lock().await;
         };
         // The waiter is polled once (it blocks on the held monitor), then dropped: it gave up.

@@ -25,8 +25,9 @@ async fn a_delete_judges_the_record_it_deletes_not_the_one_it_decided_on() {
     c1.admin(change).await.expect("an empty group's config change: revision 2");
 
     let c2 = stalling(&store, "c2");
-    // The decision's read goes through; the delete's own read (the next one) is held.
-    let resume = c2.store().stall_load(1);
+    // The evidence read and the decision's read go through; the delete's own read (the next one)
+    // is held.
+    let resume = c2.store().stall_load(2);
     let deleting = tokio::spawn({
         let c2 = c2.clone();
         async move { c2.admin(delete_at(2)).await }

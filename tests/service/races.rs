@@ -100,3 +100,66 @@ async fn a_critical_section_dropped_mid_way_releases_the_group_mutex() {
     let joined = c.heartbeat(join("c")).await;
     assert!(joined.is_ok(), "the next writer found the mutex still held: {joined:?}");
 }
+
+/// A join whose read Redis answered before a silent rollback, deciding after it: the section's own
+/// load returns the rolled-back record, in which a's join is lost. Before, that load was decided on
+/// unjudged (only the read before the section was), and b was answered `OK` for a's shards, with
+/// no correction round, while a still read them under its lease. Now the section refuses to decide
+/// (`STORE_UNAVAILABLE`) and the next request records the round first: b is granted nothing
+/// before the round, and nothing `OK` within it.
+#[tokio::test]
+async fn a_join_deciding_on_a_load_a_rollback_took_back_is_refused_and_the_round_recorded_first() {
+    let store = MemoryStore::new(24);
+    let options = CoordinatorOptions {
+        instance_id: "c1".into(),
+        mutex_ttl_ms: 50,
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        ..CoordinatorOptions::default()
+    };
+    let c = Coordinator::new(HeldStore::new(store.connect()), options);
+    c.start().await.expect("probe");
+    let create = AdminRequest::CreateGroup { group: group(), shard_count: 2, config: fast_config() };
+    c.admin(create).await.expect("create");
+    let kept = store.peek_record(&group()).expect("record").revision;
+    let a = c.heartbeat(join("a")).await.expect("join a");
+    assert_eq!((a.status, a.assigned.clone()), (HeartbeatStatus::Ok, vec![0, 1]));
+
+    // b's join: its touch reads the record with a's join, and its answer is held.
+    let release = c.store().hold_next_touch();
+    let joining = tokio::spawn({
+        let c = c.clone();
+        async move { c.heartbeat(join("b")).await }
+    });
+    while !c.store().touch_is_held() {
+        tokio::task::yield_now().await;
+    }
+    // The store silently goes back to before a's join.
+    while store.peek_record(&group()).expect("record").revision > kept {
+        store.rollback(1, RollbackMode::Silent);
+    }
+    release.send(()).expect("b's join is waiting");
+    let answer = joining.await.expect("task");
+    match &answer {
+        Err(error) => assert_eq!(error.code, ErrorCode::StoreUnavailable, "{error:?}"),
+        Ok(r) => assert!(
+            r.status != HeartbeatStatus::Ok || r.assigned.is_empty(),
+            "b was granted a's shards on a load nobody judged: {r:?}"
+        ),
+    }
+    if answer.is_ok() {
+        assert!(recorded(&store).expect("record").correction.is_some(), "a grant without a round");
+    }
+    // b retries (the rollback may restore a mutex whose release was lost: past its 50 ms TTL):
+    // the round is recorded before anything is decided, and no OK comes within it.
+    for _ in 0..20 {
+        match c.heartbeat(join("b")).await {
+            Ok(r) => {
+                assert!(recorded(&store).expect("record").correction.is_some(), "decided before the round: {r:?}");
+                assert_ne!(r.status, HeartbeatStatus::Ok, "OK within the round: {r:?}");
+                return;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(60)).await,
+        }
+    }
+    panic!("b's join was never answered");
+}

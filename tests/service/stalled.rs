@@ -8,6 +8,7 @@
 
 use rsc::store::StoredRecord;
 
+use super::deleting::retry_busy;
 use super::held::HeldStore;
 use super::*;
 
@@ -82,7 +83,11 @@ async fn a_stalled_write_computed_from_a_lost_revision_is_refused_after_that_rev
     assert_eq!(g.shard_count, 8, "the rewrite's reshard survives: {g:#?}");
     assert!(g.members.contains_key("a"), "the join was recorded on the stored record");
     let stored = store.peek_record(&group()).expect("record");
-    assert_eq!(stored.revision, rewritten.revision + 1, "exactly one more write: the retried join");
+    // Two more writes: the retry's load found revision 2 under another write than the one c2 had
+    // loaded (the store lost a write c2 saw: evidence), so the section recorded the correction
+    // round first, then the join on the record the round wrote.
+    assert_eq!(stored.revision, rewritten.revision + 2, "the round, then the retried join");
+    assert!(g.correction.is_some(), "the lost revision 2 is evidence: {g:#?}");
     assert_eq!((joined.shard_count, joined.store_revision), (8, stored.revision));
     assert!(c2.metrics().total("rsc_metadata_revision_conflicts_total") >= 1.0, "the first write lost the CAS");
 }
@@ -107,4 +112,59 @@ async fn a_stalled_delete_of_a_lost_revision_leaves_the_rewritten_record() {
     let refused = delete.await.expect("task").expect_err("the delete must be refused");
     assert_eq!(refused.code, ErrorCode::RevisionConflict, "{refused:?}");
     assert_eq!(store.peek_record(&group()), Some(rewritten), "the rewritten record is untouched");
+}
+
+/// Sections of one group run one at a time, and every request waiting for the group's section
+/// holds one of the process's request slots. Before, nothing bounded how many waited: a burst in
+/// one group (a 1,000-member restart, or a client that never times out) took every slot, and
+/// other groups' heartbeats waited until their leases ended. Now at most `group_sections_max` of
+/// a group's requests hold or wait for its section; the next is refused `STORE_UNAVAILABLE` at
+/// once (clients retry), another group is not, and the ones admitted all complete.
+#[tokio::test]
+async fn a_group_whose_section_is_held_refuses_requests_beyond_its_share_at_once() {
+    let store = MemoryStore::new(33);
+    let options = CoordinatorOptions {
+        instance_id: "c1".into(),
+        max_assignment_lease_ms: fast_config().assignment_lease_ms,
+        group_sections_max: 3,
+        ..CoordinatorOptions::default()
+    };
+    let c = Coordinator::new(HeldStore::new(store.connect()), options);
+    c.start().await.expect("probe");
+    let other = GroupId::new("orders", "other");
+    for g in [group(), other.clone()] {
+        c.admin(AdminRequest::CreateGroup { group: g, shard_count: 2, config: fast_config() }).await.expect("create");
+    }
+    // a's join holds the group's section, its write stalled; b and c wait for the section.
+    let resume = c.store().stall_next_mutation();
+    let spawn_join = |member: &'static str| {
+        let c = c.clone();
+        tokio::spawn(async move { c.heartbeat(join(member)).await })
+    };
+    let a = spawn_join("a");
+    wait_until_stalled(&c).await;
+    let (b, waiting_c) = (spawn_join("b"), spawn_join("c"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // d is one more than the group's share: refused at once, not queued.
+    let refused = tokio::time::timeout(Duration::from_millis(500), c.heartbeat(join("d")))
+        .await
+        .expect("refused at once, not queued behind the held section");
+    let error = refused.expect_err("beyond the group's share");
+    assert_eq!(error.code, ErrorCode::StoreUnavailable, "{error:?}");
+    assert!(error.message.contains("busy"), "{error:?}");
+    assert_eq!(c.metrics().total("rsc_group_busy_refusals_total"), 1.0);
+    // Another group's section is not refused.
+    let elsewhere = tokio::time::timeout(
+        Duration::from_millis(500),
+        c.heartbeat(HeartbeatRequest { group: other.clone(), ..join("x") }),
+    )
+    .await
+    .expect("another group is not held up");
+    assert_eq!(elsewhere.expect("x joins the other group").status, HeartbeatStatus::Ok);
+    resume.send(()).expect("a's write is waiting");
+    for (name, task) in [("a", a), ("b", b), ("c", waiting_c)] {
+        task.await.expect("task").unwrap_or_else(|e| panic!("{name} was admitted and is answered: {e:?}"));
+    }
+    let joined = retry_busy(|| c.heartbeat(join("d"))).await.expect("d joins once there is room");
+    assert!(joined.member_epoch > 0);
 }

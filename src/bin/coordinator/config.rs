@@ -296,6 +296,8 @@ impl Settings {
             ticker_silence_ms: file.ticker_silence_ms.unwrap_or(defaults.ticker_silence_ms),
             heard_relay_ms: file.heard_relay_ms.unwrap_or(defaults.heard_relay_ms),
             ticker_refresh_ms: file.ticker_refresh_ms.unwrap_or(defaults.ticker_refresh_ms),
+            // Set from `concurrency_max` below.
+            group_sections_max: defaults.group_sections_max,
             rng_seed,
             max_assignment_lease_ms: args
                 .max_assignment_lease_ms
@@ -318,7 +320,7 @@ impl Settings {
             Some(sentinel) => Some(redis_url.unwrap_or_else(|| format!("redis://{}", sentinel.master_name))),
             None => redis_url,
         };
-        let settings = Settings {
+        let mut settings = Settings {
             listen,
             redis_url,
             redis_tls: RedisTlsOptions {
@@ -357,6 +359,8 @@ impl Settings {
             shutdown_timeout_ms: args.shutdown_timeout_ms.or(file.shutdown_timeout_ms).unwrap_or(10_000),
             listener,
         };
+        // One group's sections may hold at most a quarter of the request slots.
+        settings.coordinator.group_sections_max = (settings.concurrency_max / 4).max(1);
         // The admin token must not also be a client token: every consumer host would hold the
         // admin routes (an admin review finding).
         if settings.admin_token.as_deref().is_some_and(|admin| settings.client_tokens.contains_secret(admin)) {
@@ -604,6 +608,16 @@ mod tests {
         assert_eq!(settings.coordinator.tick_interval_ms, CoordinatorOptions::default().tick_interval_ms);
         assert_eq!(settings.body_bytes_max, BODY_BYTES_MAX_DEFAULT);
         assert!(!settings.coordinator.instance_id.is_empty());
+        assert_eq!(settings.coordinator.group_sections_max, CONCURRENCY_MAX_DEFAULT / 4);
+    }
+
+    #[test]
+    fn one_group_may_hold_a_quarter_of_the_request_slots() {
+        for (concurrency_max, share) in [(40, 10), (3, 1), (1, 1)] {
+            let file = FileConfig { concurrency_max: Some(concurrency_max), ..FileConfig::default() };
+            let settings = Settings::resolve(&ServeArgs::default(), file, 1).expect("resolves");
+            assert_eq!(settings.coordinator.group_sections_max, share, "concurrency_max {concurrency_max}");
+        }
     }
 
     #[test]
