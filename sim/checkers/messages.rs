@@ -344,8 +344,8 @@ impl RecordedShardCounts {
 
     /// Whether a lost count covering `shard` (beyond the record after `acknowledged_us`) was
     /// provable to the group as it ended, once the count was lost for good (the last drop; a
-    /// count healed by the end was proven): the last record's key (or none: it credits any
-    /// report) verifies a proof of a count above `shard` that either a coordinator was sent and
+    /// count healed by the end was proven): the last record's key (none: no count is
+    /// provable) verifies a proof of a count above `shard` that either a coordinator was sent and
     /// answered after the loss, or a process was told and kept running for a routing refresh and
     /// a request timeout after the loss (time to report it). Judged from the calls as the
     /// transports saw them and the store's records, with the proof's own HMAC.
@@ -355,7 +355,9 @@ impl RecordedShardCounts {
         let verifies = |count: u32, proof: Option<&ViewProof>| {
             count > shard
                 && match last_key {
-                    None => true,
+                    // A record without a view key credits no shard count (DESIGN §8, "Keyless
+                    // records heal no shard count"): only the operator's add-shards restores it.
+                    None => false,
                     Some(key) => {
                         proof.is_some_and(|p| key.verifies(facts.group, Fact::ShardCount, u64::from(count), p))
                     }

@@ -658,8 +658,8 @@ fn wall_clock_ms() -> u64 {
 }
 
 /// 32 bytes from the OS for a group's view-proof key. `None` if the OS refuses: a create is then
-/// refused (`INTERNAL`), and a keyless group stays keyless (reports credited as before) until a
-/// later write draws one.
+/// refused (`INTERNAL`), and a keyless group stays keyless (reported versions credited without a
+/// proof, shard counts never: DESIGN §8) until a later write draws one.
 fn draw_view_key() -> Option<ViewKey> {
     let mut bytes = [0u8; 32];
     match getrandom::fill(&mut bytes) {
