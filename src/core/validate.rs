@@ -3,7 +3,9 @@
 
 use std::collections::BTreeSet;
 
-use super::model::{GroupMetadata, MemberState, ShardOwner, CLIENT_NUMBER_MAX, MEMBERS_MAX, SHARD_COUNT_MAX};
+use super::model::{
+    GroupConfig, GroupMetadata, MemberState, ShardOwner, CLIENT_NUMBER_MAX, MEMBERS_MAX, SHARD_COUNT_MAX,
+};
 
 /// A broken structural invariant; the message names the field and the offending value.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -40,7 +42,26 @@ impl GroupMetadata {
         self.validate_resharding()?;
         self.validate_members()?;
         self.validate_assignments()?;
+        self.validate_lease_transition()?;
         self.validate_correction()
+    }
+
+    /// A lease transition keeps an old, longer lease in force for one old lease: its durations
+    /// obey the config's bounds and its wait was allocated. Unchecked, a corrupt or foreign record's
+    /// transition of 10^15 ms decoded, never ended, kept fenced shards and dead members for ever,
+    /// and stayed in every coordinator's longest-lease memory after the record was repaired (a
+    /// numbers review); such a record now fails closed as `METADATA_INCOMPATIBLE`.
+    fn validate_lease_transition(&self) -> Result<(), InvariantViolation> {
+        let Some(transition) = &self.lease_transition else { return Ok(()) };
+        for (name, value) in [
+            ("assignmentLeaseMs", transition.assignment_lease_ms),
+            ("memberLeaseTtlMs", transition.member_lease_ttl_ms),
+        ] {
+            check((1..=GroupConfig::MS_MAX).contains(&value), || {
+                format!("leaseTransition {name} {value} outside 1..={}", GroupConfig::MS_MAX)
+            })?;
+        }
+        check(transition.wait < self.next_wait_id, || "leaseTransition wait not allocated".into())
     }
 
     fn validate_resharding(&self) -> Result<(), InvariantViolation> {
@@ -122,6 +143,31 @@ impl GroupMetadata {
                     self.max_client_version_seen, self.metadata_version
                 )
             }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::core::model::{GroupConfig, GroupId, GroupMetadata, LeaseTransition};
+
+    #[test]
+    fn a_lease_transition_out_of_bounds_or_with_an_unallocated_wait_is_refused() {
+        let mut g = GroupMetadata::new(GroupId::new("orders", "billing"), 2, GroupConfig::default());
+        g.next_wait_id = 5;
+        let transition = |assignment_lease_ms, member_lease_ttl_ms, wait| {
+            Some(LeaseTransition { assignment_lease_ms, member_lease_ttl_ms, wait })
+        };
+        g.lease_transition = transition(60_000, 90_000, 4);
+        assert_eq!(g.validate(), Ok(()));
+        for bad in [
+            transition(GroupConfig::MS_MAX + 1, 90_000, 4),
+            transition(1_000_000_000_000_000, 90_000, 4),
+            transition(60_000, 0, 4),
+            transition(60_000, 90_000, 5),
+        ] {
+            g.lease_transition = bad.clone();
+            assert!(g.validate().is_err(), "{bad:?}");
         }
     }
 }

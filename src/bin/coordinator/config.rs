@@ -397,6 +397,18 @@ impl Settings {
             ("body_bytes_max", self.body_bytes_max as u64, BODY_BYTES_MAX_MAX),
             ("mutex_ttl_ms", c.mutex_ttl_ms, MUTEX_TTL_MS_MAX),
             ("redis_timeout_ms", self.redis_timeout_ms, REDIS_TIMEOUT_MS_MAX),
+            // A typo of 10000 for 10 made a contended request sleep up to 400 s, beyond every
+            // lease; billions of attempts hold a request for ever.
+            ("mutex_retry_ms", c.mutex_retry_ms, MUTEX_RETRY_MS_MAX),
+            ("mutex_attempts_max", u64::from(c.mutex_attempts_max), ATTEMPTS_MAX_MAX),
+            ("cas_attempts_max", u64::from(c.cas_attempts_max), ATTEMPTS_MAX_MAX),
+            // The ticker's periods bound how late a dead member is expired: a huge one means never
+            // (no tick, a dead instance counted live, an idle group never audited), and a relay
+            // period above i64::MAX / 2 makes every `SET … PX` fail, silently (a numbers review).
+            ("tick_interval_ms", c.tick_interval_ms, TICKER_PERIOD_MS_MAX),
+            ("ticker_silence_ms", c.ticker_silence_ms, TICKER_PERIOD_MS_MAX),
+            ("heard_relay_ms", c.heard_relay_ms, TICKER_PERIOD_MS_MAX),
+            ("idle_group_audit_ms", c.idle_group_audit_ms, IDLE_GROUP_AUDIT_MS_MAX),
         ];
         for (key, value, max) in bounded {
             if value > max {
@@ -431,6 +443,14 @@ impl Settings {
 const CONCURRENCY_MAX_MAX: u64 = 1 << 20;
 const BODY_BYTES_MAX_MAX: u64 = 1 << 30;
 const MUTEX_TTL_MS_MAX: u64 = 60_000;
+/// Upper bound of `mutex_retry_ms`.
+const MUTEX_RETRY_MS_MAX: u64 = 1_000;
+/// Upper bound of `mutex_attempts_max` and `cas_attempts_max`.
+const ATTEMPTS_MAX_MAX: u64 = 1_000;
+/// Upper bound of `tick_interval_ms`, `ticker_silence_ms` and `heard_relay_ms`.
+const TICKER_PERIOD_MS_MAX: u64 = 60_000;
+/// Upper bound of `idle_group_audit_ms` (an hour).
+const IDLE_GROUP_AUDIT_MS_MAX: u64 = 3_600_000;
 const REDIS_TIMEOUT_MS_MAX: u64 = 60_000;
 
 /// What a Redis target set but blank would have meant: no Redis at all.
@@ -953,6 +973,13 @@ mod tests {
                 "redis_timeout_ms",
                 FileConfig { redis_timeout_ms: Some(REDIS_TIMEOUT_MS_MAX + 1), ..FileConfig::default() },
             ),
+            ("mutex_retry_ms", FileConfig { mutex_retry_ms: Some(MUTEX_RETRY_MS_MAX + 1), ..FileConfig::default() }),
+            ("mutex_attempts_max", FileConfig { mutex_attempts_max: Some(u32::MAX), ..FileConfig::default() }),
+            ("cas_attempts_max", FileConfig { cas_attempts_max: Some(1_001), ..FileConfig::default() }),
+            ("tick_interval_ms", FileConfig { tick_interval_ms: Some(u64::MAX), ..FileConfig::default() }),
+            ("ticker_silence_ms", FileConfig { ticker_silence_ms: Some(60_001), ..FileConfig::default() }),
+            ("heard_relay_ms", FileConfig { heard_relay_ms: Some(u64::MAX / 2), ..FileConfig::default() }),
+            ("idle_group_audit_ms", FileConfig { idle_group_audit_ms: Some(3_600_001), ..FileConfig::default() }),
         ];
         for (key, file) in cases {
             let error = Settings::resolve(&ServeArgs::default(), file, 1).unwrap_err();
@@ -963,6 +990,13 @@ mod tests {
             body_bytes_max: Some(BODY_BYTES_MAX_MAX as usize),
             mutex_ttl_ms: Some(MUTEX_TTL_MS_MAX),
             redis_timeout_ms: Some(REDIS_TIMEOUT_MS_MAX),
+            mutex_retry_ms: Some(MUTEX_RETRY_MS_MAX),
+            mutex_attempts_max: Some(ATTEMPTS_MAX_MAX as u32),
+            cas_attempts_max: Some(ATTEMPTS_MAX_MAX as u32),
+            tick_interval_ms: Some(TICKER_PERIOD_MS_MAX),
+            ticker_silence_ms: Some(TICKER_PERIOD_MS_MAX),
+            heard_relay_ms: Some(TICKER_PERIOD_MS_MAX),
+            idle_group_audit_ms: Some(IDLE_GROUP_AUDIT_MS_MAX),
             ..FileConfig::default()
         };
         Settings::resolve(&ServeArgs::default(), at_bounds, 1).expect("the bounds themselves are accepted");
