@@ -549,3 +549,26 @@ async fn exactly_the_fence_value_the_key_holds_has_a_gate() {
     let read = store.fenced_xreadgroup(&check(acked), "billing", "c1", &stream, ReadFrom::New, 5).await;
     assert_eq!(read.map(|e| e.len()), Ok(2), "the gated read delivers the rest");
 }
+
+/// A fence key whose counter is not a number (a hand edit, an application's `HSET`) is raised to
+/// the floor like a key without one. Before, `HINCRBY` on it failed the raise, and with it the
+/// batch of every grant of the group's next write: every write of the group failed until the key
+/// was repaired by hand. The other keys of the batch are raised as usual.
+#[tokio::test]
+async fn a_fence_counter_that_is_not_a_number_is_raised_to_the_floor() {
+    use rsc::core::model::Fence;
+    use rsc::store::FenceRaise;
+    let server = RedisServer::start();
+    let store = store_for(&server.url()).await;
+    let g = group();
+    let (bad, good) = (keys::fence_key(&g, 0), keys::fence_key(&g, 1));
+    let raise = |key: &str, nonce| FenceRaise { key: key.to_string(), nonce, floor: 1_764_000_000_000 };
+    store.raise_fences(&[raise(&bad, 1), raise(&good, 2)]).await.expect("first raises");
+    server.cmd(&["HSET", &bad, "counter", "not-a-number"]);
+    let raised = store.raise_fences(&[raise(&bad, 3), raise(&good, 4)]).await.expect("the batch is raised");
+    assert_eq!(
+        raised,
+        vec![Fence { counter: 1_764_000_000_000, nonce: 3 }, Fence { counter: 1_764_000_000_001, nonce: 4 }]
+    );
+    assert_eq!(text(server.cmd(&["HGET", &bad, "counter"])), "1764000000000");
+}

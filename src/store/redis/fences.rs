@@ -110,7 +110,10 @@ end
 /// `FenceRaise::floor`: the coordinator's wall clock in ms). The counter becomes `counter + 1`,
 /// or, for a key that holds none (new, or vanished: evicted, flushed, a restart without
 /// persistence), the floor (1 if it is 0), so a vanished key does not restart at 1 below the
-/// counters of earlier grants. Closes the old value's gate and opens the new one. Reply:
+/// counters of earlier grants. A counter that is not canonical decimal (a hand edit, or an
+/// application's `HSET`) counts as none: every fenced operation refuses it (`CHECK`), so no grant
+/// of it is in use, and `HINCRBY` on it failed the whole batch of the group's raises — every write
+/// of the group, until someone repaired the key by hand (a numbers review). Closes the old value's gate and opens the new one. Reply:
 /// `{counter}`, the new counter as a decimal string (read back with HGET after the increment, or
 /// the floor as given, so it never passes through a Lua number), or `{counter, gate}` when the old value's gate was not
 /// found here: expired, never opened — or, on a Cluster, still on the source node of a slot move
@@ -119,6 +122,9 @@ end
 /// by name before the raise returns (`RedisStore::raise_fences`), wherever it is.
 const RAISE: &str = r#"
 local cur = redis.call('HMGET', KEYS[1], 'counter', 'nonce')
+if cur[1] and cur[1] ~= '0' and not string.match(cur[1], '^[1-9][0-9]*$') then
+  cur[1] = false
+end
 local closed = close_gate(KEYS[1], cur[1], cur[2])
 local counter
 if cur[1] then
