@@ -50,7 +50,9 @@ pub trait RebalanceListener: Send + Sync {
     /// The consumer may now read `shards`.
     fn on_assigned(&self, shards: &[ShardId]);
     /// The consumer stopped reading `shards` (revoked, dropped by a sync, or closing): finish and
-    /// ack in-flight work quickly; the shards are released once nothing is in flight. A poll that
+    /// ack in-flight work quickly; the shards are released once nothing is in flight and this
+    /// call returned, on a revoke and on `close` alike, so what it flushes or commits for them is
+    /// done before their next owner may start them (as Kafka's `onPartitionsRevoked`). A poll that
     /// was under way may still hand out entries of these shards read before the revoke: they are
     /// in flight like the others, so settle them too (ack or abandon), or the drain waits for
     /// them.
@@ -255,12 +257,12 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
         Ok(())
     }
 
-    /// Clean leave: stop reading, let the application ack or abandon in-flight entries (from
-    /// another task, while this waits), report every shard REVOKED, then send the leave
-    /// heartbeat. Gives up after `close_timeout_ms`. Cancel-safe: a cancelled close leaves the
-    /// consumer closing, and a later call waits again (each with its own `close_timeout_ms`); a
-    /// call made while another runs waits for it. Once the close ended, a call returns its
-    /// outcome at once.
+    /// Clean leave: stop reading, tell the listener (`on_revoked`, on this task; the leave waits
+    /// for it to return), let the application ack or abandon in-flight entries (from another
+    /// task, while this waits), report every shard REVOKED, then send the leave heartbeat. Gives
+    /// up after `close_timeout_ms`. Cancel-safe: a cancelled close leaves the consumer closing,
+    /// and a later call waits again (each with its own `close_timeout_ms`); a call made while
+    /// another runs waits for it. Once the close ended, a call returns its outcome at once.
     pub async fn close(&self) -> Result<(), CloseError> {
         let timeout_ms = self.shared.with_core_now(|core, now_ms| {
             core.close(now_ms);
@@ -345,6 +347,12 @@ impl<T, S> Shared<T, S> {
                 }
                 guarded("event sink", || self.sink.emit(event));
             });
+            // The shards the listener is told stopped stay undrained until it returned (see
+            // `ConsumerCore::listener_called`): held here, under the lock that took their events.
+            if call.is_some() {
+                changes.held = changes.stopped();
+                core.listener_called(&changes.held);
+            }
             drop(call);
             (result, changes)
         };
@@ -365,17 +373,24 @@ impl<T, S> Shared<T, S> {
         if changes.any {
             self.reads_changed.notify_waiters();
         }
-        let Some(_call) = self.app.enter() else { return };
-        // Stops first: a shard stopped and restarted by one response ends up assigned.
-        let revoked = changes.revoked_not_lost();
-        if !changes.lost.is_empty() {
-            self.listen("rebalance listener (on_lost)", || self.listener.on_lost(&changes.lost));
+        if let Some(_call) = self.app.enter() {
+            // Stops first: a shard stopped and restarted by one response ends up assigned.
+            let revoked = changes.revoked_not_lost();
+            if !changes.lost.is_empty() {
+                self.listen("rebalance listener (on_lost)", || self.listener.on_lost(&changes.lost));
+            }
+            if !revoked.is_empty() {
+                self.listen("rebalance listener (on_revoked)", || self.listener.on_revoked(&revoked));
+            }
+            if !changes.assigned.is_empty() {
+                self.listen("rebalance listener (on_assigned)", || self.listener.on_assigned(&changes.assigned));
+            }
         }
-        if !revoked.is_empty() {
-            self.listen("rebalance listener (on_revoked)", || self.listener.on_revoked(&revoked));
-        }
-        if !changes.assigned.is_empty() {
-            self.listen("rebalance listener (on_assigned)", || self.listener.on_assigned(&changes.assigned));
+        // Only now may the stopped shards be reported REVOKED, or left: `close` runs these calls
+        // on the application's task while the heartbeat task runs beside it.
+        if !changes.held.is_empty() && self.with_core_now(|core, now_ms| core.listener_returned(now_ms, &changes.held))
+        {
+            self.wake.notify_one();
         }
     }
 
@@ -415,6 +430,8 @@ struct ShardChanges {
     lost: Vec<ShardId>,
     /// `lost` as a set: one `EntryAbandoned` event per entry is checked against it.
     lost_set: BTreeSet<ShardId>,
+    /// The stopped shards held undrained in the core until the listener calls returned.
+    held: Vec<ShardId>,
 }
 
 impl ShardChanges {
@@ -422,6 +439,13 @@ impl ShardChanges {
     /// can no longer be acked), and `on_revoked` after `on_lost` would say the opposite.
     fn revoked_not_lost(&self) -> Vec<ShardId> {
         self.revoked.iter().copied().filter(|shard| !self.lost_set.contains(shard)).collect()
+    }
+
+    /// Every shard `on_lost` or `on_revoked` names.
+    fn stopped(&self) -> Vec<ShardId> {
+        let mut stopped = self.lost.clone();
+        stopped.extend(self.revoked_not_lost());
+        stopped
     }
 
     fn note(&mut self, event: &ClientEvent) {

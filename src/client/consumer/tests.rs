@@ -950,3 +950,39 @@ async fn a_consumer_dropped_while_its_heartbeat_task_is_in_the_sink_hears_closed
     let rendered = metrics.render();
     assert!(!rendered.contains("member=\"m1\""), "the lease series came back after Closed:\n{rendered}");
 }
+
+/// A listener whose `on_revoked` takes a while (a flush or a commit) and notes, as it returns,
+/// whether the coordinator had already received the leave.
+#[cfg(not(madsim))]
+struct SlowOnRevoked {
+    coordinator: Arc<FakeCoordinator>,
+    leave_before_return: std::sync::Mutex<Vec<bool>>,
+}
+
+#[cfg(not(madsim))]
+impl RebalanceListener for SlowOnRevoked {
+    fn on_assigned(&self, _shards: &[ShardId]) {}
+    fn on_revoked(&self, _shards: &[ShardId]) {
+        std::thread::sleep(Duration::from_millis(5 * INTERVAL_MS));
+        let left = self.coordinator.with(|s| s.heartbeats.iter().any(|h| h.leave));
+        self.leave_before_return.lock().expect("lock").push(left);
+    }
+}
+
+/// `close` ran `on_revoked` on the caller's task while the heartbeat task, on another worker, sent
+/// the leave with the shard REVOKED: the next owner could start the shard while the application
+/// still flushed it in `on_revoked` (review F3). The leave now waits for the callback, as the
+/// coordinator's revokes do.
+#[cfg(not(madsim))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_sends_the_leave_only_after_on_revoked_returned() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    let listener =
+        Arc::new(SlowOnRevoked { coordinator: Arc::clone(&coordinator), leave_before_return: Default::default() });
+    let consumer = join("m1", &coordinator, &store, &sink, Arc::clone(&listener) as Arc<dyn RebalanceListener>);
+    wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
+    consumer.close().await.expect("clean close");
+    assert_eq!(*listener.leave_before_return.lock().expect("lock"), vec![false], "the leave went during on_revoked");
+    let last = coordinator.with(|s| s.heartbeats.last().cloned()).expect("heartbeats");
+    assert!(last.leave && last.revoking.iter().all(|r| r.revoked), "{last:?}");
+}

@@ -235,6 +235,15 @@ pub struct ConsumerCore {
     /// also redelivers the next owner's in-flight entries once); fenced, the new grant's raise
     /// makes Redis refuse it. No client can know when Redis will no longer run a command it sent.
     calls: BTreeMap<ShardId, u32>,
+    /// Listener calls (`on_revoked`, `on_lost`) naming a shard that have not returned yet, by
+    /// shard (the driver's [`ConsumerCore::listener_called`] and [`ConsumerCore::listener_returned`]).
+    /// A shard is drained, and so reported REVOKED or left, only once they returned: the next
+    /// owner must not start it while the application still flushes or commits for it in its
+    /// callback. `close` ran `on_revoked` on the caller's task while the heartbeat task sent the
+    /// leave beside it (a client lifecycle review finding, F3); on the coordinator's revokes the
+    /// callback ran on the heartbeat task, before its next report, only by accident. Entries leave
+    /// when their calls return, also for a shard the core forgot meanwhile.
+    listener_calls: BTreeMap<ShardId, u32>,
     /// A coordinator refused the `memberSession` field twice in a row (a binary older than the
     /// previous release): heartbeats go without it until an answer comes, successful or one only a
     /// coordinator that reads sessions gives (`SESSION_MISMATCH`, `MEMBER_ID_IN_USE`). Kept for the
@@ -291,6 +300,7 @@ impl ConsumerCore {
             outstanding: None,
             next_generation: 1,
             calls: BTreeMap::new(),
+            listener_calls: BTreeMap::new(),
             session_refused: false,
             session_refused_once: false,
             fenced: BTreeMap::new(),
@@ -401,7 +411,7 @@ impl ConsumerCore {
         let mut reported_revoked = BTreeSet::new();
         for (shard, s) in self.shards.iter().filter(|(_, s)| s.state == ShardState::Revoking) {
             let in_flight = u32::try_from(s.in_flight.len()).unwrap_or(u32::MAX).saturating_add(self.calls_on(*shard));
-            let revoked = in_flight == 0 && (!closing || leave || s.revoke_id.is_some());
+            let revoked = self.is_drained(*shard, s) && (!closing || leave || s.revoke_id.is_some());
             if revoked {
                 reported_revoked.insert(*shard);
             }
@@ -747,18 +757,49 @@ impl ConsumerCore {
         self.calls.get(&shard).copied().unwrap_or(0)
     }
 
-    /// Revoking, no delivered entry unsettled, and no store call outstanding.
+    /// Revoking, no delivered entry unsettled, no store call outstanding, and no listener call
+    /// naming it under way.
     fn is_drained(&self, shard: ShardId, s: &Shard) -> bool {
-        s.state == ShardState::Revoking && s.in_flight.is_empty() && self.calls_on(shard) == 0
+        s.state == ShardState::Revoking
+            && s.in_flight.is_empty()
+            && self.calls_on(shard) == 0
+            && !self.listener_calls.contains_key(&shard)
+    }
+
+    /// The driver is about to tell the listener that `shards` stopped (`on_revoked`, `on_lost`):
+    /// until [`ConsumerCore::listener_returned`] for the same shards, none of them is drained.
+    /// Call it in the same critical section that took the events naming them, so no heartbeat
+    /// reports them in between.
+    pub fn listener_called(&mut self, shards: &[ShardId]) {
+        for shard in shards {
+            *self.listener_calls.entry(*shard).or_default() += 1;
+        }
+    }
+
+    /// The listener call announced by [`ConsumerCore::listener_called`] for `shards` returned.
+    /// Returns true when that drained a revoking shard (a prompt heartbeat is then due to report
+    /// it, or to leave).
+    pub fn listener_returned(&mut self, now_ms: u64, shards: &[ShardId]) -> bool {
+        let mut drained = false;
+        for shard in shards {
+            if let Some(count) = self.listener_calls.get_mut(shard) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    self.listener_calls.remove(shard);
+                }
+            }
+            drained |= self.shards.get(shard).is_some_and(|s| self.is_drained(*shard, s));
+        }
+        if drained {
+            self.next_heartbeat_ms = self.next_heartbeat_ms.min(now_ms.saturating_add(self.config.prompt_ms));
+        }
+        drained
     }
 
     fn remove_in_flight(&mut self, now_ms: u64, delivery: &Delivery) -> bool {
-        let calls = self.calls_on(delivery.shard);
         let Some(shard) = self.shards.get_mut(&delivery.shard) else { return false };
-        let drained = shard.in_flight.remove(&delivery.entry.id)
-            && shard.in_flight.is_empty()
-            && calls == 0
-            && shard.state == ShardState::Revoking;
+        let removed = shard.in_flight.remove(&delivery.entry.id);
+        let drained = removed && self.shards.get(&delivery.shard).is_some_and(|s| self.is_drained(delivery.shard, s));
         if drained {
             self.next_heartbeat_ms = self.next_heartbeat_ms.min(now_ms.saturating_add(self.config.prompt_ms));
         }

@@ -630,6 +630,29 @@ fn a_revoke_with_nothing_in_flight_is_reported_promptly() {
     assert_eq!(c.next_deadline_ms(), Some(240 + INTERVAL_MS), "back to the interval once reported");
 }
 
+/// A shard the listener is being told about (`on_revoked` under way) is not drained: neither a
+/// REVOKED report nor the leave names it until the call returned, then a prompt heartbeat does.
+#[test]
+fn a_shard_is_reported_revoked_and_left_only_after_its_listener_call_returned() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
+    c.listener_called(&[2]);
+    c.close(230);
+    c.listener_called(&[1]);
+    let req = exchange(&mut c, 230, 240, Ok(response(HeartbeatStatus::RevokePending, &[], &[2])));
+    assert!(!req.leave && req.revoking.iter().all(|r| !r.revoked), "{req:?}");
+    assert!(c.listener_returned(250, &[2]), "shard 2 drained");
+    let prompt = c.config().prompt_ms;
+    let req = exchange(&mut c, 250 + prompt, 270, Ok(response(HeartbeatStatus::Ok, &[], &[])));
+    let revoked: Vec<ShardId> = req.revoking.iter().filter(|r| r.revoked).map(|r| r.shard).collect();
+    assert_eq!((req.leave, revoked), (false, vec![2]), "shard 2 asked back goes at once, shard 1 still held");
+    assert!(c.listener_returned(280, &[1]));
+    assert_eq!(c.next_deadline_ms(), Some(280 + prompt));
+    let req = c.poll_heartbeat(280 + prompt).expect("the leave");
+    assert!(req.leave && req.revoking.iter().all(|r| r.revoked), "{req:?}");
+}
+
 #[test]
 fn draining_while_a_heartbeat_is_in_flight_reports_revoked_promptly_after_its_answer() {
     let mut c = core();
