@@ -45,6 +45,15 @@ pub enum StopReason {
     /// the read returns is not covered: if it runs at Redis after the read, it acks the entry the
     /// read handed out, which is then lost (a split brain's old primary loses writes anyway).
     Reexposed,
+    /// Entries only: the entry stayed in flight (handed out, neither acked nor abandoned) for
+    /// `ConsumerConfig::max_in_flight_ms` while its shard was being read; the next poll delivers
+    /// it again.
+    InFlightTimeout,
+    /// Entries only: the entry, or another of its shard's, stayed in flight for
+    /// `ConsumerConfig::max_in_flight_ms` while the shard was draining (revoked, or closing): the
+    /// drain ends without them (the application hears `on_lost` for the shard) and the shard's
+    /// next owner delivers them.
+    DrainTimeout,
 }
 
 impl StopReason {
@@ -59,7 +68,7 @@ impl StopReason {
         StopReason::Closing,
     ];
     /// Every reason, the entries' own included.
-    pub const ALL: [StopReason; 9] = [
+    pub const ALL: [StopReason; 11] = [
         StopReason::Revoked,
         StopReason::SyncDropped,
         StopReason::LeaseExpired,
@@ -69,6 +78,8 @@ impl StopReason {
         StopReason::Closing,
         StopReason::Application,
         StopReason::Reexposed,
+        StopReason::InFlightTimeout,
+        StopReason::DrainTimeout,
     ];
 }
 
@@ -434,7 +445,9 @@ mod tests {
                 | StopReason::FencedAtStore
                 | StopReason::Closing
                 | StopReason::Application
-                | StopReason::Reexposed => {}
+                | StopReason::Reexposed
+                | StopReason::InFlightTimeout
+                | StopReason::DrainTimeout => {}
             }
         }
         let distinct: std::collections::BTreeSet<_> = StopReason::ALL.into_iter().collect();

@@ -1,5 +1,6 @@
-//! [`Consumer::ack_all`]: acknowledges many deliveries with one XACK per shard, the fenced
-//! shards' XACKs in one store call (one script on Redis), the unfenced ones in flight together.
+//! Settling many deliveries at once: [`Consumer::ack_all`] acknowledges them with one XACK per
+//! shard, the fenced shards' XACKs in one store call (one script on Redis), the unfenced ones in
+//! flight together; [`Consumer::abandon_in_flight`] gives up everything in flight.
 //!
 //! Owns only the batching: every delivery is checked and settled in the core exactly as a single
 //! [`Consumer::ack`] is (in flight, lease holds; acked, or the shard lost on `FENCED`). Never
@@ -21,6 +22,36 @@ struct ShardBatch<'a> {
 }
 
 impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
+    /// Gives up every entry in flight (handed out, neither acked nor abandoned), on every shard:
+    /// for an application that lost track of its deliveries (a batch loop left by `?`, processing
+    /// tasks that panicked or were cancelled) and would otherwise hold them in flight until
+    /// [`ConsumerConfig::max_in_flight_ms`](super::ConsumerConfig::max_in_flight_ms), keeping
+    /// their shards from being handed over and `close` from leaving. Like Kafka's seek back to
+    /// the last commit: they stay pending at Redis and the next poll delivers them again (a
+    /// revoked shard's next owner, if it was revoked); acks of the old deliveries are refused
+    /// (`NotInFlight`). Only for deliveries nobody works on any more: one still being processed
+    /// is then processed twice at once. Returns how many were in flight; the sink hears each
+    /// (`EntryAbandoned`, reason `Application`). [`ConsumerStatus::in_flight`](super::ConsumerStatus)
+    /// says how many are.
+    pub fn abandon_in_flight(&self) -> usize {
+        self.abandon_in_flight_on(None)
+    }
+
+    /// [`Consumer::abandon_in_flight`] for one shard's entries only (say from `on_revoked`, for
+    /// work the application cancels rather than finishes).
+    pub fn abandon_in_flight_of(&self, shard: ShardId) -> usize {
+        self.abandon_in_flight_on(Some(shard))
+    }
+
+    fn abandon_in_flight_on(&self, shard: Option<ShardId>) -> usize {
+        let abandoned = self.shared.with_core_now(|core, now_ms| core.abandon_in_flight(now_ms, shard));
+        if abandoned > 0 {
+            // A revoking shard may be drained now: its REVOKED report (or the leave) is due.
+            self.shared.wake.notify_one();
+        }
+        abandoned
+    }
+
     /// Acknowledges every delivery in `deliveries` (like Kafka's `commitSync` of a batch): one
     /// XACK per shard, the fenced shards' XACKs in one `fenced_xack_many` call (one script on
     /// Redis) and the unfenced ones concurrently beside it, so a batch costs one round trip

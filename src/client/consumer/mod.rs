@@ -60,7 +60,9 @@ pub trait RebalanceListener: Send + Sync {
     /// The consumer lost `shards` at once (lease ended, fenced, group unavailable): in-flight
     /// entries were abandoned and can no longer be acked; stop working on them (the next owner
     /// redelivers them). Also called for a shard `on_revoked` already named, when it is lost while
-    /// draining with entries in flight. The default calls `on_revoked`.
+    /// draining with entries in flight, or when its drain gives up entries in flight for
+    /// `ConsumerConfig::max_in_flight_ms`; it is released only once this call returned. The
+    /// default calls `on_revoked`.
     fn on_lost(&self, shards: &[ShardId]) {
         self.on_revoked(shards);
     }
@@ -105,6 +107,14 @@ pub struct ConsumerStatus {
     pub lease_end_ms: Option<u64>,
     pub readable: Vec<ShardId>,
     pub revoking: Vec<ShardId>,
+    /// Entries handed out and not settled yet (neither acked nor abandoned), on every shard. A
+    /// revoking shard is handed over, and `close` leaves, only once its own are settled.
+    pub in_flight: usize,
+    /// `in_flight` per shard (shards with none are left out).
+    pub in_flight_by_shard: BTreeMap<ShardId, usize>,
+    /// How long the oldest entry in flight has been (`None`: nothing in flight). One that keeps
+    /// growing towards `max_in_flight_ms` is a delivery the application lost track of.
+    pub oldest_in_flight_age_ms: Option<u64>,
 }
 
 struct Shared<T, S> {
@@ -206,6 +216,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     pub fn status(&self) -> ConsumerStatus {
         let core = self.shared.lock();
         let now_ms = self.shared.clock.now_ms();
+        let in_flight_by_shard = core.in_flight_by_shard();
         ConsumerStatus {
             phase: core.phase(),
             member_epoch: core.member_epoch(),
@@ -213,6 +224,9 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
             lease_end_ms: core.lease_end_ms(),
             readable: core.readable_shards(now_ms),
             revoking: core.revoking_shards(),
+            in_flight: in_flight_by_shard.values().sum(),
+            in_flight_by_shard,
+            oldest_in_flight_age_ms: core.oldest_in_flight_age_ms(now_ms),
         }
     }
 
@@ -462,11 +476,17 @@ impl ShardChanges {
             // A shard already stopped (draining after a revoke) whose in-flight entries are
             // given up because it was lost (lease end, fenced, group gone): the application,
             // told only `on_revoked`, was still processing them beside the next owner (a consumer
-            // API review finding). It hears `on_lost` for it once.
+            // API review finding). It hears `on_lost` for it once; so does a shard whose drain gave
+            // up entries in flight for `max_in_flight_ms` (the application may still be working on
+            // them, and their next owner starts once the call returned).
             ClientEvent::EntryAbandoned {
                 shard,
                 reason:
-                    StopReason::LeaseExpired | StopReason::Fenced | StopReason::GroupUnavailable | StopReason::FencedAtStore,
+                    StopReason::LeaseExpired
+                    | StopReason::Fenced
+                    | StopReason::GroupUnavailable
+                    | StopReason::FencedAtStore
+                    | StopReason::DrainTimeout,
                 ..
             } => {
                 if !self.lost_set.insert(*shard) {

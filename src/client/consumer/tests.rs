@@ -986,3 +986,173 @@ async fn close_sends_the_leave_only_after_on_revoked_returned() {
     let last = coordinator.with(|s| s.heartbeats.last().cloned()).expect("heartbeats");
     assert!(last.leave && last.revoking.iter().all(|r| r.revoked), "{last:?}");
 }
+
+/// Publishes three entries to shard 0 (the only shard with entries), polls them, acks the first
+/// and drops the others without an ack or an abandon (a `?` in a batch loop, a panicked task):
+/// returns the consumer and the two leaked deliveries.
+async fn leak_two_of_three(
+    config: ConsumerConfig,
+    coordinator: &Arc<FakeCoordinator>,
+    store: &MemoryStore,
+    sink: &Arc<VecSink>,
+    listener: Arc<dyn RebalanceListener>,
+) -> (TestConsumer, Vec<Delivery>) {
+    publish(store, 0, 3).await;
+    let env = ClientEnv::new(Clock::new(), Arc::clone(sink) as Arc<dyn EventSink>);
+    let consumer = Consumer::join_with(config, Arc::clone(coordinator), store.connect(), env, listener);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "got only {} of 3 entries", got.len());
+        got.extend(consumer.poll(3 - got.len()).await.expect("poll"));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    consumer.ack(&got[0]).await.expect("ack");
+    let leaked = got.split_off(1);
+    (consumer, leaked)
+}
+
+/// The ids of `deliveries`.
+fn ids(deliveries: &[Delivery]) -> Vec<crate::store::EntryId> {
+    deliveries.iter().map(|d| d.entry.id).collect()
+}
+
+/// Deliveries dropped unsettled stayed in flight for ever: the own-pending re-read and the
+/// pending sweep skip entries in flight, so they were never delivered again while the consumer
+/// kept the shard, and nothing showed them (review F2). They now show in the status, and once in
+/// flight for `max_in_flight_ms` they are given up (`InFlightTimeout`) and delivered again.
+#[tokio::test]
+async fn deliveries_in_flight_for_max_in_flight_ms_are_given_up_and_delivered_again() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    let mut config = config("m1");
+    config.max_in_flight_ms = LEASE_MS;
+    let (consumer, leaked) = leak_two_of_three(config, &coordinator, &store, &sink, Arc::new(NoopListener)).await;
+    let status = consumer.status();
+    assert_eq!((status.in_flight, &status.in_flight_by_shard), (2, &BTreeMap::from([(0, 2)])));
+    assert!(status.oldest_in_flight_age_ms.is_some_and(|age_ms| age_ms < LEASE_MS), "{status:?}");
+    let again = poll_n(&consumer, 2).await;
+    assert_eq!(ids(&again), ids(&leaked), "the leaked entries come again, and only they");
+    let timed_out: Vec<_> = sink
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            ClientEvent::EntryAbandoned { entry, reason: StopReason::InFlightTimeout, .. } => Some(entry),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(timed_out, ids(&leaked));
+    consumer.ack_all(&again).await.expect("ack the new deliveries");
+    assert_eq!(consumer.status().in_flight, 0);
+    assert!(store.peek_pending("orders:0", "billing").is_empty());
+}
+
+/// A shard revoked while a dropped delivery of it is in flight: its drain waited for the entry
+/// for ever, so the coordinator fenced the whole member after `rebalanceTimeoutMs` (review F2).
+/// The entries are given up after `max_in_flight_ms`, the application hears `on_lost` (it may
+/// still work on them), and the shard is reported REVOKED.
+#[tokio::test]
+async fn a_revoke_does_not_wait_for_a_dropped_delivery_past_max_in_flight_ms() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let mut config = config("m1");
+    config.max_in_flight_ms = LEASE_MS;
+    let recorder = Arc::new(Recorder::default());
+    let listener = Arc::clone(&recorder) as Arc<dyn RebalanceListener>;
+    let (consumer, leaked) = leak_two_of_three(config, &coordinator, &store, &sink, listener).await;
+    coordinator.with(|s| s.assigned.insert("m1".into(), vec![1]));
+    let revoked =
+        || coordinator.with(|s| s.heartbeats.iter().any(|h| h.revoking.iter().any(|r| r.shard == 0 && r.revoked)));
+    wait_until("shard 0 reported REVOKED", revoked).await;
+    assert_eq!(consumer.status().readable, vec![1], "shard 1 kept, member not fenced");
+    assert_eq!(recorder.calls(), vec![("assigned", vec![0, 1]), ("revoked", vec![0]), ("lost", vec![0])]);
+    let given_up: Vec<_> = sink
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            ClientEvent::EntryAbandoned { entry, reason: StopReason::DrainTimeout, .. } => Some(entry),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(given_up, ids(&leaked));
+}
+
+/// An application that lost track of its deliveries gives them all up at once: `close` then
+/// leaves at once instead of waiting for them until it times out without a leave (review F2).
+#[tokio::test]
+async fn abandon_in_flight_gives_up_lost_deliveries_and_close_leaves_at_once() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let (consumer, leaked) = leak_two_of_three(config("m1"), &coordinator, &store, &sink, Arc::new(NoopListener)).await;
+    publish(&store, 1, 1).await;
+    let other = poll_n(&consumer, 1).await;
+    assert_eq!(consumer.status().in_flight_by_shard, BTreeMap::from([(0, 2), (1, 1)]));
+    assert_eq!(consumer.abandon_in_flight_of(1), 1);
+    assert_eq!(consumer.ack(&other[0]).await, Err(AckError::NotInFlight { shard: 1, entry: other[0].entry.id }));
+    assert_eq!(consumer.abandon_in_flight(), 2);
+    assert_eq!(consumer.status().in_flight, 0);
+    let abandoned = sink
+        .events()
+        .iter()
+        .filter(|e| matches!(e, ClientEvent::EntryAbandoned { reason: StopReason::Application, .. }))
+        .count();
+    assert_eq!(abandoned, 3);
+    let started = tokio::time::Instant::now();
+    consumer.close().await.expect("clean close");
+    assert!(started.elapsed() < Duration::from_secs(1), "close waited: {:?}", started.elapsed());
+    assert!(coordinator.with(|s| s.heartbeats.last().is_some_and(|h| h.leave)));
+    assert_eq!(store.peek_pending("orders:0", "billing").len(), leaked.len(), "still pending at Redis");
+}
+
+/// With the library's defaults (`max_in_flight_ms` 25 s, in simulated time): deliveries dropped
+/// unsettled were never delivered again while the consumer kept their shard: the own-pending
+/// re-read and the pending sweep skip entries in flight (review F2).
+#[cfg(madsim)]
+#[tokio::test]
+async fn with_the_defaults_dropped_deliveries_come_again() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0])]);
+    let (consumer, leaked) =
+        leak_two_of_three(ConsumerConfig::new(group(), "m1"), &coordinator, &store, &sink, Arc::new(NoopListener))
+            .await;
+    // Past the pending sweep (30 s), which did not help.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    let mut again = Vec::new();
+    while again.len() < leaked.len() && tokio::time::Instant::now() < deadline {
+        again.extend(consumer.poll_wait(10, Duration::from_secs(1)).await.expect("poll"));
+    }
+    assert_eq!(ids(&again), ids(&leaked), "the dropped deliveries come again");
+}
+
+/// With the library's defaults (simulated time): a revoke of a shard with deliveries dropped
+/// unsettled waited for them past the group's default `rebalanceTimeoutMs` (30 s), when the
+/// coordinator fences the whole member and every shard it holds is lost (review F2).
+#[cfg(madsim)]
+#[tokio::test]
+async fn with_the_defaults_a_shard_with_dropped_deliveries_is_revoked_within_the_rebalance_timeout() {
+    const REBALANCE_TIMEOUT_MS: u64 = 30_000;
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let (_consumer, _leaked) =
+        leak_two_of_three(ConsumerConfig::new(group(), "m1"), &coordinator, &store, &sink, Arc::new(NoopListener))
+            .await;
+    coordinator.with(|s| s.assigned.insert("m1".into(), vec![1]));
+    let revoked =
+        || coordinator.with(|s| s.heartbeats.iter().any(|h| h.revoking.iter().any(|r| r.shard == 0 && r.revoked)));
+    // Less a second: the coordinator counts from the revoke, heard at the next heartbeat.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(REBALANCE_TIMEOUT_MS - 1_000);
+    while !revoked() {
+        assert!(tokio::time::Instant::now() < deadline, "shard 0 not REVOKED within the rebalance timeout");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// With the library's defaults (simulated time): a `close` with deliveries dropped unsettled
+/// waited for them until `close_timeout_ms` and gave up without a leave, leaving every shard to
+/// wait out the member's TTL (review F2). It now leaves once they reach `max_in_flight_ms`.
+#[cfg(madsim)]
+#[tokio::test]
+async fn with_the_defaults_close_leaves_despite_dropped_deliveries() {
+    let (store, coordinator, sink) = setup(&[("m1", vec![0, 1])]);
+    let (consumer, _leaked) =
+        leak_two_of_three(ConsumerConfig::new(group(), "m1"), &coordinator, &store, &sink, Arc::new(NoopListener))
+            .await;
+    assert_eq!(consumer.close().await, Ok(()));
+    let last = coordinator.with(|s| s.heartbeats.last().cloned()).expect("heartbeats");
+    assert!(last.leave && last.revoking.iter().all(|r| r.revoked), "{last:?}");
+}

@@ -285,7 +285,6 @@ impl ConsumerCore {
                     Shard {
                         generation,
                         state: ShardState::Revoking,
-                        in_flight: BTreeSet::new(),
                         setup_at_ms: 0,
                         revoke_id: None,
                         fence: None,
@@ -305,7 +304,6 @@ impl ConsumerCore {
         let fresh = Shard {
             generation,
             state: state.clone(),
-            in_flight: BTreeSet::new(),
             setup_at_ms: now_ms,
             revoke_id: None,
             fence,
@@ -332,7 +330,7 @@ impl ConsumerCore {
                 events.push(ClientEvent::ShardStopped { at_ms: now_ms, member: member.clone(), shard: *shard, reason });
             }
             if abandon {
-                for entry in std::mem::take(&mut s.in_flight) {
+                for entry in self.in_flight.take(*shard) {
                     events.push(ClientEvent::EntryAbandoned {
                         at_ms: now_ms,
                         member: member.clone(),

@@ -70,6 +70,30 @@ pub struct ConsumerConfig {
     /// incarnations it joins, and it can rejoin its own member id at once (DESIGN §9). Never
     /// logged.
     pub member_session: MemberSession,
+    /// Longest an entry may stay in flight (handed to the application, neither acked nor
+    /// abandoned) before the consumer gives it up itself, like Kafka's `max.poll.interval.ms`
+    /// or an SQS visibility timeout; 0: never. A given-up entry stays pending at Redis and an ack
+    /// of it is refused (`NotInFlight`). On a shard still being read (`EntryAbandoned`, reason
+    /// `InFlightTimeout`) the next poll here delivers it again (the shard re-reads its own
+    /// pending entries). On a draining shard (revoked, or closing: reason `DrainTimeout`) the
+    /// drain ends: the shard's other entries in flight are given up with it, the application
+    /// hears `on_lost` for the shard (stop working on its entries), and once that call returned
+    /// the shard is reported REVOKED (or left) and its next owner delivers them. Without it, a
+    /// delivery the application dropped without an ack or an abandon (a `?` in a batch loop, a
+    /// panicked task, an ack error logged and skipped) stayed in flight for ever: never delivered
+    /// again, its shard never drained, so the next revoke of that shard got the whole member
+    /// fenced after `rebalanceTimeoutMs`, and every `close` timed out without a leave (a client
+    /// lifecycle review finding, F2).
+    ///
+    /// The price: an entry still being processed when it is given up is processed again, maybe
+    /// at the same time: here, or by the next owner if the application goes on past `on_lost`.
+    /// Default 25 s: below the group's default `rebalanceTimeoutMs` (30 s) less three heartbeat
+    /// intervals, which bounds processing anyway (a drain that takes longer gets the member
+    /// fenced, and every shard it held is lost; README), and below `close_timeout_ms`. With the
+    /// defaults, a lost delivery holds up a revoke or a close for at most 25 s and never gets
+    /// the member fenced. For longer processing, raise it together with `rebalanceTimeoutMs` and
+    /// `close_timeout_ms`.
+    pub max_in_flight_ms: u64,
     /// Deliberate mistakes for the simulation's negative tests; `NONE` everywhere else.
     pub planted: PlantedBugs,
 }
@@ -87,6 +111,7 @@ impl ConsumerConfig {
             close_timeout_ms: 30_000,
             poll_idle_ms: 50,
             pending_sweep_interval_ms: 30_000,
+            max_in_flight_ms: 25_000,
             member_session: MemberSession::generate(),
             planted: PlantedBugs::NONE,
         }
@@ -120,7 +145,6 @@ struct Shard {
     /// recognised and dropped.
     generation: u64,
     state: ShardState,
-    in_flight: BTreeSet<EntryId>,
     /// When the current setup was planned (start or the last pending sweep).
     setup_at_ms: u64,
     /// Pending sweeps since the shard started. A read planned before the latest sweep is dropped
@@ -172,7 +196,11 @@ pub struct ReadPlan {
     pub pending_round: u64,
 }
 
-/// An entry handed to the application. Ack it with [`super::Consumer::ack`].
+/// An entry handed to the application. Settle every one: ack it with [`super::Consumer::ack`]
+/// (or [`super::Consumer::ack_all`]), or give it up with [`super::Consumer::abandon`]. Until then
+/// it is in flight: not delivered again, and its shard cannot be handed over (a revoke or a close
+/// waits for it). A delivery dropped unsettled stays in flight until
+/// [`ConsumerConfig::max_in_flight_ms`] (or [`super::Consumer::abandon_in_flight`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery {
     pub shard: ShardId,
@@ -188,7 +216,8 @@ pub struct Delivery {
 /// Why an ack (or abandon) is refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AckError {
-    /// The entry is not in flight here: abandoned at lease end, fenced, already acked, or unknown.
+    /// The entry is not in flight here: abandoned (at lease end, fenced, by the application, or
+    /// in flight longer than `ConsumerConfig::max_in_flight_ms`), already acked, or unknown.
     #[error("entry {entry} of shard {shard} is not in flight (abandoned, acked, or never delivered)")]
     NotInFlight { shard: ShardId, entry: EntryId },
     /// The assignment lease ended; acking now could race the shard's next owner.
@@ -198,7 +227,8 @@ pub enum AckError {
     /// lost at once and the entry abandoned (its next owner redelivers it).
     #[error("shard {shard} is fenced at Redis (a newer grant owns it); entry {entry} was abandoned")]
     Fenced { shard: ShardId, entry: EntryId },
-    /// The XACK itself failed; the entry stays in flight and may be acked again.
+    /// The XACK itself failed; the entry stays in flight and may be acked again (or abandoned:
+    /// left in flight, it is given up after `ConsumerConfig::max_in_flight_ms`).
     #[error("XACK failed: {0}")]
     Store(String),
 }
@@ -223,6 +253,8 @@ pub struct ConsumerCore {
     /// `ExtendLeaseOnFailedHeartbeat` reuses it).
     last_lease_ms: u64,
     shards: BTreeMap<ShardId, Shard>,
+    /// The entries handed out and not settled yet, of shards in `shards` only.
+    in_flight: InFlight,
     next_heartbeat_ms: u64,
     outstanding: Option<Outstanding>,
     next_generation: u64,
@@ -296,6 +328,7 @@ impl ConsumerCore {
             lease_end_ms: None,
             last_lease_ms: 0,
             shards: BTreeMap::new(),
+            in_flight: InFlight::default(),
             next_heartbeat_ms: 0,
             outstanding: None,
             next_generation: 1,
@@ -352,7 +385,17 @@ impl ConsumerCore {
 
     /// Entries in flight on `shard`.
     pub fn in_flight(&self, shard: ShardId) -> usize {
-        self.shards.get(&shard).map_or(0, |s| s.in_flight.len())
+        self.in_flight.count(shard)
+    }
+
+    /// Entries in flight per shard (shards with none are left out).
+    pub fn in_flight_by_shard(&self) -> BTreeMap<ShardId, usize> {
+        self.in_flight.counts()
+    }
+
+    /// How long the oldest entry in flight has been in flight at `now_ms`.
+    pub fn oldest_in_flight_age_ms(&self, now_ms: u64) -> Option<u64> {
+        self.in_flight.oldest_ms().map(|handed_ms| now_ms.saturating_sub(handed_ms))
     }
 
     /// Takes the events emitted so far.
@@ -366,13 +409,15 @@ impl ConsumerCore {
         self.events.drain(..).for_each(f);
     }
 
-    /// The next time something is due: a heartbeat (when none is in flight) or the lease end.
+    /// The next time something is due: a heartbeat (when none is in flight), the lease end, or
+    /// the end of the oldest in-flight entry's `max_in_flight_ms`.
     pub fn next_deadline_ms(&self) -> Option<u64> {
         let heartbeat = (self.outstanding.is_none() && self.phase != Phase::Left).then_some(self.next_heartbeat_ms);
-        [heartbeat, self.lease_end_ms].into_iter().flatten().min()
+        [heartbeat, self.lease_end_ms, self.in_flight_deadline_ms()].into_iter().flatten().min()
     }
 
-    /// Applies timers: at lease end every shard stops and every in-flight entry is abandoned.
+    /// Applies timers: at lease end every shard stops and every in-flight entry is abandoned; an
+    /// entry in flight for `max_in_flight_ms` is given up.
     pub fn handle_timeout(&mut self, now_ms: u64) {
         match self.lease_end_ms {
             Some(end) if now_ms >= end => {
@@ -380,6 +425,71 @@ impl ConsumerCore {
                 self.stop_all(now_ms, StopReason::LeaseExpired, true);
             }
             _ => {}
+        }
+        if self.in_flight_deadline_ms().is_some_and(|deadline_ms| now_ms >= deadline_ms) {
+            let cutoff_ms = now_ms.saturating_sub(self.config.max_in_flight_ms);
+            let mut expired = self.in_flight.take_handed_out_by(cutoff_ms);
+            // A drain that timed out ends: the shard's other entries go with the first, since the
+            // application, told `on_lost`, stops working on all of them (and hears it once).
+            let draining: BTreeSet<ShardId> = expired
+                .iter()
+                .map(|(shard, _)| *shard)
+                .filter(|shard| self.shards.get(shard).is_some_and(|s| s.state == ShardState::Revoking))
+                .collect();
+            for shard in draining {
+                expired.extend(self.in_flight.take(shard).into_iter().map(|entry| (shard, entry)));
+            }
+            let reason = |draining| if draining { StopReason::DrainTimeout } else { StopReason::InFlightTimeout };
+            self.gave_up(now_ms, expired, reason);
+        }
+    }
+
+    /// When the oldest entry in flight reaches `max_in_flight_ms` (`None`: nothing in flight, or
+    /// no limit).
+    fn in_flight_deadline_ms(&self) -> Option<u64> {
+        let max_ms = self.config.max_in_flight_ms;
+        let oldest_ms = self.in_flight.oldest_ms().filter(|_| max_ms > 0)?;
+        Some(oldest_ms.saturating_add(max_ms))
+    }
+
+    /// Gives up every entry in flight, or only `shard`'s, for the application
+    /// ([`super::Consumer::abandon_in_flight`]): as [`ConsumerCore::abandon`] does one by one,
+    /// except that the shards still being read re-read their own pending entries at the next
+    /// poll, delivering these again. Returns how many were in flight.
+    pub fn abandon_in_flight(&mut self, now_ms: u64, shard: Option<ShardId>) -> usize {
+        self.handle_timeout(now_ms);
+        let shards = match shard {
+            Some(shard) => vec![shard],
+            None => self.in_flight.shards(),
+        };
+        let mut entries = Vec::new();
+        for shard in shards {
+            entries.extend(self.in_flight.take(shard).into_iter().map(|entry| (shard, entry)));
+        }
+        let count = entries.len();
+        self.gave_up(now_ms, entries, |_| StopReason::Application);
+        count
+    }
+
+    /// `entries`, already out of `in_flight`, were given up, for `reason(draining)` (not one by
+    /// one by the application): the sink hears each, a shard still being read re-reads its own
+    /// pending entries at the next poll (so they are delivered again then, not at the next sweep),
+    /// and a draining shard this drained is reported promptly.
+    fn gave_up(&mut self, now_ms: u64, entries: Vec<(ShardId, EntryId)>, reason: impl Fn(bool) -> StopReason) {
+        let mut shards = BTreeSet::new();
+        for (shard, entry) in entries {
+            let member = self.config.member_id.clone();
+            let reason = reason(self.shards.get(&shard).is_some_and(|s| s.state == ShardState::Revoking));
+            self.emit(ClientEvent::EntryAbandoned { at_ms: now_ms, member, shard, entry, reason });
+            shards.insert(shard);
+        }
+        let mut drained = false;
+        for shard in shards {
+            self.reread_pending_of(shard);
+            drained |= self.shards.get(&shard).is_some_and(|s| self.is_drained(shard, s));
+        }
+        if drained {
+            self.next_heartbeat_ms = self.next_heartbeat_ms.min(now_ms.saturating_add(self.config.prompt_ms));
         }
     }
 
@@ -410,7 +520,8 @@ impl ConsumerCore {
         let mut revoking = Vec::new();
         let mut reported_revoked = BTreeSet::new();
         for (shard, s) in self.shards.iter().filter(|(_, s)| s.state == ShardState::Revoking) {
-            let in_flight = u32::try_from(s.in_flight.len()).unwrap_or(u32::MAX).saturating_add(self.calls_on(*shard));
+            let in_flight =
+                u32::try_from(self.in_flight.count(*shard)).unwrap_or(u32::MAX).saturating_add(self.calls_on(*shard));
             let revoked = self.is_drained(*shard, s) && (!closing || leave || s.revoke_id.is_some());
             if revoked {
                 reported_revoked.insert(*shard);
@@ -499,7 +610,11 @@ impl ConsumerCore {
             return Vec::new();
         }
         let sweep_ms = self.config.pending_sweep_interval_ms;
-        self.shards.iter_mut().filter_map(|(shard, s)| Self::plan_of(*shard, s, now_ms, sweep_ms)).collect()
+        let in_flight = &self.in_flight;
+        self.shards
+            .iter_mut()
+            .filter_map(|(shard, s)| Self::plan_of(*shard, s, now_ms, sweep_ms, in_flight.count(*shard)))
+            .collect()
     }
 
     /// The plan for one shard at `now_ms`, if it is still readable (re-check before each call).
@@ -512,7 +627,7 @@ impl ConsumerCore {
         let sweep_ms = self.config.pending_sweep_interval_ms;
         let mut found = None;
         for (id, s) in self.shards.iter_mut() {
-            let plan = Self::plan_of(*id, s, now_ms, sweep_ms);
+            let plan = Self::plan_of(*id, s, now_ms, sweep_ms, self.in_flight.count(*id));
             if *id == shard {
                 found = plan.filter(|p| p.generation == generation);
             }
@@ -527,7 +642,8 @@ impl ConsumerCore {
     }
 
     /// The next call on one shard (`None`: revoking), starting its pending sweep when one is due.
-    fn plan_of(shard: ShardId, s: &mut Shard, now_ms: u64, sweep_ms: u64) -> Option<ReadPlan> {
+    /// `in_flight`: the shard's entries in flight.
+    fn plan_of(shard: ShardId, s: &mut Shard, now_ms: u64, sweep_ms: u64, in_flight: usize) -> Option<ReadPlan> {
         let sweep_due = sweep_ms > 0 && now_ms >= s.setup_at_ms.saturating_add(sweep_ms);
         if sweep_due && s.state == (ShardState::Reading { setup_done: true, pending_done: true }) {
             s.state = ShardState::Reading { setup_done: false, pending_done: false };
@@ -540,7 +656,7 @@ impl ConsumerCore {
             ShardState::Reading { setup_done: true, pending_done: true } => ReadStep::Read(ReadFrom::New),
             ShardState::Revoking => return None,
         };
-        let (generation, in_flight, fence, pending_round) = (s.generation, s.in_flight.len(), s.fence, s.pending_round);
+        let (generation, fence, pending_round) = (s.generation, s.fence, s.pending_round);
         Some(ReadPlan { shard, generation, step, in_flight, fence, pending_round })
     }
 
@@ -550,10 +666,18 @@ impl ConsumerCore {
     /// re-read at the next poll instead of at the next pending sweep (entries in flight are not
     /// delivered twice; results of reads planned before are dropped, as after a sweep).
     pub fn reread_own_pending(&mut self, shard: ShardId, generation: u64) {
+        if self.shards.get(&shard).is_some_and(|s| s.generation == generation) {
+            self.reread_pending_of(shard);
+        }
+    }
+
+    /// The next poll re-reads `shard`'s own pending entries, if it is being read and had done so
+    /// already; reads planned before are dropped when they return.
+    fn reread_pending_of(&mut self, shard: ShardId) {
         if self.config.planted.has(crate::core::planted::PlantedBug::SkipPendingRecovery) {
             return;
         }
-        let Some(s) = self.shards.get_mut(&shard).filter(|s| s.generation == generation) else { return };
+        let Some(s) = self.shards.get_mut(&shard) else { return };
         if s.state == (ShardState::Reading { setup_done: true, pending_done: true }) {
             s.state = ShardState::Reading { setup_done: true, pending_done: false };
             s.pending_round += 1;
@@ -606,13 +730,14 @@ impl ConsumerCore {
         let reexposed: Vec<EntryId> = if own_pending {
             Vec::new()
         } else {
-            entries.iter().map(|e| e.id).filter(|id| shard.in_flight.contains(id)).collect()
+            entries.iter().map(|e| e.id).filter(|id| self.in_flight.contains(plan.shard, *id)).collect()
         };
         let acked = &shard.acked_before_pending_read;
+        let in_flight = &mut self.in_flight;
         let mut fresh: Vec<StreamEntry> =
-            entries.into_iter().filter(|e| !shard.in_flight.contains(&e.id) && !acked.contains(&e.id)).collect();
+            entries.into_iter().filter(|e| !in_flight.contains(plan.shard, e.id) && !acked.contains(&e.id)).collect();
         for id in &reexposed {
-            shard.in_flight.remove(id);
+            in_flight.remove(plan.shard, *id);
         }
         // An own-pending read asks for the entries in flight plus the caller's `max` (those come
         // back too); more than `max` fresh ones (in flight ones acked meanwhile, or pending entries
@@ -626,7 +751,7 @@ impl ConsumerCore {
         }
         let mut out = Vec::with_capacity(fresh.len());
         for entry in fresh {
-            shard.in_flight.insert(entry.id);
+            in_flight.insert(plan.shard, entry.id, now_ms);
             out.push(Delivery { shard: plan.shard, stream: stream.clone(), entry, fence: plan.fence });
         }
         for entry in reexposed {
@@ -652,8 +777,7 @@ impl ConsumerCore {
     pub fn check_ack(&mut self, now_ms: u64, delivery: &Delivery) -> Result<(), AckError> {
         self.handle_timeout(now_ms);
         let (shard, entry) = (delivery.shard, delivery.entry.id);
-        let in_flight = self.shards.get(&shard).is_some_and(|s| s.in_flight.contains(&entry));
-        if !in_flight {
+        if !self.in_flight.contains(shard, entry) {
             return Err(AckError::NotInFlight { shard, entry });
         }
         if !self.lease_holds(now_ms) {
@@ -682,7 +806,7 @@ impl ConsumerCore {
     /// of the shard, or claimed by the next owner). Returns true when it drained a revoking shard.
     pub fn abandon(&mut self, now_ms: u64, delivery: &Delivery) -> Result<bool, AckError> {
         let (shard, entry) = (delivery.shard, delivery.entry.id);
-        if !self.shards.get(&shard).is_some_and(|s| s.in_flight.contains(&entry)) {
+        if !self.in_flight.contains(shard, entry) {
             return Err(AckError::NotInFlight { shard, entry });
         }
         let member = self.config.member_id.clone();
@@ -715,7 +839,7 @@ impl ConsumerCore {
                 reason: StopReason::FencedAtStore,
             });
         }
-        for entry in s.in_flight {
+        for entry in self.in_flight.take(shard) {
             let reason = StopReason::FencedAtStore;
             self.emit(ClientEvent::EntryAbandoned { at_ms: now_ms, member: member.clone(), shard, entry, reason });
         }
@@ -761,7 +885,7 @@ impl ConsumerCore {
     /// naming it under way.
     fn is_drained(&self, shard: ShardId, s: &Shard) -> bool {
         s.state == ShardState::Revoking
-            && s.in_flight.is_empty()
+            && self.in_flight.count(shard) == 0
             && self.calls_on(shard) == 0
             && !self.listener_calls.contains_key(&shard)
     }
@@ -797,8 +921,7 @@ impl ConsumerCore {
     }
 
     fn remove_in_flight(&mut self, now_ms: u64, delivery: &Delivery) -> bool {
-        let Some(shard) = self.shards.get_mut(&delivery.shard) else { return false };
-        let removed = shard.in_flight.remove(&delivery.entry.id);
+        let removed = self.in_flight.remove(delivery.shard, delivery.entry.id);
         let drained = removed && self.shards.get(&delivery.shard).is_some_and(|s| self.is_drained(delivery.shard, s));
         if drained {
             self.next_heartbeat_ms = self.next_heartbeat_ms.min(now_ms.saturating_add(self.config.prompt_ms));
@@ -820,6 +943,9 @@ impl ConsumerCore {
 }
 
 mod apply;
+mod in_flight;
+
+use self::in_flight::InFlight;
 
 #[cfg(test)]
 mod proptests;

@@ -1084,3 +1084,125 @@ fn a_drain_of_thousands_of_shards_is_reported_in_heartbeats_that_fit_the_body_li
     }
     assert_eq!(reported.len(), drained.len(), "every drained shard was reported, in {} heartbeats", now / 210);
 }
+
+/// The in-flight bookkeeping: an entry is in both views or in neither, timed out oldest first.
+#[test]
+fn in_flight_entries_leave_both_views_and_time_out_oldest_first() {
+    let mut in_flight = in_flight::InFlight::default();
+    in_flight.insert(1, eid(5), 100);
+    in_flight.insert(2, eid(3), 50);
+    in_flight.insert(1, eid(6), 200);
+    assert_eq!(in_flight.counts(), BTreeMap::from([(1, 2), (2, 1)]));
+    assert_eq!(in_flight.oldest_ms(), Some(50));
+    // Handed out again: its age starts over, and it is counted once.
+    in_flight.insert(2, eid(3), 150);
+    assert_eq!((in_flight.count(2), in_flight.oldest_ms()), (1, Some(100)));
+    assert_eq!(in_flight.take_handed_out_by(150), vec![(1, eid(5)), (2, eid(3))]);
+    assert_eq!(in_flight.counts(), BTreeMap::from([(1, 1)]));
+    assert!(!in_flight.remove(1, eid(5)), "already settled");
+    assert_eq!(in_flight.take(1), vec![eid(6)]);
+    assert_eq!((in_flight.counts(), in_flight.shards(), in_flight.oldest_ms()), (BTreeMap::new(), vec![], None));
+}
+
+fn eid(ms: u64) -> EntryId {
+    EntryId { ms, seq: 0 }
+}
+
+fn core_with_max_in_flight_ms(max_in_flight_ms: u64) -> ConsumerCore {
+    let mut config = ConsumerConfig::new(GroupId::new("orders", "billing"), "m1");
+    config.max_in_flight_ms = max_in_flight_ms;
+    ConsumerCore::new(config)
+}
+
+/// The `EntryAbandoned` events emitted so far: (entry ms, reason).
+fn abandoned(c: &mut ConsumerCore) -> Vec<(u64, StopReason)> {
+    let events = c.drain_events().into_iter();
+    events
+        .filter_map(|e| match e {
+            ClientEvent::EntryAbandoned { entry, reason, .. } => Some((entry.ms, reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// An entry of a shard being read, in flight for `max_in_flight_ms`, is given up when it is due
+/// (the timer is among the deadlines) and re-read with the shard's own pending entries.
+#[test]
+fn an_entry_in_flight_for_max_in_flight_ms_is_given_up_and_read_again() {
+    let mut c = core_with_max_in_flight_ms(300);
+    exchange(&mut c, 0, 10, Ok(ok(&[2])));
+    let d = deliver(&mut c, 20, 2, &[4]);
+    let d2 = deliver(&mut c, 100, 2, &[5]);
+    assert_eq!((c.in_flight_by_shard(), c.oldest_in_flight_age_ms(120)), (BTreeMap::from([(2, 2)]), Some(100)));
+    assert_eq!(c.next_deadline_ms(), Some(210), "the next heartbeat first");
+    exchange(&mut c, 210, 215, Ok(ok(&[2])));
+    assert_eq!(c.next_deadline_ms(), Some(320), "then entry 4's limit");
+    c.drain_events();
+    c.handle_timeout(319);
+    assert_eq!(abandoned(&mut c), vec![]);
+    assert_eq!(c.check_ack(320, &d[0]), Err(AckError::NotInFlight { shard: 2, entry: d[0].entry.id }));
+    assert_eq!(abandoned(&mut c), vec![(4, StopReason::InFlightTimeout)]);
+    assert_eq!(c.in_flight(2), 1, "entry 5 is not due yet");
+    let plan = plan_of(&mut c, 320, 2);
+    assert_eq!((plan.step, plan.in_flight), (ReadStep::Read(ReadFrom::OwnPending), 1));
+    let again = c.handle_read(320, plan, plan.in_flight + 10, vec![entry(4), entry(5)]);
+    assert_eq!(again.len(), 1, "entry 4 again, not entry 5 (in flight)");
+    assert_eq!(again[0].entry.id, d[0].entry.id);
+    c.check_ack(330, &d2[0]).expect("entry 5 still in flight");
+}
+
+/// A draining shard whose oldest entry reaches `max_in_flight_ms` gives up every entry it has in
+/// flight (`DrainTimeout`, which the driver tells the application as `on_lost`) and is reported
+/// REVOKED promptly; a shard being read beside it keeps its own.
+#[test]
+fn a_drain_gives_up_its_entries_once_the_oldest_reaches_max_in_flight_ms() {
+    let mut c = core_with_max_in_flight_ms(300);
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2])));
+    deliver(&mut c, 20, 2, &[4]);
+    deliver(&mut c, 100, 2, &[5]);
+    deliver(&mut c, 100, 1, &[6]);
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[1], &[2])));
+    c.drain_events();
+    c.handle_timeout(320);
+    assert_eq!(abandoned(&mut c), vec![(4, StopReason::DrainTimeout), (5, StopReason::DrainTimeout)]);
+    assert_eq!(c.in_flight_by_shard(), BTreeMap::from([(1, 1)]));
+    let prompt = c.config().prompt_ms;
+    assert_eq!(c.next_deadline_ms(), Some(320 + prompt));
+    let req = c.poll_heartbeat(320 + prompt).expect("due");
+    assert_eq!(
+        req.revoking,
+        vec![RevokeReport { shard: 2, in_flight: 0, revoked: true, revoke_id: Some(revoke_id(2)) }]
+    );
+}
+
+/// `max_in_flight_ms` 0: nothing is ever given up for its age (the behaviour before the limit).
+#[test]
+fn no_entry_is_given_up_for_its_age_when_max_in_flight_ms_is_0() {
+    let mut c = core_with_max_in_flight_ms(0);
+    exchange(&mut c, 0, 10, Ok(ok(&[2])));
+    let d = deliver(&mut c, 20, 2, &[4]);
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[], &[2])));
+    assert_eq!(c.next_deadline_ms(), Some(220 + INTERVAL_MS));
+    c.check_ack(900, &d[0]).expect("in flight while the lease holds");
+}
+
+/// The application gives up what it lost track of: everything, or one shard's; the shards still
+/// read re-read their own pending entries, a draining one is drained.
+#[test]
+fn abandon_in_flight_gives_up_everything_or_one_shards_entries() {
+    let mut c = core();
+    exchange(&mut c, 0, 10, Ok(ok(&[1, 2, 3])));
+    deliver(&mut c, 20, 1, &[4, 5]);
+    deliver(&mut c, 20, 2, &[6]);
+    deliver(&mut c, 20, 3, &[7]);
+    exchange(&mut c, 210, 220, Ok(response(HeartbeatStatus::RevokePending, &[1, 2], &[3])));
+    c.drain_events();
+    assert_eq!(c.abandon_in_flight(230, Some(1)), 2);
+    assert_eq!(abandoned(&mut c), vec![(4, StopReason::Application), (5, StopReason::Application)]);
+    assert_eq!(plan_of(&mut c, 230, 1).step, ReadStep::Read(ReadFrom::OwnPending));
+    assert_eq!(plan_of(&mut c, 230, 2).step, ReadStep::Read(ReadFrom::New));
+    assert_eq!(c.abandon_in_flight(240, None), 2);
+    assert_eq!(c.in_flight_by_shard(), BTreeMap::new());
+    assert_eq!(c.next_deadline_ms(), Some(240 + c.config().prompt_ms), "shard 3 drained: reported promptly");
+    assert_eq!(c.abandon_in_flight(250, None), 0);
+}
