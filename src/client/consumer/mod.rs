@@ -44,8 +44,21 @@ use super::events::{ClientEvent, EventSink, StopReason};
 use super::transport::{CoordinatorTransport, TransportError};
 use super::ClientEnv;
 
-/// Told when shards start or stop being readable. Called from the consumer's tasks, outside its
-/// lock: it may call back into the consumer, but should return quickly.
+/// Told when shards start or stop being readable. Called outside the consumer's lock, so a call
+/// may call back into the consumer, from the task that saw the change: the heartbeat task (a
+/// coordinator's answer), or an application task in `poll`, `ack` or `close` (a lease that ended
+/// on the consumer's own clock, a refusal at Redis, a close). Two consequences, unlike Kafka's
+/// consumer, whose callbacks all run inside `poll` on the application's thread:
+/// - time spent in a call on the heartbeat task is time without heartbeats: a call longer than
+///   the assignment lease (8 s by default) loses the lease and every shard (`on_lost`), and one
+///   longer than the member lease TTL gets the member expired. Return quickly, and hand other
+///   work to a task of your own; but a flush or commit that must finish before the shard's next
+///   owner starts belongs inside `on_revoked` (the shards are released only once it returned):
+///   keep it well under the lease;
+/// - calls from two tasks are not serialised: an `on_lost` from a `poll` can run beside an
+///   `on_revoked` or `on_assigned` from the heartbeat task. Make the listener safe to call
+///   concurrently, and read [`Consumer::status`] for the current state rather than replaying
+///   the calls' order.
 pub trait RebalanceListener: Send + Sync {
     /// The consumer may now read `shards`.
     fn on_assigned(&self, shards: &[ShardId]);
