@@ -32,6 +32,9 @@ use crate::store::{EntryId, ReadFrom, StreamStore};
 /// assignment change wakes the wait, and how stale the wait's shard list can get.
 pub(super) const DOORBELL_BLOCK_MS_MAX: u64 = 1_000;
 
+/// Longest `poll_wait` (a century): a longer `wait` waits this long.
+const WAIT_MAX: Duration = Duration::from_secs(100 * 365 * 24 * 3_600);
+
 impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// Like [`Consumer::poll`], but waits up to `wait` for at least one entry: after an empty
     /// poll, one doorbell wait on the readable shards (up to the deadline, the lease end, or
@@ -42,7 +45,9 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
     /// dropping it (e.g. in a `tokio::select!` with a shutdown signal) loses no entry and leaves
     /// no shard undrainable.
     pub async fn poll_wait(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, PollError> {
-        let deadline = tokio::time::Instant::now() + wait;
+        // `Duration::MAX` ("until something arrives") overflowed the clock and panicked in the
+        // application (a numbers review): a wait beyond a century is one.
+        let deadline = tokio::time::Instant::now() + wait.min(WAIT_MAX);
         let idle = Duration::from_millis(self.shared.lock().config().poll_idle_ms.max(1));
         // After an empty wait the doorbell goes first: with every last-seen id known it returns at
         // once if anything undelivered exists, so an idle consumer's next wait costs that one call

@@ -21,6 +21,8 @@ mod batch;
 pub mod core;
 mod doorbell;
 mod read;
+pub use self::read::POLL_MAX;
+
 #[cfg(test)]
 mod tests;
 

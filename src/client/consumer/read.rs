@@ -22,6 +22,9 @@ use crate::store::{
     join_all, keys, FenceCheck, FencedRead, GroupStart, ReadFrom, StoreError, StreamEntry, StreamStore,
 };
 
+/// Most entries one poll reads ([`Consumer::poll`]); a larger `max` reads this many.
+pub const POLL_MAX: usize = 1_000_000;
+
 /// A shard to read, and how many entries at most.
 type Share = (ReadPlan, usize);
 
@@ -29,8 +32,8 @@ type Share = (ReadPlan, usize);
 type ShardReads<'a, T, S> = Pin<Box<dyn Future<Output = Vec<Result<Handed<'a, T, S>, StoreError>>> + Send + 'a>>;
 
 impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
-    /// Reads up to `max` entries from the shards this consumer may read right now, without
-    /// waiting. A newly started shard is first set up (consumer group ensured, the previous
+    /// Reads up to `max` entries (at most [`POLL_MAX`]) from the shards this consumer may read
+    /// right now, without waiting. A newly started shard is first set up (consumer group ensured, the previous
     /// owner's pending entries claimed), then this consumer's own pending entries are redelivered,
     /// then new entries are read.
     ///
@@ -53,6 +56,9 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
 
     /// [`Consumer::poll`] without its yield (`poll_wait` waits on its own).
     pub(super) async fn poll_once(&self, max: usize) -> Result<Vec<Delivery>, PollError> {
+        // Redis takes a COUNT up to i64::MAX: `poll(usize::MAX)` ("everything") was refused at
+        // every read and never read anything (a numbers review).
+        let max = max.min(POLL_MAX);
         let plans = self.shared.with_core_now(|core, now_ms| core.read_plans(now_ms));
         if plans.is_empty() || max == 0 {
             return Ok(Vec::new());
@@ -166,7 +172,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                     self.shared.with_core(|core| core.setup_done(plan.shard, plan.generation));
                 }
                 ReadStep::Read(from) => {
-                    let count = if from == ReadFrom::OwnPending { plan.in_flight + max } else { max };
+                    let count = if from == ReadFrom::OwnPending { plan.in_flight.saturating_add(max) } else { max };
                     let read = match &fence {
                         Some(check) => {
                             let group = &group.consumer_group;

@@ -1156,3 +1156,24 @@ async fn with_the_defaults_close_leaves_despite_dropped_deliveries() {
     let last = coordinator.with(|s| s.heartbeats.last().cloned()).expect("heartbeats");
     assert!(last.leave && last.revoking.iter().all(|r| r.revoked), "{last:?}");
 }
+
+/// "Read everything": `poll(usize::MAX)` asked Redis for a COUNT above i64::MAX, which Redis (and
+/// the fake, since it mirrors that) refuses, so every read failed and the shard was never read;
+/// with an entry in flight, the own-pending count `in_flight + max` overflowed (a panic in debug
+/// builds). `poll_wait(n, Duration::MAX)` overflowed the clock and panicked in the application.
+/// Now `max` is capped at `POLL_MAX` and the wait at a century (a numbers review).
+#[tokio::test]
+async fn polls_for_everything_and_waits_for_ever_read_and_wait() {
+    let (store, _coordinator, _sink, consumer) = reading_shard_0().await;
+    publish(&store, 0, 3).await;
+    let held = consumer.poll(1).await.expect("one entry, held in flight");
+    assert_eq!(held.len(), 1);
+    let rest = consumer.poll(usize::MAX).await.expect("everything readable");
+    assert_eq!(rest.len(), 2, "{rest:?}");
+    publish(&store, 0, 1).await;
+    let waited = tokio::time::timeout(Duration::from_secs(5), consumer.poll_wait(usize::MAX, Duration::MAX))
+        .await
+        .expect("an entry is waiting")
+        .expect("poll_wait");
+    assert_eq!(waited.len(), 1);
+}

@@ -131,6 +131,10 @@ impl Streams {
         streams: &[(String, ReadFrom)],
         count: usize,
     ) -> Result<Vec<(String, ReadFrom, Vec<StreamEntry>)>, StoreError> {
+        // Redis parses COUNT as a signed 64-bit integer: a larger one is refused, never read.
+        if i64::try_from(count).is_err() {
+            return Err(StoreError::Protocol("ERR value is not an integer or out of range (XREADGROUP COUNT)".into()));
+        }
         for (stream, _) in streams {
             if !self.logs.get(stream).is_some_and(|log| log.groups.contains_key(group)) {
                 return Err(no_group_xreadgroup(stream, group));
