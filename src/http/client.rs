@@ -8,10 +8,19 @@
 //! Path segments are percent-encoded. Success is any 2xx with the response JSON; any other status
 //! with an `ApiError` JSON body is [`TransportError::Api`].
 //!
-//! Failover: the coordinator addresses are tried in turn, starting with the last one that
-//! answered. A connection failure, a timeout or any 503 (`COORDINATOR_TERMINATING`,
-//! `STORE_UNAVAILABLE`) moves on to the next address; other answers are final. Both requests are
-//! idempotent (seed: "Idempotent Retry"), so sending one again elsewhere is safe.
+//! Failover: the coordinator addresses are tried in turn, starting with the preferred one. A
+//! connection failure, a timeout or any 503 (`COORDINATOR_TERMINATING`, `STORE_UNAVAILABLE`) moves
+//! on to the next address; other answers are final. Both requests are idempotent (seed:
+//! "Idempotent Retry"), so sending one again elsewhere is safe.
+//!
+//! The preferred address is the last one that answered, or the one after the address a call timed
+//! out on or was dropped on (`Failover`). The callers bound a whole call by a deadline no longer
+//! than one attempt (`heartbeat_timeout_ms`, `refresh_timeout_ms` and `request_timeout` are all
+//! 2 s by default), so otherwise an address that hangs (a stopped process, a node that drops
+//! packets, a full listen backlog) would take every call's whole budget and the next address would
+//! never be tried. A hung address costs one failed call, and none when it never completes the
+//! connection: while another address remains, connecting may take only half of `request_timeout`.
+//! An answer that is slow but in time moves nothing, and no request goes to two addresses at once.
 //!
 //! TLS (`https://`, not in the simulation): [`HttpTransport::with_tls`] makes every connection a
 //! TLS connection verified against [`ClientTls`]'s CA file (optionally presenting a client
@@ -51,7 +60,10 @@ const BODY_BYTES_MAX: usize = 32 * 1024 * 1024;
 pub struct HttpClientConfig {
     /// Coordinator base addresses (at least one).
     pub addrs: Vec<SocketAddr>,
-    /// Per attempt (one address): connect, send, and read the whole response.
+    /// Per attempt (one address): connect, send, and read the whole response. While another
+    /// address remains to try in the call, connecting (TCP, and TLS when configured) may take at
+    /// most half of it, so an address that drops connection attempts leaves the other half to the
+    /// next one.
     pub request_timeout: Duration,
     /// Idle keep-alive connections kept per address (0 disables reuse).
     pub idle_per_address_max: usize,
@@ -86,12 +98,68 @@ impl std::fmt::Debug for HttpClientConfig {
 #[derive(Debug)]
 pub struct HttpTransport {
     config: HttpClientConfig,
-    /// Index into `addrs` of the last address that answered.
+    /// Index into `addrs` where the next call starts: the last address that answered, or the
+    /// one after an address whose attempt timed out or was cancelled (`Failover`).
     preferred: AtomicUsize,
     idle: Mutex<BTreeMap<SocketAddr, Vec<SendRequest<Full<Bytes>>>>>,
     /// `Some`: speak `https://` (every connection is TLS).
     #[cfg(not(madsim))]
     tls: Option<super::tls::ClientTls>,
+}
+
+/// How one call moves `preferred` as it finds out. An answer (a 2xx or a final error) makes its
+/// address preferred. The first address of the call that timed out, or on which the call was
+/// dropped (the caller's own deadline passed first), is moved past: the next call starts with the
+/// address after it instead of spending its whole budget on the same hung address again. An
+/// address tried after one that timed out had only what was left of the caller's budget, so it
+/// keeps its place. Refusals, resets and 503s move nothing: they come quickly, and the address
+/// that answers next becomes preferred anyway.
+struct Failover<'a> {
+    preferred: &'a AtomicUsize,
+    count: usize,
+    /// The address whose attempt is in flight: dropped meanwhile, the call moves past it.
+    waiting_on: Option<usize>,
+    /// This call already moved `preferred` past an address.
+    moved: bool,
+}
+
+impl<'a> Failover<'a> {
+    fn new(preferred: &'a AtomicUsize, count: usize) -> Self {
+        Self { preferred, count, waiting_on: None, moved: false }
+    }
+
+    fn waiting_on(&mut self, index: usize) {
+        self.waiting_on = Some(index);
+    }
+
+    fn answered(&mut self, index: usize) {
+        self.waiting_on = None;
+        self.preferred.store(index, Ordering::Relaxed);
+    }
+
+    fn timed_out(&mut self, index: usize) {
+        self.waiting_on = None;
+        self.move_past(index);
+    }
+
+    fn failed(&mut self) {
+        self.waiting_on = None;
+    }
+
+    fn move_past(&mut self, index: usize) {
+        if !self.moved {
+            self.moved = true;
+            self.preferred.store((index + 1) % self.count, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Failover<'_> {
+    fn drop(&mut self) {
+        if let Some(index) = self.waiting_on.take() {
+            self.move_past(index);
+        }
+    }
 }
 
 /// How one attempt on one address ended.
@@ -132,43 +200,70 @@ impl HttpTransport {
         }
         let first = self.preferred.load(Ordering::Relaxed) % count;
         let mut last = TransportError::Unreachable("no attempt made".into());
+        let mut failover = Failover::new(&self.preferred, count);
         for offset in 0..count {
             let index = (first + offset) % count;
             let addr = self.config.addrs[index];
             let token = self.config.client_token.as_deref();
             let request = || build_request(&method, &path, addr, token, body.clone());
             let give_up = tokio::time::Instant::now() + self.config.request_timeout;
+            let connect_timeout = self.connect_timeout(offset + 1 < count);
+            failover.waiting_on(index);
             let attempt = tokio::select! {
                 biased;
-                attempt = self.attempt(addr, request) => attempt,
+                attempt = self.attempt(addr, request, connect_timeout) => attempt,
                 _ = tokio::time::sleep_until(give_up) => Attempt::Next(TransportError::Timeout),
             };
             match attempt {
                 Attempt::Done(result) => {
-                    self.preferred.store(index, Ordering::Relaxed);
+                    failover.answered(index);
                     return result.and_then(|bytes| {
                         serde_json::from_slice(&bytes)
                             .map_err(|e| TransportError::Unreachable(format!("bad response body from {addr}: {e}")))
                     });
                 }
-                Attempt::Next(error) => last = error,
+                Attempt::Next(TransportError::Timeout) => {
+                    failover.timed_out(index);
+                    last = TransportError::Timeout;
+                }
+                Attempt::Next(error) => {
+                    failover.failed();
+                    last = error;
+                }
             }
         }
         Err(last)
     }
 
+    /// How long a fresh connection may take while another address remains: half the attempt (see
+    /// [`HttpClientConfig::request_timeout`]). `None`: the call's last address, bounded by the
+    /// attempt alone.
+    fn connect_timeout(&self, another_remains: bool) -> Option<Duration> {
+        another_remains.then(|| self.config.request_timeout / 2)
+    }
+
     /// One address: a pooled connection first (retried once on a fresh one if it fails), else a
-    /// fresh connection.
-    async fn attempt(&self, addr: SocketAddr, request: impl Fn() -> Result<Request<Full<Bytes>>, String>) -> Attempt {
+    /// fresh connection, connected within `connect_timeout` when one is given.
+    async fn attempt(
+        &self,
+        addr: SocketAddr,
+        request: impl Fn() -> Result<Request<Full<Bytes>>, String>,
+        connect_timeout: Option<Duration>,
+    ) -> Attempt {
         if let Some(sender) = self.take_idle(addr) {
             let Ok(req) = request() else { return Attempt::Done(Err(bad_request())) };
             if let Ok(attempt) = self.exchange(addr, sender, req).await {
                 return attempt;
             }
         }
-        let sender = match self.connect(addr).await {
-            Ok(sender) => sender,
-            Err(error) => return Attempt::Next(TransportError::Unreachable(format!("{addr}: {error}"))),
+        let connected = match connect_timeout {
+            Some(limit) => tokio::time::timeout(limit, self.connect(addr)).await,
+            None => Ok(self.connect(addr).await),
+        };
+        let sender = match connected {
+            Ok(Ok(sender)) => sender,
+            Ok(Err(error)) => return Attempt::Next(TransportError::Unreachable(format!("{addr}: {error}"))),
+            Err(_) => return Attempt::Next(TransportError::Timeout),
         };
         let Ok(req) = request() else { return Attempt::Done(Err(bad_request())) };
         match self.exchange(addr, sender, req).await {

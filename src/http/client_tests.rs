@@ -23,6 +23,8 @@ enum Mode {
     Terminating,
     UnknownMember,
     Slow,
+    /// Reads the request and never answers (a coordinator stuck mid-request).
+    Hang,
 }
 
 struct TestState {
@@ -44,6 +46,7 @@ async fn answer(state: &TestState) -> Option<Response> {
             tokio::time::sleep(Duration::from_millis(500)).await;
             None
         }
+        Mode::Hang => std::future::pending().await,
     }
 }
 
@@ -277,6 +280,125 @@ async fn a_pooled_connection_closed_by_a_restart_is_replaced() {
     second.stop().await;
 }
 
+/// An address whose kernel completes the connection but whose process never reads the request
+/// (stopped, or stuck): a listener bound and never accepted, open while the listener returned lives.
+async fn hung_addr() -> (SocketAddr, TcpListener) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    (listener.local_addr().expect("addr"), listener)
+}
+
+/// Whether a heartbeat was answered under the deadline the consumer gives one
+/// (`heartbeat_timeout_ms`, 2 s by default, counted from before the call). The call is dropped
+/// when the deadline passes first, as the consumer drops it.
+async fn answered_within(t: &HttpTransport, deadline: Duration) -> bool {
+    matches!(tokio::time::timeout(deadline, t.heartbeat(request(&GroupId::new("p", "g")))).await, Ok(Ok(_)))
+}
+
+/// The consumer's and the producer's default deadline for one call.
+const CALLER_DEADLINE: Duration = Duration::from_millis(2_000);
+
+// With the library defaults an attempt's timeout (2 s) is never earlier than the caller's
+// deadline (2 s): the address that hung used to keep every call's whole budget, and failover never
+// reached the next one. Now the cancelled call moves past it.
+#[tokio::test]
+async fn a_hung_coordinator_costs_one_failed_call_with_the_default_timeouts() {
+    let (hung, _hung) = hung_addr().await;
+    let ok = TestServer::start(Mode::Ok).await;
+    let t = HttpTransport::with_addrs(vec![hung, ok.addr]);
+    assert!(!answered_within(&t, CALLER_DEADLINE).await, "the first call waits on the hung one");
+    assert_eq!(ok.requests(), 0);
+    let started = tokio::time::Instant::now();
+    assert!(answered_within(&t, CALLER_DEADLINE).await, "the next call starts with the next address");
+    assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
+    assert!(answered_within(&t, CALLER_DEADLINE).await, "and stays there");
+    assert_eq!(ok.requests(), 2);
+    ok.stop().await;
+}
+
+// A full listen backlog (or a node that drops packets) never completes the connection: while
+// another address remains, connecting gets half the attempt, and the call itself answers.
+#[cfg(not(madsim))]
+#[tokio::test]
+async fn an_address_that_never_connects_costs_no_failed_call_with_the_default_timeouts() {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+    let full = socket.listen(0).expect("listen");
+    let full_addr = full.local_addr().expect("addr");
+    // Fill the accept queue until the kernel drops further connection attempts.
+    let mut queued = Vec::new();
+    loop {
+        assert!(queued.len() < 16, "the kernel kept completing connections to a full backlog");
+        match tokio::time::timeout(Duration::from_millis(300), tokio::net::TcpStream::connect(full_addr)).await {
+            Ok(stream) => queued.push(stream.expect("connect while the queue has room")),
+            Err(_) => break,
+        }
+    }
+    let ok = TestServer::start(Mode::Ok).await;
+    let t = HttpTransport::with_addrs(vec![full_addr, ok.addr]);
+    let started = tokio::time::Instant::now();
+    assert!(answered_within(&t, CALLER_DEADLINE).await, "the second address answers within the deadline");
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(990) && elapsed < Duration::from_millis(1_500), "{elapsed:?}");
+    assert_eq!(ok.requests(), 1);
+    // The next call starts past the address that timed out.
+    let started = tokio::time::Instant::now();
+    assert!(answered_within(&t, CALLER_DEADLINE).await, "answered");
+    assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
+    ok.stop().await;
+}
+
+// Moving past an address needs a timeout or a cancellation: an answer that is slow but in time
+// keeps its address preferred (no flapping on every slow answer).
+#[tokio::test]
+async fn a_slow_answer_in_time_keeps_its_address() {
+    let slow = TestServer::start(Mode::Slow).await;
+    let ok = TestServer::start(Mode::Ok).await;
+    let t = HttpTransport::with_addrs(vec![slow.addr, ok.addr]);
+    for _ in 0..2 {
+        assert!(answered_within(&t, CALLER_DEADLINE).await, "answered in 500 ms");
+    }
+    assert_eq!((slow.requests(), ok.requests()), (2, 0));
+    slow.stop().await;
+    ok.stop().await;
+}
+
+// Three addresses, two hung (attempts of 200 ms, callers' deadlines of 300 ms). The first call
+// moves past the first address, whose attempt timed out; the second had only the 100 ms left and
+// keeps its place. The next call gives it a whole attempt, moves past it and reaches the third.
+#[tokio::test]
+async fn moves_past_the_first_address_that_timed_out() {
+    let first = TestServer::start(Mode::Hang).await;
+    let second = TestServer::start(Mode::Hang).await;
+    let ok = TestServer::start(Mode::Ok).await;
+    let t = transport(vec![first.addr, second.addr, ok.addr], 200);
+    let requests = || (first.requests(), second.requests(), ok.requests());
+    let deadline = Duration::from_millis(300);
+    assert!(!answered_within(&t, deadline).await, "cancelled while on the second");
+    assert_eq!(requests(), (1, 1, 0));
+    assert!(answered_within(&t, deadline).await, "the second times out, the third answers");
+    assert_eq!(requests(), (1, 2, 1));
+    assert!(answered_within(&t, deadline).await, "starts with the third");
+    assert_eq!(requests(), (1, 2, 2));
+    ok.stop().await;
+}
+
+// A refused address costs no time, so the hung one after it had the caller's whole budget: the
+// call cancelled there moves past it.
+#[cfg(not(madsim))]
+#[tokio::test]
+async fn a_call_cancelled_on_a_hung_address_moves_past_it() {
+    let dead = dead_addr().await;
+    let hung = TestServer::start(Mode::Hang).await;
+    let ok = TestServer::start(Mode::Ok).await;
+    let t = transport(vec![dead, hung.addr, ok.addr], 2_000);
+    let deadline = Duration::from_millis(300);
+    assert!(!answered_within(&t, deadline).await, "cancelled on the hung one");
+    assert_eq!((hung.requests(), ok.requests()), (1, 0));
+    assert!(answered_within(&t, deadline).await, "starts with the third");
+    assert_eq!((hung.requests(), ok.requests()), (1, 1));
+    ok.stop().await;
+}
+
 #[tokio::test]
 async fn header_read_timeout_closes_a_stalled_connection() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -427,6 +549,40 @@ mod sim {
             .expect("client task");
         assert_eq!((state_a.requests.load(Ordering::SeqCst), state_b.requests.load(Ordering::SeqCst)), (1, 1));
         assert!(elapsed < Duration::from_millis(500), "no timeout needed after a kill: {elapsed:?}");
+    }
+
+    /// A node whose listener is bound but never accepts: connections complete, requests are
+    /// never read (a stopped process).
+    fn hung_node(name: &str, ip: &str) -> NodeHandle {
+        let node = Handle::current().create_node().name(name).ip(ip.parse().expect("ip")).build();
+        let bind = addr(ip);
+        node.spawn(async move {
+            let _listener = TcpListener::bind(bind).await.expect("bind");
+            std::future::pending::<()>().await;
+        });
+        node
+    }
+
+    // The twin of the loopback test of the same name across simulated nodes: the default
+    // timeouts, the consumer's deadline around each call.
+    #[madsim::test]
+    async fn a_hung_coordinator_costs_one_failed_call_with_the_default_timeouts() {
+        let _a = hung_node("a", "10.0.0.1");
+        let (_b, state_b) = coordinator_node("b", "10.0.0.2", Mode::Ok);
+        let (first, second) = client_node()
+            .spawn(async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let t = HttpTransport::with_addrs(vec![addr("10.0.0.1"), addr("10.0.0.2")]);
+                let first = answered_within(&t, CALLER_DEADLINE).await;
+                let started = tokio::time::Instant::now();
+                assert!(answered_within(&t, CALLER_DEADLINE).await, "b answers");
+                (first, started.elapsed())
+            })
+            .await
+            .expect("client task");
+        assert!(!first, "the first call waits on the hung one");
+        assert_eq!(state_b.requests.load(Ordering::SeqCst), 1);
+        assert!(second < Duration::from_millis(500), "{second:?}");
     }
 
     #[madsim::test]
