@@ -55,6 +55,9 @@ use crate::core::protocol::{ApiError, HeartbeatRequest, HeartbeatResponse, Routi
 /// accepts has answers its clients refuse.
 const BODY_BYTES_MAX: usize = 32 * 1024 * 1024;
 
+/// Longest attempt on one address: a longer `request_timeout` is this (a century).
+const ATTEMPT_MAX: Duration = Duration::from_secs(100 * 365 * 24 * 3_600);
+
 /// Settings of [`HttpTransport`].
 #[derive(Clone, PartialEq, Eq)]
 pub struct HttpClientConfig {
@@ -206,7 +209,9 @@ impl HttpTransport {
             let addr = self.config.addrs[index];
             let token = self.config.client_token.as_deref();
             let request = || build_request(&method, &path, addr, token, body.clone());
-            let give_up = tokio::time::Instant::now() + self.config.request_timeout;
+            // `Duration::MAX` ("no limit") overflowed the clock and panicked in the caller's task,
+            // the consumer's heartbeat task included (a numbers review): a century is no limit.
+            let give_up = tokio::time::Instant::now() + self.config.request_timeout.min(ATTEMPT_MAX);
             let connect_timeout = self.connect_timeout(offset + 1 < count);
             failover.waiting_on(index);
             let attempt = tokio::select! {

@@ -347,6 +347,21 @@ async fn an_address_that_never_connects_costs_no_failed_call_with_the_default_ti
     ok.stop().await;
 }
 
+// `request_timeout: Duration::MAX` ("no limit") overflowed the clock and panicked the caller (the
+// consumer's heartbeat task): it is a century now.
+#[tokio::test]
+async fn an_attempt_without_a_limit_is_answered_rather_than_panicking() {
+    let ok = TestServer::start(Mode::Ok).await;
+    let t = HttpTransport::new(HttpClientConfig {
+        addrs: vec![ok.addr],
+        request_timeout: Duration::MAX,
+        idle_per_address_max: 2,
+        client_token: None,
+    });
+    assert!(answered_within(&t, CALLER_DEADLINE).await);
+    ok.stop().await;
+}
+
 // Moving past an address needs a timeout or a cancellation: an answer that is slow but in time
 // keeps its address preferred (no flapping on every slow answer).
 #[tokio::test]
