@@ -242,6 +242,13 @@ pub(super) struct LocalState {
     /// [`PRIMARY_CHECK_FRESH`] instead of each reading it. Emptied by any `Unavailable` error and
     /// any identity change.
     pub(super) primary_checks: BTreeMap<String, (Instant, bool)>,
+    /// Bumped by every `Unavailable` error: a primary check issued before one is not kept.
+    pub(super) unavailable_errors: u64,
+    /// When a request's whole identity read last failed: while it is fresh
+    /// ([`PRIMARY_CHECK_FRESH`]), a request its primary's check leaves undecided is refused at
+    /// once instead of each one spending the store's deadline on a primary that does not answer
+    /// (the ticker's pass still reads the whole identity every pass).
+    pub(super) whole_read_failed: Option<Instant>,
     /// The groups of the last index read that answered: a ticker pass walks them when the index
     /// key cannot be read while a Cluster primary is down, so that the groups on the other
     /// primaries are still ticked.
@@ -458,6 +465,8 @@ impl<S: MetadataStore> Coordinator<S> {
             view_keys: BTreeMap::new(),
             identity_suspect: false,
             primary_checks: BTreeMap::new(),
+            unavailable_errors: 0,
+            whole_read_failed: None,
             last_indexed: Vec::new(),
             deferred: BTreeMap::new(),
             dirty: BTreeSet::new(),
@@ -1568,7 +1577,11 @@ impl<S: MetadataStore> Coordinator<S> {
             }
             SlotCheck::Undecided => {}
         }
-        if !self.check_identity().await {
+        let failed_lately = self.local().whole_read_failed.is_some_and(|at| at.elapsed() < PRIMARY_CHECK_FRESH);
+        if failed_lately || !self.check_identity().await {
+            if !failed_lately {
+                self.local().whole_read_failed = Some(Instant::now());
+            }
             return Err(ApiError::new(ErrorCode::StoreUnavailable, "store identity could not be confirmed"));
         }
         Ok(())
@@ -1583,10 +1596,12 @@ impl<S: MetadataStore> Coordinator<S> {
     /// read must then process the change).
     async fn slot_confirmed(&self, group: &GroupId) -> SlotCheck {
         let slot = keys::group_slot(group);
-        let (seen, generation) = {
+        let (seen, generation, failures) = {
             let local = self.local();
             match &local.identity {
-                Some(seen) if !seen.primaries.is_empty() => (seen.clone(), local.identity_generation),
+                Some(seen) if !seen.primaries.is_empty() => {
+                    (seen.clone(), local.identity_generation, local.unavailable_errors)
+                }
                 _ => return SlotCheck::Undecided,
             }
         };
@@ -1607,7 +1622,11 @@ impl<S: MetadataStore> Coordinator<S> {
         let mut local = self.local();
         // Only while nothing changed meanwhile: an identity change or a new failure empties the
         // checks, and a check issued before must not be kept as fresh.
-        if local.identity_suspect && local.identity_generation == generation && local.identity.as_ref() == Some(&seen) {
+        if local.identity_suspect
+            && local.identity_generation == generation
+            && local.unavailable_errors == failures
+            && local.identity.as_ref() == Some(&seen)
+        {
             local.primary_checks.insert(node, (Instant::now(), verdict == SlotCheck::Unchanged));
         }
         verdict
@@ -1631,6 +1650,7 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         local.identity_suspect = false;
         local.primary_checks.clear();
+        local.whole_read_failed = None;
         match local.identity.clone() {
             // On a Cluster, servers that changed without any slot that may have lost writes — a
             // node added (an idle master) or gone after giving its slots away unchanged, a

@@ -452,8 +452,10 @@ impl<S: MetadataStore> Coordinator<S> {
         if matches!(error, StoreError::Unavailable(_)) {
             let mut local = self.local();
             local.identity_suspect = true;
-            // A primary found unchanged before this failure is asked again.
+            // A primary found unchanged before this failure is asked again, and a check issued
+            // before it and answered after is not kept.
             local.primary_checks.clear();
+            local.unavailable_errors += 1;
         }
         self.count_compat_failure(&error);
         tracing::debug!(%error, "store error");

@@ -44,12 +44,13 @@ impl GroupMonitors {
     /// times out, starved every other group's heartbeats until their leases ended).
     pub(super) fn enter(&self, group: &GroupId, max: usize) -> Option<MonitorEntry<'_>> {
         let mut map = self.lock_map();
-        let monitor = map.entry(group.clone()).or_default();
-        // Every clone besides the map's own belongs to a live entry (module invariant).
-        if Arc::strong_count(monitor) > max {
+        // Every clone besides the map's own belongs to a live entry (module invariant). Checked
+        // before a monitor is made, so a refusal leaves no entry behind.
+        let held = map.get(group).map_or(0, |monitor| Arc::strong_count(monitor) - 1);
+        if held >= max {
             return None;
         }
-        let monitor = Arc::clone(monitor);
+        let monitor = Arc::clone(map.entry(group.clone()).or_default());
         Some(MonitorEntry { owner: self, group: group.clone(), monitor: Some(monitor) })
     }
 
@@ -104,6 +105,8 @@ mod tests {
         assert!(monitors.enter(&group("a"), 2).is_some(), "a place came free");
         drop(second);
         assert_eq!(monitors.len(), 0, "refusals left no monitor behind");
+        assert!(monitors.enter(&group("c"), 0).is_none(), "a cap of 0 refuses every section");
+        assert_eq!(monitors.len(), 0, "and leaves no monitor behind");
     }
 
     #[tokio::test]

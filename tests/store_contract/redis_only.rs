@@ -571,4 +571,9 @@ async fn a_fence_counter_that_is_not_a_number_is_raised_to_the_floor() {
         vec![Fence { counter: 1_764_000_000_000, nonce: 3 }, Fence { counter: 1_764_000_000_001, nonce: 4 }]
     );
     assert_eq!(text(server.cmd(&["HGET", &bad, "counter"])), "1764000000000");
+    // `0`, which a client's check installs on a key without a counter, is no counter either:
+    // counted up, it restarted the key at 1, below the floor.
+    server.cmd(&["HSET", &bad, "counter", "0"]);
+    let raised = store.raise_fences(&[raise(&bad, 5)]).await.expect("raised");
+    assert_eq!(raised, vec![Fence { counter: 1_764_000_000_000, nonce: 5 }]);
 }

@@ -359,8 +359,9 @@ impl Settings {
             shutdown_timeout_ms: args.shutdown_timeout_ms.or(file.shutdown_timeout_ms).unwrap_or(10_000),
             listener,
         };
-        // One group's sections may hold at most a quarter of the request slots.
-        settings.coordinator.group_sections_max = (settings.concurrency_max / 4).max(1);
+        // One group's sections may hold at most a quarter of the request slots, and at least 8
+        // (a tick and an evidence round beside a few requests, however few slots there are).
+        settings.coordinator.group_sections_max = (settings.concurrency_max / 4).max(GROUP_SECTIONS_MIN);
         // The admin token must not also be a client token: every consumer host would hold the
         // admin routes (an admin review finding).
         if settings.admin_token.as_deref().is_some_and(|admin| settings.client_tokens.contains_secret(admin)) {
@@ -443,6 +444,8 @@ impl Settings {
 const CONCURRENCY_MAX_MAX: u64 = 1 << 20;
 const BODY_BYTES_MAX_MAX: u64 = 1 << 30;
 const MUTEX_TTL_MS_MAX: u64 = 60_000;
+/// Least `group_sections_max` `serve` sets, whatever `concurrency_max` is.
+const GROUP_SECTIONS_MIN: usize = 8;
 /// Upper bound of `mutex_retry_ms`.
 const MUTEX_RETRY_MS_MAX: u64 = 1_000;
 /// Upper bound of `mutex_attempts_max` and `cas_attempts_max`.
@@ -633,7 +636,7 @@ mod tests {
 
     #[test]
     fn one_group_may_hold_a_quarter_of_the_request_slots() {
-        for (concurrency_max, share) in [(40, 10), (3, 1), (1, 1)] {
+        for (concurrency_max, share) in [(400, 100), (40, 10), (3, 8), (1, 8)] {
             let file = FileConfig { concurrency_max: Some(concurrency_max), ..FileConfig::default() };
             let settings = Settings::resolve(&ServeArgs::default(), file, 1).expect("resolves");
             assert_eq!(settings.coordinator.group_sections_max, share, "concurrency_max {concurrency_max}");

@@ -113,7 +113,10 @@ end
 /// counters of earlier grants. A counter that is not canonical decimal (a hand edit, or an
 /// application's `HSET`) counts as none: every fenced operation refuses it (`CHECK`), so no grant
 /// of it is in use, and `HINCRBY` on it failed the whole batch of the group's raises — every write
-/// of the group, until someone repaired the key by hand (a numbers review). Closes the old value's gate and opens the new one. Reply:
+/// of the group, until someone repaired the key by hand (a numbers review). So does `0`, which
+/// only a client's check can install (on a key without a counter): counted up, it would restart
+/// the key at 1 below the floor. The old value's gate, named by a counter the key no longer holds,
+/// is not closed here: it expires within 10 s, as the gate of a vanished key does. Closes the old value's gate and opens the new one. Reply:
 /// `{counter}`, the new counter as a decimal string (read back with HGET after the increment, or
 /// the floor as given, so it never passes through a Lua number), or `{counter, gate}` when the old value's gate was not
 /// found here: expired, never opened — or, on a Cluster, still on the source node of a slot move
@@ -122,7 +125,7 @@ end
 /// by name before the raise returns (`RedisStore::raise_fences`), wherever it is.
 const RAISE: &str = r#"
 local cur = redis.call('HMGET', KEYS[1], 'counter', 'nonce')
-if cur[1] and cur[1] ~= '0' and not string.match(cur[1], '^[1-9][0-9]*$') then
+if cur[1] and not string.match(cur[1], '^[1-9][0-9]*$') then
   cur[1] = false
 end
 local closed = close_gate(KEYS[1], cur[1], cur[2])
