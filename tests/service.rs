@@ -829,22 +829,8 @@ async fn a_group_without_a_key_gets_one_at_its_first_write() {
     let store = MemoryStore::new(16);
     let c = short_mutex(&store, "c1");
     create(&c, 2).await;
-    let mut old = recorded(&store).expect("record");
-    assert!(old.view_key.is_some(), "a create draws a key");
-    old.view_key = None;
-    // Rewritten as an older coordinator would: its record has no key.
-    let stored = store.peek_record(&group()).expect("record");
-    let rewrite = WriteRequest {
-        expected: Some(stored.cas_stamp()),
-        aggregate: serde_json::to_string(&old).expect("encode"),
-        schema_version: stored.schema_version,
-        layout_version: stored.layout_version,
-        updated_at_ms: stored.updated_at_ms,
-        write_id: "older-release".into(),
-        liveness_guards: Vec::new(),
-        liveness_remove: Vec::new(),
-    };
-    store.write(&group(), rewrite).await.expect("rewritten");
+    assert!(recorded(&store).expect("record").view_key.is_some(), "a create draws a key");
+    keyless::drop_key_as_an_older_release_would(&store).await;
     let c = short_mutex(&store, "c2");
     let a = c.heartbeat(join("a")).await.expect("a joins");
     let keyed = recorded(&store).expect("record");

@@ -10,7 +10,7 @@ use rsc::core::protocol::RoutingResponse;
 use super::*;
 
 /// Rewrites the group's record as an older coordinator would: without its view key.
-async fn drop_key_as_an_older_release_would(store: &MemoryStore) {
+pub(super) async fn drop_key_as_an_older_release_would(store: &MemoryStore) {
     let mut old = recorded(store).expect("record");
     old.view_key = None;
     let stored = store.peek_record(&group()).expect("record");
