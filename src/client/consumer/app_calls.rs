@@ -39,6 +39,11 @@ struct State {
     /// The threads inside an [`AppCall`], once per call (at most one per thread but for a sink or
     /// listener that calls back into the consumer).
     threads: Vec<ThreadId>,
+    /// Whether [`AppCalls::end`] waits for `call_ended`: only then does an ending call signal it.
+    /// A signal is a system call (`futex`) whether or not anyone waits, and a call ends at every
+    /// core step that emitted events: signalling each time cost ten system calls per message on
+    /// the data path (`benches/data_path.rs`, counted with `perf stat -e syscalls:sys_enter_futex`).
+    waiting: bool,
 }
 
 /// One stretch of application code running for the consumer; ends when dropped.
@@ -77,8 +82,12 @@ impl AppCalls {
         self.dropped.store(true, Ordering::SeqCst);
         let me = std::thread::current().id();
         while state.threads.iter().any(|thread| *thread != me) {
+            // Set under the lock, which the wait releases atomically: a call that ends after this
+            // sees it and signals.
+            state.waiting = true;
             state = self.call_ended.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
         }
+        state.waiting = false;
         drop(state);
         self.ended.load(Ordering::SeqCst)
     }
@@ -95,7 +104,10 @@ impl Drop for AppCall<'_> {
         if let Some(at) = state.threads.iter().position(|thread| *thread == self.thread) {
             state.threads.swap_remove(at);
         }
+        let waiting = state.waiting;
         drop(state);
-        self.calls.call_ended.notify_all();
+        if waiting {
+            self.calls.call_ended.notify_all();
+        }
     }
 }

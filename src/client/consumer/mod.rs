@@ -364,25 +364,27 @@ impl<T, S> Shared<T, S> {
             // Moved into the sink, not cloned: the listener needs only the shard changes, noted
             // on the way (most events are per entry, and most batches start or stop nothing).
             let mut changes = ShardChanges::default();
-            let call = self.app.enter();
-            core.drain_events_with(|event| {
-                changes.note(&event);
-                // Checked per event: a sink may drop the consumer (on this thread) mid-batch.
-                if call.is_none() || self.app.dropped() {
-                    return;
+            // Most steps emit nothing (a lease check, a call counted): no application call then.
+            if core.has_events() {
+                let call = self.app.enter();
+                core.drain_events_with(|event| {
+                    changes.note(&event);
+                    // Checked per event: a sink may drop the consumer (on this thread) mid-batch.
+                    if call.is_none() || self.app.dropped() {
+                        return;
+                    }
+                    if matches!(event, ClientEvent::Left { .. } | ClientEvent::Closed { .. }) {
+                        self.app.note_ended();
+                    }
+                    guarded("event sink", || self.sink.emit(event));
+                });
+                // The shards the listener is told stopped stay undrained until it returned (see
+                // `ConsumerCore::listener_called`): held here, under the lock that took their events.
+                if call.is_some() {
+                    changes.held = changes.stopped();
+                    core.listener_called(&changes.held);
                 }
-                if matches!(event, ClientEvent::Left { .. } | ClientEvent::Closed { .. }) {
-                    self.app.note_ended();
-                }
-                guarded("event sink", || self.sink.emit(event));
-            });
-            // The shards the listener is told stopped stay undrained until it returned (see
-            // `ConsumerCore::listener_called`): held here, under the lock that took their events.
-            if call.is_some() {
-                changes.held = changes.stopped();
-                core.listener_called(&changes.held);
             }
-            drop(call);
             (result, changes)
         };
         self.notify_listener(changes);
@@ -402,9 +404,10 @@ impl<T, S> Shared<T, S> {
         if changes.any {
             self.reads_changed.notify_waiters();
         }
-        if let Some(_call) = self.app.enter() {
-            // Stops first: a shard stopped and restarted by one response ends up assigned.
-            let revoked = changes.revoked_not_lost();
+        // Stops first: a shard stopped and restarted by one response ends up assigned.
+        let revoked = changes.revoked_not_lost();
+        let due = !changes.lost.is_empty() || !revoked.is_empty() || !changes.assigned.is_empty();
+        if let Some(_call) = due.then(|| self.app.enter()).flatten() {
             if !changes.lost.is_empty() {
                 self.listen("rebalance listener (on_lost)", || self.listener.on_lost(&changes.lost));
             }

@@ -403,6 +403,11 @@ impl ConsumerCore {
         std::mem::take(&mut self.events)
     }
 
+    /// Whether any event was emitted since the last drain.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// Hands the events emitted so far to `f`, in order, keeping the buffer's capacity (the
     /// driver drains after every call, most of which emit one event per entry).
     pub fn drain_events_with(&mut self, f: impl FnMut(ClientEvent)) {
