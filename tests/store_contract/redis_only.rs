@@ -577,3 +577,33 @@ async fn a_fence_counter_that_is_not_a_number_is_raised_to_the_floor() {
     let raised = store.raise_fences(&[raise(&bad, 5)]).await.expect("raised");
     assert_eq!(raised, vec![Fence { counter: 1_764_000_000_000, nonce: 5 }]);
 }
+
+/// The doorbell resolves the last-delivered ids of the streams it does not know in one round
+/// trip: one `XINFO GROUPS` per stream, one after another under one deadline, always timed out
+/// past a few thousand shards (a scale review), so the doorbell of a large consumer never worked
+/// and each attempt dropped the shared connection.
+#[tokio::test]
+async fn the_doorbell_resolves_twenty_thousand_unknown_streams_within_one_deadline() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), options(300)).await.expect("connect");
+    let fields = || vec![("f".to_string(), b"v".to_vec())];
+    let delivered_stream = "scale:0".to_string();
+    let first = store.xadd(&delivered_stream, fields(), None).await.expect("xadd");
+    store.ensure_group(&delivered_stream, "g").await.expect("group");
+    let read = store.xreadgroup("g", "c", &[(delivered_stream.clone(), ReadFrom::New)], 10, None).await;
+    assert_eq!(read.expect("read").len(), 1);
+    // Shard 0 delivered up to `first`; the 19,999 others do not exist yet.
+    let streams: Vec<(String, Option<rsc::store::EntryId>)> =
+        (0..20_000).map(|i| (format!("scale:{i}"), None)).collect();
+    let started = Instant::now();
+    let bell = store.wait_for_entries("g", &streams, 10).await.expect("resolved within the 300 ms deadline");
+    assert!(!bell.rang);
+    assert_eq!(bell.after.len(), 20_000);
+    assert_eq!(bell.after[0], first);
+    assert!(bell.after[1..].iter().all(|id| *id == rsc::store::EntryId { ms: 0, seq: 0 }));
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    // A key of another type is still that stream's error, not an id.
+    server.cmd(&["SET", "scale:7", "not a stream"]);
+    let refused = store.wait_for_entries("g", &streams[..10], 10).await;
+    assert!(refused.is_err(), "{refused:?}");
+}
