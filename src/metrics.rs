@@ -168,6 +168,29 @@ impl Metrics {
         });
     }
 
+    /// Removes the series of the gauges `names` of the `members` of `group` (labels `group` and
+    /// `member`), in one pass over the registry: a write that removed ten thousand members (a mass
+    /// expiry) scanned the whole registry twice per member under the lock every request's metrics
+    /// take, seconds with many groups (a scale review).
+    pub fn forget_members(&self, names: &[&'static str], group: &str, members: &[String]) {
+        if members.is_empty() {
+            return;
+        }
+        let members: std::collections::BTreeSet<&str> = members.iter().map(String::as_str).collect();
+        fn label<'l>(labels: &'l Labels, key: &str) -> Option<&'l str> {
+            labels.iter().find(|(k, _)| *k == key).map(|(_, v)| v.as_str())
+        }
+        let other = |n: &&'static str, labels: &Labels| {
+            !names.contains(n)
+                || label(labels, "group") != Some(group)
+                || !label(labels, "member").is_some_and(|member| members.contains(member))
+        };
+        self.with(|f| {
+            f.values.retain(|(n, labels), _| other(n, labels));
+            f.clocks.retain(|(n, labels), _| other(n, labels));
+        });
+    }
+
     /// Removes every series of every metric (counters, gauges, histograms) whose labels contain
     /// `(key, value)`, except the metrics named in `except`: a deleted group's or member's series
     /// must not outlive it, or the registry grows with every id that ever came and went.
@@ -327,6 +350,30 @@ mod tests {
         assert_eq!(m.total("b_total"), 2.0);
         m.forget("b_total", "status", "OK");
         assert_eq!(m.total("b_total"), 0.0);
+    }
+
+    #[test]
+    fn forget_members_removes_the_named_gauges_of_those_members_of_that_group_only() {
+        let m = Metrics::new();
+        let of = |g: &str, member: &str| vec![("group", g.to_string()), ("member", member.to_string())];
+        for member in ["a", "b", "c"] {
+            m.set("age_seconds", "h", of("g1", member), 1.0);
+            m.set_since("revoking", "h", of("g1", member), Instant::now());
+            // The same member ids in another group, and another gauge of the group's members.
+            m.set("age_seconds", "h", of("g2", member), 1.0);
+            m.set("other_gauge", "h", of("g1", member), 1.0);
+        }
+        m.forget_members(&["age_seconds", "revoking"], "g1", &["a".to_string(), "c".to_string()]);
+        let text = m.render();
+        for gone in ["age_seconds{group=\"g1\",member=\"a\"}", "revoking{group=\"g1\",member=\"c\"}"] {
+            assert!(!text.contains(gone), "{gone} still there:\n{text}");
+        }
+        assert_eq!(m.value("age_seconds", &of("g1", "b")), 1.0);
+        assert!(text.contains("revoking{group=\"g1\",member=\"b\"}"), "{text}");
+        for member in ["a", "b", "c"] {
+            assert_eq!(m.value("age_seconds", &of("g2", member)), 1.0, "another group's {member}");
+            assert_eq!(m.value("other_gauge", &of("g1", member)), 1.0, "another gauge of {member}");
+        }
     }
 
     #[test]

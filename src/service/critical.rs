@@ -207,12 +207,11 @@ impl<S: MetadataStore> Coordinator<S> {
                     }
                     self.note_view_key(group, &next);
                     self.inner.cache.put(group, written_record, Arc::new(next));
-                    let group_label = group.to_string();
-                    for member in &decision.write.liveness_remove {
-                        let series: &[(&str, &str)] = &[("group", &group_label), ("member", member)];
-                        self.inner.metrics.forget_matching("rsc_member_heartbeat_age_seconds", series);
-                        self.inner.metrics.forget_matching("rsc_member_revoking_shards", series);
-                    }
+                    self.inner.metrics.forget_members(
+                        &["rsc_member_heartbeat_age_seconds", "rsc_member_revoking_shards"],
+                        &group.to_string(),
+                        &decision.write.liveness_remove,
+                    );
                     return decision.outcome;
                 }
                 WriteOutcome::RevisionConflict { .. } => {
