@@ -447,11 +447,14 @@ pub fn deferral_renewable_without_read(g: &GroupMetadata, obs: &Observations) ->
 pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
     let mut tx = Transition::new(g, ctx);
     let ttl = g.effective_member_lease_ttl_ms();
-    for (member, seen) in &ctx.observations.liveness {
-        if g.members.contains_key(member) && seen.unchanged_ms >= ttl {
-            tx.expire(member, seen.value);
-        }
-    }
+    let expired: Vec<(&str, u64)> = ctx
+        .observations
+        .liveness
+        .iter()
+        .filter(|(member, seen)| g.members.contains_key(*member) && seen.unchanged_ms >= ttl)
+        .map(|(member, seen)| (member.as_str(), seen.value))
+        .collect();
+    tx.expire_all(&expired);
     let timed_out: std::collections::BTreeSet<String> = tx
         .next
         .current
@@ -465,9 +468,7 @@ pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
             _ => None,
         })
         .collect();
-    for member in timed_out {
-        tx.fence(&member);
-    }
+    tx.fence_all(&timed_out.into_iter().collect::<Vec<_>>());
     // A member that has not adopted the round's version a rebalance timeout after the round began
     // holds every shard in the round: fenced, as above. Never before three heartbeat intervals:
     // a member learns of the round only at its next heartbeat, and syncs at the one after.
@@ -478,9 +479,7 @@ pub fn decide_tick(g: &GroupMetadata, ctx: Context<'_>) -> Decision<()> {
         }
         _ => Vec::new(),
     };
-    for member in unsynced {
-        tx.fence(&member);
-    }
+    tx.fence_all(&unsynced);
     if ctx.observations.orphan_liveness.len() > ORPHAN_LIVENESS_MAX {
         tx.remove_orphan_liveness(&ctx.observations.orphan_liveness);
     }

@@ -6,7 +6,7 @@
 //! with no next value is remembered as the transition's refusal ([`CounterExhausted`]) and
 //! `finish` then returns it instead of a state: the decision writes nothing.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::assignor::assignor_for;
 use super::engine::Context;
@@ -259,15 +259,21 @@ impl<'a> Transition<'a> {
         self.drop_member(member);
     }
 
-    /// Removes a member whose liveness stayed unchanged for the member lease TTL: its leases have
-    /// surely ended, so its shards are free at once. Guarded on the observed counter value.
-    pub(crate) fn expire(&mut self, member: &str, observed_liveness: u64) {
-        let held: Vec<ShardId> = self.next.held_shards(member);
-        for shard in held {
-            self.next.current.remove(&shard);
+    /// Removes the members whose liveness stayed unchanged for the member lease TTL (each with
+    /// the counter value observed): their leases have surely ended, so their shards are free at
+    /// once. Guarded on the observed counter values. One pass over the shards for all of them:
+    /// one per member cost members × shards, seconds at a tick that expired a fleet of a large
+    /// group (a scale review).
+    pub(crate) fn expire_all(&mut self, expired: &[(&str, u64)]) {
+        if expired.is_empty() {
+            return;
         }
-        self.guards.push((member.to_string(), observed_liveness));
-        self.drop_member(member);
+        let gone: BTreeSet<&str> = expired.iter().map(|(member, _)| *member).collect();
+        self.next.current.retain(|_, owner| !gone.contains(owner.member().as_str()));
+        for (member, observed_liveness) in expired {
+            self.guards.push((member.to_string(), *observed_liveness));
+            self.drop_member(member);
+        }
     }
 
     /// Keeps the leaving incarnation of `member` (one with a session and an epoch) among the
@@ -286,9 +292,28 @@ impl<'a> Transition<'a> {
         departed.drain(..excess);
     }
 
-    /// Fences a member that exceeded the rebalance timeout.
-    pub(crate) fn fence(&mut self, member: &str) {
-        self.fence_shards_of(member);
+    /// Fences the members that exceeded the rebalance timeout, in order, each as `fence_listed`
+    /// does, with one pass over the shards for all of them (see [`Self::expire_all`]).
+    pub(crate) fn fence_all(&mut self, members: &[String]) {
+        if members.is_empty() {
+            return;
+        }
+        let mut live: BTreeMap<MemberId, Vec<ShardId>> = BTreeMap::new();
+        for (shard, owner) in &self.next.current {
+            if let ShardOwner::Owned { member, .. } | ShardOwner::Revoking { member, .. } = owner {
+                live.entry(member.clone()).or_default().push(*shard);
+            }
+        }
+        for member in members {
+            let shards = live.remove(member).unwrap_or_default();
+            self.fence_listed(member, shards);
+        }
+    }
+
+    /// Fences `member`, which exceeded the rebalance timeout, whose live (owned or revoking)
+    /// shards are `live`.
+    fn fence_listed(&mut self, member: &str, live: Vec<ShardId>) {
+        self.fence_shards(member, live);
         if let Some(m) = self.next.members.get_mut(member) {
             m.state = MemberState::Fenced;
         }
@@ -334,9 +359,19 @@ impl<'a> Transition<'a> {
     }
 
     fn fence_shards_of(&mut self, member: &str) {
-        let live: Vec<ShardId> = self.next.shards_where(
+        let live = self.live_shards_of(member);
+        self.fence_shards(member, live);
+    }
+
+    /// The shards `member` owns or is revoking.
+    fn live_shards_of(&self, member: &str) -> Vec<ShardId> {
+        self.next.shards_where(
             |o| matches!(o, ShardOwner::Owned { member: m, .. } | ShardOwner::Revoking { member: m, .. } if m == member),
-        );
+        )
+    }
+
+    /// Fences `live`, the shards `member` owns or is revoking, under one new wait.
+    fn fence_shards(&mut self, member: &str, live: Vec<ShardId>) {
         if live.is_empty() {
             return;
         }
