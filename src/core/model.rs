@@ -99,9 +99,26 @@ impl GroupId {
         format!("{{{}:{}}}", self.stream_prefix, self.consumer_group)
     }
 
-    /// Stream key of one shard: `<streamPrefix>:<shard>`.
+    /// Stream key of one shard: `<streamPrefix>:<shard>`. Built without the formatting machinery:
+    /// the read path names every shard's stream at every poll (1.3% of a simulation's time went to
+    /// `format!` here).
     pub fn stream_key(&self, shard: ShardId) -> String {
-        format!("{}:{}", self.stream_prefix, shard)
+        let mut digits = [0u8; 10];
+        let mut at = digits.len();
+        let mut rest = shard;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        let mut key = String::with_capacity(self.stream_prefix.len() + 1 + digits.len() - at);
+        key.push_str(&self.stream_prefix);
+        key.push(':');
+        key.extend(digits[at..].iter().map(|d| char::from(*d)));
+        key
     }
 
     /// Checks the id is safe everywhere it goes (Redis keys and hash tags, URL path segments,
@@ -700,4 +717,17 @@ pub enum CounterExhausted {
     /// The stored revision has no successor.
     #[error("store revision {0} cannot be incremented")]
     StoreRevision(u64),
+}
+
+#[cfg(test)]
+mod stream_key_tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_key_is_the_prefix_a_colon_and_the_shard_in_decimal() {
+        let group = GroupId::new("orders:eu", "billing");
+        for shard in [0, 1, 9, 10, 99, 100, 4_095, 65_535, 1_000_000_000, ShardId::MAX] {
+            assert_eq!(group.stream_key(shard), format!("orders:eu:{shard}"));
+        }
+    }
 }
