@@ -227,7 +227,8 @@ impl<S: MetadataStore> Coordinator<S> {
     }
 
     /// Raises the fence of every grant in `next` that needs one ([`unfenced_grants`]) and records
-    /// the values in it; true when it attached any. One pipelined round trip for all of them. If
+    /// the values in it; true when it attached any. One pipelined round trip per 1,024 of them
+    /// (each under its own deadline; a failure leaves the earlier ones raised, as below). If
     /// the write then fails, the raised fences guard shards whose new grant was never recorded:
     /// nobody may read them (a shard is granted only once its previous owner can no longer), and
     /// a recorded owner refused by such a raise reports it and gets a new fence (`fenced`).

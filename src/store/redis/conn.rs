@@ -613,12 +613,6 @@ impl Connector {
         self.scrub(map_error(command, &err, &self.redactor))
     }
 
-    /// A server's error reply to one command of a pipeline sent with `ignore_errors`, mapped as
-    /// the command's own error would be.
-    pub(crate) fn server_error(&self, command: &str, err: &RedisError) -> StoreError {
-        self.scrub(map_error(command, err, &self.redactor))
-    }
-
     /// Removes the sentinels' password from every text of `err` (the store password is removed
     /// by `map_error`).
     fn scrub(&self, err: StoreError) -> StoreError {

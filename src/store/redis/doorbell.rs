@@ -107,7 +107,7 @@ impl RedisStore {
             return Ok(streams.iter().map(|(_, id)| id.unwrap_or(ZERO_ID)).collect());
         }
         let replies: Vec<Value> = if self.is_cluster() {
-            self.xinfo_one_by_one(unknown).await?
+            self.xinfo_one_by_one(&unknown).await?
         } else {
             self.xinfo_pipelined(&unknown).await?
         };
@@ -128,7 +128,9 @@ impl RedisStore {
     /// about 2,000 unknown shards (at 1 ms a round trip) the resolution always timed out, the
     /// doorbell was never usable, and every attempt dropped the shared connection the consumer's
     /// reads and acks use (a scale review). Each reply is the stream's own: `Nil` for a stream that
-    /// does not exist yet (nothing was delivered from it), the mapped error for any other refusal.
+    /// does not exist yet (nothing was delivered from it). Any other refusal fails the call as the
+    /// first refused command did before, inside the same round trip's handling, so the connection
+    /// is replaced on the same errors (a server that is no longer a master, say).
     async fn xinfo_pipelined(&self, streams: &[&str]) -> Result<Vec<Value>, StoreError> {
         let mut pipe = ::redis::pipe();
         // Each command's error stays in its own reply instead of failing the pipeline.
@@ -136,7 +138,27 @@ impl RedisStore {
         for stream in streams {
             pipe.cmd("XINFO").arg("GROUPS").arg(*stream);
         }
-        let replies: Vec<Value> = self.pipeline("XINFO GROUPS", pipe).await?;
+        let replies: Vec<Value> = self
+            .inner
+            .conn
+            .run(Lane::Shared, "XINFO GROUPS", 0, |mut c: Conn| async move {
+                let replies: Vec<Value> = pipe.query_async(&mut c).await?;
+                let mut out = Vec::with_capacity(replies.len());
+                for reply in replies {
+                    out.push(match reply {
+                        Value::ServerError(err) => {
+                            let err = ::redis::RedisError::from(err);
+                            if !no_such_key(&err) {
+                                return Err(err);
+                            }
+                            Value::Nil
+                        }
+                        other => other,
+                    });
+                }
+                Ok((out, c))
+            })
+            .await?;
         if replies.len() != streams.len() {
             return Err(StoreError::Protocol(format!(
                 "XINFO GROUPS: {} replies for {} streams",
@@ -144,44 +166,41 @@ impl RedisStore {
                 streams.len()
             )));
         }
-        replies
-            .into_iter()
-            .map(|reply| match reply {
-                Value::ServerError(err) => {
-                    let err = ::redis::RedisError::from(err);
-                    if no_such_key(&err) {
-                        Ok(Value::Nil)
-                    } else {
-                        Err(self.inner.conn.server_error("XINFO GROUPS", &err))
-                    }
-                }
-                other => Ok(other),
-            })
-            .collect()
+        Ok(replies)
     }
 
-    /// `XINFO GROUPS` of each of `streams`, one after another on the shared connection (on a
-    /// Redis Cluster, where the doorbell resolves each slot's streams on its own: one stream).
-    async fn xinfo_one_by_one(&self, streams: Vec<&str>) -> Result<Vec<Value>, StoreError> {
-        self.inner
-            .conn
-            .run(Lane::Shared, "XINFO GROUPS", 0, |mut c: Conn| async move {
-                let mut replies = Vec::with_capacity(streams.len());
-                for stream in &streams {
-                    let mut cmd = ::redis::cmd("XINFO");
-                    cmd.arg("GROUPS").arg(*stream);
-                    match cmd.query_async::<Value>(&mut c).await {
-                        Ok(value) => replies.push(value),
-                        // The stream does not exist yet: nothing was delivered from it.
-                        Err(err) if no_such_key(&err) => replies.push(Value::Nil),
-                        Err(err) => return Err(err),
+    /// `XINFO GROUPS` of each of `streams` on a Redis Cluster, one after another (each follows its
+    /// own key's slot), in runs of [`XINFO_RUN_MAX`] under a deadline each: one deadline for all
+    /// of them timed out past a few thousand shards, as on a single server.
+    async fn xinfo_one_by_one(&self, streams: &[&str]) -> Result<Vec<Value>, StoreError> {
+        let mut out = Vec::with_capacity(streams.len());
+        for run in streams.chunks(XINFO_RUN_MAX) {
+            let replies = self
+                .inner
+                .conn
+                .run(Lane::Shared, "XINFO GROUPS", 0, |mut c: Conn| async move {
+                    let mut replies = Vec::with_capacity(run.len());
+                    for stream in run {
+                        let mut cmd = ::redis::cmd("XINFO");
+                        cmd.arg("GROUPS").arg(*stream);
+                        match cmd.query_async::<Value>(&mut c).await {
+                            Ok(value) => replies.push(value),
+                            // The stream does not exist yet: nothing was delivered from it.
+                            Err(err) if no_such_key(&err) => replies.push(Value::Nil),
+                            Err(err) => return Err(err),
+                        }
                     }
-                }
-                Ok((replies, c))
-            })
-            .await
+                    Ok((replies, c))
+                })
+                .await?;
+            out.extend(replies);
+        }
+        Ok(out)
     }
 }
+
+/// Most `XINFO GROUPS` sent one after another under one deadline (a Redis Cluster).
+const XINFO_RUN_MAX: usize = 64;
 
 /// Redis's answer to `XINFO GROUPS` of a stream that does not exist.
 fn no_such_key(err: &::redis::RedisError) -> bool {
