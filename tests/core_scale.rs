@@ -94,5 +94,15 @@ fn a_tick_that_fences_every_unsynced_member_of_a_65536_shard_group_fences_every_
     let next = decision.write.next.expect("the fencing is written");
     assert!(took < BOUND, "took {took:?}");
     assert!(next.members.values().all(|m| m.state == MemberState::Fenced), "every member fenced");
-    assert!(next.current.values().all(|o| matches!(o, ShardOwner::Fenced { .. })), "every shard fenced");
+    // As fencing the members one by one did: each member's shards under one wait of their own,
+    // each shard keeping the member, and the fence, it had.
+    let mut wait_of: BTreeMap<&str, u64> = BTreeMap::new();
+    for (shard, owner) in &next.current {
+        let ShardOwner::Fenced { member, wait, fence } = owner else { panic!("shard {shard} not fenced: {owner:?}") };
+        assert_eq!(Some(member), g.target.get(shard), "shard {shard} keeps its member");
+        assert_eq!(*fence, Some(Fence { counter: 1, nonce: u64::from(*shard) }), "shard {shard} keeps its fence");
+        assert_eq!(*wait_of.entry(member).or_insert(*wait), *wait, "one wait per member");
+    }
+    let waits: std::collections::BTreeSet<u64> = wait_of.values().copied().collect();
+    assert_eq!((wait_of.len(), waits.len()), (MEMBERS, MEMBERS), "a wait of its own for each member");
 }
