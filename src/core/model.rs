@@ -564,11 +564,6 @@ impl GroupMetadata {
         self.shards_where(|o| matches!(o, ShardOwner::Revoking { member: m, .. } if m == member))
     }
 
-    /// Shards held by `member` in any state (owned, revoking or fenced).
-    pub fn held_shards(&self, member: &str) -> Vec<ShardId> {
-        self.shards_where(|o| o.member() == member)
-    }
-
     /// Target shards of `member` that it does not own yet.
     pub fn pending_shards(&self, member: &str) -> Vec<ShardId> {
         self.target
