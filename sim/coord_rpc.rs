@@ -147,7 +147,7 @@ impl RpcTransport {
                 }
             };
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match tokio::time::timeout(remaining, exchange).await {
+            match rsc::time::timeout(remaining, exchange).await {
                 Err(_) => return Err(TransportError::Timeout),
                 // A terminating instance: like a 503 over HTTP, try whichever instance is next.
                 Ok(Err(TransportError::Api(e))) if e.code == ErrorCode::CoordinatorTerminating => {

@@ -148,7 +148,7 @@ pub async fn coordinator(env: Env, process: ProcessId, registry: CoordinatorRegi
             }
             Err(e) => {
                 env.recorder.trace(process, format!("start failed: {e}"));
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                rsc::time::sleep(Duration::from_secs(1)).await;
             }
         }
     }
@@ -225,7 +225,7 @@ pub async fn consumer(env: Env, process: ProcessId, loss: TransportKnob, leave: 
             Ok(deliveries) if deliveries.is_empty() && consumer.status().phase == Phase::Left => break,
             Ok(deliveries) => deliveries,
             Err(_) => {
-                tokio::time::sleep(Duration::from_millis(w.poll_interval_ms)).await;
+                rsc::time::sleep(Duration::from_millis(w.poll_interval_ms)).await;
                 continue;
             }
         };
@@ -280,7 +280,7 @@ async fn process_one<T, S>(
         records.processing.push(Processing { process, stream, id, start_us, end_us: None, completed: false });
         records.processing.len() - 1
     };
-    let work = tokio::time::sleep(Duration::from_millis(processing_ms));
+    let work = rsc::time::sleep(Duration::from_millis(processing_ms));
     tokio::pin!(work);
     let finished = loop {
         let changed = lost.changed.notified();
@@ -317,7 +317,7 @@ async fn process_one<T, S>(
             }
             Err(AckError::Store(e)) if attempt < ACK_ATTEMPTS_MAX => {
                 recorder.trace_verbose(process, || format!("processed {stream} {id}: ack failed ({e}), retrying"));
-                tokio::time::sleep(Duration::from_millis(ACK_RETRY_MS)).await;
+                rsc::time::sleep(Duration::from_millis(ACK_RETRY_MS)).await;
             }
             Err(AckError::Store(e)) => {
                 let abandoned = consumer.abandon(&delivery);
@@ -358,7 +358,7 @@ pub async fn producer(env: Env, process: ProcessId, loss: TransportKnob, clock: 
         let payload = format!("{process}/{sequence}").into_bytes();
         let result = producer.publish(key.as_bytes(), payload).await;
         env.recorder.trace_verbose(process, || format!("publish key={key} -> {result:?}"));
-        tokio::time::sleep(Duration::from_millis(w.publish_interval_ms)).await;
+        rsc::time::sleep(Duration::from_millis(w.publish_interval_ms)).await;
     }
     env.recorder.trace(process, format!("stopped publishing after {sequence} messages"));
 }
@@ -419,7 +419,7 @@ pub async fn operator(env: Env, process: ProcessId, mut commands: mpsc::Unbounde
                             env.recorder.trace(process, "gave up adding shards");
                             break;
                         }
-                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        rsc::time::sleep(Duration::from_millis(500)).await;
                         continue;
                     }
                 },
@@ -432,7 +432,7 @@ pub async fn operator(env: Env, process: ProcessId, mut commands: mpsc::Unbounde
             if done {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            rsc::time::sleep(Duration::from_millis(500)).await;
         }
     }
 }
@@ -468,7 +468,7 @@ async fn send_admin(
 async fn delete_group(env: &Env, process: ProcessId, admin: &RpcTransport) -> bool {
     for attempt in 0..DELETE_ATTEMPTS_MAX {
         if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            rsc::time::sleep(Duration::from_millis(500)).await;
         }
         let revision = match admin.describe(&env.group).await {
             Ok(d) => d.store_revision,

@@ -441,7 +441,7 @@ impl RemoteStore {
             // The request leaves late on its own task: the caller may time out and move on first.
             let (endpoint, late) = (Arc::clone(&self.endpoint), now.take());
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                rsc::time::sleep(Duration::from_millis(delay_ms)).await;
                 if let Some(envelope) = late {
                     let _ = endpoint.send_to_raw(server, REQUEST_TAG, Box::new(envelope)).await;
                 }
@@ -464,7 +464,7 @@ impl RemoteStore {
                 Err(_) => Err(StoreError::Protocol(format!("reply to call {call_id} has the wrong type"))),
             }
         };
-        match tokio::time::timeout(self.timeout + Duration::from_millis(block_ms), exchange).await {
+        match rsc::time::timeout(self.timeout + Duration::from_millis(block_ms), exchange).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Unavailable("timeout".into())),
         }

@@ -92,7 +92,7 @@ async fn simulate(plan: Arc<Plan>, verbose: bool) -> Run {
     let end_us = plan.durations.run_ms * 1_000;
     loop {
         let next_us = injector.next_due_us().unwrap_or(end_us).min(end_us);
-        tokio::time::sleep_until(origin + Duration::from_micros(next_us)).await;
+        rsc::time::sleep_until(origin + Duration::from_micros(next_us)).await;
         if next_us >= end_us {
             break;
         }

@@ -137,7 +137,7 @@ impl<T: CoordinatorTransport + Send + Sync + 'static> RecordingTransport<T> {
     fn deliver_late(&self, req: HeartbeatRequest, delay_ms: u64) {
         let (inner, recorder, process) = (Arc::clone(&self.inner), self.recorder.clone(), self.process);
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            rsc::time::sleep(Duration::from_millis(delay_ms)).await;
             recorder.trace(process, format!("stale delivery ({delay_ms} ms late): {}", describe_heartbeat(&req)));
             recorder.lock().stale_deliveries += 1;
             let _ = inner.heartbeat(req).await;
@@ -158,7 +158,7 @@ impl<T: CoordinatorTransport + Send + Sync + 'static> RecordingTransport<T> {
         let hidden = answer.is_ok() && self.hide();
         finish(&self.recorder, index, self.recorder.now_us(), answer.clone(), hidden);
         if hidden {
-            tokio::time::sleep_until(sent + self.timeout).await;
+            rsc::time::sleep_until(sent + self.timeout).await;
             return Err(TransportError::Timeout);
         }
         answer
@@ -183,7 +183,7 @@ impl<T: CoordinatorTransport + Send + Sync + 'static> CoordinatorTransport for R
                 }
                 Delivery::Deferred { delay_ms } => {
                     self.deliver_late(req, delay_ms);
-                    tokio::time::sleep(self.timeout).await;
+                    rsc::time::sleep(self.timeout).await;
                     Err(TransportError::Timeout)
                 }
             }

@@ -7,6 +7,7 @@
 //! - [`service`]: the coordinator workflow around the core (mutex, CAS, shutdown gate, ticks).
 //! - [`http`]: the axum edge, served the same way on tokio and on madsim.
 //! - [`client`]: consumer and producer libraries.
+//! - [`time`]: `sleep` and `timeout` for both runtimes, cheap to poll under the simulation.
 
 pub mod client;
 pub mod core;
@@ -14,3 +15,4 @@ pub mod http;
 pub mod metrics;
 pub mod service;
 pub mod store;
+pub mod time;

@@ -126,7 +126,7 @@ impl Clock {
             if now_ms >= deadline_ms {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis((deadline_ms - now_ms).min(RECHECK_MS))).await;
+            crate::time::sleep(Duration::from_millis((deadline_ms - now_ms).min(RECHECK_MS))).await;
         }
     }
 

@@ -479,7 +479,7 @@ mod tests {
         sink.emit(ClientEvent::Closed { at_ms: now_ms, member: "c".into() });
         assert!(!metrics.render().contains("member=\"c\""), "c closed: its series is gone");
 
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        crate::time::sleep(Duration::from_millis(20)).await;
         sink.emit(ClientEvent::RoutingRefreshed {
             at_ms: now_ms,
             producer: "p".into(),

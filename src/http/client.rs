@@ -217,7 +217,7 @@ impl HttpTransport {
             let attempt = tokio::select! {
                 biased;
                 attempt = self.attempt(addr, request, connect_timeout) => attempt,
-                _ = tokio::time::sleep_until(give_up) => Attempt::Next(TransportError::Timeout),
+                _ = crate::time::sleep_until(give_up) => Attempt::Next(TransportError::Timeout),
             };
             match attempt {
                 Attempt::Done(result) => {
@@ -262,7 +262,7 @@ impl HttpTransport {
             }
         }
         let connected = match connect_timeout {
-            Some(limit) => tokio::time::timeout(limit, self.connect(addr)).await,
+            Some(limit) => crate::time::timeout(limit, self.connect(addr)).await,
             None => Ok(self.connect(addr).await),
         };
         let sender = match connected {

@@ -43,7 +43,7 @@ async fn answer(state: &TestState) -> Option<Response> {
         Mode::Terminating => Some(error(AxumStatus::SERVICE_UNAVAILABLE, ErrorCode::CoordinatorTerminating)),
         Mode::UnknownMember => Some(error(AxumStatus::CONFLICT, ErrorCode::UnknownMember)),
         Mode::Slow => {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            crate::time::sleep(Duration::from_millis(500)).await;
             None
         }
         Mode::Hang => std::future::pending().await,
@@ -291,7 +291,7 @@ async fn hung_addr() -> (SocketAddr, TcpListener) {
 /// (`heartbeat_timeout_ms`, 2 s by default, counted from before the call). The call is dropped
 /// when the deadline passes first, as the consumer drops it.
 async fn answered_within(t: &HttpTransport, deadline: Duration) -> bool {
-    matches!(tokio::time::timeout(deadline, t.heartbeat(request(&GroupId::new("p", "g")))).await, Ok(Ok(_)))
+    matches!(crate::time::timeout(deadline, t.heartbeat(request(&GroupId::new("p", "g")))).await, Ok(Ok(_)))
 }
 
 /// The consumer's and the producer's default deadline for one call.
@@ -328,7 +328,7 @@ async fn an_address_that_never_connects_costs_no_failed_call_with_the_default_ti
     let mut queued = Vec::new();
     loop {
         assert!(queued.len() < 16, "the kernel kept completing connections to a full backlog");
-        match tokio::time::timeout(Duration::from_millis(300), tokio::net::TcpStream::connect(full_addr)).await {
+        match crate::time::timeout(Duration::from_millis(300), tokio::net::TcpStream::connect(full_addr)).await {
             Ok(stream) => queued.push(stream.expect("connect while the queue has room")),
             Err(_) => break,
         }
@@ -428,7 +428,7 @@ async fn header_read_timeout_closes_a_stalled_connection() {
     stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.expect("half a request head");
     let started = tokio::time::Instant::now();
     let mut buf = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut buf)).await;
+    let read = crate::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut buf)).await;
     assert!(read.is_ok(), "closed by the server");
     assert!(started.elapsed() >= Duration::from_millis(90));
     let _ = stop.send(());
@@ -521,7 +521,7 @@ mod sim {
         let (_node, state) = coordinator_node("a", "10.0.0.1", Mode::Ok);
         let (first, second) = client_node()
             .spawn(async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                crate::time::sleep(Duration::from_millis(10)).await;
                 let t = HttpTransport::with_addrs(vec![addr("10.0.0.1")]);
                 let group = GroupId::new("p", "g");
                 let mut batches = Vec::new();
@@ -548,7 +548,7 @@ mod sim {
         let a_id = a.id();
         let elapsed = client_node()
             .spawn(async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                crate::time::sleep(Duration::from_millis(10)).await;
                 let t = HttpTransport::new(HttpClientConfig {
                     request_timeout: Duration::from_millis(500),
                     ..HttpClientConfig::new(vec![addr("10.0.0.1"), addr("10.0.0.2")])
@@ -586,7 +586,7 @@ mod sim {
         let (_b, state_b) = coordinator_node("b", "10.0.0.2", Mode::Ok);
         let (first, second) = client_node()
             .spawn(async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                crate::time::sleep(Duration::from_millis(10)).await;
                 let t = HttpTransport::with_addrs(vec![addr("10.0.0.1"), addr("10.0.0.2")]);
                 let first = answered_within(&t, CALLER_DEADLINE).await;
                 let started = tokio::time::Instant::now();
@@ -607,7 +607,7 @@ mod sim {
         let a_id = a.id();
         let elapsed = client_node()
             .spawn(async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                crate::time::sleep(Duration::from_millis(10)).await;
                 let t = HttpTransport::new(HttpClientConfig {
                     request_timeout: Duration::from_millis(300),
                     ..HttpClientConfig::new(vec![addr("10.0.0.1"), addr("10.0.0.2")])

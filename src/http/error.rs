@@ -252,7 +252,7 @@ where
         }
         // Bounded in time: a stalled body would otherwise hold its concurrency slot forever.
         let limit = req.extensions().get::<BodyReadTimeout>().map_or(BODY_READ_TIMEOUT_DEFAULT, |t| t.0);
-        let bytes = match tokio::time::timeout(limit, Bytes::from_request(req, state)).await {
+        let bytes = match crate::time::timeout(limit, Bytes::from_request(req, state)).await {
             Ok(read) => read.map_err(HttpError::from_bytes_rejection)?,
             Err(_) => {
                 return Err(HttpError::rejected(

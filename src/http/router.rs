@@ -211,7 +211,7 @@ async fn buffer_body<S: MetadataStore>(State(gate): State<BodyGate<S>>, request:
         }
         Ok((buffered.freeze(), held))
     };
-    let (bytes, _held) = match tokio::time::timeout(deadline, read).await {
+    let (bytes, _held) = match crate::time::timeout(deadline, read).await {
         Ok(Ok(read)) => read,
         Ok(Err((status, label))) => {
             record(&gate.state.coordinator.metrics(), method, label, status, started.elapsed().as_secs_f64());

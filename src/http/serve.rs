@@ -90,7 +90,7 @@ pub async fn serve_tls_with(
     accept_until(listener, drain_timeout, shutdown, |stream, stop, open| {
         let (acceptor, router, config) = (acceptor.clone(), router.clone(), config.clone());
         tokio::spawn(async move {
-            match tokio::time::timeout(config.header_read_timeout, acceptor.accept(stream)).await {
+            match crate::time::timeout(config.header_read_timeout, acceptor.accept(stream)).await {
                 Ok(Ok(stream)) => serve_connection(stream, router, config, stop, open).await,
                 Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
                 Err(_) => tracing::debug!("TLS handshake timed out"),
@@ -123,7 +123,7 @@ async fn accept_until(
                 Err(error) => {
                     // Typically out of file descriptors: back off instead of spinning.
                     tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    crate::time::sleep(Duration::from_millis(50)).await;
                 }
             },
         }
@@ -134,7 +134,7 @@ async fn accept_until(
     tokio::select! {
         biased;
         _ = open_rx.recv() => {}
-        _ = tokio::time::sleep(drain_timeout) => {}
+        _ = crate::time::sleep(drain_timeout) => {}
     }
 }
 
@@ -185,8 +185,8 @@ async fn serve_connection<S>(
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TokioTimeTimer;
 
-/// A `tokio::time::Sleep` as a hyper `Sleep`.
-struct TimerSleep(Pin<Box<tokio::time::Sleep>>);
+/// A `crate::time::Sleep` as a hyper `Sleep`.
+struct TimerSleep(Pin<Box<crate::time::Sleep>>);
 
 impl Future for TimerSleep {
     type Output = ();
@@ -199,11 +199,11 @@ impl hyper::rt::Sleep for TimerSleep {}
 
 impl hyper::rt::Timer for TokioTimeTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(TimerSleep(Box::pin(tokio::time::sleep(duration))))
+        Box::pin(TimerSleep(Box::pin(crate::time::sleep(duration))))
     }
 
     fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(TimerSleep(Box::pin(tokio::time::sleep_until(from_std(deadline)))))
+        Box::pin(TimerSleep(Box::pin(crate::time::sleep_until(from_std(deadline)))))
     }
 
     fn now(&self) -> std::time::Instant {

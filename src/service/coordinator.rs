@@ -1273,7 +1273,7 @@ impl<S: MetadataStore> Coordinator<S> {
         let period = Duration::from_millis(self.inner.options.tick_interval_ms);
         while !self.is_terminating() {
             self.tick_all().await;
-            tokio::time::sleep(period).await;
+            crate::time::sleep(period).await;
         }
     }
 

@@ -278,7 +278,7 @@ impl<S: MetadataStore> Coordinator<S> {
                 return Ok(());
             }
             let jitter = self.local().rng.gen_range(0..=options.mutex_retry_ms);
-            tokio::time::sleep(Duration::from_millis(options.mutex_retry_ms + jitter)).await;
+            crate::time::sleep(Duration::from_millis(options.mutex_retry_ms + jitter)).await;
         }
         self.inner.metrics.count(&REDIS_MUTEX_GIVE_UPS, vec![("group", group.to_string())]);
         Err(ApiError::new(ErrorCode::StoreUnavailable, "group mutex is busy; retry"))

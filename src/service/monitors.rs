@@ -149,7 +149,7 @@ mod tests {
             let _guard = entry.lock().await;
         };
         // The waiter is polled once (it blocks on the held monitor), then dropped: it gave up.
-        let gave_up = tokio::time::timeout(std::time::Duration::from_millis(10), waiting).await;
+        let gave_up = crate::time::timeout(std::time::Duration::from_millis(10), waiting).await;
         assert!(gave_up.is_err());
         drop(held);
         drop(first);

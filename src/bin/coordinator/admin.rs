@@ -259,7 +259,7 @@ impl Client {
             }
         };
         let exchange = self.exchange(method, &path, body, &sent);
-        let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
+        let (status, bytes) = rsc::time::timeout(self.timeout, exchange)
             .await
             .map_err(|_| failed(format!("nothing within {:?}", self.timeout)))?
             .map_err(failed)?;

@@ -188,13 +188,13 @@ async fn serve_store<S: MetadataStore>(store: S, settings: &Settings, readiness:
         std::process::exit(1);
     });
     coordinator.begin_shutdown();
-    if tokio::time::timeout(shutdown_timeout, coordinator.drained()).await.is_err() {
+    if rsc::time::timeout(shutdown_timeout, coordinator.drained()).await.is_err() {
         tracing::warn!(?shutdown_timeout, "critical sections still running at the shutdown timeout; stopping anyway");
     }
     // Keep the listener open until endpoints had time to drop this instance: a connection refused
     // now would be an error a client cannot tell from a crash, whereas the 503s and routing
     // answers it gets meanwhile say exactly what to do.
-    tokio::time::sleep_until(accept_until).await;
+    rsc::time::sleep_until(accept_until).await;
     tracing::info!("accept window over: closing the listener and draining open connections");
     let _ = stop_tx.send(());
     if let Err(error) = server.await {
@@ -202,7 +202,7 @@ async fn serve_store<S: MetadataStore>(store: S, settings: &Settings, readiness:
     }
     // The ticker sees the terminating flag after its current pass and sleep.
     let tick = Duration::from_millis(settings.coordinator.tick_interval_ms);
-    if tokio::time::timeout(tick + shutdown_timeout, ticker).await.is_err() {
+    if rsc::time::timeout(tick + shutdown_timeout, ticker).await.is_err() {
         tracing::warn!("ticker did not stop in time");
     }
     tracing::info!("coordinator stopped");

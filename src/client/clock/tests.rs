@@ -17,11 +17,11 @@ async fn a_suspension_stops_the_monotonic_reading_but_not_the_suspend_aware_one(
     // While suspended (the simulation's clock-stop), only the suspend-aware reading advances.
     let (aware, monotonic) = (clock.now_ms(), stopping.now_ms());
     faults.suspend();
-    tokio::time::sleep(Duration::from_millis(40)).await;
+    crate::time::sleep(Duration::from_millis(40)).await;
     assert!(clock.now_ms() >= aware + 40);
     assert_eq!(stopping.now_ms(), monotonic, "stopped while suspended");
     faults.resume();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    crate::time::sleep(Duration::from_millis(20)).await;
     assert!(stopping.now_ms() >= monotonic + 20, "runs again after resume");
 }
 
@@ -31,7 +31,7 @@ async fn a_drifting_clock_runs_at_its_rate_from_the_change_on() {
     let clock = Clock::with_faults(faults.clone());
     faults.set_rate_ppm(RATE_NOMINAL_PPM / 2);
     let (start, started_ms) = (Instant::now(), clock.now_ms());
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    crate::time::sleep(Duration::from_millis(80)).await;
     let true_ms = duration_ms(start.elapsed());
     let clock_ms = clock.now_ms() - started_ms;
     assert!(clock_ms * 4 <= true_ms * 3 && clock_ms * 4 >= true_ms, "half rate: {clock_ms} ms of {true_ms} ms");
@@ -50,10 +50,10 @@ async fn sleeping_until_a_deadline_notices_a_suspension_soon_after_resume() {
         let clock = clock.clone();
         async move { clock.sleep_until_ms(deadline_ms).await }
     });
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    crate::time::sleep(Duration::from_millis(10)).await;
     // A tokio timer for the deadline would still wait a minute: monotonic time did not move.
     faults.suspended_for(Duration::from_secs(120));
-    let woke = tokio::time::timeout(Duration::from_millis(4 * RECHECK_MS), sleeper).await;
+    let woke = crate::time::timeout(Duration::from_millis(4 * RECHECK_MS), sleeper).await;
     assert!(woke.is_ok(), "the deadline passed during the suspension and was noticed on the next re-check");
     assert!(clock.now_ms() >= deadline_ms);
 }
@@ -63,7 +63,7 @@ async fn sleeping_until_a_deadline_notices_a_suspension_soon_after_resume() {
 async fn the_system_clock_advances_with_time_and_converts_to_tokio_instants() {
     let clock = Clock::new();
     let start = clock.now_ms();
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    crate::time::sleep(Duration::from_millis(30)).await;
     let now_ms = clock.now_ms();
     assert!(now_ms >= start + 29, "{start} -> {now_ms}");
     assert!(clock.stopping().now_ms() >= start + 29);

@@ -95,7 +95,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 Bell::Silent { waited_to_deadline: false } => ring_first = true,
                 Bell::Unusable => {
                     let now = tokio::time::Instant::now();
-                    tokio::time::sleep(idle.min(deadline.saturating_duration_since(now))).await;
+                    crate::time::sleep(idle.min(deadline.saturating_duration_since(now))).await;
                 }
             }
         }

@@ -311,7 +311,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Consumer<T, S> {
                 self.shared.with_core_now(|core, now_ms| core.abort(now_ms));
                 CloseError::HeartbeatTask(e.to_string())
             }),
-            _ = tokio::time::sleep_until(deadline) => {
+            _ = crate::time::sleep_until(deadline) => {
                 task.abort();
                 self.shared.with_core_now(|core, now_ms| core.abort(now_ms));
                 Err(CloseError::TimedOut(timeout_ms))
@@ -573,7 +573,7 @@ async fn exchange<T: CoordinatorTransport, S: StreamStore>(
         tokio::select! {
             biased;
             result = &mut call => return result,
-            _ = tokio::time::sleep_until(give_up) => return Err(TransportError::Timeout),
+            _ = crate::time::sleep_until(give_up) => return Err(TransportError::Timeout),
             _ = shared.clock.sleep_until_ms(lease_end_ms.unwrap_or(u64::MAX)), if lease_end_ms.is_some() => {
                 shared.with_core_now(|core, now_ms| core.handle_timeout(now_ms));
             }

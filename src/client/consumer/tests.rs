@@ -41,7 +41,7 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !cond() {
         assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        crate::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -52,7 +52,7 @@ async fn poll_n(consumer: &TestConsumer, want: usize) -> Vec<Delivery> {
     while got.len() < want {
         assert!(tokio::time::Instant::now() < deadline, "got only {} of {want} entries", got.len());
         got.extend(consumer.poll(want - got.len()).await.expect("poll"));
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        crate::time::sleep(Duration::from_millis(2)).await;
     }
     got
 }
@@ -196,7 +196,7 @@ async fn close_waits_for_the_drain_then_leaves_with_every_shard_revoked() {
         let consumer = Arc::clone(&consumer);
         async move { consumer.close().await }
     });
-    tokio::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
+    crate::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
     assert!(coordinator.with(|s| s.heartbeats.iter().all(|h| !h.leave)), "no leave while an entry is in flight");
     consumer.ack(&delivery).await.expect("ack while draining");
     closing.await.expect("close task").expect("clean close");
@@ -225,7 +225,7 @@ async fn a_cancelled_close_can_be_called_again_and_a_drop_after_it_stops_the_hea
         let consumer = join(member, &coordinator, &store, &sink, Arc::new(NoopListener));
         wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
         let delivery = poll_n(&consumer, 1).await.remove(0);
-        let cancelled = tokio::time::timeout(Duration::from_millis(5 * INTERVAL_MS), consumer.close()).await;
+        let cancelled = crate::time::timeout(Duration::from_millis(5 * INTERVAL_MS), consumer.close()).await;
         assert!(cancelled.is_err(), "the close waits for the entry in flight");
         let sent = |member: &str| coordinator.with(|s| s.heartbeats.iter().filter(|h| h.member_id == member).count());
         if member == "m1" {
@@ -246,9 +246,9 @@ async fn a_cancelled_close_can_be_called_again_and_a_drop_after_it_stops_the_hea
                     .count()
             };
             assert_eq!((closed("m1"), closed("m2")), (0, 1));
-            tokio::time::sleep(Duration::from_millis(2 * INTERVAL_MS)).await;
+            crate::time::sleep(Duration::from_millis(2 * INTERVAL_MS)).await;
             let after_drop = sent(member);
-            tokio::time::sleep(Duration::from_millis(10 * INTERVAL_MS)).await;
+            crate::time::sleep(Duration::from_millis(10 * INTERVAL_MS)).await;
             assert_eq!(sent(member), after_drop, "no heartbeat once the consumer is dropped");
         }
     }
@@ -330,7 +330,7 @@ impl CoordinatorTransport for PanickingTransport {
 async fn close_reports_a_heartbeat_task_that_ended_abnormally() {
     let store = MemoryStore::new(7);
     let consumer = Consumer::join(config("m1"), PanickingTransport, store.connect());
-    tokio::time::sleep(Duration::from_millis(2 * INTERVAL_MS)).await;
+    crate::time::sleep(Duration::from_millis(2 * INTERVAL_MS)).await;
     let closed = consumer.close().await;
     assert!(matches!(closed, Err(CloseError::HeartbeatTask(_))), "{closed:?}");
 }
@@ -362,12 +362,12 @@ async fn a_cancelled_poll_leaves_nothing_in_flight_and_close_still_leaves() {
     store.set_latency_ms(60);
     // The shards are read concurrently: shard 0's read (one 60 ms call) delivers, while the new
     // shard 1 is still being set up (ensure group, claim, then read) when the poll is cancelled.
-    let cancelled = tokio::time::timeout(Duration::from_millis(90), consumer.poll(10)).await;
+    let cancelled = crate::time::timeout(Duration::from_millis(90), consumer.poll(10)).await;
     assert!(cancelled.is_err(), "the poll was cancelled mid-read");
     store.set_latency_ms(0);
     let abandoned = sink.events().iter().filter(|e| matches!(e, ClientEvent::EntryAbandoned { .. })).count();
     assert_eq!(abandoned, 2, "the entries read before the cancel are given up, not left in flight");
-    let closed = tokio::time::timeout(Duration::from_secs(1), consumer.close()).await;
+    let closed = crate::time::timeout(Duration::from_secs(1), consumer.close()).await;
     closed.expect("close does not wait for entries nobody holds").expect("clean close");
     let last = coordinator.with(|s| s.heartbeats.last().cloned()).expect("heartbeats");
     assert!(last.leave);
@@ -383,7 +383,7 @@ async fn the_entries_of_a_read_cancelled_in_flight_come_with_the_next_poll() {
     publish(&store, 0, 1).await;
     // Half the latency before the store runs the read, half after: cancelled in between.
     store.set_latency_ms(100);
-    let cancelled = tokio::time::timeout(Duration::from_millis(75), consumer.poll(10)).await;
+    let cancelled = crate::time::timeout(Duration::from_millis(75), consumer.poll(10)).await;
     assert!(cancelled.is_err(), "the poll was cancelled mid-read");
     store.set_latency_ms(0);
     let started = tokio::time::Instant::now();
@@ -508,7 +508,7 @@ async fn the_reads_after_a_refused_multi_stream_read_skip_a_shard_fenced_meanwhi
     let fencing = {
         let coordinator = Arc::clone(&coordinator);
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            crate::time::sleep(Duration::from_millis(100)).await;
             coordinator.with(|s| s.fences.insert(0, fence));
         })
     };
@@ -564,7 +564,7 @@ async fn a_panicking_listener_does_not_stop_the_heartbeats() {
     let consumer = join("m1", &coordinator, &store, &sink, Arc::new(Panicking));
     wait_until("shard 0 readable", || consumer.status().readable == vec![0]).await;
     let sent = coordinator.with(|s| s.heartbeats.len());
-    tokio::time::sleep(Duration::from_millis(LEASE_MS + 5 * INTERVAL_MS)).await;
+    crate::time::sleep(Duration::from_millis(LEASE_MS + 5 * INTERVAL_MS)).await;
     assert!(coordinator.with(|s| s.heartbeats.len()) > sent + 5, "heartbeats go on");
     let delivered = poll_n(&consumer, 1).await;
     consumer.ack(&delivered[0]).await.expect("ack under a lease still renewed");
@@ -771,7 +771,7 @@ async fn poll_wait_sleeps_on_the_doorbell_and_wakes_when_an_entry_arrives() {
     let publisher = {
         let store = store.connect();
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            crate::time::sleep(Duration::from_millis(100)).await;
             publish(&store, 0, 1).await;
         })
     };
@@ -810,7 +810,7 @@ async fn entries_read_before_the_lease_ended_are_not_handed_out_when_the_poll_re
             async move { consumer.poll(10).await }
         });
         // Shard 0's read is back (one latency); shard 1's setup is still out.
-        tokio::time::sleep(Duration::from_millis(latency_ms * 3 / 2)).await;
+        crate::time::sleep(Duration::from_millis(latency_ms * 3 / 2)).await;
         coordinator.with(|s| s.up = false);
         faults.suspended_for(Duration::from_millis(10 * LEASE_MS));
         let polled = polling.await.expect("poll task");
@@ -943,7 +943,7 @@ async fn a_consumer_dropped_while_its_heartbeat_task_is_in_the_sink_hears_closed
     std::thread::sleep(Duration::from_millis(100));
     sink.released.store(true, SeqCst);
     dropping.join().expect("the drop");
-    tokio::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
+    crate::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
     let events = sink.events.events();
     let closed = events.iter().position(|e| matches!(e, ClientEvent::Closed { .. })).expect("Closed");
     assert_eq!(closed, events.len() - 1, "events after Closed: {:?}", &events[closed..]);
@@ -1005,7 +1005,7 @@ async fn leak_two_of_three(
     while got.len() < 3 {
         assert!(tokio::time::Instant::now() < deadline, "got only {} of 3 entries", got.len());
         got.extend(consumer.poll(3 - got.len()).await.expect("poll"));
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        crate::time::sleep(Duration::from_millis(2)).await;
     }
     consumer.ack(&got[0]).await.expect("ack");
     let leaked = got.split_off(1);
@@ -1138,7 +1138,7 @@ async fn with_the_defaults_a_shard_with_dropped_deliveries_is_revoked_within_the
     let deadline = tokio::time::Instant::now() + Duration::from_millis(REBALANCE_TIMEOUT_MS - 1_000);
     while !revoked() {
         assert!(tokio::time::Instant::now() < deadline, "shard 0 not REVOKED within the rebalance timeout");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        crate::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -1171,7 +1171,7 @@ async fn polls_for_everything_and_waits_for_ever_read_and_wait() {
     let rest = consumer.poll(usize::MAX).await.expect("everything readable");
     assert_eq!(rest.len(), 2, "{rest:?}");
     publish(&store, 0, 1).await;
-    let waited = tokio::time::timeout(Duration::from_secs(5), consumer.poll_wait(usize::MAX, Duration::MAX))
+    let waited = crate::time::timeout(Duration::from_secs(5), consumer.poll_wait(usize::MAX, Duration::MAX))
         .await
         .expect("an entry is waiting")
         .expect("poll_wait");

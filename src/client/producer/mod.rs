@@ -384,7 +384,7 @@ impl<T: CoordinatorTransport, S: StreamStore> Shared<T, S> {
         tokio::select! {
             biased;
             result = self.transport.routing(&self.config.group, report) => result,
-            _ = tokio::time::sleep_until(give_up) => Err(TransportError::Timeout),
+            _ = crate::time::sleep_until(give_up) => Err(TransportError::Timeout),
         }
     }
 

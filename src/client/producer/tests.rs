@@ -57,7 +57,7 @@ async fn keeps_publishing_within_the_cache_lease_then_fails_closed() {
     let expires_ms = loop {
         // The newest lease once the last in-flight refresh has been answered.
         let expires = p.shared.cache().expires_ms().expect("cached");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        crate::time::sleep(Duration::from_millis(5)).await;
         if p.shared.cache().expires_ms() == Some(expires) {
             break expires;
         }
@@ -65,7 +65,7 @@ async fn keeps_publishing_within_the_cache_lease_then_fails_closed() {
     assert!(p.shared.clock.now_ms() < expires_ms);
     p.publish(b"k", b"2".to_vec()).await.expect("within the lease");
     let now = p.shared.clock.now_ms();
-    tokio::time::sleep(Duration::from_millis(expires_ms.saturating_sub(now) + 5)).await;
+    crate::time::sleep(Duration::from_millis(expires_ms.saturating_sub(now) + 5)).await;
     let adds = store.add_log().len();
     let error = p.publish(b"k", b"3".to_vec()).await.expect_err("expired");
     assert!(matches!(error, PublishError::CacheExpired { metadata_version: 1, .. }), "{error:?}");
@@ -123,7 +123,7 @@ async fn periodic_refresh_picks_up_added_shards() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while p.routing().map(|r| r.shard_count) != Some(16) {
         assert!(tokio::time::Instant::now() < deadline, "refresh never replaced the view");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        crate::time::sleep(Duration::from_millis(5)).await;
     }
     // Find a key whose shard moved to one of the new shards, and check where it is written.
     let key = (0..1_000).map(|i| format!("k{i}")).find(|k| shard_for_key(k.as_bytes(), 16) >= 4).expect("a moved key");
@@ -186,7 +186,7 @@ async fn a_cached_version_the_coordinator_reports_lost_is_dropped_at_the_next_re
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while p.routing().map(|r| r.shard_count) != Some(4) {
         assert!(tokio::time::Instant::now() < deadline, "the lost view was kept");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        crate::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(p.shared.clock.now_ms() < lease_end_ms, "dropped while its lease still held");
     let known = coordinator.with(|s| s.known_versions.clone());

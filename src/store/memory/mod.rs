@@ -231,7 +231,7 @@ const DOORBELL_STEP_MS: u64 = 5;
 
 async fn sleep_ms(ms: u64) {
     if ms > 0 {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
+        crate::time::sleep(Duration::from_millis(ms)).await;
     }
 }
 
@@ -884,14 +884,14 @@ impl StreamStore for MemoryStore {
             // Registered before the check, so an XADD right after it is not missed.
             notified.as_mut().enable();
             rang = self.has_newer(streams, &after);
-            if rang || tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), notified).await.is_err()
+            if rang || crate::time::timeout(deadline.saturating_duration_since(Instant::now()), notified).await.is_err()
             {
                 break;
             }
             // Woken by an XADD: look at the next step boundary, where a stepping wait saw it.
             let steps = Instant::now().duration_since(start).as_nanos().div_ceil(step.as_nanos());
             let boundary = start + step * u32::try_from(steps).unwrap_or(u32::MAX);
-            tokio::time::sleep_until(boundary.min(deadline)).await;
+            crate::time::sleep_until(boundary.min(deadline)).await;
         }
         if !rang {
             // The deadline's own check.

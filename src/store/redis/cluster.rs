@@ -356,7 +356,7 @@ impl DirectNodes {
     async fn query(&self, command: &str, node: &Primary, cmd: Cmd) -> Result<Value, StoreError> {
         let address = (node.host.clone(), node.port);
         let label = format!("{command} on {}:{}", node.host, node.port);
-        let result = tokio::time::timeout(self.timeout, async {
+        let result = crate::time::timeout(self.timeout, async {
             let mut conn = self.connection(&address).await?;
             cmd.query_async::<Value>(&mut conn).await?.extract_error()
         })
@@ -388,7 +388,7 @@ impl DirectNodes {
         let address = (node.host().to_string(), node.port());
         // Half the store's deadline: the call has spent some of its own on the crate's retries,
         // and a connection that does not answer in time must be dropped here, not left open.
-        let reply = tokio::time::timeout(self.timeout / 2, async {
+        let reply = crate::time::timeout(self.timeout / 2, async {
             let mut conn = self.connection(&address).await?;
             let reply = asking_pair(&mut conn, cmd).await;
             let missing = ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript);
@@ -503,7 +503,7 @@ impl RedisStore {
         if identity.disputed_slots().is_empty() {
             return Ok(identity);
         }
-        tokio::time::sleep(std::time::Duration::from_millis(DISPUTE_REREAD_MS)).await;
+        crate::time::sleep(std::time::Duration::from_millis(DISPUTE_REREAD_MS)).await;
         self.read_cluster_identity().await
     }
 

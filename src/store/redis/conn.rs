@@ -468,7 +468,7 @@ impl Connector {
         let (shared, idle) = (Arc::clone(&self.shared), Arc::clone(&self.blocking_idle));
         let limit_ms = self.timeout_ms.max(1);
         tokio::spawn(async move {
-            let opened = tokio::time::timeout(Duration::from_millis(limit_ms), connect).await;
+            let opened = crate::time::timeout(Duration::from_millis(limit_ms), connect).await;
             let mut slot = shared.lock().await;
             slot.connecting = None;
             let outcome = match opened {
@@ -524,7 +524,7 @@ impl Connector {
     {
         let limit_ms = self.timeout_ms.saturating_add(extra_ms);
         let mut used: Option<u64> = None;
-        let outcome = tokio::time::timeout(Duration::from_millis(limit_ms), async {
+        let outcome = crate::time::timeout(Duration::from_millis(limit_ms), async {
             let (generation, conn) = self.checkout(lane).await?;
             used = Some(generation);
             Ok::<_, Failure>(work(conn).await?)
@@ -661,7 +661,7 @@ impl Connector {
         let limit = Duration::from_millis(self.timeout_ms.saturating_mul(3).max(1));
         let redactor = self.redactor.clone();
         tokio::spawn(async move {
-            let built = tokio::time::timeout(limit, client.get_async_generic_connection::<NodeConn>()).await;
+            let built = crate::time::timeout(limit, client.get_async_generic_connection::<NodeConn>()).await;
             let mut slot = shared.lock().await;
             slot.replacing = false;
             match built {

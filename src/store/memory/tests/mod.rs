@@ -49,5 +49,5 @@ async fn put(store: &MemoryStore, group: &GroupId, aggregate: &str) -> u64 {
 }
 
 async fn sleep_ms(ms: u64) {
-    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    crate::time::sleep(std::time::Duration::from_millis(ms)).await;
 }
