@@ -7,6 +7,9 @@
 //! - a steady heartbeat decision that changes nothing (the read-only path), for a group without
 //!   a view-proof key (written by an older release) and with one (every answer then carries its
 //!   HMAC proof of the version, DESIGN §8), side by side;
+//! - the same keyed steady heartbeat answered from the state's per-member index
+//!   (`decide_heartbeat_indexed`, as the coordinator answers from its decoded cache), and the time
+//!   to build that index (once per written state, by its first steady heartbeat);
 //! - the aggregate's JSON size, and the time to encode it.
 //!
 //! Median of several runs, in microseconds. Run: `cargo bench --bench core`.
@@ -18,7 +21,7 @@ use rsc::core::assignor::{Assignor, StickyUniform};
 use rsc::core::model::{Fence, GroupConfig, GroupId, GroupMetadata, Member, MemberState, ShardOwner};
 use rsc::core::proof::ViewKey;
 use rsc::core::protocol::HeartbeatRequest;
-use rsc::core::{decide_heartbeat, Context, Observations};
+use rsc::core::{decide_heartbeat, decide_heartbeat_indexed, Context, GroupIndex, Observations};
 
 fn settled(members: usize, shards: u32) -> GroupMetadata {
     let mut g = GroupMetadata::new(GroupId::new("bench", "group"), shards, GroupConfig::default());
@@ -79,8 +82,17 @@ fn median_us(runs: usize, mut f: impl FnMut()) -> f64 {
 fn main() {
     let obs = Observations::default();
     println!(
-        "{:>8} {:>7} | {:>13} {:>12} {:>13} {:>12} {:>11} {:>12}",
-        "members", "shards", "rebalance_us", "assignor_us", "heartbeat_us", "keyed_hb_us", "json_bytes", "encode_us"
+        "{:>8} {:>7} | {:>13} {:>12} {:>13} {:>12} {:>14} {:>15} {:>11} {:>12}",
+        "members",
+        "shards",
+        "rebalance_us",
+        "assignor_us",
+        "heartbeat_us",
+        "keyed_hb_us",
+        "indexed_hb_us",
+        "index_build_us",
+        "json_bytes",
+        "encode_us"
     );
     for members in [10usize, 100, 1_000] {
         for shards in [64u32, 1_024, 16_384] {
@@ -120,12 +132,25 @@ fn main() {
                     "a keyed group's answer carries a proof"
                 );
             });
+            let index = GroupIndex::build(&keyed);
+            assert_eq!(
+                decide_heartbeat_indexed(&keyed, Some(&index), &steady, ctx),
+                decide_heartbeat(&keyed, &steady, ctx),
+                "the index answers as the scan does"
+            );
+            let indexed_heartbeat = median_us(runs, || {
+                let d = decide_heartbeat_indexed(&keyed, Some(&index), &steady, ctx);
+                assert!(d.write.next.is_none(), "a steady heartbeat changes nothing");
+            });
+            let index_build = median_us(runs, || {
+                std::hint::black_box(GroupIndex::build(&keyed));
+            });
             let json = serde_json::to_string(&g).expect("encodes");
             let encode = median_us(runs, || {
                 std::hint::black_box(serde_json::to_string(&g).expect("encodes"));
             });
             println!(
-                "{members:>8} {shards:>7} | {rebalance:>13.1} {assignor:>12.1} {heartbeat:>13.1} {keyed_heartbeat:>12.1} {:>11} {encode:>12.1}",
+                "{members:>8} {shards:>7} | {rebalance:>13.1} {assignor:>12.1} {heartbeat:>13.1} {keyed_heartbeat:>12.1} {indexed_heartbeat:>14.1} {index_build:>15.1} {:>11} {encode:>12.1}",
                 json.len()
             );
         }

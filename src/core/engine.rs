@@ -7,7 +7,7 @@
 //! machine"). Every rule is in [`Transition`]; this module validates inputs, applies the rules in
 //! order and derives responses.
 
-use super::fence::fences_for;
+use super::index::{GroupIndex, MemberShards};
 use super::input::{check_heartbeat_request, check_routing_report, InputError};
 use super::model::ShardOwner;
 use super::model::{
@@ -17,10 +17,10 @@ use super::model::{
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
 use super::proof::{credited, Fact, ViewKey, ViewProof};
+use super::protocol::MemberSession;
 use super::protocol::{
     ApiError, ErrorCode, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RoutingReport, RoutingResponse,
 };
-use super::protocol::{Drain, MemberSession};
 use super::transition::{is_quiescent, refence_applies, report_releases, Transition, Written};
 
 /// What one input decided.
@@ -88,6 +88,18 @@ impl Context<'_> {
 
 /// Decides a consumer heartbeat (join, steady, revoke reports, leave).
 pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<'_>) -> Decision<HeartbeatResponse> {
+    decide_heartbeat_indexed(g, None, req, ctx)
+}
+
+/// [`decide_heartbeat`], with `index` built from `g` itself ([`GroupIndex::build`]): the same
+/// decision, but a steady heartbeat that needs no write is answered from its member's entry
+/// instead of walking every shard of the group.
+pub fn decide_heartbeat_indexed(
+    g: &GroupMetadata,
+    index: Option<&GroupIndex>,
+    req: &HeartbeatRequest,
+    ctx: Context<'_>,
+) -> Decision<HeartbeatResponse> {
     if let Err(refused) = check_heartbeat(g, req) {
         return Decision::reject(ErrorCode::BadRequest, refused.to_string());
     }
@@ -104,7 +116,7 @@ pub fn decide_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest, ctx: Context<
         );
         return Decision { write: Written::default(), outcome: Err(refused) };
     }
-    if let Some(outcome) = quiescent_view(g, req, ctx) {
+    if let Some(outcome) = quiescent_view(g, index, req, ctx) {
         return Decision { write: Written::default(), outcome };
     }
     let mut tx = Transition::new(g, ctx);
@@ -151,6 +163,7 @@ enum Step {
 /// is due; `None` when the full decision is needed. Allocation-free until the response.
 fn quiescent_view(
     g: &GroupMetadata,
+    index: Option<&GroupIndex>,
     req: &HeartbeatRequest,
     ctx: Context<'_>,
 ) -> Option<Result<HeartbeatResponse, ApiError>> {
@@ -169,11 +182,27 @@ fn quiescent_view(
     let sync_mark_due = g.correction.as_ref().is_some_and(|round| {
         req.metadata_version == g.metadata_version && !round.synced_members.contains(&req.member_id)
     });
-    if acks_due || refence_due || sync_mark_due || !is_quiescent(g, ctx.observations, ctx.planted) {
+    if acks_due || refence_due || sync_mark_due {
         return None;
     }
-    let status = status_for(g, &req.member_id);
-    Some(Ok(member_view(g, &req.member_id, status, ctx.stored_revision)))
+    let (quiescent, shards) = match index {
+        Some(index) => (index.quiescent(g, ctx.observations, ctx.planted), index.member(&req.member_id)),
+        None => (is_quiescent(g, ctx.observations, ctx.planted), MemberShards::scan(g, &req.member_id)),
+    };
+    // Checked in debug builds, except on states so large that the check's walk would hide what
+    // the index saves (the scale tests compare the two answers themselves).
+    debug_assert!(
+        index.is_none()
+            || g.shard_count > 4_096
+            || (quiescent == is_quiescent(g, ctx.observations, ctx.planted)
+                && shards == MemberShards::scan(g, &req.member_id)),
+        "an index answers for the state it was built from as the scan does"
+    );
+    if !quiescent {
+        return None;
+    }
+    let status = status_of(g, &req.member_id, &shards);
+    Some(Ok(view_of(g, &req.member_id, status, ctx.stored_revision, shards)))
 }
 
 /// True when every shard in `owned` is recorded as owned or draining by `member`.
@@ -336,32 +365,34 @@ fn check_heartbeat(g: &GroupMetadata, req: &HeartbeatRequest) -> Result<(), Hear
 
 /// The status a recorded state gives a member (seed: OK only when nothing blocks it).
 pub fn status_for(g: &GroupMetadata, member: &str) -> HeartbeatStatus {
+    status_of(g, member, &MemberShards::scan(g, member))
+}
+
+/// [`status_for`], given the member's shards in `g`.
+fn status_of(g: &GroupMetadata, member: &str, shards: &MemberShards) -> HeartbeatStatus {
     match &g.correction {
         Some(round) if !round.synced_members.contains(member) => HeartbeatStatus::SyncMetadata,
         Some(_) => HeartbeatStatus::RevokePending,
-        None if !g.revoking_shards(member).is_empty() || !g.pending_shards(member).is_empty() => {
-            HeartbeatStatus::RevokePending
-        }
+        None if !shards.revoke.is_empty() || !shards.pending.is_empty() => HeartbeatStatus::RevokePending,
         None => HeartbeatStatus::Ok,
     }
 }
 
 /// The member's view of a recorded state. Repeatable: the same state gives the same view.
 pub fn member_view(g: &GroupMetadata, member: &str, status: HeartbeatStatus, revision: u64) -> HeartbeatResponse {
+    view_of(g, member, status, revision, MemberShards::scan(g, member))
+}
+
+/// [`member_view`], given the member's shards in `g`.
+fn view_of(
+    g: &GroupMetadata,
+    member: &str,
+    status: HeartbeatStatus,
+    revision: u64,
+    shards: MemberShards,
+) -> HeartbeatResponse {
     let epoch = g.members.get(member).map_or(0, |m| m.member_epoch);
-    let (mut assigned, mut revoke, mut drains) = (Vec::new(), Vec::new(), Vec::new());
-    for (shard, owner) in &g.current {
-        match owner {
-            ShardOwner::Owned { member: m, .. } if m == member => assigned.push(*shard),
-            ShardOwner::Revoking { member: m, revoke_id, .. } if m == member => {
-                revoke.push(*shard);
-                if let Some(revoke_id) = revoke_id {
-                    drains.push(Drain { shard: *shard, revoke_id: *revoke_id });
-                }
-            }
-            _ => {}
-        }
-    }
+    let MemberShards { assigned, revoke, drains, pending, fences } = shards;
     HeartbeatResponse {
         status,
         member_id: member.to_string(),
@@ -370,13 +401,13 @@ pub fn member_view(g: &GroupMetadata, member: &str, status: HeartbeatStatus, rev
         assignment_epoch: g.assignment_epoch,
         shard_count: g.shard_count,
         assigned,
-        pending: g.pending_shards(member),
+        pending,
         revoke,
         drains,
         assignment_lease_ms: g.config.assignment_lease_ms,
         heartbeat_interval_ms: g.config.heartbeat_interval_ms,
         store_revision: revision,
-        fences: fences_for(g, member),
+        fences,
         metadata_version_proof: g.view_key.map(|key| key.prove(&g.group, Fact::MetadataVersion, g.metadata_version)),
     }
 }

@@ -243,6 +243,18 @@ impl LocalView {
     /// and nothing is pruned (the next [`observe`](Self::observe) does that). Allocates nothing
     /// on a group with no recorded wait, which is the steady state.
     pub fn observe_waits(&mut self, now_ms: u64, metadata: &GroupMetadata) -> Observations {
+        self.observe_listed_waits(now_ms, metadata, metadata.recorded_waits())
+    }
+
+    /// [`observe_waits`](Self::observe_waits), given the waits `metadata` records (as
+    /// [`GroupIndex::waits`](super::index::GroupIndex::waits) lists them without walking its
+    /// shards).
+    pub fn observe_listed_waits(
+        &mut self,
+        now_ms: u64,
+        metadata: &GroupMetadata,
+        recorded: impl Iterator<Item = WaitId>,
+    ) -> Observations {
         let longest_lease_seen_ms = self.note_lease(metadata);
         let windows = match self.groups.get_mut(&metadata.group) {
             Some(windows) => windows,
@@ -250,7 +262,7 @@ impl LocalView {
         }
         .for_incarnation(metadata);
         let mut waits = BTreeMap::new();
-        for key in recorded_waits(metadata) {
+        for key in recorded.map(|wait| (wait, metadata.wait_tag(wait))) {
             let since = *windows.waits.entry(key).or_insert(now_ms);
             waits.insert(key.0, now_ms.saturating_sub(since));
         }

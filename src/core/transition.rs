@@ -579,7 +579,7 @@ fn revoke_id(nonce: u64, wait: WaitId) -> RevokeId {
 
 /// Calls `f(shard, current owner, target)` for every shard in order, walking both maps in lockstep
 /// (no per-shard lookups); stops early when `f` returns false and then returns false.
-fn for_each_shard(
+pub(crate) fn for_each_shard(
     g: &GroupMetadata,
     mut f: impl FnMut(ShardId, Option<&ShardOwner>, Option<&MemberId>) -> bool,
 ) -> bool {
@@ -635,17 +635,32 @@ fn shard_step(
 /// True when no time-driven rule or reconciliation step is due: a decision that reports nothing
 /// new would write nothing. Allocation-free, so steady heartbeats stay cheap.
 pub(crate) fn is_quiescent(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {
+    if !quiescent_around_shards(g, obs, planted) {
+        return false;
+    }
     let lease = g.lease_wait_ms(obs.longest_lease_seen_ms);
-    let has_active = g.active_members().next().is_some();
-    if has_active != (g.target.len() == g.shard_count as usize) {
-        return false;
-    }
-    if round_over(g, obs, planted) || transition_over(g, obs) {
-        return false;
-    }
     for_each_shard(g, |_, current, target| {
         shard_step(current, target, obs, lease, planted, g.config.fencing) == ShardStep::Keep
     })
+}
+
+/// The part of [`is_quiescent`] that is not about single shards: the target covers the shards
+/// exactly when there are active members, and no correction round or lease transition is over.
+pub(crate) fn quiescent_around_shards(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {
+    let has_active = g.active_members().next().is_some();
+    has_active == (g.target.len() == g.shard_count as usize) && !round_over(g, obs, planted) && !transition_over(g, obs)
+}
+
+/// Whether a shard that is not `Fenced` needs no reconciliation step, whatever the observations
+/// (only a `Fenced` shard's step depends on time) and with no planted bug (the caller checks the
+/// one that changes a step: `AssignBeforeRelease` on `Revoking` shards).
+pub(crate) fn shard_keeps_whatever_the_time(
+    current: Option<&ShardOwner>,
+    target: Option<&MemberId>,
+    fencing: bool,
+) -> bool {
+    debug_assert!(!matches!(current, Some(ShardOwner::Fenced { .. })), "a fenced shard's step depends on time");
+    shard_step(current, target, &Observations::default(), 0, PlantedBugs::NONE, fencing) == ShardStep::Keep
 }
 
 fn round_over(g: &GroupMetadata, obs: &Observations, planted: PlantedBugs) -> bool {

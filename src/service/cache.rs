@@ -1,7 +1,8 @@
 //! The decoded-aggregate cache: one parsed [`GroupMetadata`] per group, reused while the stored
 //! record is provably the same write.
 //!
-//! Owns: the map group -> (stored record, decoded metadata). A steady heartbeat sends the cached
+//! Owns: the map group -> (stored record, decoded metadata, and that metadata's per-member index
+//! once a steady heartbeat asked for it). A steady heartbeat sends the cached
 //! [`RecordStamp`] to [`MetadataStore::touch_and_check`](crate::store::MetadataStore::touch_and_check)
 //! and, when Redis still holds that stamp, answers from the cached copy without transferring or
 //! parsing the aggregate.
@@ -15,8 +16,9 @@
 //! (the tick reads every group every `tick_interval_ms`).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use crate::core::index::GroupIndex;
 use crate::core::model::{GroupId, GroupMetadata};
 use crate::store::{RecordStamp, StoredRecord};
 
@@ -26,6 +28,8 @@ pub(super) struct CachedRecord {
     pub(super) stamp: RecordStamp,
     pub(super) record: StoredRecord,
     pub(super) metadata: Arc<GroupMetadata>,
+    /// The per-member index of `metadata`, built by the first steady heartbeat that needs it.
+    index: OnceLock<Arc<GroupIndex>>,
 }
 
 /// Decoded metadata per group, shared by every request of one coordinator process.
@@ -75,8 +79,15 @@ impl DecodedCache {
             self.forget(group);
             return;
         };
-        let entry = Arc::new(CachedRecord { stamp, record, metadata });
+        let entry = Arc::new(CachedRecord { stamp, record, metadata, index: OnceLock::new() });
         self.lock().insert(group.clone(), entry);
+    }
+
+    /// The index of `metadata` when it is the cached metadata of its group (the same allocation,
+    /// so exactly the state the index describes), built on first use; `None` for any other state.
+    pub(super) fn index_of(&self, metadata: &Arc<GroupMetadata>) -> Option<Arc<GroupIndex>> {
+        let entry = self.get(&metadata.group).filter(|entry| Arc::ptr_eq(&entry.metadata, metadata))?;
+        Some(Arc::clone(entry.index.get_or_init(|| Arc::new(GroupIndex::build(metadata)))))
     }
 
     pub(super) fn forget(&self, group: &GroupId) {
@@ -179,5 +190,25 @@ mod tests {
         assert!(cache.decode(&group, &record(1, "w1", "a"), |_| Ok::<_, ()>(metadata(&group))).is_ok());
         assert!(cache.decode(&group, &record(1, "w1", "corrupt"), |_| Err(())).is_err());
         assert!(cache.get(&group).is_none());
+    }
+
+    #[test]
+    fn an_index_is_only_ever_the_index_of_the_cached_state_itself() {
+        let group = GroupId::new("p", "g");
+        let cache = DecodedCache::default();
+        let first = cache.decode(&group, &record(1, "w1", "a"), |_| Ok::<_, ()>(metadata(&group))).expect("decodes");
+        let index = cache.index_of(&first).expect("the cached state has an index");
+        assert!(Arc::ptr_eq(&index, &cache.index_of(&first).expect("again")), "built once per cached state");
+        // An equal state that is not the cached allocation gets none: nothing ties it to the entry.
+        assert!(cache.index_of(&Arc::new(metadata(&group))).is_none());
+        // A new write replaces the entry: the old state has no index any more, the new one a new one.
+        let mut next = metadata(&group);
+        next.shard_count = 8;
+        let next = Arc::new(next);
+        cache.put(&group, record(2, "w2", "b"), Arc::clone(&next));
+        assert!(cache.index_of(&first).is_none());
+        let rebuilt = cache.index_of(&next).expect("the new cached state has an index");
+        assert!(!Arc::ptr_eq(&index, &rebuilt));
+        assert_eq!(*rebuilt, GroupIndex::build(&next));
     }
 }

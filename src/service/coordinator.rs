@@ -39,9 +39,9 @@ use crate::core::protocol::{
     RoutingResponse,
 };
 use crate::core::{
-    check_session, decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick,
-    deferral_renewable_without_read, tick_deferral_ms, Creation, Decision, LocalView, Observations, PlantedBug,
-    PlantedBugs,
+    check_session, decide_admin, decide_evidence, decide_heartbeat, decide_heartbeat_indexed, decide_routing,
+    decide_tick, deferral_renewable_without_read, tick_deferral_ms, Creation, Decision, LocalView, Observations,
+    PlantedBug, PlantedBugs,
 };
 use crate::metrics::Metrics;
 use crate::store::{
@@ -599,8 +599,12 @@ impl<S: MetadataStore> Coordinator<S> {
                 self.count_unproven(&g, "metadataVersion");
             }
         }
-        let obs = self.observe_waits(&g);
-        let fast = decide_heartbeat(&g, req, self.context(Some(&g), revision, &obs));
+        let index = self.inner.cache.index_of(&g);
+        let obs = match &index {
+            Some(index) => self.observe_listed_waits(&g, index.waits()),
+            None => self.observe_waits(&g),
+        };
+        let fast = decide_heartbeat_indexed(&g, index.as_deref(), req, self.context(Some(&g), revision, &obs));
         // After recording evidence, `g` is stale: only the critical path (which reloads) may answer.
         if fast.write.next.is_none() && !evidence_recorded {
             return fast.outcome;

@@ -20,7 +20,7 @@ use super::counters::{
 use super::marks::{write_digest, Observed};
 use crate::core::fence::{attach_fences, unfenced_grants, CarriesFences};
 use crate::core::model::{
-    Fence, GroupId, GroupMetadata, MemberId, MemberState, ShardId, ShardOwner, LAYOUT_VERSION, SCHEMA_VERSION,
+    Fence, GroupId, GroupMetadata, MemberId, MemberState, ShardId, ShardOwner, WaitId, LAYOUT_VERSION, SCHEMA_VERSION,
 };
 use crate::core::proof::ViewKey;
 use crate::core::protocol::{ApiError, ErrorCode};
@@ -346,6 +346,12 @@ impl<S: MetadataStore> Coordinator<S> {
     pub(super) fn observe_waits(&self, g: &GroupMetadata) -> Observations {
         let now = self.now_ms();
         self.local().view.observe_waits(now, g)
+    }
+
+    /// [`observe_waits`](Self::observe_waits), given the waits `g` records (its index's list).
+    pub(super) fn observe_listed_waits(&self, g: &GroupMetadata, waits: &[WaitId]) -> Observations {
+        let now = self.now_ms();
+        self.local().view.observe_listed_waits(now, g, waits.iter().copied())
     }
 
     pub(super) fn decode_counted(

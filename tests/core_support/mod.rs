@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use rsc::core::fence::{attach_fences, unfenced_grants, CarriesFences};
+use rsc::core::index::MemberShards;
 use rsc::core::model::{Fence, GroupConfig, GroupId, GroupMetadata, LossEvidence, MemberId, RevokeId, ShardId};
 use rsc::core::proof::{Fact, ViewKey, ViewProof};
 use rsc::core::protocol::{
@@ -14,8 +15,8 @@ use rsc::core::protocol::{
     RoutingResponse,
 };
 use rsc::core::{
-    decide_admin, decide_evidence, decide_heartbeat, decide_routing, decide_tick, Context, Creation, Decision,
-    LocalView,
+    decide_admin, decide_evidence, decide_heartbeat, decide_heartbeat_indexed, decide_routing, decide_tick, Context,
+    Creation, Decision, GroupIndex, LocalView,
 };
 
 /// The view-proof key of every test world's group (DESIGN §8); tests that forge proofs use
@@ -146,6 +147,17 @@ impl World {
             nonce: self.nonce(),
         };
         let mut decision = decide_heartbeat(&self.g, req, ctx);
+        // The coordinator answers steady heartbeats from the state's per-member index: every
+        // heartbeat of every scenario and property test is decided both ways here.
+        let index = GroupIndex::build(&self.g);
+        assert_eq!(
+            decide_heartbeat_indexed(&self.g, Some(&index), req, ctx),
+            decision,
+            "the index answers as the scan does"
+        );
+        for member in self.g.members.keys() {
+            assert_eq!(index.member(member), MemberShards::scan(&self.g, member), "{member}'s shards");
+        }
         let decided_write = decision.write.next.is_some();
         let recorded = self.apply(&mut decision);
         assert!(!decided_write || recorded, "heartbeat decisions carry no liveness guards: they always record");
