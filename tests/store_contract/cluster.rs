@@ -870,3 +870,33 @@ async fn a_raise_whose_old_gate_a_move_took_first_is_unavailable_until_the_move_
     let stale = store.fenced_xreadgroup(&check, "g", "c1", &stream, ReadFrom::New, 1).await;
     assert!(matches!(stale, Err(StoreError::Fenced { .. })), "the previous owner is refused: {stale:?}");
 }
+
+/// On a Cluster the doorbell resolves unknown ids in runs of 64 `XINFO GROUPS`, each command on
+/// its own key's primary. A run's commands used to go one after another, a round trip each:
+/// 8,192 shards took 8 s at 1 ms a round trip before the doorbell could wait (a diff review).
+/// Now a run's commands are sent together. Judged by the primaries' count of reads from their
+/// clients, not by time: one after another is a read per command (2,048 here).
+#[tokio::test]
+async fn the_cluster_doorbell_resolves_unknown_streams_a_run_at_a_time_not_one_by_one() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store_on(&cluster).await;
+    // One slot (a hash tag), so that the doorbell's XREAD is one blocking read: on many slots it
+    // is one per slot, each on its own connection, whose set-up would swamp what is counted here.
+    let delivered = "{scale}:0".to_string();
+    let first = store.xadd(&delivered, field(), None).await.expect("xadd");
+    store.ensure_group(&delivered, "g").await.expect("group");
+    let read = store.xreadgroup("g", "c", &[(delivered.clone(), ReadFrom::New)], 10, None).await;
+    assert_eq!(read.expect("read").len(), 1);
+    let streams: Vec<(String, Option<rsc::store::EntryId>)> =
+        (0..2_048).map(|i| (format!("{{scale}}:{i}"), None)).collect();
+    // Connect to every primary first (the first call of a fresh cluster client reads the slots).
+    store.wait_for_entries("g", &streams[..64], 1).await.expect("warm");
+    let reads = || cluster.primaries().iter().map(|p| crate::redis_only::reads_processed(p)).sum::<u64>();
+    let before = reads();
+    let bell = store.wait_for_entries("g", &streams, 1).await.expect("resolved");
+    let spent = reads() - before;
+    assert_eq!(bell.after.len(), 2_048);
+    assert_eq!(bell.after[0], first);
+    assert!(bell.after[1..].iter().all(|id| *id == rsc::store::EntryId { ms: 0, seq: 0 }));
+    assert!(spent < 1_024, "{spent} reads from clients for 2,048 XINFO GROUPS and the XREADs");
+}

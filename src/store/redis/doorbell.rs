@@ -10,6 +10,8 @@
 //!
 //! [`StreamStore::wait_for_entries`]: crate::store::StreamStore::wait_for_entries
 
+use std::time::Duration;
+
 use ::redis::Value;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
@@ -35,7 +37,20 @@ impl RedisStore {
         streams: &[(String, Option<EntryId>)],
         block_ms: u64,
     ) -> Result<Doorbell, StoreError> {
-        let after = self.resolve_after(group, streams).await?;
+        // Resolving unknown ids takes a round trip per bounded batch: together no longer than the
+        // wait itself plus one store deadline, so a doorbell never holds its caller much past the
+        // deadline it asked for (the caller then polls instead, and tries the doorbell again).
+        let bound_ms = block_ms.max(1).saturating_add(self.inner.options.timeout_ms.max(1));
+        let after =
+            match crate::time::timeout(Duration::from_millis(bound_ms), self.resolve_after(group, streams)).await {
+                Ok(after) => after?,
+                Err(_) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "doorbell: resolving the last-delivered ids of {} streams took longer than {bound_ms} ms",
+                        streams.iter().filter(|(_, id)| id.is_none()).count()
+                    )))
+                }
+            };
         if streams.is_empty() {
             return Ok(Doorbell { rang: false, after });
         }
@@ -107,7 +122,7 @@ impl RedisStore {
             return Ok(streams.iter().map(|(_, id)| id.unwrap_or(ZERO_ID)).collect());
         }
         let replies: Vec<Value> = if self.is_cluster() {
-            self.xinfo_one_by_one(&unknown).await?
+            self.xinfo_in_runs(&unknown).await?
         } else {
             self.xinfo_pipelined(&unknown).await?
         };
@@ -123,15 +138,26 @@ impl RedisStore {
 }
 
 impl RedisStore {
-    /// `XINFO GROUPS` of each of `streams` on a single server, in one pipeline: one round trip
-    /// however many shards. They used to go one after another under one deadline, so that past
-    /// about 2,000 unknown shards (at 1 ms a round trip) the resolution always timed out, the
-    /// doorbell was never usable, and every attempt dropped the shared connection the consumer's
-    /// reads and acks use (a scale review). Each reply is the stream's own: `Nil` for a stream that
-    /// does not exist yet (nothing was delivered from it). Any other refusal fails the call as the
-    /// first refused command did before, inside the same round trip's handling, so the connection
-    /// is replaced on the same errors (a server that is no longer a master, say).
+    /// `XINFO GROUPS` of each of `streams` on a single server, in pipelines of at most
+    /// [`XINFO_PIPELINE_MAX`], each under its own deadline: a round trip per 1,024 shards. They
+    /// used to go one after another under one deadline, so that past about 2,000 unknown shards
+    /// (at 1 ms a round trip) the resolution always timed out, the doorbell was never usable, and
+    /// every attempt dropped the shared connection the consumer's reads and acks use (a scale
+    /// review); and one pipeline of all of them (10–15 MB of replies at 65,536 shards) could miss
+    /// its one deadline the same way on a slower link. Each reply is the stream's own: `Nil` for a
+    /// stream that does not exist yet (nothing was delivered from it). Any other refusal fails the
+    /// call as the first refused command did before, inside the same round trip's handling, so
+    /// the connection is replaced on the same errors (a server that is no longer a master, say).
     async fn xinfo_pipelined(&self, streams: &[&str]) -> Result<Vec<Value>, StoreError> {
+        let mut out = Vec::with_capacity(streams.len());
+        for batch in streams.chunks(XINFO_PIPELINE_MAX) {
+            out.extend(self.xinfo_pipeline(batch).await?);
+        }
+        Ok(out)
+    }
+
+    /// One pipeline of [`RedisStore::xinfo_pipelined`].
+    async fn xinfo_pipeline(&self, streams: &[&str]) -> Result<Vec<Value>, StoreError> {
         let mut pipe = ::redis::pipe();
         // Each command's error stays in its own reply instead of failing the pipeline.
         pipe.ignore_errors();
@@ -169,21 +195,28 @@ impl RedisStore {
         Ok(replies)
     }
 
-    /// `XINFO GROUPS` of each of `streams` on a Redis Cluster, one after another (each follows its
-    /// own key's slot), in runs of [`XINFO_RUN_MAX`] under a deadline each: one deadline for all
-    /// of them timed out past a few thousand shards, as on a single server.
-    async fn xinfo_one_by_one(&self, streams: &[&str]) -> Result<Vec<Value>, StoreError> {
+    /// `XINFO GROUPS` of each of `streams` on a Redis Cluster (each command follows its own key's
+    /// slot), in runs of [`XINFO_RUN_MAX`] under a deadline each, the commands of a run sent
+    /// together on the multiplexed cluster connection: about a round trip per run. One deadline
+    /// for all of them timed out past a few thousand shards, as on a single server; and a run's
+    /// commands sent one after another made resolving 8,192 shards take 8 s at 1 ms a round trip
+    /// (a diff review).
+    async fn xinfo_in_runs(&self, streams: &[&str]) -> Result<Vec<Value>, StoreError> {
         let mut out = Vec::with_capacity(streams.len());
         for run in streams.chunks(XINFO_RUN_MAX) {
             let replies = self
                 .inner
                 .conn
-                .run(Lane::Shared, "XINFO GROUPS", 0, |mut c: Conn| async move {
-                    let mut replies = Vec::with_capacity(run.len());
-                    for stream in run {
+                .run(Lane::Shared, "XINFO GROUPS", 0, |c: Conn| async move {
+                    let queries = run.iter().map(|stream| {
+                        let mut c = c.clone();
                         let mut cmd = ::redis::cmd("XINFO");
                         cmd.arg("GROUPS").arg(*stream);
-                        match cmd.query_async::<Value>(&mut c).await {
+                        async move { cmd.query_async::<Value>(&mut c).await }
+                    });
+                    let mut replies = Vec::with_capacity(run.len());
+                    for reply in futures_util::future::join_all(queries).await {
+                        match reply {
                             Ok(value) => replies.push(value),
                             // The stream does not exist yet: nothing was delivered from it.
                             Err(err) if no_such_key(&err) => replies.push(Value::Nil),
@@ -199,8 +232,11 @@ impl RedisStore {
     }
 }
 
-/// Most `XINFO GROUPS` sent one after another under one deadline (a Redis Cluster).
+/// Most `XINFO GROUPS` of one run under one deadline on a Redis Cluster.
 const XINFO_RUN_MAX: usize = 64;
+
+/// Most `XINFO GROUPS` in one pipeline under one deadline on a single server.
+const XINFO_PIPELINE_MAX: usize = 1_024;
 
 /// Redis's answer to `XINFO GROUPS` of a stream that does not exist.
 fn no_such_key(err: &::redis::RedisError) -> bool {
