@@ -73,6 +73,15 @@ mod simulated {
         pub fn is_elapsed(&self) -> bool {
             self.inner.is_elapsed()
         }
+
+        /// Moves the deadline to `deadline` (as tokio's `Sleep::reset`): the timer of the old
+        /// one wakes nobody, the next pending poll registers one for the new one.
+        pub fn reset(mut self: Pin<&mut Self>, deadline: Instant) {
+            if let Some(relay) = self.relay.take() {
+                relay.silence();
+            }
+            self.inner = tokio::time::sleep_until(deadline);
+        }
     }
 
     impl Future for Sleep {
@@ -203,6 +212,31 @@ mod tests {
         both.await;
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(300) && took < Duration::from_millis(301), "{took:?}");
+    }
+
+    /// A sleep polled by one task and then awaited by another wakes the one that polled last,
+    /// at its deadline (the timer registered by the first poll is redirected, not duplicated); a
+    /// reset deadline is the one kept.
+    #[madsim::test]
+    async fn a_sleep_wakes_the_task_that_polled_it_last_at_its_deadline() {
+        let started = Instant::now();
+        let mut sleep = Box::pin(super::sleep(Duration::from_millis(300)));
+        let first = std::future::poll_fn(|cx| Poll::Ready(sleep.as_mut().poll(cx))).await;
+        assert!(first.is_pending());
+        let polls = Arc::new(AtomicUsize::new(0));
+        let waiter = tokio::spawn(Counted { inner: sleep, polls: Arc::clone(&polls) });
+        waiter.await.expect("the second task");
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(300) && took < Duration::from_millis(301), "{took:?}");
+        assert_eq!(polls.load(Ordering::SeqCst), 2, "polled once pending, once at the deadline");
+
+        let started = Instant::now();
+        let mut sleep = Box::pin(super::sleep(Duration::from_millis(300)));
+        assert!(std::future::poll_fn(|cx| Poll::Ready(sleep.as_mut().poll(cx))).await.is_pending());
+        sleep.as_mut().reset(started + Duration::from_millis(100));
+        sleep.await;
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(100) && took < Duration::from_millis(101), "{took:?}");
     }
 
     #[madsim::test]

@@ -621,7 +621,8 @@ pub(crate) fn reads_processed(server: &RedisServer) -> u64 {
 /// The first grant of a 65,536-shard group raises every shard's fence at once: sent as one
 /// pipeline under one store deadline, it could not finish within it (each raise creates the new
 /// value's gate stream), so the group's first grant failed at every retry, each raising all of
-/// them again (a scale review). Sent in bounded pipelines, each under its own deadline.
+/// them again (a scale review). Sent in bounded pipelines, each under its own deadline. One raise
+/// more than 64 full pipelines, so the last pipeline holds one.
 #[tokio::test]
 async fn the_fences_of_a_65536_shard_grant_are_raised_within_the_store_deadline() {
     let server = RedisServer::start();
@@ -629,13 +630,13 @@ async fn the_fences_of_a_65536_shard_grant_are_raised_within_the_store_deadline(
     let store = RedisStore::connect(&server.url(), options(400)).await.expect("connect");
     // The fence keys of a group named as consumers name them, one per shard.
     let group = rsc::core::model::GroupId::new("scale", "group");
-    let raises: Vec<rsc::store::FenceRaise> = (0..65_536)
+    let raises: Vec<rsc::store::FenceRaise> = (0..65_537)
         .map(|shard| rsc::store::FenceRaise { key: keys::fence_key(&group, shard), nonce: u64::from(shard), floor: 0 })
         .collect();
     let started = Instant::now();
     let fences = store.raise_fences(&raises).await.expect("raised within the deadline");
-    eprintln!("65,536 raises took {:?}", started.elapsed());
-    assert_eq!(fences.len(), 65_536);
+    eprintln!("65,537 raises took {:?}", started.elapsed());
+    assert_eq!(fences.len(), 65_537);
     assert!(fences.iter().enumerate().all(|(shard, fence)| fence.counter == 1 && fence.nonce == shard as u64));
     // Raised again: every key counts up by one, in order.
     let again = store.raise_fences(&raises[..3]).await.expect("raised again");

@@ -39,11 +39,13 @@ struct State {
     /// The threads inside an [`AppCall`], once per call (at most one per thread but for a sink or
     /// listener that calls back into the consumer).
     threads: Vec<ThreadId>,
-    /// Whether [`AppCalls::end`] waits for `call_ended`: only then does an ending call signal it.
-    /// A signal is a system call (`futex`) whether or not anyone waits, and a call ends at every
-    /// core step that emitted events: signalling each time cost ten system calls per message on
-    /// the data path (`benches/data_path.rs`, counted with `perf stat -e syscalls:sys_enter_futex`).
-    waiting: bool,
+    /// How many [`AppCalls::end`] wait for `call_ended` (one today: the consumer's drop; counted
+    /// so that a second waiter could not clear it for the first): only then does an ending call
+    /// signal it. A signal is a system call (`futex`) whether or not anyone waits, and a call ends
+    /// at every core step that emitted events: signalling each time cost ten system calls per
+    /// message on the data path (`benches/data_path.rs`, counted with `perf stat -e
+    /// syscalls:sys_enter_futex`).
+    waiting: usize,
 }
 
 /// One stretch of application code running for the consumer; ends when dropped.
@@ -82,12 +84,12 @@ impl AppCalls {
         self.dropped.store(true, Ordering::SeqCst);
         let me = std::thread::current().id();
         while state.threads.iter().any(|thread| *thread != me) {
-            // Set under the lock, which the wait releases atomically: a call that ends after this
-            // sees it and signals.
-            state.waiting = true;
+            // Counted under the lock, which the wait releases atomically: a call that ends after
+            // this sees it and signals.
+            state.waiting += 1;
             state = self.call_ended.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+            state.waiting -= 1;
         }
-        state.waiting = false;
         drop(state);
         self.ended.load(Ordering::SeqCst)
     }
@@ -104,7 +106,7 @@ impl Drop for AppCall<'_> {
         if let Some(at) = state.threads.iter().position(|thread| *thread == self.thread) {
             state.threads.swap_remove(at);
         }
-        let waiting = state.waiting;
+        let waiting = state.waiting > 0;
         drop(state);
         if waiting {
             self.calls.call_ended.notify_all();

@@ -938,10 +938,16 @@ async fn a_consumer_dropped_while_its_heartbeat_task_is_in_the_sink_hears_closed
         assert!(std::time::Instant::now() < deadline, "the heartbeat task never emitted LeaseExtended");
         std::thread::sleep(Duration::from_millis(1));
     }
-    let dropping = std::thread::spawn(move || drop(consumer));
+    let (dropped, done) = std::sync::mpsc::channel();
+    let dropping = std::thread::spawn(move || {
+        drop(consumer);
+        let _ = dropped.send(());
+    });
     // Time for a drop that does not wait for the sink to emit `Closed` before the release.
     std::thread::sleep(Duration::from_millis(100));
     sink.released.store(true, SeqCst);
+    // A drop that never hears the sink's call end (a lost signal) fails here instead of hanging.
+    done.recv_timeout(Duration::from_secs(5)).expect("the drop returns once the sink's call ended");
     dropping.join().expect("the drop");
     crate::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
     let events = sink.events.events();
