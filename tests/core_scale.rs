@@ -150,4 +150,22 @@ fn a_steady_heartbeat_of_a_65536_shard_group_is_answered_without_walking_its_sha
     let indexed = started.elapsed();
     // Measured side by side in one run (the machine is shared): about 3,000x apart here.
     assert!(indexed * 20 < walking, "{ROUNDS} heartbeats: {indexed:?} from the index, {walking:?} walking the state");
+
+    // An index kept across a write (here: the member's first shard moved to another member) is
+    // not the moved state's: it is ignored, and the member is not told it still owns the shard.
+    let mut moved = g.clone();
+    let shard = req.owned[0];
+    let other = "member-00001".to_string();
+    moved.current.insert(shard, ShardOwner::Owned { member: other.clone(), since_assignment_epoch: 2, fence: None });
+    moved.target.insert(shard, other);
+    moved.metadata_version += 1;
+    moved.assignment_epoch += 1;
+    assert!(!index.describes(&moved));
+    let mut later = req.clone();
+    later.owned.remove(0);
+    later.metadata_version = moved.metadata_version;
+    let decided = decide_heartbeat_indexed(&moved, Some(&index), &later, context(&obs));
+    assert_eq!(decided, decide_heartbeat(&moved, &later, context(&obs)));
+    let answer = decided.outcome.expect("answered");
+    assert!(!answer.assigned.contains(&shard), "told it owns a shard it lost: {:?}", answer.assigned);
 }

@@ -9,15 +9,17 @@
 //! heartbeat, for every member of the group, every heartbeat interval).
 //! Never: outlives or mixes with another state. An index describes exactly the state it was built
 //! from: the caller keeps it beside that state (the coordinator's decoded cache builds it once
-//! per cached record, on that record's first steady heartbeat) and uses it with nothing else.
+//! per cached record, on that record's first heartbeat that may be steady) and uses it with
+//! nothing else; a decision given an index whose fingerprint (group, metadata version, epochs,
+//! sizes) is not its state's ignores it and walks the state.
 //! Invariant: for the state it was built from, every answer equals the scan's — `MemberShards` of
 //! a member equals [`MemberShards::scan`], and [`GroupIndex::quiescent`] equals `is_quiescent` for
 //! every observation (the core property tests decide every heartbeat both ways and compare).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::fence::ShardFence;
-use super::model::{GroupMetadata, MemberId, ShardId, ShardOwner, WaitId};
+use super::model::{GroupId, GroupMetadata, MemberId, ShardId, ShardOwner, WaitId};
 use super::observe::Observations;
 use super::planted::{PlantedBug, PlantedBugs};
 use super::protocol::Drain;
@@ -77,19 +79,53 @@ impl MemberShards {
 }
 
 /// The index of one recorded state (see the module documentation).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupIndex {
+    /// What identifies the state it was built from, checked at every use ([`Self::describes`]):
+    /// a caller that kept an index across a write would be told another state's shards.
+    built_from: Fingerprint,
     members: BTreeMap<MemberId, MemberShards>,
     /// Every shard's reconciliation step is `Keep` whatever the time, except `Fenced` shards'.
     steady_shards: bool,
-    /// The wait of every `Fenced` shard: each one's release is due once its wait passed a lease.
-    fenced_waits: Vec<WaitId>,
+    /// The waits of the `Fenced` shards (a fenced member's shards share one): each one's release
+    /// is due once its wait passed a lease.
+    fenced_waits: BTreeSet<WaitId>,
     /// Any shard recorded `Revoking` (a planted bug releases those at once). Like the two fields
     /// above, only what `steady_shards` walked before it stopped: it stops at the first shard that
     /// is not steady, and then the state is not quiescent whatever these say.
     any_revoking: bool,
-    /// The waits the state records, as [`GroupMetadata::recorded_waits`] lists them.
+    /// The waits the state records, each once ([`GroupMetadata::recorded_waits`] lists a wait
+    /// once per shard that records it).
     waits: Vec<WaitId>,
+}
+
+/// Fields of a state that any change of what an index answers changes (`metadata_version` is
+/// bumped by every change a client can observe), with the sizes of what it indexes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Fingerprint {
+    group: GroupId,
+    metadata_version: u64,
+    assignment_epoch: u64,
+    shard_count: u32,
+    members: usize,
+    current: usize,
+    target: usize,
+    next_wait_id: WaitId,
+}
+
+impl Fingerprint {
+    fn of(g: &GroupMetadata) -> Self {
+        Self {
+            group: g.group.clone(),
+            metadata_version: g.metadata_version,
+            assignment_epoch: g.assignment_epoch,
+            shard_count: g.shard_count,
+            members: g.members.len(),
+            current: g.current.len(),
+            target: g.target.len(),
+            next_wait_id: g.next_wait_id,
+        }
+    }
 }
 
 impl GroupIndex {
@@ -110,10 +146,10 @@ impl GroupIndex {
                 members.entry(member.clone()).or_default().pending.push(*shard);
             }
         }
-        let (mut fenced_waits, mut any_revoking) = (Vec::new(), false);
+        let (mut fenced_waits, mut any_revoking) = (BTreeSet::new(), false);
         let steady_shards = for_each_shard(g, |_, current, target| match current {
             Some(ShardOwner::Fenced { wait, .. }) => {
-                fenced_waits.push(*wait);
+                fenced_waits.insert(*wait);
                 true
             }
             _ => {
@@ -121,17 +157,26 @@ impl GroupIndex {
                 shard_keeps_whatever_the_time(current, target, g.config.fencing)
             }
         });
-        Self { members, steady_shards, fenced_waits, any_revoking, waits: g.recorded_waits().collect() }
+        let waits: BTreeSet<WaitId> = g.recorded_waits().collect();
+        Self {
+            built_from: Fingerprint::of(g),
+            members,
+            steady_shards,
+            fenced_waits,
+            any_revoking,
+            waits: waits.into_iter().collect(),
+        }
+    }
+
+    /// Whether this index was built from `g` as far as its fingerprint tells (the coordinator
+    /// also keeps each index with the very state it was built from).
+    pub fn describes(&self, g: &GroupMetadata) -> bool {
+        self.built_from == Fingerprint::of(g)
     }
 
     /// `member`'s shards (none when the state records none for it).
     pub fn member(&self, member: &str) -> MemberShards {
         self.members.get(member).cloned().unwrap_or_default()
-    }
-
-    /// Whether `member` has nothing to drain and nothing pending.
-    pub fn settled(&self, member: &str) -> bool {
-        self.members.get(member).is_none_or(|m| m.revoke.is_empty() && m.pending.is_empty())
     }
 
     /// `is_quiescent(g, obs, planted)` for the state this index was built from, without walking
