@@ -151,7 +151,6 @@ contract_suite!(
         contract_liveness_removal,
         contract_touch_and_load,
         contract_touch_and_check_unchanged_and_changed,
-        contract_load_unless_unchanged_and_changed,
         contract_touch_and_check_leaves_no_key_for_a_vanished_group,
         contract_liveness_counters_are_exact_and_refuse_overflow,
         contract_delete_if_stamp,

@@ -45,7 +45,7 @@ use crate::core::{
 };
 use crate::metrics::Metrics;
 use crate::store::{
-    keys, LoadCheck, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, TouchCheck, WriteOutcome,
+    keys, MetadataStore, ProbeReport, RecordStamp, ServerIdentity, StoreError, TouchCheck, WriteOutcome,
 };
 
 use super::critical::TICK_GAUGES;
@@ -755,8 +755,12 @@ impl<S: MetadataStore> Coordinator<S> {
         check_routing_report(&report).map_err(bad_request)?;
         self.recheck_identity_if_suspect(group).await?;
         let ticket = self.local().reads.begin_read();
-        let (g, revision, write) = self.routing_read(group, report.known_version).await?;
-        let mut view = routing_view(&g, revision);
+        let record = self.inner.store.load(group).await.map_err(|e| self.group_store_error(group, e))?;
+        let Some(record) = record else {
+            return Err(self.missing(group, report.known_version > 0).await);
+        };
+        let g = self.decode_counted(group, &record)?;
+        let mut view = routing_view(&g, record.revision);
         let planted = self.inner.options.planted;
         let ahead = report.known_version > g.metadata_version;
         let credited_ahead =
@@ -779,7 +783,7 @@ impl<S: MetadataStore> Coordinator<S> {
         }
         // Loss evidence this process holds is recorded first, as heartbeats do: the report is
         // then decided inside the correction round (see `record_evidence_before_mutation`).
-        self.record_pending_evidence(&g, (revision, write), ticket).await?;
+        self.record_pending_evidence(&g, (record.revision, write_digest(&record.write_id)), ticket).await?;
         // The shard count the last attempt's decision healed from (attempts repeat on a conflict).
         let mut healed_from = None;
         let recorded = self
@@ -813,38 +817,6 @@ impl<S: MetadataStore> Coordinator<S> {
             // seed 10710).
             Err(e) => Err(e),
         }
-    }
-
-    /// A routing request's read of the group: the decoded cache's record when Redis still holds
-    /// its stamp (one HMGET of four short fields, no aggregate transfer: the aggregate of a
-    /// 16,384-shard group is 2 MB, and every producer asks every `routing_refresh_ms`), else the
-    /// record read and decoded in full. Returns the record, its revision and the
-    /// [`write_digest`] of its `writeId`.
-    async fn routing_read(
-        &self,
-        group: &GroupId,
-        known_version: u64,
-    ) -> Result<(Arc<GroupMetadata>, u64, u64), ApiError> {
-        let read = match self.inner.cache.get(group) {
-            Some(entry) => match self.inner.store.load_unless(group, &entry.stamp).await {
-                Ok(LoadCheck::Unchanged) => {
-                    self.end_stale_deferral(group, Some(&entry.stamp));
-                    return Ok((
-                        Arc::clone(&entry.metadata),
-                        entry.stamp.revision,
-                        write_digest(&entry.stamp.write_id),
-                    ));
-                }
-                Ok(LoadCheck::Changed(record)) => Ok(record),
-                Err(e) => Err(e),
-            },
-            None => self.inner.store.load(group).await,
-        };
-        let Some(record) = read.map_err(|e| self.group_store_error(group, e))? else {
-            return Err(self.missing(group, known_version > 0).await);
-        };
-        let g = self.decode_counted(group, &record)?;
-        Ok((g, record.revision, write_digest(&record.write_id)))
     }
 
     fn count_index_failure(&self, error: &StoreError) {

@@ -25,9 +25,7 @@ use crate::core::model::{
 use crate::core::proof::ViewKey;
 use crate::core::protocol::{ApiError, ErrorCode};
 use crate::core::{Context, Decision, Observations, PlantedBug};
-use crate::store::{
-    keys, FenceRaise, MetadataStore, RecordStamp, StoreError, StoredRecord, WriteOutcome, WriteRequest,
-};
+use crate::store::{keys, FenceRaise, MetadataStore, StoreError, StoredRecord, WriteOutcome, WriteRequest};
 
 /// The `group` label of `rsc_metadata_missing_total` for a group this process holds nothing of
 /// (only a client says it existed).
@@ -356,26 +354,24 @@ impl<S: MetadataStore> Coordinator<S> {
         self.local().view.observe_listed_waits(now, g, waits.iter().copied())
     }
 
-    /// A tick deferral stands on the record it was computed from: any read that finds another one
-    /// (a member joined through another instance, and a describe or routing read here saw it
-    /// first) ends it, so the next pass ticks the group. `stamp`: the stamp of the record read.
-    pub(super) fn end_stale_deferral(&self, group: &GroupId, stamp: Option<&RecordStamp>) {
-        let mut local = self.local();
-        let stale = local
-            .deferred
-            .get(group)
-            .is_some_and(|d| d.confirmed_stamp.is_none() || d.confirmed_stamp.as_ref() != stamp);
-        if stale {
-            local.deferred.remove(group);
-        }
-    }
-
     pub(super) fn decode_counted(
         &self,
         group: &GroupId,
         record: &StoredRecord,
     ) -> Result<Arc<GroupMetadata>, ApiError> {
-        self.end_stale_deferral(group, record.stamp().as_ref());
+        {
+            // A tick deferral stands on the record it was computed from: any read that finds
+            // another one (a member joined through another instance, and a describe or routing
+            // read here saw it first) ends it, so the next pass ticks the group.
+            let mut local = self.local();
+            let stale = local
+                .deferred
+                .get(group)
+                .is_some_and(|d| d.confirmed_stamp.is_none() || d.confirmed_stamp != record.stamp());
+            if stale {
+                local.deferred.remove(group);
+            }
+        }
         let decoded = |record: &StoredRecord| decode(group, record).inspect(|g| self.note_view_key(group, g));
         self.inner.cache.decode(group, record, decoded).inspect_err(|e| {
             if self.incompatible_log_turn(group) {

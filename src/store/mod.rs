@@ -594,15 +594,6 @@ pub struct TouchResult {
     pub record: Option<StoredRecord>,
 }
 
-/// What [`MetadataStore::load_unless`] found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LoadCheck {
-    /// The stored record still carries the caller's stamp.
-    Unchanged,
-    /// The record changed (or vanished): here it is.
-    Changed(Option<StoredRecord>),
-}
-
 /// Result of [`MetadataStore::touch_and_check`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TouchCheck {
@@ -625,26 +616,6 @@ pub const LIVENESS_STEP_MAX: u64 = 1 << 24;
 pub trait MetadataStore: Send + Sync + 'static {
     /// Consistent read of all five fields of the metadata key (`None`: key absent).
     fn load(&self, group: &GroupId) -> impl Future<Output = Result<Option<StoredRecord>, StoreError>> + Send;
-
-    /// [`load`](Self::load) against a decoded copy the caller holds: `Unchanged` when the record
-    /// still carries `known`, else the record as `load` reads it. A read that needs no liveness
-    /// touch (a producer's routing request) then transfers the aggregate only after it changed.
-    /// On Redis: an HMGET of the four stamp fields, and a full read only when they differ (a
-    /// second round trip; the answer is that read's record, whatever happened in between). The
-    /// default reads the whole record and compares its stamp (the fake; nothing saved).
-    fn load_unless(
-        &self,
-        group: &GroupId,
-        known: &RecordStamp,
-    ) -> impl Future<Output = Result<LoadCheck, StoreError>> + Send {
-        let load = self.load(group);
-        async move {
-            Ok(match load.await? {
-                Some(record) if record.stamp().as_ref() == Some(known) => LoadCheck::Unchanged,
-                other => LoadCheck::Changed(other),
-            })
-        }
-    }
 
     /// Atomically increments `member`'s liveness counter by 1 and reads the metadata key
     /// ([`touch_and_load_by`](Self::touch_and_load_by) with step 1).

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use rsc::core::model::{Fence, GroupId, MemberId};
 use rsc::store::memory::MemoryStore;
 use rsc::store::{
-    CasStamp, FenceRaise, LoadCheck, MetadataStore, PrimaryIdentity, ProbeReport, RecordStamp, ServerIdentity,
-    StoreError, StoredRecord, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, FenceRaise, MetadataStore, PrimaryIdentity, ProbeReport, RecordStamp, ServerIdentity, StoreError,
+    StoredRecord, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
 use tokio::sync::oneshot;
 
@@ -44,8 +44,6 @@ pub struct HeldStore {
     load_stalled: Arc<std::sync::atomic::AtomicBool>,
     /// `load` and `liveness` calls: what a tick reads.
     reads: Arc<AtomicU64>,
-    /// `load_unless` calls that found the caller's stamp (no record read).
-    unchanged_reads: Arc<AtomicU64>,
     /// What `identity` answers instead of the in-memory store's (a Redis Cluster's, say).
     identity: Arc<Mutex<Option<ServerIdentity>>>,
     /// Own accounts `primary_account` answers, by node key (empty: not a Cluster, `None`).
@@ -77,7 +75,6 @@ impl HeldStore {
             loads_to_stall: Arc::default(),
             load_stalled: Arc::default(),
             reads: Arc::default(),
-            unchanged_reads: Arc::default(),
             identity: Arc::default(),
             accounts: Arc::default(),
             down: Arc::default(),
@@ -130,11 +127,6 @@ impl HeldStore {
         self.reads.load(Ordering::SeqCst)
     }
 
-    /// `load_unless` calls that found the stamp unchanged (and read no record) so far.
-    pub fn unchanged_reads(&self) -> u64 {
-        self.unchanged_reads.load(Ordering::SeqCst)
-    }
-
     /// Arms a load: after `skip` more loads, the next one waits for the sender before the store
     /// sees it.
     pub fn stall_load(&self, skip: u64) -> oneshot::Sender<()> {
@@ -167,16 +159,6 @@ impl MetadataStore for HeldStore {
             }
         }
         self.inner.load(group).await
-    }
-    /// As Redis does it: the stamp first, and a counted `load` only when it changed.
-    async fn load_unless(&self, group: &GroupId, known: &RecordStamp) -> Result<LoadCheck, StoreError> {
-        self.unavailable(group)?;
-        let current = self.inner.peek_record(group).and_then(|record| record.stamp());
-        if current.as_ref() == Some(known) {
-            self.unchanged_reads.fetch_add(1, Ordering::SeqCst);
-            return Ok(LoadCheck::Unchanged);
-        }
-        Ok(LoadCheck::Changed(self.load(group).await?))
     }
     async fn touch_and_load_by(&self, group: &GroupId, member: &str, step: u64) -> Result<TouchResult, StoreError> {
         self.unavailable(group)?;

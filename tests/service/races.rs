@@ -163,28 +163,3 @@ async fn a_join_deciding_on_a_load_a_rollback_took_back_is_refused_and_the_round
     }
     panic!("b's join was never answered");
 }
-
-/// A producer's routing request against a record this process holds decoded reads its stamp
-/// only; the record is read in full again only after it changed (its aggregate is 2 MB at 16,384
-/// shards, and every producer asks every routing refresh: a scale review).
-#[tokio::test]
-async fn routing_reads_the_record_in_full_only_after_it_changed() {
-    let store = MemoryStore::new(22);
-    let options = CoordinatorOptions { instance_id: "c1".into(), ..CoordinatorOptions::default() };
-    let c = Coordinator::new(HeldStore::new(store.connect()), options);
-    c.start().await.expect("probe");
-    let create = AdminRequest::CreateGroup { group: group(), shard_count: 4, config: fast_config() };
-    c.admin(create).await.expect("create");
-    let first = c.routing(&group(), RoutingReport::NONE).await.expect("routing");
-    let (reads, unchanged) = (c.store().reads(), c.store().unchanged_reads());
-    for _ in 0..5 {
-        assert_eq!(c.routing(&group(), RoutingReport::NONE).await.expect("routing"), first);
-    }
-    assert_eq!(c.store().reads(), reads, "no record read while it is unchanged");
-    assert_eq!(c.store().unchanged_reads(), unchanged + 5);
-    // Another write: read in full once, and the answer is the new record's.
-    c.heartbeat(join("a")).await.expect("join");
-    let after = c.routing(&group(), RoutingReport::NONE).await.expect("routing");
-    assert!(after.metadata_version > first.metadata_version, "{after:?}");
-    assert_eq!(after.store_revision, store.peek_record(&group()).expect("record").revision);
-}

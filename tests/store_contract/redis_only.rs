@@ -642,31 +642,3 @@ async fn the_fences_of_a_65536_shard_grant_are_raised_within_the_store_deadline(
     let again = store.raise_fences(&raises[..3]).await.expect("raised again");
     assert!(again.iter().all(|fence| fence.counter == 2), "{again:?}");
 }
-
-/// A routing request against an unchanged record reads its stamp, not its aggregate: a 16,384-shard
-/// group's is 2 MB, and every producer asks every routing refresh (a scale review: each request
-/// transferred it in full). Judged by the server's output bytes.
-#[tokio::test]
-async fn load_unless_an_unchanged_record_transfers_no_aggregate() {
-    let server = RedisServer::start();
-    let store = store_for(&server.url()).await;
-    let g = rsc::core::model::GroupId::new("big", "group");
-    let aggregate = format!("{{\"padding\":\"{}\"}}", "x".repeat(1_000_000));
-    assert_eq!(store.write(&g, crate::metadata::create(&aggregate)).await, Ok(WriteOutcome::Written { revision: 1 }));
-    let known = store.load(&g).await.expect("load").and_then(|r| r.stamp()).expect("stamp");
-    let output = || -> u64 {
-        let info = text(server.cmd(&["INFO", "stats"]));
-        let line = info.lines().find_map(|line| line.strip_prefix("total_net_output_bytes:"));
-        line.and_then(|n| n.trim().parse().ok()).expect("INFO stats has total_net_output_bytes")
-    };
-    let before = output();
-    for _ in 0..10 {
-        assert_eq!(store.load_unless(&g, &known).await, Ok(rsc::store::LoadCheck::Unchanged));
-    }
-    let sent = output() - before;
-    assert!(sent < 10_000, "{sent} bytes sent for 10 unchanged reads of a 1 MB record");
-    // Changed: read in full, once.
-    let other = rsc::store::RecordStamp { write_id: "another".into(), ..known };
-    assert!(matches!(store.load_unless(&g, &other).await, Ok(rsc::store::LoadCheck::Changed(Some(_)))));
-    assert!(output() - before - sent > 1_000_000);
-}

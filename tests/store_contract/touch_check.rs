@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use rsc::store::{LoadCheck, MetadataStore, RecordStamp, StreamStore, TouchCheck, TouchResult, WriteOutcome};
+use rsc::store::{MetadataStore, RecordStamp, StreamStore, TouchCheck, TouchResult, WriteOutcome};
 
 use crate::metadata::{cas, create, group, stored};
 
@@ -92,34 +92,4 @@ pub async fn contract_liveness_counters_are_exact_and_refuse_overflow<S: Metadat
     // The largest counter a hash field holds is still reached and read exactly.
     let to_max = max - (past_doubles + 2);
     assert_eq!(store.touch_and_load_by(&g, "m1", to_max).await.map(|t| t.liveness), Ok(max));
-}
-
-/// `load_unless`, a read against a cached record without a liveness touch (a producer's routing
-/// request): unchanged only for the whole stamp, else the record as `load` reads it.
-pub async fn contract_load_unless_unchanged_and_changed<S: MetadataStore + StreamStore + Clone>(store: &S) {
-    let g = group();
-    let nothing = RecordStamp { revision: 1, write_id: "w".into(), schema_version: 1, layout_version: 1 };
-    assert_eq!(store.load_unless(&g, &nothing).await, Ok(LoadCheck::Changed(None)), "no group yet");
-    assert_eq!(store.write(&g, create("v1")).await, Ok(WriteOutcome::Written { revision: 1 }));
-    let v1 = store.load(&g).await.expect("load");
-    let known = stamp_of(&v1);
-    assert_eq!(store.load_unless(&g, &known).await, Ok(LoadCheck::Unchanged));
-    // Nothing touched: no liveness field for anyone.
-    assert_eq!(store.liveness(&g).await, Ok(BTreeMap::new()));
-
-    assert_eq!(store.write(&g, cas(&stored(store, &g).await, "v2")).await, Ok(WriteOutcome::Written { revision: 2 }));
-    let v2 = store.load(&g).await.expect("load");
-    assert_eq!(store.load_unless(&g, &known).await, Ok(LoadCheck::Changed(v2.clone())));
-    // The same revision with another writeId, another schema version, an empty writeId: changed.
-    let forged = RecordStamp { write_id: format!("{}-other", known.write_id), ..stamp_of(&v2) };
-    assert_eq!(store.load_unless(&g, &forged).await, Ok(LoadCheck::Changed(v2.clone())));
-    let schema = RecordStamp { schema_version: 99, ..stamp_of(&v2) };
-    assert_eq!(store.load_unless(&g, &schema).await, Ok(LoadCheck::Changed(v2.clone())));
-    let empty = RecordStamp { write_id: String::new(), ..stamp_of(&v2) };
-    assert_eq!(store.load_unless(&g, &empty).await, Ok(LoadCheck::Changed(v2.clone())));
-    assert_eq!(store.load_unless(&g, &stamp_of(&v2)).await, Ok(LoadCheck::Unchanged));
-
-    // Deleted: gone, whatever the caller holds.
-    assert_eq!(store.delete(&g, &stored(store, &g).await).await, Ok(WriteOutcome::Written { revision: 0 }));
-    assert_eq!(store.load_unless(&g, &stamp_of(&v2)).await, Ok(LoadCheck::Changed(None)));
 }

@@ -16,28 +16,9 @@ use super::RedisStore;
 use crate::core::model::{Fence, GroupId, MemberId};
 use crate::store::keys;
 use crate::store::{
-    CasStamp, FenceRaise, LoadCheck, MetadataStore, PrimaryIdentity, ProbeReport, RecordStamp, ServerIdentity,
-    StoreError, StoredRecord, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
+    CasStamp, FenceRaise, MetadataStore, PrimaryIdentity, ProbeReport, RecordStamp, ServerIdentity, StoreError,
+    StoredRecord, TouchCheck, TouchResult, WriteOutcome, WriteRequest,
 };
-
-/// The metadata key's fields that make its [`RecordStamp`], in the order [`carries`] reads them.
-const STAMP_FIELDS: [&str; 4] =
-    [keys::FIELD_REVISION, keys::FIELD_WRITE_ID, keys::FIELD_SCHEMA_VERSION, keys::FIELD_LAYOUT_VERSION];
-
-/// Whether the four stamp fields read (HMGET of [`STAMP_FIELDS`]) are `known`'s. Anything missing
-/// or malformed reads as changed: the full read then reports it.
-fn carries(stamp: &[Value], known: &RecordStamp) -> Result<bool, StoreError> {
-    let [revision, write_id, schema_version, layout_version] = stamp else {
-        return Err(StoreError::Protocol(format!("stamp read returned {} fields, expected 4", stamp.len())));
-    };
-    let version = |v: &Value| number(v).and_then(|n| u32::try_from(n).ok());
-    Ok(match (number(revision), text(write_id), version(schema_version), version(layout_version)) {
-        (Some(revision), Some(write_id), Some(schema), Some(layout)) => {
-            known.matches(revision, &write_id, schema, layout)
-        }
-        _ => false,
-    })
-}
 
 /// Upper bound on SCAN round trips of one `rebuild_index` (a limit on everything; at COUNT 1000
 /// this covers a keyspace far larger than any coordinator deployment).
@@ -59,16 +40,6 @@ impl MetadataStore for RedisStore {
         ]);
         let fields: Vec<Value> = self.query("HMGET", cmd).await?;
         parse_record(&fields)
-    }
-
-    async fn load_unless(&self, group: &GroupId, known: &RecordStamp) -> Result<LoadCheck, StoreError> {
-        let mut cmd = ::redis::cmd("HMGET");
-        cmd.arg(keys::metadata_key(group)).arg(&STAMP_FIELDS);
-        let stamp: Vec<Value> = self.query("HMGET", cmd).await?;
-        if carries(&stamp, known)? {
-            return Ok(LoadCheck::Unchanged);
-        }
-        Ok(LoadCheck::Changed(self.load(group).await?))
     }
 
     async fn touch_and_load_by(&self, group: &GroupId, member: &str, step: u64) -> Result<TouchResult, StoreError> {
@@ -114,15 +85,20 @@ impl MetadataStore for RedisStore {
             let mut touch = ::redis::cmd("HINCRBY");
             touch.arg(&liveness_key).arg(member).arg(step);
             let mut stamp_read = ::redis::cmd("HMGET");
-            stamp_read.arg(&metadata).arg(&STAMP_FIELDS);
+            stamp_read.arg(&metadata).arg(&[
+                keys::FIELD_REVISION,
+                keys::FIELD_WRITE_ID,
+                keys::FIELD_SCHEMA_VERSION,
+                keys::FIELD_LAYOUT_VERSION,
+            ]);
             let mut pipe = ::redis::pipe();
             pipe.add_command(touch).add_command(stamp_read);
             self.pipeline("HINCRBY+HMGET", pipe).await?
         };
-        if stamp.len() != STAMP_FIELDS.len() {
+        let [revision, write_id, schema_version, layout_version] = stamp.as_slice() else {
             return Err(StoreError::Protocol(format!("stamp read returned {} fields, expected 4", stamp.len())));
-        }
-        if matches!(stamp[0], Value::Nil) {
+        };
+        if matches!(revision, Value::Nil) {
             // The metadata key is gone: the HINCRBY may just have created the liveness hash. The
             // script deletes it only if the metadata key is still absent, so no key is left.
             let mut invocation = self.inner.scripts.forget_liveness.prepare_invoke();
@@ -130,7 +106,15 @@ impl MetadataStore for RedisStore {
             self.invoke("forget-liveness script", invocation).await?;
             return Ok(TouchCheck::Changed(TouchResult { liveness: 0, record: None }));
         }
-        if carries(&stamp, known)? {
+        // Anything missing or malformed reads as changed: the full read then reports it.
+        let version = |v: &Value| number(v).and_then(|n| u32::try_from(n).ok());
+        let unchanged = match (number(revision), text(write_id), version(schema_version), version(layout_version)) {
+            (Some(revision), Some(write_id), Some(schema), Some(layout)) => {
+                known.matches(revision, &write_id, schema, layout)
+            }
+            _ => false,
+        };
+        if unchanged {
             return Ok(TouchCheck::Unchanged { liveness });
         }
         Ok(TouchCheck::Changed(TouchResult { liveness, record: self.load(group).await? }))
