@@ -768,18 +768,21 @@ mod bench {
             std::hint::black_box(decode(group, std::hint::black_box(&record)).map_err(|e| e.to_string())?);
         }
         let decode_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(ROUNDS);
+        let revision = record.revision;
+        fn context(stored_revision: u64, observations: &rsc::core::Observations) -> Context<'_> {
+            Context {
+                fresh_view_key: None,
+                wall_clock_secs: 0,
+                stored_revision,
+                observations,
+                planted: PlantedBugs::NONE,
+                nonce: 1,
+            }
+        }
         let started = Instant::now();
         for round in 0..ROUNDS {
             let obs = view.observe_waits(u64::from(round), &g);
-            let context = Context {
-                fresh_view_key: None,
-                wall_clock_secs: 0,
-                stored_revision: record.revision,
-                observations: &obs,
-                planted: PlantedBugs::NONE,
-                nonce: 1,
-            };
-            std::hint::black_box(decide_heartbeat(&g, std::hint::black_box(req), context));
+            std::hint::black_box(decide_heartbeat(&g, std::hint::black_box(req), context(revision, &obs)));
         }
         let decide_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(ROUNDS);
         // As the coordinator answers: from the per-member index of the cached state, built by the
@@ -790,15 +793,12 @@ mod bench {
         let started = Instant::now();
         for round in 0..ROUNDS {
             let obs = view.observe_listed_waits(u64::from(round), &g, index.waits().iter().copied());
-            let context = Context {
-                fresh_view_key: None,
-                wall_clock_secs: 0,
-                stored_revision: record.revision,
-                observations: &obs,
-                planted: PlantedBugs::NONE,
-                nonce: 1,
-            };
-            std::hint::black_box(decide_heartbeat_indexed(&g, Some(&index), std::hint::black_box(req), context));
+            std::hint::black_box(decide_heartbeat_indexed(
+                &g,
+                Some(&index),
+                std::hint::black_box(req),
+                context(revision, &obs),
+            ));
         }
         let indexed_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(ROUNDS);
         println!(
