@@ -13,7 +13,10 @@
 //! Invariant: every entry's metadata is exactly `decode(entry.record)`; a record that does not
 //! decode removes its group's entry, so the next heartbeat reads in full and fails closed.
 //! Out-of-band edits of the `aggregate` field that keep the stamp are seen at the next full read
-//! (the tick reads every group every `tick_interval_ms`).
+//! (a tick's, an idle group's audit, a routing request's); until then heartbeats, which answer
+//! by the stamp, repeat the last decoded state. Routing reads in full: answered from the cached
+//! copy of a corrupted aggregate, a producer kept publishing where the full read fails closed,
+//! into shards a recreated group no longer had (`fault-plans/capsules/swarm-5202.toml`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -28,7 +31,7 @@ pub(super) struct CachedRecord {
     pub(super) stamp: RecordStamp,
     pub(super) record: StoredRecord,
     pub(super) metadata: Arc<GroupMetadata>,
-    /// The per-member index of `metadata`, built by the first steady heartbeat that needs it.
+    /// The per-member index of `metadata`, built by the first heartbeat that may be steady.
     index: OnceLock<Arc<GroupIndex>>,
 }
 

@@ -874,8 +874,8 @@ async fn a_raise_whose_old_gate_a_move_took_first_is_unavailable_until_the_move_
 /// On a Cluster the doorbell resolves unknown ids in runs of 64 `XINFO GROUPS`, each command on
 /// its own key's primary. A run's commands used to go one after another, a round trip each:
 /// 8,192 shards took 8 s at 1 ms a round trip before the doorbell could wait (a diff review).
-/// Now a run's commands are sent together. Judged by the primaries' count of reads from their
-/// clients, not by time: one after another is a read per command (2,048 here).
+/// Now a run's commands are sent together, not one after another. Judged by the primaries' count
+/// of reads from their clients, not by time: one after another is a read per command (2,048 here).
 #[tokio::test]
 async fn the_cluster_doorbell_resolves_unknown_streams_a_run_at_a_time_not_one_by_one() {
     let cluster = RedisCluster::start(3, 0);

@@ -10,10 +10,9 @@
 //!
 //! [`StreamStore::wait_for_entries`]: crate::store::StreamStore::wait_for_entries
 
-use std::time::Duration;
-
 use ::redis::Value;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::time::Instant;
 
 use super::conn::{Conn, Lane};
 use super::scripts::text;
@@ -37,25 +36,19 @@ impl RedisStore {
         streams: &[(String, Option<EntryId>)],
         block_ms: u64,
     ) -> Result<Doorbell, StoreError> {
-        // Resolving unknown ids takes a round trip per bounded batch: together no longer than the
-        // wait itself plus one store deadline, so a doorbell never holds its caller much past the
-        // deadline it asked for (the caller then polls instead, and tries the doorbell again).
-        let bound_ms = block_ms.max(1).saturating_add(self.inner.options.timeout_ms.max(1));
-        let after =
-            match crate::time::timeout(Duration::from_millis(bound_ms), self.resolve_after(group, streams)).await {
-                Ok(after) => after?,
-                Err(_) => {
-                    return Err(StoreError::Unavailable(format!(
-                        "doorbell: resolving the last-delivered ids of {} streams took longer than {bound_ms} ms",
-                        streams.iter().filter(|(_, id)| id.is_none()).count()
-                    )))
-                }
-            };
+        let started = Instant::now();
+        let after = self.resolve_after(group, streams).await?;
         if streams.is_empty() {
             return Ok(Doorbell { rang: false, after });
         }
+        // Resolving unknown ids takes a round trip per batch (many, for a consumer of thousands of
+        // shards on a Cluster): the wait that follows is shortened by that time, so the doorbell
+        // does not hold its caller past the deadline it asked for by more than the resolution's
+        // last round trip. The resolution is not cut short: the caller keeps the ids it finds, so
+        // a large consumer resolves once, however long that takes, rather than never.
+        let spent_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         // BLOCK 0 would block forever.
-        let block_ms = block_ms.max(1);
+        let block_ms = block_ms.saturating_sub(spent_ms).max(1);
         let names: Vec<&str> = streams.iter().map(|(stream, _)| stream.as_str()).collect();
         let parts = self.slot_parts(names.iter().copied());
         let rang = if parts.len() == 1 {
