@@ -676,3 +676,77 @@ fn transition_over(g: &GroupMetadata, obs: &Observations) -> bool {
         obs.waited_ms(t.wait) >= t.assignment_lease_ms.saturating_add(clock_rate_margin_ms(t.assignment_lease_ms))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::core::model::{Fence, GroupConfig, GroupId, Member};
+
+    /// One shard's recorded owner, by member index: free, owned, revoking or fenced.
+    fn owner() -> impl Strategy<Value = Option<(u8, usize)>> {
+        prop_oneof![Just(None), (0u8..3, 0usize..5).prop_map(Some)]
+    }
+
+    /// A group of five members (the last one not active) whose shards are owned, revoking or
+    /// fenced at random, each revoking or fenced shard under its own wait.
+    fn state(owners: &[Option<(u8, usize)>]) -> GroupMetadata {
+        let mut g = GroupMetadata::new(GroupId::new("t", "g"), owners.len() as u32, GroupConfig::default());
+        g.next_wait_id = 100;
+        for i in 0..5 {
+            let state = if i == 4 { MemberState::Fenced } else { MemberState::Active };
+            let member = Member { member_epoch: 3, incarnation_epoch: 1, state, joined_at_version: 1, session: None };
+            g.members.insert(format!("m{i}"), member);
+        }
+        for (shard, owner) in owners.iter().enumerate() {
+            let Some((kind, i)) = owner else { continue };
+            let member = format!("m{i}");
+            let fence = Some(Fence { counter: 1, nonce: shard as u64 });
+            let wait = g.next_wait_id;
+            let owner = match kind {
+                0 => ShardOwner::Owned { member, since_assignment_epoch: 1, fence },
+                1 => ShardOwner::Revoking { member, since_assignment_epoch: 1, wait, revoke_id: None, fence },
+                _ => ShardOwner::Fenced { member, wait, fence },
+            };
+            if *kind != 0 {
+                g.next_wait_id += 1;
+            }
+            g.current.insert(shard as u32, owner);
+        }
+        g
+    }
+
+    proptest! {
+        /// `fence_all` (one pass over the shards for all members) records what fencing the
+        /// members one after another, each walking the shards, recorded: the same shards fenced
+        /// under the same waits, in the same order, for any list (repeats and ids that are no
+        /// member included).
+        #[test]
+        fn fencing_all_at_once_records_what_fencing_one_by_one_did(
+            owners in proptest::collection::vec(owner(), 1..24),
+            fenced in proptest::collection::vec(0usize..7, 0..6),
+        ) {
+            let g = state(&owners);
+            let members: Vec<String> = fenced.iter().map(|i| format!("m{i}")).collect();
+            let obs = Observations::default();
+            let ctx = Context {
+                stored_revision: 1,
+                observations: &obs,
+                planted: PlantedBugs::NONE,
+                nonce: 9,
+                fresh_view_key: None,
+                wall_clock_secs: 0,
+            };
+            let mut at_once = Transition::new(&g, ctx);
+            at_once.fence_all(&members);
+            let mut one_by_one = Transition::new(&g, ctx);
+            for member in &members {
+                let live = one_by_one.live_shards_of(member);
+                one_by_one.fence_listed(member, live);
+            }
+            prop_assert_eq!(&at_once.next, &one_by_one.next);
+            prop_assert_eq!(at_once.finish(), one_by_one.finish());
+        }
+    }
+}
