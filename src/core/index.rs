@@ -141,8 +141,7 @@ impl GroupIndex {
             }
         }
         for (shard, member) in &g.target {
-            let owned_by_it = matches!(g.current.get(shard), Some(ShardOwner::Owned { member: m, .. }) if m == member);
-            if !owned_by_it {
+            if g.is_pending(*shard, member) {
                 members.entry(member.clone()).or_default().pending.push(*shard);
             }
         }
@@ -169,9 +168,18 @@ impl GroupIndex {
     }
 
     /// Whether this index was built from `g` as far as its fingerprint tells (the coordinator
-    /// also keeps each index with the very state it was built from).
+    /// also keeps each index with the very state it was built from). Compared field by field:
+    /// every steady heartbeat asks, and building `g`'s fingerprint would copy its group name.
     pub fn describes(&self, g: &GroupMetadata) -> bool {
-        self.built_from == Fingerprint::of(g)
+        let f = &self.built_from;
+        f.group == g.group
+            && f.metadata_version == g.metadata_version
+            && f.assignment_epoch == g.assignment_epoch
+            && f.shard_count == g.shard_count
+            && f.members == g.members.len()
+            && f.current == g.current.len()
+            && f.target == g.target.len()
+            && f.next_wait_id == g.next_wait_id
     }
 
     /// `member`'s shards (none when the state records none for it).

@@ -568,12 +568,14 @@ impl GroupMetadata {
     pub fn pending_shards(&self, member: &str) -> Vec<ShardId> {
         self.target
             .iter()
-            .filter(|(shard, t)| {
-                t.as_str() == member
-                    && !matches!(self.current.get(shard), Some(ShardOwner::Owned { member: m, .. }) if m == member)
-            })
+            .filter(|(shard, t)| t.as_str() == member && self.is_pending(**shard, member))
             .map(|(shard, _)| *shard)
             .collect()
+    }
+
+    /// Whether `shard`, targeted at `member`, is not owned by it yet (one of its pending shards).
+    pub fn is_pending(&self, shard: ShardId, member: &str) -> bool {
+        !matches!(self.current.get(&shard), Some(ShardOwner::Owned { member: m, .. }) if m == member)
     }
 
     /// Shards whose recorded owner satisfies `pred`, in shard order.
