@@ -170,6 +170,7 @@ contract_suite!(
         contract_fence_raise_counts_up_and_stores_the_nonce,
         contract_fence_raise_floor_sets_only_a_key_without_a_counter,
         contract_fenced_operations_accept_the_exact_fence,
+        contract_fenced_acks_count_what_they_acknowledged_at_any_size,
         contract_an_older_fence_is_refused_and_touches_nothing,
         contract_the_same_counter_with_another_nonce_is_refused,
         contract_a_newer_fence_is_accepted_and_replaces_the_key,

@@ -135,6 +135,38 @@ pub async fn contract_fenced_operations_accept_the_exact_fence<S: MetadataStore 
     assert_eq!(store.read_fences(&[fence_key(0)]).await, Ok(vec![Some(fence)]), "an accepted check writes nothing");
 }
 
+/// Acks under the exact fence count what they acknowledged whatever their size: up to 1,000 ids
+/// (one XACK after a matching fence, the scripts' fast path on Redis) and more (the full check,
+/// 1,000 ids per XACK), single and batched; ids acked already count nothing.
+pub async fn contract_fenced_acks_count_what_they_acknowledged_at_any_size<S: MetadataStore + StreamStore + Clone>(
+    store: &S,
+) {
+    let (s0, s1) = (stream(0), stream(1));
+    for s in [&s0, &s1] {
+        store.ensure_group(s, GROUP).await.expect("ensure");
+    }
+    let (a0, a1) = (add(store, &s0, 2_502).await, add(store, &s1, 1_001).await);
+    let (f0, f1) = (raise_one(store, &fence_key(0), 0x20).await, raise_one(store, &fence_key(1), 0x21).await);
+    for (shard, fence, s, all) in [(0, f0, &s0, &a0), (1, f1, &s1, &a1)] {
+        let read = store.fenced_xreadgroup(&check(shard, fence), GROUP, "c1", s, ReadFrom::New, 0).await;
+        assert_eq!(read.map(|e| ids(&e)), Ok(all.clone()));
+    }
+    assert_eq!(store.fenced_xack(&check(0, f0), &s0, GROUP, &a0[..1_000]).await, Ok(1_000));
+    assert_eq!(store.fenced_xack(&check(0, f0), &s0, GROUP, &a0[..1_001]).await, Ok(1), "1,000 of them acked already");
+    let ack = |shard: u32, fence: Fence, stream: &str, ids: &[EntryId]| FencedAck {
+        fence: check(shard, fence),
+        stream: stream.to_string(),
+        ids: ids.to_vec(),
+    };
+    let acks = [ack(1, f1, &s1, &a1[..1_000]), ack(0, f0, &s0, &a0[1_001..])];
+    assert_eq!(store.fenced_xack_many(GROUP, &acks).await, Ok(vec![Ok(1_000), Ok(1_501)]));
+    let acks = [ack(1, f1, &s1, &a1[999..]), ack(0, f0, &s0, &a0[..2])];
+    assert_eq!(store.fenced_xack_many(GROUP, &acks).await, Ok(vec![Ok(1), Ok(0)]));
+    assert_eq!(own_pending(store, &s0, "c1").await, Vec::<EntryId>::new());
+    assert_eq!(own_pending(store, &s1, "c1").await, Vec::<EntryId>::new());
+    assert_eq!(store.read_fences(&[fence_key(0), fence_key(1)]).await, Ok(vec![Some(f0), Some(f1)]));
+}
+
 /// Entries delivered to `c1` under `fence` (the first three of five), the rest not delivered.
 async fn c1_holds_three<S: MetadataStore + StreamStore + Clone>(store: &S, fence: Fence) -> Vec<EntryId> {
     let s = stream(0);

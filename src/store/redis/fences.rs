@@ -163,21 +163,64 @@ end
 return {'ok', r[1][2]}
 "#;
 
+/// The fast path of a fenced XACK, shared by the ack scripts: `ack_exact(key, presented, nonce,
+/// stream, group, first, last)` acks `ARGV[first..=last]` (1 to 1,000 ids) and returns
+/// `{'ok', count}` when the fence key holds exactly the presented value and that value is a
+/// canonical counter above 0 — the one case in which `CHECK` writes nothing and lets the XACK run
+/// (`open` is false for acks). Anything else returns nil having written nothing, and the caller
+/// runs the full check and XACK, which decide exactly as without this path: another or a missing
+/// value, a counter of `0` or a hand edit, more than 1,000 ids, no id, a fence key of another
+/// type, or an XACK that failed (it did nothing, and the full path repeats it to report its error
+/// as before). Why it exists: the full path's helpers (`GATES`, `CHECK`, `EACH_SHARD`) are
+/// closures built on every call; an ack whose fence is current, nearly every ack, builds none
+/// (the full path's are built inside `ack_full` only when it runs). Measured with
+/// `redis-benchmark` on `EVALSHA` (INFO commandstats): 8.3 µs for two shards and 5.0 µs for one
+/// before, 6.8 and 4.0 µs with it.
+const ACK_EXACT: &str = r#"
+local function ack_exact(key, presented, nonce, stream, group, first, last)
+  if last < first or last - first >= 1000 or not string.find(presented, '^[1-9][0-9]*$') then
+    return nil
+  end
+  local cur = redis.pcall('HMGET', key, 'counter', 'nonce')
+  if cur[1] ~= presented or cur[2] ~= nonce then
+    return nil
+  end
+  local acked = redis.pcall('XACK', stream, group, unpack(ARGV, first, last))
+  if type(acked) ~= 'number' then
+    return nil
+  end
+  return {'ok', acked}
+end
+"#;
+
 /// Fenced XACK. KEYS: fence key, stream. ARGV: counter, nonce, group, ids... (none: the check
 /// alone, acknowledging 0). Reply: `{'ok', count}` | check refusal | the command's error.
+/// `ACK_EXACT` first; the full check (built only then) for the rest.
 const ACK_BODY: &str = r#"
-local refused = check(KEYS[1], ARGV[1], ARGV[2], false)
-if refused then
-  return refused
+local fast = ack_exact(KEYS[1], ARGV[1], ARGV[2], KEYS[2], ARGV[3], 4, #ARGV)
+if fast then
+  return fast
 end
-if #ARGV < 4 then
-  return {'ok', 0}
+local function ack_full()
+"#;
+
+/// The rest of the fenced XACK: the full check and the XACK, as before `ACK_EXACT` (closes
+/// `ack_full`, whose body is `GATES`, `CHECK` and this).
+const ACK_FULL_BODY: &str = r#"
+  local refused = check(KEYS[1], ARGV[1], ARGV[2], false)
+  if refused then
+    return refused
+  end
+  if #ARGV < 4 then
+    return {'ok', 0}
+  end
+  local r = redis.pcall('XACK', KEYS[2], ARGV[3], unpack(ARGV, 4))
+  if type(r) == 'table' and r.err then
+    return r
+  end
+  return {'ok', r}
 end
-local r = redis.pcall('XACK', KEYS[2], ARGV[3], unpack(ARGV, 4))
-if type(r) == 'table' and r.err then
-  return r
-end
-return {'ok', r}
+return ack_full()
 "#;
 
 /// Fenced XAUTOCLAIM pages. KEYS: fence key, stream. ARGV: counter, nonce, group, consumer,
@@ -257,16 +300,18 @@ end)
 /// Fenced XACKs of several shards, each as `ACK_BODY`. KEYS: fence key and stream of each shard,
 /// in pairs. ARGV: group, then per shard: counter, nonce, the number of ids `n`, then the `n`
 /// ids. Reply: one element per shard, `{'ok', count}` | check refusal | `{'error', text}`. Ids
-/// are acked 1,000 per XACK (Lua's `unpack` is bounded by its stack).
+/// are acked 1,000 per XACK (Lua's `unpack` is bounded by its stack). Each shard tries
+/// `ACK_EXACT` first; the others go through `ack_full(i, a)` (the full check and XACKs, whose
+/// helpers are built only when it runs) under Lua's `pcall`, with `EACH_SHARD`'s rule for errors
+/// (spelled out here rather than through `each_shard`, whose closure per call the fast path
+/// avoids).
+const ACK_MANY_HEAD: &str = r#"
+local function ack_full(i, a)
+"#;
+
+/// The body of `ack_full` after its helpers, the end of its definition, and the loop over the
+/// shards.
 const ACK_MANY_BODY: &str = r#"
-local starts = {}
-local a = 2
-for i = 1, #KEYS / 2 do
-  starts[i] = a
-  a = a + 3 + tonumber(ARGV[a + 2])
-end
-return each_shard(function(i)
-  local a = starts[i]
   local last = a + 2 + tonumber(ARGV[a + 2])
   local refused = check(KEYS[2 * i - 1], ARGV[a], ARGV[a + 1], false)
   if refused then
@@ -280,7 +325,28 @@ return each_shard(function(i)
     first = upto + 1
   end
   return {'ok', acked}
-end)
+end
+local out = {}
+local a = 2
+for i = 1, #KEYS / 2 do
+  local n = tonumber(ARGV[a + 2])
+  local result = ack_exact(KEYS[2 * i - 1], ARGV[a], ARGV[a + 1], KEYS[2 * i], ARGV[1], a + 3, a + 2 + n)
+  if not result then
+    local ok, full = pcall(ack_full, i, a)
+    if ok then
+      result = full
+    else
+      local text = type(full) == 'table' and full.err or tostring(full)
+      if string.find(text, '^READONLY') or string.find(text, '^MASTERDOWN') or string.find(text, '^NOREPLICAS') then
+        return redis.error_reply(text)
+      end
+      result = {'error', text}
+    end
+  end
+  out[i] = result
+  a = a + 3 + n
+end
+return out
 "#;
 
 /// XAUTOCLAIM pages one fenced claim script call runs at most: bounds how long one call holds
@@ -308,10 +374,10 @@ impl FenceScripts {
         [
             format!("{GATES}{RAISE}"),
             format!("{GATES}{CHECK}{READ_BODY}"),
-            format!("{GATES}{CHECK}{ACK_BODY}"),
+            format!("{ACK_EXACT}{ACK_BODY}{GATES}{CHECK}{ACK_FULL_BODY}"),
             format!("{GATES}{CHECK}{CLAIM_BODY}"),
             format!("{GATES}{CHECK}{EACH_SHARD}{READ_MANY_BODY}"),
-            format!("{GATES}{CHECK}{EACH_SHARD}{ACK_MANY_BODY}"),
+            format!("{ACK_EXACT}{ACK_MANY_HEAD}{GATES}{CHECK}{ACK_MANY_BODY}"),
         ]
     }
 }
