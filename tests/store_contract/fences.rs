@@ -431,6 +431,63 @@ pub async fn contract_batched_fenced_reads_and_acks_keep_each_shards_outcome<S: 
     assert_eq!(store.read_fences(&keys).await, Ok(expected), "refused acks wrote nothing");
 }
 
+/// `HMGET` calls the server has run, scripts' own included (INFO commandstats).
+fn hmget_calls(server: &crate::support::RedisServer) -> u64 {
+    let info: String = redis::from_redis_value(server.cmd(&["INFO", "commandstats"])).expect("INFO");
+    let line = info.lines().find(|l| l.starts_with("cmdstat_hmget:")).unwrap_or("cmdstat_hmget:calls=0,");
+    line.split(['=', ',']).nth(1).and_then(|n| n.parse().ok()).expect("calls")
+}
+
+/// Real Redis only: which path an ack script took. An ack whose fence key holds exactly the
+/// presented value takes the fast path, which reads the fence key once (one `HMGET`); any other
+/// reads it once more in the full check, which decides (here: a newer fence accepted and
+/// installed, a stale one refused). Both run the same commands otherwise, so the count of
+/// `HMGET`s is what tells them apart.
+#[tokio::test]
+async fn redis_store_acks_with_the_exact_fence_read_the_fence_key_once_and_others_twice() {
+    let server = crate::support::RedisServer::start();
+    let options = rsc::store::redis::RedisStoreOptions::default();
+    let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
+    let (s0, s1) = (stream(0), stream(1));
+    for s in [&s0, &s1] {
+        store.ensure_group(s, GROUP).await.expect("ensure");
+    }
+    let (a0, a1) = (add(&store, &s0, 4).await, add(&store, &s1, 4).await);
+    let (f0, f1) = (raise_one(&store, &fence_key(0), 0x30).await, raise_one(&store, &fence_key(1), 0x31).await);
+    for (shard, fence, s) in [(0, f0, &s0), (1, f1, &s1)] {
+        store.fenced_xreadgroup(&check(shard, fence), GROUP, "c1", s, ReadFrom::New, 0).await.expect("read");
+    }
+    let ack = |shard: u32, fence: Fence, stream: &str, ids: &[EntryId]| FencedAck {
+        fence: check(shard, fence),
+        stream: stream.to_string(),
+        ids: ids.to_vec(),
+    };
+    let mut before = hmget_calls(&server);
+    let mut hmgets = |what: &str, expected: u64| {
+        let now = hmget_calls(&server);
+        assert_eq!(now - before, expected, "{what}");
+        before = now;
+    };
+    assert_eq!(store.fenced_xack(&check(0, f0), &s0, GROUP, &a0[..1]).await, Ok(1));
+    hmgets("a single ack with the exact fence", 1);
+    assert_eq!(
+        store.fenced_xack_many(GROUP, &[ack(0, f0, &s0, &a0[1..2]), ack(1, f1, &s1, &a1[..1])]).await,
+        Ok(vec![Ok(1), Ok(1)])
+    );
+    hmgets("a batched ack of two shards with their exact fences", 2);
+    let newer = Fence { counter: f0.counter + 1, nonce: 0x32 };
+    assert_eq!(store.fenced_xack(&check(0, newer), &s0, GROUP, &a0[2..3]).await, Ok(1));
+    hmgets("a single ack with a newer fence", 2);
+    let got = store.fenced_xack_many(GROUP, &[ack(0, f0, &s0, &a0[3..]), ack(1, f1, &s1, &a1[1..])]).await;
+    let got = got.expect("batched ack");
+    assert_fenced(got[0].clone(), 0, newer);
+    assert_eq!(got[1], Ok(3));
+    hmgets("a batched ack of a stale fence and an exact one", 3);
+    assert_eq!(store.fenced_xack(&check(0, newer), &s0, GROUP, &[]).await, Ok(0));
+    // No id: nothing for the fast path to ack, so it does not read the key; the full check does.
+    hmgets("a single ack of no id", 1);
+}
+
 /// Real Redis only: a server that lost its script cache (restart, failover, SCRIPT FLUSH) answers
 /// the pipelined raise with NOSCRIPT; the store loads the script and sends only the calls that
 /// did not run, so no key is raised twice.

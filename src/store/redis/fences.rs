@@ -174,7 +174,7 @@ return {'ok', r[1][2]}
 /// as before). Why it exists: the full path's helpers (`GATES`, `CHECK`, `EACH_SHARD`) are
 /// closures built on every call; an ack whose fence is current, nearly every ack, builds none
 /// (the full path's are built inside `ack_full` only when it runs): 8–15% less Redis time per
-/// batched call in `redis-benchmark`, the single one within noise (README, data path). A fallback
+/// batched call in `redis-benchmark`, the single one within noise (README, Benchmarks). A fallback
 /// after a failed HMGET or XACK runs that command again, so INFO's error and call counts (and
 /// the ACL log, for a user refused it) count it twice; replies and data are as without the fast
 /// path.
