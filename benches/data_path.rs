@@ -16,6 +16,9 @@
 //! - `library fencing=on, script reads`: fencing on with every fenced read through the read
 //!   script (`RedisStoreOptions::fenced_read_gates` off), as before reads went through gates:
 //!   the side by side of what gates save;
+//! - `library fencing=on, script acks`: fencing on with every fenced batch ack through the ack
+//!   script (`RedisStoreOptions::watched_acks` off), as before watched acks: the side by side of
+//!   what acking by transaction saves;
 //! - `library fencing=on, per-entry events`: fencing on, with the consumers' event sink asking
 //!   for `EntryDelivered` and `EntryAcked` (`EventSink::wants_entry_events`), which the other
 //!   library rows' sink (like the library's `NoopSink` and `MetricsSink`) does not: what building
@@ -44,7 +47,7 @@
 //! short run. Knobs (environment): `DP_MESSAGES` per run (20000; quick 5000), `DP_ROUNDS` (5;
 //! quick 2), `DP_PRODUCERS` (4), `DP_CONSUMERS` (4), `DP_SHARDS` (8), `DP_BATCH` entries per read
 //! (100), `DP_IDLE_WAITS` per consumer (5; quick 2) of `DP_IDLE_WAIT_MS` (200), `DP_ROWS`
-//! (comma-separated keys; default `raw,lib-on,lib-on-events,lib-on-script,lib-off,lib-on-idle5`; also
+//! (comma-separated keys; default `raw,lib-on,lib-on-events,lib-on-script,lib-on-script-acks,lib-off,lib-on-idle5`; also
 //! `lib-off-idle5`, `raw-piggy`, `lib-on-overlap`; `DP_HOLD` above).
 //! A library row whose clients cannot start (e.g. a store without the fence scripts) is left out
 //! with its error printed; the smoke run fails instead.
@@ -131,6 +134,7 @@ mod bench {
                 Row::Library { fencing: Fencing::On, poll_idle_ms: None },
                 Row::LibEntryEvents,
                 Row::Library { fencing: Fencing::OnScripted, poll_idle_ms: None },
+                Row::Library { fencing: Fencing::OnScriptedAcks, poll_idle_ms: None },
                 Row::Library { fencing: Fencing::Off, poll_idle_ms: None },
                 Row::Library { fencing: Fencing::On, poll_idle_ms: Some(5) },
                 Row::Library { fencing: Fencing::Off, poll_idle_ms: Some(5) },
@@ -141,7 +145,7 @@ mod bench {
 
         /// Rows run when `DP_ROWS` is not set.
         fn default_keys() -> Vec<&'static str> {
-            vec!["raw", "lib-on", "lib-on-events", "lib-on-script", "lib-off", "lib-on-idle5"]
+            vec!["raw", "lib-on", "lib-on-events", "lib-on-script", "lib-on-script-acks", "lib-off", "lib-on-idle5"]
         }
 
         pub fn key(self) -> String {
@@ -154,6 +158,7 @@ mod bench {
                     let fencing = match fencing {
                         Fencing::On => "-on",
                         Fencing::OnScripted => "-on-script",
+                        Fencing::OnScriptedAcks => "-on-script-acks",
                         Fencing::Off => "-off",
                     };
                     let idle = poll_idle_ms.map_or(String::new(), |ms| format!("-idle{ms}"));
@@ -172,6 +177,7 @@ mod bench {
                     let mut title = String::from(match fencing {
                         Fencing::On => "library fencing=on",
                         Fencing::OnScripted => "library fencing=on, script reads",
+                        Fencing::OnScriptedAcks => "library fencing=on, script acks",
                         Fencing::Off => "library fencing=off",
                     });
                     if let Some(ms) = poll_idle_ms {

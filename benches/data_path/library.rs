@@ -59,6 +59,9 @@ pub enum Fencing {
     On,
     /// Fencing on, with every fenced read through the script (no gates: the path before them).
     OnScripted,
+    /// Fencing on, with every fenced batch ack through the ack script
+    /// (`RedisStoreOptions::watched_acks` off): the side by side of what watched acks save.
+    OnScriptedAcks,
     Off,
 }
 
@@ -234,7 +237,7 @@ impl LibRig {
             if let Some(ms) = poll_idle_ms {
                 config.poll_idle_ms = ms;
             }
-            let store = Counted::new(connect(url, fencing != Fencing::OnScripted).await?, Arc::clone(&trips));
+            let store = Counted::new(connect(url, fencing).await?, Arc::clone(&trips));
             let consumer = Consumer::join_with(config, link.clone(), store, env.clone(), Arc::new(NoopListener));
             subscribers.push(Arc::new(LibSubscriber { consumer, overlap, held: Mutex::new(Vec::new()) }));
         }
@@ -248,7 +251,7 @@ impl LibRig {
         }
         let mut publishers = Vec::with_capacity(workload.producers);
         for i in 0..workload.producers {
-            let store = Counted::new(connect(url, true).await?, Arc::clone(&trips));
+            let store = Counted::new(connect(url, Fencing::On).await?, Arc::clone(&trips));
             let producer =
                 Producer::new(ProducerConfig::new(group.clone(), format!("lib-producer-{i}")), link.clone(), store);
             producer.refresh().await.map_err(|e| format!("routing: {e}"))?;
@@ -265,9 +268,14 @@ impl LibRig {
     }
 }
 
-/// A store on `url`; `gates`: fenced reads of new entries through gates (the default).
-async fn connect(url: &str, gates: bool) -> Result<RedisStore, String> {
-    let options = RedisStoreOptions { fenced_read_gates: gates, ..RedisStoreOptions::default() };
+/// A store on `url`: the defaults (fenced reads of new entries through gates, watched batch
+/// acks), but what `fencing` turns off.
+async fn connect(url: &str, fencing: Fencing) -> Result<RedisStore, String> {
+    let options = RedisStoreOptions {
+        fenced_read_gates: fencing != Fencing::OnScripted,
+        watched_acks: fencing != Fencing::OnScriptedAcks,
+        ..RedisStoreOptions::default()
+    };
     RedisStore::connect(url, options).await.map_err(|e| e.to_string())
 }
 

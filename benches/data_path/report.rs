@@ -71,6 +71,12 @@ pub fn median_interval(values: &[f64], level: f64) -> (f64, Option<(f64, f64, f6
 /// its 95% interval lies at or above it, `NOT met` when below, `undecided` when the interval
 /// holds it (more rounds would tell). With fewer than six rounds, the median alone, said so.
 pub fn verdict(ratios: &[f64], goal: f64) -> String {
+    verdict_as(ratios, goal, ["met", "NOT met"])
+}
+
+/// [`verdict`], naming the outcomes at or above `goal` and below it `said`.
+pub fn verdict_as(ratios: &[f64], goal: f64, said: [&str; 2]) -> String {
+    let [above, below] = said;
     let (median, interval) = median_interval(ratios, 0.95);
     let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
     let highest = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -78,9 +84,9 @@ pub fn verdict(ratios: &[f64], goal: f64) -> String {
     match interval {
         Some((low, high, coverage)) => {
             let said = if low >= goal {
-                "met"
+                above
             } else if high < goal {
-                "NOT met"
+                below
             } else {
                 "undecided: more rounds would tell"
             };
@@ -91,7 +97,7 @@ pub fn verdict(ratios: &[f64], goal: f64) -> String {
             )
         }
         None => {
-            let said = if median >= goal { "met" } else { "NOT met" };
+            let said = if median >= goal { above } else { below };
             format!(
                 "{median:.2}x, {spread} ({said} by the median of {} rounds; 6 or more give a 95% interval)",
                 ratios.len()
@@ -369,6 +375,15 @@ pub fn print_goals(rows: &[RowSamples], workload: &Workload) {
             "    gated reads vs script reads (fencing=on both, paired rounds): {:.2}x while publishing, {:.2}x draining",
             lib.paired_ratio(script, |s| s.consume_per_s),
             lib.paired_ratio(script, |s| s.drain_per_s)
+        );
+    }
+    if let Some(script) =
+        pick(Fencing::OnScriptedAcks).filter(|_| lib.row == Row::Library { fencing: Fencing::On, poll_idle_ms: None })
+    {
+        println!(
+            "    watched acks vs script acks (fencing=on both, paired rounds): {} while publishing; {} draining",
+            verdict_as(&lib.paired_ratios(script, |s| s.consume_per_s), 1.0, ["faster", "slower"]),
+            verdict_as(&lib.paired_ratios(script, |s| s.drain_per_s), 1.0, ["faster", "slower"])
         );
     }
     let per_msg = |r: &RowSamples| {

@@ -84,6 +84,11 @@ pub const REQUIRED_COMMANDS: &[&str] = &[
     "XAUTOCLAIM",
     "XREAD",
     "XINFO",
+    // Fenced batch acks by an optimistic transaction (`RedisStoreOptions::watched_acks`).
+    "MULTI",
+    "EXEC",
+    "WATCH",
+    "UNWATCH",
 ];
 
 /// The hash fields of the metadata key, as stored: the seed's five plus `writeId`. Its `Debug`

@@ -17,7 +17,7 @@ use rsc::core::fence::Fence;
 use rsc::core::GroupId;
 use rsc::store::keys::fence_key;
 use rsc::store::redis::{RedisStore, RedisStoreOptions};
-use rsc::store::{EntryId, FenceCheck, FenceRaise, MetadataStore, ReadFrom, StoreError, StreamStore};
+use rsc::store::{EntryId, FenceCheck, FenceRaise, FencedAck, MetadataStore, ReadFrom, StoreError, StreamStore};
 
 /// Every command the coordinator's startup probe checks, plus COMMAND (the probe's own): what a
 /// least-privilege user of the coordinator and its clients is granted, and nothing else.
@@ -48,6 +48,10 @@ const PROBED_COMMANDS: &[&str] = &[
     "xautoclaim",
     "xread",
     "xinfo",
+    "multi",
+    "exec",
+    "watch",
+    "unwatch",
     "command",
 ];
 
@@ -136,6 +140,20 @@ async fn the_readme_user_of_a_prefix_is_refused_the_streams_and_fences_of_a_pref
         let claimed = app.fenced_claim_all_pending(check, stream, "billing", "c", 0).await.expect("own claim");
         assert_eq!(claimed, vec![], "{stream}: nothing is pending");
     }
+    // Batched acks: the first through the script (it leaves the fence watched), the next by a
+    // transaction (the README user may run MULTI, EXEC, WATCH and UNWATCH).
+    let exec_before = exec_calls(&redis);
+    for (app, check, stream) in [(&orders_app, &orders_fence, &orders_stream), (&eu_app, &eu_fence, &eu_stream)] {
+        let two = [xadd(stream.clone()).await, xadd(stream.clone()).await];
+        let read = app.fenced_xreadgroup(check, "billing", "c", stream, ReadFrom::New, 10).await.expect("own read");
+        assert_eq!(read.iter().map(|e| e.id).collect::<Vec<_>>(), two, "{stream}: both entries are read");
+        for id in two {
+            let ack = FencedAck { fence: check.clone(), stream: stream.clone(), ids: vec![id] };
+            let acked = app.fenced_xack_many("billing", &[ack]).await.expect("own batched ack");
+            assert_eq!(acked, vec![Ok(1)], "{stream}: the entry is acked");
+        }
+    }
+    assert_eq!(exec_calls(&redis) - exec_before, 2, "each application's second batched ack was a transaction");
     assert_eq!(redis.cmd(&["ACL", "LOG"]), redis::Value::Array(vec![]), "nothing of the own flows was denied");
 
     // Act: the `orders` user tries `orders:eu`'s shard 0 and group `audit`'s fence, presenting a
@@ -164,6 +182,13 @@ async fn the_readme_user_of_a_prefix_is_refused_the_streams_and_fences_of_a_pref
     }
     let ack = orders_app.fenced_xack(&eu_stale, &eu_stream, "billing", &[waiting]).await;
     outcomes.push(nopermed(&format!("fenced ack on {eu_stream}"), ack.map(|n| n.to_string())));
+    let batched = FencedAck { fence: eu_stale.clone(), stream: eu_stream.clone(), ids: vec![waiting] };
+    for _ in 0..2 {
+        // Twice: the first refusal must not leave the fence watched for a transaction.
+        let ack = orders_app.fenced_xack_many("billing", std::slice::from_ref(&batched)).await;
+        let ack = ack.and_then(|mut results| results.pop().unwrap_or(Ok(0)));
+        outcomes.push(nopermed(&format!("batched fenced ack on {eu_stream}"), ack.map(|n| n.to_string())));
+    }
     let ack = orders_app.fenced_xack(&audit_stale, &orders_stream, "audit", &[]).await;
     outcomes.push(nopermed(&format!("fenced ack on {orders_stream} as audit"), ack.map(|n| n.to_string())));
     let claim = orders_app.fenced_claim_all_pending(&eu_stale, &eu_stream, "billing", "c", 0).await;
@@ -221,6 +246,13 @@ async fn the_readme_user_of_a_prefix_is_refused_the_streams_and_fences_of_a_pref
         .query::<redis::Value>(&mut raw);
     assert!(foreign.is_ok(), "groups on one prefix share its streams: {foreign:?}");
     eprintln!("README users of `orders` and `orders:eu`: {} attempts refused", outcomes.len());
+}
+
+/// `EXEC` calls the server has run (INFO commandstats).
+fn exec_calls(redis: &RedisServer) -> u64 {
+    let info: String = redis::from_redis_value(redis.cmd(&["INFO", "commandstats"])).expect("INFO");
+    let Some(line) = info.lines().find(|l| l.starts_with("cmdstat_exec:")) else { return 0 };
+    line.split(['=', ',']).nth(1).and_then(|n| n.parse().ok()).expect("calls")
 }
 
 /// The stream prefix, consumer group and application user the README's ACL block is written for;

@@ -433,9 +433,74 @@ pub async fn contract_batched_fenced_reads_and_acks_keep_each_shards_outcome<S: 
 
 /// `HMGET` calls the server has run, scripts' own included (INFO commandstats).
 fn hmget_calls(server: &crate::support::RedisServer) -> u64 {
+    command_calls(server, "hmget")
+}
+
+/// Calls of `command` (lower case) the server has run (INFO commandstats).
+fn command_calls(server: &crate::support::RedisServer, command: &str) -> u64 {
     let info: String = redis::from_redis_value(server.cmd(&["INFO", "commandstats"])).expect("INFO");
-    let line = info.lines().find(|l| l.starts_with("cmdstat_hmget:")).unwrap_or("cmdstat_hmget:calls=0,");
+    let prefix = format!("cmdstat_{command}:");
+    let Some(line) = info.lines().find(|l| l.starts_with(&prefix)) else { return 0 };
     line.split(['=', ',']).nth(1).and_then(|n| n.parse().ok()).expect("calls")
+}
+
+/// Real Redis only: batched fenced acks by an optimistic transaction
+/// (`RedisStoreOptions::watched_acks`, on by default). The first ack of a fence goes through the
+/// script and leaves the fence key watched and read on the store's connection of watched acks;
+/// the next acks with that fence are one `MULTI`/`XACK`s/`EXEC`, no script. Any write of a
+/// watched key in between — the same value written again, or a raise for another grant — makes
+/// Redis abort the transaction, and the script decides those shards: the stale ack is `FENCED`
+/// and acknowledged nothing. Without the `WATCH`, the transaction after the raise would have
+/// acked with the stale fence.
+#[tokio::test]
+async fn redis_store_acks_a_watched_fence_by_transaction_and_a_write_of_the_key_in_between_aborts_it() {
+    let server = crate::support::RedisServer::start();
+    let options = rsc::store::redis::RedisStoreOptions::default();
+    let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
+    let (s0, s1) = (stream(0), stream(1));
+    for s in [&s0, &s1] {
+        store.ensure_group(s, GROUP).await.expect("ensure");
+    }
+    let (a0, a1) = (add(&store, &s0, 5).await, add(&store, &s1, 5).await);
+    let (f0, f1) = (raise_one(&store, &fence_key(0), 0x50).await, raise_one(&store, &fence_key(1), 0x51).await);
+    for (shard, fence, s) in [(0, f0, &s0), (1, f1, &s1)] {
+        store.fenced_xreadgroup(&check(shard, fence), GROUP, "c1", s, ReadFrom::New, 0).await.expect("read");
+    }
+    let ack = |shard: u32, fence: Fence, stream: &str, id: EntryId| FencedAck {
+        fence: check(shard, fence),
+        stream: stream.to_string(),
+        ids: vec![id],
+    };
+    let both = |i: usize| [ack(0, f0, &s0, a0[i]), ack(1, f1, &s1, a1[i])];
+    // The first ack: nothing is watched yet, so the script acks (its first call also loads it:
+    // NOSCRIPT, then EVALSHA again).
+    let exec_before = command_calls(&server, "exec");
+    assert_eq!(store.fenced_xack_many(GROUP, &both(0)).await, Ok(vec![Ok(1), Ok(1)]));
+    assert_eq!(command_calls(&server, "exec"), exec_before, "no transaction without a watched fence");
+    let mut before = (command_calls(&server, "evalsha"), command_calls(&server, "exec"));
+    let mut ran = |what: &str, scripts: u64, transactions: u64| {
+        let now = (command_calls(&server, "evalsha"), command_calls(&server, "exec"));
+        assert_eq!((now.0 - before.0, now.1 - before.1), (scripts, transactions), "{what}: (scripts, EXECs)");
+        before = now;
+    };
+    assert_eq!(store.fenced_xack_many(GROUP, &both(1)).await, Ok(vec![Ok(1), Ok(1)]));
+    ran("the next ack with the same fences", 0, 1);
+    // The same value written again: the key was written, so the transaction is aborted.
+    let nonce = format!("{:016x}", f0.nonce);
+    server.cmd(&["HSET", &fence_key(0), "counter", &f0.counter.to_string(), "nonce", &nonce]);
+    assert_eq!(store.fenced_xack_many(GROUP, &both(2)).await, Ok(vec![Ok(1), Ok(1)]));
+    ran("an ack after a write of the same fence", 1, 1);
+    let raised = raise_one(&store, &fence_key(0), 0x52).await;
+    assert!(raised.counter > f0.counter);
+    ran("the raise for another grant (its own script)", 1, 0);
+    let got = store.fenced_xack_many(GROUP, &both(3)).await.expect("batched ack");
+    assert_fenced(got[0].clone(), 0, raised);
+    assert_eq!(got[1], Ok(1));
+    ran("an ack with a fence raised since", 1, 1);
+    assert_eq!(own_pending(&store, &s0, "c1").await, a0[3..].to_vec(), "the stale ack acknowledged nothing");
+    assert_eq!(store.fenced_xack_many(GROUP, &[ack(1, f1, &s1, a1[4])]).await, Ok(vec![Ok(1)]));
+    ran("an ack of the other shard, still watched", 0, 1);
+    assert_eq!(own_pending(&store, &s1, "c1").await, Vec::<EntryId>::new());
 }
 
 /// Real Redis only: which path an ack script took. An ack whose fence key holds exactly the
@@ -446,7 +511,8 @@ fn hmget_calls(server: &crate::support::RedisServer) -> u64 {
 #[tokio::test]
 async fn redis_store_acks_with_the_exact_fence_read_the_fence_key_once_and_others_twice() {
     let server = crate::support::RedisServer::start();
-    let options = rsc::store::redis::RedisStoreOptions::default();
+    // The scripts' own paths: batched acks through the script every time.
+    let options = rsc::store::redis::RedisStoreOptions { watched_acks: false, ..Default::default() };
     let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
     let (s0, s1) = (stream(0), stream(1));
     for s in [&s0, &s1] {
@@ -486,6 +552,51 @@ async fn redis_store_acks_with_the_exact_fence_read_the_fence_key_once_and_other
     assert_eq!(store.fenced_xack(&check(0, newer), &s0, GROUP, &[]).await, Ok(0));
     // No id: nothing for the fast path to ack, so it does not read the key; the full check does.
     hmgets("a single ack of no id", 1);
+}
+
+/// Real Redis only: an `XACK` of a watched ack is never sent on a connection not known to be in a
+/// transaction. A user refused `MULTI` (here from the start; the same for a server that renamed it
+/// away) gets no transaction at all: after a raise for another grant, its stale batched ack is
+/// `FENCED` and acknowledged nothing (it was acked outside any transaction when the `XACK`s went in
+/// one pipeline after a `MULTI` whose answer was not known yet, a review finding). A user whose
+/// `EXEC` is revoked while its connection waits in a transaction has that transaction discarded.
+#[tokio::test]
+async fn redis_store_never_acks_outside_a_transaction_when_multi_or_exec_is_refused() {
+    let server = crate::support::RedisServer::start();
+    let admin = rsc::store::redis::RedisStore::connect(&server.url(), Default::default()).await.expect("admin");
+    for (user, revoked) in [("nomulti", "-multi"), ("noexec", "-exec")] {
+        let from_start = user == "nomulti";
+        let mut setuser = vec!["ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all"];
+        if from_start {
+            setuser.push(revoked);
+        }
+        server.cmd(&setuser);
+        let url = format!("redis://{user}:pw@127.0.0.1:{}", server.port());
+        let store = rsc::store::redis::RedisStore::connect(&url, Default::default()).await.expect("connect");
+        let shard = if from_start { 0 } else { 1 };
+        let s = stream(shard);
+        store.ensure_group(&s, GROUP).await.expect("ensure");
+        let added = add(&store, &s, 3).await;
+        let fence = raise_one(&admin, &fence_key(shard), 0x60).await;
+        store.fenced_xreadgroup(&check(shard, fence), GROUP, "c1", &s, ReadFrom::New, 0).await.expect("read");
+        let ack =
+            |id: EntryId, fence: Fence| FencedAck { fence: check(shard, fence), stream: s.clone(), ids: vec![id] };
+        // Two acks with the exact fence: the first leaves the key watched and read.
+        for id in &added[..2] {
+            assert_eq!(store.fenced_xack_many(GROUP, &[ack(*id, fence)]).await, Ok(vec![Ok(1)]), "{user}");
+        }
+        if !from_start {
+            server.cmd(&["ACL", "SETUSER", user, revoked]);
+        }
+        let raised = raise_one(&admin, &fence_key(shard), 0x61).await;
+        let got = store.fenced_xack_many(GROUP, &[ack(added[2], fence)]).await.expect("batched ack");
+        assert_fenced(got[0].clone(), shard, raised);
+        assert_eq!(
+            own_pending(&store, &s, "c1").await,
+            added[2..].to_vec(),
+            "{user}: the stale ack acknowledged nothing"
+        );
+    }
 }
 
 /// Real Redis only: a server that lost its script cache (restart, failover, SCRIPT FLUSH) answers

@@ -297,6 +297,34 @@ struct Slot {
 /// The outcome of opening the shared connection: `None` while it runs.
 type Connecting = tokio::sync::watch::Receiver<Option<Result<(), Failure>>>;
 
+/// The connection of watched acks, and what it is known to watch: per fence key, the `counter`
+/// and `nonce` an `HMGET` read after the `WATCH` that covers the key, on this connection, in the
+/// reply of the call that sent both. Until that key is written, an `EXEC` on this connection runs
+/// only if the key still holds them (Redis aborts the transaction of a connection that watched a
+/// key written since).
+pub(crate) struct Watched {
+    pub(crate) conn: Conn,
+    /// The shared connection's generation when this one was opened.
+    generation: u64,
+    pub(crate) verified: std::collections::BTreeMap<String, (Vec<u8>, Vec<u8>)>,
+    /// The keys of `verified`, the most recently acked first.
+    pub(crate) recent: Vec<String>,
+    /// The last command of the last call was a `MULTI` Redis answered `OK`: the connection is in
+    /// a transaction, so commands sent now are queued, not run, until `EXEC` or `DISCARD`. The
+    /// only state in which an `XACK` may be sent on it.
+    pub(crate) in_multi: bool,
+}
+
+/// Why [`Connector::run_watched`] did not run.
+pub(crate) enum WatchedFailure {
+    /// Another call holds the connection.
+    Busy,
+    /// No reply within the deadline (the call may still run at Redis).
+    TimedOut(StoreError),
+    /// The connection failed, or could not be opened.
+    Failed(StoreError),
+}
+
 /// Which connection a round trip uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Lane {
@@ -359,6 +387,8 @@ pub(crate) struct Connector {
     sentinel_redactor: Redactor,
     shared: Arc<Mutex<Slot>>,
     blocking_idle: Arc<Mutex<Vec<Conn>>>,
+    /// The connection of watched acks ([`Connector::run_watched`]), while no call holds it.
+    watched: Mutex<Option<Watched>>,
     /// When a `NOREPLICAS` answer last replaced the connection (see `is_no_replicas`).
     no_replicas_replaced_at: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
@@ -379,7 +409,55 @@ impl Connector {
             target,
             shared: Arc::new(Mutex::new(Slot::default())),
             blocking_idle: Arc::new(Mutex::new(Vec::new())),
+            watched: Mutex::new(None),
             no_replicas_replaced_at: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// One round trip on the connection of watched acks, a dedicated one that nothing else uses
+    /// (`WATCH` and `MULTI` are the connection's state), under the store's deadline; opened first
+    /// if there is none, or if the shared connection was replaced since it was opened (it follows
+    /// the shared one to a new master, as the blocking pool does). One call at a time holds it: a
+    /// call that finds it held gets [`WatchedFailure::Busy`] at once (its caller acks through the
+    /// script instead of waiting). `work` hands it back to be kept (`Some`) or discarded
+    /// (`None`); a call that fails, times out or is cancelled discards it too, so the next call
+    /// opens another, which watches nothing and is in no transaction: what a connection watches
+    /// is only ever known from the replies of the call that set it up. Not on a Cluster (the
+    /// caller checks).
+    pub(crate) async fn run_watched<T, F, Fut>(&self, command: &str, work: F) -> Result<T, WatchedFailure>
+    where
+        F: FnOnce(Watched) -> Fut,
+        Fut: Future<Output = RedisResult<(T, Option<Watched>)>>,
+    {
+        let Ok(mut held) = self.watched.try_lock() else { return Err(WatchedFailure::Busy) };
+        let limit_ms = self.timeout_ms;
+        let outcome = crate::time::timeout(Duration::from_millis(limit_ms), async {
+            let generation = self.shared.lock().await.generation;
+            let watched = match held.take().filter(|watched| watched.generation == generation) {
+                Some(watched) => watched,
+                None => Watched {
+                    conn: self.connect(Lane::Blocking).await?,
+                    generation,
+                    verified: Default::default(),
+                    recent: Vec::new(),
+                    in_multi: false,
+                },
+            };
+            let (value, keep) = work(watched).await?;
+            *held = keep;
+            Ok::<_, Failure>(value)
+        })
+        .await;
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(Failure::Redis(err))) => {
+                Err(WatchedFailure::Failed(self.scrub(map_error(command, &err, &self.redactor))))
+            }
+            Ok(Err(Failure::Lookup(err))) => Err(WatchedFailure::Failed(self.lookup_error(command, &err))),
+            Ok(Err(Failure::Connect(text))) => {
+                Err(WatchedFailure::Failed(self.scrub(StoreError::Unavailable(format!("{command}: {text}")))))
+            }
+            Err(_elapsed) => Err(WatchedFailure::TimedOut(timed_out(command, limit_ms))),
         }
     }
 

@@ -119,6 +119,13 @@ pub struct RedisStoreOptions {
     /// stream (DESIGN §10), falling back to the fenced read script when the gate is missing.
     /// `false`: every fenced read runs the script (kept for the data-path bench's side by side).
     pub fenced_read_gates: bool,
+    /// Ack the shards of a batched fenced ack whose fence this store's connection of watched acks
+    /// has read since it `WATCH`ed the fence key in a `MULTI`/`XACK`/`EXEC` transaction, which
+    /// Redis aborts if the key was written since (DESIGN §10), instead of the fenced ack script;
+    /// the script decides the rest, and any shard whose transaction did not run. Not on a
+    /// Cluster. `false`: every fenced ack runs the script (kept for the data-path bench's side by
+    /// side).
+    pub watched_acks: bool,
 }
 
 impl Default for RedisStoreOptions {
@@ -130,6 +137,7 @@ impl Default for RedisStoreOptions {
             tls: RedisTlsOptions::default(),
             sentinel: None,
             fenced_read_gates: true,
+            watched_acks: true,
         }
     }
 }
@@ -147,6 +155,9 @@ struct Inner {
     /// The server refused an INFO naming two sections (before Redis 7.0): identity checks send
     /// one INFO per section, pipelined.
     info_one_section: std::sync::atomic::AtomicBool,
+    /// The server refused `MULTI`, `EXEC`, `WATCH` or `UNWATCH` to this store's user (an ACL
+    /// without them): fenced acks run the script only from then on.
+    watched_acks_refused: std::sync::atomic::AtomicBool,
     /// Nodes (host, port) that refused CLUSTER NODES, and since when: identity checks read their
     /// own account with CLUSTER SLOTS, which shows no slot migration, until the retry.
     cluster_nodes_denied: cluster::NodeBackoff,
@@ -164,6 +175,7 @@ impl RedisStore {
                 scripts: Scripts::new(),
                 options,
                 info_one_section: Default::default(),
+                watched_acks_refused: Default::default(),
                 cluster_nodes_denied: cluster::NodeBackoff::new(cluster::CLUSTER_NODES_RETRY_MS),
                 direct,
             }),

@@ -7,7 +7,7 @@
 
 use ::redis::Value;
 
-use super::conn::{Conn, Lane};
+use super::conn::{Conn, Lane, WatchedFailure};
 use super::fences::{accepted, check_args, gate_key, CLAIM_PAGES_PER_CALL};
 use super::scripts::{number, text};
 use super::RedisStore;
@@ -32,6 +32,10 @@ impl ::redis::ToRedisArgs for EntryId {
         let _ = write!(out.writer_for_next_arg(), "{}-{}", self.ms, self.seq);
     }
 }
+
+/// Fence keys the connection of watched acks keeps watching: those of the call, and of earlier
+/// calls up to this many in all (each costs an `HMGET` per ack).
+const WATCHED_KEYS_MAX: usize = 8;
 
 /// The XREADGROUP id argument of `from`.
 fn read_from_id(from: ReadFrom) -> &'static str {
@@ -487,12 +491,196 @@ impl RedisStore {
         Ok(out.into_iter().flatten().collect())
     }
 
-    /// The fenced acks of one slot (all acks on a single server): one script call.
+    /// The fenced acks of one slot (all acks on a single server): watched where it may
+    /// ([`RedisStore::watched_acks`]), else one script call.
     async fn fenced_acks_one_slot(
         &self,
         group: &str,
         acks: &[FencedAck],
     ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+        let watched = self.inner.options.watched_acks
+            && !self.is_cluster()
+            && !self.inner.watched_acks_refused.load(std::sync::atomic::Ordering::Relaxed);
+        if watched && !acks.is_empty() {
+            return self.watched_acks(group, acks).await;
+        }
+        self.scripted_acks(group, acks).await
+    }
+
+    /// Fenced acks without Lua, where Redis's optimistic locking gives what the script's check
+    /// gives (DESIGN §10, watched acks). On the connection of watched acks
+    /// ([`Connector::run_watched`]), every call ends with `WATCH` of its fence keys (and of
+    /// those acked most recently, up to [`WATCHED_KEYS_MAX`] in all), an `HMGET` of each, and
+    /// `MULTI`. The next call, if that `MULTI` was answered `OK` (the connection is in the
+    /// transaction, so what it sends is queued, not run), sends the `XACK` of each shard whose
+    /// key it read holding exactly the presented fence, and `EXEC` (or `DISCARD` without one),
+    /// which Redis runs only if no watched key was written since its `WATCH` (a raise for
+    /// another grant, a heal, a hand edit, a flush, even a write of the same value). An `XACK`
+    /// is never sent on a connection not known to be in a transaction: a refused `MULTI` is seen
+    /// one call before any `XACK` could depend on it. Every other shard — a fence not read yet
+    /// or different, a transaction Redis aborted or refused, an `XACK` that failed inside it —
+    /// goes to the fenced ack script, which decides as always (`FENCED`, a heal, the stream's own
+    /// error): one more round trip, only then. So does every shard when the connection is busy
+    /// with another call or fails; a call whose deadline passes fails as a whole, as a script
+    /// call would (its transaction may still run, under its `WATCH`). A script call costs Redis
+    /// several times these commands (README, data path): Lua's fixed cost per call.
+    async fn watched_acks(&self, group: &str, acks: &[FencedAck]) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+        const WHAT: &str = "watched fenced acks";
+        let presented: Vec<(String, String)> = acks.iter().map(|ack| check_args(&ack.fence.fence)).collect();
+        let run = self.inner.conn.run_watched(WHAT, |mut watched| async move {
+            // This call's fence keys, then those acked most recently.
+            let mut keys: Vec<String> = Vec::new();
+            for ack in acks {
+                if !keys.contains(&ack.fence.key) {
+                    keys.push(ack.fence.key.clone());
+                }
+            }
+            let limit = keys.len().max(WATCHED_KEYS_MAX);
+            for key in &watched.recent {
+                if keys.len() >= limit {
+                    break;
+                }
+                if !keys.contains(key) {
+                    keys.push(key.clone());
+                }
+            }
+            let in_multi = std::mem::take(&mut watched.in_multi);
+            let exact: Vec<usize> = (0..acks.len())
+                .filter(|&i| {
+                    let (counter, nonce) = &presented[i];
+                    in_multi
+                        && !acks[i].ids.is_empty()
+                        && watched.verified.get(&acks[i].fence.key).is_some_and(|(c, n)| {
+                            c.as_slice() == counter.as_bytes() && n.as_slice() == nonce.as_bytes()
+                        })
+                })
+                .collect();
+            // What the connection watches is known again only from this call's replies.
+            watched.verified.clear();
+            watched.recent.clear();
+            let mut pipe = ::redis::pipe();
+            pipe.ignore_errors();
+            if in_multi {
+                for &i in &exact {
+                    pipe.cmd("XACK").arg(&acks[i].stream).arg(group).arg(acks[i].ids.as_slice());
+                }
+                // Either ends the transaction and unwatches every key, whether it ran or not.
+                pipe.cmd(if exact.is_empty() { "DISCARD" } else { "EXEC" });
+            } else {
+                pipe.cmd("UNWATCH");
+            }
+            pipe.cmd("WATCH");
+            for key in &keys {
+                pipe.arg(key);
+            }
+            for key in &keys {
+                pipe.cmd("HMGET").arg(key).arg("counter").arg("nonce");
+            }
+            pipe.cmd("MULTI");
+            let replies: Vec<Value> = pipe.query_async(&mut watched.conn).await?;
+            let mut outcomes: Vec<Option<u64>> = vec![None; acks.len()];
+            if replies.len() != exact.len() + 1 + 1 + keys.len() + 1 {
+                return Ok(((outcomes, false), None));
+            }
+            // Refused for good: this user may not run the command (ACL; not a key it may not
+            // touch, which the script reports for that shard), or the server renamed it away.
+            let refused = |value: &Value| {
+                let Value::ServerError(e) = value else { return false };
+                let detail = e.details().unwrap_or_default();
+                (detail.contains("permissions to run") && (e.code() == "NOPERM" || detail.contains("NOPERM")))
+                    || detail.starts_with("unknown command")
+            };
+            let mut replies = replies.into_iter();
+            let _queued: Vec<Value> = replies.by_ref().take(exact.len()).collect();
+            let end = replies.next().unwrap_or(Value::Nil);
+            let watch = replies.next().unwrap_or(Value::Nil);
+            let fields: Vec<Value> = replies.by_ref().take(keys.len()).collect();
+            let multi = replies.next().unwrap_or(Value::Nil);
+            let denied = refused(&end) || refused(&watch) || refused(&multi);
+            let mut healthy = true;
+            match end {
+                // The transaction ran: each XACK's count, or its error (it did nothing: the
+                // script decides).
+                Value::Array(results) if !exact.is_empty() && results.len() == exact.len() => {
+                    for (&i, result) in exact.iter().zip(results) {
+                        if let Value::Int(count) = result {
+                            outcomes[i] = u64::try_from(count).ok();
+                        }
+                    }
+                }
+                // Aborted: a watched key was written since it was read.
+                Value::Nil if !exact.is_empty() => {}
+                Value::Okay if exact.is_empty() => {}
+                // Refused as a whole (EXECABORT): nothing ran. A key this user may not touch
+                // is the script's to report; anything else (READONLY on a demoted master,
+                // NOREPLICAS, ...) discards the connection, whose next one is opened afresh.
+                Value::ServerError(e) if e.details().is_some_and(|d| d.contains("NOPERM")) => {}
+                _ => healthy = false,
+            }
+            let watching = matches!(watch, Value::Okay);
+            let in_transaction = matches!(multi, Value::Okay);
+            healthy &= watching && in_transaction;
+            if healthy {
+                for (key, fields) in keys.into_iter().zip(fields) {
+                    // A key that is missing, not a fence, or refused is just not read.
+                    if let Value::Array(fields) = fields {
+                        if let [Value::BulkString(counter), Value::BulkString(nonce)] = fields.as_slice() {
+                            watched.verified.insert(key.clone(), (counter.clone(), nonce.clone()));
+                            watched.recent.push(key);
+                        }
+                    }
+                }
+                watched.in_multi = true;
+            }
+            Ok(((outcomes, denied), healthy.then_some(watched)))
+        });
+        let outcomes = match run.await {
+            Ok((outcomes, denied)) => {
+                if denied && !self.inner.watched_acks_refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        "the server refused MULTI, EXEC, WATCH or UNWATCH to this store's user (ACL) or does not know \
+                         them: fenced acks run the ack script from now on (README: the client user's ACL)"
+                    );
+                }
+                outcomes
+            }
+            // A call that may still run at Redis fails as a script call would.
+            Err(WatchedFailure::TimedOut(error)) => return Err(error),
+            // The script decides every shard, on the shared connection.
+            Err(WatchedFailure::Busy) => vec![None; acks.len()],
+            Err(WatchedFailure::Failed(error)) => {
+                tracing::debug!(%error, "watched acks: the connection failed; the ack script decides");
+                vec![None; acks.len()]
+            }
+        };
+        // Nothing acked yet: the script decides the call as it would have, failing it as a whole
+        // where it fails as a whole (a demoted master, NOREPLICAS: the caller replaces the
+        // connection).
+        if outcomes.iter().all(Option::is_none) {
+            return self.scripted_acks(group, acks).await;
+        }
+        let rest: Vec<FencedAck> =
+            acks.iter().zip(&outcomes).filter(|(_, outcome)| outcome.is_none()).map(|(ack, _)| ack.clone()).collect();
+        // A script call that fails as a whole fails only the shards it was to decide: the others
+        // were acked.
+        let mut decided: Box<dyn Iterator<Item = Result<u64, StoreError>> + Send> =
+            match self.scripted_acks(group, &rest).await {
+                Ok(results) => Box::new(results.into_iter()),
+                Err(error) => Box::new(std::iter::repeat_with(move || Err(error.clone()))),
+            };
+        Ok(outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
+                Some(count) => Ok(count),
+                None => decided
+                    .next()
+                    .unwrap_or_else(|| Err(StoreError::Protocol(format!("{WHAT}: fewer results than shards")))),
+            })
+            .collect())
+    }
+
+    /// The fenced acks of one slot through one call of the fenced ack script.
+    async fn scripted_acks(&self, group: &str, acks: &[FencedAck]) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
         const WHAT: &str = "fenced ack script";
         if acks.is_empty() {
             return Ok(Vec::new());
