@@ -88,7 +88,6 @@ pub const REQUIRED_COMMANDS: &[&str] = &[
     "MULTI",
     "EXEC",
     "WATCH",
-    "UNWATCH",
 ];
 
 /// The hash fields of the metadata key, as stored: the seed's five plus `writeId`. Its `Debug`
@@ -969,7 +968,8 @@ pub trait StreamStore: Send + Sync + 'static {
     }
 
     /// Several [`StreamStore::fenced_xack`] calls, one result per ack, in order; atomic per ack,
-    /// not together, like [`StreamStore::fenced_xreadgroup_many`] (and one script call on Redis).
+    /// not together, like [`StreamStore::fenced_xreadgroup_many`] (on Redis one transaction or one
+    /// script call, `RedisStoreOptions::watched_acks`).
     fn fenced_xack_many(
         &self,
         group: &str,

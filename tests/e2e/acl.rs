@@ -51,7 +51,6 @@ const PROBED_COMMANDS: &[&str] = &[
     "multi",
     "exec",
     "watch",
-    "unwatch",
     "command",
 ];
 
@@ -141,7 +140,7 @@ async fn the_readme_user_of_a_prefix_is_refused_the_streams_and_fences_of_a_pref
         assert_eq!(claimed, vec![], "{stream}: nothing is pending");
     }
     // Batched acks: the first through the script (it leaves the fence watched), the next by a
-    // transaction (the README user may run MULTI, EXEC, WATCH and UNWATCH).
+    // transaction (the README user may run MULTI, EXEC and WATCH).
     let exec_before = exec_calls(&redis);
     for (app, check, stream) in [(&orders_app, &orders_fence, &orders_stream), (&eu_app, &eu_fence, &eu_stream)] {
         let two = [xadd(stream.clone()).await, xadd(stream.clone()).await];

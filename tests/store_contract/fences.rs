@@ -455,13 +455,17 @@ fn command_calls(server: &crate::support::RedisServer, command: &str) -> u64 {
 #[tokio::test]
 async fn redis_store_acks_a_watched_fence_by_transaction_and_a_write_of_the_key_in_between_aborts_it() {
     let server = crate::support::RedisServer::start();
-    let options = rsc::store::redis::RedisStoreOptions::default();
-    let store = rsc::store::redis::RedisStore::connect(&server.url(), options).await.expect("connect");
-    let (s0, s1) = (stream(0), stream(1));
-    for s in [&s0, &s1] {
+    // Neither DISCARD nor UNWATCH, as the README's client user.
+    server.cmd(&["ACL", "SETUSER", "acker", "on", ">pw", "~*", "&*", "+@all", "-discard", "-unwatch"]);
+    let url = format!("redis://acker:pw@127.0.0.1:{}", server.port());
+    let store = rsc::store::redis::RedisStore::connect(&url, Default::default()).await.expect("connect");
+    let (s0, s1, s2) = (stream(0), stream(1), stream(2));
+    for s in [&s0, &s1, &s2] {
         store.ensure_group(s, GROUP).await.expect("ensure");
     }
-    let (a0, a1) = (add(&store, &s0, 5).await, add(&store, &s1, 5).await);
+    let (a0, a1, a2) = (add(&store, &s0, 5).await, add(&store, &s1, 5).await, add(&store, &s2, 2).await);
+    let f2 = raise_one(&store, &fence_key(2), 0x53).await;
+    store.fenced_xreadgroup(&check(2, f2), GROUP, "c1", &s2, ReadFrom::New, 0).await.expect("read");
     let (f0, f1) = (raise_one(&store, &fence_key(0), 0x50).await, raise_one(&store, &fence_key(1), 0x51).await);
     for (shard, fence, s) in [(0, f0, &s0), (1, f1, &s1)] {
         store.fenced_xreadgroup(&check(shard, fence), GROUP, "c1", s, ReadFrom::New, 0).await.expect("read");
@@ -501,6 +505,13 @@ async fn redis_store_acks_a_watched_fence_by_transaction_and_a_write_of_the_key_
     assert_eq!(store.fenced_xack_many(GROUP, &[ack(1, f1, &s1, a1[4])]).await, Ok(vec![Ok(1)]));
     ran("an ack of the other shard, still watched", 0, 1);
     assert_eq!(own_pending(&store, &s1, "c1").await, Vec::<EntryId>::new());
+    // A shard not watched yet: the transaction ends with nothing queued (an EXEC, not a DISCARD
+    // this user may not run), the script acks, and the shard's next ack is a transaction.
+    assert_eq!(store.fenced_xack_many(GROUP, &[ack(2, f2, &s2, a2[0])]).await, Ok(vec![Ok(1)]));
+    ran("an ack of a shard not watched yet", 1, 1);
+    assert_eq!(store.fenced_xack_many(GROUP, &[ack(2, f2, &s2, a2[1])]).await, Ok(vec![Ok(1)]));
+    ran("its next ack", 0, 1);
+    assert_eq!(server.cmd(&["ACL", "LOG"]), redis::Value::Array(vec![]), "nothing was refused to the user");
 }
 
 /// Real Redis only: which path an ack script took. An ack whose fence key holds exactly the

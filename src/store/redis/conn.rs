@@ -415,15 +415,16 @@ impl Connector {
     }
 
     /// One round trip on the connection of watched acks, a dedicated one that nothing else uses
-    /// (`WATCH` and `MULTI` are the connection's state), under the store's deadline; opened first
-    /// if there is none, or if the shared connection was replaced since it was opened (it follows
-    /// the shared one to a new master, as the blocking pool does). One call at a time holds it: a
-    /// call that finds it held gets [`WatchedFailure::Busy`] at once (its caller acks through the
-    /// script instead of waiting). `work` hands it back to be kept (`Some`) or discarded
-    /// (`None`); a call that fails, times out or is cancelled discards it too, so the next call
-    /// opens another, which watches nothing and is in no transaction: what a connection watches
-    /// is only ever known from the replies of the call that set it up. Not on a Cluster (the
-    /// caller checks).
+    /// (`WATCH` and `MULTI` are the connection's state), under the store's deadline. One call at
+    /// a time holds it: a call that finds it held gets [`WatchedFailure::Busy`] at once (its
+    /// caller acks through the script instead of waiting). With none, or one opened before the
+    /// shared connection was replaced (it follows the shared one to a new master, as the blocking
+    /// pool does), it opens one first, under a deadline of its own: a connect that fails or takes
+    /// too long is [`WatchedFailure::Failed`] (nothing was sent), not a timed-out call. `work`
+    /// hands the connection back to be kept (`Some`) or discarded (`None`); a call that fails,
+    /// times out or is cancelled discards it too, so a later call opens another, which watches
+    /// nothing and is in no transaction: what a connection watches is only ever known from the
+    /// replies of the call that set it up. Not on a Cluster (the caller checks).
     pub(crate) async fn run_watched<T, F, Fut>(&self, command: &str, work: F) -> Result<T, WatchedFailure>
     where
         F: FnOnce(Watched) -> Fut,
@@ -431,32 +432,34 @@ impl Connector {
     {
         let Ok(mut held) = self.watched.try_lock() else { return Err(WatchedFailure::Busy) };
         let limit_ms = self.timeout_ms;
-        let outcome = crate::time::timeout(Duration::from_millis(limit_ms), async {
-            let generation = self.shared.lock().await.generation;
-            let watched = match held.take().filter(|watched| watched.generation == generation) {
-                Some(watched) => watched,
-                None => Watched {
-                    conn: self.connect(Lane::Blocking).await?,
-                    generation,
-                    verified: Default::default(),
-                    recent: Vec::new(),
-                    in_multi: false,
-                },
-            };
-            let (value, keep) = work(watched).await?;
-            *held = keep;
-            Ok::<_, Failure>(value)
-        })
-        .await;
+        let generation = self.shared.lock().await.generation;
+        let watched = match held.take().filter(|watched| watched.generation == generation) {
+            Some(watched) => watched,
+            None => {
+                let connect = self.connect(Lane::Blocking);
+                let conn = match crate::time::timeout(Duration::from_millis(limit_ms), connect).await {
+                    Ok(Ok(conn)) => conn,
+                    Ok(Err(Failure::Redis(err))) => {
+                        return Err(WatchedFailure::Failed(self.scrub(map_error(command, &err, &self.redactor))))
+                    }
+                    Ok(Err(Failure::Lookup(err))) => {
+                        return Err(WatchedFailure::Failed(self.lookup_error(command, &err)))
+                    }
+                    Ok(Err(Failure::Connect(text))) => {
+                        return Err(WatchedFailure::Failed(StoreError::Unavailable(format!("{command}: {text}"))))
+                    }
+                    Err(_elapsed) => return Err(WatchedFailure::Failed(timed_out(command, limit_ms))),
+                };
+                Watched { conn, generation, verified: Default::default(), recent: Vec::new(), in_multi: false }
+            }
+        };
+        let outcome = crate::time::timeout(Duration::from_millis(limit_ms), work(watched)).await;
         match outcome {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(Failure::Redis(err))) => {
-                Err(WatchedFailure::Failed(self.scrub(map_error(command, &err, &self.redactor))))
+            Ok(Ok((value, keep))) => {
+                *held = keep;
+                Ok(value)
             }
-            Ok(Err(Failure::Lookup(err))) => Err(WatchedFailure::Failed(self.lookup_error(command, &err))),
-            Ok(Err(Failure::Connect(text))) => {
-                Err(WatchedFailure::Failed(self.scrub(StoreError::Unavailable(format!("{command}: {text}")))))
-            }
+            Ok(Err(err)) => Err(WatchedFailure::Failed(self.scrub(map_error(command, &err, &self.redactor)))),
             Err(_elapsed) => Err(WatchedFailure::TimedOut(timed_out(command, limit_ms))),
         }
     }

@@ -155,7 +155,7 @@ struct Inner {
     /// The server refused an INFO naming two sections (before Redis 7.0): identity checks send
     /// one INFO per section, pipelined.
     info_one_section: std::sync::atomic::AtomicBool,
-    /// The server refused `MULTI`, `EXEC`, `WATCH` or `UNWATCH` to this store's user (an ACL
+    /// The server refused `MULTI`, `EXEC` or `WATCH` to this store's user (an ACL
     /// without them): fenced acks run the script only from then on.
     watched_acks_refused: std::sync::atomic::AtomicBool,
     /// Nodes (host, port) that refused CLUSTER NODES, and since when: identity checks read their

@@ -513,7 +513,7 @@ impl RedisStore {
     /// those acked most recently, up to [`WATCHED_KEYS_MAX`] in all), an `HMGET` of each, and
     /// `MULTI`. The next call, if that `MULTI` was answered `OK` (the connection is in the
     /// transaction, so what it sends is queued, not run), sends the `XACK` of each shard whose
-    /// key it read holding exactly the presented fence, and `EXEC` (or `DISCARD` without one),
+    /// key it read holding exactly the presented fence, and `EXEC` (with nothing queued without one),
     /// which Redis runs only if no watched key was written since its `WATCH` (a raise for
     /// another grant, a heal, a hand edit, a flush, even a write of the same value). An `XACK`
     /// is never sent on a connection not known to be in a transaction: a refused `MULTI` is seen
@@ -564,10 +564,9 @@ impl RedisStore {
                 for &i in &exact {
                     pipe.cmd("XACK").arg(&acks[i].stream).arg(group).arg(acks[i].ids.as_slice());
                 }
-                // Either ends the transaction and unwatches every key, whether it ran or not.
-                pipe.cmd(if exact.is_empty() { "DISCARD" } else { "EXEC" });
-            } else {
-                pipe.cmd("UNWATCH");
+                // Ends the transaction and unwatches every key, whether it ran or not (also
+                // with nothing queued: no DISCARD, which the client's ACL need not grant).
+                pipe.cmd("EXEC");
             }
             pipe.cmd("WATCH");
             for key in &keys {
@@ -579,42 +578,52 @@ impl RedisStore {
             pipe.cmd("MULTI");
             let replies: Vec<Value> = pipe.query_async(&mut watched.conn).await?;
             let mut outcomes: Vec<Option<u64>> = vec![None; acks.len()];
-            if replies.len() != exact.len() + 1 + 1 + keys.len() + 1 {
+            let ended = if in_multi { exact.len() + 1 } else { 0 };
+            if replies.len() != ended + 1 + keys.len() + 1 {
                 return Ok(((outcomes, false), None));
             }
             // Refused for good: this user may not run the command (ACL; not a key it may not
-            // touch, which the script reports for that shard), or the server renamed it away.
+            // touch, which the script reports for that shard), the server renamed it away, or
+            // it is not served here at all (`ERR`: a proxy without transactions).
             let refused = |value: &Value| {
                 let Value::ServerError(e) = value else { return false };
                 let detail = e.details().unwrap_or_default();
-                (detail.contains("permissions to run") && (e.code() == "NOPERM" || detail.contains("NOPERM")))
-                    || detail.starts_with("unknown command")
+                detail.contains("permissions to run") || detail.starts_with("unknown command") || e.code() == "ERR"
             };
             let mut replies = replies.into_iter();
-            let _queued: Vec<Value> = replies.by_ref().take(exact.len()).collect();
-            let end = replies.next().unwrap_or(Value::Nil);
+            let queued: Vec<Value> = replies.by_ref().take(exact.len()).collect();
+            let end = if in_multi { replies.next().unwrap_or(Value::Nil) } else { Value::Okay };
             let watch = replies.next().unwrap_or(Value::Nil);
             let fields: Vec<Value> = replies.by_ref().take(keys.len()).collect();
             let multi = replies.next().unwrap_or(Value::Nil);
-            let denied = refused(&end) || refused(&watch) || refused(&multi);
-            let mut healthy = true;
+            // An XACK answered otherwise than QUEUED (or refused) ran: the connection was not in a
+            // transaction after all (a proxy that answers MULTI but keeps no connection state).
+            // Nothing can undo it; the path is turned off so it never happens again.
+            let ran_outside =
+                queued.iter().any(|q| !matches!(q, Value::ServerError(_)) && !matches!(q, Value::SimpleString(t) if t == "QUEUED"));
+            if ran_outside {
+                tracing::error!("watched acks: an XACK sent inside a transaction was not queued; fenced acks run the ack script from now on");
+            }
+            let denied = ran_outside || refused(&watch) || refused(&multi) || (in_multi && refused(&end));
+            let mut healthy = !ran_outside;
             match end {
                 // The transaction ran: each XACK's count, or its error (it did nothing: the
                 // script decides).
-                Value::Array(results) if !exact.is_empty() && results.len() == exact.len() => {
+                Value::Array(results) if results.len() == exact.len() => {
                     for (&i, result) in exact.iter().zip(results) {
                         if let Value::Int(count) = result {
                             outcomes[i] = u64::try_from(count).ok();
                         }
                     }
                 }
-                // Aborted: a watched key was written since it was read.
-                Value::Nil if !exact.is_empty() => {}
-                Value::Okay if exact.is_empty() => {}
-                // Refused as a whole (EXECABORT): nothing ran. A key this user may not touch
-                // is the script's to report; anything else (READONLY on a demoted master,
-                // NOREPLICAS, ...) discards the connection, whose next one is opened afresh.
-                Value::ServerError(e) if e.details().is_some_and(|d| d.contains("NOPERM")) => {}
+                // Aborted: a watched key was written since it was read. Or no transaction to
+                // end (a new connection).
+                Value::Nil | Value::Okay => {}
+                // Refused as a whole (EXECABORT: a queued XACK was, for a key this user may not
+                // touch, READONLY on a demoted master, NOREPLICAS): nothing ran, the script
+                // decides those shards. The connection is kept; after a failover the shared
+                // connection is replaced and this one follows it (`run_watched`).
+                Value::ServerError(e) if e.code() == "EXECABORT" => {}
                 _ => healthy = false,
             }
             let watching = matches!(watch, Value::Okay);
@@ -638,7 +647,7 @@ impl RedisStore {
             Ok((outcomes, denied)) => {
                 if denied && !self.inner.watched_acks_refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
                     tracing::warn!(
-                        "the server refused MULTI, EXEC, WATCH or UNWATCH to this store's user (ACL) or does not know \
+                        "the server refused MULTI, EXEC or WATCH to this store's user (ACL), does not know or serve \
                          them: fenced acks run the ack script from now on (README: the client user's ACL)"
                     );
                 }
